@@ -1,0 +1,18 @@
+# Decide whether CUDA kernels are built. AUTO builds them when a CUDA compiler exists,
+# so the GPU code compiles (and cannot rot) even on machines without a GPU.
+set(LOWBIT_WITH_CUDA OFF)
+if(NOT LOWBIT_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(LOWBIT_WITH_CUDA ON)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
+  elseif(LOWBIT_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "LOWBIT_CUDA=ON but no CUDA compiler was found (set CUDACXX or put nvcc on PATH)")
+  endif()
+endif()
+message(STATUS "lowbit: CUDA kernels ${LOWBIT_WITH_CUDA}")

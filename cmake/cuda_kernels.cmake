@@ -1,0 +1,27 @@
+# Per-arch-family CUDA static libraries.
+#   lowbit_cuda_common : runtime pieces (allocator, streams, simple elementwise kernels), sm80+ real code
+#   lowbit_kernels_sm80: mma.sync / cp.async / ldmatrix kernels, runs on sm_80..sm_90
+#   lowbit_kernels_sm90: wgmma / TMA kernels, built only for sm_90a
+set(_cuda_flags --expt-relaxed-constexpr -lineinfo -Xptxas=-warn-spills)
+
+function(lowbit_cuda_lib name folder archs)
+  file(GLOB_RECURSE _src CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${folder}/*.cu ${PROJECT_SOURCE_DIR}/${folder}/*.cpp)
+  if(NOT _src)
+    set(_src ${PROJECT_SOURCE_DIR}/cmake/empty.cpp)
+  endif()
+  add_library(${name} STATIC ${_src})
+  target_include_directories(${name} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/cpp>
+    $<INSTALL_INTERFACE:include>)
+  target_compile_definitions(${name} PUBLIC LOWBIT_WITH_CUDA=1)
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${_cuda_flags}>)
+  set_target_properties(${name} PROPERTIES CUDA_ARCHITECTURES "${archs}" CUDA_SEPARABLE_COMPILATION OFF)
+  target_link_libraries(${name} PUBLIC lowbit_core CUDA::cudart_static)
+endfunction()
+
+lowbit_cuda_lib(lowbit_cuda_common cpp/cuda "${LOWBIT_CUDA_ARCHS_SM80}")
+lowbit_cuda_lib(lowbit_kernels_sm80 cpp/kernels/sm80 "${LOWBIT_CUDA_ARCHS_SM80}")
+lowbit_cuda_lib(lowbit_kernels_sm90 cpp/kernels/sm90 "90a")
+target_link_libraries(lowbit_kernels_sm80 PUBLIC lowbit_quant)
+target_link_libraries(lowbit_kernels_sm90 PUBLIC lowbit_quant)
+

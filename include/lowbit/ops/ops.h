@@ -1,0 +1,74 @@
+// Op entry points: check arguments (naming op, argument, expected vs actual), pick a kernel for the
+// tensors' device and formats, run it. Outputs are caller-allocated. Activations are [tokens, features].
+#pragma once
+#include <vector>
+
+#include "lowbit/core/tensor.h"
+#include "lowbit/kv/kv_cache.h"
+#include "lowbit/quant/pack.h"
+
+namespace lowbit::ops {
+
+// ---- linear layers (ops/linear.cpp) -----------------------------------------------------------
+// y[m, n] = x[m, k] · Wᵀ (+ bias[n]). x and y are f32/f16/bf16 (same dtype). A8 paths quantize x per
+// token to int8 internally and accumulate in int32 exactly as the GPU does.
+enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed };
+void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
+            LinearActivation act = LinearActivation::float16);
+
+// ---- elementwise / normalisation (ops/elementwise.cpp) -----------------------------------------
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+// residual += x; out = rms_norm(residual) * weight   (the fused pre-norm of the next block)
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+// out[t, i] = silu(gu[t, i]) * gu[t, I + i]  for gu = [gate | up] of shape [T, 2I]
+void silu_mul(const Tensor& gate_up, Tensor& out);
+void embedding(const Tensor& ids /*s32 [T]*/, const Tensor& table /*[V, H]*/, Tensor& out /*[T, H]*/);
+void softmax(const Tensor& x, Tensor& out);  // over the last dim, f32
+
+struct RopeConfig {
+  float theta = 10000.f;
+  int rotary_dim = 0;     // 0 = head_dim
+  bool neox = true;       // true: pairs (i, i + d/2) as HF rotate_half; false: GPT-J pairs (2i, 2i+1)
+  // Llama-3 frequency scaling (type "llama3"); factor 1 = none. Linear scaling divides positions.
+  bool llama3 = false;
+  float factor = 1.f, low_freq_factor = 1.f, high_freq_factor = 4.f;
+  int original_max_position = 8192;
+  float linear_factor = 1.f;
+};
+// Rotates q [T, Hq, D] and k [T, Hkv, D] in place at positions (s32 [T]).
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg);
+
+// ---- paged attention (ops/attention.cpp) -------------------------------------------------------
+// One forward step's sequences. Tokens of sequence i are rows [q_start[i], q_start[i] + q_len[i])
+// of q; the sequence holds kv_len[i] tokens in the cache including these new ones, so query j of
+// the sequence sits at position kv_len[i] - q_len[i] + j and attends causally to positions <= it.
+// Decode is q_len = 1; prefill and chunked prefill are q_len > 1; one batch may mix both.
+struct AttentionMeta {
+  std::vector<int32_t> q_start, q_len, kv_len;  // host copies, one entry per sequence
+  Tensor block_tables;  // s32 [num_seqs, max_blocks] (padded with -1), on the KV device
+  Tensor slot_mapping;  // s32 [T]: cache slot of each new token, on the KV device
+  int32_t max_q_len = 0, max_kv_len = 0;
+};
+// Writes the new tokens' K/V (quantizing for integer KV types) into their slots.
+void kv_write(KVCache& cache, int layer, const Tensor& k /*[T, Hkv, D]*/, const Tensor& v, const AttentionMeta& meta);
+// out[T, Hq, D] = softmax(q kᵀ * scale, causal) v over the paged cache; GQA when Hq > Hkv.
+void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
+                     Tensor& out);
+
+// ---- sampling (ops/sampling.cpp) ---------------------------------------------------------------
+struct SamplingParams {
+  float temperature = 1.f;  // 0 = greedy
+  int top_k = 0;            // 0 = off
+  float top_p = 1.f;
+  float min_p = 0.f;
+  float repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
+};
+// Applies penalties to one row of f32 logits in place, given the tokens generated/seen so far.
+void apply_penalties(float* logits, int64_t vocab, const std::vector<int32_t>& history, const SamplingParams& p);
+// Picks a token from one row of f32 logits; `uniform` is a U[0,1) draw (ignored when greedy).
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, double uniform);
+// log-softmax of the row at `token` and the top-n (token, logprob) pairs.
+float token_logprob(const float* logits, int64_t vocab, int32_t token);
+std::vector<std::pair<int32_t, float>> top_logprobs(const float* logits, int64_t vocab, int n);
+
+}  // namespace lowbit::ops

@@ -1,0 +1,32 @@
+// The packer: arch-neutral QuantizedWeight -> the layout one kernel family reads, at load time.
+// Each target's layout is documented in its own source file (pack_cpu.cpp, pack_sm80.cpp, ...).
+#pragma once
+#include "lowbit/quant/format.h"
+
+namespace lowbit {
+
+enum class PackTarget : uint8_t { cpu, sm80, sm90 };
+const char* name_of(PackTarget t);
+
+struct PackedWeight {
+  WeightFormat format = WeightFormat::f32;
+  PackTarget target = PackTarget::cpu;
+  int64_t n = 0, k = 0;
+  int group = 0;
+  bool symmetric = false;
+  Tensor data;            // packed quantized values (layout per target)
+  Tensor scales, zeros;   // per-target layout of the group/channel parameters
+  Tensor channel_scales;  // qoq/liquid level-1 scales
+  Tensor aux;             // target-specific extra (e.g. precomputed scaled zeros)
+};
+
+PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Device& device);
+QuantizedWeight unpack_weight(const PackedWeight& p);  // for verification: must round-trip bit-exactly
+
+// Per-target implementations (one file each). Targets without support throw NotSupported.
+PackedWeight pack_cpu(const QuantizedWeight& w);
+QuantizedWeight unpack_cpu(const PackedWeight& p);
+PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device);
+QuantizedWeight unpack_sm80(const PackedWeight& p);
+
+}  // namespace lowbit
