@@ -29,6 +29,7 @@ NB_MODULE(_core, m) {
   lowbit::bindings::bind_quant(m);
   lowbit::bindings::bind_kv(m);
   lowbit::bindings::bind_ops(m);
+  lowbit::bindings::bind_attention(m);
   lowbit::bindings::bind_engine(m);
   lowbit::bindings::bind_cuda(m);
 }
