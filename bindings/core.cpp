@@ -24,6 +24,31 @@ void capsule_destructor(PyObject* cap) {
   }
 }
 
+void versioned_capsule_destructor(PyObject* cap) {
+  if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+    auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+    if (m && m->deleter) m->deleter(m);
+  } else {
+    PyErr_Clear();
+  }
+}
+
+// Consumers that pass max_version >= (1, 0) get the versioned (writable) form; others the legacy one.
+bool wants_versioned(nb::handle max_version) {
+  if (max_version.is_none()) return false;
+  return nb::cast<int>(max_version[0]) >= 1;
+}
+
+nb::object to_versioned_capsule(const Tensor& t) {
+  DLManagedTensorVersioned* m = to_dlpack_versioned(t);
+  PyObject* cap = PyCapsule_New(m, "dltensor_versioned", versioned_capsule_destructor);
+  if (!cap) {
+    m->deleter(m);
+    throw nb::python_error();
+  }
+  return nb::steal(cap);
+}
+
 nb::object to_capsule(const Tensor& t) {
   DLManagedTensor* m = to_dlpack(t);
   PyObject* cap = PyCapsule_New(m, "dltensor", capsule_destructor);
@@ -82,7 +107,7 @@ void bind_core(nb::module_& m) {
       .def("copy_", [](Tensor& t, nb::handle src) { t.copy_(tensor_from_python(src, "src")); return t; })
       .def("__dlpack__",
            [](const Tensor& t, nb::handle stream, nb::handle max_version, nb::handle dl_device, nb::handle copy) {
-             return to_capsule(t);
+             return wants_versioned(max_version) ? to_versioned_capsule(t) : to_capsule(t);
            },
            nb::arg("stream") = nb::none(), nb::arg("max_version") = nb::none(), nb::arg("dl_device") = nb::none(),
            nb::arg("copy") = nb::none())

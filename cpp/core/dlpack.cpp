@@ -39,33 +39,52 @@ ScalarType from_dl_dtype(const DLDataType& d) {
 }
 
 // Owns the exported view (keeps the storage alive) plus the shape/stride arrays DLPack points at.
+template <typename Managed>
 struct ExportCtx {
   Tensor tensor;
   std::vector<int64_t> shape, strides;
-  DLManagedTensor managed;
+  Managed managed;
 };
 
-}  // namespace
-
-DLManagedTensor* to_dlpack(const Tensor& t_in) {
+Tensor exportable(const Tensor& t_in) {
   check_defined(t_in, "to_dlpack", "tensor");
-  Tensor t = t_in;
-  if (is_sub_byte(t.dtype())) {
-    LOWBIT_CHECK(t.is_contiguous(), "to_dlpack: sub-byte tensor ", t.str(), " must be contiguous to export");
-    t = t.as_dtype_view(ScalarType::u8);
-  }
-  auto* ctx = new ExportCtx{t, t.shape(), t.strides(), {}};
-  DLTensor& dl = ctx->managed.dl_tensor;
+  if (!is_sub_byte(t_in.dtype())) return t_in;
+  LOWBIT_CHECK(t_in.is_contiguous(), "to_dlpack: sub-byte tensor ", t_in.str(), " must be contiguous to export");
+  return t_in.as_dtype_view(ScalarType::u8);
+}
+
+void fill_dl_tensor(const Tensor& t, std::vector<int64_t>& shape, std::vector<int64_t>& strides, DLTensor& dl) {
   // Point at the storage base and carry the offset in byte_offset, as DLPack recommends.
   dl.data = t.storage()->data();
   dl.byte_offset = static_cast<uint64_t>(t.byte_offset());
   dl.device = {t.device().is_cpu() ? kDLCPU : kDLCUDA, t.device().is_cpu() ? 0 : t.device().index};
   dl.ndim = static_cast<int32_t>(t.dim());
   dl.dtype = to_dl_dtype(t.dtype());
-  dl.shape = ctx->shape.data();
-  dl.strides = ctx->strides.data();
+  dl.shape = shape.data();
+  dl.strides = strides.data();
+}
+
+}  // namespace
+
+DLManagedTensor* to_dlpack(const Tensor& t_in) {
+  using Ctx = ExportCtx<DLManagedTensor>;
+  Tensor t = exportable(t_in);
+  auto* ctx = new Ctx{t, t.shape(), t.strides(), {}};
+  fill_dl_tensor(t, ctx->shape, ctx->strides, ctx->managed.dl_tensor);
   ctx->managed.manager_ctx = ctx;
-  ctx->managed.deleter = [](DLManagedTensor* self) { delete static_cast<ExportCtx*>(self->manager_ctx); };
+  ctx->managed.deleter = [](DLManagedTensor* self) { delete static_cast<Ctx*>(self->manager_ctx); };
+  return &ctx->managed;
+}
+
+DLManagedTensorVersioned* to_dlpack_versioned(const Tensor& t_in) {
+  using Ctx = ExportCtx<DLManagedTensorVersioned>;
+  Tensor t = exportable(t_in);
+  auto* ctx = new Ctx{t, t.shape(), t.strides(), {}};
+  fill_dl_tensor(t, ctx->shape, ctx->strides, ctx->managed.dl_tensor);
+  ctx->managed.version = {1, 0};
+  ctx->managed.flags = 0;
+  ctx->managed.manager_ctx = ctx;
+  ctx->managed.deleter = [](DLManagedTensorVersioned* self) { delete static_cast<Ctx*>(self->manager_ctx); };
   return &ctx->managed;
 }
 

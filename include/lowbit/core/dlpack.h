@@ -24,6 +24,15 @@ typedef struct DLManagedTensor {
   void* manager_ctx;
   void (*deleter)(struct DLManagedTensor* self);
 } DLManagedTensor;
+// DLPack >= 1.0 capsule form ("dltensor_versioned"); numpy treats legacy capsules as read-only.
+typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+typedef struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned* self);
+  uint64_t flags;  // bit 0: read-only, bit 1: is a copy
+  DLTensor dl_tensor;
+} DLManagedTensorVersioned;
 }
 
 namespace lowbit {
@@ -31,6 +40,7 @@ namespace lowbit {
 // Exports `t`; the returned tensor keeps t's storage alive until its deleter runs.
 // Sub-byte tensors are exported as their raw bytes (u8, last dim in bytes).
 DLManagedTensor* to_dlpack(const Tensor& t);
+DLManagedTensorVersioned* to_dlpack_versioned(const Tensor& t);  // DLPack 1.0, writable
 // Imports a producer's tensor; the producer's deleter runs when the last lowbit view dies.
 // Takes ownership of `managed` (even when it throws).
 Tensor from_dlpack(DLManagedTensor* managed);
