@@ -1,0 +1,327 @@
+"""Tokenizer: HF `tokenizers` underneath, built from GGUF metadata or from a tokenizer.json.
+
+The GGUF path rebuilds what transformers' GGUF converter builds (byte-level BPE, control tokens as
+special added tokens, the pre-tokenizer regex implied by `tokenizer.ggml.pre`), so ids match
+`AutoTokenizer.from_pretrained(dir, gguf_file=...)` exactly. Chat templates render with jinja2 the
+way transformers renders them.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers.models import BPE
+
+# llama.cpp token types (tokenizer.ggml.token_type).
+_CONTROL, _USER_DEFINED = 3, 4
+
+# `tokenizer.ggml.pre` values whose split is GPT-2's own regex (ByteLevel's built-in one).
+_GPT2_REGEX_PRES = ("default", "gpt-2", "gpt2", "smollm", "starcoder", "refact", "codeshell")
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLIT_REGEX_PRES = {
+    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+
+
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable-char map (the alphabet byte-level BPE vocabularies are spelled in)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+@lru_cache(maxsize=1)
+def _alphabet_to_byte() -> dict[str, int]:
+    return {c: b for b, c in _byte_alphabet().items()}
+
+
+def _pre_tokenizer_for(pre: str | None):
+    if pre is None or pre in _GPT2_REGEX_PRES:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if pre in _SPLIT_REGEX_PRES:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_SPLIT_REGEX_PRES[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    known = sorted(set(_GPT2_REGEX_PRES) | set(_SPLIT_REGEX_PRES))
+    raise ValueError(f"GGUF tokenizer.ggml.pre={pre!r} is not supported; supported: {', '.join(known)}")
+
+
+class Tokenizer:
+    """Text <-> token ids, chat templates, and streaming decode."""
+
+    def __init__(self, backend: _HFTokenizer, *, bos_token_id: int | None = None,
+                 eos_token_ids: Iterable[int] = (), pad_token_id: int | None = None,
+                 unk_token_id: int | None = None, chat_template: str | None = None) -> None:
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = list(dict.fromkeys(int(t) for t in eos_token_ids))  # dedupe, keep order
+        self.pad_token_id = pad_token_id
+        self.unk_token_id = unk_token_id
+        self.chat_template = chat_template
+        self.special_ids = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
+        # Byte-level vocabularies let streaming work on exact bytes instead of guessing from text.
+        self.byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+        self._token_bytes: list[bytes] | None = None
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict[str, Any], source: str = "GGUF") -> "Tokenizer":
+        """Build from GGUF key/values (as returned by lowbit.models.gguf_loader.read_gguf_metadata)."""
+        model = meta.get("tokenizer.ggml.model")
+        if model is None or "tokenizer.ggml.tokens" not in meta:
+            raise ValueError(f"{source}: no tokenizer in the GGUF metadata (tokenizer.ggml.model/tokens missing)")
+        if model != "gpt2":
+            raise NotImplementedError(
+                f"{source}: GGUF tokenizer type {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE). "
+                f"Use an HF directory with tokenizer.json instead.")
+        tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+        types = list(meta.get("tokenizer.ggml.token_type") or [])
+        merges = meta.get("tokenizer.ggml.merges")
+        if merges is None:
+            raise ValueError(f"{source}: byte-level BPE tokenizer without tokenizer.ggml.merges")
+        alphabet = set(_byte_alphabet().values())
+        spell = _byte_alphabet()
+        # Tokens are normally stored in the byte alphabet already; respell any that are not.
+        vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))): i
+                 for i, t in enumerate(tokens)}
+        bpe = BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], dropout=None,
+                  continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+        backend = _HFTokenizer(bpe)
+        backend.pre_tokenizer = _pre_tokenizer_for(meta.get("tokenizer.ggml.pre"))
+        backend.decoder = decoders.ByteLevel()
+        # Control tokens become special; a "control" token spelled outside the byte alphabet is a
+        # llama.cpp mislabel that would grow the vocabulary, so (like transformers) skip it.
+        control = [AddedToken(t, normalized=False, special=True)
+                   for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+        if control:
+            backend.add_special_tokens(control)
+        user = [AddedToken(t, normalized=False, special=False)
+                for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
+        if user:
+            backend.add_tokens(user)
+
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                 "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
+        _set_post_processor(backend, tokens, bos if meta.get("tokenizer.ggml.add_bos_token", False) else None,
+                            eos[0] if eos and meta.get("tokenizer.ggml.add_eos_token", False) else None)
+        return cls(backend, bos_token_id=bos, eos_token_ids=eos,
+                   pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
+                   unk_token_id=meta.get("tokenizer.ggml.unknown_token_id"),
+                   chat_template=meta.get("tokenizer.chat_template"))
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        from .models.gguf_loader import read_gguf_metadata  # lazy: keep tokenizer importable without gguf
+        return cls.from_gguf_metadata(read_gguf_metadata(path), source=str(path))
+
+    @classmethod
+    def from_dir(cls, path: str | Path, eos_token_ids: Iterable[int] = ()) -> "Tokenizer":
+        """Build from an HF directory: tokenizer.json (+ tokenizer_config.json, chat_template.jinja)."""
+        path = Path(path)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise FileNotFoundError(f"{path}: no tokenizer.json (lowbit needs the fast-tokenizer file)")
+        try:
+            backend = _HFTokenizer.from_file(str(tok_file))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+            raise ValueError(f"{tok_file}: cannot parse tokenizer: {e}") from e
+        cfg_file = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+
+        def token_id(name: str) -> int | None:
+            tok = cfg.get(name)
+            if isinstance(tok, dict):  # older configs store AddedToken dicts
+                tok = tok.get("content")
+            return backend.token_to_id(tok) if isinstance(tok, str) else None
+
+        bos, eos = token_id("bos_token"), token_id("eos_token")
+        if "add_bos_token" in cfg or "add_eos_token" in cfg:  # an explicit flag overrides tokenizer.json
+            vocab_tokens = {i: backend.id_to_token(i) for i in (bos, eos) if i is not None}
+            _set_post_processor(backend, vocab_tokens, bos if cfg.get("add_bos_token") else None,
+                                eos if cfg.get("add_eos_token") else None)
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        jinja_file = path / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        eos_ids = list(eos_token_ids) + ([eos] if eos is not None else [])
+        return cls(backend, bos_token_id=bos, eos_token_ids=eos_ids, pad_token_id=token_id("pad_token"),
+                   unk_token_id=token_id("unk_token"), chat_template=template)
+
+    def save(self, directory: str | Path) -> None:
+        """Write tokenizer.json + tokenizer_config.json (an HF-loadable pair)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.backend.save(str(directory / "tokenizer.json"))
+        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False}
+        for name, tid in (("bos_token", self.bos_token_id), ("eos_token", self.eos_token_ids[0] if self.eos_token_ids else None),
+                          ("pad_token", self.pad_token_id), ("unk_token", self.unk_token_id)):
+            if tid is not None:
+                cfg[name] = self.id_to_token(tid)
+        if self.chat_template:
+            cfg["chat_template"] = self.chat_template
+        (directory / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
+
+    # ---------------------------------------------------------------- encode / decode
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_token(self) -> str | None:
+        return None if self.bos_token_id is None else self.id_to_token(self.bos_token_id)
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else None
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(int(token_id))
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def decode_stream(self, skip_special_tokens: bool = False) -> "DecodeStream":
+        return DecodeStream(self, skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (byte-level vocabularies only)."""
+        if not self.byte_level:
+            raise ValueError("token_bytes needs a byte-level BPE tokenizer")
+        if self._token_bytes is None:
+            to_byte = _alphabet_to_byte()
+            table = []
+            for i in range(self.vocab_size):
+                tok = self.backend.id_to_token(i) or ""
+                # Same rule as the ByteLevel decoder: chars outside the alphabet (added tokens) pass as UTF-8.
+                table.append(bytes(to_byte[c] for c in tok) if all(c in to_byte for c in tok) else tok.encode("utf-8"))
+            self._token_bytes = table
+        return self._token_bytes[token_id]
+
+    # ---------------------------------------------------------------- chat
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            chat_template: str | None = None, **kwargs: Any) -> str:
+        template = chat_template or self.chat_template
+        if template is None:
+            raise ValueError("this model has no chat template; pass chat_template= or use plain prompts")
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+                     "pad_token": None if self.pad_token_id is None else self.id_to_token(self.pad_token_id),
+                     "unk_token": None if self.unk_token_id is None else self.id_to_token(self.unk_token_id),
+                     "tools": None, "documents": None}
+        variables.update(kwargs)
+        return _compile_template(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+        """Render the chat template and encode it; the template writes any BOS itself."""
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        return self.encode(text, add_special_tokens=False)
+
+
+class DecodeStream:
+    """Turns token ids into text pieces as they arrive, never emitting half a UTF-8 character.
+
+    Byte-level tokenizers: feed each token's exact bytes to an incremental UTF-8 decoder (bytes that
+    can never form a character come out as U+FFFD once that is certain). Others: tokenizers' own
+    DecodeStream, which holds text back while it ends in a partial character.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        if tokenizer.byte_level:
+            self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        else:
+            self._inner = decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def step(self, token_id: int) -> str:
+        """Text made complete by this token ("" when it only started a multi-byte character)."""
+        token_id = int(token_id)
+        if not self._tok.byte_level:
+            return self._inner.step(self._tok.backend, token_id) or ""
+        if self._skip and token_id in self._tok.special_ids:
+            return ""
+        return self._utf8.decode(self._tok.token_bytes(token_id))
+
+    def flush(self) -> str:
+        """Whatever is held back at the end of generation (an incomplete character becomes U+FFFD)."""
+        return self._utf8.decode(b"", final=True) if self._tok.byte_level else ""
+
+
+def _set_post_processor(backend: _HFTokenizer, tokens, bos: int | None, eos: int | None) -> None:
+    """BOS/EOS insertion as a TemplateProcessing, like transformers' update_post_processor."""
+    single = ([f"{tokens[bos]}:0"] if bos is not None else []) + ["$A:0"] + ([f"{tokens[eos]}:0"] if eos is not None else [])
+    pair = single + ([f"{tokens[bos]}:1"] if bos is not None else []) + ["$B:1"] + ([f"{tokens[eos]}:1"] if eos is not None else [])
+    specials = [(tokens[i], i) for i in (bos, eos) if i is not None]
+    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
+@lru_cache(maxsize=16)
+def _compile_template(template: str):
+    """Compile a chat template in the same sandbox, with the same helpers, as transformers."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # jinja's own tojson HTML-escapes; chat templates expect plain JSON.
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    class GenerationTag(jinja2.ext.Extension):
+        # `{% generation %}...{% endgeneration %}` marks assistant text for training masks; render it as-is.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(template)
