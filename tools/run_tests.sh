@@ -18,6 +18,12 @@ cmake -S . -B build/tests "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLOWBIT_CUDA="
 cmake --build build/tests -j "$jobs"
 ctest --test-dir build/tests --output-on-failure -j "$jobs"
 
+echo "=== embedding: an outside CMake project links the installed library via find_package(lowbit)"
+cmake --install build/tests --prefix build/install >/dev/null
+cmake -S examples/find_package -B build/consumer "${gen[@]}" -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/consumer
+build/consumer/embed_example
+
 echo "=== pytest"
 python -c "import lowbit._core" 2>/dev/null || { echo "lowbit is not installed: run 'pip install .' first"; exit 1; }
 # Run from a neutral folder so that `import lowbit` is the installed package, not the source tree.
