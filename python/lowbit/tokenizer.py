@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -246,10 +247,42 @@ class Tokenizer:
         return _compile_template(template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **variables)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
-        """Render the chat template and encode it; the template writes any BOS itself."""
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-        return self.encode(text, add_special_tokens=False)
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    sanitize_control_tokens: bool = False, **kwargs: Any) -> list[int]:
+        """Render the chat template and encode it; the template writes any BOS itself.
+
+        sanitize_control_tokens: control tokens typed by the user (e.g. "<|im_end|>" inside a message)
+        are encoded as plain text, so only the template can end a turn (transformers' option of the same name).
+        """
+        if not sanitize_control_tokens:
+            text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+            return self.encode(text, add_special_tokens=False)
+        control = sorted((self.id_to_token(i) for i in self.special_ids), key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, control)) or "(?!)")
+        marked_messages, marked_kwargs = _mark(messages, pattern), _mark(kwargs, pattern)
+        text = self.apply_chat_template(marked_messages, add_generation_prompt=add_generation_prompt, **marked_kwargs)
+        # Pieces alternate: template text, user-typed control token, template text, ...
+        pieces = re.split(f"{_MARK_START}(.*?){_MARK_END}|[{_MARK_START}{_MARK_END}]", text, flags=re.S)
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if not piece:
+                continue
+            if k % 2:
+                plain = self._encode_plain(piece)
+                if self.token_to_id(piece) in plain:
+                    raise ValueError(f"cannot sanitize {piece!r}: plain text encodes to the control token itself")
+                ids += plain
+            else:
+                ids += self.encode(piece, add_special_tokens=False)
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """Encode without matching added/special tokens: the backend pipeline minus its added-token pass."""
+        b = self.backend
+        if b.normalizer is not None:
+            text = b.normalizer.normalize_str(text)
+        splits = [p for p, _ in b.pre_tokenizer.pre_tokenize_str(text)] if b.pre_tokenizer is not None else [text]
+        return [t.id for p in splits for t in b.model.tokenize(p)]
 
 
 class DecodeStream:
@@ -280,6 +313,22 @@ class DecodeStream:
     def flush(self) -> str:
         """Whatever is held back at the end of generation (an incomplete character becomes U+FFFD)."""
         return self._utf8.decode(b"", final=True) if self._tok.byte_level else ""
+
+
+# Private-use code points (the ones transformers uses) that wrap user-typed control tokens while rendering.
+_MARK_START, _MARK_END = "\U000f0000", "\U000f0001"
+
+
+def _mark(obj: Any, pattern: "re.Pattern[str]") -> Any:
+    """Wrap control tokens found in user strings (recursively; dict keys untouched) in the private markers."""
+    if isinstance(obj, str):
+        obj = obj.replace(_MARK_START, "").replace(_MARK_END, "")  # markers cannot be forged
+        return pattern.sub(lambda m: f"{_MARK_START}{m.group(0)}{_MARK_END}", obj)
+    if isinstance(obj, dict):
+        return {k: _mark(v, pattern) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_mark(v, pattern) for v in obj]
+    return obj
 
 
 def _set_post_processor(backend: _HFTokenizer, tokens, bos: int | None, eos: int | None) -> None:
