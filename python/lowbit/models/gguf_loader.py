@@ -65,13 +65,8 @@ def _open_reader(path: Path):
 
 
 def _metadata(reader) -> dict[str, Any]:
-    meta = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("GGUF."):  # header bookkeeping, not metadata
-            continue
-        value = fld.contents()
-        meta[key] = value
-    return meta
+    # GGUF.* entries are header bookkeeping (version, counts), not metadata.
+    return {key: fld.contents() for key, fld in reader.fields.items() if not key.startswith("GGUF.")}
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
@@ -221,7 +216,7 @@ def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
     rope_freqs = _dequantize(by_name[_ROPE_FREQS], path).astype(np.float64) if _ROPE_FREQS in by_name else None
     config = _config_from_meta(meta, set(by_name), rope_freqs, path)
     tokenizer = Tokenizer.from_gguf_metadata(meta, source=str(path))
-    if tokenizer.vocab_size != config.vocab_size:
+    if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: padded embedding rows
         raise ValueError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model vocab_size "
                          f"is {config.vocab_size}")
 
