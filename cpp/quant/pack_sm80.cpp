@@ -1,13 +1,167 @@
-// sm80-family (mma.sync) packing. Placeholder until the GPU W4A16 kernel lands.
+// sm80-family (mma.sync) packing of group-wise u4 weights (WeightFormat::w4), done once on the host
+// at load time so that the W4A16 kernel (cpp/kernels/sm80/gemm_w4a16_sm80.cu) reads each warp's
+// operands with one 16-byte load per lane and dequantizes them straight into mma fragments
+// (TurboMind §4.1: offline layout in MMA order, 16-byte loads, lop3 u4->f16).
+//
+// The kernel computes Yᵀ = W · Xᵀ with the weight as the mma A operand (m16n8k16: 16 weight rows x
+// 16 k) and the tokens as B, so a decode step of 1..8 tokens fills the n8 side of the instruction.
+// Because a dot product does not care about the order of k, the 64 k of a chunk are permuted so
+// that lane (g = lane/4, t = lane%4) owns actual k in [16t, 16t + 16) of the chunk: its activations
+// are then two contiguous 16-byte loads. In k16 step j (0..3) the fragment columns (2t, 2t+1) hold
+// actual k 16t+4j+{0,1} and columns (2t+8, 2t+9) hold 16t+4j+{2,3}.
+//
+// data  : u8 [ceil(n/16), k/64 * 512]. For n-tile nt, chunk kc, lane, step j the 32-bit word at byte
+//         ((nt*(k/64) + kc)*32 + lane)*16 + 4j holds 8 nibbles (nibble i at bits 4i..4i+3):
+//           i: 0 -> (row g,   k+0)  1 -> (row g+8, k+0)  2 -> (row g,   k+2)  3 -> (row g+8, k+2)
+//              4 -> (row g,   k+1)  5 -> (row g+8, k+1)  6 -> (row g,   k+3)  7 -> (row g+8, k+3)
+//         with rows relative to 16*nt and k relative to 64*kc + 16t + 4j. The magic-number dequant
+//         ((word & 0x000f000f) | 0x64006400, and the 0x00f000f0 mask, then >> 8) yields the fragment
+//         registers (i0,i4) (i1,i5) (i2,i6) (i3,i7) = a0 a1 a2 a3 of the mma A operand.
+// scales: f16 [G, npad] (group-major so a block reads its rows' scales contiguously)
+// zeros : f16 [G, npad]; the kernel forms the scaled zero z*s in f16 and computes w = q*s - z*s.
+// Rows past n (npad = 16*ceil(n/16)) are zero-padded. k must be a multiple of 64 and the group a
+// multiple of 64 (g64, g128, ...); the last group may be short (k = 576 with g128).
+#include <cstring>
+
 #include "lowbit/quant/pack.h"
 
 namespace lowbit {
+namespace {
 
-PackedWeight pack_sm80(const QuantizedWeight& w, const Device&) {
-  LOWBIT_NOT_SUPPORTED("pack_sm80: format ", name_of(w.format), " has no sm80 layout yet");
+constexpr int kTileN = 16, kChunkK = 64, kChunkBytes = 512;
+
+// Fragment position of nibble i of a lane's word: (row offset, k offset) inside the 16 x 4 slice.
+inline int nibble_row(int i) { return (i & 1) * 8; }
+inline int nibble_k(int i) { return ((i >> 1) & 1) * 2 + (i >> 2); }
+
+inline uint8_t get_u4(const uint8_t* q, int64_t row, int64_t col, int64_t k) {
+  const int64_t e = row * k + col;
+  return (q[e >> 1] >> ((e & 1) * 4)) & 0xF;
 }
+inline void set_u4(uint8_t* q, int64_t row, int64_t col, int64_t k, uint8_t v) {
+  const int64_t e = row * k + col;
+  const int shift = (e & 1) * 4;
+  q[e >> 1] = static_cast<uint8_t>((q[e >> 1] & ~(0xF << shift)) | ((v & 0xF) << shift));
+}
+
+// Calls fn(byte_offset_of_word, nibble, row, col) for every weight of the packed layout.
+template <typename Fn>
+void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
+  const int64_t n_tiles = (n + kTileN - 1) / kTileN, k_chunks = k / kChunkK;
+  for (int64_t nt = 0; nt < n_tiles; ++nt)
+    for (int64_t kc = 0; kc < k_chunks; ++kc)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        for (int j = 0; j < 4; ++j) {
+          const int64_t word = ((nt * k_chunks + kc) * 32 + lane) * 16 + 4 * j;
+          for (int i = 0; i < 8; ++i) {
+            const int64_t row = nt * kTileN + g + nibble_row(i);
+            const int64_t col = kc * kChunkK + 16 * t + 4 * j + nibble_k(i);
+            fn(word, i, row, col);
+          }
+        }
+      }
+}
+
+void check_w4_for_sm80(const QuantizedWeight& w) {
+  LOWBIT_CHECK(w.format == WeightFormat::w4, "pack_sm80: only w4 weights have an sm80 layout, got format code ",
+               static_cast<int>(w.format));
+  LOWBIT_CHECK(w.k % kChunkK == 0, "pack_sm80: k must be a multiple of ", kChunkK, ", got k=", w.k);
+  LOWBIT_CHECK(w.group >= kChunkK && w.group % kChunkK == 0, "pack_sm80: group must be a multiple of ", kChunkK,
+               " (g64, g128, ...), got ", w.group);
+  check_dtype(w.q, ScalarType::u4, "pack_sm80", "q");
+  check_shape(w.q, {w.n, w.k}, "pack_sm80", "q");
+  check_dtype(w.scales, ScalarType::f16, "pack_sm80", "scales");
+  check_shape(w.scales, {w.n, w.num_groups()}, "pack_sm80", "scales");
+  if (!w.symmetric) {
+    check_dtype(w.zeros, ScalarType::f16, "pack_sm80", "zeros");
+    check_shape(w.zeros, {w.n, w.num_groups()}, "pack_sm80", "zeros");
+  }
+}
+
+}  // namespace
+
+PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
+  check_w4_for_sm80(w);
+  const Tensor q = w.q.to(Device::cpu()).contiguous();
+  const Tensor s = w.scales.to(Device::cpu()).contiguous();
+  const int64_t n = w.n, k = w.k, groups = w.num_groups();
+  const int64_t n_tiles = (n + kTileN - 1) / kTileN, npad = n_tiles * kTileN;
+
+  Tensor data = Tensor::zeros({n_tiles, (k / kChunkK) * kChunkBytes}, ScalarType::u8);
+  const uint8_t* qp = q.data<uint8_t>();
+  uint8_t* dp = data.data<uint8_t>();
+  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
+    if (row >= n) return;  // padding rows stay 0
+    uint32_t v;
+    std::memcpy(&v, dp + word, 4);
+    v |= static_cast<uint32_t>(get_u4(qp, row, col, k)) << (4 * i);
+    std::memcpy(dp + word, &v, 4);
+  });
+
+  // Group-major parameters; padding rows get scale 0 and zero 0 (they contribute nothing).
+  Tensor scales = Tensor::zeros({groups, npad}, ScalarType::f16);
+  Tensor zeros = Tensor::zeros({groups, npad}, ScalarType::f16);
+  const uint16_t* sp = s.data<uint16_t>();
+  uint16_t* scales_p = scales.data<uint16_t>();
+  uint16_t* zeros_p = zeros.data<uint16_t>();
+  const Tensor z = w.symmetric ? Tensor() : w.zeros.to(Device::cpu()).contiguous();
+  constexpr uint16_t kF16Eight = 0x4800;  // 8.0: the fixed zero of symmetric w4
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      scales_p[gi * npad + r] = sp[r * groups + gi];
+      zeros_p[gi * npad + r] = w.symmetric ? kF16Eight : z.data<uint16_t>()[r * groups + gi];
+    }
+
+  PackedWeight p;
+  p.format = w.format;
+  p.target = PackTarget::sm80;
+  p.n = n;
+  p.k = k;
+  p.group = w.group;
+  p.symmetric = w.symmetric;
+  p.data = data.to(device);
+  p.scales = scales.to(device);
+  p.zeros = zeros.to(device);
+  return p;
+}
+
 QuantizedWeight unpack_sm80(const PackedWeight& p) {
-  LOWBIT_NOT_SUPPORTED("unpack_sm80: format ", name_of(p.format), " has no sm80 layout yet");
+  LOWBIT_CHECK(p.format == WeightFormat::w4 && p.target == PackTarget::sm80, "unpack_sm80: expected a w4 weight "
+               "packed for sm80, got format code ", static_cast<int>(p.format), " target code ",
+               static_cast<int>(p.target));
+  const int64_t n = p.n, k = p.k;
+  QuantizedWeight w;
+  w.format = p.format;
+  w.n = n;
+  w.k = k;
+  w.group = p.group;
+  w.symmetric = p.symmetric;
+  const int64_t groups = w.num_groups(), npad = p.scales.size(1);
+  check_shape(p.data, {(n + kTileN - 1) / kTileN, (k / kChunkK) * kChunkBytes}, "unpack_sm80", "data");
+  check_shape(p.scales, {groups, -1}, "unpack_sm80", "scales");
+
+  const Tensor data = p.data.to(Device::cpu()).contiguous();
+  const uint8_t* dp = data.data<uint8_t>();
+  w.q = Tensor::zeros({n, k}, ScalarType::u4);
+  uint8_t* qp = w.q.data<uint8_t>();
+  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
+    if (row >= n) return;
+    uint32_t v;
+    std::memcpy(&v, dp + word, 4);
+    set_u4(qp, row, col, k, static_cast<uint8_t>((v >> (4 * i)) & 0xF));
+  });
+
+  const Tensor s = p.scales.to(Device::cpu()).contiguous();
+  const Tensor z = p.zeros.to(Device::cpu()).contiguous();
+  w.scales = Tensor::empty({n, groups}, ScalarType::f16);
+  if (!p.symmetric) w.zeros = Tensor::empty({n, groups}, ScalarType::f16);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      w.scales.data<uint16_t>()[r * groups + gi] = s.data<uint16_t>()[gi * npad + r];
+      if (!p.symmetric) w.zeros.data<uint16_t>()[r * groups + gi] = z.data<uint16_t>()[gi * npad + r];
+    }
+  return w;
 }
 
 }  // namespace lowbit
