@@ -6,6 +6,9 @@
 //   k_params(l): f32 [num_blocks, num_kv_heads, block_size, 2] = (scale, zero) for integer K types,
 //                undefined for float K types. Dequantization: x = q * scale + zero, q unsigned.
 // V has the same layout with v_type. A token's slot is block_id * block_size + offset.
+// Integer K/V are quantized per token per head, dynamic asymmetric (QServe §4.1): over the head_dim
+// values x of one token and head, zero = min(x), scale = (max(x) - min(x)) / (2^bits - 1),
+// q = clamp(round((x - zero) / scale), 0, 2^bits - 1); a constant row stores scale 0 and q 0.
 #pragma once
 #include <cstdint>
 #include <unordered_map>
@@ -49,7 +52,8 @@ class BlockAllocator {
   int block_size() const { return block_size_; }
   int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
-  int ref_count(int32_t block) const { return refs_[block]; }
+  int ref_count(int32_t block) const;  // throws IndexError for a block outside [0, num_blocks)
+  int64_t num_used_blocks() const { return num_blocks_ - num_free_blocks(); }
   // Throws when the free list and reference counts disagree (used by the stress tests).
   void check_invariants() const;
 
@@ -59,6 +63,7 @@ class BlockAllocator {
     int64_t tokens = 0;
   };
   const Seq& get(SeqId seq) const;
+  Seq& get(SeqId seq);
   int32_t take_block();
   void release_block(int32_t b);
 
@@ -79,13 +84,13 @@ struct KVCacheConfig {
 
 class KVCache {
  public:
-  explicit KVCache(const KVCacheConfig& cfg);
+  explicit KVCache(const KVCacheConfig& cfg);  // validates cfg; allocates zeroed blocks on cfg.device
   const KVCacheConfig& config() const { return cfg_; }
   const Tensor& k_data(int layer) const { return k_data_.at(layer); }
   const Tensor& v_data(int layer) const { return v_data_.at(layer); }
   const Tensor& k_params(int layer) const { return k_params_.at(layer); }  // undefined for float K
   const Tensor& v_params(int layer) const { return v_params_.at(layer); }
-  void copy_block(int32_t src, int32_t dst);  // every layer, K and V (copy-on-write)
+  void copy_block(int32_t src, int32_t dst);  // every layer, K and V, data and params (copy-on-write)
   // Bytes one token costs across all layers (data + params), for sizing the pool.
   static int64_t bytes_per_token(const KVCacheConfig& cfg);
   int64_t total_bytes() const;

@@ -1,0 +1,185 @@
+// Paged attention on the CPU, blocked online softmax (FlashAttention-style):
+// one work item = (sequence, KV head, tile of up to kTileTokens query tokens). All G query heads of
+// the GQA group and all tokens of the tile form the item's query rows, so every K/V row is
+// dequantized once into f32 and used by every row while it is hot. Per cache block the item
+//   1. dequantizes the block's K rows, computes scores S = Q Kᵀ (Q pre-scaled),
+//   2. updates each row's running max m and sum l, rescaling its accumulator by exp(m_old - m_new),
+//   3. dequantizes the block's V rows and accumulates P V.
+// Causal masking: row r at position pos_r sees keys 0..pos_r only. f32 throughout.
+#include "kernels/cpu/attention_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/kv_quant_cpu.h"
+
+namespace lowbit::cpu {
+
+namespace {
+
+constexpr int64_t kTileTokens = 16;
+
+struct WorkItem {
+  int32_t seq;
+  int32_t kv_head;
+  int32_t tok0;  // first query token of the tile, relative to the sequence's q_start
+  int32_t ntok;
+};
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+struct Scratch {
+  std::vector<float> q, acc, m, l, k, v, s;
+  void resize(int64_t rows, int64_t bs, int64_t D) {
+    q.resize(rows * D);
+    acc.resize(rows * D);
+    m.resize(rows);
+    l.resize(rows);
+    k.resize(bs * D);
+    v.resize(bs * D);
+    s.resize(rows * bs);
+  }
+};
+
+struct Context {
+  const Tensor& q;
+  Tensor& out;
+  const ops::AttentionMeta& meta;
+  float scale;
+  int64_t Hq, Hkv, G, D, bs;
+  ScalarType k_type, v_type;
+  const uint8_t *k_base, *v_base;
+  const float *kp_base, *vp_base;
+  int64_t k_row_bytes, v_row_bytes;
+};
+
+void run_item(const Context& c, const WorkItem& w, Scratch& sc) {
+  const int64_t G = c.G, D = c.D, bs = c.bs;
+  const int64_t rows = w.ntok * G;
+  const int64_t q_len = c.meta.q_len[w.seq], kv_len = c.meta.kv_len[w.seq];
+  const int64_t first_pos = kv_len - q_len + w.tok0;  // position of the tile's first query
+  const int64_t last_pos = first_pos + w.ntok - 1;
+  const int32_t* table = c.meta.block_tables.data<int32_t>() + w.seq * c.meta.block_tables.stride(0);
+
+  // Query rows r = i * G + g: token i of the tile, head kv_head * G + g; pre-multiplied by scale.
+  const int64_t q_elem = bytes_for(c.q.dtype(), 1);
+  const char* q_base = static_cast<const char*>(c.q.data_ptr());
+  for (int64_t i = 0; i < w.ntok; ++i) {
+    const int64_t t = c.meta.q_start[w.seq] + w.tok0 + i;
+    for (int64_t g = 0; g < G; ++g) {
+      float* qr = sc.q.data() + (i * G + g) * D;
+      load_row_f32(q_base + (t * c.q.stride(0) + (w.kv_head * G + g) * c.q.stride(1)) * q_elem, c.q.dtype(), D, qr);
+      for (int64_t d = 0; d < D; ++d) qr[d] *= c.scale;
+    }
+  }
+  std::fill_n(sc.acc.data(), rows * D, 0.f);
+  std::fill_n(sc.m.data(), rows, -std::numeric_limits<float>::infinity());
+  std::fill_n(sc.l.data(), rows, 0.f);
+
+  for (int64_t blk = 0; blk * bs <= last_pos; ++blk) {
+    const int64_t key0 = blk * bs;
+    const int64_t n = std::min(bs, last_pos + 1 - key0);  // keys of this block any row can see
+    const int64_t row0 = (static_cast<int64_t>(table[blk]) * c.Hkv + w.kv_head) * bs;  // first cache row
+    load_kv_rows(c.k_base + row0 * c.k_row_bytes, c.kp_base ? c.kp_base + 2 * row0 : nullptr, c.k_type, n, D,
+                 sc.k.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t visible = std::min(n, first_pos + r / G - key0 + 1);  // causal: keys <= pos_r
+      if (visible <= 0) continue;
+      const float* qr = sc.q.data() + r * D;
+      float* sr = sc.s.data() + r * bs;
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < visible; ++j) {
+        sr[j] = dot(qr, sc.k.data() + j * D, D);
+        block_max = std::max(block_max, sr[j]);
+      }
+      const float m_new = std::max(sc.m[r], block_max);
+      const float alpha = std::exp(sc.m[r] - m_new);  // 0 on the first block (m = -inf)
+      float sum = 0.f;
+      for (int64_t j = 0; j < visible; ++j) {
+        sr[j] = std::exp(sr[j] - m_new);
+        sum += sr[j];
+      }
+      if (alpha != 1.f) {
+        float* ar = sc.acc.data() + r * D;
+        for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
+      }
+      sc.l[r] = sc.l[r] * alpha + sum;
+      sc.m[r] = m_new;
+    }
+    load_kv_rows(c.v_base + row0 * c.v_row_bytes, c.vp_base ? c.vp_base + 2 * row0 : nullptr, c.v_type, n, D,
+                 sc.v.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t visible = std::min(n, first_pos + r / G - key0 + 1);
+      const float* sr = sc.s.data() + r * bs;
+      float* ar = sc.acc.data() + r * D;
+      for (int64_t j = 0; j < visible; ++j) axpy(sr[j], sc.v.data() + j * D, ar, D);
+    }
+  }
+
+  const int64_t o_elem = bytes_for(c.out.dtype(), 1);
+  char* o_base = static_cast<char*>(c.out.data_ptr());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* ar = sc.acc.data() + r * D;
+    const float inv_l = 1.f / sc.l[r];  // l >= 1: the row's max key contributes exp(0)
+    for (int64_t d = 0; d < D; ++d) ar[d] *= inv_l;
+    const int64_t t = c.meta.q_start[w.seq] + w.tok0 + r / G;
+    const int64_t h = w.kv_head * G + r % G;
+    store_row_f32(ar, c.out.dtype(), D, o_base + (t * c.out.stride(0) + h * c.out.stride(1)) * o_elem);
+  }
+}
+
+}  // namespace
+
+void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const ops::AttentionMeta& meta, float scale,
+                         Tensor& out) {
+  const KVCacheConfig& cfg = cache.config();
+  const Tensor& kp = cache.k_params(layer);
+  const Tensor& vp = cache.v_params(layer);
+  const Context c{q,
+                  out,
+                  meta,
+                  scale,
+                  q.size(1),
+                  cfg.num_kv_heads,
+                  q.size(1) / cfg.num_kv_heads,
+                  cfg.head_dim,
+                  cfg.block_size,
+                  cfg.k_type,
+                  cfg.v_type,
+                  static_cast<const uint8_t*>(cache.k_data(layer).data_ptr()),
+                  static_cast<const uint8_t*>(cache.v_data(layer).data_ptr()),
+                  kp.defined() ? kp.data<float>() : nullptr,
+                  vp.defined() ? vp.data<float>() : nullptr,
+                  bytes_for(cfg.k_type, cfg.head_dim),
+                  bytes_for(cfg.v_type, cfg.head_dim)};
+
+  std::vector<WorkItem> items;
+  for (size_t s = 0; s < meta.q_len.size(); ++s)
+    for (int32_t t0 = 0; t0 < meta.q_len[s]; t0 += kTileTokens)
+      for (int32_t h = 0; h < cfg.num_kv_heads; ++h)
+        items.push_back({static_cast<int32_t>(s), h, t0,
+                         static_cast<int32_t>(std::min<int64_t>(kTileTokens, meta.q_len[s] - t0))});
+
+  const int64_t n_items = static_cast<int64_t>(items.size());
+#pragma omp parallel
+  {
+    Scratch sc;
+    sc.resize(kTileTokens * c.G, c.bs, c.D);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i) run_item(c, items[static_cast<size_t>(i)], sc);
+  }
+}
+
+}  // namespace lowbit::cpu

@@ -1,0 +1,15 @@
+// Paged attention on the CPU over any K/V cache type (f32/f16/bf16/u8/u4), q/out f32/f16/bf16.
+#pragma once
+#include "lowbit/core/tensor.h"
+#include "lowbit/kv/kv_cache.h"
+#include "lowbit/ops/ops.h"
+
+namespace lowbit::cpu {
+
+// out[T, Hq, D] = softmax(q kᵀ * scale, causal) v for every sequence of `meta` (see ops.h), with
+// query heads h*G .. h*G+G-1 sharing KV head h (G = Hq / Hkv). Arguments are validated by
+// ops::paged_attention.
+void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const ops::AttentionMeta& meta, float scale,
+                         Tensor& out);
+
+}  // namespace lowbit::cpu

@@ -1,0 +1,56 @@
+// ops::rope: argument checks, then the kernel for the tensors' device.
+#include "kernels/cpu/rope_cpu.h"
+#include "lowbit/ops/ops.h"
+
+namespace lowbit::ops {
+
+namespace {
+
+void check_rope_input(const Tensor& t, const char* arg) {
+  constexpr const char* op = "rope";
+  LOWBIT_CHECK_TYPE(t.dtype() == ScalarType::f32 || t.dtype() == ScalarType::f16 || t.dtype() == ScalarType::bf16,
+                    op, ": argument '", arg, "' must be f32, f16 or bf16, got ", name_of(t.dtype()));
+  check_dim(t, 3, op, arg);
+  LOWBIT_CHECK(t.stride(2) == 1 || t.size(2) <= 1, op, ": argument '", arg,
+               "' must be contiguous in its last dimension, got strides ", shape_str(t.strides()));
+  if (!t.device().is_cpu())
+    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' is on ", t.device().str(),
+                         " but only the CPU kernel is available; GPU rope not built");
+}
+
+}  // namespace
+
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) {
+  constexpr const char* op = "rope";
+  LOWBIT_CHECK(q.defined() || k.defined(), op, ": arguments 'q' and 'k' are both undefined");
+  if (q.defined()) check_rope_input(q, "q");
+  if (k.defined()) check_rope_input(k, "k");
+  const Tensor& any = q.defined() ? q : k;
+  const int64_t T = any.size(0), D = any.size(2);
+  if (q.defined() && k.defined()) {
+    LOWBIT_CHECK(k.size(0) == T && k.size(2) == D, op, ": arguments 'q' ", shape_str(q.shape()), " and 'k' ",
+                 shape_str(k.shape()), " must agree on tokens (dim 0) and head_dim (dim 2)");
+  }
+  check_defined(positions, op, "positions");
+  check_dtype(positions, ScalarType::s32, op, "positions");
+  check_shape(positions, {T}, op, "positions");
+  check_contiguous(positions, op, "positions");
+  LOWBIT_CHECK(positions.device().is_cpu(), op, ": argument 'positions' must be on the CPU, got ",
+               positions.device().str());
+  const int64_t rd = cfg.rotary_dim > 0 ? cfg.rotary_dim : D;
+  LOWBIT_CHECK(cfg.rotary_dim >= 0 && rd <= D && rd % 2 == 0, op, ": rotary_dim ", cfg.rotary_dim,
+               " must be even and in [0, head_dim = ", D, "] (0 = head_dim)");
+  LOWBIT_CHECK(cfg.theta > 0, op, ": theta must be positive, got ", cfg.theta);
+  LOWBIT_CHECK(cfg.linear_factor > 0, op, ": linear scaling factor must be positive, got ", cfg.linear_factor);
+  if (cfg.llama3) {
+    LOWBIT_CHECK(cfg.factor > 0, op, ": llama3 factor must be positive, got ", cfg.factor);
+    LOWBIT_CHECK(cfg.high_freq_factor > cfg.low_freq_factor && cfg.low_freq_factor > 0, op,
+                 ": llama3 needs 0 < low_freq_factor < high_freq_factor, got ", cfg.low_freq_factor, " and ",
+                 cfg.high_freq_factor);
+    LOWBIT_CHECK(cfg.original_max_position > 0, op, ": llama3 original_max_position must be positive, got ",
+                 cfg.original_max_position);
+  }
+  cpu::rope_cpu(q, k, positions, cfg);
+}
+
+}  // namespace lowbit::ops
