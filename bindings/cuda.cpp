@@ -1,5 +1,180 @@
+// GPU entry points and device info, plus the sm80 weight packer (host code, usable without a GPU).
+// Sub-byte tensors arrive from torch as uint8 bytes (two u4 per byte, low nibble first) and are
+// viewed as u4 here. `stream` is a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <string>
+
 #include "bindings/bind.h"
+#include "bindings/tensor_arg.h"
+#include "lowbit/quant/pack.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernels.h"
+#endif
+
+namespace nb = nanobind;
 
 namespace lowbit::bindings {
-void bind_cuda(nanobind::module_& m) {}
+namespace {
+
+Tensor as_u4(const Tensor& bytes, const char* op, const char* arg) {
+  check_dtype(bytes, ScalarType::u8, op, arg);
+  return bytes.contiguous().as_dtype_view(ScalarType::u4);
+}
+
+Tensor optional_tensor(nb::handle obj, const char* arg) {
+  return obj.is_none() ? Tensor() : tensor_from_python(obj, arg);
+}
+
+PackedWeight packed_from_parts(nb::handle data, nb::handle scales, nb::handle zeros, int64_t n, int64_t k, int group,
+                               bool symmetric) {
+  PackedWeight p;
+  p.format = WeightFormat::w4;
+  p.target = PackTarget::sm80;
+  p.n = n;
+  p.k = k;
+  p.group = group;
+  p.symmetric = symmetric;
+  p.data = tensor_from_python(data, "data");
+  p.scales = tensor_from_python(scales, "scales");
+  p.zeros = tensor_from_python(zeros, "zeros");
+  return p;
+}
+
+#ifdef LOWBIT_WITH_CUDA
+cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+#else
+[[noreturn]] void no_cuda(const char* op) {
+  LOWBIT_NOT_SUPPORTED(op, ": this lowbit build has no CUDA support (rebuild with LOWBIT_CUDA=ON)");
+}
+#endif
+
+}  // namespace
+
+void bind_cuda(nb::module_& m) {
+  m.def(
+      "cuda_device_info",
+      [](int index) {
+#ifdef LOWBIT_WITH_CUDA
+        const cuda::DeviceInfo d = cuda::device_info(index);
+        nb::dict r;
+        r["index"] = d.index;
+        r["name"] = d.name;
+        r["capability"] = nb::make_tuple(d.sm_major, d.sm_minor);
+        r["multiprocessors"] = d.multiprocessors;
+        r["total_memory"] = d.total_memory;
+        r["l2_bytes"] = d.l2_bytes;
+        r["max_smem_per_block_optin"] = d.max_smem_per_block_optin;
+        r["runtime_version"] = d.runtime_version;
+        r["driver_version"] = d.driver_version;
+        return r;
+#else
+        require_device(Device::cuda(index), "cuda_device_info");
+        return nb::dict();
+#endif
+      },
+      nb::arg("index") = 0, "Name, compute capability, multiprocessors, memory of CUDA device `index`");
+
+  m.def(
+      "pack_w4_sm80",
+      [](nb::handle q, nb::handle scales, nb::handle zeros, int group, bool symmetric) {
+        QuantizedWeight w;
+        w.format = WeightFormat::w4;
+        w.q = as_u4(tensor_from_python(q, "q"), "pack_w4_sm80", "q");
+        w.n = w.q.size(0);
+        w.k = w.q.size(1);
+        w.group = group;
+        w.symmetric = symmetric;
+        w.scales = tensor_from_python(scales, "scales");
+        w.zeros = optional_tensor(zeros, "zeros");
+        const PackedWeight p = pack_sm80(w, Device::cpu());
+        return nb::make_tuple(p.data, p.scales, p.zeros);
+      },
+      nb::arg("q"), nb::arg("scales"), nb::arg("zeros").none(), nb::arg("group"), nb::arg("symmetric") = false,
+      "Packs group-wise u4 weights (q: uint8 [n, k/2], two nibbles per byte; scales/zeros f16 [n, groups]) into "
+      "the sm80 W4A16 layout on the host: returns (data, scales, zeros)");
+  m.def(
+      "unpack_w4_sm80",
+      [](nb::handle data, nb::handle scales, nb::handle zeros, int64_t n, int64_t k, int group, bool symmetric) {
+        const QuantizedWeight w = unpack_sm80(packed_from_parts(data, scales, zeros, n, k, group, symmetric));
+        return nb::make_tuple(w.q.as_dtype_view(ScalarType::u8), w.scales, w.zeros.defined() ? nb::cast(w.zeros) : nb::none());
+      },
+      nb::arg("data"), nb::arg("scales"), nb::arg("zeros"), nb::arg("n"), nb::arg("k"), nb::arg("group"),
+      nb::arg("symmetric") = false, "Inverse of pack_w4_sm80: returns (q bytes [n, k/2], scales, zeros)");
+
+  m.def(
+      "dequantize_w4",
+      [](nb::handle q, nb::handle scales, nb::handle zeros, int group, nb::handle out, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor o = tensor_from_python(out, "out");
+        cuda::dequantize_w4(as_u4(tensor_from_python(q, "q"), "dequantize_w4", "q"), tensor_from_python(scales, "scales"),
+                            optional_tensor(zeros, "zeros"), group, o, as_stream(stream));
+#else
+        no_cuda("dequantize_w4");
+#endif
+      },
+      nb::arg("q"), nb::arg("scales"), nb::arg("zeros").none(), nb::arg("group"), nb::arg("out"),
+      nb::arg("stream") = 0, "GPU: out[n, k] (f16/bf16) = (q - zero) * scale for group-wise u4 weights");
+
+  m.def(
+      "gemm_w4a16",
+      [](nb::handle x, nb::handle data, nb::handle scales, nb::handle zeros, int64_t n, int64_t k, int group,
+         nb::handle y, int split_k, nb::handle workspace, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor out = tensor_from_python(y, "y");
+        cuda::gemm_w4a16(tensor_from_python(x, "x"), packed_from_parts(data, scales, zeros, n, k, group, false), out,
+                         split_k, optional_tensor(workspace, "workspace"), as_stream(stream));
+#else
+        no_cuda("gemm_w4a16");
+#endif
+      },
+      nb::arg("x"), nb::arg("data"), nb::arg("scales"), nb::arg("zeros"), nb::arg("n"), nb::arg("k"),
+      nb::arg("group"), nb::arg("y"), nb::arg("split_k") = 0, nb::arg("workspace").none() = nb::none(),
+      nb::arg("stream") = 0, "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device)");
+
+  m.def(
+      "gemm_w4a16_pick_split",
+      [](int64_t m, int64_t n, int64_t k, int device) {
+#ifdef LOWBIT_WITH_CUDA
+        return cuda::gemm_w4a16_pick_split(m, n, k, device);
+#else
+        no_cuda("gemm_w4a16_pick_split");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0);
+
+  m.def(
+      "decode_attention",
+      [](nb::handle q, nb::handle k_data, nb::handle v_data, nb::handle k_params, nb::handle v_params,
+         nb::handle block_tables, nb::handle seq_lens, int max_seq_len, float scale, nb::handle out,
+         const std::string& kv_dtype, int split_tokens, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        const char* op = "decode_attention";
+        Tensor k = tensor_from_python(k_data, "k_data"), v = tensor_from_python(v_data, "v_data");
+        if (kv_dtype == "u4") {
+          k = as_u4(k, op, "k_data");
+          v = as_u4(v, op, "v_data");
+        } else {
+          LOWBIT_CHECK(kv_dtype == "f16" || kv_dtype == "u8", op, ": kv_dtype must be 'f16', 'u8' or 'u4', got '",
+                       kv_dtype, "'");
+        }
+        Tensor o = tensor_from_python(out, "out");
+        cuda::decode_attention(tensor_from_python(q, "q"), k, v, optional_tensor(k_params, "k_params"),
+                               optional_tensor(v_params, "v_params"), tensor_from_python(block_tables, "block_tables"),
+                               tensor_from_python(seq_lens, "seq_lens"), max_seq_len, scale, o, split_tokens,
+                               as_stream(stream));
+#else
+        no_cuda("decode_attention");
+#endif
+      },
+      nb::arg("q"), nb::arg("k_data"), nb::arg("v_data"), nb::arg("k_params").none(), nb::arg("v_params").none(),
+      nb::arg("block_tables"), nb::arg("seq_lens"), nb::arg("max_seq_len"), nb::arg("scale"), nb::arg("out"),
+      nb::arg("kv_dtype") = "f16", nb::arg("split_tokens") = 0, nb::arg("stream") = 0,
+      "GPU: decode attention over a paged KV cache (u4 K/V given as uint8 bytes [.., D/2] with kv_dtype='u4')");
+}
+
 }  // namespace lowbit::bindings

@@ -1,0 +1,35 @@
+// GPU entry points (CUDA builds only). Tensors are lowbit Tensors on one CUDA device (torch tensors
+// arrive zero-copy through DLPack); outputs are caller-allocated. Every entry point checks its
+// arguments (naming op, argument, expected vs actual), launches on `stream`, and checks the launch.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "lowbit/core/tensor.h"
+#include "lowbit/quant/pack.h"
+
+namespace lowbit::cuda {
+
+// out[n, k] = (q - zero) * scale for arch-neutral group-wise u4 weights: q u4 [n, k], scales and
+// zeros f16 [n, ceil(k / group)] (zeros undefined = symmetric, zero 8); out f16 or bf16 [n, k].
+void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, int group, Tensor& out,
+                   cudaStream_t stream);
+
+// y[m, n] = x[m, k] · Wᵀ, W a w4 weight packed by pack_sm80 and moved to the device; x, y f16 with
+// unit stride in the last dim. split_k = 0 picks the split itself; a split > 1 needs an f32
+// workspace of gemm_w4a16_workspace_elems(m, n, split) elements (allocated here when undefined).
+void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
+                cudaStream_t stream);
+int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device);
+int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
+
+// Decode attention (one query token per sequence) over the paged KV cache of one layer
+// (include/lowbit/kv/kv_cache.h layout): q f16 [B, Hq, D]; k_data/v_data [blocks, Hkv, block_size, D]
+// of f16, u8 or u4 (K and V of one type); k_params/v_params f32 [blocks, Hkv, block_size, 2]
+// (scale, zero) for u8/u4; block_tables s32 [B, max_blocks]; seq_lens s32 [B] (on the device);
+// max_seq_len >= every seq_len (decides the split-KV grid, so it is graph-capture friendly);
+// out f16 [B, Hq, D]. split_tokens = 0 picks the split size itself. D in {64, 128}, Hq/Hkv <= 8.
+void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                      const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_lens,
+                      int max_seq_len, float scale, Tensor& out, int split_tokens, cudaStream_t stream);
+
+}  // namespace lowbit::cuda
