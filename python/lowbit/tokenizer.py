@@ -1,9 +1,9 @@
 """Tokenizer: HF `tokenizers` underneath, built from GGUF metadata or from a tokenizer.json.
 
-The GGUF path rebuilds what transformers' GGUF converter builds (byte-level BPE, control tokens as
-special added tokens, the pre-tokenizer regex implied by `tokenizer.ggml.pre`), so ids match
-`AutoTokenizer.from_pretrained(dir, gguf_file=...)` exactly. Chat templates render with jinja2 the
-way transformers renders them.
+The GGUF path rebuilds what transformers' GGUF converter builds (byte-level BPE with the pre-tokenizer
+regex implied by `tokenizer.ggml.pre`; SentencePiece BPE, see tokenizer_spm; control tokens as special
+added tokens), so ids match `AutoTokenizer.from_pretrained(dir, gguf_file=...)` exactly. Chat templates
+render with jinja2 the way transformers renders them.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from typing import Any, Iterable
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
+
+from . import tokenizer_spm
 
 # llama.cpp token types (tokenizer.ggml.token_type).
 _CONTROL, _USER_DEFINED = 3, 4
@@ -83,8 +85,11 @@ class Tokenizer:
         self.unk_token_id = unk_token_id
         self.chat_template = chat_template
         self.special_ids = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
-        # Byte-level vocabularies let streaming work on exact bytes instead of guessing from text.
+        # Byte-level and SentencePiece byte-fallback vocabularies let streaming work on exact bytes
+        # instead of guessing from text.
         self.byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+        # SentencePiece decoder: None if not one, else whether decoding drops the leading space.
+        self.spm_strips_space = None if self.byte_level else tokenizer_spm.decoder_strip(backend.decoder)
         self._token_bytes: list[bytes] | None = None
 
     # ---------------------------------------------------------------- construction
@@ -94,40 +99,23 @@ class Tokenizer:
         model = meta.get("tokenizer.ggml.model")
         if model is None or "tokenizer.ggml.tokens" not in meta:
             raise ValueError(f"{source}: no tokenizer in the GGUF metadata (tokenizer.ggml.model/tokens missing)")
-        if model != "gpt2":
-            raise NotImplementedError(
-                f"{source}: GGUF tokenizer type {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE). "
-                f"Use an HF directory with tokenizer.json instead.")
         tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
         types = list(meta.get("tokenizer.ggml.token_type") or [])
-        merges = meta.get("tokenizer.ggml.merges")
-        if merges is None:
-            raise ValueError(f"{source}: byte-level BPE tokenizer without tokenizer.ggml.merges")
-        alphabet = set(_byte_alphabet().values())
-        spell = _byte_alphabet()
-        # Tokens are normally stored in the byte alphabet already; respell any that are not.
-        vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))): i
-                 for i, t in enumerate(tokens)}
-        bpe = BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], dropout=None,
-                  continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
-        backend = _HFTokenizer(bpe)
-        backend.pre_tokenizer = _pre_tokenizer_for(meta.get("tokenizer.ggml.pre"))
-        backend.decoder = decoders.ByteLevel()
-        # Control tokens become special; a "control" token spelled outside the byte alphabet is a
-        # llama.cpp mislabel that would grow the vocabulary, so (like transformers) skip it.
-        control = [AddedToken(t, normalized=False, special=True)
-                   for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
-        if control:
-            backend.add_special_tokens(control)
-        user = [AddedToken(t, normalized=False, special=False)
-                for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
-        if user:
-            backend.add_tokens(user)
+        if model == "llama":
+            backend = _sentencepiece_backend(meta, tokens, types, source)
+        elif model == "gpt2":
+            backend = _byte_level_backend(meta, tokens, types, source)
+        else:
+            raise NotImplementedError(
+                f"{source}: GGUF tokenizer type {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE), "
+                f"'llama' (SentencePiece BPE). Use an HF directory with tokenizer.json instead.")
 
         bos = meta.get("tokenizer.ggml.bos_token_id")
         eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                  "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
-        _set_post_processor(backend, tokens, bos if meta.get("tokenizer.ggml.add_bos_token", False) else None,
+        # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise.
+        add_bos = meta.get("tokenizer.ggml.add_bos_token", model == "llama")
+        _set_post_processor(backend, tokens, bos if add_bos else None,
                             eos[0] if eos and meta.get("tokenizer.ggml.add_eos_token", False) else None)
         return cls(backend, bos_token_id=bos, eos_token_ids=eos,
                    pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
@@ -179,7 +167,13 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.backend.save(str(directory / "tokenizer.json"))
-        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False}
+        # Record whether BOS/EOS get added (read off the post-processor: an empty text gets only those).
+        marks = self.backend.encode("", add_special_tokens=True).ids
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        add_bos = self.bos_token_id is not None and marks[:1] == [self.bos_token_id]
+        add_eos = eos is not None and marks[-1:] == [eos] and len(marks) > int(add_bos)
+        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                               "add_bos_token": add_bos, "add_eos_token": add_eos}
         for name, tid in (("bos_token", self.bos_token_id), ("eos_token", self.eos_token_ids[0] if self.eos_token_ids else None),
                           ("pad_token", self.pad_token_id), ("unk_token", self.unk_token_id)):
             if tid is not None:
@@ -219,17 +213,30 @@ class Tokenizer:
     def decode_stream(self, skip_special_tokens: bool = False) -> "DecodeStream":
         return DecodeStream(self, skip_special_tokens)
 
+    @property
+    def exact_bytes(self) -> bool:
+        """Whether every token stands for fixed bytes (byte-level BPE, or SentencePiece with byte fallback)."""
+        return self.byte_level or self.spm_strips_space is not None
+
     def token_bytes(self, token_id: int) -> bytes:
-        """The exact bytes one token stands for (byte-level vocabularies only)."""
-        if not self.byte_level:
-            raise ValueError("token_bytes needs a byte-level BPE tokenizer")
+        """The exact bytes one token stands for (byte-level and SentencePiece vocabularies only).
+
+        SentencePiece: before the decoder's one-leading-space strip, which applies to a whole text.
+        """
+        if not self.exact_bytes:
+            raise ValueError("token_bytes needs a byte-level BPE or SentencePiece tokenizer")
         if self._token_bytes is None:
             to_byte = _alphabet_to_byte()
             table = []
             for i in range(self.vocab_size):
                 tok = self.backend.id_to_token(i) or ""
+                if not self.byte_level:
+                    table.append(tokenizer_spm.piece_bytes(tok))
                 # Same rule as the ByteLevel decoder: chars outside the alphabet (added tokens) pass as UTF-8.
-                table.append(bytes(to_byte[c] for c in tok) if all(c in to_byte for c in tok) else tok.encode("utf-8"))
+                elif all(c in to_byte for c in tok):
+                    table.append(bytes(to_byte[c] for c in tok))
+                else:
+                    table.append(tok.encode("utf-8"))
             self._token_bytes = table
         return self._token_bytes[token_id]
 
@@ -288,31 +295,91 @@ class Tokenizer:
 class DecodeStream:
     """Turns token ids into text pieces as they arrive, never emitting half a UTF-8 character.
 
-    Byte-level tokenizers: feed each token's exact bytes to an incremental UTF-8 decoder (bytes that
-    can never form a character come out as U+FFFD once that is certain). Others: tokenizers' own
-    DecodeStream, which holds text back while it ends in a partial character.
+    Byte-level and SentencePiece tokenizers: feed each token's exact bytes (a `<0xNN>` byte-fallback
+    piece is one byte) to an incremental UTF-8 decoder; bytes that can never form a character come
+    out as U+FFFD once that is certain. For valid UTF-8 the pieces join to exactly `decode(ids)`;
+    an invalid byte-fallback run gives one U+FFFD per maximal bad subsequence, where `decode`
+    gives one per byte of the run. Others: tokenizers' own DecodeStream, which holds text back while
+    it ends in a partial character.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
-        if tokenizer.byte_level:
+        if tokenizer.exact_bytes:
             self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            # SentencePiece decoding drops one space at the very start of the text (the added prefix).
+            self._strip_first_space = bool(tokenizer.spm_strips_space)
         else:
             self._inner = decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
 
     def step(self, token_id: int) -> str:
         """Text made complete by this token ("" when it only started a multi-byte character)."""
         token_id = int(token_id)
-        if not self._tok.byte_level:
+        if not self._tok.exact_bytes:
             return self._inner.step(self._tok.backend, token_id) or ""
         if self._skip and token_id in self._tok.special_ids:
             return ""
-        return self._utf8.decode(self._tok.token_bytes(token_id))
+        data = self._tok.token_bytes(token_id)
+        if self._strip_first_space and data:
+            self._strip_first_space = False
+            data = data[1:] if data[:1] == b" " else data
+        return self._utf8.decode(data)
 
     def flush(self) -> str:
         """Whatever is held back at the end of generation (an incomplete character becomes U+FFFD)."""
-        return self._utf8.decode(b"", final=True) if self._tok.byte_level else ""
+        return self._utf8.decode(b"", final=True) if self._tok.exact_bytes else ""
+
+
+def _byte_level_backend(meta: dict[str, Any], tokens: list[str], types: list[int], source: str) -> _HFTokenizer:
+    """GGUF `gpt2` tokenizer: byte-level BPE from the stored merges."""
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is None:
+        raise ValueError(f"{source}: byte-level BPE tokenizer without tokenizer.ggml.merges")
+    alphabet = set(_byte_alphabet().values())
+    spell = _byte_alphabet()
+    # Tokens are normally stored in the byte alphabet already; respell any that are not.
+    vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))): i
+             for i, t in enumerate(tokens)}
+    bpe = BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], dropout=None,
+              continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    backend = _HFTokenizer(bpe)
+    backend.pre_tokenizer = _pre_tokenizer_for(meta.get("tokenizer.ggml.pre"))
+    backend.decoder = decoders.ByteLevel()
+    # Control tokens become special; a "control" token spelled outside the byte alphabet is a
+    # llama.cpp mislabel that would grow the vocabulary, so (like transformers) skip it.
+    control = [AddedToken(t, normalized=False, special=True)
+               for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+    if control:
+        backend.add_special_tokens(control)
+    user = [AddedToken(t, normalized=False, special=False)
+            for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
+    if user:
+        backend.add_tokens(user)
+    return backend
+
+
+def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str], types: list[int], source: str) -> _HFTokenizer:
+    """GGUF `llama` tokenizer: SentencePiece BPE from pieces + scores (merges recovered from the scores)."""
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        raise ValueError(f"{source}: SentencePiece tokenizer needs tokenizer.ggml.scores, one per token "
+                         f"({len(tokens)} tokens, {'no' if scores is None else len(scores)} scores)")
+    backend = tokenizer_spm.build_backend(tokens, scores, meta.get("tokenizer.ggml.add_space_prefix", True))
+    # Control tokens and the named specials (BOS/EOS/UNK/PAD, e.g. "<unk>" whose type is UNKNOWN) are
+    # matched whole and dropped by skip_special_tokens; user-defined tokens are matched whole.
+    named = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown", "padding")]
+    special = {i for i, ty in enumerate(types) if ty == _CONTROL} | {i for i in named if i is not None}
+    for i in sorted(special):
+        if not 0 <= i < len(tokens):
+            raise ValueError(f"{source}: special token id {i} is outside the vocabulary of {len(tokens)} tokens")
+    if special:
+        backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in sorted(special)])
+    user = [AddedToken(t, normalized=False, special=False)
+            for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _USER_DEFINED and i not in special]
+    if user:
+        backend.add_tokens(user)
+    return backend
 
 
 # Private-use code points (the ones transformers uses) that wrap user-typed control tokens while rendering.
