@@ -1,5 +1,104 @@
+// rope, kv_write, paged_attention and their AttentionMeta.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+
 #include "bindings/bind.h"
+#include "bindings/tensor_arg.h"
+#include "lowbit/ops/ops.h"
+
+namespace nb = nanobind;
 
 namespace lowbit::bindings {
-void bind_attention(nanobind::module_& m) {}
+namespace {
+
+Tensor optional_tensor_arg(nb::handle obj, const char* arg) {
+  return obj.is_none() ? Tensor() : tensor_from_python(obj, arg);
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  using ops::AttentionMeta;
+  nb::class_<AttentionMeta>(m, "AttentionMeta",
+                            "One step's sequences: query rows [q_start[i], q_start[i] + q_len[i]) of sequence i, "
+                            "which holds kv_len[i] cached tokens including the new ones; block_tables s32 "
+                            "[num_seqs, max_blocks] (-1 padded), slot_mapping s32 [num_tokens]")
+      .def(
+          "__init__",
+          [](AttentionMeta* self, std::vector<int32_t> q_start, std::vector<int32_t> q_len,
+             std::vector<int32_t> kv_len, nb::handle block_tables, nb::handle slot_mapping) {
+            new (self) AttentionMeta();
+            self->q_start = std::move(q_start);
+            self->q_len = std::move(q_len);
+            self->kv_len = std::move(kv_len);
+            self->block_tables = optional_tensor_arg(block_tables, "block_tables");
+            self->slot_mapping = optional_tensor_arg(slot_mapping, "slot_mapping");
+            for (int32_t x : self->q_len) self->max_q_len = std::max(self->max_q_len, x);
+            for (int32_t x : self->kv_len) self->max_kv_len = std::max(self->max_kv_len, x);
+          },
+          nb::arg("q_start"), nb::arg("q_len"), nb::arg("kv_len"), nb::arg("block_tables") = nb::none(),
+          nb::arg("slot_mapping") = nb::none())
+      .def_rw("q_start", &AttentionMeta::q_start)
+      .def_rw("q_len", &AttentionMeta::q_len)
+      .def_rw("kv_len", &AttentionMeta::kv_len)
+      .def_rw("max_q_len", &AttentionMeta::max_q_len)
+      .def_rw("max_kv_len", &AttentionMeta::max_kv_len)
+      .def_prop_rw(
+          "block_tables", [](const AttentionMeta& a) { return a.block_tables.defined() ? nb::cast(a.block_tables) : nb::none(); },
+          [](AttentionMeta& a, nb::handle t) { a.block_tables = optional_tensor_arg(t, "block_tables"); })
+      .def_prop_rw(
+          "slot_mapping", [](const AttentionMeta& a) { return a.slot_mapping.defined() ? nb::cast(a.slot_mapping) : nb::none(); },
+          [](AttentionMeta& a, nb::handle t) { a.slot_mapping = optional_tensor_arg(t, "slot_mapping"); });
+
+  m.def(
+      "rope",
+      [](nb::handle q, nb::handle k, nb::handle positions, float theta, int rotary_dim, bool neox, bool llama3,
+         float factor, float low_freq_factor, float high_freq_factor, int original_max_position, float linear_factor) {
+        Tensor qt = optional_tensor_arg(q, "q"), kt = optional_tensor_arg(k, "k");
+        ops::RopeConfig c;
+        c.theta = theta;
+        c.rotary_dim = rotary_dim;
+        c.neox = neox;
+        c.llama3 = llama3;
+        c.factor = factor;
+        c.low_freq_factor = low_freq_factor;
+        c.high_freq_factor = high_freq_factor;
+        c.original_max_position = original_max_position;
+        c.linear_factor = linear_factor;
+        ops::rope(qt, kt, tensor_from_python(positions, "positions"), c);
+      },
+      nb::arg("q").none(), nb::arg("k").none(), nb::arg("positions"), nb::arg("theta") = 10000.f,
+      nb::arg("rotary_dim") = 0, nb::arg("neox") = true, nb::arg("llama3") = false, nb::arg("factor") = 1.f,
+      nb::arg("low_freq_factor") = 1.f, nb::arg("high_freq_factor") = 4.f, nb::arg("original_max_position") = 8192,
+      nb::arg("linear_factor") = 1.f,
+      "Rotates q [T, Hq, D] and k [T, Hkv, D] (either may be None) in place at positions (int32 [T]). "
+      "neox=True pairs (i, i + d/2) like HF rotate_half, False pairs (2i, 2i+1). llama3=True applies "
+      "Llama-3 frequency scaling (factor, low/high_freq_factor, original_max_position); linear_factor "
+      "divides positions.");
+
+  m.def(
+      "kv_write",
+      [](KVCache& cache, int layer, nb::handle k, nb::handle v, const AttentionMeta& meta) {
+        ops::kv_write(cache, layer, tensor_from_python(k, "k"), tensor_from_python(v, "v"), meta);
+      },
+      nb::arg("cache"), nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("meta"),
+      "Writes k, v [T, Hkv, D] into cache slots meta.slot_mapping (quantizing for u8/u4 caches)");
+
+  m.def(
+      "paged_attention",
+      [](nb::handle q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale, nb::handle out) {
+        Tensor qt = tensor_from_python(q, "q");
+        Tensor ot = out.is_none() ? Tensor::empty(qt.shape(), qt.dtype(), qt.device()) : tensor_from_python(out, "out");
+        ops::paged_attention(qt, cache, layer, meta, scale, ot);
+        return out.is_none() ? nb::cast(ot) : nb::borrow(out);
+      },
+      nb::arg("q"), nb::arg("cache"), nb::arg("layer"), nb::arg("meta"), nb::arg("scale"),
+      nb::arg("out") = nb::none(),
+      "out[T, Hq, D] = causal softmax(q kᵀ * scale) v over the paged cache (GQA when Hq > Hkv). "
+      "Returns out (allocated like q when None).");
+}
+
 }  // namespace lowbit::bindings

@@ -1,5 +1,103 @@
+// Paged KV: BlockAllocator (bookkeeping) and KVCache (per-layer block storage).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
 #include "bindings/bind.h"
+#include "lowbit/kv/kv_cache.h"
+
+namespace nb = nanobind;
 
 namespace lowbit::bindings {
-void bind_kv(nanobind::module_& m) {}
+namespace {
+
+KVCacheConfig make_config(int num_layers, int num_kv_heads, int head_dim, int64_t num_blocks, int block_size,
+                          const std::string& k_type, const std::string& v_type, const std::string& device) {
+  KVCacheConfig c;
+  c.num_layers = num_layers;
+  c.num_kv_heads = num_kv_heads;
+  c.head_dim = head_dim;
+  c.num_blocks = num_blocks;
+  c.block_size = block_size;
+  c.k_type = scalar_type_from_name(k_type);
+  c.v_type = scalar_type_from_name(v_type);
+  c.device = Device::parse(device);
+  return c;
+}
+
+nb::object optional_tensor(const Tensor& t) { return t.defined() ? nb::cast(t) : nb::none(); }
+
+}  // namespace
+
+void bind_kv(nb::module_& m) {
+  nb::class_<BlockAllocator>(m, "BlockAllocator",
+                             "Paged KV bookkeeping: free list, per-sequence block tables, shared prefixes "
+                             "(reference counts) with copy-on-write")
+      .def(nb::init<int64_t, int>(), nb::arg("num_blocks"), nb::arg("block_size") = 16)
+      .def("create_sequence", &BlockAllocator::create_sequence)
+      .def("fork", &BlockAllocator::fork, nb::arg("parent"), "New sequence sharing all of parent's blocks")
+      .def("free_sequence", &BlockAllocator::free_sequence, nb::arg("seq"))
+      .def("blocks_needed", &BlockAllocator::blocks_needed, nb::arg("seq"), nb::arg("n"))
+      .def("can_append", &BlockAllocator::can_append, nb::arg("seq"), nb::arg("n"))
+      .def(
+          "append_tokens",
+          [](BlockAllocator& a, SeqId seq, int64_t n) {
+            std::vector<std::pair<int32_t, int32_t>> copies;
+            const bool ok = a.append_tokens(seq, n, &copies);
+            return std::make_pair(ok, copies);
+          },
+          nb::arg("seq"), nb::arg("n"),
+          "Reserves room for n tokens. Returns (ok, copies): ok is False (nothing changed) when the pool "
+          "is short; copies lists the (src_block, dst_block) copy-on-write copies the caller must perform "
+          "(KVCache.copy_block)")
+      .def("block_table", &BlockAllocator::block_table, nb::arg("seq"))
+      .def("num_tokens", &BlockAllocator::num_tokens, nb::arg("seq"))
+      .def("slot_of", &BlockAllocator::slot_of, nb::arg("seq"), nb::arg("token_index"))
+      .def("has_sequence", &BlockAllocator::has_sequence, nb::arg("seq"))
+      .def("ref_count", &BlockAllocator::ref_count, nb::arg("block"))
+      .def("check_invariants", &BlockAllocator::check_invariants)
+      .def_prop_ro("num_blocks", &BlockAllocator::num_blocks)
+      .def_prop_ro("block_size", &BlockAllocator::block_size)
+      .def_prop_ro("num_free_blocks", &BlockAllocator::num_free_blocks)
+      .def_prop_ro("num_used_blocks", &BlockAllocator::num_used_blocks)
+      .def_prop_ro("num_sequences", &BlockAllocator::num_sequences);
+
+  nb::class_<KVCache>(m, "KVCache",
+                      "Per-layer paged K/V storage: data [num_blocks, num_kv_heads, block_size, head_dim] "
+                      "(u4 packed two per byte), params f32 [..., 2] = (scale, zero) for u8/u4")
+      .def(
+          "__init__",
+          [](KVCache* self, int num_layers, int num_kv_heads, int head_dim, int64_t num_blocks, int block_size,
+             const std::string& k_type, const std::string& v_type, const std::string& device) {
+            new (self) KVCache(
+                make_config(num_layers, num_kv_heads, head_dim, num_blocks, block_size, k_type, v_type, device));
+          },
+          nb::arg("num_layers"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("num_blocks"),
+          nb::arg("block_size") = 16, nb::arg("k_type") = "f16", nb::arg("v_type") = "f16", nb::arg("device") = "cpu")
+      .def_prop_ro("num_layers", [](const KVCache& c) { return c.config().num_layers; })
+      .def_prop_ro("num_kv_heads", [](const KVCache& c) { return c.config().num_kv_heads; })
+      .def_prop_ro("head_dim", [](const KVCache& c) { return c.config().head_dim; })
+      .def_prop_ro("num_blocks", [](const KVCache& c) { return c.config().num_blocks; })
+      .def_prop_ro("block_size", [](const KVCache& c) { return c.config().block_size; })
+      .def_prop_ro("k_type", [](const KVCache& c) { return std::string(name_of(c.config().k_type)); })
+      .def_prop_ro("v_type", [](const KVCache& c) { return std::string(name_of(c.config().v_type)); })
+      .def_prop_ro("device", [](const KVCache& c) { return c.config().device.str(); })
+      .def("k_data", [](const KVCache& c, int l) { return c.k_data(l); }, nb::arg("layer"))
+      .def("v_data", [](const KVCache& c, int l) { return c.v_data(l); }, nb::arg("layer"))
+      .def("k_params", [](const KVCache& c, int l) { return optional_tensor(c.k_params(l)); }, nb::arg("layer"),
+           "f32 [num_blocks, num_kv_heads, block_size, 2] (scale, zero), or None for float K")
+      .def("v_params", [](const KVCache& c, int l) { return optional_tensor(c.v_params(l)); }, nb::arg("layer"))
+      .def("copy_block", &KVCache::copy_block, nb::arg("src"), nb::arg("dst"))
+      .def_prop_ro("total_bytes", &KVCache::total_bytes)
+      .def_static(
+          "bytes_per_token",
+          [](int num_layers, int num_kv_heads, int head_dim, const std::string& k_type, const std::string& v_type) {
+            return KVCache::bytes_per_token(make_config(num_layers, num_kv_heads, head_dim, 1, 1, k_type, v_type, "cpu"));
+          },
+          nb::arg("num_layers"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("k_type") = "f16",
+          nb::arg("v_type") = "f16", "Bytes one token costs across all layers (data + params)");
+}
+
 }  // namespace lowbit::bindings
