@@ -1,0 +1,311 @@
+// The engine loop: validation, sessions, one scheduler step -> forward -> sampling -> events.
+#include "lowbit/engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace lowbit {
+
+namespace {
+constexpr int64_t kDefaultKVBytes = int64_t(512) << 20;
+constexpr int64_t kMaxLogitsChunk = 256;  // rows per forward in Engine::logits (bounds the logits buffer)
+}  // namespace
+
+Engine::Engine(const Model& model, const EngineConfig& config)
+    : model_(model), cfg_(config), sampler_(model.config().vocab_size) {
+  LOWBIT_CHECK(model.finalized(), "Engine: the model is not finalized (call Model.finalize() first)");
+  LOWBIT_CHECK(cfg_.max_batch_tokens > 0, "Engine: argument 'max_batch_tokens' must be positive, got ",
+               cfg_.max_batch_tokens);
+  LOWBIT_CHECK(cfg_.max_seqs > 0, "Engine: argument 'max_seqs' must be positive, got ", cfg_.max_seqs);
+  LOWBIT_CHECK(cfg_.block_size > 0, "Engine: argument 'block_size' must be positive, got ", cfg_.block_size);
+  LOWBIT_CHECK(cfg_.kv_cache_bytes >= 0, "Engine: argument 'kv_cache_bytes' must be >= 0, got ", cfg_.kv_cache_bytes);
+  LOWBIT_CHECK(cfg_.num_threads >= 0, "Engine: argument 'num_threads' must be >= 0, got ", cfg_.num_threads);
+#ifdef _OPENMP
+  if (cfg_.num_threads > 0) omp_set_num_threads(cfg_.num_threads);
+#endif
+  const ModelConfig& mc = model.config();
+  max_blocks_per_seq_ = blocks_for_tokens(mc.max_position_embeddings);
+  const int64_t block_bytes = model.kv_bytes_per_token() * cfg_.block_size;
+  int64_t num_blocks;
+  if (cfg_.kv_cache_bytes == 0) {
+    num_blocks = std::min(kDefaultKVBytes / block_bytes, int64_t(cfg_.max_seqs) * max_blocks_per_seq_);
+  } else {
+    num_blocks = cfg_.kv_cache_bytes / block_bytes;
+    LOWBIT_CHECK(num_blocks >= 1, "Engine: argument 'kv_cache_bytes' (", cfg_.kv_cache_bytes,
+                 ") is smaller than one KV block (", block_bytes, " bytes)");
+  }
+  cache_ = std::make_unique<KVCache>(model.kv_cache_config(num_blocks, cfg_.block_size));
+  alloc_ = std::make_unique<BlockAllocator>(num_blocks, cfg_.block_size);
+  scheduler_ = std::make_unique<Scheduler>(*alloc_, cfg_.max_batch_tokens, cfg_.max_seqs,
+                                           [this] { return evict_idle_session(); });
+  ws_ = model.make_workspace(cfg_.max_batch_tokens,
+                             std::max<int64_t>(cfg_.max_seqs, std::min(cfg_.max_batch_tokens, kMaxLogitsChunk)));
+  const int64_t max_rows = std::max<int64_t>(cfg_.max_seqs, 1);
+  block_tables_host_ = Tensor::empty({max_rows * max_blocks_per_seq_}, ScalarType::s32);
+  slot_mapping_host_ = Tensor::empty({cfg_.max_batch_tokens}, ScalarType::s32);
+  const Device& dev = model.device();
+  block_tables_dev_ = dev.is_cpu() ? block_tables_host_ : Tensor::empty(block_tables_host_.shape(), ScalarType::s32, dev);
+  slot_mapping_dev_ = dev.is_cpu() ? slot_mapping_host_ : Tensor::empty(slot_mapping_host_.shape(), ScalarType::s32, dev);
+  batch_.token_ids.reserve(size_t(cfg_.max_batch_tokens));
+  batch_.positions.reserve(size_t(cfg_.max_batch_tokens));
+  batch_.logit_rows.reserve(size_t(ws_.max_logit_rows));
+}
+
+int64_t Engine::blocks_for_tokens(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
+
+void Engine::validate_request(int64_t id, const std::vector<int32_t>& prompt, const RequestOptions& o) const {
+  const ModelConfig& mc = model_.config();
+  LOWBIT_CHECK(!scheduler_->find(id), "add_request: argument 'request_id' ", id, " is already in use");
+  for (const TokenEvent& e : pending_events_)
+    LOWBIT_CHECK(e.request_id != id, "add_request: argument 'request_id' ", id, " is already in use (abort pending)");
+  LOWBIT_CHECK(!prompt.empty(), "add_request: argument 'prompt_ids' is empty");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    LOWBIT_CHECK(prompt[i] >= 0 && prompt[i] < mc.vocab_size, "add_request: argument 'prompt_ids'[", i, "] = ",
+                 prompt[i], " is outside the vocabulary [0, ", mc.vocab_size, ")");
+  LOWBIT_CHECK(o.max_tokens > 0, "add_request: argument 'max_tokens' must be positive, got ", o.max_tokens);
+  LOWBIT_CHECK(int64_t(prompt.size()) + o.max_tokens <= mc.max_position_embeddings, "add_request: prompt length (",
+               prompt.size(), ") + argument 'max_tokens' (", o.max_tokens, ") exceeds max_position_embeddings (",
+               mc.max_position_embeddings, ")");
+  const int64_t need = blocks_for_tokens(int64_t(prompt.size()) + o.max_tokens);
+  LOWBIT_CHECK(need <= alloc_->num_blocks(), "add_request: prompt length (", prompt.size(), ") + max_tokens (",
+               o.max_tokens, ") needs ", need, " KV blocks but the whole cache has ", alloc_->num_blocks(),
+               " (raise kv_cache_bytes)");
+  LOWBIT_CHECK(o.temperature >= 0.f, "add_request: argument 'temperature' must be >= 0, got ", o.temperature);
+  LOWBIT_CHECK(o.top_p > 0.f && o.top_p <= 1.f, "add_request: argument 'top_p' must be in (0, 1], got ", o.top_p);
+  LOWBIT_CHECK(o.top_k >= 0, "add_request: argument 'top_k' must be >= 0, got ", o.top_k);
+  LOWBIT_CHECK(o.min_p >= 0.f && o.min_p <= 1.f, "add_request: argument 'min_p' must be in [0, 1], got ", o.min_p);
+  LOWBIT_CHECK(o.repetition_penalty > 0.f, "add_request: argument 'repetition_penalty' must be > 0, got ",
+               o.repetition_penalty);
+  LOWBIT_CHECK(o.min_tokens >= 0, "add_request: argument 'min_tokens' must be >= 0, got ", o.min_tokens);
+  LOWBIT_CHECK(o.logprobs >= 0 && o.logprobs <= mc.vocab_size, "add_request: argument 'logprobs' must be in [0, ",
+               mc.vocab_size, "], got ", o.logprobs);
+  for (int32_t t : o.stop_token_ids)
+    LOWBIT_CHECK(t >= 0 && t < mc.vocab_size, "add_request: argument 'stop_token_ids' holds ", t,
+                 ", outside the vocabulary [0, ", mc.vocab_size, ")");
+  if (o.session_id >= 0) {
+    auto s = sessions_.find(o.session_id);
+    LOWBIT_CHECK(s == sessions_.end() || s->second.in_use_by < 0, "add_request: argument 'session_id' ", o.session_id,
+                 " is in use by request ", s == sessions_.end() ? -1 : s->second.in_use_by);
+  }
+}
+
+void Engine::add_request(int64_t id, const std::vector<int32_t>& prompt, const RequestOptions& opts) {
+  validate_request(id, prompt, opts);
+  auto seq = std::make_unique<Sequence>();
+  seq->request_id = id;
+  seq->tokens = prompt;
+  seq->prompt_len = int64_t(prompt.size());
+  seq->opts = opts;
+  if (opts.session_id >= 0) {
+    Session& s = sessions_[opts.session_id];
+    const bool continues = s.kv >= 0 && prompt.size() >= s.history.size() && s.num_computed < int64_t(prompt.size()) &&
+                           std::equal(s.history.begin(), s.history.end(), prompt.begin());
+    if (continues) {
+      seq->kv = s.kv;
+      seq->num_computed = s.num_computed;
+    } else if (s.kv >= 0) {
+      alloc_->free_sequence(s.kv);  // the conversation diverged: start over
+    }
+    s.kv = -1;
+    s.num_computed = 0;
+    s.history.clear();
+    s.in_use_by = id;
+  }
+  scheduler_->add(std::move(seq));
+}
+
+bool Engine::evict_idle_session() {
+  auto victim = sessions_.end();
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
+    if (it->second.in_use_by < 0 && it->second.kv >= 0 &&
+        (victim == sessions_.end() || it->second.last_used < victim->second.last_used))
+      victim = it;
+  if (victim == sessions_.end()) return false;
+  alloc_->free_sequence(victim->second.kv);
+  sessions_.erase(victim);
+  return true;
+}
+
+void Engine::finish(std::unique_ptr<Sequence> seq) {
+  auto s = seq->opts.session_id >= 0 ? sessions_.find(seq->opts.session_id) : sessions_.end();
+  if (s != sessions_.end() && s->second.in_use_by == seq->request_id && seq->kv >= 0) {
+    s->second.history = seq->tokens;
+    s->second.kv = seq->kv;
+    s->second.num_computed = seq->num_computed;
+    s->second.in_use_by = -1;
+    s->second.last_used = ++clock_;
+    return;
+  }
+  if (s != sessions_.end() && s->second.in_use_by == seq->request_id) sessions_.erase(s);
+  if (seq->kv >= 0) alloc_->free_sequence(seq->kv);
+}
+
+void Engine::abort(int64_t request_id) {
+  std::unique_ptr<Sequence> seq = scheduler_->remove(request_id);
+  if (!seq) return;
+  auto s = seq->opts.session_id >= 0 ? sessions_.find(seq->opts.session_id) : sessions_.end();
+  if (s != sessions_.end() && s->second.in_use_by == request_id) sessions_.erase(s);
+  if (seq->kv >= 0) alloc_->free_sequence(seq->kv);
+  TokenEvent e;
+  e.request_id = request_id;
+  e.finished = true;
+  e.finish_reason = "abort";
+  pending_events_.push_back(std::move(e));
+}
+
+void Engine::end_session(int64_t session_id) {
+  auto s = sessions_.find(session_id);
+  if (s == sessions_.end()) return;
+  if (s->second.kv >= 0) alloc_->free_sequence(s->second.kv);
+  sessions_.erase(s);  // a request still continuing it frees its KV when it ends
+}
+
+bool Engine::has_unfinished() const { return !scheduler_->empty() || !pending_events_.empty(); }
+
+// Fills batch_ for `chunks` (KV already reserved) and runs the model. all_rows: logits of every
+// token (Engine::logits), otherwise of the last token of each chunk that samples.
+Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows) {
+  ForwardBatch& b = batch_;
+  ops::AttentionMeta& m = b.attn;
+  b.token_ids.clear();
+  b.positions.clear();
+  b.logit_rows.clear();
+  m.q_start.clear();
+  m.q_len.clear();
+  m.kv_len.clear();
+  m.max_q_len = m.max_kv_len = 0;
+  int64_t width = 1;
+  for (const ScheduledChunk& c : chunks)
+    width = std::max<int64_t>(width, int64_t(alloc_->block_table(c.seq->kv).size()));
+  const int64_t n = int64_t(chunks.size());
+  int32_t* tables = block_tables_host_.data<int32_t>();
+  int32_t* slots = slot_mapping_host_.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const ScheduledChunk& c = chunks[size_t(i)];
+    const int32_t row0 = int32_t(b.token_ids.size());
+    m.q_start.push_back(row0);
+    m.q_len.push_back(int32_t(c.len));
+    m.kv_len.push_back(int32_t(c.start + c.len));
+    m.max_q_len = std::max(m.max_q_len, int32_t(c.len));
+    m.max_kv_len = std::max(m.max_kv_len, int32_t(c.start + c.len));
+    for (int64_t j = c.start; j < c.start + c.len; ++j) {
+      slots[b.token_ids.size()] = int32_t(alloc_->slot_of(c.seq->kv, j));
+      b.token_ids.push_back(c.seq->tokens[size_t(j)]);
+      b.positions.push_back(int32_t(j));
+    }
+    if (all_rows)
+      for (int64_t j = 0; j < c.len; ++j) b.logit_rows.push_back(row0 + int32_t(j));
+    else if (c.sample)
+      b.logit_rows.push_back(row0 + int32_t(c.len) - 1);
+    const std::vector<int32_t>& table = alloc_->block_table(c.seq->kv);
+    int32_t* row = tables + i * width;
+    std::fill(row, row + width, -1);
+    std::copy(table.begin(), table.end(), row);
+  }
+  const int64_t T = int64_t(b.token_ids.size());
+  m.block_tables = block_tables_dev_.slice(0, 0, n * width).view({n, width});
+  m.slot_mapping = slot_mapping_dev_.slice(0, 0, T);
+  if (!model_.device().is_cpu()) {
+    m.block_tables.copy_(block_tables_host_.slice(0, 0, n * width).view({n, width}));
+    m.slot_mapping.copy_(slot_mapping_host_.slice(0, 0, T));
+  }
+  return model_.forward(b, *cache_, ws_);
+}
+
+std::vector<TokenEvent> Engine::step() {
+  std::vector<TokenEvent> events = std::move(pending_events_);
+  pending_events_.clear();
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  const std::vector<ScheduledChunk> chunks = scheduler_->schedule(&copies);
+  for (const auto& c : copies) cache_->copy_block(c.first, c.second);
+  if (chunks.empty()) return events;
+
+  const Tensor logits = forward_chunks(chunks, false);
+  const int64_t vocab = model_.config().vocab_size;
+  const int64_t max_pos = model_.config().max_position_embeddings;
+  int64_t row = 0;
+  for (const ScheduledChunk& c : chunks) {
+    Sequence* seq = c.seq;
+    seq->num_computed += c.len;
+    prefill_tokens_ += std::max<int64_t>(0, std::min(c.start + c.len, seq->prompt_len) - c.start);
+    if (!c.sample) continue;
+    const SampleResult r =
+        sampler_.sample(logits.data<float>() + row * vocab, seq->tokens, seq->num_generated(), seq->opts);
+    ++row;
+    seq->tokens.push_back(r.token);
+    ++generated_tokens_;
+    TokenEvent e;
+    e.request_id = seq->request_id;
+    e.token = r.token;
+    e.logprob = r.logprob;
+    e.top_logprobs = r.top_logprobs;
+    const std::vector<int32_t>& stops = seq->opts.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), r.token) != stops.end())
+      e.finish_reason = "stop";
+    else if (seq->num_generated() >= seq->opts.max_tokens || int64_t(seq->tokens.size()) >= max_pos)
+      e.finish_reason = "length";
+    e.finished = !e.finish_reason.empty();
+    if (e.finished) finish(scheduler_->remove(seq->request_id));
+    events.push_back(std::move(e));
+  }
+  return events;
+}
+
+Tensor Engine::logits(const std::vector<int32_t>& prompt) {
+  const ModelConfig& mc = model_.config();
+  LOWBIT_CHECK(!prompt.empty(), "logits: argument 'prompt_ids' is empty");
+  LOWBIT_CHECK(int64_t(prompt.size()) <= mc.max_position_embeddings, "logits: argument 'prompt_ids' has ",
+               prompt.size(), " tokens, more than max_position_embeddings (", mc.max_position_embeddings, ")");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    LOWBIT_CHECK(prompt[i] >= 0 && prompt[i] < mc.vocab_size, "logits: argument 'prompt_ids'[", i, "] = ", prompt[i],
+                 " is outside the vocabulary [0, ", mc.vocab_size, ")");
+  const int64_t T = int64_t(prompt.size());
+  const int64_t need = blocks_for_tokens(T);
+  while (need > alloc_->num_free_blocks() && evict_idle_session()) {
+  }
+  LOWBIT_CHECK_KIND(ErrorKind::kOutOfMemory, need <= alloc_->num_free_blocks(), "logits: ", T, " tokens need ", need,
+                    " KV blocks but only ", alloc_->num_free_blocks(), " of ", alloc_->num_blocks(),
+                    " are free (running requests hold the rest; raise kv_cache_bytes)");
+  Sequence scratch;
+  scratch.tokens = prompt;
+  scratch.prompt_len = T;
+  scratch.kv = alloc_->create_sequence();
+  Tensor out = Tensor::empty({T, mc.vocab_size}, ScalarType::f32);
+  const int64_t chunk = std::min(cfg_.max_batch_tokens, ws_.max_logit_rows);
+  try {
+    for (int64_t start = 0; start < T; start += chunk) {
+      const int64_t len = std::min(chunk, T - start);
+      std::vector<std::pair<int32_t, int32_t>> copies;
+      LOWBIT_CHECK_KIND(ErrorKind::kRuntime, alloc_->append_tokens(scratch.kv, len, &copies),
+                        "logits: KV reservation failed after the free-block check");
+      const Tensor rows = forward_chunks({ScheduledChunk{&scratch, start, len, true}}, true);
+      std::memcpy(out.data<float>() + start * mc.vocab_size, rows.data<float>(), size_t(rows.nbytes()));
+      scratch.num_computed += len;
+    }
+  } catch (...) {
+    alloc_->free_sequence(scratch.kv);
+    throw;
+  }
+  alloc_->free_sequence(scratch.kv);
+  return out;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.num_free_blocks = alloc_->num_free_blocks();
+  s.num_blocks = alloc_->num_blocks();
+  s.block_size = cfg_.block_size;
+  s.running = scheduler_->num_running();
+  s.waiting = scheduler_->num_waiting();
+  s.preemptions = scheduler_->num_preemptions();
+  for (const auto& kv : sessions_) s.sessions += kv.second.kv >= 0;
+  s.prefill_tokens = prefill_tokens_;
+  s.generated_tokens = generated_tokens_;
+  return s;
+}
+
+}  // namespace lowbit

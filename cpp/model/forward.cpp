@@ -1,0 +1,118 @@
+// The batched Llama-family forward pass (pre-norm decoder, GQA, SwiGLU MLP) built from ops:
+//   embedding -> per layer: rms_norm, qkv linear (+bias), rope, kv_write, paged_attention, o linear,
+//   add_rms_norm, gate_up linear, silu_mul, down linear -> final add_rms_norm -> lm_head on the rows
+//   that need logits. Residual adds are fused into the next norm (add_rms_norm).
+#include <algorithm>
+#include <cmath>
+
+#include "lowbit/model/model.h"
+#include "model/host_convert.h"
+
+namespace lowbit {
+
+ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
+  LOWBIT_CHECK(max_tokens > 0, "Model.make_workspace: max_tokens must be positive, got ", max_tokens);
+  LOWBIT_CHECK(max_logit_rows > 0, "Model.make_workspace: max_logit_rows must be positive, got ", max_logit_rows);
+  const int64_t T = max_tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  ModelWorkspace ws;
+  ws.max_tokens = T;
+  ws.max_logit_rows = max_logit_rows;
+  ws.ids_host = Tensor::empty({T}, ScalarType::s32);
+  ws.positions_host = Tensor::empty({T}, ScalarType::s32);
+  ws.ids = device_.is_cpu() ? ws.ids_host : Tensor::empty({T}, ScalarType::s32, device_);
+  ws.positions = device_.is_cpu() ? ws.positions_host : Tensor::empty({T}, ScalarType::s32, device_);
+  ws.residual = Tensor::empty({T, H}, dtype_, device_);
+  ws.normed = Tensor::empty({T, H}, dtype_, device_);
+  ws.hidden = Tensor::empty({T, H}, dtype_, device_);
+  ws.qkv = Tensor::empty({T, cfg_.qkv_size()}, dtype_, device_);
+  ws.q = Tensor::empty({T, cfg_.num_heads, cfg_.head_dim}, dtype_, device_);
+  ws.k = Tensor::empty({T, cfg_.num_kv_heads, cfg_.head_dim}, dtype_, device_);
+  ws.v = Tensor::empty({T, cfg_.num_kv_heads, cfg_.head_dim}, dtype_, device_);
+  ws.attn_out = Tensor::empty({T, cfg_.q_size()}, dtype_, device_);
+  ws.gate_up = Tensor::empty({T, 2 * I}, dtype_, device_);
+  ws.act = Tensor::empty({T, I}, dtype_, device_);
+  ws.final_rows = Tensor::empty({max_logit_rows, H}, dtype_, device_);
+  ws.logits = Tensor::empty({max_logit_rows, cfg_.vocab_size}, ScalarType::f32);
+  // f32 on the host: the lm_head writes the final logits directly.
+  ws.logits_compute = dtype_ == ScalarType::f32 && device_.is_cpu()
+                          ? ws.logits
+                          : Tensor::empty({max_logit_rows, cfg_.vocab_size}, dtype_, device_);
+  return ws;
+}
+
+Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws) const {
+  LOWBIT_CHECK(finalized_, "Model.forward: call finalize() after setting the weights");
+  const int64_t T = int64_t(b.token_ids.size());
+  const int64_t R = int64_t(b.logit_rows.size());
+  LOWBIT_CHECK(T > 0 && T <= ws.max_tokens, "Model.forward: batch has ", T, " tokens, workspace holds 1..",
+               ws.max_tokens);
+  LOWBIT_CHECK(int64_t(b.positions.size()) == T, "Model.forward: positions has ", b.positions.size(),
+               " entries, expected ", T);
+  LOWBIT_CHECK(R <= ws.max_logit_rows, "Model.forward: ", R, " logit rows, workspace holds ", ws.max_logit_rows);
+  for (int32_t id : b.token_ids)
+    LOWBIT_CHECK(id >= 0 && id < cfg_.vocab_size, "Model.forward: token id ", id, " is outside [0, ", cfg_.vocab_size,
+                 ")");
+  for (int32_t r : b.logit_rows)
+    LOWBIT_CHECK(r >= 0 && r < T, "Model.forward: logit row ", r, " is outside [0, ", T, ")");
+
+  const int64_t D = cfg_.head_dim;
+  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads;
+  std::copy(b.token_ids.begin(), b.token_ids.end(), ws.ids_host.data<int32_t>());
+  std::copy(b.positions.begin(), b.positions.end(), ws.positions_host.data<int32_t>());
+  Tensor ids = ws.ids_host.slice(0, 0, T), positions = ws.positions_host.slice(0, 0, T);
+  if (!device_.is_cpu()) {
+    ws.ids.slice(0, 0, T).copy_(ids);
+    ws.positions.slice(0, 0, T).copy_(positions);
+    ids = ws.ids.slice(0, 0, T);
+    positions = ws.positions.slice(0, 0, T);
+  }
+  Tensor residual = ws.residual.slice(0, 0, T), normed = ws.normed.slice(0, 0, T), hidden = ws.hidden.slice(0, 0, T);
+  Tensor qkv = ws.qkv.slice(0, 0, T), attn_out = ws.attn_out.slice(0, 0, T);
+  Tensor q = ws.q.slice(0, 0, T), k = ws.k.slice(0, 0, T), v = ws.v.slice(0, 0, T);
+  Tensor gate_up = ws.gate_up.slice(0, 0, T), act = ws.act.slice(0, 0, T);
+  Tensor qkv_heads = qkv.view({T, Hq + 2 * Hkv, D});
+  const Tensor q_view = qkv_heads.slice(1, 0, Hq), k_view = qkv_heads.slice(1, Hq, Hq + Hkv),
+               v_view = qkv_heads.slice(1, Hq + Hkv, Hq + 2 * Hkv);
+  Tensor attn_heads = attn_out.view({T, Hq, D});
+  const ops::RopeConfig rope = cfg_.rope_config();
+  const ops::LinearActivation a = linear_activation();
+  const float eps = cfg_.rms_norm_eps;
+  const float scale = 1.f / std::sqrt(float(D));
+  const Tensor no_bias;
+
+  ops::embedding(ids, embed_table_, residual);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const Layer& L = layers_[size_t(l)];
+    if (l == 0)
+      ops::rms_norm(residual, L.input_norm, eps, normed);
+    else
+      ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
+    ops::linear(normed, L.qkv, L.qkv_bias, qkv, a);
+    // q/k/v into contiguous per-head buffers: rope and the cache ops read whole heads.
+    q.copy_(q_view);
+    k.copy_(k_view);
+    v.copy_(v_view);
+    ops::rope(q, k, positions, rope);
+    ops::kv_write(cache, l, k, v, b.attn);
+    ops::paged_attention(q, cache, l, b.attn, scale, attn_heads);
+    ops::linear(attn_out, L.o, no_bias, hidden, a);
+    ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);
+    ops::linear(normed, L.gate_up, no_bias, gate_up, a);
+    ops::silu_mul(gate_up, act);
+    ops::linear(act, L.down, no_bias, hidden, a);
+  }
+  ops::add_rms_norm(residual, hidden, final_norm_, eps, normed);
+  Tensor logits = ws.logits.slice(0, 0, R);
+  if (R == 0) return logits;
+  Tensor rows = ws.final_rows.slice(0, 0, R);
+  for (int64_t r = 0; r < R; ++r) rows.select(0, r).copy_(normed.select(0, b.logit_rows[size_t(r)]));
+  Tensor logits_c = ws.logits_compute.slice(0, 0, R);
+  ops::linear(rows, lm_head_, no_bias, logits_c, a);
+  if (logits_c.data_ptr() != logits.data_ptr()) {
+    Tensor host = device_.is_cpu() ? logits_c : logits_c.to(Device::cpu());
+    model_detail::dtype_to_f32_host(host, logits.data<float>());
+  }
+  return logits;
+}
+
+}  // namespace lowbit

@@ -1,0 +1,291 @@
+// Model construction and weights: name/shape checks, round-to-nearest quantization per recipe,
+// q|k|v and gate|up fusion and packing at finalize().
+#include "lowbit/model/model.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "model/host_convert.h"
+
+namespace lowbit {
+namespace {
+
+using model_detail::concat_rows;
+using model_detail::f32_to_dtype_host;
+using model_detail::to_f32_host;
+
+// A parsed HF tensor name: layer index (-1 for model-level tensors) and the suffix after it.
+struct WeightName {
+  int layer = -1;
+  std::string suffix;  // e.g. "self_attn.q_proj.weight", or the full name for model-level tensors
+};
+
+WeightName parse_name(const std::string& name, int num_layers) {
+  static const std::string prefix = "model.layers.";
+  WeightName out;
+  if (name.compare(0, prefix.size(), prefix) != 0) {
+    out.suffix = name;
+    return out;
+  }
+  const size_t dot = name.find('.', prefix.size());
+  const std::string index = name.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
+  char* end = nullptr;
+  const long layer = std::strtol(index.c_str(), &end, 10);
+  LOWBIT_CHECK(!index.empty() && *end == '\0' && dot != std::string::npos, "Model.set_weight: cannot parse the layer ",
+               "index of '", name, "'");
+  LOWBIT_CHECK_KIND(ErrorKind::kIndex, layer >= 0 && layer < num_layers, "Model.set_weight: '", name, "': layer ", layer,
+                    " is outside [0, ", num_layers, ")");
+  out.layer = int(layer);
+  out.suffix = name.substr(dot + 1);
+  return out;
+}
+
+bool is_linear_suffix(const std::string& s) {
+  return s == "self_attn.q_proj.weight" || s == "self_attn.k_proj.weight" || s == "self_attn.v_proj.weight" ||
+         s == "self_attn.o_proj.weight" || s == "mlp.gate_proj.weight" || s == "mlp.up_proj.weight" ||
+         s == "mlp.down_proj.weight";
+}
+
+std::string layer_name(int layer, const char* suffix) {
+  return "model.layers." + std::to_string(layer) + "." + suffix;
+}
+
+int64_t packed_bytes(const PackedWeight& w) {
+  int64_t b = 0;
+  for (const Tensor* t : {&w.data, &w.scales, &w.zeros, &w.channel_scales, &w.aux})
+    if (t->defined()) b += t->nbytes();
+  return b;
+}
+
+QuantizedWeight fuse(const std::vector<const QuantizedWeight*>& parts, const char* what) {
+  const QuantizedWeight& first = *parts[0];
+  QuantizedWeight out;
+  out.format = first.format;
+  out.k = first.k;
+  out.group = first.group;
+  out.symmetric = first.symmetric;
+  std::vector<Tensor> q, s, z, c;
+  for (const QuantizedWeight* p : parts) {
+    LOWBIT_CHECK(p->format == first.format && p->group == first.group && p->symmetric == first.symmetric &&
+                     p->k == first.k,
+                 "Model.finalize: cannot fuse ", what, ": parts differ in format/group/symmetry/k (", name_of(p->format),
+                 " g", p->group, " k", p->k, " vs ", name_of(first.format), " g", first.group, " k", first.k, ")");
+    out.n += p->n;
+    q.push_back(p->q);
+    s.push_back(p->scales);
+    z.push_back(p->zeros);
+    c.push_back(p->channel_scales);
+  }
+  out.q = concat_rows(q, what);
+  out.scales = concat_rows(s, what);
+  out.zeros = concat_rows(z, what);
+  out.channel_scales = concat_rows(c, what);
+  return out;
+}
+
+}  // namespace
+
+Model::Model(const ModelConfig& config, const std::string& recipe, const std::string& device, const std::string& dtype)
+    : cfg_(config), recipe_(parse_recipe(recipe)), device_(Device::parse(device)),
+      dtype_(scalar_type_from_name(dtype)) {
+  cfg_.validate();
+  LOWBIT_CHECK_TYPE(dtype_ == ScalarType::f32 || dtype_ == ScalarType::f16 || dtype_ == ScalarType::bf16,
+                    "Model: argument 'dtype' must be f32, f16 or bf16, got ", dtype);
+  require_device(device_, "Model");
+  if (recipe_.weight_bits == 16)
+    weight_format_ = dtype_ == ScalarType::f32 ? WeightFormat::f32
+                     : dtype_ == ScalarType::f16 ? WeightFormat::f16 : WeightFormat::bf16;
+  else
+    weight_format_ = recipe_.weight;
+  pack_target_ = device_.is_cpu() ? PackTarget::cpu : PackTarget::sm80;
+  k_cache_type();  // kv2 -> NotSupported now rather than at the first step
+  v_cache_type();
+}
+
+static ScalarType kv_type_for(KVBits bits, ScalarType compute, const char* which) {
+  switch (bits) {
+    case KVBits::kv16: return compute;
+    case KVBits::kv8: return ScalarType::u8;
+    case KVBits::kv4: return ScalarType::u4;
+    case KVBits::kv2: break;
+  }
+  LOWBIT_NOT_SUPPORTED("Model: 2-bit ", which, " cache is not supported yet; use kv16, kv8 or kv4");
+}
+ScalarType Model::k_cache_type() const { return kv_type_for(recipe_.k_bits, dtype_, "K"); }
+ScalarType Model::v_cache_type() const { return kv_type_for(recipe_.v_bits, dtype_, "V"); }
+
+KVCacheConfig Model::kv_cache_config(int64_t num_blocks, int block_size) const {
+  KVCacheConfig c;
+  c.num_layers = cfg_.num_layers;
+  c.num_kv_heads = cfg_.num_kv_heads;
+  c.head_dim = cfg_.head_dim;
+  c.block_size = block_size;
+  c.num_blocks = num_blocks;
+  c.k_type = k_cache_type();
+  c.v_type = v_cache_type();
+  c.device = device_;
+  return c;
+}
+
+int64_t Model::kv_bytes_per_token() const { return KVCache::bytes_per_token(kv_cache_config(1, 1)); }
+
+void Model::check_not_finalized(const char* op) const {
+  LOWBIT_CHECK(!finalized_, op, ": the model is already finalized");
+}
+
+ops::LinearActivation Model::linear_activation() const {
+  switch (recipe_.activation) {
+    case ActivationMode::float16: return ops::LinearActivation::float16;
+    case ActivationMode::int8_per_token: return ops::LinearActivation::int8_per_token;
+    case ActivationMode::fmpq_mixed: return ops::LinearActivation::fmpq_mixed;
+  }
+  return ops::LinearActivation::float16;
+}
+
+// Expected shape of every accepted name; an empty shape means "not a weight of this model".
+static Shape expected_shape(const ModelConfig& c, const WeightName& w) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  if (w.layer < 0) {
+    if (w.suffix == "model.embed_tokens.weight" || w.suffix == "lm_head.weight") return {V, H};
+    if (w.suffix == "model.norm.weight") return {H};
+    return {};
+  }
+  const std::string& s = w.suffix;
+  if (s == "input_layernorm.weight" || s == "post_attention_layernorm.weight") return {H};
+  if (s == "self_attn.q_proj.weight") return {c.q_size(), H};
+  if (s == "self_attn.k_proj.weight" || s == "self_attn.v_proj.weight") return {c.kv_size(), H};
+  if (s == "self_attn.o_proj.weight") return {H, c.q_size()};
+  if (s == "mlp.gate_proj.weight" || s == "mlp.up_proj.weight") return {I, H};
+  if (s == "mlp.down_proj.weight") return {H, I};
+  if (c.attention_bias) {
+    if (s == "self_attn.q_proj.bias") return {c.q_size()};
+    if (s == "self_attn.k_proj.bias" || s == "self_attn.v_proj.bias") return {c.kv_size()};
+  }
+  return {};
+}
+
+void Model::set_weight(const std::string& name, const Tensor& tensor) {
+  check_not_finalized("Model.set_weight");
+  const WeightName w = parse_name(name, cfg_.num_layers);
+  const Shape expected = expected_shape(cfg_, w);
+  LOWBIT_CHECK(!expected.empty(), "Model.set_weight: unknown weight name '", name, "' for arch ", cfg_.arch,
+               " (expected HF names such as model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight,",
+               " model.norm.weight", cfg_.attention_bias ? ", model.layers.0.self_attn.q_proj.bias" : "", ")");
+  LOWBIT_CHECK(tensor.defined() && tensor.shape() == expected, "Model.set_weight: '", name, "' expects shape ",
+               shape_str(expected), ", got ", tensor.defined() ? shape_str(tensor.shape()) : std::string("undefined"));
+  Tensor f32 = to_f32_host(tensor, name);
+  if (is_linear_suffix(w.suffix) || w.suffix == "lm_head.weight")
+    stage_linear(name, quantize_weight(f32, weight_format_, recipe_.group > 0 ? recipe_.group : 128, false));
+  else
+    staged_float_[name] = f32;
+}
+
+void Model::set_quantized_weight(const std::string& name, const QuantizedWeight& weight) {
+  check_not_finalized("Model.set_quantized_weight");
+  const WeightName w = parse_name(name, cfg_.num_layers);
+  LOWBIT_CHECK(is_linear_suffix(w.suffix) || w.suffix == "lm_head.weight", "Model.set_quantized_weight: '", name,
+               "' is not a linear weight (only *_proj.weight and lm_head.weight are quantized)");
+  const Shape expected = expected_shape(cfg_, w);
+  LOWBIT_CHECK(weight.n == expected[0] && weight.k == expected[1], "Model.set_quantized_weight: '", name,
+               "' expects shape ", shape_str(expected), ", got [", weight.n, ", ", weight.k, "]");
+  LOWBIT_CHECK(weight.format == weight_format_, "Model.set_quantized_weight: '", name, "' has format ",
+               name_of(weight.format), " but recipe ", recipe_.text, " uses ", name_of(weight_format_));
+  stage_linear(name, weight);
+}
+
+void Model::stage_linear(const std::string& name, QuantizedWeight w) { staged_linear_[name] = std::move(w); }
+
+Tensor Model::to_compute(const Tensor& host_f32) const {
+  Tensor t = f32_to_dtype_host(host_f32, dtype_);
+  return device_.is_cpu() ? t : t.to(device_);
+}
+
+PackedWeight Model::pack(const QuantizedWeight& w) const { return pack_weight(w, pack_target_, device_); }
+
+void Model::finalize() {
+  check_not_finalized("Model.finalize");
+  // Every name the config asks for, in a stable order, so the error lists all of them at once.
+  std::vector<std::string> missing;
+  auto need_linear = [&](const std::string& n) {
+    if (!staged_linear_.count(n)) missing.push_back(n);
+  };
+  auto need_float = [&](const std::string& n) {
+    if (!staged_float_.count(n)) missing.push_back(n);
+  };
+  need_float("model.embed_tokens.weight");
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    need_float(layer_name(l, "input_layernorm.weight"));
+    need_float(layer_name(l, "post_attention_layernorm.weight"));
+    for (const char* s : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                          "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                          "mlp.down_proj.weight"})
+      need_linear(layer_name(l, s));
+    if (cfg_.attention_bias)
+      for (const char* s : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"})
+        need_float(layer_name(l, s));
+  }
+  need_float("model.norm.weight");
+  if (!cfg_.tie_word_embeddings) need_linear("lm_head.weight");
+  if (!missing.empty()) {
+    std::ostringstream os;
+    for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+    LOWBIT_FAIL(ErrorKind::kValue, "Model.finalize: ", missing.size(), " weight(s) missing: ", os.str());
+  }
+
+  parameter_bytes_.clear();
+  layers_.resize(size_t(cfg_.num_layers));
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[size_t(l)];
+    auto lin = [&](const char* s) -> const QuantizedWeight& { return staged_linear_.at(layer_name(l, s)); };
+    L.qkv = pack(fuse({&lin("self_attn.q_proj.weight"), &lin("self_attn.k_proj.weight"), &lin("self_attn.v_proj.weight")},
+                      "q/k/v"));
+    L.o = pack(lin("self_attn.o_proj.weight"));
+    L.gate_up = pack(fuse({&lin("mlp.gate_proj.weight"), &lin("mlp.up_proj.weight")}, "gate/up"));
+    L.down = pack(lin("mlp.down_proj.weight"));
+    L.input_norm = to_compute(staged_float_.at(layer_name(l, "input_layernorm.weight")));
+    L.post_norm = to_compute(staged_float_.at(layer_name(l, "post_attention_layernorm.weight")));
+    if (cfg_.attention_bias) {
+      Tensor b = concat_rows({staged_float_.at(layer_name(l, "self_attn.q_proj.bias")),
+                              staged_float_.at(layer_name(l, "self_attn.k_proj.bias")),
+                              staged_float_.at(layer_name(l, "self_attn.v_proj.bias"))},
+                             "q/k/v bias");
+      L.qkv_bias = to_compute(b);
+      parameter_bytes_["attention"] += L.qkv_bias.nbytes();
+    }
+    parameter_bytes_["attention"] += packed_bytes(L.qkv) + packed_bytes(L.o);
+    parameter_bytes_["mlp"] += packed_bytes(L.gate_up) + packed_bytes(L.down);
+    parameter_bytes_["norms"] += L.input_norm.nbytes() + L.post_norm.nbytes();
+  }
+  const Tensor& embed = staged_float_.at("model.embed_tokens.weight");
+  embed_table_ = to_compute(embed);
+  final_norm_ = to_compute(staged_float_.at("model.norm.weight"));
+  auto head = staged_linear_.find("lm_head.weight");
+  lm_head_ = head != staged_linear_.end()
+                 ? pack(head->second)
+                 : pack(quantize_weight(embed, weight_format_, recipe_.group > 0 ? recipe_.group : 128, false));
+  parameter_bytes_["embedding"] = embed_table_.nbytes();
+  parameter_bytes_["norms"] += final_norm_.nbytes();
+  parameter_bytes_["lm_head"] = packed_bytes(lm_head_);
+  staged_linear_.clear();
+  staged_float_.clear();
+  finalized_ = true;
+}
+
+Model::Info Model::info() const {
+  Info i;
+  i.recipe = recipe_.text;
+  i.dtype = name_of(dtype_);
+  i.device = device_.str();
+  i.parameter_bytes = parameter_bytes_;
+  i.kv_bytes_per_token = kv_bytes_per_token();
+  const char* act = recipe_.activation == ActivationMode::float16          ? "a16"
+                    : recipe_.activation == ActivationMode::int8_per_token ? "a8 per-token int8"
+                                                                           : "a4 fmpq mixed";
+  i.kernels.push_back(std::string("linear: ") + name_of(weight_format_) + " weights packed for " +
+                      name_of(pack_target_) + ", " + act + " activations");
+  i.kernels.push_back(std::string("paged_attention: K ") + name_of(k_cache_type()) + ", V " +
+                      name_of(v_cache_type()) + ", head_dim " + std::to_string(cfg_.head_dim));
+  return i;
+}
+
+}  // namespace lowbit

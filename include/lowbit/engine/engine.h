@@ -1,0 +1,87 @@
+// Engine: requests -> Scheduler (continuous batching) -> Model::forward -> per-request Sampler ->
+// TokenEvents. Owns the paged KV cache and every per-step buffer (sized once at construction).
+// Not thread-safe: one caller drives step(); the Python binding releases the GIL inside it.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lowbit/engine/request.h"
+#include "lowbit/engine/sampler.h"
+#include "lowbit/engine/scheduler.h"
+#include "lowbit/kv/kv_cache.h"
+#include "lowbit/model/model.h"
+
+namespace lowbit {
+
+struct EngineConfig {
+  int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
+  int max_seqs = 64;                // sequences per step
+  int block_size = 16;              // tokens per KV block
+  int64_t kv_cache_bytes = 0;       // 0: 512 MiB, clamped to max_seqs full-length sequences
+  int num_threads = 0;              // CPU threads for the kernels (0: leave the OpenMP default)
+};
+
+struct EngineStats {
+  int64_t num_free_blocks = 0, num_blocks = 0;
+  int block_size = 0;
+  int64_t running = 0, waiting = 0, preemptions = 0;
+  int64_t sessions = 0;          // sessions holding KV
+  int64_t prefill_tokens = 0;    // prompt positions computed so far (KV reused by a session is not)
+  int64_t generated_tokens = 0;  // tokens sampled so far
+};
+
+class Engine {
+ public:
+  // `model` must be finalized and outlive the engine.
+  Engine(const Model& model, const EngineConfig& config = {});
+
+  // Validates everything (ValueError naming the parameter) before queueing; nothing changes on error.
+  void add_request(int64_t request_id, const std::vector<int32_t>& prompt_ids, const RequestOptions& opts = {});
+  // One scheduler step; returns the tokens sampled (and abort/finish events).
+  std::vector<TokenEvent> step();
+  // Frees the request's KV; its "abort" event comes with the next step(). Unknown ids are ignored.
+  void abort(int64_t request_id);
+  void end_session(int64_t session_id);
+  bool has_unfinished() const;
+  // f32 [T, vocab] logits of every position of `prompt_ids` (a scratch sequence, freed afterwards).
+  Tensor logits(const std::vector<int32_t>& prompt_ids);
+  EngineStats stats() const;
+
+  const EngineConfig& config() const { return cfg_; }
+  const KVCache& kv_cache() const { return *cache_; }
+
+ private:
+  struct Session {
+    std::vector<int32_t> history;  // tokens of the finished request (prompt + generated)
+    SeqId kv = -1;                 // holds KV of history[0, num_computed)
+    int64_t num_computed = 0;
+    int64_t last_used = 0;
+    int64_t in_use_by = -1;        // request id currently continuing the session
+  };
+  void validate_request(int64_t request_id, const std::vector<int32_t>& prompt_ids, const RequestOptions& opts) const;
+  bool evict_idle_session();  // frees the least recently used idle session's KV
+  void finish(std::unique_ptr<Sequence> seq);
+  int64_t blocks_for_tokens(int64_t tokens) const;
+  Tensor forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows);
+
+  const Model& model_;
+  EngineConfig cfg_;
+  std::unique_ptr<KVCache> cache_;
+  std::unique_ptr<BlockAllocator> alloc_;
+  std::unique_ptr<Scheduler> scheduler_;
+  Sampler sampler_;
+  ModelWorkspace ws_;
+  ForwardBatch batch_;                       // reused every step
+  Tensor block_tables_host_, slot_mapping_host_;  // s32, max sizes
+  Tensor block_tables_dev_, slot_mapping_dev_;
+  int64_t max_blocks_per_seq_ = 0;
+  std::map<int64_t, Session> sessions_;
+  std::vector<TokenEvent> pending_events_;   // abort events for the next step
+  int64_t clock_ = 0;
+  int64_t prefill_tokens_ = 0, generated_tokens_ = 0;
+};
+
+}  // namespace lowbit

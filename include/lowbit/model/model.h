@@ -1,0 +1,125 @@
+// Model: the packed weights of a Llama-family decoder and its batched forward pass built from ops.
+//
+// Lifecycle: construct with a config and a recipe -> set_weight()/set_quantized_weight() for every
+// HF tensor name -> finalize() (checks completeness, fuses q/k/v and gate/up so a layer runs four
+// linears, packs for the device, frees staging memory) -> forward() any number of times.
+// Weights use HF names: model.embed_tokens.weight, model.layers.{i}.input_layernorm.weight,
+// model.layers.{i}.self_attn.{q,k,v,o}_proj.weight, model.layers.{i}.self_attn.{q,k,v}_proj.bias
+// (attention_bias), model.layers.{i}.post_attention_layernorm.weight,
+// model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (untied).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lowbit/core/tensor.h"
+#include "lowbit/kv/kv_cache.h"
+#include "lowbit/model/config.h"
+#include "lowbit/ops/ops.h"
+#include "lowbit/quant/format.h"
+#include "lowbit/quant/pack.h"
+#include "lowbit/quant/recipe.h"
+
+namespace lowbit {
+
+// One forward step's tokens (host side). Tokens of sequence i are rows
+// [attn.q_start[i], attn.q_start[i] + attn.q_len[i]). attn.block_tables / attn.slot_mapping are
+// filled by the caller (on the model's device); logit_rows lists the rows whose logits are wanted.
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;  // [T]
+  std::vector<int32_t> positions;  // [T]
+  ops::AttentionMeta attn;
+  std::vector<int32_t> logit_rows;
+};
+
+// Scratch activations for up to max_tokens tokens and max_logit_rows logit rows, allocated once
+// (Model::make_workspace) and reused by every forward so that the hot path never allocates.
+struct ModelWorkspace {
+  int64_t max_tokens = 0, max_logit_rows = 0;
+  Tensor ids_host, positions_host;  // s32 [max_tokens] on the host
+  Tensor ids, positions;            // s32 on the model device (aliases of the host ones on cpu)
+  Tensor residual, normed, hidden;  // [max_tokens, hidden]
+  Tensor qkv;                       // [max_tokens, q + 2 kv]
+  Tensor q, k, v;                   // contiguous [max_tokens, heads, head_dim]
+  Tensor attn_out;                  // [max_tokens, q]
+  Tensor gate_up;                   // [max_tokens, 2 * intermediate]
+  Tensor act;                       // [max_tokens, intermediate]
+  Tensor final_rows;                // [max_logit_rows, hidden]
+  Tensor logits_compute;            // [max_logit_rows, vocab] in the compute dtype (device)
+  Tensor logits;                    // f32 [max_logit_rows, vocab] on the host
+};
+
+class Model {
+ public:
+  // recipe: e.g. "w16a16", "w4a16kv8" (parse_recipe); device "cpu" | "cuda[:N]"; dtype: compute
+  // dtype "f32" | "f16" | "bf16" (activations, 16-bit weights, kv16 cache, embedding table).
+  Model(const ModelConfig& config, const std::string& recipe, const std::string& device = "cpu",
+        const std::string& dtype = "f32");
+
+  // Any float tensor (f32/f16/bf16, any device, any strides). Linear weights are quantized
+  // round-to-nearest per the recipe; the shape is checked against the config.
+  void set_weight(const std::string& name, const Tensor& tensor);
+  // A linear weight already quantized (e.g. by AWQ/GPTQ in Python); its format must match the recipe.
+  void set_quantized_weight(const std::string& name, const QuantizedWeight& weight);
+  // Throws listing every missing weight; fuses and packs. No set_weight afterwards.
+  void finalize();
+  bool finalized() const { return finalized_; }
+
+  const ModelConfig& config() const { return cfg_; }
+  const Recipe& recipe() const { return recipe_; }
+  const Device& device() const { return device_; }
+  ScalarType compute_dtype() const { return dtype_; }
+  ScalarType k_cache_type() const;
+  ScalarType v_cache_type() const;
+  KVCacheConfig kv_cache_config(int64_t num_blocks, int block_size) const;
+  int64_t kv_bytes_per_token() const;
+
+  // Summary for users: recipe, dtype, device, parameter bytes per weight group, kv bytes per token,
+  // kernels (the linear/attention paths the forward takes).
+  struct Info {
+    std::string recipe, dtype, device;
+    std::map<std::string, int64_t> parameter_bytes;  // embedding, attention, mlp, norms, lm_head
+    int64_t kv_bytes_per_token = 0;
+    std::vector<std::string> kernels;
+  };
+  Info info() const;
+
+  ModelWorkspace make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
+  // Runs the batch; KV of the new tokens is written into `cache` at attn.slot_mapping. Returns a
+  // view of ws.logits: f32 [logit_rows.size(), vocab] on the host.
+  Tensor forward(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws) const;
+
+ private:
+  struct Layer {
+    Tensor input_norm, post_norm;  // [hidden] compute dtype
+    PackedWeight qkv, o, gate_up, down;
+    Tensor qkv_bias;               // [q + 2 kv] compute dtype, undefined without attention_bias
+  };
+  enum class Slot { q, k, v, o, gate, up, down };
+  void stage_linear(const std::string& name, QuantizedWeight w);
+  void check_not_finalized(const char* op) const;
+  Tensor to_compute(const Tensor& host_f32) const;  // host f32 -> compute dtype on the device
+  PackedWeight pack(const QuantizedWeight& w) const;
+  ops::LinearActivation linear_activation() const;
+
+  ModelConfig cfg_;
+  Recipe recipe_;
+  Device device_;
+  ScalarType dtype_;
+  WeightFormat weight_format_;
+  PackTarget pack_target_;
+  bool finalized_ = false;
+
+  // Staging until finalize(): quantized linears by HF name, float tensors by HF name.
+  std::map<std::string, QuantizedWeight> staged_linear_;
+  std::map<std::string, Tensor> staged_float_;  // host f32
+
+  Tensor embed_table_;  // [vocab, hidden] compute dtype on the device
+  Tensor final_norm_;
+  PackedWeight lm_head_;
+  std::vector<Layer> layers_;
+  std::map<std::string, int64_t> parameter_bytes_;
+};
+
+}  // namespace lowbit
