@@ -102,6 +102,12 @@ def spm_vocab():
     return tokens, scores, types
 
 
+# Llama-2's chat template shape: the template writes BOS/EOS itself.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+                 "{{ '[INST] ' + m['content'] + ' [/INST]' }}{% else %}{{ ' ' + m['content'] + eos_token }}"
+                 "{% endif %}{% endfor %}")
+
+
 def write_spm_gguf(directory, **flags):
     """A llama-arch GGUF with an SPM vocabulary; flags: add_bos, add_eos, add_space_prefix, pad_id."""
     tokens, scores, types = spm_vocab()
@@ -126,6 +132,7 @@ def write_spm_gguf(directory, **flags):
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    w.add_chat_template(CHAT_TEMPLATE)
     if "pad_id" in flags:
         w.add_pad_token_id(flags["pad_id"])
     if "add_bos" in flags:
@@ -243,6 +250,26 @@ def test_long_text_matches_transformers(pair):
     # space: "▁" is not prepended again, yet decoding strips one (transformers and tokenizers agree).
     assert text.startswith(" ") and ours.decode(ids, skip_special_tokens=True) == text[1:]
     assert ours.decode(ours.encode(text.lstrip())) == "<s>" + " " + text.lstrip()
+
+
+def test_chat_matches_transformers(pair):
+    ours, theirs = pair
+    conv = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi! 日本"},
+            {"role": "user", "content": "  two spaces\nand </s> typed"}]
+    rendered = ours.apply_chat_template(conv)
+    assert rendered == theirs.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    ids = ours.encode_chat(conv)
+    assert ids == list(theirs.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, return_dict=False))
+    assert ids.count(1) == 1 and ids[0] == 1  # the template's BOS only, none added on top
+    sanitized = ours.encode_chat(conv, sanitize_control_tokens=True)
+    assert ids.count(2) == 2 and sanitized.count(2) == 1  # the typed "</s>" no longer ends a turn
+    for typed in ("</s>", "<s>hi", "x</s>", "<|ctl|> <s>\n</s>", " </s> ", "日</s>本"):
+        conv[-1]["content"] = typed  # control tokens at the start, end, alone, after spaces and bytes
+        expected = theirs.apply_chat_template(conv, tokenize=True, add_generation_prompt=True,
+                                              return_dict=False, sanitize_control_tokens=True)
+        assert ours.encode_chat(conv, sanitize_control_tokens=True) == list(expected), typed
+        assert ours.encode_chat(conv) == list(theirs.apply_chat_template(
+            conv, tokenize=True, add_generation_prompt=True, return_dict=False)), typed
 
 
 # ------------------------------------------------------------------ pieces, spaces, byte fallback

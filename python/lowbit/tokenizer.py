@@ -271,16 +271,21 @@ class Tokenizer:
         # Pieces alternate: template text, user-typed control token, template text, ...
         pieces = re.split(f"{_MARK_START}(.*?){_MARK_END}|[{_MARK_START}{_MARK_END}]", text, flags=re.S)
         ids: list[int] = []
+        newline = self.encode("\n", add_special_tokens=False)
         for k, piece in enumerate(pieces):
             if not piece:
                 continue
-            if k % 2:
-                plain = self._encode_plain(piece)
-                if self.token_to_id(piece) in plain:
-                    raise ValueError(f"cannot sanitize {piece!r}: plain text encodes to the control token itself")
-                ids += plain
+            encode = self._encode_plain if k % 2 else (lambda t: self.encode(t, add_special_tokens=False))
+            if k == 0:
+                piece_ids = encode(piece)
             else:
-                ids += self.encode(piece, add_special_tokens=False)
+                # A piece from mid-text: encode it after a newline and drop that again, so SentencePiece
+                # does not give it the prefix space of a text start (transformers does the same).
+                piece_ids = encode("\n" + piece)
+                piece_ids = piece_ids[len(newline):] if piece_ids[:len(newline)] == newline else encode(piece)
+            if k % 2 and self.token_to_id(piece) in piece_ids:
+                raise ValueError(f"cannot sanitize {piece!r}: plain text encodes to the control token itself")
+            ids += piece_ids
         return ids
 
     def _encode_plain(self, text: str) -> list[int]:
