@@ -396,5 +396,8 @@ def test_bad_metadata_is_named():
         Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.scores": [0.0] * 3}), source="m.gguf")
     with pytest.raises(ValueError, match="special token id 99999 is outside the vocabulary"):
         Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.eos_token_id": 99999}))
+    with pytest.raises(NotImplementedError, match="m.gguf: .*'phi3' model is not supported"):
+        Tokenizer.from_gguf_metadata(_meta(**{"general.architecture": "phi3"}), source="m.gguf")
+    assert Tokenizer.from_gguf_metadata(_meta(**{"general.architecture": "llama"})).vocab_size == len(spm_vocab()[0])
     with pytest.raises(NotImplementedError, match="'t5'.*'llama'"):
         Tokenizer.from_gguf_metadata(_meta(**{"tokenizer.ggml.model": "t5"}))

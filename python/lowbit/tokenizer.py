@@ -364,8 +364,18 @@ def _byte_level_backend(meta: dict[str, Any], tokens: list[str], types: list[int
     return backend
 
 
+# Architectures whose SentencePiece vocabularies transformers builds differently (Gemma spells space
+# runs as real spaces and ranks merges by position; Phi-3 adds its prefix space in a normalizer).
+_SPM_OTHER_SPACE_RULES = ("gemma", "gemma2", "gemma3", "phi3")
+
+
 def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str], types: list[int], source: str) -> _HFTokenizer:
     """GGUF `llama` tokenizer: SentencePiece BPE from pieces + scores (merges recovered from the scores)."""
+    arch = meta.get("general.architecture")
+    if arch in _SPM_OTHER_SPACE_RULES:
+        raise NotImplementedError(
+            f"{source}: SentencePiece tokenizer of a {arch!r} model is not supported (its space handling differs "
+            f"from Llama's); use an HF directory with tokenizer.json instead")
     scores = meta.get("tokenizer.ggml.scores")
     if scores is None or len(scores) != len(tokens):
         raise ValueError(f"{source}: SentencePiece tokenizer needs tokenizer.ggml.scores, one per token "
