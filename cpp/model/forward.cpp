@@ -25,9 +25,6 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.normed = Tensor::empty({T, H}, dtype_, device_);
   ws.hidden = Tensor::empty({T, H}, dtype_, device_);
   ws.qkv = Tensor::empty({T, cfg_.qkv_size()}, dtype_, device_);
-  ws.q = Tensor::empty({T, cfg_.num_heads, cfg_.head_dim}, dtype_, device_);
-  ws.k = Tensor::empty({T, cfg_.num_kv_heads, cfg_.head_dim}, dtype_, device_);
-  ws.v = Tensor::empty({T, cfg_.num_kv_heads, cfg_.head_dim}, dtype_, device_);
   ws.attn_out = Tensor::empty({T, cfg_.q_size()}, dtype_, device_);
   ws.gate_up = Tensor::empty({T, 2 * I}, dtype_, device_);
   ws.act = Tensor::empty({T, I}, dtype_, device_);
@@ -68,11 +65,11 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   }
   Tensor residual = ws.residual.slice(0, 0, T), normed = ws.normed.slice(0, 0, T), hidden = ws.hidden.slice(0, 0, T);
   Tensor qkv = ws.qkv.slice(0, 0, T), attn_out = ws.attn_out.slice(0, 0, T);
-  Tensor q = ws.q.slice(0, 0, T), k = ws.k.slice(0, 0, T), v = ws.v.slice(0, 0, T);
   Tensor gate_up = ws.gate_up.slice(0, 0, T), act = ws.act.slice(0, 0, T);
   Tensor qkv_heads = qkv.view({T, Hq + 2 * Hkv, D});
-  const Tensor q_view = qkv_heads.slice(1, 0, Hq), k_view = qkv_heads.slice(1, Hq, Hq + Hkv),
-               v_view = qkv_heads.slice(1, Hq + Hkv, Hq + 2 * Hkv);
+  // Per-head strided views into the fused qkv output (the ops accept rows with a stride).
+  Tensor q = qkv_heads.slice(1, 0, Hq), k = qkv_heads.slice(1, Hq, Hq + Hkv);
+  const Tensor v = qkv_heads.slice(1, Hq + Hkv, Hq + 2 * Hkv);
   Tensor attn_heads = attn_out.view({T, Hq, D});
   const ops::RopeConfig rope = cfg_.rope_config();
   const ops::LinearActivation a = linear_activation();
@@ -88,10 +85,6 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
     else
       ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
     ops::linear(normed, L.qkv, L.qkv_bias, qkv, a);
-    // q/k/v into contiguous per-head buffers: rope and the cache ops read whole heads.
-    q.copy_(q_view);
-    k.copy_(k_view);
-    v.copy_(v_view);
     ops::rope(q, k, positions, rope);
     ops::kv_write(cache, l, k, v, b.attn);
     ops::paged_attention(q, cache, l, b.attn, scale, attn_heads);

@@ -40,8 +40,7 @@ struct ModelWorkspace {
   Tensor ids_host, positions_host;  // s32 [max_tokens] on the host
   Tensor ids, positions;            // s32 on the model device (aliases of the host ones on cpu)
   Tensor residual, normed, hidden;  // [max_tokens, hidden]
-  Tensor qkv;                       // [max_tokens, q + 2 kv]
-  Tensor q, k, v;                   // contiguous [max_tokens, heads, head_dim]
+  Tensor qkv;                       // [max_tokens, q + 2 kv]; rope rotates q and k in place
   Tensor attn_out;                  // [max_tokens, q]
   Tensor gate_up;                   // [max_tokens, 2 * intermediate]
   Tensor act;                       // [max_tokens, intermediate]
