@@ -1,0 +1,104 @@
+"""GPU decode attention over the paged KV cache (f16 / u8 / u4 K and V) vs a float64 reference."""
+import math
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import _core
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+
+
+def make_cache(kv, lens, hkv, d, block_size, seed):
+    """Random paged cache in the kv_cache.h layout; returns device tensors and float64 K/V per sequence."""
+    g = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(n / block_size) for n in lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=g)
+    max_blocks = max(blocks_per_seq)
+    table = torch.full((len(lens), max_blocks), -1, dtype=torch.int32)
+    pos = 0
+    for i, nb in enumerate(blocks_per_seq):
+        table[i, :nb] = perm[pos:pos + nb]
+        pos += nb
+    shape = (num_blocks, hkv, block_size, d)
+    if kv == "f16":
+        k = torch.randn(shape, generator=g).half()
+        v = torch.randn(shape, generator=g).half()
+        kd, vd = k.double(), v.double()
+        kp = vp = None
+        k_store, v_store = k, v
+    else:
+        hi = 256 if kv == "u8" else 16
+        kq = torch.randint(0, hi, shape, generator=g)
+        vq = torch.randint(0, hi, shape, generator=g)
+        kp = torch.stack([torch.rand(shape[:3], generator=g) * 0.1 + 0.01, torch.randn(shape[:3], generator=g)], -1)
+        vp = torch.stack([torch.rand(shape[:3], generator=g) * 0.1 + 0.01, torch.randn(shape[:3], generator=g)], -1)
+        kd = kq.double() * kp[..., :1].double() + kp[..., 1:].double()
+        vd = vq.double() * vp[..., :1].double() + vp[..., 1:].double()
+        if kv == "u8":
+            k_store, v_store = kq.to(torch.uint8), vq.to(torch.uint8)
+        else:  # two nibbles per byte, low nibble first
+            k_store = (kq[..., 0::2] | (kq[..., 1::2] << 4)).to(torch.uint8)
+            v_store = (vq[..., 0::2] | (vq[..., 1::2] << 4)).to(torch.uint8)
+        kp, vp = kp.float().cuda(), vp.float().cuda()
+    seq_k, seq_v = [], []
+    for i, n in enumerate(lens):
+        t = torch.arange(n)
+        blk = table[i, t // block_size].long()
+        seq_k.append(kd[blk, :, t % block_size, :])  # [n, hkv, d]
+        seq_v.append(vd[blk, :, t % block_size, :])
+    return k_store.cuda(), v_store.cuda(), kp, vp, table.cuda(), seq_k, seq_v
+
+
+def reference(q, seq_k, seq_v, scale):
+    b, hq, d = q.shape
+    out = torch.zeros(b, hq, d, dtype=torch.float64)
+    for i in range(b):
+        k, v = seq_k[i], seq_v[i]
+        grp = hq // k.shape[1]
+        kk = k.repeat_interleave(grp, dim=1)  # [n, hq, d]
+        vv = v.repeat_interleave(grp, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[i].double(), kk) * scale
+        out[i] = torch.einsum("hn,nhd->hd", torch.softmax(s, -1), vv)
+    return out
+
+
+@pytest.mark.parametrize("kv", ["f16", "u8", "u4"])
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128), (8, 1, 128), (4, 4, 64)])
+@pytest.mark.parametrize("lens,split", [([1], 0), ([17, 5, 300], 0), ([1000, 33], 64), ([700], 512), ([2049, 1], 0)])
+def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
+    k, v, kp, vp, table, seq_k, seq_v = make_cache(kv, lens, hkv, d, 16, seed=sum(lens) + hq + d)
+    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(7)).half()
+    out = torch.full((len(lens), hq, d), float("nan"), dtype=torch.float16, device="cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    scale = 1.0 / math.sqrt(d)
+    _core.decode_attention(q.cuda(), k, v, kp, vp, table, seq_lens, max(lens), scale, out, kv_dtype=kv,
+                           split_tokens=split)
+    torch.cuda.synchronize()
+    ref = reference(q, seq_k, seq_v, scale)
+    got = out.cpu().double()
+    assert not torch.isnan(got).any(), "unwritten outputs"
+    # f32 softmax/accumulation, f16 output: ~1e-3 relative is the f16 rounding of the output.
+    rel = (got - ref).norm() / ref.norm()
+    assert rel < 2e-3, f"relative error {rel:.2e}"
+
+
+def test_decode_attention_bad_inputs():
+    k, v, kp, vp, table, _, _ = make_cache("u8", [20], 2, 64, 16, seed=1)
+    q = torch.randn(1, 4, 64, device="cuda").half()
+    out = torch.empty(1, 4, 64, device="cuda").half()
+    lens = torch.tensor([20], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="head_dim 96"):
+        _core.decode_attention(torch.randn(1, 4, 96, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
+                               torch.empty(1, 4, 96, device="cuda").half(), kv_dtype="u8")
+    with pytest.raises(ValueError, match="k_params"):
+        _core.decode_attention(q, k, v, kp[:1].contiguous(), vp, table, lens, 20, 1.0, out, kv_dtype="u8")
+    with pytest.raises(ValueError, match="max_seq_len 999"):
+        _core.decode_attention(q, k, v, kp, vp, table, lens, 999, 1.0, out, kv_dtype="u8")
+    with pytest.raises(TypeError, match="'q' must have dtype f16"):
+        _core.decode_attention(q.float(), k, v, kp, vp, table, lens, 20, 1.0, out, kv_dtype="u8")
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        _core.decode_attention(torch.randn(1, 3, 64, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
+                               torch.empty(1, 3, 64, device="cuda").half(), kv_dtype="u8")

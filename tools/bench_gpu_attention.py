@@ -1,0 +1,91 @@
+"""Paged decode attention (f16 / u8 / u4 KV) vs SDPA fp16 (enable_gqa) on Llama-3-8B heads:
+32 query heads, 8 kv heads, head_dim 128. Writes JSON (argv[1]) and prints a table."""
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import lowbit
+from lowbit import _core
+
+from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
+
+HQ, HKV, D, BLOCK = 32, 8, 128, 16
+CONFIGS = [(1, 8192), (1, 32768), (16, 8192), (64, 4096), (64, 8192)]
+
+
+def paged_cache(kv, b, length):
+    nblk = b * length // BLOCK
+    table = torch.randperm(nblk, device="cuda", dtype=torch.int32).view(b, length // BLOCK)
+    if kv == "f16":
+        k = torch.randn(nblk, HKV, BLOCK, D, device="cuda").half()
+        v = torch.randn(nblk, HKV, BLOCK, D, device="cuda").half()
+        return k, v, None, None, table
+    width = D if kv == "u8" else D // 2
+    k = torch.randint(0, 256, (nblk, HKV, BLOCK, width), dtype=torch.uint8, device="cuda")
+    v = torch.randint(0, 256, (nblk, HKV, BLOCK, width), dtype=torch.uint8, device="cuda")
+    kp = torch.stack([torch.rand(nblk, HKV, BLOCK, device="cuda") * 0.1, torch.randn(nblk, HKV, BLOCK, device="cuda")], -1)
+    vp = torch.stack([torch.rand(nblk, HKV, BLOCK, device="cuda") * 0.1, torch.randn(nblk, HKV, BLOCK, device="cuda")], -1)
+    return k, v, kp, vp, table
+
+
+def kv_bytes(kv, b, length):
+    per_elem = {"f16": 2, "u8": 1, "u4": 0.5}[kv]
+    params = 0 if kv == "f16" else 2 * 8  # (scale, zero) f32 for K and V
+    return int(b * length * HKV * (2 * D * per_elem + params))
+
+
+def bench(b, length, l2, meta):
+    row = {"batch": b, "seq_len": length}
+    q = torch.randn(b, HQ, 1, D, device="cuda").half()
+    sdpa_bytes = kv_bytes("f16", b, length)
+    copies = copies_for(sdpa_bytes, l2, at_least=1)
+    kvs = [(torch.randn(b, HKV, length, D, device="cuda").half(), torch.randn(b, HKV, length, D, device="cuda").half())
+           for _ in range(copies)]
+    row["sdpa_fp16_us"] = graph_time_us([lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                                         for k, v in kvs])
+    del kvs
+    q3 = q.view(b, HQ, D)
+    out = torch.empty(b, HQ, D, device="cuda").half()
+    lens = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    lq, lout, llens = (lowbit.from_dlpack(t) for t in (q3, out, lens))
+    stream = torch.cuda.current_stream
+    for kv in ["f16", "u8", "u4"]:
+        nbytes = kv_bytes(kv, b, length)
+        caches = []
+        for _ in range(copies_for(nbytes, l2, at_least=1)):
+            k, v, kp, vp, table = paged_cache(kv, b, length)
+            caches.append(tuple(None if t is None else lowbit.from_dlpack(t) for t in (k, v, kp, vp, table)) +
+                          ((k, v, kp, vp, table),))  # keep torch owners alive
+
+        def make(c, kv=kv):
+            return lambda: _core.decode_attention(lq, c[0], c[1], c[2], c[3], c[4], llens, length,
+                                                  1 / math.sqrt(D), lout, kv_dtype=kv, stream=stream().cuda_stream)
+        t = graph_time_us([make(c) for c in caches])
+        row[f"lowbit_{kv}_us"] = t
+        row[f"lowbit_{kv}_gbs"] = nbytes / (t * 1e3)
+        row[f"speedup_{kv}_vs_sdpa"] = row["sdpa_fp16_us"] / t
+        del caches
+    row["sdpa_gbs"] = sdpa_bytes / (row["sdpa_fp16_us"] * 1e3)
+    return row
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "bench_attention.json"
+    meta = device_meta()
+    meta["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
+    rows = []
+    for b, length in CONFIGS:
+        r = bench(b, length, meta["l2_bytes"], meta)
+        rows.append(r)
+        print(f"B={b:3d} L={length:6d}  sdpa {r['sdpa_fp16_us']:8.1f} us ({r['sdpa_gbs']:5.0f} GB/s)  "
+              f"f16 {r['lowbit_f16_us']:8.1f} ({r['lowbit_f16_gbs']:5.0f})  u8 {r['lowbit_u8_us']:8.1f} "
+              f"({r['lowbit_u8_gbs']:5.0f})  u4 {r['lowbit_u4_us']:8.1f} ({r['lowbit_u4_gbs']:5.0f})  "
+              f"x{r['speedup_u8_vs_sdpa']:.2f}/x{r['speedup_u4_vs_sdpa']:.2f}", flush=True)
+        torch.cuda.empty_cache()
+    write_json(out, {"meta": meta, "attention": rows})
+
+
+if __name__ == "__main__":
+    main()

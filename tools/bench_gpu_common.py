@@ -1,0 +1,74 @@
+"""Timing helpers shared by the GPU benchmarks: CUDA-graph replay, medians, copy bandwidth."""
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+import torch
+
+
+def graph_time_us(fn_calls, reps=20, warmup=3):
+    """Median microseconds per call. `fn_calls` is a list of callables (e.g. one per weight copy, so
+    successive calls do not hit in L2); they are captured once into a CUDA graph and replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for f in fn_calls:
+                f()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fn_calls:
+            f()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / len(fn_calls))
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(nbytes=2 << 30):
+    """Device-to-device copy, bytes read + written per second (the memory roofline we compare to)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    t = graph_time_us([lambda: b.copy_(a)], reps=10)
+    return 2 * nbytes / (t * 1e-6) / 1e9
+
+
+def copies_for(nbytes, l2_bytes, at_least=2):
+    """How many rotating copies of an operand keep the working set past 3x the L2 size."""
+    return max(at_least, -(-3 * l2_bytes // max(nbytes, 1)))
+
+
+def device_meta():
+    props = torch.cuda.get_device_properties(0)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "device": props.name,
+        "multiprocessors": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", 50 << 20),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "commit": commit or os.environ.get("LOWBIT_COMMIT", ""),
+        "torch": torch.__version__,
+        "timing": "CUDA graph replay, median of 20 replays, rotating operand copies past 3x L2",
+    }
+
+
+def write_json(path, payload):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)

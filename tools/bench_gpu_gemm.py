@@ -1,0 +1,109 @@
+"""W4A16 GEMM vs peers on Llama-3-8B layer shapes (random weights; cost does not depend on values).
+
+Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
+int8 (torch._int_mm), fp8 (torch._scaled_mm). Writes JSON (argv[1]) and prints a table.
+"""
+import sys
+
+import torch
+
+import lowbit
+from lowbit import _core
+
+from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+MS = [1, 16, 64, 256, 1024]
+GROUP = 128
+
+
+def ours_setup(n, k, copies, m):
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    s = (torch.rand(n, k // GROUP) * 0.02 + 0.002).half()
+    z = (torch.rand(n, k // GROUP) * 15).half()
+    data, ps, pz = (torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, GROUP))
+    ws = [(data.clone(), ps.clone(), pz.clone()) for _ in range(copies)]
+    split = _core.gemm_w4a16_pick_split(m, n, k)
+    x = torch.randn(m, k, device="cuda").half()
+    y = torch.empty(m, n, device="cuda").half()
+    work = torch.empty(max(1, split * m * n), device="cuda")
+    # Convert to lowbit tensors once: DLPack export is not allowed inside graph capture.
+    lx, ly, lwork = lowbit.from_dlpack(x), lowbit.from_dlpack(y), lowbit.from_dlpack(work)
+    lws = [tuple(lowbit.from_dlpack(t) for t in w) for w in ws]
+    stream = torch.cuda.current_stream
+
+    def make(w):
+        return lambda: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, GROUP, ly, split, lwork,
+                                        stream().cuda_stream)
+    return [make(w) for w in lws], split
+
+
+def bench_shape(name, n, k, m, l2):
+    row = {"shape": name, "n": n, "k": k, "m": m}
+    fp16_bytes, int4_bytes = n * k * 2, n * k // 2 + 2 * n * (k // GROUP) * 2
+    x = torch.randn(m, k, device="cuda").half()
+    c = copies_for(fp16_bytes, l2)
+    ws = [torch.randn(n, k, device="cuda").half() for _ in range(c)]
+    row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
+    del ws
+    c4 = copies_for(int4_bytes, l2)
+    fns, split = ours_setup(n, k, c4, m)
+    row["lowbit_w4a16_us"] = graph_time_us(fns)
+    row["lowbit_split_k"] = split
+    row["int4_bytes"] = int4_bytes
+    del fns
+    try:
+        xb = x.bfloat16()
+        wq = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
+        packed = torch._convert_weight_to_int4pack((wq[:, ::2] << 4 | wq[:, 1::2]).to(torch.uint8), 8)
+        sz = torch.randn(k // GROUP, n, 2, device="cuda").bfloat16()
+        pk = [packed.clone() for _ in range(c4)]
+        row["tinygemm_int4_us"] = graph_time_us([lambda p=p: torch._weight_int4pack_mm(xb, p, GROUP, sz) for p in pk])
+        del pk
+    except Exception as e:  # noqa: BLE001 - record why the peer could not run
+        row["tinygemm_int4_error"] = str(e).splitlines()[0][:160]
+    try:
+        if m > 16:
+            xi = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda")
+            wi = [torch.randint(-128, 128, (k, n), dtype=torch.int8, device="cuda").T.contiguous().T
+                  for _ in range(copies_for(n * k, l2))]
+            row["torch_int_mm_us"] = graph_time_us([lambda w=w: torch._int_mm(xi, w) for w in wi])
+            del wi
+    except Exception as e:  # noqa: BLE001
+        row["torch_int_mm_error"] = str(e).splitlines()[0][:160]
+    try:
+        mm = max(m, 16)
+        xf = torch.randn(mm, k, device="cuda").to(torch.float8_e4m3fn)
+        wf = [torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(copies_for(n * k, l2))]
+        one = torch.ones((), device="cuda")
+        row["torch_scaled_mm_fp8_us"] = graph_time_us(
+            [lambda w=w: torch._scaled_mm(xf, w.T, scale_a=one, scale_b=one, out_dtype=torch.float16) for w in wf])
+        row["fp8_m_used"] = mm
+        del wf
+    except Exception as e:  # noqa: BLE001
+        row["torch_scaled_mm_error"] = str(e).splitlines()[0][:160]
+    row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
+    return row
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "bench_gemm.json"
+    meta = device_meta()
+    meta["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        for m in MS:
+            r = bench_shape(name, n, k, m, meta["l2_bytes"])
+            r["w4_bytes_floor_us"] = r["int4_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)
+            r["w4_effective_gbs"] = r["int4_bytes"] / (r["lowbit_w4a16_us"] * 1e3)
+            rows.append(r)
+            print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  w4a16 {r['lowbit_w4a16_us']:8.1f} us "
+                  f"(split {r['lowbit_split_k']}, {r['w4_effective_gbs']:6.0f} GB/s)  tinygemm "
+                  f"{r.get('tinygemm_int4_us', float('nan')):8.1f}  int_mm {r.get('torch_int_mm_us', float('nan')):7.1f}"
+                  f"  fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  x{r['speedup_vs_cublas']:.2f}",
+                  flush=True)
+    write_json(out, {"meta": meta, "gemm": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One GPU session in one command: build the CUDA extension, run the GPU tests (plus
+# compute-sanitizer memcheck/racecheck on small kernel tests), run the benchmarks.
+# Results (JSON, logs) go to $OUT (default ./gpu_out); a short table is printed last.
+#   usage: tools/gpu_run.sh [steps]   steps: comma list of tests,sanitize,bench (default all three)
+set -uo pipefail
+STEPS=${1:-tests,sanitize,bench}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+BUILD=$PWD/build/gpu-device
+if git rev-parse HEAD >/dev/null 2>&1 && [ -z "${LOWBIT_BUILD_IN_PLACE:-}" ]; then
+  SRC=$PWD/build/lowbit-src; rm -rf $SRC; mkdir -p $SRC
+  git archive HEAD | tar -x -C $SRC && cd $SRC && echo "building committed tree $(git -C "$OLDPWD" rev-parse --short HEAD)"
+  export LOWBIT_COMMIT=$(git -C "$OLDPWD" rev-parse --short HEAD)
+fi
+export PYTHONUNBUFFERED=1
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
+echo "== build" 
+cmake -S . -B $BUILD -G Ninja -DLOWBIT_CUDA=ON -DLOWBIT_BUILD_PYTHON=ON -DLOWBIT_BUILD_TESTS=OFF \
+  -DLOWBIT_CUDA_ARCHS_SM80=90 -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 &&
+  (time cmake --build $BUILD -j16 --target _core) >> "$OUT/build.log" 2>&1
+rc=$?
+grep -E "registers|spill|error" "$OUT/build.log" | head -20
+[ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+export LOWBIT_DEV_BUILD=$BUILD/python_ext PYTHONPATH=$PWD/python:$PWD/tools
+python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available(), _core.cuda_device_info())"
+
+if has tests; then
+  echo "== tests"
+  python3 -m pytest tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_attention.py -q --maxfail=30 \
+    -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
+fi
+if has sanitize; then
+  echo "== compute-sanitizer memcheck (small kernel tests)"
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_w4a16.py -k "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3" \
+    > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?"; tail -4 "$OUT/memcheck.log"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_attention.py -k "lens1-0-9-3-64 or lens3-64-32-8-128" > "$OUT/memcheck_attn.log" 2>&1
+  echo "memcheck attention rc=$?"; tail -4 "$OUT/memcheck_attn.log"
+  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_attention.py -k "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8" > "$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; tail -4 "$OUT/racecheck.log"
+fi
+
+if has bench; then
+  echo "== benchmarks"
+  python3 tools/bench_gpu_gemm.py "$OUT/bench_gemm.json" 2>&1 | tee "$OUT/bench_gemm.log"
+  python3 tools/bench_gpu_attention.py "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
+fi
