@@ -1,35 +1,226 @@
-// CPU packing. Placeholder layout: the arch-neutral tensors as they are (the CPU GEMM owner replaces
-// this with its blocked layout and documents it here).
+// CPU packing: QuantizedWeight -> the tile/k-pair layout the AVX2 GEMM kernels read. The layout is
+// documented in kernels/cpu/gemm_layout_cpu.h; unpack_cpu inverts it bit-exactly.
+#include <cstring>
+
+#include "kernels/cpu/gemm_layout_cpu.h"
 #include "lowbit/quant/pack.h"
 
 namespace lowbit {
+namespace {
+
+using cpu::kGroupParamLanes;
+using cpu::kPairElems;
+using cpu::kTileRows;
+
+constexpr const char* kOp = "pack_cpu";
+
+bool is_u4_format(WeightFormat f) {
+  return f == WeightFormat::w4 || f == WeightFormat::qoq || f == WeightFormat::liquid;
+}
+
+ScalarType element_type(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::f32: return ScalarType::f32;
+    case WeightFormat::f16: return ScalarType::f16;
+    case WeightFormat::bf16: return ScalarType::bf16;
+    case WeightFormat::w8: return ScalarType::s8;
+    case WeightFormat::e4m3: return ScalarType::e4m3;
+    default: return ScalarType::u4;
+  }
+}
+
+inline uint8_t get_u4(const uint8_t* q, int64_t e) { return (q[e >> 1] >> ((e & 1) * 4)) & 0xF; }
+inline void set_u4(uint8_t* q, int64_t e, uint8_t v) {
+  const int shift = (e & 1) * 4;
+  q[e >> 1] = static_cast<uint8_t>((q[e >> 1] & ~(0xF << shift)) | ((v & 0xF) << shift));
+}
+
+void check_quantized(const QuantizedWeight& w) {
+  LOWBIT_CHECK(w.n > 0 && w.k > 0, kOp, ": weight must have n > 0 and k > 0, got n=", w.n, " k=", w.k);
+  check_defined(w.q, kOp, "q");
+  LOWBIT_CHECK(w.q.device().is_cpu(), kOp, ": argument 'q' must be on the CPU, got ", w.q.device().str());
+  check_dtype(w.q, element_type(w.format), kOp, "q");
+  check_shape(w.q, {w.n, w.k}, kOp, "q");
+  const int64_t G = w.num_groups();
+  switch (w.format) {
+    case WeightFormat::w8:
+    case WeightFormat::e4m3:
+      check_dtype(w.scales, ScalarType::f32, kOp, "scales");
+      check_shape(w.scales, {w.n}, kOp, "scales");
+      break;
+    case WeightFormat::w4:
+    case WeightFormat::qoq:
+    case WeightFormat::liquid: {
+      LOWBIT_CHECK(w.group > 0 && w.group % 2 == 0, kOp, ": group size of ", cpu::format_label(w.format),
+                   " must be positive and even (a k pair must not straddle two groups), got ", w.group);
+      const ScalarType pt = w.format == WeightFormat::w4 ? ScalarType::f16 : ScalarType::u8;
+      check_defined(w.scales, kOp, "scales");
+      check_dtype(w.scales, pt, kOp, "scales");
+      check_shape(w.scales, {w.n, G}, kOp, "scales");
+      if (w.format != WeightFormat::w4 || !w.symmetric || w.zeros.defined()) {
+        check_defined(w.zeros, kOp, "zeros");
+        check_dtype(w.zeros, pt, kOp, "zeros");
+        check_shape(w.zeros, {w.n, G}, kOp, "zeros");
+      }
+      if (w.format != WeightFormat::w4) {
+        check_defined(w.channel_scales, kOp, "channel_scales");
+        check_dtype(w.channel_scales, ScalarType::f32, kOp, "channel_scales");
+        check_shape(w.channel_scales, {w.n}, kOp, "channel_scales");
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+// [n] f32 -> [tiles * 8] f32, zero padded.
+Tensor pad_channels(const Tensor& v, int64_t tiles) {
+  Tensor out = Tensor::zeros({tiles * kTileRows}, ScalarType::f32);
+  std::memcpy(out.data_ptr(), v.contiguous().data_ptr(), v.nbytes());
+  return out;
+}
+
+// [n, G] of 1- or 2-byte params -> [tiles, G, 8] (zero padded), the tile-major order the kernel walks.
+Tensor tile_group_params(const Tensor& p, int64_t n, int64_t G, int64_t tiles) {
+  const Tensor src = p.contiguous();
+  const int64_t es = bytes_for(p.dtype(), 1);
+  Tensor out = Tensor::zeros({tiles, G, kTileRows}, p.dtype());
+  const char* s = static_cast<const char*>(src.data_ptr());
+  char* d = static_cast<char*>(out.data_ptr());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < G; ++g)
+      std::memcpy(d + (((r / kTileRows) * G + g) * kTileRows + r % kTileRows) * es, s + (r * G + g) * es, es);
+  return out;
+}
+
+Tensor untile_group_params(const Tensor& p, int64_t n, int64_t G) {
+  const int64_t es = bytes_for(p.dtype(), 1);
+  Tensor out = Tensor::empty({n, G}, p.dtype());
+  const char* s = static_cast<const char*>(p.data_ptr());
+  char* d = static_cast<char*>(out.data_ptr());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < G; ++g)
+      std::memcpy(d + (r * G + g) * es, s + (((r / kTileRows) * G + g) * kTileRows + r % kTileRows) * es, es);
+  return out;
+}
+
+// Kernel-ready group parameters: per lane e = row*2 + kk a multiplier (lanes 0..15) and an addend
+// (lanes 16..31), written by `fill(row, group, &mul, &add)` into the Elem array [tiles, G, 32].
+template <typename Elem, typename Fill>
+void fill_lane_params(Elem* aux, int64_t n, int64_t G, int64_t tiles, Fill fill) {
+  std::memset(aux, 0, sizeof(Elem) * tiles * G * kGroupParamLanes);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      Elem mul, add;
+      fill(r, g, &mul, &add);
+      Elem* a = aux + ((r / kTileRows) * G + g) * kGroupParamLanes;
+      const int e = 2 * (r % kTileRows);
+      a[e] = a[e + 1] = mul;
+      a[kPairElems + e] = a[kPairElems + e + 1] = add;
+    }
+}
+
+}  // namespace
 
 PackedWeight pack_cpu(const QuantizedWeight& w) {
+  check_quantized(w);
+  const int64_t n = w.n, k = w.k, tiles = cpu::num_row_tiles(n), pairs = cpu::num_k_pairs(k);
+  const int64_t G = w.num_groups();
   PackedWeight p;
   p.format = w.format;
   p.target = PackTarget::cpu;
-  p.n = w.n;
-  p.k = w.k;
+  p.n = n;
+  p.k = k;
   p.group = w.group;
   p.symmetric = w.symmetric;
-  p.data = w.q.clone();
-  if (w.scales.defined()) p.scales = w.scales.clone();
-  if (w.zeros.defined()) p.zeros = w.zeros.clone();
-  if (w.channel_scales.defined()) p.channel_scales = w.channel_scales.clone();
+  const Tensor q = w.q.contiguous();
+
+  if (!is_u4_format(w.format)) {
+    const int64_t es = bytes_for(q.dtype(), 1);
+    p.data = Tensor::zeros({tiles, pairs, kPairElems}, q.dtype());
+    const char* s = static_cast<const char*>(q.data_ptr());
+    char* d = static_cast<char*>(p.data.data_ptr());
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t dst = ((r / kTileRows) * pairs + c / 2) * kPairElems + (r % kTileRows) * 2 + c % 2;
+        std::memcpy(d + dst * es, s + (r * k + c) * es, es);
+      }
+    if (w.format == WeightFormat::w8 || w.format == WeightFormat::e4m3) p.scales = pad_channels(w.scales, tiles);
+    return p;
+  }
+
+  // u4 formats: byte (tile, pair, row) = (row, 2*pair) | (row, 2*pair + 1) << 4.
+  p.data = Tensor::zeros({tiles, pairs, kTileRows}, ScalarType::u8);
+  const uint8_t* s = q.data<uint8_t>();
+  uint8_t* d = p.data.data<uint8_t>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      d[((r / kTileRows) * pairs + c / 2) * kTileRows + r % kTileRows] |=
+          static_cast<uint8_t>(get_u4(s, r * k + c) << (4 * (c % 2)));
+
+  p.scales = tile_group_params(w.scales, n, G, tiles);
+  if (w.zeros.defined()) p.zeros = tile_group_params(w.zeros, n, G, tiles);
+  const Tensor sc = w.scales.contiguous();
+  const Tensor zr = w.zeros.defined() ? w.zeros.contiguous() : Tensor();
+  if (w.format == WeightFormat::w4) {
+    p.aux = Tensor::empty({tiles, G, kGroupParamLanes}, ScalarType::f32);
+    const uint16_t* sb = sc.data<uint16_t>();
+    const uint16_t* zb = zr.defined() ? zr.data<uint16_t>() : nullptr;
+    fill_lane_params(p.aux.data<float>(), n, G, tiles, [&](int64_t r, int64_t g, float* mul, float* add) {
+      const float scale = f16_bits_to_f32(sb[r * G + g]);
+      const float zero = zb ? f16_bits_to_f32(zb[r * G + g]) : 8.f;
+      *mul = scale;
+      *add = -(zero * scale);  // exact: 11-bit x 11-bit mantissas fit in f32
+    });
+  } else {
+    p.channel_scales = pad_channels(w.channel_scales, tiles);
+    p.aux = Tensor::empty({tiles, G, kGroupParamLanes * 2}, ScalarType::u8);  // int16 lanes
+    const uint8_t* sb = sc.data<uint8_t>();
+    const uint8_t* zb = zr.data<uint8_t>();
+    const bool qoq = w.format == WeightFormat::qoq;
+    fill_lane_params(reinterpret_cast<int16_t*>(p.aux.data_ptr()), n, G, tiles,
+                     [&](int64_t r, int64_t g, int16_t* mul, int16_t* add) {
+                       const int scale = sb[r * G + g], offset = zb[r * G + g];
+                       *mul = static_cast<int16_t>(scale);
+                       *add = static_cast<int16_t>(qoq ? -offset * scale : offset - 128);
+                     });
+  }
   return p;
 }
 
 QuantizedWeight unpack_cpu(const PackedWeight& p) {
+  LOWBIT_CHECK(p.target == PackTarget::cpu, "unpack_cpu: weight was packed for target code ", static_cast<int>(p.target),
+               ", not cpu");
+  check_defined(p.data, "unpack_cpu", "data");
   QuantizedWeight w;
   w.format = p.format;
   w.n = p.n;
   w.k = p.k;
   w.group = p.group;
   w.symmetric = p.symmetric;
-  w.q = p.data.clone();
-  if (p.scales.defined()) w.scales = p.scales.clone();
-  if (p.zeros.defined()) w.zeros = p.zeros.clone();
-  if (p.channel_scales.defined()) w.channel_scales = p.channel_scales.clone();
+  const int64_t n = p.n, k = p.k, pairs = cpu::num_k_pairs(k), G = w.num_groups();
+  if (!is_u4_format(p.format)) {
+    const int64_t es = bytes_for(p.data.dtype(), 1);
+    w.q = Tensor::empty({n, k}, p.data.dtype());
+    const char* s = static_cast<const char*>(p.data.data_ptr());
+    char* d = static_cast<char*>(w.q.data_ptr());
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t src = ((r / kTileRows) * pairs + c / 2) * kPairElems + (r % kTileRows) * 2 + c % 2;
+        std::memcpy(d + (r * k + c) * es, s + src * es, es);
+      }
+    if (p.format == WeightFormat::w8 || p.format == WeightFormat::e4m3) w.scales = p.scales.slice(0, 0, n).clone();
+    return w;
+  }
+  w.q = Tensor::zeros({n, k}, ScalarType::u4);
+  const uint8_t* s = p.data.data<uint8_t>();
+  uint8_t* d = w.q.data<uint8_t>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      set_u4(d, r * k + c, (s[((r / kTileRows) * pairs + c / 2) * kTileRows + r % kTileRows] >> (4 * (c % 2))) & 0xF);
+  w.scales = untile_group_params(p.scales, n, G);
+  if (p.zeros.defined()) w.zeros = untile_group_params(p.zeros, n, G);
+  if (p.channel_scales.defined()) w.channel_scales = p.channel_scales.slice(0, 0, n).clone();
   return w;
 }
 

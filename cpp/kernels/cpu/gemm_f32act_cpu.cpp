@@ -1,0 +1,251 @@
+// Float-activation GEMM (w16a16, w8a16, w4a16, fp8, and qoq/liquid dequantized to s8 * channel scale):
+// weights are dequantized on the fly into f32 lanes and accumulated in f32 with FMA.
+// Decode (m <= 4) streams each weight once and keeps 2*m accumulators per 8-row tile; prefill (m > 4)
+// dequantizes a tile once into a per-thread f32 buffer and runs the rows over it in blocks of 4.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/gemm_layout_cpu.h"
+#include "kernels/cpu/gemm_unpack_avx2.h"
+
+namespace lowbit::cpu {
+namespace {
+
+constexpr int kRowBlock = 4;
+
+// ---- loaders: load(kp, lo, hi) gives the 16 weights of pair kp of the current tile --------------
+struct F32Loader {
+  const float* base;
+  int64_t pairs;
+  const float* p = nullptr;
+  void tile(int64_t t) { p = base + t * pairs * kPairElems; }
+  void group(int64_t) {}
+  void load(int64_t kp, __m256& lo, __m256& hi) const {
+    lo = _mm256_loadu_ps(p + kp * kPairElems);
+    hi = _mm256_loadu_ps(p + kp * kPairElems + 8);
+  }
+};
+
+struct F16Loader {
+  const uint16_t* base;
+  int64_t pairs;
+  const uint16_t* p = nullptr;
+  void tile(int64_t t) { p = base + t * pairs * kPairElems; }
+  void group(int64_t) {}
+  void load(int64_t kp, __m256& lo, __m256& hi) const {
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems + 8)));
+  }
+};
+
+struct BF16Loader {
+  const uint16_t* base;
+  int64_t pairs;
+  const uint16_t* p = nullptr;
+  void tile(int64_t t) { p = base + t * pairs * kPairElems; }
+  void group(int64_t) {}
+  static __m256 widen(__m128i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)); }
+  void load(int64_t kp, __m256& lo, __m256& hi) const {
+    lo = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems)));
+    hi = widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems + 8)));
+  }
+};
+
+struct S8Loader {  // w8: s8 weights, per-channel scale applied after the reduction
+  const int8_t* base;
+  int64_t pairs;
+  const int8_t* p = nullptr;
+  void tile(int64_t t) { p = base + t * pairs * kPairElems; }
+  void group(int64_t) {}
+  void load(int64_t kp, __m256& lo, __m256& hi) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems));
+    lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+  }
+};
+
+struct E4M3Loader {  // fp8 bytes decoded through a 256-entry table
+  const uint8_t* base;
+  int64_t pairs;
+  const float* table;
+  const uint8_t* p = nullptr;
+  void tile(int64_t t) { p = base + t * pairs * kPairElems; }
+  void group(int64_t) {}
+  void load(int64_t kp, __m256& lo, __m256& hi) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems));
+    lo = _mm256_i32gather_ps(table, _mm256_cvtepu8_epi32(v), 4);
+    hi = _mm256_i32gather_ps(table, _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), 4);
+  }
+};
+
+struct W4Loader {  // w = q * s + (-z * s), one FMA per lane
+  const uint8_t* base;
+  const float* params;
+  int64_t pairs, groups;
+  const uint8_t* p = nullptr;
+  const float* tp = nullptr;
+  __m256 s_lo{}, s_hi{}, z_lo{}, z_hi{};
+  void tile(int64_t t) {
+    p = base + t * pairs * kTileRows;
+    tp = params + t * groups * kGroupParamLanes;
+  }
+  void group(int64_t g) {
+    const float* a = tp + g * kGroupParamLanes;
+    s_lo = _mm256_loadu_ps(a), s_hi = _mm256_loadu_ps(a + 8);
+    z_lo = _mm256_loadu_ps(a + 16), z_hi = _mm256_loadu_ps(a + 24);
+  }
+  void load(int64_t kp, __m256& lo, __m256& hi) const {
+    const __m128i q = unpack_u4_pairs(p + kp * kTileRows);
+    lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), s_lo, z_lo);
+    hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), s_hi, z_hi);
+  }
+};
+
+struct U4ToS8Loader {  // qoq / liquid: the integer s8 weight as f32; channel scale applied after
+  const uint8_t* base;
+  const int16_t* params;
+  int64_t pairs, groups;
+  const uint8_t* p = nullptr;
+  const int16_t* tp = nullptr;
+  __m256i mul{}, add{};
+  void tile(int64_t t) {
+    p = base + t * pairs * kTileRows;
+    tp = params + t * groups * kGroupParamLanes;
+  }
+  void group(int64_t g) {
+    mul = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes));
+    add = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes + 16));
+  }
+  void load(int64_t kp, __m256& lo, __m256& hi) const { s16_to_f32(u4_to_s8_lanes(p + kp * kTileRows, mul, add), lo, hi); }
+};
+
+// ---- drivers ------------------------------------------------------------------------------------
+struct Shape {
+  int64_t m, pairs, group_pairs, groups, n;
+};
+
+// out[i] = the 8 row sums of tile rows for activation rows x + i*ldx, i < MB.
+template <int MB, class L>
+inline void tile_dot(L& ld, const Shape& s, const float* x, int64_t ldx, __m256* out) {
+  __m256 lo[MB], hi[MB];
+  for (int i = 0; i < MB; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < s.groups; ++g) {
+    ld.group(g);
+    const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
+    for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp) {
+      __m256 wl, wh;
+      ld.load(kp, wl, wh);
+      for (int i = 0; i < MB; ++i) {
+        const __m256 xp = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + i * ldx + 2 * kp)));
+        lo[i] = _mm256_fmadd_ps(wl, xp, lo[i]);
+        hi[i] = _mm256_fmadd_ps(wh, xp, hi[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i) out[i] = reduce_pairs(lo[i], hi[i]);
+}
+
+inline void store_rows(__m256 v, const float* chscale, int64_t t, int64_t n, float* y) {
+  if (chscale) v = _mm256_mul_ps(v, _mm256_loadu_ps(chscale + t * kTileRows));
+  const int64_t n0 = t * kTileRows;
+  if (n0 + kTileRows <= n) {
+    _mm256_storeu_ps(y + n0, v);
+  } else {
+    alignas(32) float tmp[kTileRows];
+    _mm256_store_ps(tmp, v);
+    for (int64_t r = 0; n0 + r < n; ++r) y[n0 + r] = tmp[r];
+  }
+}
+
+template <class L>
+void rows_block(L& ld, const Shape& s, const float* x, int64_t ldx, int mb, __m256* out) {
+  switch (mb) {
+    case 1: tile_dot<1>(ld, s, x, ldx, out); break;
+    case 2: tile_dot<2>(ld, s, x, ldx, out); break;
+    case 3: tile_dot<3>(ld, s, x, ldx, out); break;
+    default: tile_dot<4>(ld, s, x, ldx, out); break;
+  }
+}
+
+template <class L>
+void run(L loader, const Shape& s, const float* x, int64_t ldx, const float* chscale, float* y, int64_t ldy) {
+  const int64_t tiles = num_row_tiles(s.n);
+#pragma omp parallel
+  {
+    L ld = loader;
+    std::vector<float> buf;  // prefill: the tile dequantized once
+    if (s.m > kRowBlock) buf.resize(s.pairs * kPairElems);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      ld.tile(t);
+      __m256 out[kRowBlock];
+      if (s.m <= kRowBlock) {
+        rows_block(ld, s, x, ldx, static_cast<int>(s.m), out);
+        for (int64_t i = 0; i < s.m; ++i) store_rows(out[i], chscale, t, s.n, y + i * ldy);
+        continue;
+      }
+      for (int64_t g = 0; g < s.groups; ++g) {
+        ld.group(g);
+        const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
+        for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp) {
+          __m256 wl, wh;
+          ld.load(kp, wl, wh);
+          _mm256_storeu_ps(buf.data() + kp * kPairElems, wl);
+          _mm256_storeu_ps(buf.data() + kp * kPairElems + 8, wh);
+        }
+      }
+      F32Loader bl{buf.data(), 0};
+      bl.tile(0);
+      const Shape bs{s.m, s.pairs, s.pairs, 1, s.n};
+      for (int64_t i0 = 0; i0 < s.m; i0 += kRowBlock) {
+        const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, s.m - i0));
+        rows_block(bl, bs, x + i0 * ldx, ldx, mb, out);
+        for (int i = 0; i < mb; ++i) store_rows(out[i], chscale, t, s.n, y + (i0 + i) * ldy);
+      }
+    }
+  }
+}
+
+const float* e4m3_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    for (int i = 0; i < 256; ++i) t[i] = e4m3_bits_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table.data();
+}
+
+}  // namespace
+
+void gemm_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight& w, float* y, int64_t ldy) {
+  const int64_t pairs = num_k_pairs(w.k);
+  Shape s{m, pairs, pairs, 1, w.n};
+  if (w.group > 0) {
+    s.group_pairs = w.group / 2;
+    s.groups = (pairs + s.group_pairs - 1) / s.group_pairs;
+  }
+  switch (w.format) {
+    case WeightFormat::f32: run(F32Loader{w.data.data<float>(), pairs}, s, x, ldx, nullptr, y, ldy); break;
+    case WeightFormat::f16: run(F16Loader{w.data.data<uint16_t>(), pairs}, s, x, ldx, nullptr, y, ldy); break;
+    case WeightFormat::bf16: run(BF16Loader{w.data.data<uint16_t>(), pairs}, s, x, ldx, nullptr, y, ldy); break;
+    case WeightFormat::w8:
+      run(S8Loader{w.data.data<int8_t>(), pairs}, s, x, ldx, w.scales.data<float>(), y, ldy);
+      break;
+    case WeightFormat::e4m3:
+      run(E4M3Loader{w.data.data<uint8_t>(), pairs, e4m3_table()}, s, x, ldx, w.scales.data<float>(), y, ldy);
+      break;
+    case WeightFormat::w4:
+      run(W4Loader{w.data.data<uint8_t>(), w.aux.data<float>(), pairs, s.groups}, s, x, ldx, nullptr, y, ldy);
+      break;
+    case WeightFormat::qoq:
+    case WeightFormat::liquid:
+      run(U4ToS8Loader{w.data.data<uint8_t>(), reinterpret_cast<const int16_t*>(w.aux.data_ptr()), pairs, s.groups},
+          s, x, ldx, w.channel_scales.data<float>(), y, ldy);
+      break;
+  }
+}
+
+}  // namespace lowbit::cpu

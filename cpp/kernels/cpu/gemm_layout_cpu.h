@@ -1,0 +1,56 @@
+// The CPU packed weight layout, shared by the packer (quant/pack_cpu.cpp) and the CPU GEMM kernels.
+//
+// Output channels are cut into tiles of kTileRows = 8 rows (one AVX2 register of f32 per row set) and
+// k into pairs (kp covers k = 2kp, 2kp+1). For each (tile, pair) the 16 weights sit together in the
+// order  e = row * 2 + kk  (row 0..7 inside the tile, kk 0..1), so that
+//   - the float kernels get [r0k0 r0k1 r1k0 r1k1 r2k0 r2k1 r3k0 r3k1] and the same for rows 4..7 as two
+//     8-lane f32 vectors and multiply them by the broadcast pair (x[2kp], x[2kp+1]);
+//   - the int8 kernels get all 16 as one 16-lane int16 vector and feed _mm256_madd_epi16 with the
+//     broadcast int16 pair of the quantized activation: one madd = 8 rows x 2 k, exact in int32.
+// Rows past n and the k past an odd k are zero (zero weight, zero scale).
+//
+// data  f32/f16/bf16/e4m3/s8 (f32, f16, bf16, e4m3, w8 formats): [tiles, pairs, 16] elements.
+//       u8 (w4, qoq, liquid): [tiles, pairs, 8] bytes; byte r = (row r, k0) low nibble | (row r, k1) high.
+//       One 64-bit load then (b & 15, b >> 4) interleaved byte-wise gives the 16 values in order e.
+// w8/e4m3: scales f32 [tiles * 8] (per output channel).
+// w4     : scales/zeros f16 [tiles, G, 8] (original values, for unpack); zeros undefined when symmetric
+//          and not given (zero = 8). aux f32 [tiles, G, 32]: lanes 0..15 the scale per lane e
+//          (s_r0 s_r0 s_r1 s_r1 ...), lanes 16..31 the scaled zero -z*s, so w = q*s + (-z*s) is one FMA
+//          and equals (q - z) * s rounded once (q*s and z*s are exact in f32 for f16 s, z).
+// qoq    : scales/zeros u8 [tiles, G, 8]; channel_scales f32 [tiles * 8]. aux: int16 [tiles, G, 32] held
+//          in u8 bytes: lanes 0..15 multiplier s, lanes 16..31 addend -z*s; s8 = sext8(q*s - z*s)
+//          (QServe §3 progressive group quant: subtraction after multiplication, 8-bit wrap as on GPU).
+// liquid : scales (step s) / zeros (offset a) u8 [tiles, G, 8]; channel_scales f32 [tiles * 8]. aux as
+//          qoq with addend a - 128: LiquidGEMM §4 dequant (q*s + a) XOR 0x80 in u8 equals
+//          sext8(q*s + a - 128) because (u XOR 0x80) read as s8 is u - 128 for any byte u.
+// Groups must have even size so that a k pair never straddles two groups (the last group may be short).
+#pragma once
+#include <cstdint>
+
+#include "lowbit/quant/format.h"
+
+namespace lowbit::cpu {
+
+constexpr int kTileRows = 8;
+constexpr int kPairElems = 2 * kTileRows;  // weights per (tile, k pair)
+constexpr int kGroupParamLanes = 32;       // aux entries per (tile, group): 16 multipliers + 16 addends
+
+inline int64_t num_row_tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
+inline int64_t num_k_pairs(int64_t k) { return (k + 1) / 2; }
+
+// Format names for error messages (kept here so the CPU kernels do not depend on format.cpp).
+inline const char* format_label(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::f32: return "f32";
+    case WeightFormat::f16: return "f16";
+    case WeightFormat::bf16: return "bf16";
+    case WeightFormat::w8: return "w8";
+    case WeightFormat::w4: return "w4";
+    case WeightFormat::qoq: return "qoq";
+    case WeightFormat::liquid: return "liquid";
+    case WeightFormat::e4m3: return "e4m3";
+  }
+  return "unknown";
+}
+
+}  // namespace lowbit::cpu

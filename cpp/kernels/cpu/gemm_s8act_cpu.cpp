@@ -1,0 +1,154 @@
+// int8-activation GEMM (w8a8, QoQ w4a8, LiquidGEMM w4a8): s8 x s8 products accumulated in int32,
+// bit-exact. One _mm256_madd_epi16 multiplies a tile's 8 rows x one k pair by the broadcast
+// activation pair and sums each row's two products into its int32 lane (|sum| <= 2 * 128 * 128).
+// qoq/liquid weights become s8 per group first (gemm_unpack_avx2.h: sext8(q * s + c)).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/gemm_layout_cpu.h"
+#include "kernels/cpu/gemm_unpack_avx2.h"
+
+namespace lowbit::cpu {
+namespace {
+
+constexpr int kRowBlock = 4;
+
+struct S16Loader {  // already-widened s8 weights (the prefill buffer)
+  const int16_t* p;
+  void group(int64_t) {}
+  __m256i load(int64_t kp) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kp * kPairElems)); }
+};
+
+struct W8Loader {
+  const int8_t* base;
+  int64_t pairs;
+  const int8_t* p = nullptr;
+  void tile(int64_t t) { p = base + t * pairs * kPairElems; }
+  void group(int64_t) {}
+  __m256i load(int64_t kp) const {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems)));
+  }
+};
+
+struct U4Loader {  // qoq / liquid
+  const uint8_t* base;
+  const int16_t* params;
+  int64_t pairs, groups;
+  const uint8_t* p = nullptr;
+  const int16_t* tp = nullptr;
+  __m256i mul{}, add{};
+  void tile(int64_t t) {
+    p = base + t * pairs * kTileRows;
+    tp = params + t * groups * kGroupParamLanes;
+  }
+  void group(int64_t g) {
+    mul = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes));
+    add = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes + 16));
+  }
+  __m256i load(int64_t kp) const { return u4_to_s8_lanes(p + kp * kTileRows, mul, add); }
+};
+
+struct Shape {
+  int64_t m, pairs, group_pairs, groups, n;
+};
+
+template <int MB, class L>
+inline void tile_dot(L& ld, const Shape& s, const int16_t* x, int64_t ldx, __m256i* out) {
+  __m256i acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_si256();
+  for (int64_t g = 0; g < s.groups; ++g) {
+    ld.group(g);
+    const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
+    for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp) {
+      const __m256i wv = ld.load(kp);
+      for (int i = 0; i < MB; ++i) {
+        int32_t pair;
+        __builtin_memcpy(&pair, x + i * ldx + 2 * kp, 4);
+        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(wv, _mm256_set1_epi32(pair)));
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i) out[i] = acc[i];
+}
+
+template <class L>
+void rows_block(L& ld, const Shape& s, const int16_t* x, int64_t ldx, int mb, __m256i* out) {
+  switch (mb) {
+    case 1: tile_dot<1>(ld, s, x, ldx, out); break;
+    case 2: tile_dot<2>(ld, s, x, ldx, out); break;
+    case 3: tile_dot<3>(ld, s, x, ldx, out); break;
+    default: tile_dot<4>(ld, s, x, ldx, out); break;
+  }
+}
+
+inline void store_rows(__m256i v, int64_t t, int64_t n, int32_t* acc) {
+  const int64_t n0 = t * kTileRows;
+  if (n0 + kTileRows <= n) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + n0), v);
+  } else {
+    alignas(32) int32_t tmp[kTileRows];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), v);
+    for (int64_t r = 0; n0 + r < n; ++r) acc[n0 + r] = tmp[r];
+  }
+}
+
+template <class L>
+void run(L loader, const Shape& s, const int16_t* x, int64_t ldx, int32_t* acc) {
+  const int64_t tiles = num_row_tiles(s.n);
+#pragma omp parallel
+  {
+    L ld = loader;
+    std::vector<int16_t> buf;  // prefill: the tile's s8 weights unpacked once
+    if (s.m > kRowBlock) buf.resize(s.pairs * kPairElems);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      ld.tile(t);
+      __m256i out[kRowBlock];
+      if (s.m <= kRowBlock) {
+        rows_block(ld, s, x, ldx, static_cast<int>(s.m), out);
+        for (int64_t i = 0; i < s.m; ++i) store_rows(out[i], t, s.n, acc + i * s.n);
+        continue;
+      }
+      for (int64_t g = 0; g < s.groups; ++g) {
+        ld.group(g);
+        const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
+        for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.data() + kp * kPairElems), ld.load(kp));
+      }
+      S16Loader bl{buf.data()};
+      const Shape bs{s.m, s.pairs, s.pairs, 1, s.n};
+      for (int64_t i0 = 0; i0 < s.m; i0 += kRowBlock) {
+        const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, s.m - i0));
+        rows_block(bl, bs, x + i0 * ldx, ldx, mb, out);
+        for (int i = 0; i < mb; ++i) store_rows(out[i], t, s.n, acc + (i0 + i) * s.n);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_s8act_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeight& w, int32_t* acc) {
+  const int64_t pairs = num_k_pairs(w.k);
+  Shape s{m, pairs, pairs, 1, w.n};
+  if (w.group > 0) {
+    s.group_pairs = w.group / 2;
+    s.groups = (pairs + s.group_pairs - 1) / s.group_pairs;
+  }
+  switch (w.format) {
+    case WeightFormat::w8: run(W8Loader{w.data.data<int8_t>(), pairs}, s, xq, ldx, acc); break;
+    case WeightFormat::qoq:
+    case WeightFormat::liquid:
+      run(U4Loader{w.data.data<uint8_t>(), reinterpret_cast<const int16_t*>(w.aux.data_ptr()), pairs, s.groups}, s,
+          xq, ldx, acc);
+      break;
+    default:
+      LOWBIT_NOT_SUPPORTED("gemm_s8act_cpu: int8 activations need a w8, qoq or liquid weight, got ",
+                           format_label(w.format));
+  }
+}
+
+}  // namespace lowbit::cpu

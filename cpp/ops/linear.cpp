@@ -1,0 +1,76 @@
+// ops::linear: argument checks (op, argument, expected vs actual), then the kernel for the device,
+// weight format and activation mode.
+#include "kernels/cpu/gemm_cpu.h"
+#include "kernels/cpu/gemm_layout_cpu.h"
+#include "lowbit/ops/ops.h"
+
+namespace lowbit::ops {
+namespace {
+
+constexpr const char* kOp = "linear";
+
+const char* act_name(LinearActivation a) {
+  switch (a) {
+    case LinearActivation::float16: return "float";
+    case LinearActivation::int8_per_token: return "int8_per_token";
+    case LinearActivation::fmpq_mixed: return "fmpq";
+  }
+  return "unknown";
+}
+
+void check_float_2d(const Tensor& t, const char* arg) {
+  check_defined(t, kOp, arg);
+  LOWBIT_CHECK_TYPE(t.dtype() == ScalarType::f32 || t.dtype() == ScalarType::f16 || t.dtype() == ScalarType::bf16,
+                    kOp, ": argument '", arg, "' must be f32, f16 or bf16, got ", name_of(t.dtype()));
+  check_dim(t, 2, kOp, arg);
+}
+
+}  // namespace
+
+void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act) {
+  check_float_2d(x, "x");
+  check_float_2d(y, "y");
+  LOWBIT_CHECK_TYPE(y.dtype() == x.dtype(), kOp, ": argument 'y' must have the dtype of 'x' (", name_of(x.dtype()),
+                    "), got ", name_of(y.dtype()));
+  LOWBIT_CHECK(x.size(1) == w.k, kOp, ": argument 'x' ", shape_str(x.shape()), " must have k = ", w.k,
+               " features (the weight is [n=", w.n, ", k=", w.k, "])");
+  check_shape(y, {x.size(0), w.n}, kOp, "y");
+  LOWBIT_CHECK(x.stride(1) == 1 || x.size(1) <= 1, kOp, ": argument 'x' must be contiguous in its last dimension, got strides ",
+               shape_str(x.strides()));
+  LOWBIT_CHECK(y.stride(1) == 1 || y.size(1) <= 1, kOp, ": argument 'y' must be contiguous in its last dimension, got strides ",
+               shape_str(y.strides()));
+  if (bias.defined()) {
+    LOWBIT_CHECK_TYPE(bias.dtype() == ScalarType::f32 || bias.dtype() == ScalarType::f16 ||
+                          bias.dtype() == ScalarType::bf16,
+                      kOp, ": argument 'bias' must be f32, f16 or bf16, got ", name_of(bias.dtype()));
+    check_shape(bias, {w.n}, kOp, "bias");
+  }
+  check_defined(w.data, kOp, "w.data");
+  LOWBIT_CHECK(w.n > 0 && w.k > 0, kOp, ": weight must have n > 0 and k > 0, got n=", w.n, " k=", w.k);
+
+  const bool on_cpu = x.device().is_cpu() && y.device().is_cpu() && w.data.device().is_cpu() &&
+                      (!bias.defined() || bias.device().is_cpu());
+  if (!on_cpu)
+    LOWBIT_NOT_SUPPORTED(kOp, ": tensors on ", (x.device().is_cpu() ? y.device() : x.device()).str(),
+                         " (weight on ", w.data.device().str(),
+                         ") are not supported: only the CPU linear is built; all of x, w, bias, y must be on the CPU");
+  LOWBIT_CHECK(w.target == PackTarget::cpu, kOp, ": the weight was packed for target code ", static_cast<int>(w.target),
+               "; the CPU linear needs pack_weight(..., PackTarget::cpu, ...)");
+
+  switch (act) {
+    case LinearActivation::float16: break;
+    case LinearActivation::int8_per_token:
+      if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
+        LOWBIT_NOT_SUPPORTED(kOp, ": act=int8_per_token needs a w8, qoq or liquid weight, got ",
+                             cpu::format_label(w.format), " (use act=float for it)");
+      break;
+    case LinearActivation::fmpq_mixed:
+      LOWBIT_NOT_SUPPORTED(kOp, ": act=", act_name(act),
+                           " (COMET W4Ax mixed int4/int8 activations) has no CPU kernel; available on the CPU: "
+                           "act=float for every format, act=int8_per_token for w8/qoq/liquid");
+  }
+  if (x.size(0) == 0) return;  // no tokens
+  cpu::linear_cpu(x, w, bias, y, act);
+}
+
+}  // namespace lowbit::ops
