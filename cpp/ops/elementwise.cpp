@@ -1,0 +1,124 @@
+// Elementwise / normalisation ops: argument checks, then the CPU kernel (CUDA tensors are refused
+// with NotSupported until the GPU kernels land).
+#include "kernels/cpu/elementwise_cpu.h"
+#include "lowbit/ops/ops.h"
+
+namespace lowbit::ops {
+namespace {
+
+void check_float(const Tensor& t, const char* op, const char* arg) {
+  check_defined(t, op, arg);
+  LOWBIT_CHECK_TYPE(t.dtype() == ScalarType::f32 || t.dtype() == ScalarType::f16 || t.dtype() == ScalarType::bf16,
+                    op, ": argument '", arg, "' must be f32, f16 or bf16, got ", name_of(t.dtype()));
+}
+
+void check_cpu(const Tensor& t, const char* op, const char* arg) {
+  if (!t.device().is_cpu())
+    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' is on ", t.device().str(),
+                         " but only the CPU kernel is built for ", op);
+}
+
+// [.., cols] as rows of contiguous elements: 1-D is one row; 2-D may have any row stride; more
+// dimensions must be contiguous.
+cpu::RowView rows_of(const Tensor& t, const char* op, const char* arg) {
+  check_cpu(t, op, arg);
+  LOWBIT_CHECK(t.dim() >= 1, op, ": argument '", arg, "' must have at least 1 dimension, got a scalar");
+  LOWBIT_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, op, ": argument '", arg,
+               "' must be contiguous in its last dimension, got strides ", shape_str(t.strides()));
+  cpu::RowView v;
+  v.base = static_cast<char*>(t.data_ptr());
+  v.dtype = t.dtype();
+  v.cols = t.size(-1);
+  v.rows = v.cols ? t.numel() / v.cols : 0;
+  if (t.dim() == 1) {
+    v.rows = 1;
+    v.stride = v.cols;
+  } else if (t.dim() == 2) {
+    v.stride = t.stride(0);
+  } else {
+    check_contiguous(t, op, arg);
+    v.stride = v.cols;
+  }
+  return v;
+}
+
+void check_same_rows(const Tensor& a, const char* an, const Tensor& b, const char* bn, const char* op) {
+  LOWBIT_CHECK(a.shape() == b.shape(), op, ": arguments '", an, "' ", shape_str(a.shape()), " and '", bn, "' ",
+               shape_str(b.shape()), " must have the same shape");
+}
+
+void check_norm_weight(const Tensor& weight, int64_t h, const char* op) {
+  check_float(weight, op, "weight");
+  check_shape(weight, {h}, op, "weight");
+}
+
+}  // namespace
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  constexpr const char* op = "rms_norm";
+  check_float(x, op, "x");
+  check_float(out, op, "out");
+  check_same_rows(x, "x", out, "out", op);
+  check_norm_weight(weight, x.dim() ? x.size(-1) : 0, op);
+  LOWBIT_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  const cpu::RowView xv = rows_of(x, op, "x"), wv = rows_of(weight, op, "weight"), ov = rows_of(out, op, "out");
+  cpu::rms_norm_cpu(xv, wv, eps, ov);
+}
+
+void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  constexpr const char* op = "add_rms_norm";
+  check_float(residual, op, "residual");
+  check_float(x, op, "x");
+  check_float(out, op, "out");
+  check_same_rows(residual, "residual", x, "x", op);
+  check_same_rows(residual, "residual", out, "out", op);
+  check_norm_weight(weight, x.dim() ? x.size(-1) : 0, op);
+  LOWBIT_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  const cpu::RowView rv = rows_of(residual, op, "residual"), xv = rows_of(x, op, "x");
+  const cpu::RowView wv = rows_of(weight, op, "weight"), ov = rows_of(out, op, "out");
+  cpu::add_rms_norm_cpu(rv, xv, wv, eps, ov);
+}
+
+void silu_mul(const Tensor& gate_up, Tensor& out) {
+  constexpr const char* op = "silu_mul";
+  check_float(gate_up, op, "gate_up");
+  check_float(out, op, "out");
+  LOWBIT_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, op,
+               ": argument 'gate_up' must have an even last dimension [.., 2 * I], got ", shape_str(gate_up.shape()));
+  Shape expect = gate_up.shape();
+  expect.back() /= 2;
+  LOWBIT_CHECK(out.shape() == expect, op, ": argument 'out' must have shape ", shape_str(expect), ", got ",
+               shape_str(out.shape()));
+  const cpu::RowView gv = rows_of(gate_up, op, "gate_up"), ov = rows_of(out, op, "out");
+  cpu::silu_mul_cpu(gv, ov);
+}
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  constexpr const char* op = "embedding";
+  check_defined(ids, op, "ids");
+  check_dtype(ids, ScalarType::s32, op, "ids");
+  check_dim(ids, 1, op, "ids");
+  check_cpu(ids, op, "ids");
+  check_float(table, op, "table");
+  check_dim(table, 2, op, "table");
+  check_float(out, op, "out");
+  check_shape(out, {ids.size(0), table.size(1)}, op, "out");
+  const cpu::RowView tv = rows_of(table, op, "table"), ov = rows_of(out, op, "out");
+  const Tensor idc = ids.contiguous();
+  const int32_t* id = idc.data<int32_t>();
+  for (int64_t t = 0; t < ids.size(0); ++t)
+    LOWBIT_CHECK_KIND(ErrorKind::kIndex, id[t] >= 0 && id[t] < table.size(0), op, ": ids[", t, "] = ", id[t],
+                      " is out of range for a table of ", table.size(0), " rows");
+  cpu::embedding_cpu(id, tv, ov);
+}
+
+void softmax(const Tensor& x, Tensor& out) {
+  constexpr const char* op = "softmax";
+  check_float(x, op, "x");
+  check_float(out, op, "out");
+  check_same_rows(x, "x", out, "out", op);
+  const cpu::RowView xv = rows_of(x, op, "x"), ov = rows_of(out, op, "out");
+  cpu::softmax_cpu(xv, ov);
+}
+
+}  // namespace lowbit::ops
