@@ -1,12 +1,15 @@
 // The packer: arch-neutral QuantizedWeight -> the layout one kernel family reads, at load time.
 // Each target's layout is documented in its own source file (pack_cpu.cpp, pack_sm80.cpp, ...).
 #pragma once
+#include <string>
+
 #include "lowbit/quant/format.h"
 
 namespace lowbit {
 
 enum class PackTarget : uint8_t { cpu, sm80, sm90 };
 const char* name_of(PackTarget t);
+PackTarget pack_target_from_name(const std::string& name);  // "cpu", "sm80", "sm90"; throws listing them
 
 struct PackedWeight {
   WeightFormat format = WeightFormat::f32;
@@ -20,6 +23,8 @@ struct PackedWeight {
   Tensor aux;             // target-specific extra (e.g. precomputed scaled zeros)
 };
 
+// Validates `w` (validate_quantized_weight), then dispatches: cpu -> pack_cpu (device must be the CPU),
+// sm80 -> pack_sm80 (device must be CUDA; the result lives there), sm90 -> NotSupported naming the format.
 PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Device& device);
 QuantizedWeight unpack_weight(const PackedWeight& p);  // for verification: must round-trip bit-exactly
 

@@ -1,8 +1,14 @@
 // A recipe is the precision plan users type: "w4a16kv8", "w4a8kv4", "w8a8k8v4", "w16a16".
-// Grammar (documented for users in docs/recipes.md):
+// Grammar (case-insensitive, surrounding spaces ignored; documented for users in docs/formats.md):
 //   w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k{16|8|4|2}v{16|8|4|2}] [-{qoq|liquid}]
-// w4a8 defaults to the QoQ format (g128); "-liquid" selects LiquidQuant (g64). a4 means COMET's
-// mixed W4A4/W4A8 (FMPQ). 16-bit parts mean the model's compute dtype (f32/f16/bf16).
+// Meaning of the weight/activation pair:
+//   w16a16 -> compute dtype weights       w8a16 -> w8, float activations   w8a8 -> w8, per-token s8 (SmoothQuant)
+//   w4a16  -> w4 (AWQ/GPTQ groups, g128)   w4a8  -> qoq g128 ("-liquid": liquid g64), per-token s8 activations
+//   w4a4   -> qoq g128 weights with COMET's mixed W4A4/W4A8 activations (FMPQ)
+//   wfp8a16 -> e4m3 per-channel weights, float activations
+// g{..} applies to 4-bit weights only; "-qoq"/"-liquid" to w4a8 only. Other pairs are rejected.
+// 16-bit parts mean the model's compute dtype (f32/f16/bf16). kv2 parses (k_bits/v_bits = kv2, has_kv2())
+// but no kernel supports it yet: the model/engine reject it with NotSupported.
 #pragma once
 #include <string>
 
@@ -13,15 +19,20 @@ namespace lowbit {
 
 enum class ActivationMode : uint8_t { float16, int8_per_token, fmpq_mixed };
 enum class KVBits : uint8_t { kv16 = 16, kv8 = 8, kv4 = 4, kv2 = 2 };
+const char* name_of(ActivationMode a);  // "float16", "int8_per_token", "fmpq_mixed"
 
 struct Recipe {
-  std::string text;                      // normalised spelling
+  std::string text;                      // normalised spelling (to_string)
   WeightFormat weight = WeightFormat::f32;  // f32 stands for "the compute dtype" when weight_bits == 16
-  int weight_bits = 16;
-  int group = 0;
+  int weight_bits = 16;                     // 16, 8 (w8 and fp8) or 4
+  int group = 0;                            // group size of group-wise weight formats, else 0
   ActivationMode activation = ActivationMode::float16;
   KVBits k_bits = KVBits::kv16, v_bits = KVBits::kv16;
+  bool has_kv2() const { return k_bits == KVBits::kv2 || v_bits == KVBits::kv2; }
 };
 Recipe parse_recipe(const std::string& text);  // throws naming the bad part and listing valid recipes
+// Canonical spelling: defaults left out (g128 for w4/qoq, g64 for liquid, kv16), "kv8" when K and V
+// agree, "-liquid" for LiquidQuant. parse_recipe(to_string(r)) == r.
+std::string to_string(const Recipe& r);
 
 }  // namespace lowbit

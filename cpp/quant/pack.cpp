@@ -1,0 +1,48 @@
+// pack_weight / unpack_weight: route a QuantizedWeight to the packer of one kernel family.
+#include "lowbit/quant/pack.h"
+
+namespace lowbit {
+
+const char* name_of(PackTarget t) {
+  switch (t) {
+    case PackTarget::cpu: return "cpu";
+    case PackTarget::sm80: return "sm80";
+    case PackTarget::sm90: return "sm90";
+  }
+  return "?";
+}
+
+PackTarget pack_target_from_name(const std::string& name) {
+  for (PackTarget t : {PackTarget::cpu, PackTarget::sm80, PackTarget::sm90})
+    if (name == name_of(t)) return t;
+  LOWBIT_CHECK(false, "pack_target_from_name: unknown pack target '", name, "' (known: cpu, sm80, sm90)");
+}
+
+PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Device& device) {
+  validate_quantized_weight(w, "pack_weight");
+  switch (target) {
+    case PackTarget::cpu:
+      LOWBIT_CHECK(device.is_cpu(), "pack_weight: target cpu packs into host memory, but device ", device.str(),
+                   " was requested");
+      return pack_cpu(w);
+    case PackTarget::sm80:
+      LOWBIT_CHECK(device.is_cuda(), "pack_weight: target sm80 packs into GPU memory, so 'device' must be a CUDA "
+                   "device, got ", device.str());
+      return pack_sm80(w, device);
+    case PackTarget::sm90:
+      break;
+  }
+  LOWBIT_NOT_SUPPORTED("pack_weight: no sm90 layout for weight format ", name_of(w.format),
+                       " yet (pack for sm80, which also runs on sm_90, or for cpu)");
+}
+
+QuantizedWeight unpack_weight(const PackedWeight& p) {
+  switch (p.target) {
+    case PackTarget::cpu: return unpack_cpu(p);
+    case PackTarget::sm80: return unpack_sm80(p);
+    case PackTarget::sm90: break;
+  }
+  LOWBIT_NOT_SUPPORTED("unpack_weight: no sm90 layout for weight format ", name_of(p.format), " yet");
+}
+
+}  // namespace lowbit
