@@ -193,3 +193,22 @@ TEST(KvQuantRow, RoundTripErrorPerBits) {
   EXPECT_GT(mean_err[0] / mean_err[1], 12.0);
   EXPECT_LT(mean_err[0] / mean_err[1], 22.0);
 }
+
+// dequantize_kv_row (vector body and scalar tail) against an independent decode, every length 1..40.
+TEST(KvQuantRow, DequantizeEveryLengthMatchesDecode) {
+  std::mt19937 rng(21);
+  for (int bits : {8, 4}) {
+    for (int64_t n = 1; n <= 40; ++n) {
+      std::vector<uint8_t> codes(static_cast<size_t>(n));
+      for (auto& c : codes) c = static_cast<uint8_t>(rng());
+      const float params[2] = {0.037f, -1.25f};
+      std::vector<float> out(static_cast<size_t>(n) + 1, std::nanf(""));
+      cpu::dequantize_kv_row(codes.data(), n, bits, params, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const int q = bits == 8 ? codes[i] : (codes[i / 2] >> (4 * (i % 2))) & 0xf;
+        ASSERT_NEAR(out[i], q * 0.037 - 1.25, 1e-6) << "bits " << bits << " n " << n << " i " << i;
+      }
+      ASSERT_TRUE(std::isnan(out[n])) << "wrote past the row";
+    }
+  }
+}

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -85,14 +85,31 @@ void quantize_kv_row(const float* x, int64_t n, int bits, uint8_t* codes, float*
 
 void dequantize_kv_row(const uint8_t* codes, int64_t n, int bits, const float* params, float* out) {
   const float scale = params[0], zero = params[1];
+  int64_t i = 0;  // elements done by the vector loops
   if (bits == 8) {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(codes[i]) * scale + zero;
-  } else if (bits == 4) {
-    for (int64_t i = 0; i < n / 2; ++i) {
-      out[2 * i] = static_cast<float>(codes[i] & 0xf) * scale + zero;
-      out[2 * i + 1] = static_cast<float>(codes[i] >> 4) * scale + zero;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 vs = _mm256_set1_ps(scale), vz = _mm256_set1_ps(zero);
+    for (; i + 8 <= n; i += 8) {
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+      _mm256_storeu_ps(out + i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), vs, vz));
     }
-    if (n % 2) out[n - 1] = static_cast<float>(codes[n / 2] & 0xf) * scale + zero;
+#endif
+    for (; i < n; ++i) out[i] = static_cast<float>(codes[i]) * scale + zero;
+  } else if (bits == 4) {
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 vs = _mm256_set1_ps(scale), vz = _mm256_set1_ps(zero);
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    for (; i + 16 <= n; i += 16) {
+      // 8 bytes = 16 codes; interleaving the low and high nibbles restores element order.
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
+      const __m128i q = _mm_unpacklo_epi8(_mm_and_si128(b, low4), _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+      const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+      const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
+      _mm256_storeu_ps(out + i, _mm256_fmadd_ps(f0, vs, vz));
+      _mm256_storeu_ps(out + i + 8, _mm256_fmadd_ps(f1, vs, vz));
+    }
+#endif
+    for (; i < n; ++i) out[i] = static_cast<float>((codes[i / 2] >> (4 * (i % 2))) & 0xf) * scale + zero;
   } else {
     LOWBIT_NOT_SUPPORTED("dequantize_kv_row: ", bits, "-bit KV (supported: 8, 4)");
   }
