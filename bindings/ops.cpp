@@ -1,5 +1,159 @@
+// Op entry points for Python: linear, norms, elementwise, sampling. Tensors come in as lowbit.Tensor
+// or any DLPack object (torch, numpy) zero-copy; an `out` given by the caller is written in place and
+// returned, otherwise a new lowbit.Tensor is returned.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
 #include "bindings/bind.h"
+#include "bindings/tensor_arg.h"
+#include "lowbit/ops/ops.h"
+
+namespace nb = nanobind;
 
 namespace lowbit::bindings {
-void bind_ops(nanobind::module_& m) {}
+namespace {
+
+ops::LinearActivation activation_from_name(const std::string& s) {
+  if (s == "float" || s == "a16") return ops::LinearActivation::float16;
+  if (s == "int8_per_token" || s == "int8" || s == "a8") return ops::LinearActivation::int8_per_token;
+  if (s == "fmpq" || s == "fmpq_mixed" || s == "a4") return ops::LinearActivation::fmpq_mixed;
+  LOWBIT_FAIL(ErrorKind::kValue, "linear: argument 'act' must be one of 'float', 'int8_per_token', 'fmpq', got '",
+              s, "'");
+}
+
+Tensor optional_tensor(nb::handle obj, const char* arg) { return obj.is_none() ? Tensor() : tensor_from_python(obj, arg); }
+
+// `out` as given, or a new CPU tensor of the shape and dtype the op produces.
+Tensor output(nb::handle obj, const Shape& shape, ScalarType dtype, const char* arg = "out") {
+  return obj.is_none() ? Tensor::empty(shape, dtype) : tensor_from_python(obj, arg);
+}
+
+nb::object result(nb::handle given, const Tensor& made) { return given.is_none() ? nb::cast(made) : nb::borrow(given); }
+
+// One row of f32 logits on the CPU, as the sampling ops take it.
+Tensor logits_row(nb::handle obj, const char* op) {
+  Tensor t = tensor_from_python(obj, "logits");
+  check_dtype(t, ScalarType::f32, op, "logits");
+  check_dim(t, 1, op, "logits");
+  check_contiguous(t, op, "logits");
+  if (!t.device().is_cpu())
+    LOWBIT_NOT_SUPPORTED(op, ": argument 'logits' is on ", t.device().str(), "; sampling runs on CPU logits");
+  return t;
+}
+
+ops::SamplingParams sampling_params(float temperature, int top_k, float top_p, float min_p) {
+  ops::SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  return p;
+}
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  m.def(
+      "linear",
+      [](nb::handle x, const PackedWeight& w, nb::handle bias, nb::handle out, const std::string& act) {
+        const Tensor xt = tensor_from_python(x, "x");
+        Tensor y = output(out, {xt.dim() == 2 ? xt.size(0) : 0, w.n}, xt.dtype());
+        ops::linear(xt, w, optional_tensor(bias, "bias"), y, activation_from_name(act));
+        return result(out, y);
+      },
+      nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::arg("out") = nb::none(),
+      nb::arg("act") = "float",
+      "y[m, n] = x[m, k] @ W.T (+ bias). x: f32/f16/bf16; w: a PackedWeight (pack_weight(..., 'cpu')); act: "
+      "'float' (dequantize weights, f32 accumulate) or 'int8_per_token' (w8/qoq/liquid: exact int32 s8 x s8).");
+  m.def(
+      "rms_norm",
+      [](nb::handle x, nb::handle weight, float eps, nb::handle out) {
+        const Tensor xt = tensor_from_python(x, "x");
+        Tensor o = output(out, xt.shape(), xt.dtype());
+        ops::rms_norm(xt, tensor_from_python(weight, "weight"), eps, o);
+        return result(out, o);
+      },
+      nb::arg("x"), nb::arg("weight"), nb::arg("eps") = 1e-5f, nb::arg("out") = nb::none(),
+      "x / sqrt(mean(x^2) + eps) * weight over the last dimension (f32 math)");
+  m.def(
+      "add_rms_norm",
+      [](nb::handle residual, nb::handle x, nb::handle weight, float eps, nb::handle out) {
+        Tensor r = tensor_from_python(residual, "residual");
+        Tensor o = output(out, r.shape(), r.dtype());
+        ops::add_rms_norm(r, tensor_from_python(x, "x"), tensor_from_python(weight, "weight"), eps, o);
+        return result(out, o);
+      },
+      nb::arg("residual"), nb::arg("x"), nb::arg("weight"), nb::arg("eps") = 1e-5f, nb::arg("out") = nb::none(),
+      "residual += x (in place), then returns rms_norm(residual) * weight");
+  m.def(
+      "silu_mul",
+      [](nb::handle gate_up, nb::handle out) {
+        const Tensor g = tensor_from_python(gate_up, "gate_up");
+        Shape s = g.shape();
+        if (!s.empty()) s.back() /= 2;
+        Tensor o = output(out, s, g.dtype());
+        ops::silu_mul(g, o);
+        return result(out, o);
+      },
+      nb::arg("gate_up"), nb::arg("out") = nb::none(), "silu(gate) * up for gate_up = [gate | up] on the last dim");
+  m.def(
+      "embedding",
+      [](nb::handle ids, nb::handle table, nb::handle out) {
+        const Tensor i = tensor_from_python(ids, "ids"), t = tensor_from_python(table, "table");
+        Tensor o = output(out, {i.dim() ? i.size(0) : 0, t.dim() == 2 ? t.size(1) : 0}, t.dtype());
+        ops::embedding(i, t, o);
+        return result(out, o);
+      },
+      nb::arg("ids"), nb::arg("table"), nb::arg("out") = nb::none(), "Rows of table (f32/f16/bf16 [V, H]) at s32 ids");
+  m.def(
+      "softmax",
+      [](nb::handle x, nb::handle out) {
+        const Tensor xt = tensor_from_python(x, "x");
+        Tensor o = output(out, xt.shape(), ScalarType::f32);
+        ops::softmax(xt, o);
+        return result(out, o);
+      },
+      nb::arg("x"), nb::arg("out") = nb::none(), "Softmax over the last dimension (f32 math; default output f32)");
+  m.def(
+      "apply_penalties",
+      [](nb::handle logits, const std::vector<int32_t>& history, float repetition_penalty, float presence_penalty,
+         float frequency_penalty) {
+        Tensor l = logits_row(logits, "apply_penalties");
+        ops::SamplingParams p;
+        p.repetition_penalty = repetition_penalty;
+        p.presence_penalty = presence_penalty;
+        p.frequency_penalty = frequency_penalty;
+        ops::apply_penalties(l.data<float>(), l.size(0), history, p);
+      },
+      nb::arg("logits"), nb::arg("history"), nb::arg("repetition_penalty") = 1.f, nb::arg("presence_penalty") = 0.f,
+      nb::arg("frequency_penalty") = 0.f,
+      "In place on f32 logits [V]: HF repetition penalty, then OpenAI presence/frequency penalties");
+  m.def(
+      "sample_token",
+      [](nb::handle logits, float temperature, int top_k, float top_p, float min_p, double uniform) {
+        const Tensor l = logits_row(logits, "sample_token");
+        return ops::sample_token(l.data<float>(), l.size(0), sampling_params(temperature, top_k, top_p, min_p),
+                                 uniform);
+      },
+      nb::arg("logits"), nb::arg("temperature") = 1.f, nb::arg("top_k") = 0, nb::arg("top_p") = 1.f,
+      nb::arg("min_p") = 0.f, nb::arg("uniform") = 0.5,
+      "Greedy when temperature == 0, else temperature, top-k, top-p, min-p and the inverse CDF at `uniform`");
+  m.def(
+      "token_logprob",
+      [](nb::handle logits, int32_t token) {
+        const Tensor l = logits_row(logits, "token_logprob");
+        return ops::token_logprob(l.data<float>(), l.size(0), token);
+      },
+      nb::arg("logits"), nb::arg("token"));
+  m.def(
+      "top_logprobs",
+      [](nb::handle logits, int n) {
+        const Tensor l = logits_row(logits, "top_logprobs");
+        return ops::top_logprobs(l.data<float>(), l.size(0), n);
+      },
+      nb::arg("logits"), nb::arg("n"), "The n best (token, logprob) pairs, best first");
+}
+
 }  // namespace lowbit::bindings
