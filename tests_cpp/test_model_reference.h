@@ -46,7 +46,9 @@ inline Weights random_weights(const ModelConfig& c, uint32_t seed) {
     const float a = 1.5f / std::sqrt(float(k));  // keeps activations O(1) through the layers
     w[name] = random_tensor({n, k}, rng, -a, a);
   };
-  w["model.embed_tokens.weight"] = random_tensor({c.vocab_size, H}, rng, -1.f, 1.f);
+  // Small tied embeddings keep the next-token distribution broad (logit std ~1), so greedy tokens
+  // and logprobs are sensitive to any mistake in positions, caching or batching.
+  w["model.embed_tokens.weight"] = random_tensor({c.vocab_size, H}, rng, -0.25f, 0.25f);
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     w[p + "input_layernorm.weight"] = random_tensor({H}, rng, 0.8f, 1.2f);
