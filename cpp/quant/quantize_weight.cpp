@@ -160,8 +160,10 @@ void quantize_qoq_level2(const int* q8, int64_t n, int64_t k, int group, const u
 }
 
 // LiquidQuant level 2 (LiquidGEMM §4, Eq. 7): per group of s8 values v with true min/max,
-//   s = max(1, round((max - min) / 15)) <= 16, a = 128 + min, q = clamp(round((v - min) / s), 0, 15),
-// so that (q*s + a) XOR 0x80 (u8 arithmetic) is the s8 value min + q*s (Eq. 12).
+//   s = max(1, ceil((max - min) / 15)) <= 16, a = 128 + min, q = clamp(round((v - min) / s), 0, 15),
+// so that (q*s + a) XOR 0x80 (u8 arithmetic) is the s8 value min + q*s (Eq. 12). Eq. 7 rounds s to
+// nearest; rounding it down makes 15*s fall short of the range and clips the group max by more than
+// s/2 (range 112: s = 7, max error 7), so we take the ceiling, which has the same bound s <= 16.
 void quantize_liquid_level2(const int* q8, int64_t n, int64_t k, int group, const uint8_t* given_s,
                             const uint8_t* given_a, uint8_t* q, uint8_t* scales, uint8_t* offsets) {
   const int64_t groups = (k + group - 1) / group;
@@ -172,8 +174,7 @@ void quantize_liquid_level2(const int* q8, int64_t n, int64_t k, int group, cons
       const int64_t c0 = g * group, c1 = std::min(k, c0 + group), pi = r * groups + g;
       int lo = v[c0], hi = v[c0];
       for (int64_t c = c0; c < c1; ++c) lo = std::min(lo, v[c]), hi = std::max(hi, v[c]);
-      // (hi - lo) / 15 is never a tie (15 is odd), so the rounding mode does not matter here.
-      const int s = given_s ? given_s[pi] : std::max(1, round_clamp(static_cast<float>(hi - lo) / 15.f, 0.f, 255.f));
+      const int s = given_s ? given_s[pi] : std::max(1, (hi - lo + 14) / 15);
       const int a = given_a ? given_a[pi] : 128 + lo;
       const int base = a - 128;
       scales[pi] = static_cast<uint8_t>(s);
