@@ -200,4 +200,4 @@ def test_sampling_errors():
     with pytest.raises(IndexError, match="token_logprob: token 10 is out of range for a vocabulary of 10"):
         C.token_logprob(logits, 10)
     with pytest.raises(TypeError, match="sample_token: argument 'logits'"):
-        C.sample_token(logits.double())
+        C.sample_token(logits.half())
