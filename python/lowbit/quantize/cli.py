@@ -1,0 +1,50 @@
+"""`lowbit quantize` / `python -m lowbit.quantize`: float checkpoint -> quantized directory."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .recipes import ALGORITHMS, supported_pairs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lowbit quantize", description="Quantize a float checkpoint into a lowbit "
+                                "directory (safetensors + lowbit_quant.json). Pairs: " + supported_pairs())
+    p.add_argument("--model", default=None, help=".gguf file or HF directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--recipe", required=True, help="e.g. w4a16, w8a8, w4a8kv4, w4a8g64kv4-liquid, w4a4kv4")
+    p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS), help="quantization algorithm")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--calib", nargs="+", required=True, help="calibration .txt files or folders")
+    p.add_argument("--calib-seqs", type=int, default=16, help="number of calibration sequences (default 16)")
+    p.add_argument("--calib-len", type=int, default=256, help="tokens per calibration sequence (default 256)")
+    p.add_argument("--kv-mode", default="token", choices=("token", "channel", "static"),
+                   help="KV quantization granularity (token = dynamic per token and head, the engine's)")
+    p.add_argument("--act-order", action="store_true", help="gptq: quantize columns by decreasing Hessian diag")
+    p.add_argument("--alpha", type=float, default=None, help="smoothquant/liquid: fixed α (default: searched)")
+    p.add_argument("--outlier-ratio", type=float, default=None, help="fmpq: outlier if max|x| > ratio * median")
+    p.add_argument("--smooth-attention", action="store_true", help="apply SmoothAttention (always on for qoq)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    options = {}
+    if args.act_order:
+        options["act_order"] = True
+    if args.alpha is not None:
+        options["alpha"] = args.alpha
+    if args.outlier_ratio is not None:
+        options["outlier_ratio"] = args.outlier_ratio
+    if args.smooth_attention:
+        options["smooth_attention"] = True
+    from .api import quantize
+    try:
+        path, _, manifest = quantize(args.model, args.recipe, args.algo, args.out, calib=args.calib,
+                                     num_sequences=args.calib_seqs, seq_len=args.calib_len, kv_mode=args.kv_mode,
+                                     progress=not args.quiet, **options)
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
+        print(f"lowbit quantize: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} (recipe {manifest['recipe']}, algorithm {manifest['algorithm']})")
+    return 0
