@@ -112,7 +112,7 @@ TEST_P(KvWrite, QuantizesIntoSlots) {
   cfg.num_kv_heads = 3;
   cfg.head_dim = D;
   cfg.block_size = 16;
-  cfg.num_blocks = 4;
+  cfg.num_blocks = 8;
   cfg.k_type = cache_type;
   cfg.v_type = cache_type == ScalarType::u4 ? ScalarType::u8 : ScalarType::u4;  // K and V types differ
   KVCache cache(cfg);
@@ -120,10 +120,10 @@ TEST_P(KvWrite, QuantizesIntoSlots) {
     const_cast<Tensor&>(cache.k_data(l)).fill_bytes_(0xab);
     const_cast<Tensor&>(cache.v_data(l)).fill_bytes_(0xab);
   }
-  const int64_t T = 21;
+  const int64_t T = 101;  // large enough for the threaded path when D >= 64
   Tensor k = random_rows(T, 3, D, input_type, rng, true);
   Tensor v = random_rows(T, 3, D, input_type, rng, false);
-  std::vector<int32_t> all(64);
+  std::vector<int32_t> all(128);
   std::iota(all.begin(), all.end(), 0);
   std::shuffle(all.begin(), all.end(), rng);
   std::vector<int32_t> slots(all.begin(), all.begin() + T);

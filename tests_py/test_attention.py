@@ -300,3 +300,31 @@ def test_kv_write_and_rope_errors():
         lb.rope(None, None, torch.tensor([0], dtype=torch.int32))
     with pytest.raises(ValueError, match="llama3 needs 0 < low_freq_factor < high_freq_factor"):
         lb.rope(q, None, torch.tensor([0, 1, 2], dtype=torch.int32), llama3=True, low_freq_factor=4.0)
+
+
+def test_strided_views_of_a_fused_qkv_buffer():
+    """The model hands q, k, v as views into one [T, Hq + 2 Hkv, D] projection output."""
+    hq, hkv, d, bs = 9, 3, 64, 16
+    t = 7
+    qkv = torch.randn(t, hq + 2 * hkv, d)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    assert not q.is_contiguous()
+    pos = torch.arange(3, 3 + t, dtype=torch.int32)
+    q_ref, k_ref = q.clone(), k.clone()
+    lb.rope(q_ref, k_ref, pos, theta=1e5)
+    lb.rope(q, k, pos, theta=1e5)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    cache = lb.KVCache(1, hkv, d, 2, bs, "f32", "f32")
+    slots = torch.arange(t, dtype=torch.int32)
+    bt = torch.tensor([[0]], dtype=torch.int32)
+    meta = lb.AttentionMeta([0], [t], [t], block_tables=bt, slot_mapping=slots)
+    lb.kv_write(cache, 0, k, v, meta)
+    k_cache = torch.from_dlpack(cache.k_data(0))[0, :, :t].transpose(0, 1)
+    assert torch.equal(k_cache, k)
+    out_buf = torch.full((t, 2 * hq, d), float("nan"))
+    out = out_buf[:, hq:]  # strided output too
+    lb.paged_attention(q, cache, 0, meta, 0.125, out)
+    ref = reference_attention(q, torch.from_dlpack(cache.k_data(0)).double(), torch.from_dlpack(cache.v_data(0)).double(),
+                              meta, [[0]], bs, 0.125)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.isnan(out_buf[:, :hq]).all()

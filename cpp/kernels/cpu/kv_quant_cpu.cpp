@@ -138,7 +138,8 @@ void write_side(const Tensor& src, const Tensor& pool, const Tensor& params, int
   float* pbase = params.defined() ? params.data<float>() : nullptr;
   const int64_t elem = bytes_for(src.dtype(), 1);
   const char* sbase = static_cast<const char*>(src.data_ptr());
-#pragma omp parallel
+  // A decode step writes a handful of rows: not worth waking the thread team.
+#pragma omp parallel if (T * H * D >= (1 << 14))
   {
     std::vector<float> row(static_cast<size_t>(D));
 #pragma omp for collapse(2) schedule(static)

@@ -67,7 +67,8 @@ void rope_cpu(Tensor& q, Tensor& k, const Tensor& positions, const ops::RopeConf
   const int half = rotary_dim / 2;
   const std::vector<double> inv = rope_inv_freq(cfg, rotary_dim);
   const int32_t* pos = positions.data<int32_t>();
-#pragma omp parallel
+  // A decode step rotates a handful of rows: not worth waking the thread team.
+#pragma omp parallel if (T * D >= (1 << 12))
   {
     std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half)), row(static_cast<size_t>(D));
 #pragma omp for schedule(static)
