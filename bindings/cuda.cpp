@@ -151,17 +151,17 @@ void bind_cuda(nb::module_& m) {
       "decode_attention",
       [](nb::handle q, nb::handle k_data, nb::handle v_data, nb::handle k_params, nb::handle v_params,
          nb::handle block_tables, nb::handle seq_lens, int max_seq_len, float scale, nb::handle out,
-         const std::string& kv_dtype, int split_tokens, uintptr_t stream) {
+         const std::string& kv_dtype, int split_tokens, uintptr_t stream, const std::string& v_dtype) {
 #ifdef LOWBIT_WITH_CUDA
         const char* op = "decode_attention";
-        Tensor k = tensor_from_python(k_data, "k_data"), v = tensor_from_python(v_data, "v_data");
-        if (kv_dtype == "u4") {
-          k = as_u4(k, op, "k_data");
-          v = as_u4(v, op, "v_data");
-        } else {
-          LOWBIT_CHECK(kv_dtype == "f16" || kv_dtype == "u8", op, ": kv_dtype must be 'f16', 'u8' or 'u4', got '",
-                       kv_dtype, "'");
-        }
+        auto typed = [&](nb::handle obj, const std::string& dtype, const char* arg) {
+          LOWBIT_CHECK(dtype == "f16" || dtype == "u8" || dtype == "u4", op, ": the dtype of '", arg,
+                       "' must be 'f16', 'u8' or 'u4', got '", dtype, "'");
+          const Tensor t = tensor_from_python(obj, arg);
+          return dtype == "u4" ? as_u4(t, op, arg) : t;
+        };
+        const Tensor k = typed(k_data, kv_dtype, "k_data");
+        const Tensor v = typed(v_data, v_dtype.empty() ? kv_dtype : v_dtype, "v_data");
         Tensor o = tensor_from_python(out, "out");
         cuda::decode_attention(tensor_from_python(q, "q"), k, v, optional_tensor(k_params, "k_params"),
                                optional_tensor(v_params, "v_params"), tensor_from_python(block_tables, "block_tables"),
@@ -173,8 +173,9 @@ void bind_cuda(nb::module_& m) {
       },
       nb::arg("q"), nb::arg("k_data"), nb::arg("v_data"), nb::arg("k_params").none(), nb::arg("v_params").none(),
       nb::arg("block_tables"), nb::arg("seq_lens"), nb::arg("max_seq_len"), nb::arg("scale"), nb::arg("out"),
-      nb::arg("kv_dtype") = "f16", nb::arg("split_tokens") = 0, nb::arg("stream") = 0,
-      "GPU: decode attention over a paged KV cache (u4 K/V given as uint8 bytes [.., D/2] with kv_dtype='u4')");
+      nb::arg("kv_dtype") = "f16", nb::arg("split_tokens") = 0, nb::arg("stream") = 0, nb::arg("v_dtype") = "",
+      "GPU: decode attention over a paged KV cache. kv_dtype is K's type (and V's unless v_dtype is given): "
+      "'f16', 'u8', or 'u4' (passed as uint8 bytes [.., D/2])");
 }
 
 }  // namespace lowbit::bindings

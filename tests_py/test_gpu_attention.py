@@ -10,8 +10,22 @@ from lowbit import _core
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 
 
+def random_kv_tensor(kind, shape, g):
+    """(stored tensor on the GPU, params or None, float64 values) for one of K/V."""
+    if kind == "f16":
+        x = torch.randn(shape, generator=g).half()
+        return x.cuda(), None, x.double()
+    hi = 256 if kind == "u8" else 16
+    q = torch.randint(0, hi, shape, generator=g)
+    params = torch.stack([torch.rand(shape[:3], generator=g) * 0.1 + 0.01, torch.randn(shape[:3], generator=g)], -1)
+    values = q.double() * params[..., :1].double() + params[..., 1:].double()
+    stored = q.to(torch.uint8) if kind == "u8" else (q[..., 0::2] | (q[..., 1::2] << 4)).to(torch.uint8)
+    return stored.cuda(), params.float().cuda(), values
+
+
 def make_cache(kv, lens, hkv, d, block_size, seed):
-    """Random paged cache in the kv_cache.h layout; returns device tensors and float64 K/V per sequence."""
+    """Random paged cache in the kv_cache.h layout; returns device tensors and float64 K/V per sequence.
+    kv is 'f16' / 'u8' / 'u4' for both, or 'K/V' such as 'u8/u4'."""
     g = torch.Generator().manual_seed(seed)
     blocks_per_seq = [math.ceil(n / block_size) for n in lens]
     num_blocks = sum(blocks_per_seq) + 3
@@ -23,33 +37,16 @@ def make_cache(kv, lens, hkv, d, block_size, seed):
         table[i, :nb] = perm[pos:pos + nb]
         pos += nb
     shape = (num_blocks, hkv, block_size, d)
-    if kv == "f16":
-        k = torch.randn(shape, generator=g).half()
-        v = torch.randn(shape, generator=g).half()
-        kd, vd = k.double(), v.double()
-        kp = vp = None
-        k_store, v_store = k, v
-    else:
-        hi = 256 if kv == "u8" else 16
-        kq = torch.randint(0, hi, shape, generator=g)
-        vq = torch.randint(0, hi, shape, generator=g)
-        kp = torch.stack([torch.rand(shape[:3], generator=g) * 0.1 + 0.01, torch.randn(shape[:3], generator=g)], -1)
-        vp = torch.stack([torch.rand(shape[:3], generator=g) * 0.1 + 0.01, torch.randn(shape[:3], generator=g)], -1)
-        kd = kq.double() * kp[..., :1].double() + kp[..., 1:].double()
-        vd = vq.double() * vp[..., :1].double() + vp[..., 1:].double()
-        if kv == "u8":
-            k_store, v_store = kq.to(torch.uint8), vq.to(torch.uint8)
-        else:  # two nibbles per byte, low nibble first
-            k_store = (kq[..., 0::2] | (kq[..., 1::2] << 4)).to(torch.uint8)
-            v_store = (vq[..., 0::2] | (vq[..., 1::2] << 4)).to(torch.uint8)
-        kp, vp = kp.float().cuda(), vp.float().cuda()
+    kt, vt = kv.split("/") if "/" in kv else (kv, kv)
+    k_store, kp, kd = random_kv_tensor(kt, shape, g)
+    v_store, vp, vd = random_kv_tensor(vt, shape, g)
     seq_k, seq_v = [], []
     for i, n in enumerate(lens):
         t = torch.arange(n)
         blk = table[i, t // block_size].long()
         seq_k.append(kd[blk, :, t % block_size, :])  # [n, hkv, d]
         seq_v.append(vd[blk, :, t % block_size, :])
-    return k_store.cuda(), v_store.cuda(), kp, vp, table.cuda(), seq_k, seq_v
+    return k_store, v_store, kp, vp, table.cuda(), seq_k, seq_v
 
 
 def reference(q, seq_k, seq_v, scale):
@@ -65,7 +62,7 @@ def reference(q, seq_k, seq_v, scale):
     return out
 
 
-@pytest.mark.parametrize("kv", ["f16", "u8", "u4"])
+@pytest.mark.parametrize("kv", ["f16", "u8", "u4", "u8/u4", "f16/u8", "u4/f16"])
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128), (8, 1, 128), (4, 4, 64)])
 @pytest.mark.parametrize("lens,split", [([1], 0), ([17, 5, 300], 0), ([1000, 33], 64), ([700], 512), ([2049, 1], 0)])
 def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
@@ -74,8 +71,9 @@ def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
     out = torch.full((len(lens), hq, d), float("nan"), dtype=torch.float16, device="cuda")
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     scale = 1.0 / math.sqrt(d)
-    _core.decode_attention(q.cuda(), k, v, kp, vp, table, seq_lens, max(lens), scale, out, kv_dtype=kv,
-                           split_tokens=split)
+    kt, vt = kv.split("/") if "/" in kv else (kv, kv)
+    _core.decode_attention(q.cuda(), k, v, kp, vp, table, seq_lens, max(lens), scale, out, kv_dtype=kt,
+                           split_tokens=split, v_dtype=vt)
     torch.cuda.synchronize()
     ref = reference(q, seq_k, seq_v, scale)
     got = out.cpu().double()

