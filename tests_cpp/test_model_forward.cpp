@@ -125,13 +125,15 @@ struct FormatCase {
   int group;
   int k_bits, v_bits;
   double tol;
+  bool act_int8 = false;
 };
 
 // Quantized weights: the reference uses the same round-to-nearest weights dequantized, so only
 // f32 accumulation order differs (1e-5, as for f32). Quantized KV: the reference applies the same
 // per-token asymmetric round trip in float64, so codes agree except where a value sits on a
 // rounding boundary (none for these seeds; observed error ~2e-7); 1e-4 leaves room for f32 scale
-// arithmetic. Each case also checks that skipping the quantization would miss by >10x the tolerance.
+// arithmetic. a8: activations quantized per token to int8 in both (int32 accumulation is exact in
+// the kernel), so again only boundary rounding can differ. Each case also checks that skipping the quantization would miss by >10x the tolerance.
 TEST(ModelForward, QuantizedRecipesMatchReference) {
   const ModelConfig c = tiny_config();
   const Weights w = random_weights(c, 3);
@@ -141,7 +143,9 @@ TEST(ModelForward, QuantizedRecipesMatchReference) {
                                FormatCase{"w4a16g64", WeightFormat::w4, 64, 16, 16, 1e-5},  // K=96: short tail group
                                FormatCase{"w16a16kv8", WeightFormat::f32, 0, 8, 8, 1e-4},
                                FormatCase{"w16a16k8v4", WeightFormat::f32, 0, 8, 4, 1e-4},
-                               FormatCase{"w16a16kv4", WeightFormat::f32, 0, 4, 4, 1e-4}}) {
+                               FormatCase{"w16a16kv4", WeightFormat::f32, 0, 4, 4, 1e-4},
+                               FormatCase{"w8a8", WeightFormat::w8, 0, 16, 16, 1e-4, true},
+                               FormatCase{"w4a8", WeightFormat::qoq, 128, 16, 16, 1e-4, true}}) {
     SCOPED_TRACE(fc.recipe);
     Model m(c, fc.recipe);
     load(m, w);
@@ -149,7 +153,7 @@ TEST(ModelForward, QuantizedRecipesMatchReference) {
     const SeqId s = h.alloc.create_sequence();
     const auto got = h.run({{s, tokens}});
     const Weights ew = effective_weights(c, w, fc.format, fc.group);
-    const auto ref = reference_logits(c, ew, tokens, fc.k_bits, fc.v_bits);
+    const auto ref = reference_logits(c, ew, tokens, fc.k_bits, fc.v_bits, fc.act_int8);
     EXPECT_LT(rel_err(got, 0, ref, 0, ref.size()), fc.tol);
     const auto unquantized = reference_logits(c, w, tokens);
     const std::vector<float> unq(unquantized.begin(), unquantized.end());

@@ -103,13 +103,28 @@ inline void kv_round_trip(double* x, int64_t d, int bits) {
   }
 }
 
+// Per-token symmetric int8 round trip of a linear's input (a8 recipes): s = max|x| / 127, x = round(x / s) * s.
+inline void act_round_trip(const double* x, int64_t k, double* y) {
+  double mx = 0;
+  for (int64_t i = 0; i < k; ++i) mx = std::max(mx, std::abs(x[i]));
+  const double s = mx > 0 ? double(float(mx / 127.0)) : 1.0;
+  for (int64_t i = 0; i < k; ++i) y[i] = std::nearbyint(x[i] / s) * s;
+}
+
 // Float64 logits [T, vocab] of every position of `tokens` (one sequence, causal), HF Llama semantics.
+// k_bits/v_bits < 16 round-trip the cache; act_int8 quantizes every linear's input per token.
 inline std::vector<double> reference_logits(const ModelConfig& c, const Weights& w, const std::vector<int32_t>& tokens,
-                                            int k_bits = 16, int v_bits = 16) {
+                                            int k_bits = 16, int v_bits = 16, bool act_int8 = false) {
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, V = c.vocab_size;
   auto f = [&](const std::string& n) { return w.at(n).data<float>(); };
-  auto matvec = [](const float* W, const double* x, int64_t n, int64_t k, double* y) {
+  std::vector<double> xq;
+  auto matvec = [&](const float* W, const double* x, int64_t n, int64_t k, double* y) {
+    if (act_int8) {
+      xq.resize(size_t(k));
+      act_round_trip(x, k, xq.data());
+      x = xq.data();
+    }
     for (int64_t i = 0; i < n; ++i) {
       double s = 0;
       for (int64_t j = 0; j < k; ++j) s += double(W[i * k + j]) * x[j];
