@@ -64,6 +64,7 @@ struct Case {
   ScalarType k_type, v_type, q_type, out_type;
   int head_dim, hq, hkv, block_size;
   float q_amplitude = 2.f;  // large values make the softmax peaky (scores ~ +-100)
+  int64_t max_keys_per_item = 0;  // > 0 forces split-KV parts
 };
 
 // Runs one mixed batch and compares with the float64 reference; returns the max error seen
@@ -127,7 +128,7 @@ void run_case(const Case& c, uint32_t seed) {
   Tensor out = Tensor::empty({T, c.hq, D}, c.out_type);
   out.fill_bytes_(0xff);  // NaN in every float format
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  cpu::paged_attention_cpu(q, cache, layer, meta, scale, out);
+  cpu::paged_attention_cpu(q, cache, layer, meta, scale, out, c.max_keys_per_item);
 
   // Dense float64 reference over the decoded cache.
   const int64_t G = c.hq / c.hkv;
@@ -201,6 +202,21 @@ TEST(Attention, HalfPrecisionQueriesAndOutputs) {
     for (ScalarType ot : {ScalarType::f32, ScalarType::f16, ScalarType::bf16})
       run_case({ScalarType::f16, ScalarType::u4, qt, ot, 128, 9, 3, 16}, 77u + static_cast<uint32_t>(qt) * 5 +
                                                                               static_cast<uint32_t>(ot));
+}
+
+// Split-KV: every item split into parts of 1, 2 or 3 blocks, merged; prefill tiles too (their first
+// rows see no key of later parts).
+TEST(Attention, SplitKvPartsMergeExactly) {
+  for (int64_t keys : {1, 40, 64}) {
+    for (auto [kt, vt] : {std::pair{ScalarType::u4, ScalarType::f16}, std::pair{ScalarType::f32, ScalarType::u8}}) {
+      Case c{kt, vt, ScalarType::f32, ScalarType::bf16, 80, 9, 3, 16};
+      c.max_keys_per_item = keys;
+      run_case(c, 300u + static_cast<uint32_t>(keys));
+      c.q_amplitude = 40.f;  // parts with very different maxima
+      c.out_type = ScalarType::f32;
+      run_case(c, 400u + static_cast<uint32_t>(keys));
+    }
+  }
 }
 
 TEST(Attention, PeakySoftmaxUnderflowsCleanly) {
