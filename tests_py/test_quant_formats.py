@@ -213,6 +213,9 @@ def test_construct_from_tensors_matches_quantize(fmt):
     built = C.QuantizedWeight(fmt, q, opt(qw.scales), opt(qw.zeros), opt(qw.channel_scales), group=64)
     assert (built.format, built.n, built.k, built.group) == (qw.format, qw.n, qw.k, qw.group)
     assert torch.equal(torch.from_dlpack(C.dequantize_weight(built)), torch.from_dlpack(C.dequantize_weight(qw)))
+    if fmt == "e4m3":  # and float8 tensors directly
+        f8 = C.QuantizedWeight(fmt, q.view(torch.float8_e4m3fn), opt(qw.scales))
+        assert torch.equal(torch.from_dlpack(C.dequantize_weight(f8)), torch.from_dlpack(C.dequantize_weight(qw)))
 
 
 @pytest.mark.parametrize("fmt,sym", [("f32", False), ("bf16", False), ("w8", False), ("w4", False), ("w4", True),
