@@ -83,6 +83,24 @@ def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
     assert rel < 2e-3, f"relative error {rel:.2e}"
 
 
+@pytest.mark.parametrize("kv", ["f16", "u4", "u8/u4"])
+@pytest.mark.parametrize("block_size,split", [(8, 0), (16, 40), (32, 100), (1, 0)])
+def test_decode_attention_pages_straddling_tiles(kv, block_size, split):
+    """Block sizes / splits that are not multiples of 16 take the per-token page lookup."""
+    lens = [77, 300, 5]
+    k, v, kp, vp, table, seq_k, seq_v = make_cache(kv, lens, 2, 64, block_size, seed=block_size + split)
+    q = torch.randn(len(lens), 8, 64, generator=torch.Generator().manual_seed(3)).half()
+    out = torch.full((len(lens), 8, 64), float("nan"), dtype=torch.float16, device="cuda")
+    kt, vt = kv.split("/") if "/" in kv else (kv, kv)
+    _core.decode_attention(q.cuda(), k, v, kp, vp, table, torch.tensor(lens, dtype=torch.int32, device="cuda"),
+                           max(lens), 0.125, out, kv_dtype=kt, split_tokens=split, v_dtype=vt)
+    torch.cuda.synchronize()
+    ref = reference(q, seq_k, seq_v, 0.125)
+    got = out.cpu().double()
+    assert not torch.isnan(got).any()
+    assert (got - ref).norm() / ref.norm() < 2e-3
+
+
 def test_decode_attention_bad_inputs():
     k, v, kp, vp, table, _, _ = make_cache("u8", [20], 2, 64, 16, seed=1)
     q = torch.randn(1, 4, 64, device="cuda").half()

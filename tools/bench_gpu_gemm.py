@@ -17,13 +17,13 @@ MS = [1, 16, 64, 256, 1024]
 GROUP = 128
 
 
-def ours_setup(n, k, copies, m):
+def ours_setup(n, k, copies, m, split=None):
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
     s = (torch.rand(n, k // GROUP) * 0.02 + 0.002).half()
     z = (torch.rand(n, k // GROUP) * 15).half()
     data, ps, pz = (torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, GROUP))
     ws = [(data.clone(), ps.clone(), pz.clone()) for _ in range(copies)]
-    split = _core.gemm_w4a16_pick_split(m, n, k)
+    split = _core.gemm_w4a16_pick_split(m, n, k) if split is None else split
     x = torch.randn(m, k, device="cuda").half()
     y = torch.empty(m, n, device="cuda").half()
     work = torch.empty(max(1, split * m * n), device="cuda")
@@ -86,10 +86,33 @@ def bench_shape(name, n, k, m, l2):
     return row
 
 
+def split_sweep(l2):
+    """W4A16 time per split-K choice for decode shapes: the data behind pick_split."""
+    rows = []
+    for name in ["gate_up", "down", "o"]:
+        n, k = SHAPES[name]
+        for m in [1, 16]:
+            times = {}
+            for split in [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]:
+                if split > k // 64:
+                    continue
+                fns, used = ours_setup(n, k, copies_for(n * k // 2, l2), m, split)
+                times[used] = graph_time_us(fns)
+                del fns
+            picked = _core.gemm_w4a16_pick_split(m, n, k)
+            best = min(times, key=times.get)
+            rows.append({"shape": name, "m": m, "times_us": times, "picked": picked, "best": best})
+            print(f"sweep {name:8s} m={m:3d} picked {picked:3d} best {best:3d} ({times[best]:.1f} us)  " +
+                  " ".join(f"{s}:{t:.1f}" for s, t in sorted(times.items())), flush=True)
+    return rows
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "bench_gemm.json"
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out = args[0] if args else "bench_gemm.json"
     meta = device_meta()
     meta["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
+    sweep = split_sweep(meta["l2_bytes"]) if "--sweep" in sys.argv else []
     rows = []
     for name, (n, k) in SHAPES.items():
         for m in MS:
@@ -102,7 +125,7 @@ def main():
                   f"{r.get('tinygemm_int4_us', float('nan')):8.1f}  int_mm {r.get('torch_int_mm_us', float('nan')):7.1f}"
                   f"  fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  x{r['speedup_vs_cublas']:.2f}",
                   flush=True)
-    write_json(out, {"meta": meta, "gemm": rows})
+    write_json(out, {"meta": meta, "gemm": rows, "split_sweep": sweep})
 
 
 if __name__ == "__main__":

@@ -52,6 +52,6 @@ fi
 
 if has bench; then
   echo "== benchmarks"
-  python3 tools/bench_gpu_gemm.py "$OUT/bench_gemm.json" 2>&1 | tee "$OUT/bench_gemm.log"
+  python3 tools/bench_gpu_gemm.py "$OUT/bench_gemm.json" --sweep 2>&1 | tee "$OUT/bench_gemm.log"
   python3 tools/bench_gpu_attention.py "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
 fi

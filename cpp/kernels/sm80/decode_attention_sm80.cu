@@ -132,7 +132,16 @@ struct AttnArgs {
   float* part_stats;  // [B, Hq, splits, 2] = (max, sum)
   int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h;
   int hq, hkv, group, block_size, max_blocks, split_tokens;
+  bool tile_in_one_page;  // block_size and split_tokens are multiples of 16: a tile never straddles pages
   float scale;
+};
+
+// One 16-token tile's operands for one lane: K rows g and g+8, V tokens 4t..4t+3, parameters.
+template <int kKWords, int kVWords>
+struct TileRegs {
+  uint32_t kg[kKWords], kg8[kKWords];
+  uint32_t v[4][kVWords];
+  float2 ksp_g, ksp_g8, vsp_g, vsp_g8;
 };
 
 template <KvType KT, KvType VT, int D>
@@ -192,31 +201,49 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
   float acc[kSteps][4] = {};
   const int v_dims = D / 8 * g;  // this lane's run for the output
 
-  for (int tile = warp * kTile; tile < n; tile += kWarps * kTile) {
-    // ---- loads: K rows g, g+8; V tokens 4t..4t+3; parameters of tokens g, g+8
-    uint32_t kg[kKWords] = {}, kg8[kKWords] = {};
-    uint32_t va[kVWords] = {}, vb[kVWords] = {}, vc[kVWords] = {}, vd[kVWords] = {};
-    float2 ksp_g = make_float2(1.f, 0.f), ksp_g8 = ksp_g, vsp_g = ksp_g, vsp_g8 = ksp_g;
+  using Regs = TileRegs<kKWords, kVWords>;
+  auto load_tile = [&](int tile, Regs& r) {
+    const int64_t base = p.tile_in_one_page ? row_of(tile) : 0;  // one page lookup per tile
+    auto row = [&](int i) { return p.tile_in_one_page ? base + i : row_of(tile + i); };
+    const float2 none = make_float2(1.f, 0.f);
+    r.ksp_g = r.ksp_g8 = r.vsp_g = r.vsp_g8 = none;
+#pragma unroll
+    for (int w = 0; w < kKWords; ++w) r.kg[w] = r.kg8[w] = 0;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int w = 0; w < kVWords; ++w) r.v[u][w] = 0;
+    if (tile + g < n) {
+      const int64_t rg = row(g);
+      load_bytes<kKBytes>(p.k + (rg * D + kv_dims) * kv_bits<KT>() / 8, r.kg);
+      if constexpr (KT != KvType::f16) r.ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg);
+      if constexpr (VT != KvType::f16) r.vsp_g = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg);
+    }
+    if (tile + g + 8 < n) {
+      const int64_t rg8 = row(g + 8);
+      load_bytes<kKBytes>(p.k + (rg8 * D + kv_dims) * kv_bits<KT>() / 8, r.kg8);
+      if constexpr (KT != KvType::f16) r.ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg8);
+      if constexpr (VT != KvType::f16) r.vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg8);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (tile + 4 * t + u < n) load_bytes<kVBytes>(p.v + (row(4 * t + u) * D + v_dims) * kv_bits<VT>() / 8, r.v[u]);
+  };
+
+  // Integer K and V: the next tile's loads are issued before this tile is used (their registers
+  // are few); f16 tiles are large enough that occupancy hides the latency instead.
+  constexpr bool kPrefetch = KT != KvType::f16 && VT != KvType::f16;
+  constexpr int kStep = kWarps * kTile;
+  Regs cur, nxt;
+  if (warp * kTile < n) load_tile(warp * kTile, cur);
+  for (int tile = warp * kTile; tile < n; tile += kStep) {
+    if constexpr (kPrefetch) {
+      if (tile + kStep < n) load_tile(tile + kStep, nxt);
+    }
     const bool ok_g = tile + g < n, ok_g8 = tile + g + 8 < n;
-    if (ok_g) {
-      const int64_t r = row_of(tile + g);
-      load_bytes<kKBytes>(p.k + (r * D + kv_dims) * kv_bits<KT>() / 8, kg);
-      if constexpr (KT != KvType::f16) ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + r);
-      if constexpr (VT != KvType::f16) vsp_g = __ldg(reinterpret_cast<const float2*>(p.v_params) + r);
-    }
-    if (ok_g8) {
-      const int64_t r = row_of(tile + g + 8);
-      load_bytes<kKBytes>(p.k + (r * D + kv_dims) * kv_bits<KT>() / 8, kg8);
-      if constexpr (KT != KvType::f16) ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + r);
-      if constexpr (VT != KvType::f16) vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + r);
-    }
-    auto load_v = [&](int u, uint32_t(&dst)[kVWords]) {
-      if (tile + 4 * t + u < n) load_bytes<kVBytes>(p.v + (row_of(tile + 4 * t + u) * D + v_dims) * kv_bits<VT>() / 8, dst);
-    };
-    load_v(0, va);
-    load_v(1, vb);
-    load_v(2, vc);
-    load_v(3, vd);
+    const uint32_t(&kg)[kKWords] = cur.kg;
+    const uint32_t(&kg8)[kKWords] = cur.kg8;
+    const float2 ksp_g = cur.ksp_g, ksp_g8 = cur.ksp_g8, vsp_g = cur.vsp_g, vsp_g8 = cur.vsp_g8;
 
     // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8
     float s[4] = {};
@@ -270,9 +297,14 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
 #pragma unroll
     for (int mt = 0; mt < kSteps; ++mt) {
       uint32_t a0, a1, a2, a3;
-      v_frag<VT>(va, vb, mt, a0, a1);
-      v_frag<VT>(vc, vd, mt, a2, a3);
+      v_frag<VT>(cur.v[0], cur.v[1], mt, a0, a1);
+      v_frag<VT>(cur.v[2], cur.v[3], mt, a2, a3);
       mma(acc[mt], a0, a1, a2, a3, pb.x, pb.y);
+    }
+    if constexpr (kPrefetch) {
+      cur = nxt;
+    } else if (tile + kStep < n) {
+      load_tile(tile + kStep, cur);
     }
   }
 
@@ -433,6 +465,7 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     const int64_t splits_wanted = std::max<int64_t>(1, (want + batch * hkv - 1) / (batch * hkv));
     split_tokens = static_cast<int>(std::clamp<int64_t>((max_seq_len + splits_wanted - 1) / splits_wanted, 64,
                                                         kMaxSplitTokens));
+    split_tokens = (split_tokens + kTile - 1) / kTile * kTile;
   }
   const int splits = std::max(1, (max_seq_len + split_tokens - 1) / split_tokens);
 
@@ -455,6 +488,7 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.block_size = static_cast<int>(bs);
   p.max_blocks = static_cast<int>(max_blocks);
   p.split_tokens = split_tokens;
+  p.tile_in_one_page = bs % kTile == 0 && split_tokens % kTile == 0;
   p.scale = scale;
   Tensor part_out, part_stats;
   if (splits > 1) {

@@ -201,17 +201,16 @@ int resident_blocks_per_sm(int tiles) {
 
 }  // namespace
 
-// Split-K so that the grid is one full wave of resident blocks (a partial second wave would
-// leave most SMs idle at the end), capped so the f32 partials stay small next to the weights.
+// Split-K so that the grid holds about two waves of resident blocks (measured on H100: one wave
+// left SMs idle at the tail, docs/gpu_notes.md), capped so the f32 partials (8 bytes per split and
+// output, written then read) stay under ~1/4 of the weight bytes n*k/2: split <= k / (64 m).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   const int64_t k_chunks = k / kChunkK;
   const int tiles = tiles_for(m);
   const int64_t blocks = ((n + kWarps * kTileN - 1) / (kWarps * kTileN)) * ((m + tiles * 8 - 1) / (tiles * 8));
   const int64_t wave = static_cast<int64_t>(resident_blocks_per_sm(tiles)) * multiprocessor_count(device);
-  int64_t split = std::max<int64_t>(1, wave / blocks);
-  // Partials cost 8 bytes per split and output (write + read); keep them under ~1/4 of the
-  // weight bytes (n*k/2), i.e. split <= k / (16 m).
-  split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * m)));
+  int64_t split = std::max<int64_t>(1, (2 * wave + blocks - 1) / blocks);
+  split = std::min<int64_t>(split, std::max<int64_t>(1, k / (64 * m)));
   split = std::min<int64_t>(split, k_chunks);
   const int64_t per = (k_chunks + split - 1) / split;  // no idle tail split
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
