@@ -1,5 +1,6 @@
 // CPU packing: QuantizedWeight -> the tile/k-pair layout the AVX2 GEMM kernels read. The layout is
 // documented in kernels/cpu/gemm_layout_cpu.h; unpack_cpu inverts it bit-exactly.
+#include <cmath>
 #include <cstring>
 
 #include "kernels/cpu/gemm_layout_cpu.h"
@@ -104,6 +105,22 @@ Tensor untile_group_params(const Tensor& p, int64_t n, int64_t G) {
   return out;
 }
 
+// Where u4 value (r, c) lives in the packed data: byte, nibble shift, and the XOR applied to it.
+//   w4        : byte ((r / 8) * k + c) * 4 + (r % 8) / 2, nibble r % 2; row 7 of a tile stored q ^ 8.
+//   qoq/liquid: byte ((r / 8) * pairs + c / 2) * 8 + r % 8, nibble c % 2.
+struct U4Slot {
+  int64_t byte;
+  int shift;
+  uint8_t flip;
+};
+U4Slot u4_slot(WeightFormat f, int64_t r, int64_t c, int64_t k) {
+  const int64_t tile = r / kTileRows, row = r % kTileRows;
+  if (f == WeightFormat::w4)
+    return {(tile * k + c) * (kTileRows / 2) + row / 2, static_cast<int>(4 * (row % 2)),
+            static_cast<uint8_t>(row == kTileRows - 1 ? 8 : 0)};
+  return {(tile * cpu::num_k_pairs(k) + c / 2) * kTileRows + row, static_cast<int>(4 * (c % 2)), 0};
+}
+
 // Kernel-ready group parameters: per lane e = row*2 + kk a multiplier (lanes 0..15) and an addend
 // (lanes 16..31), written by `fill(row, group, &mul, &add)` into the Elem array [tiles, G, 32].
 template <typename Elem, typename Fill>
@@ -149,29 +166,39 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
     return p;
   }
 
-  // u4 formats: byte (tile, pair, row) = (row, 2*pair) | (row, 2*pair + 1) << 4.
-  p.data = Tensor::zeros({tiles, pairs, kTileRows}, ScalarType::u8);
+  // u4 formats: see u4_slot for where each value goes.
+  p.data = Tensor::zeros(w.format == WeightFormat::w4 ? Shape{tiles, k, kTileRows / 2} : Shape{tiles, pairs, kTileRows},
+                         ScalarType::u8);
   const uint8_t* s = q.data<uint8_t>();
   uint8_t* d = p.data.data<uint8_t>();
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < k; ++c)
-      d[((r / kTileRows) * pairs + c / 2) * kTileRows + r % kTileRows] |=
-          static_cast<uint8_t>(get_u4(s, r * k + c) << (4 * (c % 2)));
+    for (int64_t c = 0; c < k; ++c) {
+      const U4Slot slot = u4_slot(w.format, r, c, k);
+      d[slot.byte] |= static_cast<uint8_t>((get_u4(s, r * k + c) ^ slot.flip) << slot.shift);
+    }
 
   p.scales = tile_group_params(w.scales, n, G, tiles);
   if (w.zeros.defined()) p.zeros = tile_group_params(w.zeros, n, G, tiles);
   const Tensor sc = w.scales.contiguous();
   const Tensor zr = w.zeros.defined() ? w.zeros.contiguous() : Tensor();
   if (w.format == WeightFormat::w4) {
-    p.aux = Tensor::empty({tiles, G, kGroupParamLanes}, ScalarType::f32);
+    // Per (tile, group): lane r multiplier s_r * 16^-r (the kernel converts nibble r in place, i.e.
+    // q * 16^r), then lane r addend -z*s; row 7 is stored q ^ 8 and read as q - 8, so its addend is
+    // (8 - z) * s. All products are exact in f32 (f16 s and z, 4-bit q).
+    p.aux = Tensor::empty({tiles, G, 2 * kTileRows}, ScalarType::f32);
+    std::memset(p.aux.data_ptr(), 0, p.aux.nbytes());
     const uint16_t* sb = sc.data<uint16_t>();
     const uint16_t* zb = zr.defined() ? zr.data<uint16_t>() : nullptr;
-    fill_lane_params(p.aux.data<float>(), n, G, tiles, [&](int64_t r, int64_t g, float* mul, float* add) {
-      const float scale = f16_bits_to_f32(sb[r * G + g]);
-      const float zero = zb ? f16_bits_to_f32(zb[r * G + g]) : 8.f;
-      *mul = scale;
-      *add = -(zero * scale);  // exact: 11-bit x 11-bit mantissas fit in f32
-    });
+    float* aux = p.aux.data<float>();
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const int lane = static_cast<int>(r % kTileRows);
+        const float scale = f16_bits_to_f32(sb[r * G + g]);
+        const float zero = zb ? f16_bits_to_f32(zb[r * G + g]) : 8.f;
+        float* a = aux + ((r / kTileRows) * G + g) * 2 * kTileRows;
+        a[lane] = std::ldexp(scale, -4 * lane);
+        a[kTileRows + lane] = lane == kTileRows - 1 ? (8.f - zero) * scale : -(zero * scale);
+      }
   } else {
     p.channel_scales = pad_channels(w.channel_scales, tiles);
     p.aux = Tensor::empty({tiles, G, kGroupParamLanes * 2}, ScalarType::u8);  // int16 lanes
@@ -216,8 +243,10 @@ QuantizedWeight unpack_cpu(const PackedWeight& p) {
   const uint8_t* s = p.data.data<uint8_t>();
   uint8_t* d = w.q.data<uint8_t>();
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < k; ++c)
-      set_u4(d, r * k + c, (s[((r / kTileRows) * pairs + c / 2) * kTileRows + r % kTileRows] >> (4 * (c % 2))) & 0xF);
+    for (int64_t c = 0; c < k; ++c) {
+      const U4Slot slot = u4_slot(p.format, r, c, k);
+      set_u4(d, r * k + c, ((s[slot.byte] >> slot.shift) & 0xF) ^ slot.flip);
+    }
   w.scales = untile_group_params(p.scales, n, G);
   if (p.zeros.defined()) w.zeros = untile_group_params(p.zeros, n, G);
   if (p.channel_scales.defined()) w.channel_scales = p.channel_scales.slice(0, 0, n).clone();

@@ -1,5 +1,6 @@
-// Float-activation GEMM (w16a16, w8a16, w4a16, fp8, and qoq/liquid dequantized to s8 * channel scale):
-// weights are dequantized on the fly into f32 lanes and accumulated in f32 with FMA.
+// Float-activation GEMM (w16a16, w8a16, fp8, and qoq/liquid dequantized to s8 * channel scale):
+// weights are dequantized on the fly into f32 lanes and accumulated in f32 with FMA (w4 has its own
+// kernel, gemm_w4_f32act_cpu.cpp).
 // Decode (m <= 4) streams each weight once and keeps 2*m accumulators per 8-row tile; prefill (m > 4)
 // dequantizes a tile once into a per-thread f32 buffer and runs the rows over it in blocks of 4.
 #include <immintrin.h>
@@ -81,29 +82,6 @@ struct E4M3Loader {  // fp8 bytes decoded through a 256-entry table
   }
 };
 
-struct W4Loader {  // w = q * s + (-z * s), one FMA per lane
-  const uint8_t* base;
-  const float* params;
-  int64_t pairs, groups;
-  const uint8_t* p = nullptr;
-  const float* tp = nullptr;
-  __m256 s_lo{}, s_hi{}, z_lo{}, z_hi{};
-  void tile(int64_t t) {
-    p = base + t * pairs * kTileRows;
-    tp = params + t * groups * kGroupParamLanes;
-  }
-  void group(int64_t g) {
-    const float* a = tp + g * kGroupParamLanes;
-    s_lo = _mm256_loadu_ps(a), s_hi = _mm256_loadu_ps(a + 8);
-    z_lo = _mm256_loadu_ps(a + 16), z_hi = _mm256_loadu_ps(a + 24);
-  }
-  void load(int64_t kp, __m256& lo, __m256& hi) const {
-    const __m128i q = unpack_u4_pairs(p + kp * kTileRows);
-    lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), s_lo, z_lo);
-    hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), s_hi, z_hi);
-  }
-};
-
 struct U4ToS8Loader {  // qoq / liquid: the integer s8 weight as f32; channel scale applied after
   const uint8_t* base;
   const int16_t* params;
@@ -127,25 +105,38 @@ struct Shape {
   int64_t m, pairs, group_pairs, groups, n;
 };
 
-// out[i] = the 8 row sums of tile rows for activation rows x + i*ldx, i < MB.
+// out[i] = the 8 row sums of tile rows for activation rows x + i*ldx, i < MB. The FMA latency, not
+// its throughput, would bound a single accumulator chain per row, so consecutive k pairs rotate
+// through U accumulator sets (U * MB * 2 <= 8 registers).
 template <int MB, class L>
 inline void tile_dot(L& ld, const Shape& s, const float* x, int64_t ldx, __m256* out) {
-  __m256 lo[MB], hi[MB];
-  for (int i = 0; i < MB; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+  constexpr int U = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+  __m256 lo[U][MB], hi[U][MB];
+  for (int u = 0; u < U; ++u)
+    for (int i = 0; i < MB; ++i) lo[u][i] = hi[u][i] = _mm256_setzero_ps();
+  auto step = [&](int u, int64_t kp) {
+    __m256 wl, wh;
+    ld.load(kp, wl, wh);
+    for (int i = 0; i < MB; ++i) {
+      const __m256 xp = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + i * ldx + 2 * kp)));
+      lo[u][i] = _mm256_fmadd_ps(wl, xp, lo[u][i]);
+      hi[u][i] = _mm256_fmadd_ps(wh, xp, hi[u][i]);
+    }
+  };
   for (int64_t g = 0; g < s.groups; ++g) {
     ld.group(g);
     const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
-    for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp) {
-      __m256 wl, wh;
-      ld.load(kp, wl, wh);
-      for (int i = 0; i < MB; ++i) {
-        const __m256 xp = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + i * ldx + 2 * kp)));
-        lo[i] = _mm256_fmadd_ps(wl, xp, lo[i]);
-        hi[i] = _mm256_fmadd_ps(wh, xp, hi[i]);
-      }
-    }
+    int64_t kp = g * s.group_pairs;
+    for (; kp + U <= kp_end; kp += U)
+      for (int u = 0; u < U; ++u) step(u, kp + u);
+    for (; kp < kp_end; ++kp) step(0, kp);
   }
-  for (int i = 0; i < MB; ++i) out[i] = reduce_pairs(lo[i], hi[i]);
+  for (int u = 1; u < U; ++u)
+    for (int i = 0; i < MB; ++i) {
+      lo[0][i] = _mm256_add_ps(lo[0][i], lo[u][i]);
+      hi[0][i] = _mm256_add_ps(hi[0][i], hi[u][i]);
+    }
+  for (int i = 0; i < MB; ++i) out[i] = reduce_pairs(lo[0][i], hi[0][i]);
 }
 
 inline void store_rows(__m256 v, const float* chscale, int64_t t, int64_t n, float* y) {
@@ -237,9 +228,7 @@ void gemm_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight&
     case WeightFormat::e4m3:
       run(E4M3Loader{w.data.data<uint8_t>(), pairs, e4m3_table()}, s, x, ldx, w.scales.data<float>(), y, ldy);
       break;
-    case WeightFormat::w4:
-      run(W4Loader{w.data.data<uint8_t>(), w.aux.data<float>(), pairs, s.groups}, s, x, ldx, nullptr, y, ldy);
-      break;
+    case WeightFormat::w4: gemm_w4_f32act_cpu(x, ldx, m, w, y, ldy); break;
     case WeightFormat::qoq:
     case WeightFormat::liquid:
       run(U4ToS8Loader{w.data.data<uint8_t>(), reinterpret_cast<const int16_t*>(w.aux.data_ptr()), pairs, s.groups},

@@ -10,13 +10,17 @@
 // Rows past n and the k past an odd k are zero (zero weight, zero scale).
 //
 // data  f32/f16/bf16/e4m3/s8 (f32, f16, bf16, e4m3, w8 formats): [tiles, pairs, 16] elements.
-//       u8 (w4, qoq, liquid): [tiles, pairs, 8] bytes; byte r = (row r, k0) low nibble | (row r, k1) high.
+//       u8 (qoq, liquid): [tiles, pairs, 8] bytes; byte r = (row r, k0) low nibble | (row r, k1) high.
 //       One 64-bit load then (b & 15, b >> 4) interleaved byte-wise gives the 16 values in order e.
 // w8/e4m3: scales f32 [tiles * 8] (per output channel).
-// w4     : scales/zeros f16 [tiles, G, 8] (original values, for unpack); zeros undefined when symmetric
-//          and not given (zero = 8). aux f32 [tiles, G, 32]: lanes 0..15 the scale per lane e
-//          (s_r0 s_r0 s_r1 s_r1 ...), lanes 16..31 the scaled zero -z*s, so w = q*s + (-z*s) is one FMA
-//          and equals (q - z) * s rounded once (q*s and z*s are exact in f32 for f16 s, z).
+// w4 (float activations only, so it has its own per-k layout): data u8 [tiles, k, 4]; the 32-bit word
+//          of (tile, k) holds row r in bits 4r..4r+3, row 7 stored as q ^ 8. One broadcast 32-bit load
+//          ANDed with the lane mask 0xF << 4r and converted to f32 gives q * 16^r exactly (row 7: the
+//          sign bit turns q ^ 8 into (q - 8) * 2^28), so unpacking costs two instructions per k.
+//          scales/zeros f16 [tiles, G, 8] (original values, for unpack); zeros undefined when symmetric
+//          and not given (zero = 8). aux f32 [tiles, G, 16]: lanes 0..7 the multiplier s * 16^-r,
+//          lanes 8..15 the addend -z*s (row 7: (8 - z) * s), so w = v * mul + add equals (q - z) * s
+//          rounded once. Decode sums v * x per group and applies mul and add * sum(x) at group end.
 // qoq    : scales/zeros u8 [tiles, G, 8]; channel_scales f32 [tiles * 8]. aux: int16 [tiles, G, 32] held
 //          in u8 bytes: lanes 0..15 multiplier s, lanes 16..31 addend -z*s; s8 = sext8(q*s - z*s)
 //          (QServe §3 progressive group quant: subtraction after multiplication, 8-bit wrap as on GPU).
