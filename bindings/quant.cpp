@@ -39,7 +39,7 @@ QuantizedWeight make_quantized_weight(const std::string& format, nb::handle q, n
   w.q = weight_values(q, w.format);
   w.n = w.q.size(0);
   w.k = w.q.size(1);
-  w.group = is_group_wise(w.format) ? group : 0;
+  w.group = is_group_wise(w.format) ? (group == 0 ? default_group(w.format) : group) : 0;
   w.symmetric = symmetric;
   w.scales = optional_arg(scales, "scales");
   w.zeros = optional_arg(zeros, "zeros");
@@ -81,10 +81,10 @@ void bind_quant(nb::module_& m) {
                                                               symmetric));
            },
            nb::arg("format"), nb::arg("q"), nb::arg("scales") = nb::none(), nb::arg("zeros") = nb::none(),
-           nb::arg("channel_scales") = nb::none(), nb::arg("group") = 128, nb::arg("symmetric") = false,
+           nb::arg("channel_scales") = nb::none(), nb::arg("group") = 0, nb::arg("symmetric") = false,
            "Builds a weight from tensors (copied) and validates every field. q: [n, k]; for w4/qoq/liquid either "
            "a lowbit u4 tensor or uint8 values one per byte (<= 15); for e4m3 float8_e4m3fn or its uint8 bits. "
-           "`group` is ignored by formats that have none.")
+           "`group` 0 means the format's default (128; liquid 64); formats without groups ignore it.")
       .def_prop_ro("format", [](const QuantizedWeight& w) { return std::string(name_of(w.format)); })
       .def_prop_ro("n", [](const QuantizedWeight& w) { return w.n; })
       .def_prop_ro("k", [](const QuantizedWeight& w) { return w.k; })
@@ -123,9 +123,10 @@ void bind_quant(nb::module_& m) {
         return quantize_weight_with_params(tensor_from_python(w, "w"), weight_format_from_name(format), group,
                                            symmetric, given);
       },
-      nb::arg("w"), nb::arg("format"), nb::arg("group") = 128, nb::arg("symmetric") = false,
+      nb::arg("w"), nb::arg("format"), nb::arg("group") = 0, nb::arg("symmetric") = false,
       nb::arg("scales") = nb::none(), nb::arg("zeros") = nb::none(), nb::arg("channel_scales") = nb::none(),
-      "Round-to-nearest quantization of w (f32/f16/bf16 [n, k]). Parameters given as tensors are used as they are "
+      "Round-to-nearest quantization of w (f32/f16/bf16 [n, k]); group 0 = the format's default (128; liquid "
+      "64). Parameters given as tensors are used as they are "
       "(e.g. from an AWQ/GPTQ search); the others are computed by the round-to-nearest rule.");
   m.def("dequantize_weight", &dequantize_weight, nb::arg("qw"), "f32 [n, k]: exactly what the kernels compute with");
   m.def(

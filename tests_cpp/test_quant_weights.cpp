@@ -274,6 +274,16 @@ TEST(QuantWeights, BadInputsNameOpArgumentAndValue) {
   expect_error([&] { dequantize_weight(qw); }, ErrorKind::kValue, {"dequantize_weight", "scales", "[4]", "[5]"});
 }
 
+TEST(QuantWeights, DefaultGroups) {
+  const Tensor w = random_weight(2, 256, 4);
+  EXPECT_EQ(quantize_weight(w, WeightFormat::w4).group, 128);
+  EXPECT_EQ(quantize_weight(w, WeightFormat::qoq).group, 128);
+  EXPECT_EQ(quantize_weight(w, WeightFormat::liquid).group, 64);
+  EXPECT_EQ(quantize_weight(w, WeightFormat::liquid).num_groups(), 4);
+  EXPECT_EQ(quantize_weight(w, WeightFormat::w8, 128).group, 0);  // no groups: the argument is ignored
+  EXPECT_EQ(quantize_weight(w, WeightFormat::e4m3).num_groups(), 0);
+}
+
 TEST(QuantWeights, Names) {
   for (auto f : {WeightFormat::f32, WeightFormat::f16, WeightFormat::bf16, WeightFormat::w8, WeightFormat::w4,
                  WeightFormat::qoq, WeightFormat::liquid, WeightFormat::e4m3})

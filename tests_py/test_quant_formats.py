@@ -166,6 +166,15 @@ def test_two_level_bit_exact(kind, n, k, group):
     assert np.array_equal(arr(C.dequantize_weight(qw)), s8.astype(F32) * cs[:, None])
 
 
+def test_default_groups():
+    w = torch.from_numpy(rand_w(2, 256, 5))
+    assert [C.quantize_weight(w, f).group for f in ("w4", "qoq", "liquid", "w8")] == [128, 128, 64, 0]
+    qw = C.quantize_weight(w, "liquid")
+    built = C.QuantizedWeight("liquid", torch.from_dlpack(qw.q_values), torch.from_dlpack(qw.scales),
+                              torch.from_dlpack(qw.zeros), torch.from_dlpack(qw.channel_scales))
+    assert built.group == 64 and built.num_groups == 4
+
+
 def test_float_formats_and_half_input():
     w = rand_w(4, 66, 1)
     assert np.array_equal(arr(C.dequantize_weight(C.quantize_weight(torch.from_numpy(w), "f32"))), w)

@@ -45,6 +45,11 @@ bool is_group_wise(WeightFormat f) {
   return f == WeightFormat::w4 || f == WeightFormat::qoq || f == WeightFormat::liquid;
 }
 
+int default_group(WeightFormat f) {
+  if (f == WeightFormat::liquid) return 64;
+  return is_group_wise(f) ? 128 : 0;
+}
+
 ScalarType element_type_of(WeightFormat f) {
   switch (f) {
     case WeightFormat::f32: return ScalarType::f32;

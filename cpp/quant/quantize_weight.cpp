@@ -117,7 +117,7 @@ void quantize_w4(const Rows& in, int group, bool symmetric, const uint16_t* give
       scales[pi] = sb;
       if (!symmetric) zeros[pi] = f32_to_f16_bits(z);
       for (int64_t c = c0; c < c1; ++c) {
-        const float v = std::nearbyint(x[c] / s) + z;  // small integers: exact in f32
+        const float v = std::nearbyint(x[c] / s) + z;  // exact whenever it lands in [0, 15]
         q[r * in.k + c] = static_cast<uint8_t>(v < 0.f ? 0.f : (v > 15.f ? 15.f : v));
       }
     }
@@ -195,6 +195,7 @@ const T* data_or_null(const Tensor& t) {
 QuantizedWeight quantize_weight_with_params(const Tensor& w, WeightFormat format, int group, bool symmetric,
                                             const WeightQuantParams& params) {
   using namespace quant_detail;
+  if (group == 0) group = default_group(format);
   check_group_size(format, group, kOp);
   LOWBIT_CHECK(format == WeightFormat::w4 || !symmetric, kOp, ": 'symmetric' applies to w4 only, got format ",
                name_of(format));

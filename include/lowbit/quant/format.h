@@ -23,6 +23,7 @@ const char* name_of(WeightFormat f);
 WeightFormat weight_format_from_name(const std::string& name);  // case-insensitive; throws listing the known names
 int weight_bits(WeightFormat f);                  // bits per stored weight element: 32 16 16 8 4 4 4 8
 bool is_group_wise(WeightFormat f);               // w4, qoq, liquid
+int default_group(WeightFormat f);                // 128 (w4, qoq), 64 (liquid, LiquidGEMM §4), 0 otherwise
 ScalarType element_type_of(WeightFormat f);       // dtype of QuantizedWeight::q
 
 struct QuantizedWeight {
@@ -38,9 +39,9 @@ struct QuantizedWeight {
 };
 
 // Round-to-nearest quantization of a float weight (f32/f16/bf16 [n, k], CPU); better algorithms live in
-// Python and produce the same QuantizedWeight fields. `group` (32, 64, 128) is used by the group-wise
-// formats and ignored by the others; `symmetric` only matters for w4. Rounding is half-to-even.
-QuantizedWeight quantize_weight(const Tensor& w, WeightFormat format, int group = 128, bool symmetric = false);
+// Python and produce the same QuantizedWeight fields. `group` (32, 64, 128; 0 = default_group) is used by
+// the group-wise formats and ignored by the others; `symmetric` only matters for w4. Rounding is half-to-even.
+QuantizedWeight quantize_weight(const Tensor& w, WeightFormat format, int group = 0, bool symmetric = false);
 
 // Caller-chosen parameters (AWQ/GPTQ scale search, QoQ/LiquidQuant clipping): each tensor that is
 // defined is used as given, each undefined one is computed by the round-to-nearest rule above, and the
