@@ -126,7 +126,9 @@ std::vector<int> every_group_range(int64_t* rows) {
   std::vector<int> v;
   for (int lo = -119; lo <= 119; ++lo)
     for (int hi = lo; hi <= 119; ++hi) {
-      v.push_back(hi == 119 || lo == -119 ? 0 : 119);  // column 0 pins the channel scale; it is its own group
+      // Columns 0-1 hold +-119 so the channel scale is kStep. Group 1 (columns 32-63) spans exactly
+      // [lo, hi]: the ramp's last two values (hi side) plus a permuted ramp that starts at lo.
+      v.push_back(hi == 119 || lo == -119 ? 0 : 119);
       v.push_back(lo == -119 ? -119 : hi == 119 ? 119 : -119);
       for (int c = 0; c < 32; ++c) v.push_back(lo + (hi - lo) * c / 31);
       for (int c = 0; c < 30; ++c) v.push_back(lo + (hi - lo) * ((c * 17) % 32) / 31);
@@ -139,6 +141,11 @@ TEST(QuantTwoLevel, QoqNeverOverflowsOnAnyGroupRange) {
   int64_t n = 0;
   const std::vector<int> v = every_group_range(&n);
   ASSERT_EQ(n, 239 * 240 / 2);
+  for (int64_t r = 0; r < n; r += 977) {  // spot-check the construction: group 1 spans [lo, hi] of its row
+    const auto g1 = v.begin() + r * 64 + 32;
+    EXPECT_EQ(*std::min_element(g1, g1 + 32), v[r * 64 + 2]);
+    EXPECT_EQ(*std::max_element(g1, g1 + 32), v[r * 64 + 33]);
+  }
   check_bit_exact(WeightFormat::qoq, v, n, 64, 32);
 }
 
