@@ -50,6 +50,21 @@ TEST(QuantPack, CpuRoundTripEveryFormat) {
       }
 }
 
+// Runs where a GPU is visible (a CUDA build); the sm80 layout itself is tested by test_gpu_pack_sm80.
+TEST(QuantPack, Sm80DispatchRoundTripOnGpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  for (bool sym : {false, true}) {
+    const QuantizedWeight w = quantize_weight(random_weight(40, 576, 3), WeightFormat::w4, 128, sym);
+    const PackedWeight p = pack_weight(w, PackTarget::sm80, Device::cuda(0));
+    EXPECT_EQ(p.target, PackTarget::sm80);
+    EXPECT_TRUE(p.data.device().is_cuda());
+    const QuantizedWeight u = unpack_weight(p);
+    expect_same_bytes(u.q, w.q, "q");
+    expect_same_bytes(u.scales, w.scales, "scales");
+    expect_same_bytes(u.zeros, w.zeros, "zeros");
+  }
+}
+
 template <typename Fn>
 void expect_error(Fn fn, ErrorKind kind, const std::vector<std::string>& parts) {
   try {
