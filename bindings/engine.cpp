@@ -75,7 +75,19 @@ void bind_engine(nb::module_& m) {
       .def(
           "set_weight",
           [](Model& self, const std::string& name, nb::handle tensor) {
-            self.set_weight(name, tensor_from_python(tensor, name.c_str()));
+            Tensor t;
+            try {
+              t = tensor_from_python(tensor, name.c_str());
+            } catch (nb::python_error& e) {
+              // Read-only arrays (memory-mapped checkpoints) cannot be exported by older DLPack
+              // versions; the weight is copied into packed storage anyway, so take a writable copy.
+              if (!e.matches(PyExc_BufferError) || !nb::hasattr(tensor, "copy")) throw;
+              nb::object copy = tensor.attr("copy")();
+              t = tensor_from_python(copy, name.c_str());
+              self.set_weight(name, t);  // while `copy` is alive
+              return;
+            }
+            self.set_weight(name, t);
           },
           nb::arg("name"), nb::arg("tensor"),
           "Float weight by HF name (any DLPack array); linear weights are quantized per the recipe")
