@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,8 @@ def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Pa
     """
     spec = parse_recipe(recipe)
     check_pair(algo, spec)
+    # One thread: on a small shared CPU, OpenMP spin-waiting under contention costs more than it gains.
+    torch.set_num_threads(int(os.environ.get("LOWBIT_QUANT_THREADS", "1")))
     if kv_mode not in KV_MODES:
         raise RecipeError(f"lowbit quantize: kv_mode {kv_mode!r} is not one of {KV_MODES}")
     if not calib:

@@ -12,7 +12,7 @@ import torch
 
 from .formats import group_slices
 
-RATIOS = tuple(1.0 - 0.05 * i for i in range(11))  # 1.00 .. 0.50
+RATIOS = tuple(1.0 - 0.05 * i for i in range(9))  # 1.00 .. 0.60
 
 
 def _clip_groups(w: torch.Tensor, group: int, ratio: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ A weight W[n, k] (n = out features) is stored as the fields of `QuantizedWeight`
          asymmetric: scale = (max - min) / 15, zero = round(-min / scale); symmetric: zero 8 (not stored),
          scale = max|group| / 7
   qoq    QServe 001 §3.1: level 1 s8 = round(w / cs), cs = max|row| / 119 (protective range [-119, 119]);
-         level 2 per group: step s = ceil((max - min) / 15) (u8, <= 16), zero z = round(-min / s) (u4),
+         level 2 per group over [min(s8, 0), max(s8, 0)]: step s = ceil((max - min) / 15) (u8, <= 16),
+         zero z = round(-min / s) (u4),
          q = clamp(round(s8 / s) + z, 0, 15);  s8' = q*s - z*s ("subtraction after multiplication")
   liquid LiquidGEMM 003 §4 Eq. 7-12: level 1 as qoq; level 2 per group: s = ceil((max - min) / 15) (<= 16),
          a = 128 + min (u8), q = clamp(round((s8 - min) / s), 0, 15); s8' = (q*s + a) XOR 0x80 in u8
@@ -88,9 +89,12 @@ def w4_quantize_cols(wg: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) 
     return torch.clamp(torch.round(wg / scale[:, None]) + zero[:, None], 0, 15)
 
 
-def int_group_step(s8g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(step, min) for qoq/liquid level 2: step = ceil((max - min) / 15) in [1, 16]."""
+def int_group_step(s8g: torch.Tensor, include_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(step, min) for qoq/liquid level 2: step = ceil((max - min) / 15) in [1, 16]. QoQ widens the range to
+    include 0 (so a u4 zero point in [0, 15] exists); LiquidQuant uses the true min/max."""
     lo, hi = s8g.amin(dim=1), s8g.amax(dim=1)
+    if include_zero:
+        lo, hi = lo.clamp(max=0), hi.clamp(min=0)
     step = torch.clamp(torch.ceil((hi - lo) / 15.0), min=1.0)
     return step, lo
 
@@ -102,7 +106,7 @@ def qoq_level2(s8: torch.Tensor, group: int):
     scales = torch.empty(n, len(gs))
     zeros = torch.empty(n, len(gs))
     for gi, sl in enumerate(gs):
-        step, lo = int_group_step(s8[:, sl])
+        step, lo = int_group_step(s8[:, sl], True)
         z = torch.clamp(torch.round(-lo / step), 0, 15)
         q[:, sl] = torch.clamp(torch.round(s8[:, sl] / step[:, None]) + z[:, None], 0, 15)
         scales[:, gi], zeros[:, gi] = step, z
@@ -116,7 +120,7 @@ def liquid_level2(s8: torch.Tensor, group: int):
     steps = torch.empty(n, len(gs))
     offsets = torch.empty(n, len(gs))
     for gi, sl in enumerate(gs):
-        step, lo = int_group_step(s8[:, sl])
+        step, lo = int_group_step(s8[:, sl], False)
         q[:, sl] = torch.clamp(torch.round((s8[:, sl] - lo[:, None]) / step[:, None]), 0, 15)
         steps[:, gi], offsets[:, gi] = step, 128 + lo
     return q, steps, offsets

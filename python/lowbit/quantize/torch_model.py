@@ -55,7 +55,7 @@ class TorchLlama:
                              "calibration model")
         if config.rope_pairing != "neox":
             raise ValueError("lowbit.quantize: only neox (rotate_half) RoPE pairing is supported")
-        self.weights = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)) if not isinstance(v, torch.Tensor)
+        self.weights = {k: torch.tensor(np.asarray(v, dtype=np.float32)) if not isinstance(v, torch.Tensor)
                         else v.float() for k, v in tensors.items()}
         self.fake = fake or FakeQuant()
         self._rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
