@@ -1,5 +1,7 @@
 // CPU linear: activation conversion / quantization, the GEMM kernel, then the epilogue
 // (activation and channel scales, bias, output dtype).
+#include <immintrin.h>
+
 #include <cmath>
 #include <vector>
 
@@ -40,17 +42,31 @@ std::vector<float> padded_f32_rows(const Tensor& x, int64_t ldx) {
 }  // namespace
 
 void quantize_rows_s8(const float* x, int64_t ldx, int64_t m, int64_t k, int16_t* xq, int64_t ldq, float* scales) {
+  const __m256 sign = _mm256_set1_ps(-0.f), lim = _mm256_set1_ps(127.f), nlim = _mm256_set1_ps(-127.f);
   for (int64_t i = 0; i < m; ++i) {
     const float* row = x + i * ldx;
+    int16_t* q = xq + i * ldq;
+    __m256 vmax = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= k; c += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + c)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
     float amax = 0.f;
-    for (int64_t c = 0; c < k; ++c) amax = std::fmax(amax, std::fabs(row[c]));
+    for (float v : lanes) amax = std::fmax(amax, v);
+    for (; c < k; ++c) amax = std::fmax(amax, std::fabs(row[c]));
     const float s = amax > 0.f ? amax / 127.f : 1.f;
     scales[i] = s;
-    for (int64_t c = 0; c < k; ++c) {
-      const float q = std::nearbyint(row[c] / s);  // round half to even
-      xq[i * ldq + c] = static_cast<int16_t>(std::fmin(127.f, std::fmax(-127.f, q)));
+    // q = round_half_even(x / s): a true division (not x * (1/s)) so that every path rounds alike.
+    const __m256 vs = _mm256_set1_ps(s);
+    for (c = 0; c + 8 <= k; c += 8) {
+      __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + c), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm256_min_ps(lim, _mm256_max_ps(nlim, v));
+      const __m256i w = _mm256_cvtps_epi32(v);
+      const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), packed);
     }
-    for (int64_t c = k; c < ldq; ++c) xq[i * ldq + c] = 0;
+    for (; c < k; ++c) q[c] = static_cast<int16_t>(std::fmin(127.f, std::fmax(-127.f, std::nearbyint(row[c] / s))));
+    for (c = k; c < ldq; ++c) q[c] = 0;
   }
 }
 

@@ -1,8 +1,8 @@
 // Float-activation GEMM (w16a16, w8a16, fp8, and qoq/liquid dequantized to s8 * channel scale):
 // weights are dequantized on the fly into f32 lanes and accumulated in f32 with FMA (w4 has its own
 // kernel, gemm_w4_f32act_cpu.cpp).
-// Decode (m <= 4) streams each weight once and keeps 2*m accumulators per 8-row tile; prefill (m > 4)
-// dequantizes a tile once into a per-thread f32 buffer and runs the rows over it in blocks of 4.
+// Decode (m <= 4) streams each weight once with 2*m (x unroll) accumulators per 8-row tile; prefill
+// (m > 4) dequantizes a 16-channel panel once and runs the token rows over it (gemm_microkernel_avx2.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/gemm_layout_cpu.h"
+#include "kernels/cpu/gemm_microkernel_avx2.h"
 #include "kernels/cpu/gemm_unpack_avx2.h"
 
 namespace lowbit::cpu {
@@ -161,41 +162,55 @@ void rows_block(L& ld, const Shape& s, const float* x, int64_t ldx, int mb, __m2
   }
 }
 
+// Dequantizes tile t (k pairs in lane order e) into columns [col, col + 8) of the panel buf[k][16].
+template <class L>
+void dequantize_tile(L& ld, const Shape& s, int64_t t, float* buf, int col) {
+  ld.tile(t);
+  for (int64_t g = 0; g < s.groups; ++g) {
+    ld.group(g);
+    const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
+    for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp) {
+      __m256 wl, wh;
+      ld.load(kp, wl, wh);
+      // [r0k0 r0k1 .. r3k1], [r4k0 .. r7k1] -> the k0 and k1 columns of rows 0..7
+      const __m256 even = _mm256_shuffle_ps(wl, wh, _MM_SHUFFLE(2, 0, 2, 0));  // r0 r1 r4 r5 | r2 r3 r6 r7
+      const __m256 odd = _mm256_shuffle_ps(wl, wh, _MM_SHUFFLE(3, 1, 3, 1));
+      const __m256 k0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), _MM_SHUFFLE(3, 1, 2, 0)));
+      const __m256 k1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0)));
+      _mm256_storeu_ps(buf + (2 * kp) * kPanelCols + col, k0);
+      _mm256_storeu_ps(buf + (2 * kp + 1) * kPanelCols + col, k1);
+    }
+  }
+}
+
 template <class L>
 void run(L loader, const Shape& s, const float* x, int64_t ldx, const float* chscale, float* y, int64_t ldy) {
   const int64_t tiles = num_row_tiles(s.n);
+  if (s.m <= kRowBlock) {  // decode: stream each weight once
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      L ld = loader;
+      ld.tile(t);
+      __m256 out[kRowBlock];
+      rows_block(ld, s, x, ldx, static_cast<int>(s.m), out);
+      for (int64_t i = 0; i < s.m; ++i) store_rows(out[i], chscale, t, s.n, y + i * ldy);
+    }
+    return;
+  }
+  // prefill: dequantize a 16-channel panel once, then all token rows over it
+  const int64_t panels = (tiles + 1) / 2, kpad = 2 * s.pairs;
 #pragma omp parallel
   {
     L ld = loader;
-    std::vector<float> buf;  // prefill: the tile dequantized once
-    if (s.m > kRowBlock) buf.resize(s.pairs * kPairElems);
+    std::vector<float> buf(kpad * kPanelCols, 0.f);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      ld.tile(t);
-      __m256 out[kRowBlock];
-      if (s.m <= kRowBlock) {
-        rows_block(ld, s, x, ldx, static_cast<int>(s.m), out);
-        for (int64_t i = 0; i < s.m; ++i) store_rows(out[i], chscale, t, s.n, y + i * ldy);
-        continue;
-      }
-      for (int64_t g = 0; g < s.groups; ++g) {
-        ld.group(g);
-        const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
-        for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp) {
-          __m256 wl, wh;
-          ld.load(kp, wl, wh);
-          _mm256_storeu_ps(buf.data() + kp * kPairElems, wl);
-          _mm256_storeu_ps(buf.data() + kp * kPairElems + 8, wh);
-        }
-      }
-      F32Loader bl{buf.data(), 0};
-      bl.tile(0);
-      const Shape bs{s.m, s.pairs, s.pairs, 1, s.n};
-      for (int64_t i0 = 0; i0 < s.m; i0 += kRowBlock) {
-        const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, s.m - i0));
-        rows_block(bl, bs, x + i0 * ldx, ldx, mb, out);
-        for (int i = 0; i < mb; ++i) store_rows(out[i], chscale, t, s.n, y + (i0 + i) * ldy);
-      }
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t t0 = 2 * p;
+      dequantize_tile(ld, s, t0, buf.data(), 0);
+      if (t0 + 1 < tiles) dequantize_tile(ld, s, t0 + 1, buf.data(), 8);
+      panel_all_rows(buf.data(), kpad, x, ldx, s.m, [&](int64_t i, int half, __m256 v) {
+        if (t0 + half < tiles) store_rows(v, chscale, t0 + half, s.n, y + i * ldy);
+      });
     }
   }
 }

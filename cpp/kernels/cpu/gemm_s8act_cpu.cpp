@@ -16,12 +16,6 @@ namespace {
 
 constexpr int kRowBlock = 4;
 
-struct S16Loader {  // already-widened s8 weights (the prefill buffer)
-  const int16_t* p;
-  void group(int64_t) {}
-  __m256i load(int64_t kp) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kp * kPairElems)); }
-};
-
 struct W8Loader {
   const int8_t* base;
   int64_t pairs;
@@ -95,35 +89,80 @@ inline void store_rows(__m256i v, int64_t t, int64_t n, int32_t* acc) {
   }
 }
 
+// Prefill panel: two tiles' s8 weights widened to int16, buf[pair][32] (tile A lanes 0..15, B 16..31),
+// times up to 6 token rows at a time: 2 madd + 2 add per row and k pair.
+constexpr int kPanelLanes = 2 * kPairElems;
+constexpr int kPanelRowBlock = 6;
+
+template <int MB>
+void panel_rows(const int16_t* buf, int64_t pairs, const int16_t* x, int64_t ldx, __m256i (*out)[2]) {
+  __m256i acc[MB][2];
+  for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf + kp * kPanelLanes));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf + kp * kPanelLanes + kPairElems));
+    for (int i = 0; i < MB; ++i) {
+      int32_t pair;
+      __builtin_memcpy(&pair, x + i * ldx + 2 * kp, 4);
+      const __m256i xb = _mm256_set1_epi32(pair);
+      acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(w0, xb));
+      acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(w1, xb));
+    }
+  }
+  for (int i = 0; i < MB; ++i) out[i][0] = acc[i][0], out[i][1] = acc[i][1];
+}
+
+void panel_block(const int16_t* buf, int64_t pairs, const int16_t* x, int64_t ldx, int mb, __m256i (*out)[2]) {
+  switch (mb) {
+    case 1: panel_rows<1>(buf, pairs, x, ldx, out); break;
+    case 2: panel_rows<2>(buf, pairs, x, ldx, out); break;
+    case 3: panel_rows<3>(buf, pairs, x, ldx, out); break;
+    case 4: panel_rows<4>(buf, pairs, x, ldx, out); break;
+    case 5: panel_rows<5>(buf, pairs, x, ldx, out); break;
+    default: panel_rows<6>(buf, pairs, x, ldx, out); break;
+  }
+}
+
 template <class L>
 void run(L loader, const Shape& s, const int16_t* x, int64_t ldx, int32_t* acc) {
   const int64_t tiles = num_row_tiles(s.n);
+  if (s.m <= kRowBlock) {  // decode: stream each weight once
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      L ld = loader;
+      ld.tile(t);
+      __m256i out[kRowBlock];
+      rows_block(ld, s, x, ldx, static_cast<int>(s.m), out);
+      for (int64_t i = 0; i < s.m; ++i) store_rows(out[i], t, s.n, acc + i * s.n);
+    }
+    return;
+  }
+  // prefill: unpack a two-tile panel once, then all token rows over it
+  const int64_t panels = (tiles + 1) / 2;
 #pragma omp parallel
   {
     L ld = loader;
-    std::vector<int16_t> buf;  // prefill: the tile's s8 weights unpacked once
-    if (s.m > kRowBlock) buf.resize(s.pairs * kPairElems);
+    std::vector<int16_t> buf(s.pairs * kPanelLanes, 0);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      ld.tile(t);
-      __m256i out[kRowBlock];
-      if (s.m <= kRowBlock) {
-        rows_block(ld, s, x, ldx, static_cast<int>(s.m), out);
-        for (int64_t i = 0; i < s.m; ++i) store_rows(out[i], t, s.n, acc + i * s.n);
-        continue;
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t t0 = 2 * p;
+      for (int half = 0; half < 2 && t0 + half < tiles; ++half) {
+        ld.tile(t0 + half);
+        for (int64_t g = 0; g < s.groups; ++g) {
+          ld.group(g);
+          const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
+          for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.data() + kp * kPanelLanes + half * kPairElems),
+                                ld.load(kp));
+        }
       }
-      for (int64_t g = 0; g < s.groups; ++g) {
-        ld.group(g);
-        const int64_t kp_end = std::min(s.pairs, (g + 1) * s.group_pairs);
-        for (int64_t kp = g * s.group_pairs; kp < kp_end; ++kp)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.data() + kp * kPairElems), ld.load(kp));
-      }
-      S16Loader bl{buf.data()};
-      const Shape bs{s.m, s.pairs, s.pairs, 1, s.n};
-      for (int64_t i0 = 0; i0 < s.m; i0 += kRowBlock) {
-        const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, s.m - i0));
-        rows_block(bl, bs, x + i0 * ldx, ldx, mb, out);
-        for (int i = 0; i < mb; ++i) store_rows(out[i], t, s.n, acc + (i0 + i) * s.n);
+      __m256i out[kPanelRowBlock][2];
+      for (int64_t i0 = 0; i0 < s.m; i0 += kPanelRowBlock) {
+        const int mb = static_cast<int>(std::min<int64_t>(kPanelRowBlock, s.m - i0));
+        panel_block(buf.data(), s.pairs, x + i0 * ldx, ldx, mb, out);
+        for (int i = 0; i < mb; ++i)
+          for (int half = 0; half < 2 && t0 + half < tiles; ++half)
+            store_rows(out[i][half], t0 + half, s.n, acc + (i0 + i) * s.n);
       }
     }
   }

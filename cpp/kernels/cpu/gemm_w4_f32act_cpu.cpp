@@ -5,8 +5,8 @@
 // AND with the lane masks 0xF << 4r, and an int -> f32 conversion that yields q * 16^r (layout in
 // gemm_layout_cpu.h). Decode (m <= 4) accumulates v * x per group and folds the group's scale and
 // zero in at its end: sum_k (q - z) s x = s * sum_k q x - z s * sum_k x, with sum_k x computed once per
-// call. Prefill (m > 4) dequantizes each tile once into a per-thread f32 buffer (w = v * mul + add,
-// exactly (q - z) * s rounded once) and runs the token rows over it in blocks of 4.
+// call. Prefill (m > 4) dequantizes each 16-channel panel once into a per-thread f32 buffer
+// (w = v * mul + add, exactly (q - z) * s rounded once) and runs the token rows over it.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/gemm_layout_cpu.h"
+#include "kernels/cpu/gemm_microkernel_avx2.h"
 
 namespace lowbit::cpu {
 namespace {
@@ -91,27 +92,6 @@ void rows_decode(const uint8_t* data, const float* aux, const W4Shape& s, const 
   }
 }
 
-// Prefill: rows x[0..mb) against a dequantized tile buf [k][8].
-template <int MB>
-void tile_buffer(const float* buf, int64_t k, const float* x, int64_t ldx, __m256* out) {
-  __m256 acc[MB];
-  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < k; ++c) {
-    const __m256 w = _mm256_loadu_ps(buf + c * kTileRows);
-    for (int i = 0; i < MB; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_set1_ps(x[i * ldx + c]), acc[i]);
-  }
-  for (int i = 0; i < MB; ++i) out[i] = acc[i];
-}
-
-void rows_buffer(const float* buf, int64_t k, const float* x, int64_t ldx, int mb, __m256* out) {
-  switch (mb) {
-    case 1: tile_buffer<1>(buf, k, x, ldx, out); break;
-    case 2: tile_buffer<2>(buf, k, x, ldx, out); break;
-    case 3: tile_buffer<3>(buf, k, x, ldx, out); break;
-    default: tile_buffer<4>(buf, k, x, ldx, out); break;
-  }
-}
-
 }  // namespace
 
 void gemm_w4_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight& w, float* y, int64_t ldy) {
@@ -121,37 +101,40 @@ void gemm_w4_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeig
   const float* aux = w.aux.data<float>();
   const int64_t tile_bytes = s.k * kWordBytes, tile_aux = s.groups * kAuxLanes;
 
-  std::vector<float> sumx;
-  if (m <= kRowBlock) {
-    sumx.assign(m * s.groups, 0.f);
+  if (m <= kRowBlock) {  // decode
+    std::vector<float> sumx(m * s.groups, 0.f);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t c = 0; c < s.k; ++c) sumx[i * s.groups + c / s.group] += x[i * ldx + c];
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      __m256 out[kRowBlock];
+      rows_decode(data + t * tile_bytes, aux + t * tile_aux, s, x, ldx, sumx.data(), static_cast<int>(m), out);
+      for (int64_t i = 0; i < m; ++i) store_rows(out[i], t, s.n, y + i * ldy);
+    }
+    return;
   }
+  // prefill: dequantize a 16-channel panel once (w = v * mul + add), then all token rows over it
+  const int64_t panels = (tiles + 1) / 2;
 #pragma omp parallel
   {
-    std::vector<float> buf(m > kRowBlock ? s.k * kTileRows : 0);
+    std::vector<float> buf(s.k * kPanelCols, 0.f);
+    const __m256i masks = lane_masks();
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const uint8_t* td = data + t * tile_bytes;
-      const float* ta = aux + t * tile_aux;
-      __m256 out[kRowBlock];
-      if (m <= kRowBlock) {
-        rows_decode(td, ta, s, x, ldx, sumx.data(), static_cast<int>(m), out);
-        for (int64_t i = 0; i < m; ++i) store_rows(out[i], t, s.n, y + i * ldy);
-        continue;
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t t0 = 2 * p;
+      for (int half = 0; half < 2 && t0 + half < tiles; ++half) {
+        const uint8_t* td = data + (t0 + half) * tile_bytes;
+        const float* ta = aux + (t0 + half) * tile_aux;
+        for (int64_t c = 0; c < s.k; ++c) {
+          const float* a = ta + (c / s.group) * kAuxLanes;
+          const __m256 v = unpack_word(td + c * kWordBytes, masks);
+          _mm256_storeu_ps(buf.data() + c * kPanelCols + 8 * half,
+                           _mm256_fmadd_ps(v, _mm256_loadu_ps(a), _mm256_loadu_ps(a + kTileRows)));
+        }
       }
-      const __m256i masks = lane_masks();
-      for (int64_t c = 0; c < s.k; ++c) {
-        const float* a = ta + (c / s.group) * kAuxLanes;
-        const __m256 v = unpack_word(td + c * kWordBytes, masks);
-        _mm256_storeu_ps(buf.data() + c * kTileRows,
-                         _mm256_fmadd_ps(v, _mm256_loadu_ps(a), _mm256_loadu_ps(a + kTileRows)));
-      }
-      for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
-        const int mb = static_cast<int>(std::min<int64_t>(kRowBlock, m - i0));
-        rows_buffer(buf.data(), s.k, x + i0 * ldx, ldx, mb, out);
-        for (int i = 0; i < mb; ++i) store_rows(out[i], t, s.n, y + (i0 + i) * ldy);
-      }
+      panel_all_rows(buf.data(), s.k, x, ldx, m, [&](int64_t i, int half, __m256 v) {
+        if (t0 + half < tiles) store_rows(v, t0 + half, s.n, y + i * ldy);
+      });
     }
   }
 }
