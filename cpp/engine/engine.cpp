@@ -224,7 +224,16 @@ std::vector<TokenEvent> Engine::step() {
   for (const auto& c : copies) cache_->copy_block(c.first, c.second);
   if (chunks.empty()) return events;
 
-  const Tensor logits = forward_chunks(chunks, false);
+  Tensor logits;
+  try {
+    logits = forward_chunks(chunks, false);
+  } catch (...) {
+    // Nothing of this step counts: every scheduled sequence recomputes from scratch later, so a
+    // failing step (e.g. a kernel missing for the recipe) never leaves a half-written cache behind.
+    for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) scheduler_->requeue(it->seq);
+    pending_events_ = std::move(events);
+    throw;
+  }
   const int64_t vocab = model_.config().vocab_size;
   const int64_t max_pos = model_.config().max_position_embeddings;
   int64_t row = 0;

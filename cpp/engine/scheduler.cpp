@@ -46,6 +46,11 @@ int64_t Scheduler::blocks_for(const Sequence& seq, int64_t len) const {
   return (len + alloc_.block_size() - 1) / alloc_.block_size();
 }
 
+void Scheduler::requeue(Sequence* seq) {
+  preempt(seq);
+  --preemptions_;
+}
+
 void Scheduler::preempt(Sequence* seq) {
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
   LOWBIT_CHECK_KIND(ErrorKind::kRuntime, it != running_.end(), "Scheduler: preempting a sequence that is not running");

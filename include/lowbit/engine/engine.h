@@ -40,7 +40,8 @@ class Engine {
 
   // Validates everything (ValueError naming the parameter) before queueing; nothing changes on error.
   void add_request(int64_t request_id, const std::vector<int32_t>& prompt_ids, const RequestOptions& opts = {});
-  // One scheduler step; returns the tokens sampled (and abort/finish events).
+  // One scheduler step; returns the tokens sampled (and abort/finish events). When the forward
+  // throws, the scheduled requests are re-queued with their KV freed and the error propagates.
   std::vector<TokenEvent> step();
   // Frees the request's KV; its "abort" event comes with the next step(). Unknown ids are ignored.
   void abort(int64_t request_id);

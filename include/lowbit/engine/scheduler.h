@@ -52,6 +52,9 @@ class Scheduler {
   // Its KV stays allocated: the caller frees it or keeps it for a session.
   std::unique_ptr<Sequence> remove(int64_t request_id);
   Sequence* find(int64_t request_id) const;
+  // Frees a running sequence's KV and puts it back at the front of the queue to recompute
+  // (used when a step fails after its KV was reserved, so no half-written state survives).
+  void requeue(Sequence* seq);
 
   int64_t num_running() const { return int64_t(running_.size()); }
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
