@@ -25,11 +25,6 @@ namespace lowbit::cpu {
 
 namespace {
 
-using simd::axpy;
-using simd::dot;
-using simd::exp_nonpositive;
-using simd::exp_shifted_sum;
-
 constexpr int64_t kTileTokens = 16;
 constexpr int64_t kMinSplitKeys = 256;  // below this a part costs less than its merge and scheduling
 
@@ -119,12 +114,13 @@ void run_item(const Context& c, const WorkItem& w, Scratch& sc, Partials& parts)
       if (visible <= 0) continue;
       const float* qr = sc.q.data() + r * D;
       float* sr = sc.s.data() + r * bs;
-      for (int64_t j = 0; j < visible; ++j) sr[j] = dot(qr, sc.k.data() + j * D, D);
+      simd::dot_rows(qr, sc.k.data(), visible, D, sr);
       float block_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, sr[j]);
       const float m_new = std::max(sc.m[r], block_max);
-      const float alpha = sc.m[r] == -std::numeric_limits<float>::infinity() ? 0.f : exp_nonpositive(sc.m[r] - m_new);
-      const float sum = exp_shifted_sum(sr, visible, m_new);
+      const bool first = sc.m[r] == -std::numeric_limits<float>::infinity();
+      const float alpha = first ? 0.f : simd::exp_nonpositive(sc.m[r] - m_new);
+      const float sum = simd::exp_shifted_sum(sr, visible, m_new);
       if (alpha != 1.f) {
         float* ar = sc.acc.data() + r * D;
         for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
@@ -138,7 +134,7 @@ void run_item(const Context& c, const WorkItem& w, Scratch& sc, Partials& parts)
       const int64_t visible = std::min(n, first_pos + r / G - key0 + 1);
       const float* sr = sc.s.data() + r * bs;
       float* ar = sc.acc.data() + r * D;
-      for (int64_t j = 0; j < visible; ++j) axpy(sr[j], sc.v.data() + j * D, ar, D);
+      if (visible > 0) simd::accumulate_rows(sr, sc.v.data(), visible, D, ar);
     }
   }
 
@@ -169,7 +165,7 @@ void merge_parts(const Context& c, const WorkItem& w, int64_t count, Partials& p
       if (mp == -std::numeric_limits<float>::infinity()) continue;  // part saw no key of this row
       const float wgt = std::exp(mp - mx);
       l += parts.l(w.partial + p)[r] * wgt;
-      axpy(wgt, parts.acc(w.partial + p) + r * D, row.data(), D);
+      simd::accumulate_rows(&wgt, parts.acc(w.partial + p) + r * D, 1, D, row.data());
     }
     for (int64_t d = 0; d < D; ++d) row[d] /= l;
     store_output(c, w, r, row.data());
