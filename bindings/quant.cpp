@@ -91,11 +91,14 @@ void bind_quant(nb::module_& m) {
       .def_prop_ro("group", [](const QuantizedWeight& w) { return w.group; })
       .def_prop_ro("symmetric", [](const QuantizedWeight& w) { return w.symmetric; })
       .def_prop_ro("num_groups", [](const QuantizedWeight& w) { return w.num_groups(); })
-      .def_prop_ro("q", [](const QuantizedWeight& w) { return w.q; }, "Stored values (u4 tensors are packed)")
       .def_prop_ro(
-          "q_values",
-          [](const QuantizedWeight& w) { return w.q.dtype() == ScalarType::u4 ? unpack_u4_values(w.q) : w.q; },
-          "q with u4 values widened to one uint8 per element")
+          "q", [](const QuantizedWeight& w) { return w.q.dtype() == ScalarType::u4 ? unpack_u4_values(w.q) : w.q; },
+          "Quantized values [n, k]; u4 formats give one uint8 per value (a copy), e4m3 its float8 values")
+      .def_prop_ro(
+          "q_values", [](const QuantizedWeight& w) { return w.q.dtype() == ScalarType::u4 ? unpack_u4_values(w.q) : w.q; },
+          "Same as q (kept for existing callers)")
+      .def_prop_ro("q_packed", [](const QuantizedWeight& w) { return w.q; },
+                   "The stored tensor: u4 formats pack two values per byte (low nibble first)")
       .def_prop_ro("scales", [](const QuantizedWeight& w) { return optional_result(w.scales); })
       .def_prop_ro("zeros", [](const QuantizedWeight& w) { return optional_result(w.zeros); })
       .def_prop_ro("channel_scales", [](const QuantizedWeight& w) { return optional_result(w.channel_scales); })

@@ -139,8 +139,9 @@ def test_w4_bit_exact(n, k, group, symmetric):
     qw = C.quantize_weight(torch.from_numpy(w), "w4", group=group, symmetric=symmetric)
     q, s, z = ref_w4(w, group, symmetric)
     assert (qw.group, qw.symmetric, qw.num_groups) == (group, symmetric, -(-k // group))
+    assert np.array_equal(arr(qw.q), q)
     assert np.array_equal(arr(qw.q_values), q)
-    assert np.array_equal(arr(qw.q), pack_nibbles(q))  # storage: two nibbles per byte, low first
+    assert np.array_equal(arr(qw.q_packed), pack_nibbles(q))  # storage: two nibbles per byte, low first
     assert np.array_equal(arr(qw.scales).view(np.uint16), s.view(np.uint16))
     if symmetric:
         assert qw.zeros is None
@@ -158,8 +159,8 @@ def test_two_level_bit_exact(kind, n, k, group):
     w = rand_w(n, k, n * 13 + k + group)
     qw = C.quantize_weight(torch.from_numpy(w), kind, group=group)
     q, s, z, cs, s8 = ref_two_level(w, group, kind)
-    assert np.array_equal(arr(qw.q_values), q)
-    assert np.array_equal(arr(qw.q), pack_nibbles(q))
+    assert np.array_equal(arr(qw.q), q)
+    assert np.array_equal(arr(qw.q_packed), pack_nibbles(q))
     assert arr(qw.scales).dtype == np.uint8 and np.array_equal(arr(qw.scales), s)
     assert arr(qw.zeros).dtype == np.uint8 and np.array_equal(arr(qw.zeros), z)
     assert np.array_equal(arr(qw.channel_scales), cs)
@@ -170,7 +171,7 @@ def test_default_groups():
     w = torch.from_numpy(rand_w(2, 256, 5))
     assert [C.quantize_weight(w, f).group for f in ("w4", "qoq", "liquid", "w8")] == [128, 128, 64, 0]
     qw = C.quantize_weight(w, "liquid")
-    built = C.QuantizedWeight("liquid", torch.from_dlpack(qw.q_values), torch.from_dlpack(qw.scales),
+    built = C.QuantizedWeight("liquid", torch.from_dlpack(qw.q), torch.from_dlpack(qw.scales),
                               torch.from_dlpack(qw.zeros), torch.from_dlpack(qw.channel_scales))
     assert built.group == 64 and built.num_groups == 4
 
@@ -185,7 +186,7 @@ def test_float_formats_and_half_input():
     # f16 input quantizes like its f32 widening
     wh = torch.from_numpy(w).half()
     a = C.quantize_weight(wh, "w4", group=32)
-    assert np.array_equal(arr(a.q_values), ref_w4(wh.float().numpy(), 32, False)[0])
+    assert np.array_equal(arr(a.q), ref_w4(wh.float().numpy(), 32, False)[0])
 
 
 def test_given_params_reuse_the_rounding():
@@ -199,7 +200,7 @@ def test_given_params_reuse_the_rounding():
                            zeros=torch.from_numpy(z16))
     gidx = np.arange(96) // 32
     q = np.clip(np.rint(w / s16.astype(F32)[:, gidx]) + 8, 0, 15)
-    assert np.array_equal(arr(qw.q_values), q)
+    assert np.array_equal(arr(qw.q), q)
     assert np.array_equal(arr(qw.scales), s16)
     # qoq with a clipped level-1 scale (QoQ clip search): level 2 recomputed from the clipped integers
     cs = (np.abs(w).max(1) * F32(0.8) / F32(119)).astype(F32)
@@ -216,7 +217,7 @@ def test_construct_from_tensors_matches_quantize(fmt):
     w = torch.from_numpy(rand_w(6, 130, 9))
     qw = C.quantize_weight(w, fmt, group=64)
     opt = lambda t: None if t is None else torch.from_dlpack(t).clone()  # noqa: E731
-    q = torch.from_dlpack(qw.q_values).clone()
+    q = torch.from_dlpack(qw.q).clone()
     if fmt == "e4m3":
         q = q.view(torch.uint8)  # raw bits are accepted too
     built = C.QuantizedWeight(fmt, q, opt(qw.scales), opt(qw.zeros), opt(qw.channel_scales), group=64)
@@ -234,7 +235,7 @@ def test_cpu_pack_round_trip(fmt, sym):
     pw = C.pack_weight(qw, "cpu")
     assert (pw.format, pw.target, pw.n, pw.k) == (fmt, "cpu", 19, 194)
     back = C.unpack_weight(pw)
-    for name in ["q_values", "scales", "zeros", "channel_scales"]:
+    for name in ["q", "scales", "zeros", "channel_scales"]:
         a, b = getattr(qw, name), getattr(back, name)
         assert (a is None) == (b is None), name
         if a is not None:
@@ -323,7 +324,7 @@ def test_errors_name_op_argument_and_values():
     with pytest.raises(ValueError, match=r"even k"):
         C.quantize_weight(torch.randn(3, 65), "qoq", group=32)
     qw = C.quantize_weight(w, "qoq", group=32)
-    q = torch.from_dlpack(qw.q_values).clone()
+    q = torch.from_dlpack(qw.q).clone()
     s = torch.from_dlpack(qw.scales).clone()
     z = torch.from_dlpack(qw.zeros).clone()
     cs = torch.from_dlpack(qw.channel_scales).clone()
