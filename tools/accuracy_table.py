@@ -74,8 +74,16 @@ def engine_perplexity(path, text_path):
 def run_row(row, loaded, args):
     key, _, _, recipe, algo, options = row
     t0 = time.time()
-    if recipe is None:
-        model = TorchLlama(loaded.config, loaded.tensors)
+    if recipe is None or (recipe.startswith("w16a16") and not options.get("smooth_attention")):
+        # float weights and no calibrated transform: only the KV fake quantization applies
+        from lowbit.quantize.kv_quant import KVQuantizer
+        from lowbit.quantize.recipes import parse_recipe
+        from lowbit.quantize.torch_model import FakeQuant
+        fake = FakeQuant()
+        if recipe is not None:
+            spec = parse_recipe(recipe)
+            fake.kv = KVQuantizer(spec.k_bits, spec.v_bits, k_mode=options.get("kv_mode", "token"))
+        model = TorchLlama(loaded.config, loaded.tensors, fake)
         qtime = 0.0
     else:
         options = dict(options)
@@ -83,7 +91,8 @@ def run_row(row, loaded, args):
         if not options.get("smooth_attention", True):
             options.pop("smooth_attention")
         out = Path(args.work) / key if args.write_dirs else None
-        _, model, manifest = quantize(None, recipe, algo, out, calib=[args.calib], num_sequences=args.calib_seqs,
+        seqs = min(args.calib_seqs, 4) if recipe.startswith("w16a16") else args.calib_seqs  # SmoothAttention only
+        _, model, manifest = quantize(None, recipe, algo, out, calib=[args.calib], num_sequences=seqs,
                                       seq_len=args.calib_len, kv_mode=kv_mode, progress=False, loaded=loaded,
                                       **options)
         qtime = time.time() - t0
@@ -136,7 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--calib", required=True, help="calibration text folder")
     p.add_argument("--eval", required=True, help="evaluation text file")
     p.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
-    p.add_argument("--cache", default=str(ROOT / "build" / "accuracy_results.json"))
+    p.add_argument("--cache", default=str(ROOT / "build" / "accuracy_results.json"),
+                   help="result cache (comma-separated: the first is written, all are read)")
     p.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"))
     p.add_argument("--work", default=str(ROOT / "build" / "accuracy_dirs"))
     p.add_argument("--write-dirs", action="store_true", help="write each quantized directory (for the engine)")
@@ -145,8 +155,12 @@ def main(argv=None) -> int:
     p.add_argument("--render-only", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("LOWBIT_QUANT_THREADS", "1")))
-    cache = Path(args.cache)
-    results = json.loads(cache.read_text()) if cache.is_file() else {}
+    caches = [Path(c) for c in args.cache.split(",")]
+    cache = caches[0]  # written; the others (from parallel runs) are only read
+    results = {}
+    for c in reversed(caches):
+        if c.is_file():
+            results.update(json.loads(c.read_text()))
     wanted = [r for r in ROWS if not args.rows or r[0] in args.rows.split(",")]
     if not args.render_only:
         loaded = load_model_source(None, progress=False)
