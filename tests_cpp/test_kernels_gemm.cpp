@@ -90,9 +90,13 @@ QuantizedWeight random_weight(WeightFormat f, int64_t n, int64_t k, int group, b
       } else {
         w.scales = Tensor::empty({n, G}, ScalarType::u8);
         w.zeros = Tensor::empty({n, G}, ScalarType::u8);
+        // Parameters whose s8 reconstruction stays in [-128, 127] for every q (what the quantizers
+        // guarantee and pack_cpu checks): qoq (q - z) * s with s <= 8; liquid q*s + a - 128 with
+        // a <= 255 - 15 s.
         for (int64_t i = 0; i < n * G; ++i) {
-          w.scales.data<uint8_t>()[i] = static_cast<uint8_t>(randint(1, 16));
-          w.zeros.data<uint8_t>()[i] = static_cast<uint8_t>(f == WeightFormat::qoq ? randint(0, 15) : randint(0, 255));
+          const int scale = f == WeightFormat::qoq ? randint(1, 8) : randint(1, 16);
+          w.scales.data<uint8_t>()[i] = static_cast<uint8_t>(scale);
+          w.zeros.data<uint8_t>()[i] = static_cast<uint8_t>(f == WeightFormat::qoq ? randint(0, 15) : randint(0, 255 - 15 * scale));
         }
         w.channel_scales = random_f32({n}, 0.001f, 0.02f);
       }
@@ -101,7 +105,7 @@ QuantizedWeight random_weight(WeightFormat f, int64_t n, int64_t k, int group, b
   return w;
 }
 
-// The s8 weight of qoq (QServe: q*s - z*s) or liquid (LiquidGEMM: (q*s + a) XOR 0x80 in u8), 8-bit wrap.
+// The s8 weight of qoq (QServe: q*s - z*s) or liquid (LiquidGEMM: (q*s + a) XOR 0x80 in u8).
 int s8_weight(const QuantizedWeight& w, int64_t r, int64_t c) {
   const int64_t g = r * w.num_groups() + c / w.group;
   const int q = get_u4(w.q, r * w.k + c), s = w.scales.data<uint8_t>()[g], z = w.zeros.data<uint8_t>()[g];
@@ -175,7 +179,7 @@ struct Case {
 };
 // M=1 (decode), M in 2..4 (direct), M > 4 (prefill buffer path); n tails; k odd (float formats),
 // k not a multiple of the group (short last group), tiny k.
-const Case kCases[] = {{1, 13, 37, 8},   {1, 64, 576, 128}, {3, 7, 2, 2},    {4, 24, 70, 64},
+const Case kCases[] = {{1, 13, 37, 8},   {1, 64, 576, 128}, {3, 7, 2, 4},    {4, 24, 70, 64},
                        {5, 33, 130, 32}, {9, 17, 258, 64},  {1, 200, 96, 32}, {2, 8, 1, 2}};
 
 void expect_same_tensor(const Tensor& a, const Tensor& b, const char* what) {
@@ -337,7 +341,7 @@ TEST(PackCpu, RejectsBadWeightsWithClearErrors) {
   std::string msg = error_of([&] { pack_cpu(w); }, &kind);
   EXPECT_EQ(kind, ErrorKind::kValue);
   EXPECT_NE(msg.find("pack_cpu"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("even"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("multiple of 2"), std::string::npos) << msg;
 
   QuantizedWeight v = random_weight(WeightFormat::w8, 8, 64, 0);
   v.scales = Tensor::zeros({8}, ScalarType::f16);
@@ -350,6 +354,18 @@ TEST(PackCpu, RejectsBadWeightsWithClearErrors) {
   msg = error_of([&] { pack_cpu(q); }, &kind);
   EXPECT_EQ(kind, ErrorKind::kValue);
   EXPECT_NE(msg.find("channel_scales"), std::string::npos) << msg;
+
+  QuantizedWeight o = random_weight(WeightFormat::qoq, 9, 64, 32);
+  o.scales.data<uint8_t>()[2 * 2 + 1] = 9;  // row 2, group 1: (q - z) * 9 leaves the s8 range for some q
+  o.zeros.data<uint8_t>()[2 * 2 + 1] = 0;
+  for (int c = 32; c < 64; ++c) set_u4(o.q, 2 * 64 + c, c == 40 ? 15 : 0);
+  msg = error_of([&] { pack_cpu(o); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kValue);
+  EXPECT_NE(msg.find("qoq weight (row 2, k 40) reconstructs to 135, outside the s8 range"), std::string::npos) << msg;
+
+  QuantizedWeight l = random_weight(WeightFormat::liquid, 8, 64, 30);  // liquid groups are k quads
+  msg = error_of([&] { pack_cpu(l); }, &kind);
+  EXPECT_NE(msg.find("multiple of 4"), std::string::npos) << msg;
 
   QuantizedWeight s = random_weight(WeightFormat::f16, 8, 10, 0);
   s.k = 11;

@@ -1,5 +1,6 @@
 // CPU packing: QuantizedWeight -> the tile/k-pair layout the AVX2 GEMM kernels read. The layout is
 // documented in kernels/cpu/gemm_layout_cpu.h; unpack_cpu inverts it bit-exactly.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -52,8 +53,9 @@ void check_quantized(const QuantizedWeight& w) {
     case WeightFormat::w4:
     case WeightFormat::qoq:
     case WeightFormat::liquid: {
-      LOWBIT_CHECK(w.group > 0 && w.group % 2 == 0, kOp, ": group size of ", cpu::format_label(w.format),
-                   " must be positive and even (a k pair must not straddle two groups), got ", w.group);
+      const int multiple = w.format == WeightFormat::w4 ? 2 : 4;  // k pairs / k quads must not straddle groups
+      LOWBIT_CHECK(w.group > 0 && w.group % multiple == 0, kOp, ": group size of ", cpu::format_label(w.format),
+                   " must be a positive multiple of ", multiple, ", got ", w.group);
       const ScalarType pt = w.format == WeightFormat::w4 ? ScalarType::f16 : ScalarType::u8;
       check_defined(w.scales, kOp, "scales");
       check_dtype(w.scales, pt, kOp, "scales");
@@ -107,7 +109,7 @@ Tensor untile_group_params(const Tensor& p, int64_t n, int64_t G) {
 
 // Where u4 value (r, c) lives in the packed data: byte, nibble shift, and the XOR applied to it.
 //   w4        : byte ((r / 8) * k + c) * 4 + (r % 8) / 2, nibble r % 2; row 7 of a tile stored q ^ 8.
-//   qoq/liquid: byte ((r / 8) * pairs + c / 2) * 8 + r % 8, nibble c % 2.
+//   qoq/liquid: byte ((r / 8) * quads + c / 4) * 16 + (r % 4) * 4 + c % 4, nibble (r % 8) / 4.
 struct U4Slot {
   int64_t byte;
   int shift;
@@ -118,23 +120,8 @@ U4Slot u4_slot(WeightFormat f, int64_t r, int64_t c, int64_t k) {
   if (f == WeightFormat::w4)
     return {(tile * k + c) * (kTileRows / 2) + row / 2, static_cast<int>(4 * (row % 2)),
             static_cast<uint8_t>(row == kTileRows - 1 ? 8 : 0)};
-  return {(tile * cpu::num_k_pairs(k) + c / 2) * kTileRows + row, static_cast<int>(4 * (c % 2)), 0};
-}
-
-// Kernel-ready group parameters: per lane e = row*2 + kk a multiplier (lanes 0..15) and an addend
-// (lanes 16..31), written by `fill(row, group, &mul, &add)` into the Elem array [tiles, G, 32].
-template <typename Elem, typename Fill>
-void fill_lane_params(Elem* aux, int64_t n, int64_t G, int64_t tiles, Fill fill) {
-  std::memset(aux, 0, sizeof(Elem) * tiles * G * kGroupParamLanes);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t g = 0; g < G; ++g) {
-      Elem mul, add;
-      fill(r, g, &mul, &add);
-      Elem* a = aux + ((r / kTileRows) * G + g) * kGroupParamLanes;
-      const int e = 2 * (r % kTileRows);
-      a[e] = a[e + 1] = mul;
-      a[kPairElems + e] = a[kPairElems + e + 1] = add;
-    }
+  return {(tile * cpu::num_k_quads(k) + c / 4) * cpu::kQuadBytes + (row % 4) * 4 + c % 4,
+          static_cast<int>(4 * (row / 4)), 0};
 }
 
 }  // namespace
@@ -167,7 +154,8 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
   }
 
   // u4 formats: see u4_slot for where each value goes.
-  p.data = Tensor::zeros(w.format == WeightFormat::w4 ? Shape{tiles, k, kTileRows / 2} : Shape{tiles, pairs, kTileRows},
+  p.data = Tensor::zeros(w.format == WeightFormat::w4 ? Shape{tiles, k, kTileRows / 2}
+                                                     : Shape{tiles, cpu::num_k_quads(k), cpu::kQuadBytes},
                          ScalarType::u8);
   const uint8_t* s = q.data<uint8_t>();
   uint8_t* d = p.data.data<uint8_t>();
@@ -201,16 +189,31 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
       }
   } else {
     p.channel_scales = pad_channels(w.channel_scales, tiles);
-    p.aux = Tensor::empty({tiles, G, kGroupParamLanes * 2}, ScalarType::u8);  // int16 lanes
+    p.aux = Tensor::zeros({tiles, G, cpu::kU4AuxBytes}, ScalarType::u8);
     const uint8_t* sb = sc.data<uint8_t>();
     const uint8_t* zb = zr.data<uint8_t>();
     const bool qoq = w.format == WeightFormat::qoq;
-    fill_lane_params(reinterpret_cast<int16_t*>(p.aux.data_ptr()), n, G, tiles,
-                     [&](int64_t r, int64_t g, int16_t* mul, int16_t* add) {
-                       const int scale = sb[r * G + g], offset = zb[r * G + g];
-                       *mul = static_cast<int16_t>(scale);
-                       *add = static_cast<int16_t>(qoq ? -offset * scale : offset - 128);
-                     });
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const int scale = sb[r * G + g], offset = zb[r * G + g];
+        const int add = qoq ? -offset * scale : offset - 128;
+        // The int8 decode kernel factors sum_k (q*s + add) * x = s * sum q*x + add * sum x, which equals
+        // the GPU's 8-bit reconstruction only when q*s + add never leaves the s8 range.
+        for (int64_t c = g * w.group; c < std::min(k, (g + 1) * w.group); ++c) {
+          const int v = get_u4(s, r * k + c) * scale + add;
+          LOWBIT_CHECK(v >= -128 && v <= 127, kOp, ": ", cpu::format_label(w.format), " weight (row ", r, ", k ", c,
+                       ") reconstructs to ", v, ", outside the s8 range [-128, 127] (q=", int(get_u4(s, r * k + c)),
+                       " scale=", scale, qoq ? " zero=" : " offset=", offset, ")");
+        }
+        uint8_t* a = p.aux.data<uint8_t>() + ((r / kTileRows) * G + g) * cpu::kU4AuxBytes;
+        int16_t* lanes16 = reinterpret_cast<int16_t*>(a);
+        int32_t* lanes32 = reinterpret_cast<int32_t*>(a + 2 * kGroupParamLanes);
+        const int row = static_cast<int>(r % kTileRows);
+        lanes16[2 * row] = lanes16[2 * row + 1] = static_cast<int16_t>(scale);
+        lanes16[kPairElems + 2 * row] = lanes16[kPairElems + 2 * row + 1] = static_cast<int16_t>(add);
+        lanes32[row] = scale;
+        lanes32[kTileRows + row] = add;
+      }
   }
   return p;
 }

@@ -91,14 +91,14 @@ struct U4ToS8Loader {  // qoq / liquid: the integer s8 weight as f32; channel sc
   const int16_t* tp = nullptr;
   __m256i mul{}, add{};
   void tile(int64_t t) {
-    p = base + t * pairs * kTileRows;
-    tp = params + t * groups * kGroupParamLanes;
+    p = base + t * num_k_quads(2 * pairs) * kQuadBytes;
+    tp = params + t * groups * (kU4AuxBytes / 2);
   }
   void group(int64_t g) {
-    mul = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes));
-    add = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes + 16));
+    mul = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * (kU4AuxBytes / 2)));
+    add = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * (kU4AuxBytes / 2) + 16));
   }
-  void load(int64_t kp, __m256& lo, __m256& hi) const { s16_to_f32(u4_to_s8_lanes(p + kp * kTileRows, mul, add), lo, hi); }
+  void load(int64_t kp, __m256& lo, __m256& hi) const { s16_to_f32(u4_to_s8_lanes(p, kp, mul, add), lo, hi); }
 };
 
 // ---- drivers ------------------------------------------------------------------------------------

@@ -10,8 +10,11 @@
 // Rows past n and the k past an odd k are zero (zero weight, zero scale).
 //
 // data  f32/f16/bf16/e4m3/s8 (f32, f16, bf16, e4m3, w8 formats): [tiles, pairs, 16] elements.
-//       u8 (qoq, liquid): [tiles, pairs, 8] bytes; byte r = (row r, k0) low nibble | (row r, k1) high.
-//       One 64-bit load then (b & 15, b >> 4) interleaved byte-wise gives the 16 values in order e.
+//       u8 (qoq, liquid): [tiles, quads, 16] bytes, quads = ceil(k / 4); byte j of (tile, quad) holds
+//       (row j / 4, k j % 4) in its low nibble and (row 4 + j / 4, k j % 4) in its high nibble, so that
+//       (b & 15 | b >> 4) as 32 bytes feed _mm256_maddubs_epi16 with the broadcast 4 s8 activations
+//       and one _mm256_madd_epi16 by ones leaves row r's 4-k sum in int32 lane r. The pair order e
+//       above is one byte shuffle away (gemm_unpack_avx2.h).
 // w8/e4m3: scales f32 [tiles * 8] (per output channel).
 // w4 (float activations only, so it has its own per-k layout): data u8 [tiles, k, 4]; the 32-bit word
 //          of (tile, k) holds row r in bits 4r..4r+3, row 7 stored as q ^ 8. One broadcast 32-bit load
@@ -21,13 +24,15 @@
 //          and not given (zero = 8). aux f32 [tiles, G, 16]: lanes 0..7 the multiplier s * 16^-r,
 //          lanes 8..15 the addend -z*s (row 7: (8 - z) * s), so w = v * mul + add equals (q - z) * s
 //          rounded once. Decode sums v * x per group and applies mul and add * sum(x) at group end.
-// qoq    : scales/zeros u8 [tiles, G, 8]; channel_scales f32 [tiles * 8]. aux: int16 [tiles, G, 32] held
-//          in u8 bytes: lanes 0..15 multiplier s, lanes 16..31 addend -z*s; s8 = sext8(q*s - z*s)
-//          (QServe §3 progressive group quant: subtraction after multiplication, 8-bit wrap as on GPU).
+// qoq    : scales/zeros u8 [tiles, G, 8]; channel_scales f32 [tiles * 8]. aux u8 [tiles, G, 128]: int16
+//          lanes 0..15 multiplier s and 16..31 addend -z*s per lane e, then int32 lanes 0..7 s and 8..15
+//          -z*s per row; s8 = q*s - z*s (QServe §3 progressive group quant: subtraction after
+//          multiplication). The packer rejects weights whose s8 value would leave [-128, 127].
 // liquid : scales (step s) / zeros (offset a) u8 [tiles, G, 8]; channel_scales f32 [tiles * 8]. aux as
 //          qoq with addend a - 128: LiquidGEMM §4 dequant (q*s + a) XOR 0x80 in u8 equals
-//          sext8(q*s + a - 128) because (u XOR 0x80) read as s8 is u - 128 for any byte u.
-// Groups must have even size so that a k pair never straddles two groups (the last group may be short).
+//          q*s + a - 128 because (u XOR 0x80) read as s8 is u - 128 for any byte u.
+// Groups must have even size so that a k pair never straddles two groups (the last group may be short);
+// qoq/liquid groups must be a multiple of 4 (k quads).
 #pragma once
 #include <cstdint>
 
@@ -41,6 +46,9 @@ constexpr int kGroupParamLanes = 32;       // aux entries per (tile, group): 16 
 
 inline int64_t num_row_tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
 inline int64_t num_k_pairs(int64_t k) { return (k + 1) / 2; }
+inline int64_t num_k_quads(int64_t k) { return (k + 3) / 4; }
+constexpr int kQuadBytes = 16;   // qoq/liquid bytes per (tile, k quad)
+constexpr int kU4AuxBytes = 128;  // qoq/liquid aux bytes per (tile, group)
 
 // Format names for error messages (kept here so the CPU kernels do not depend on format.cpp).
 inline const char* format_label(WeightFormat f) {

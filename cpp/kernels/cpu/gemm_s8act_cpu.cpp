@@ -1,7 +1,8 @@
 // int8-activation GEMM (w8a8, QoQ w4a8, LiquidGEMM w4a8): s8 x s8 products accumulated in int32,
 // bit-exact. One _mm256_madd_epi16 multiplies a tile's 8 rows x one k pair by the broadcast
 // activation pair and sums each row's two products into its int32 lane (|sum| <= 2 * 128 * 128).
-// qoq/liquid weights become s8 per group first (gemm_unpack_avx2.h: sext8(q * s + c)).
+// qoq/liquid prefill makes the s8 weights per group first (gemm_unpack_avx2.h: q * s + c); their decode
+// works on the u4 values directly (u4_decode below).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -35,14 +36,14 @@ struct U4Loader {  // qoq / liquid
   const int16_t* tp = nullptr;
   __m256i mul{}, add{};
   void tile(int64_t t) {
-    p = base + t * pairs * kTileRows;
-    tp = params + t * groups * kGroupParamLanes;
+    p = base + t * num_k_quads(2 * pairs) * kQuadBytes;
+    tp = params + t * groups * (kU4AuxBytes / 2);
   }
   void group(int64_t g) {
-    mul = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes));
-    add = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * kGroupParamLanes + 16));
+    mul = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * (kU4AuxBytes / 2)));
+    add = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tp + g * (kU4AuxBytes / 2) + 16));
   }
-  __m256i load(int64_t kp) const { return u4_to_s8_lanes(p + kp * kTileRows, mul, add); }
+  __m256i load(int64_t kp) const { return u4_to_s8_lanes(p, kp, mul, add); }
 };
 
 struct Shape {
@@ -168,6 +169,66 @@ void run(L loader, const Shape& s, const int16_t* x, int64_t ldx, int32_t* acc) 
   }
 }
 
+// Decode for qoq/liquid (m <= 4): per group, maddubs(q u8, x s8) sums 4 k per row and lane, the group
+// total is scaled by the integer s and the addend times sum(x) is added:
+//   sum_k (q*s + add) * x = s * sum_k q*x + add * sum_k x   (exact: pack_cpu guarantees q*s + add is
+// the s8 weight, without wrap). |sum_k q*x| <= 15 * 127 * group, so int32 never overflows.
+template <int MB>
+void u4_decode_tile(const uint8_t* td, const uint8_t* ta, int64_t quads, int64_t group_quads, int64_t groups,
+                    const int8_t* x8, int64_t ldx8, const int32_t* sumx, __m256i* out) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_si256();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i part[MB];
+    for (int i = 0; i < MB; ++i) part[i] = _mm256_setzero_si256();
+    const int64_t q_end = std::min(quads, (g + 1) * group_quads);
+    for (int64_t qd = g * group_quads; qd < q_end; ++qd) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(td + qd * kQuadBytes));
+      const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1);
+      const __m256i wq = _mm256_and_si256(both, mask);  // rows 0..3 | rows 4..7, 4 k each
+      for (int i = 0; i < MB; ++i) {
+        int32_t xs;
+        __builtin_memcpy(&xs, x8 + i * ldx8 + 4 * qd, 4);
+        part[i] = _mm256_add_epi32(part[i], _mm256_madd_epi16(_mm256_maddubs_epi16(wq, _mm256_set1_epi32(xs)), ones));
+      }
+    }
+    const __m256i mul = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ta + g * kU4AuxBytes + 64));
+    const __m256i add = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ta + g * kU4AuxBytes + 96));
+    for (int i = 0; i < MB; ++i)
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_mullo_epi32(part[i], mul),
+                                                         _mm256_mullo_epi32(add, _mm256_set1_epi32(sumx[i * groups + g]))));
+  }
+  for (int i = 0; i < MB; ++i) out[i] = acc[i];
+}
+
+void u4_decode(const PackedWeight& w, const int16_t* xq, int64_t ldx, int64_t m, int32_t* acc) {
+  const int64_t quads = num_k_quads(w.k), group_quads = w.group / 4, groups = (w.k + w.group - 1) / w.group;
+  const int64_t ldx8 = 4 * quads, tiles = num_row_tiles(w.n);
+  std::vector<int8_t> x8(m * ldx8, 0);
+  std::vector<int32_t> sumx(m * groups, 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < w.k; ++c) {
+      x8[i * ldx8 + c] = static_cast<int8_t>(xq[i * ldx + c]);
+      sumx[i * groups + c / w.group] += xq[i * ldx + c];
+    }
+  const uint8_t* data = w.data.data<uint8_t>();
+  const uint8_t* aux = w.aux.data<uint8_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* td = data + t * quads * kQuadBytes;
+    const uint8_t* ta = aux + t * groups * kU4AuxBytes;
+    __m256i out[kRowBlock];
+    switch (m) {
+      case 1: u4_decode_tile<1>(td, ta, quads, group_quads, groups, x8.data(), ldx8, sumx.data(), out); break;
+      case 2: u4_decode_tile<2>(td, ta, quads, group_quads, groups, x8.data(), ldx8, sumx.data(), out); break;
+      case 3: u4_decode_tile<3>(td, ta, quads, group_quads, groups, x8.data(), ldx8, sumx.data(), out); break;
+      default: u4_decode_tile<4>(td, ta, quads, group_quads, groups, x8.data(), ldx8, sumx.data(), out); break;
+    }
+    for (int64_t i = 0; i < m; ++i) store_rows(out[i], t, w.n, acc + i * w.n);
+  }
+}
+
 }  // namespace
 
 void gemm_s8act_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeight& w, int32_t* acc) {
@@ -181,6 +242,10 @@ void gemm_s8act_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeigh
     case WeightFormat::w8: run(W8Loader{w.data.data<int8_t>(), pairs}, s, xq, ldx, acc); break;
     case WeightFormat::qoq:
     case WeightFormat::liquid:
+      if (m <= kRowBlock) {
+        u4_decode(w, xq, ldx, m, acc);
+        break;
+      }
       run(U4Loader{w.data.data<uint8_t>(), reinterpret_cast<const int16_t*>(w.aux.data_ptr()), pairs, s.groups}, s,
           xq, ldx, acc);
       break;

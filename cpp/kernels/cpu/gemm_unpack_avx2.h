@@ -7,17 +7,22 @@
 
 namespace lowbit::cpu {
 
-// 8 bytes of u4 pairs -> 16 bytes (b0 & 15, b0 >> 4, b1 & 15, ...), i.e. the u4 values in order e.
-inline __m128i unpack_u4_pairs(const uint8_t* p) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+// One (tile, k quad) block of qoq/liquid u4 (16 bytes, gemm_layout_cpu.h) -> the 16 u4 values of
+// k pair h (0 or 1) of the quad, as bytes in pair order e = row * 2 + kk.
+inline __m128i unpack_u4_pair_from_quad(const uint8_t* quad, int h) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quad));
   const __m128i mask = _mm_set1_epi8(0x0F);
-  return _mm_unpacklo_epi8(_mm_and_si128(b, mask), _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+  const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  const char z = static_cast<char>(0x80), o = static_cast<char>(2 * h);  // 0x80: zero the byte
+  const __m128i pick_lo = _mm_setr_epi8(o, o + 1, o + 4, o + 5, o + 8, o + 9, o + 12, o + 13, z, z, z, z, z, z, z, z);
+  const __m128i pick_hi = _mm_setr_epi8(z, z, z, z, z, z, z, z, o, o + 1, o + 4, o + 5, o + 8, o + 9, o + 12, o + 13);
+  return _mm_or_si128(_mm_shuffle_epi8(lo, pick_lo), _mm_shuffle_epi8(hi, pick_hi));
 }
 
-// u4 -> s8 (as int16 lanes) by the group's integer affine map with 8-bit wrap: sext8(q * mul + add).
-// QoQ: mul = s, add = -z*s. Liquid: mul = s, add = a - 128 (see gemm_layout_cpu.h).
-inline __m256i u4_to_s8_lanes(const uint8_t* p, __m256i mul, __m256i add) {
-  const __m256i q = _mm256_cvtepu8_epi16(unpack_u4_pairs(p));
+// k pair kp of a qoq/liquid tile (data of the tile) -> s8 weights as int16 lanes in pair order:
+// sext8(q * mul + add). QoQ: mul = s, add = -z*s. Liquid: mul = s, add = a - 128 (gemm_layout_cpu.h).
+inline __m256i u4_to_s8_lanes(const uint8_t* tile_data, int64_t kp, __m256i mul, __m256i add) {
+  const __m256i q = _mm256_cvtepu8_epi16(unpack_u4_pair_from_quad(tile_data + (kp / 2) * 16, static_cast<int>(kp % 2)));
   const __m256i v = _mm256_add_epi16(_mm256_mullo_epi16(q, mul), add);
   return _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
 }
