@@ -328,3 +328,31 @@ def test_strided_views_of_a_fused_qkv_buffer():
                               meta, [[0]], bs, 0.125)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     assert torch.isnan(out_buf[:, :hq]).all()
+
+
+def cuda_labelled(t):
+    """A lowbit tensor over `t`'s host memory whose DLPack device says CUDA: lets a CPU-only build
+    check that the ops refuse GPU tensors before touching them."""
+    import ctypes
+    cap = t.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    managed = get(cap, b"dltensor")
+    ctypes.c_int32.from_address(managed + ctypes.sizeof(ctypes.c_void_p)).value = 2  # DLTensor.device = kDLCUDA
+    x = lb.from_dlpack(cap)
+    assert x.device == "cuda:0"
+    return x
+
+
+def test_gpu_tensors_are_refused_by_the_cpu_kernels():
+    cache, meta = small_setup()
+    q = torch.randn(2, 3, 64)
+    with pytest.raises(NotImplementedError,
+                       match="paged_attention: argument 'q' is on cuda:0 but only the CPU kernel is available; "
+                             "GPU attention not built"):
+        lb.paged_attention(cuda_labelled(q), cache, 0, meta, 0.1, torch.empty_like(q))
+    k = torch.randn(2, 1, 64)
+    with pytest.raises(NotImplementedError, match="kv_write: argument 'k' is on cuda:0"):
+        lb.kv_write(cache, 0, cuda_labelled(k), k, meta)
+    with pytest.raises(NotImplementedError, match="rope: argument 'q' is on cuda:0"):
+        lb.rope(cuda_labelled(q), None, torch.tensor([0, 1], dtype=torch.int32))
