@@ -148,6 +148,33 @@ void bind_cuda(nb::module_& m) {
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0);
 
   m.def(
+      "quantize_per_token_s8",
+      [](nb::handle x, nb::handle q, nb::handle scales, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor qt = tensor_from_python(q, "q"), st = tensor_from_python(scales, "scales");
+        cuda::quantize_per_token_s8(tensor_from_python(x, "x"), qt, st, as_stream(stream));
+#else
+        no_cuda("quantize_per_token_s8");
+#endif
+      },
+      nb::arg("x"), nb::arg("q"), nb::arg("scales"), nb::arg("stream") = 0,
+      "GPU: per-token symmetric int8 quantization of f16 activations (q s8 [m, k], scales f32 [m])");
+  m.def(
+      "gemm_w8a8",
+      [](nb::handle xq, nb::handle x_scale, nb::handle wq, nb::handle w_scale, nb::handle y, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor out = tensor_from_python(y, "y");
+        cuda::gemm_w8a8(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), tensor_from_python(wq, "wq"),
+                        optional_tensor(w_scale, "w_scale"), out, as_stream(stream));
+#else
+        no_cuda("gemm_w8a8");
+#endif
+      },
+      nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("wq"), nb::arg("w_scale").none(), nb::arg("y"),
+      nb::arg("stream") = 0,
+      "GPU: y = (xq · wqᵀ) * x_scale[m] * w_scale[n] (f16 y), or the raw int32 accumulators (s32 y)");
+
+  m.def(
       "decode_attention",
       [](nb::handle q, nb::handle k_data, nb::handle v_data, nb::handle k_params, nb::handle v_params,
          nb::handle block_tables, nb::handle seq_lens, int max_seq_len, float scale, nb::handle out,

@@ -62,6 +62,23 @@ def bench_shape(name, n, k, m, l2):
         del pk
     except Exception as e:  # noqa: BLE001 - record why the peer could not run
         row["tinygemm_int4_error"] = str(e).splitlines()[0][:160]
+    # lowbit W8A8: the GEMM alone and with the per-token activation quantizer in front of it.
+    xi8 = torch.empty(m, k, dtype=torch.int8, device="cuda")
+    xs = torch.empty(m, device="cuda")
+    y16 = torch.empty(m, n, device="cuda").half()
+    w8 = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda") for _ in range(copies_for(n * k, l2))]
+    ws8 = torch.rand(n, device="cuda") * 0.01
+    _core.quantize_per_token_s8(x, xi8, xs)
+    lx, lxi8, lxs, ly16, lws8 = (lowbit.from_dlpack(t) for t in (x, xi8, xs, y16, ws8))
+    lw8 = [lowbit.from_dlpack(w) for w in w8]
+    cs = torch.cuda.current_stream
+    row["lowbit_w8a8_us"] = graph_time_us(
+        [lambda w=w: _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream) for w in lw8])
+    row["lowbit_w8a8_with_quant_us"] = graph_time_us(
+        [lambda w=w: (_core.quantize_per_token_s8(lx, lxi8, lxs, cs().cuda_stream),
+                      _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream)) for w in lw8])
+    row["w8a8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w8a8_with_quant_us"]
+    del w8, lw8
     try:
         if m > 16:
             xi = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda")
@@ -123,7 +140,9 @@ def main():
             print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  w4a16 {r['lowbit_w4a16_us']:8.1f} us "
                   f"(split {r['lowbit_split_k']}, {r['w4_effective_gbs']:6.0f} GB/s)  tinygemm "
                   f"{r.get('tinygemm_int4_us', float('nan')):8.1f}  int_mm {r.get('torch_int_mm_us', float('nan')):7.1f}"
-                  f"  fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  x{r['speedup_vs_cublas']:.2f}",
+                  f"  fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  x{r['speedup_vs_cublas']:.2f}  "
+                  f"w8a8 {r['lowbit_w8a8_us']:7.1f} (+quant {r['lowbit_w8a8_with_quant_us']:7.1f}, "
+                  f"x{r['w8a8_speedup_vs_cublas']:.2f})",
                   flush=True)
     write_json(out, {"meta": meta, "gemm": rows, "split_sweep": sweep})
 

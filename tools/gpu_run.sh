@@ -34,7 +34,7 @@ python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available
 
 if has tests; then
   echo "== tests"
-  python3 -m pytest tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_attention.py -q --maxfail=30 \
+  python3 -m pytest tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py tests_py/test_gpu_attention.py -q --maxfail=30 \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 if has sanitize; then
@@ -43,6 +43,12 @@ if has sanitize; then
     tests_py/test_gpu_w4a16.py -k "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3" \
     > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?"; tail -4 "$OUT/memcheck.log"
   timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_w8a8.py -k "bit_exact and (3-130 or 17 or 1-8)" > "$OUT/memcheck_w8a8.log" 2>&1
+  echo "memcheck w8a8 rc=$?"; tail -3 "$OUT/memcheck_w8a8.log"
+  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_w8a8.py -k "int32 and 130-200" > "$OUT/racecheck_w8a8.log" 2>&1
+  echo "racecheck w8a8 rc=$?"; tail -3 "$OUT/racecheck_w8a8.log"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests_py/test_gpu_attention.py -k "lens1-0-9-3-64 or lens3-64-32-8-128" > "$OUT/memcheck_attn.log" 2>&1
   echo "memcheck attention rc=$?"; tail -4 "$OUT/memcheck_attn.log"
   timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
@@ -50,6 +56,13 @@ if has sanitize; then
   echo "racecheck rc=$?"; tail -4 "$OUT/racecheck.log"
 fi
 
+if has profile; then
+  echo "== ncu (W4A16 gate_up M=1, u4 attention B=64 L=8K)"
+  timeout 300 ncu --clock-control none --launch-skip 1 --launch-count 3 -k regex:"gemm_w4a16_kernel|decode_attention_kernel" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+    --section LaunchStats python3 tools/bench_gpu_profile.py > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slot|L1/TEX Hit|L2 Hit|Block Limit" "$OUT/ncu.txt" | head -70
+fi
 if has bench; then
   echo "== benchmarks"
   python3 tools/bench_gpu_gemm.py "$OUT/bench_gemm.json" --sweep 2>&1 | tee "$OUT/bench_gemm.log"

@@ -22,12 +22,23 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
+// Per-token symmetric int8 activations: q = rint(x / s), s[m] = max|x[m, :]| / 127 (1 for a zero
+// row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].
+void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream);
+
+// W8A8: y[m, n] = (xq · wqᵀ)[m, n] * x_scale[m] * w_scale[n] with s8 xq [m, k], wq [n, k] (k a
+// multiple of 64), f32 scales, y f16; with an s32 y the raw int32 accumulators are written
+// (scales ignored), which the tests compare bit-exactly.
+void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
+               cudaStream_t stream);
+
 // Decode attention (one query token per sequence) over the paged KV cache of one layer
 // (include/lowbit/kv/kv_cache.h layout): q f16 [B, Hq, D]; k_data/v_data [blocks, Hkv, block_size, D]
-// of f16, u8 or u4 (K and V of one type); k_params/v_params f32 [blocks, Hkv, block_size, 2]
+// of f16, u8 or u4; k_params/v_params f32 [blocks, Hkv, block_size, 2]
 // (scale, zero) for u8/u4; block_tables s32 [B, max_blocks]; seq_lens s32 [B] (on the device);
 // max_seq_len >= every seq_len (decides the split-KV grid, so it is graph-capture friendly);
 // out f16 [B, Hq, D]. split_tokens = 0 picks the split size itself. D in {64, 128}, Hq/Hkv <= 8.
+// K and V types may differ (e.g. u8 K with u4 V).
 void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                       const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_lens,
                       int max_seq_len, float scale, Tensor& out, int split_tokens, cudaStream_t stream);
