@@ -35,7 +35,8 @@ struct RopeConfig {
   int original_max_position = 8192;
   float linear_factor = 1.f;
 };
-// Rotates q [T, Hq, D] and k [T, Hkv, D] in place at positions (s32 [T]).
+// Rotates q [T, Hq, D] and k [T, Hkv, D] in place at positions (s32 [T]). f32/f16/bf16; rows may be
+// strided views (last dim contiguous); either q or k may be undefined. Angles are computed in f64.
 void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg);
 
 // ---- paged attention (ops/attention.cpp) -------------------------------------------------------
@@ -49,9 +50,12 @@ struct AttentionMeta {
   Tensor slot_mapping;  // s32 [T]: cache slot of each new token, on the KV device
   int32_t max_q_len = 0, max_kv_len = 0;
 };
-// Writes the new tokens' K/V (quantizing for integer KV types) into their slots.
+// Writes the new tokens' K/V (quantizing for integer KV types) into their slots; a negative slot
+// skips its token (padding). k/v: f32/f16/bf16, rows may be strided views.
 void kv_write(KVCache& cache, int layer, const Tensor& k /*[T, Hkv, D]*/, const Tensor& v, const AttentionMeta& meta);
-// out[T, Hq, D] = softmax(q kᵀ * scale, causal) v over the paged cache; GQA when Hq > Hkv.
+// out[T, Hq, D] = softmax(q kᵀ * scale, causal) v over the paged cache; GQA when Hq > Hkv (query
+// head h reads KV head h / (Hq / Hkv)). q and out: f32/f16/bf16 (may differ), strided rows allowed;
+// rows of out outside every sequence are left untouched. f32 accumulation.
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                      Tensor& out);
 
