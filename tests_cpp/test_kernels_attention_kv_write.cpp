@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -210,5 +211,41 @@ TEST(KvQuantRow, DequantizeEveryLengthMatchesDecode) {
       }
       ASSERT_TRUE(std::isnan(out[n])) << "wrote past the row";
     }
+  }
+}
+
+// store_row_f32 (vector body and tail) gives exactly the core conversions, specials included.
+TEST(RowConversion, StoreMatchesCoreConversionsBitForBit) {
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::vector<float> x;
+  for (int i = 0; i < 4000; ++i) {  // every exponent, sign and mantissa pattern
+    const uint32_t b = bits(rng);
+    float f;
+    std::memcpy(&f, &b, 4);
+    if (!std::isnan(f)) x.push_back(f);
+  }
+  for (float s : {0.f, -0.f, 65504.f, 65520.f, 1e-8f, -6.1e-5f, 3.0e38f, INFINITY, -INFINITY, 1.00390625f,
+                  1.01171875f})  // f16 max, overflow edge, subnormals, bf16 ties
+    x.push_back(s);
+  for (int64_t n : {static_cast<int64_t>(x.size()), int64_t{7}, int64_t{9}}) {
+    std::vector<uint16_t> h(static_cast<size_t>(n) + 1, 0xdead), b(static_cast<size_t>(n) + 1, 0xdead);
+    cpu::store_row_f32(x.data(), ScalarType::f16, n, h.data());
+    cpu::store_row_f32(x.data(), ScalarType::bf16, n, b.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(h[i], f32_to_f16_bits(x[i])) << "f16 of " << x[i];
+      ASSERT_EQ(b[i], f32_to_bf16_bits(x[i])) << "bf16 of " << x[i];
+    }
+    EXPECT_EQ(h[n], 0xdead);
+    EXPECT_EQ(b[n], 0xdead);
+  }
+  // NaN stays NaN (payloads may differ from the scalar path).
+  std::vector<float> nans(9, std::nanf(""));
+  std::vector<uint16_t> h(9), b(9);
+  cpu::store_row_f32(nans.data(), ScalarType::f16, 9, h.data());
+  cpu::store_row_f32(nans.data(), ScalarType::bf16, 9, b.data());
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_TRUE(std::isnan(f16_bits_to_f32(h[i])));
+    EXPECT_TRUE(std::isnan(bf16_bits_to_f32(b[i])));
   }
 }

@@ -43,12 +43,36 @@ void store_row_f32(const float* src, ScalarType t, int64_t n, void* dst) {
       return;
     case ScalarType::f16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16_bits(src[i]);
+      int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+      // Hardware conversion rounds to nearest even like f32_to_f16_bits (NaN payloads may differ).
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+      for (; i < n; ++i) d[i] = f32_to_f16_bits(src[i]);
       return;
     }
     case ScalarType::bf16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16_bits(src[i]);
+      int64_t i = 0;
+#if defined(__AVX2__)
+      // Round to nearest even on the bit pattern, NaN kept quiet: the same rule as f32_to_bf16_bits.
+      const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+      const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+      for (; i + 8 <= n; i += 8) {
+        const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+        const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+        const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, half), lsb), 16);
+        const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+        const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+        const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+        // Pack the eight 32-bit results to 16 bits (packus works per 128-bit lane, then fix the order).
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_castsi256_si128(packed));
+      }
+#endif
+      for (; i < n; ++i) d[i] = f32_to_bf16_bits(src[i]);
       return;
     }
     default:
