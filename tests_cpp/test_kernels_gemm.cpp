@@ -372,3 +372,57 @@ TEST(PackCpu, RejectsBadWeightsWithClearErrors) {
   msg = error_of([&] { pack_cpu(s); }, &kind);
   EXPECT_NE(msg.find("'q'"), std::string::npos) << msg;
 }
+
+TEST(GemmCpu, FmpqBlocksAccumulateExactlyPerBlock) {
+  // Blocks of 128 k with int4 ([-7, 7]) or int8 activations; groups of 32/64/128 inside the blocks.
+  const Case cases[] = {{1, 13, 300, 64}, {3, 24, 128, 32}, {6, 9, 258, 128}, {2, 40, 70, 64}};
+  for (WeightFormat f : {WeightFormat::w8, WeightFormat::qoq, WeightFormat::liquid})
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(cpu::format_label(f)) + " m=" + std::to_string(c.m) + " k=" + std::to_string(c.k));
+      const QuantizedWeight w = random_weight(f, c.n, c.k, c.group);
+      const PackedWeight p = pack_cpu(w);
+      const int64_t ldx = 2 * cpu::num_k_pairs(c.k), blocks = (c.k + 127) / 128;
+      std::vector<int16_t> xq(c.m * ldx, 0);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t kk = 0; kk < c.k; ++kk) xq[i * ldx + kk] = static_cast<int16_t>((kk / 128) % 2 ? randint(-7, 7) : randint(-127, 127));
+      std::vector<int32_t> acc(c.m * blocks * c.n);
+      std::memset(acc.data(), 0xA5, acc.size() * 4);
+      cpu::gemm_s8act_blocked_cpu(xq.data(), ldx, c.m, p, 128, acc.data());
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t b = 0; b < blocks; ++b)
+          for (int64_t r = 0; r < c.n; ++r) {
+            int64_t ref = 0;
+            for (int64_t kk = b * 128; kk < std::min<int64_t>(c.k, (b + 1) * 128); ++kk)
+              ref += int64_t(xq[i * ldx + kk]) * (f == WeightFormat::w8 ? w.q.data<int8_t>()[r * c.k + kk] : s8_weight(w, r, kk));
+            ASSERT_EQ(acc[(i * blocks + b) * c.n + r], ref) << "row " << i << " block " << b << " col " << r;
+          }
+    }
+}
+
+TEST(GemmCpu, FmpqLinearScalesEachBlock) {
+  const int64_t m = 3, n = 19, k = 300, blocks = 3;
+  const QuantizedWeight w = random_weight(WeightFormat::qoq, n, k, 128);
+  const PackedWeight p = pack_cpu(w);
+  FmpqActivation x;
+  x.q = Tensor::empty({m, k}, ScalarType::s8);
+  x.scales = random_f32({m, blocks}, 0.001f, 0.1f);
+  for (int64_t i = 0; i < m * k; ++i) x.q.data<int8_t>()[i] = static_cast<int8_t>(randint(-127, 127));
+  const Tensor bias = random_f32({n}, -1, 1);
+  PoisonedOutput out(m, n, ScalarType::f32);
+  cpu::linear_fmpq_cpu(x, p, bias, out.y);
+  EXPECT_TRUE(out.pad_untouched());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < n; ++r) {
+      double ref = 0, mag = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int64_t acc = 0;
+        for (int64_t kk = b * 128; kk < std::min<int64_t>(k, (b + 1) * 128); ++kk)
+          acc += int64_t(x.q.data<int8_t>()[i * k + kk]) * s8_weight(w, r, kk);
+        ref += double(acc) * x.scales.data<float>()[i * blocks + b];
+        mag += std::fabs(double(acc) * x.scales.data<float>()[i * blocks + b]);
+      }
+      ref = ref * w.channel_scales.data<float>()[r] + bias.data<float>()[r];
+      mag = mag * w.channel_scales.data<float>()[r] + std::fabs(bias.data<float>()[r]);
+      EXPECT_NEAR(out.y.data<float>()[i * (n + 3) + r], ref, 1e-6 * mag) << "row " << i << " col " << r;
+    }
+}

@@ -66,11 +66,48 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
       break;
     case LinearActivation::fmpq_mixed:
       LOWBIT_NOT_SUPPORTED(kOp, ": act=", act_name(act),
-                           " (COMET W4Ax mixed int4/int8 activations) has no CPU kernel; available on the CPU: "
-                           "act=float for every format, act=int8_per_token for w8/qoq/liquid");
+                           " (COMET mixed int4/int8 activations) needs the layer's block precision map: quantize x "
+                           "with quantize_fmpq and call linear_fmpq; linear itself offers act=float for every "
+                           "format and act=int8_per_token for w8/qoq/liquid");
   }
   if (x.size(0) == 0) return;  // no tokens
   cpu::linear_cpu(x, w, bias, y, act);
+}
+
+void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y) {
+  constexpr const char* op = "linear_fmpq";
+  check_defined(x.q, op, "x.q");
+  check_dtype(x.q, ScalarType::s8, op, "x.q");
+  check_dim(x.q, 2, op, "x.q");
+  const int64_t m = x.q.size(0), blocks = (w.k + cpu::kFmpqBlockK - 1) / cpu::kFmpqBlockK;
+  LOWBIT_CHECK(x.q.size(1) == w.k, op, ": argument 'x.q' ", shape_str(x.q.shape()), " must have k = ", w.k,
+               " features (the weight is [n=", w.n, ", k=", w.k, "])");
+  check_defined(x.scales, op, "x.scales");
+  check_dtype(x.scales, ScalarType::f32, op, "x.scales");
+  check_shape(x.scales, {m, blocks}, op, "x.scales");
+  check_defined(y, op, "y");
+  LOWBIT_CHECK_TYPE(y.dtype() == ScalarType::f32 || y.dtype() == ScalarType::f16 || y.dtype() == ScalarType::bf16, op,
+                    ": argument 'y' must be f32, f16 or bf16, got ", name_of(y.dtype()));
+  check_shape(y, {m, w.n}, op, "y");
+  LOWBIT_CHECK(y.stride(1) == 1 || y.size(1) <= 1, op, ": argument 'y' must be contiguous in its last dimension");
+  if (bias.defined()) {
+    LOWBIT_CHECK_TYPE(bias.dtype() == ScalarType::f32 || bias.dtype() == ScalarType::f16 ||
+                          bias.dtype() == ScalarType::bf16,
+                      op, ": argument 'bias' must be f32, f16 or bf16, got ", name_of(bias.dtype()));
+    check_shape(bias, {w.n}, op, "bias");
+  }
+  check_defined(w.data, op, "w.data");
+  const bool on_cpu = x.q.device().is_cpu() && x.scales.device().is_cpu() && y.device().is_cpu() &&
+                      w.data.device().is_cpu() && (!bias.defined() || bias.device().is_cpu());
+  if (!on_cpu)
+    LOWBIT_NOT_SUPPORTED(op, ": only the CPU kernel is built; all of x, w, bias, y must be on the CPU");
+  LOWBIT_CHECK(w.target == PackTarget::cpu, op, ": the weight was packed for target code ", static_cast<int>(w.target),
+               "; the CPU kernel needs pack_weight(..., PackTarget::cpu, ...)");
+  if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
+    LOWBIT_NOT_SUPPORTED(op, ": FMPQ activations need a weight with s8 values (qoq, liquid or w8), got ",
+                         cpu::format_label(w.format));
+  if (m == 0) return;
+  cpu::linear_fmpq_cpu(x, w, bias, y);
 }
 
 }  // namespace lowbit::ops

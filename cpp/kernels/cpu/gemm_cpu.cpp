@@ -39,6 +39,22 @@ std::vector<float> padded_f32_rows(const Tensor& x, int64_t ldx) {
   return out;
 }
 
+// Adds the bias to the f32 result rows and writes them to y in its dtype (when y is not them already).
+void finish_output(float* yf, int64_t ldy, int64_t m, int64_t n, const Tensor& bias, Tensor& y, bool y_direct) {
+  const int64_t es = bytes_for(y.dtype(), 1);
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = yf + i * ldy;
+    if (bias.defined()) {
+      const int64_t bs = bias.stride(0);
+      for (int64_t c = 0; c < n; ++c) row[c] += load_float(bias.data_ptr(), bias.dtype(), c * bs);
+    }
+    if (!y_direct) {
+      char* out = static_cast<char*>(y.data_ptr()) + i * y.stride(0) * es;
+      for (int64_t c = 0; c < n; ++c) store_float(out, y.dtype(), c * y.stride(1), row[c]);
+    }
+  }
+}
+
 }  // namespace
 
 void quantize_rows_s8(const float* x, int64_t ldx, int64_t m, int64_t k, int16_t* xq, int64_t ldq, float* scales) {
@@ -96,18 +112,32 @@ void linear_cpu(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tens
       for (int64_t c = 0; c < n; ++c) yf[i * ldy + c] = static_cast<float>(acc[i * n + c]) * sx[i] * sw[c];
   }
 
-  const int64_t es = bytes_for(y.dtype(), 1);
-  for (int64_t i = 0; i < m; ++i) {
-    float* row = yf + i * ldy;
-    if (bias.defined()) {
-      const int64_t bs = bias.stride(0);
-      for (int64_t c = 0; c < n; ++c) row[c] += load_float(bias.data_ptr(), bias.dtype(), c * bs);
+  finish_output(yf, ldy, m, n, bias, y, y_direct);
+}
+
+void linear_fmpq_cpu(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y) {
+  const int64_t m = x.q.size(0), k = w.k, n = w.n, ldx = 2 * num_k_pairs(k);
+  const int64_t blocks = (k + kFmpqBlockK - 1) / kFmpqBlockK;
+  const bool y_direct = y.dtype() == ScalarType::f32 && y.stride(1) == 1;
+  std::vector<float> y_buf(y_direct ? 0 : m * n);
+  float* yf = y_direct ? y.data<float>() : y_buf.data();
+  const int64_t ldy = y_direct ? y.stride(0) : n;
+
+  const Tensor q = x.q.contiguous(), sx = x.scales.contiguous();
+  std::vector<int16_t> xq(m * ldx, 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < k; ++c) xq[i * ldx + c] = q.data<int8_t>()[i * k + c];
+  std::vector<int32_t> acc(m * blocks * n);
+  gemm_s8act_blocked_cpu(xq.data(), ldx, m, w, kFmpqBlockK, acc.data());
+  const float* sw = w.format == WeightFormat::w8 ? w.scales.data<float>() : w.channel_scales.data<float>();
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < n; ++c) {
+      float sum = 0.f;
+      for (int64_t b = 0; b < blocks; ++b)
+        sum += static_cast<float>(acc[(i * blocks + b) * n + c]) * sx.data<float>()[i * blocks + b];
+      yf[i * ldy + c] = sum * sw[c];
     }
-    if (!y_direct) {
-      char* out = static_cast<char*>(y.data_ptr()) + i * y.stride(0) * es;
-      for (int64_t c = 0; c < n; ++c) store_float(out, y.dtype(), c * y.stride(1), row[c]);
-    }
-  }
+  finish_output(yf, ldy, m, n, bias, y, y_direct);
 }
 
 }  // namespace lowbit::cpu

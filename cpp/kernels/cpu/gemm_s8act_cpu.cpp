@@ -229,6 +229,38 @@ void u4_decode(const PackedWeight& w, const int16_t* xq, int64_t ldx, int64_t m,
   }
 }
 
+// Per-block int32 sums for activations with one scale per block of k (COMET FMPQ): acc[i][b][n] sums
+// the k of block b only. The loader's group changes are followed pair by pair, so blocks and groups
+// need not coincide.
+template <class L>
+void run_blocked(L loader, const Shape& s, int64_t block_pairs, const int16_t* x, int64_t ldx, int32_t* acc) {
+  const int64_t tiles = num_row_tiles(s.n), blocks = (s.pairs + block_pairs - 1) / block_pairs;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    L ld = loader;
+    ld.tile(t);
+    for (int64_t i0 = 0; i0 < s.m; i0 += kRowBlock) {
+      const int64_t mb = std::min<int64_t>(kRowBlock, s.m - i0);
+      int64_t group = -1;
+      for (int64_t b = 0; b < blocks; ++b) {
+        __m256i a[kRowBlock];
+        for (int i = 0; i < kRowBlock; ++i) a[i] = _mm256_setzero_si256();
+        const int64_t kp_end = std::min(s.pairs, (b + 1) * block_pairs);
+        for (int64_t kp = b * block_pairs; kp < kp_end; ++kp) {
+          if (kp / s.group_pairs != group) ld.group(group = kp / s.group_pairs);
+          const __m256i wv = ld.load(kp);
+          for (int64_t i = 0; i < mb; ++i) {
+            int32_t pair;
+            __builtin_memcpy(&pair, x + (i0 + i) * ldx + 2 * kp, 4);
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(wv, _mm256_set1_epi32(pair)));
+          }
+        }
+        for (int64_t i = 0; i < mb; ++i) store_rows(a[i], t, s.n, acc + ((i0 + i) * blocks + b) * s.n);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void gemm_s8act_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeight& w, int32_t* acc) {
@@ -251,6 +283,31 @@ void gemm_s8act_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeigh
       break;
     default:
       LOWBIT_NOT_SUPPORTED("gemm_s8act_cpu: int8 activations need a w8, qoq or liquid weight, got ",
+                           format_label(w.format));
+  }
+}
+
+}  // namespace lowbit::cpu
+
+namespace lowbit::cpu {
+
+void gemm_s8act_blocked_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeight& w, int64_t block,
+                            int32_t* acc) {
+  const int64_t pairs = num_k_pairs(w.k);
+  Shape s{m, pairs, pairs, 1, w.n};
+  if (w.group > 0) {
+    s.group_pairs = w.group / 2;
+    s.groups = (pairs + s.group_pairs - 1) / s.group_pairs;
+  }
+  switch (w.format) {
+    case WeightFormat::w8: run_blocked(W8Loader{w.data.data<int8_t>(), pairs}, s, block / 2, xq, ldx, acc); break;
+    case WeightFormat::qoq:
+    case WeightFormat::liquid:
+      run_blocked(U4Loader{w.data.data<uint8_t>(), reinterpret_cast<const int16_t*>(w.aux.data_ptr()), pairs, s.groups},
+                  s, block / 2, xq, ldx, acc);
+      break;
+    default:
+      LOWBIT_NOT_SUPPORTED("gemm_s8act_blocked_cpu: int8 activations need a w8, qoq or liquid weight, got ",
                            format_label(w.format));
   }
 }

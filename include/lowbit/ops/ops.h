@@ -5,6 +5,7 @@
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/kv_cache.h"
+#include "lowbit/quant/activation.h"
 #include "lowbit/quant/pack.h"
 
 namespace lowbit::ops {
@@ -13,8 +14,13 @@ namespace lowbit::ops {
 // y[m, n] = x[m, k] · Wᵀ (+ bias[n]). x and y are f32/f16/bf16 (same dtype). A8 paths quantize x per
 // token to int8 internally and accumulate in int32 exactly as the GPU does.
 enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed };
+// act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
             LinearActivation act = LinearActivation::float16);
+// COMET W4Ax: x quantized by quantize_fmpq (s8 [m, k] with int4 or int8 values per 128-channel block,
+// scales f32 [m, ceil(k / 128)]); w a qoq/liquid/w8 weight (s8 per group). Each block's s8 x s8 sum is
+// exact in int32; y[m, n] = channel_scale[n] * sum_b scale[m, b] * acc_b[m, n] (+ bias), y f32/f16/bf16.
+void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y);
 
 // ---- elementwise / normalisation (ops/elementwise.cpp) -----------------------------------------
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
