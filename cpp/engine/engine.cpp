@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -16,7 +17,7 @@ constexpr int64_t kMaxLogitsChunk = 256;  // rows per forward in Engine::logits 
 }  // namespace
 
 Engine::Engine(const Model& model, const EngineConfig& config)
-    : model_(model), cfg_(config), sampler_(model.config().vocab_size) {
+    : model_(model), cfg_(config) {
   LOWBIT_CHECK(model.finalized(), "Engine: the model is not finalized (call Model.finalize() first)");
   LOWBIT_CHECK(cfg_.max_batch_tokens > 0, "Engine: argument 'max_batch_tokens' must be positive, got ",
                cfg_.max_batch_tokens);
@@ -28,6 +29,11 @@ Engine::Engine(const Model& model, const EngineConfig& config)
   if (cfg_.num_threads > 0) omp_set_num_threads(cfg_.num_threads);
 #endif
   const ModelConfig& mc = model.config();
+#ifdef _OPENMP
+  samplers_.assign(size_t(std::max(1, omp_get_max_threads())), Sampler(mc.vocab_size));
+#else
+  samplers_.assign(1, Sampler(mc.vocab_size));
+#endif
   max_blocks_per_seq_ = blocks_for_tokens(mc.max_position_embeddings);
   const int64_t block_bytes = model.kv_bytes_per_token() * cfg_.block_size;
   int64_t num_blocks;
@@ -236,22 +242,45 @@ std::vector<TokenEvent> Engine::step() {
   }
   const int64_t vocab = model_.config().vocab_size;
   const int64_t max_pos = model_.config().max_position_embeddings;
-  int64_t row = 0;
+  std::vector<Sequence*> to_sample;
   for (const ScheduledChunk& c : chunks) {
     Sequence* seq = c.seq;
     seq->num_computed += c.len;
     prefill_tokens_ += std::max<int64_t>(0, std::min(c.start + c.len, seq->prompt_len) - c.start);
-    if (!c.sample) continue;
-    const SampleResult r =
-        sampler_.sample(logits.data<float>() + row * vocab, seq->tokens, seq->num_generated(), seq->opts);
-    ++row;
+    if (c.sample) to_sample.push_back(seq);  // logits row i belongs to to_sample[i]
+  }
+  // Rows are independent (each request has its own RNG stream), so they are sampled in parallel;
+  // top-p over a large vocabulary sorts, which would otherwise serialise big decode batches.
+  const int64_t n = int64_t(to_sample.size());
+  std::vector<SampleResult> results(static_cast<size_t>(n));
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic) num_threads(int(samplers_.size())) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+#ifdef _OPENMP
+      Sampler& sampler = samplers_[size_t(omp_get_thread_num())];
+#else
+      Sampler& sampler = samplers_[0];
+#endif
+      const Sequence* seq = to_sample[size_t(i)];
+      results[size_t(i)] = sampler.sample(logits.data<float>() + i * vocab, seq->tokens, seq->num_generated(), seq->opts);
+    } catch (...) {
+#pragma omp critical(lowbit_engine_sample_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+
+  for (int64_t i = 0; i < n; ++i) {
+    Sequence* seq = to_sample[size_t(i)];
+    SampleResult& r = results[size_t(i)];
     seq->tokens.push_back(r.token);
     ++generated_tokens_;
     TokenEvent e;
     e.request_id = seq->request_id;
     e.token = r.token;
     e.logprob = r.logprob;
-    e.top_logprobs = r.top_logprobs;
+    e.top_logprobs = std::move(r.top_logprobs);
     const std::vector<int32_t>& stops = seq->opts.stop_token_ids;
     if (std::find(stops.begin(), stops.end(), r.token) != stops.end())
       e.finish_reason = "stop";

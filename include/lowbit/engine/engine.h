@@ -73,7 +73,7 @@ class Engine {
   std::unique_ptr<KVCache> cache_;
   std::unique_ptr<BlockAllocator> alloc_;
   std::unique_ptr<Scheduler> scheduler_;
-  Sampler sampler_;
+  std::vector<Sampler> samplers_;            // one per thread: rows are sampled in parallel
   ModelWorkspace ws_;
   ForwardBatch batch_;                       // reused every step
   Tensor block_tables_host_, slot_mapping_host_;  // s32, max sizes
