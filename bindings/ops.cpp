@@ -9,6 +9,7 @@
 #include "bindings/bind.h"
 #include "bindings/tensor_arg.h"
 #include "lowbit/ops/ops.h"
+#include "lowbit/quant/activation.h"
 
 namespace nb = nanobind;
 
@@ -67,6 +68,19 @@ void bind_ops(nb::module_& m) {
       nb::arg("act") = "float",
       "y[m, n] = x[m, k] @ W.T (+ bias). x: f32/f16/bf16; w: a PackedWeight (pack_weight(..., 'cpu')); act: "
       "'float' (dequantize weights, f32 accumulate) or 'int8_per_token' (w8/qoq/liquid: exact int32 s8 x s8).");
+  m.def(
+      "linear_fmpq",
+      [](nb::handle q, nb::handle scales, const PackedWeight& w, nb::handle bias, nb::handle out) {
+        FmpqActivation x;
+        x.q = tensor_from_python(q, "q");
+        x.scales = tensor_from_python(scales, "scales");
+        Tensor y = output(out, {x.q.dim() == 2 ? x.q.size(0) : 0, w.n}, ScalarType::f32);
+        ops::linear_fmpq(x, w, optional_tensor(bias, "bias"), y);
+        return result(out, y);
+      },
+      nb::arg("q"), nb::arg("scales"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::arg("out") = nb::none(),
+      "COMET W4Ax: (q, scales) from quantize_fmpq times a qoq/liquid/w8 weight, exact int32 per 128-channel "
+      "block; returns f32 [m, n] unless `out` (f32/f16/bf16) is given");
   m.def(
       "rms_norm",
       [](nb::handle x, nb::handle weight, float eps, nb::handle out) {

@@ -75,6 +75,29 @@ def test_linear_int8_activations_accumulate_exactly(fmt, m, n, k):
     assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("fmt", ["qoq", "liquid", "w8"])
+def test_linear_fmpq_scales_each_block(fmt):
+    m, n, k = 3, 21, 300
+    qw, pw = packed(fmt, n, k, group=64)
+    x = torch.randn(m, k)
+    q, scales = C.quantize_fmpq(x, [8, 4, 8])
+    q, scales = t(q), t(scales)
+    bias = torch.randn(n)
+    y = t(C.linear_fmpq(q, scales, pw, bias=bias))
+    w8 = s8_weight(qw)
+    ref = torch.zeros(m, n, dtype=torch.float64)
+    for b in range(3):
+        acc = q[:, b * 128 : (b + 1) * 128].to(torch.int64) @ w8[:, b * 128 : (b + 1) * 128].T  # exact
+        ref += acc.double() * scales[:, b : b + 1].double()
+    sw = t(qw.scales if fmt == "w8" else qw.channel_scales).double()
+    ref = ref * sw + bias.double()
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="linear_fmpq: FMPQ activations need a weight with s8 values"):
+        C.linear_fmpq(q, scales, packed("w4", n, k)[1])
+    with pytest.raises(ValueError, match=r"linear_fmpq: argument 'x.scales'"):
+        C.linear_fmpq(q, scales[:, :2].contiguous(), pw)
+
+
 def test_linear_allocates_output_and_handles_no_tokens():
     _, pw = packed("w4", 16, 64)
     y = t(C.linear(torch.randn(2, 64, dtype=torch.bfloat16), pw))

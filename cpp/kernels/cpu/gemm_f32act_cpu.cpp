@@ -69,17 +69,22 @@ struct S8Loader {  // w8: s8 weights, per-channel scale applied after the reduct
   }
 };
 
-struct E4M3Loader {  // fp8 bytes decoded through a 256-entry table
+struct E4M3Loader {  // fp8 e4m3 -> f16 by bit placement, then x 2^8 (exact, see below)
   const uint8_t* base;
   int64_t pairs;
-  const float* table;
   const uint8_t* p = nullptr;
   void tile(int64_t t) { p = base + t * pairs * kPairElems; }
   void group(int64_t) {}
+  // e4m3 (bias 7) bits s.eeee.mmm placed as f16 (bias 15) s.0eeee.mmm0000000 read as 2^-8 times the
+  // e4m3 value, normals and subnormals alike (both exponent fields count from the same zero).
+  // The weights carry no NaN (the quantizer saturates to +-448).
+  static __m256 times_256(__m128i f16) { return _mm256_mul_ps(_mm256_cvtph_ps(f16), _mm256_set1_ps(256.f)); }
   void load(int64_t kp, __m256& lo, __m256& hi) const {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems));
-    lo = _mm256_i32gather_ps(table, _mm256_cvtepu8_epi32(v), 4);
-    hi = _mm256_i32gather_ps(table, _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), 4);
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    lo = times_256(_mm256_castsi256_si128(h));
+    hi = times_256(_mm256_extracti128_si256(h, 1));
   }
 };
 
@@ -215,15 +220,6 @@ void run(L loader, const Shape& s, const float* x, int64_t ldx, const float* chs
   }
 }
 
-const float* e4m3_table() {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(256);
-    for (int i = 0; i < 256; ++i) t[i] = e4m3_bits_to_f32(static_cast<uint8_t>(i));
-    return t;
-  }();
-  return table.data();
-}
-
 }  // namespace
 
 void gemm_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight& w, float* y, int64_t ldy) {
@@ -241,7 +237,7 @@ void gemm_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight&
       run(S8Loader{w.data.data<int8_t>(), pairs}, s, x, ldx, w.scales.data<float>(), y, ldy);
       break;
     case WeightFormat::e4m3:
-      run(E4M3Loader{w.data.data<uint8_t>(), pairs, e4m3_table()}, s, x, ldx, w.scales.data<float>(), y, ldy);
+      run(E4M3Loader{w.data.data<uint8_t>(), pairs}, s, x, ldx, w.scales.data<float>(), y, ldy);
       break;
     case WeightFormat::w4: gemm_w4_f32act_cpu(x, ldx, m, w, y, ldy); break;
     case WeightFormat::qoq:

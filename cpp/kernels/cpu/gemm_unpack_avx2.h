@@ -10,13 +10,18 @@ namespace lowbit::cpu {
 // One (tile, k quad) block of qoq/liquid u4 (16 bytes, gemm_layout_cpu.h) -> the 16 u4 values of
 // k pair h (0 or 1) of the quad, as bytes in pair order e = row * 2 + kk.
 inline __m128i unpack_u4_pair_from_quad(const uint8_t* quad, int h) {
+  // pshufb controls per h: rows 0..3 come from the low nibbles, rows 4..7 from the high ones;
+  // 0x80 zeroes a byte. Row r of pair h sits at byte 4 * (r % 4) + 2h (+1 for the second k).
+  alignas(16) static constexpr uint8_t kPick[2][2][16] = {
+      {{0, 1, 4, 5, 8, 9, 12, 13, 128, 128, 128, 128, 128, 128, 128, 128},
+       {128, 128, 128, 128, 128, 128, 128, 128, 0, 1, 4, 5, 8, 9, 12, 13}},
+      {{2, 3, 6, 7, 10, 11, 14, 15, 128, 128, 128, 128, 128, 128, 128, 128},
+       {128, 128, 128, 128, 128, 128, 128, 128, 2, 3, 6, 7, 10, 11, 14, 15}}};
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quad));
   const __m128i mask = _mm_set1_epi8(0x0F);
   const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-  const char z = static_cast<char>(0x80), o = static_cast<char>(2 * h);  // 0x80: zero the byte
-  const __m128i pick_lo = _mm_setr_epi8(o, o + 1, o + 4, o + 5, o + 8, o + 9, o + 12, o + 13, z, z, z, z, z, z, z, z);
-  const __m128i pick_hi = _mm_setr_epi8(z, z, z, z, z, z, z, z, o, o + 1, o + 4, o + 5, o + 8, o + 9, o + 12, o + 13);
-  return _mm_or_si128(_mm_shuffle_epi8(lo, pick_lo), _mm_shuffle_epi8(hi, pick_hi));
+  return _mm_or_si128(_mm_shuffle_epi8(lo, _mm_load_si128(reinterpret_cast<const __m128i*>(kPick[h][0]))),
+                      _mm_shuffle_epi8(hi, _mm_load_si128(reinterpret_cast<const __m128i*>(kPick[h][1]))));
 }
 
 // k pair kp of a qoq/liquid tile (data of the tile) -> s8 weights as int16 lanes in pair order:
