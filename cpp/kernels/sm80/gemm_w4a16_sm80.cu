@@ -7,8 +7,10 @@
 // the whole 16x64 u4 tile (TurboMind §4.1), the lop3 magic-number trick turns 8 nibbles into four
 // f16x2 fragment registers, and w = q*s - z*s is one f16x2 fma per register. The activations are
 // read straight from global memory (two 16-byte loads per lane and 8-token tile per chunk; the
-// block's warps share them through L1). The weights stream through a cp.async shared-memory ring,
-// 8 chunks (4 KB) in flight per warp without holding registers. Split-K across blocks writes f32 partials that a small kernel sums (deterministic).
+// block's warps share them through L1). Chunks of the next step are loaded before the current
+// one is used. Split-K across blocks writes f32 partials that a small kernel sums (deterministic).
+// (Deeper prefetch - a 4-stage register ring, or an 8-stage cp.async shared-memory ring - measured
+// slower on H100; docs/gpu_notes.md has the numbers.)
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -30,17 +32,6 @@ __device__ inline uint4 load_nc(const void* p) {
                : "l"(p));
   return v;
 }
-
-// Weights stream through a per-warp shared-memory ring filled by cp.async (Ampere+ async copies):
-// the bytes in flight then cost no registers, so occupancy stays high. Each lane copies and later
-// reads only its own 16 bytes, so waiting on its own copy groups is the only synchronization.
-__device__ inline void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int kPending>
-__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending)); }
 
 template <int kLut>
 __device__ inline uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
@@ -91,10 +82,10 @@ struct GemmArgs {
   int m, n, k, group, npad, chunks_per_split;
 };
 
-// One chunk's register operands for one lane: per 8-token tile 16 activations, and the group's
-// scales (the weight words come from the shared-memory ring).
+// One chunk's operands for one lane: the weight word quad and, per 8-token tile, 16 activations.
 template <int kTiles>
 struct ChunkRegs {
+  uint4 w;
   uint4 x[kTiles][2];
   __half2 s_lo, nzs_lo, s_hi, nzs_hi;
 };
@@ -102,6 +93,8 @@ struct ChunkRegs {
 template <int kTiles>
 __device__ inline void load_chunk(const GemmArgs& p, int tile_n, int kc, int m0, ChunkRegs<kTiles>& r) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int k_chunks = p.k / kChunkK;
+  r.w = load_nc(p.w + ((static_cast<int64_t>(tile_n) * k_chunks + kc) * 32 + lane) * 16);
   const int64_t prow = static_cast<int64_t>(kc * kChunkK / p.group) * p.npad + tile_n * kTileN + g;
   const __half s0 = p.scales[prow], s8 = p.scales[prow + 8];
   const __half z0 = p.zeros[prow], z8 = p.zeros[prow + 8];
@@ -123,8 +116,8 @@ __device__ inline void load_chunk(const GemmArgs& p, int tile_n, int kc, int m0,
 }
 
 template <int kTiles>
-__device__ inline void compute_chunk(const uint4& w, const ChunkRegs<kTiles>& r, float (&acc)[kTiles][4]) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+__device__ inline void compute_chunk(const ChunkRegs<kTiles>& r, float (&acc)[kTiles][4]) {
+  const uint32_t words[4] = {r.w.x, r.w.y, r.w.z, r.w.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t a[4];
@@ -149,29 +142,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemm_w4a16_kernel(GemmArgs p) {
   const int kc_end = min(kc_begin + p.chunks_per_split, k_chunks);
   const int m0 = blockIdx.z * kTiles * 8;
 
-  // Weight chunks: kStages in flight per warp through shared memory. Activations and scales (hot
-  // in L1/L2): one chunk ahead in registers.
-  constexpr int kStages = kTiles <= 2 ? 8 : 4;
-  __shared__ uint4 ring[kWarps][kStages][32];
-  const uint8_t* w_tile = p.w + (static_cast<int64_t>(tile_n) * k_chunks * 32 + lane) * 16;
-#pragma unroll
-  for (int s = 0; s < kStages; ++s) {
-    if (kc_begin + s < kc_end) cp_async16(&ring[warp][s][lane], w_tile + static_cast<int64_t>(kc_begin + s) * 512);
-    cp_async_commit();  // one group per stage, empty or not, so the wait count below is uniform
-  }
   float acc[kTiles][4] = {};
-  ChunkRegs<kTiles> cur, next;
-  if (kc_begin < kc_end) load_chunk<kTiles>(p, tile_n, kc_begin, m0, next);
-  int slot = 0;
-  for (int kc = kc_begin; kc < kc_end; ++kc) {
-    cur = next;
-    if (kc + 1 < kc_end) load_chunk<kTiles>(p, tile_n, kc + 1, m0, next);
-    cp_async_wait<kStages - 1>();  // this chunk's group has landed
-    const uint4 w = ring[warp][slot][lane];
-    if (kc + kStages < kc_end) cp_async16(&ring[warp][slot][lane], w_tile + static_cast<int64_t>(kc + kStages) * 512);
-    cp_async_commit();
-    compute_chunk<kTiles>(w, cur, acc);
-    slot = slot + 1 == kStages ? 0 : slot + 1;
+  if (kc_begin < kc_end) {
+    ChunkRegs<kTiles> cur, next;
+    load_chunk<kTiles>(p, tile_n, kc_begin, m0, next);
+    for (int kc = kc_begin; kc < kc_end; ++kc) {
+      cur = next;
+      if (kc + 1 < kc_end) load_chunk<kTiles>(p, tile_n, kc + 1, m0, next);
+      compute_chunk<kTiles>(cur, acc);
+    }
   }
   // c0,c1: weight row g, tokens 2t, 2t+1; c2,c3: weight row g+8, same tokens.
 #pragma unroll
@@ -207,18 +186,17 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
 
 }  // namespace
 
-// Split-K: about 8 blocks per SM in the grid (v1 rule; a one-wave rule measured worse, see
-// docs/gpu_notes.md), capped so the f32 partials (8 bytes per split and output, written then read)
-// stay below the weight bytes n*k/2: split <= k / (16 m).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   const int64_t k_chunks = k / kChunkK;
-  const int tiles = tiles_for(m);
-  const int64_t blocks = ((n + kWarps * kTileN - 1) / (kWarps * kTileN)) * ((m + tiles * 8 - 1) / (tiles * 8));
-  const int64_t want = 8LL * multiprocessor_count(device);
-  int64_t split = std::max<int64_t>(1, (want + blocks - 1) / blocks);
+  const int64_t blocks = ((n + kWarps * kTileN - 1) / (kWarps * kTileN)) * ((m + tiles_for(m) * 8 - 1) / (tiles_for(m) * 8));
+  const int64_t want = 8LL * multiprocessor_count(device);  // ~32 resident warps per SM
+  int64_t split = (want + blocks - 1) / blocks;
+  // Partials cost 8 bytes per split and output (written, then read); keep them below the weight
+  // bytes n*k/2, i.e. split <= k / (16 m).
   split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * m)));
   split = std::min<int64_t>(split, k_chunks);
-  const int64_t per = (k_chunks + split - 1) / split;  // no idle tail split
+  // Even chunk counts per split (no idle tail split).
+  const int64_t per = (k_chunks + split - 1) / split;
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
