@@ -245,3 +245,28 @@ def test_quantized_recipes_close_to_float(llama):
     for recipe, tol in (("w8a16", 3e-2), ("w8a8", 5e-2)):
         got = torch.from_dlpack(_core.Engine(lowbit_model(hf, recipe=recipe)).logits(ids))
         assert rel_err(got, ref) < tol, recipe
+
+
+def test_set_quantized_weight_equals_set_weight(llama):
+    """Pre-quantized linears (as a quantized checkpoint holds them) give bit-identical logits to in-C++ RTN."""
+    hf, _ = llama
+    ref_model = lowbit_model(hf, recipe="w4a16g32")
+    m = _core.Model(ref_model.config, "w4a16g32")
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        if name.endswith("_proj.weight"):
+            m.set_quantized_weight(name, _core.quantize_weight(t.float().contiguous(), "w4", 32))
+        else:
+            m.set_weight(name, t.float().contiguous())
+    m.finalize()
+    ids = tokens(13, 16)
+    a = torch.from_dlpack(_core.Engine(m).logits(ids))
+    b = torch.from_dlpack(_core.Engine(ref_model).logits(ids))
+    assert torch.equal(a, b)
+    other = _core.Model(ref_model.config, "w4a16g32")
+    w = hf.state_dict()["model.layers.0.mlp.up_proj.weight"].float().contiguous()
+    with pytest.raises(ValueError, match="up_proj.*format w8.*uses w4"):
+        other.set_quantized_weight("model.layers.0.mlp.up_proj.weight", _core.quantize_weight(w, "w8"))
+    with pytest.raises(ValueError, match="not a linear weight"):
+        other.set_quantized_weight("model.norm.weight", _core.quantize_weight(w, "w4", 32))
