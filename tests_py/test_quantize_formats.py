@@ -148,23 +148,41 @@ def test_bad_inputs_named():
         F.unpack_u4(np.zeros((1, 3), np.uint8), 4)
 
 
-def _core_quantize():
+def _core():
     if os.environ.get("LOWBIT_NO_CORE") == "1" and not os.environ.get("LOWBIT_DEV_BUILD"):
         return None
     try:
         import lowbit._core as core
     except ImportError:
         return None
-    return getattr(core, "quantize_weight", None)
+    return core if hasattr(core, "quantize_weight") else None
 
 
-@pytest.mark.parametrize("fmt,group", [("w8", 0), ("w4", 128), ("w4", 32), ("qoq", 128), ("liquid", 64)])
-def test_bit_exact_with_cpp_quantize_weight(fmt, group):
-    qw = _core_quantize()
-    if qw is None:
-        pytest.skip("lowbit._core.quantize_weight is not built/bound yet")
+def _np(t):
     import torch
-    w = rand_w(5, 200, 11)
-    ours = F.quantize_rtn(w, fmt, group or 128)
-    theirs = qw(torch.from_numpy(w), fmt, group or 128)
-    np.testing.assert_array_equal(np.asarray(torch.from_dlpack(theirs.q)).astype(np.int32), ours.q.astype(np.int32))
+    if t is None:
+        return None
+    x = torch.from_dlpack(t)
+    return (x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x).numpy()
+
+
+@pytest.mark.parametrize("fmt,group,symmetric", [("w8", 0, False), ("e4m3", 0, False), ("w4", 128, False),
+                                                 ("w4", 32, True), ("qoq", 128, False), ("qoq", 64, False),
+                                                 ("liquid", 64, False), ("liquid", 32, False)])
+def test_bit_exact_with_cpp_quantize_weight(fmt, group, symmetric):
+    core = _core()
+    if core is None:
+        pytest.skip("lowbit._core.quantize_weight is not importable (build the extension, set LOWBIT_DEV_BUILD)")
+    import torch
+    for n, k in ((5, 200), (1, 64), (3, 130)):
+        w = rand_w(n, k, n + k)
+        ours = F.quantize_rtn(w, fmt, group or 128, symmetric)
+        theirs = core.quantize_weight(torch.from_numpy(w), fmt, group, symmetric)
+        np.testing.assert_array_equal(_np(theirs.q).astype(np.int32), ours.q.astype(np.int32))
+        for field in ("scales", "zeros", "channel_scales"):
+            a, b = _np(getattr(theirs, field)), getattr(ours, field)
+            assert (a is None) == (b is None), field
+            if a is not None:
+                assert a.dtype == b.dtype, (field, a.dtype, b.dtype)
+                np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(_np(core.dequantize_weight(theirs)), F.dequantize(ours))
