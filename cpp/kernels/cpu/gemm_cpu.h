@@ -16,6 +16,9 @@ void gemm_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight&
 // The w4 part of gemm_f32act_cpu (its own layout and kernel).
 void gemm_w4_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight& w, float* y, int64_t ldy);
 
+// The qoq/liquid decode (m <= 4) part of gemm_f32act_cpu.
+void gemm_u4s8_f32act_decode_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight& w, float* y, int64_t ldy);
+
 // int8 activations for w8/qoq/liquid: xq holds s8 values widened to int16 [m, ldx] (zero past k);
 // acc[m, n] = sum_k xq * w_s8 in int32, bit-exact (w_s8 = the per-group s8 weight of qoq/liquid).
 void gemm_s8act_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeight& w, int32_t* acc);

@@ -242,6 +242,10 @@ void gemm_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight&
     case WeightFormat::w4: gemm_w4_f32act_cpu(x, ldx, m, w, y, ldy); break;
     case WeightFormat::qoq:
     case WeightFormat::liquid:
+      if (m <= kRowBlock) {
+        gemm_u4s8_f32act_decode_cpu(x, ldx, m, w, y, ldy);
+        break;
+      }
       run(U4ToS8Loader{w.data.data<uint8_t>(), reinterpret_cast<const int16_t*>(w.aux.data_ptr()), pairs, s.groups},
           s, x, ldx, w.channel_scales.data<float>(), y, ldy);
       break;
