@@ -189,8 +189,11 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   const int64_t k_chunks = k / kChunkK;
   const int64_t blocks = ((n + kWarps * kTileN - 1) / (kWarps * kTileN)) * ((m + tiles_for(m) * 8 - 1) / (tiles_for(m) * 8));
-  const int64_t want = 8LL * multiprocessor_count(device);  // ~32 resident warps per SM
+  // ~8 blocks (32 warps) per SM; for 1-8 tokens twice that, at most 16 splits (H100 sweep,
+  // docs/benchmarks_gpu.md: gate_up M=1 36 us at split 4-8 vs 40.6 us at 3; down and o best at 16).
+  const int64_t want = (m <= 8 ? 16LL : 8LL) * multiprocessor_count(device);
   int64_t split = (want + blocks - 1) / blocks;
+  if (m <= 8) split = std::min<int64_t>(split, 16);
   // Partials cost 8 bytes per split and output (written, then read); keep them below the weight
   // bytes n*k/2, i.e. split <= k / (16 m).
   split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * m)));
