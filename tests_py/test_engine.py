@@ -270,3 +270,36 @@ def test_set_quantized_weight_equals_set_weight(llama):
         other.set_quantized_weight("model.layers.0.mlp.up_proj.weight", _core.quantize_weight(w, "w8"))
     with pytest.raises(ValueError, match="not a linear weight"):
         other.set_quantized_weight("model.norm.weight", _core.quantize_weight(w, "w4", 32))
+
+
+def python_ran_during(fn):
+    """Runs fn once on another thread; True when this thread executed Python while fn was inside C++.
+    With the GIL held by the call, this thread cannot take its timestamp until the call returns."""
+    import threading
+    import time
+
+    started, times = threading.Event(), {}
+
+    def work():
+        started.set()
+        fn()
+        times["end"] = time.perf_counter()
+
+    th = threading.Thread(target=work)
+    th.start()
+    started.wait()
+    time.sleep(0.002)  # lets the worker enter the C++ call
+    mine = time.perf_counter()
+    th.join()
+    return mine < times["end"]
+
+
+def test_logits_and_step_release_the_gil(llama):
+    _, m = llama
+    eng = _core.Engine(m, max_batch_tokens=4)
+    ids = tokens(250, 17)
+    assert python_ran_during(lambda: eng.logits(ids))  # 63 forwards inside one call
+    eng = _core.Engine(m, max_batch_tokens=4096)
+    for i in range(16):
+        eng.add_request(i, tokens(250, 20 + i), max_tokens=2)
+    assert python_ran_during(eng.step)  # one step prefills 4000 tokens
