@@ -153,6 +153,7 @@ def main(argv=None) -> int:
     p.add_argument("--calib-seqs", type=int, default=16)
     p.add_argument("--calib-len", type=int, default=256)
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--reverse", action="store_true", help="run the rows in reverse order (for a parallel run)")
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("LOWBIT_QUANT_THREADS", "1")))
     caches = [Path(c) for c in args.cache.split(",")]
@@ -164,17 +165,36 @@ def main(argv=None) -> int:
     wanted = [r for r in ROWS if not args.rows or r[0] in args.rows.split(",")]
     if not args.render_only:
         loaded = load_model_source(None, progress=False)
-        for row in wanted:
+        claims = Path(args.work) / "claims"
+        claims.mkdir(parents=True, exist_ok=True)
+        for row in (reversed(wanted) if args.reverse else wanted):
             if row[0] in results:
+                continue
+            try:  # parallel runs (each with its own first --cache) split the rows by claiming them
+                (claims / row[0]).open("x").close()
+            except FileExistsError:
                 continue
             t0 = time.time()
             results[row[0]] = run_row(row, loaded, args)
             print(f"{row[0]}: ppl {results[row[0]]['ppl']:.3f} ({time.time() - t0:.0f}s)", flush=True)
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(results, indent=1))
-            Path(args.out).write_text(render(results, ROWS), encoding="utf-8")
-    Path(args.out).write_text(render(results, ROWS), encoding="utf-8")
+            write_doc(Path(args.out), render(results, ROWS))
+    write_doc(Path(args.out), render(results, ROWS))
     return 0
+
+
+OBSERVATIONS = "## Observations"
+
+
+def write_doc(path: Path, table: str) -> None:
+    """Writes the table, keeping a hand-written "## Observations" section of the existing file."""
+    kept = ""
+    if path.is_file():
+        old = path.read_text(encoding="utf-8")
+        if OBSERVATIONS in old:
+            kept = old[old.index(OBSERVATIONS):]
+    path.write_text(table + ("\n" + kept if kept else ""), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -192,7 +192,7 @@ template <class L>
 void run(L loader, const Shape& s, const float* x, int64_t ldx, const float* chscale, float* y, int64_t ldy) {
   const int64_t tiles = num_row_tiles(s.n);
   if (s.m <= kRowBlock) {  // decode: stream each weight once
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(s.m, s.n, 2 * s.pairs))
     for (int64_t t = 0; t < tiles; ++t) {
       L ld = loader;
       ld.tile(t);
@@ -204,7 +204,7 @@ void run(L loader, const Shape& s, const float* x, int64_t ldx, const float* chs
   }
   // prefill: dequantize a 16-channel panel once, then all token rows over it
   const int64_t panels = (tiles + 1) / 2, kpad = 2 * s.pairs;
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(s.m, s.n, 2 * s.pairs))
   {
     L ld = loader;
     std::vector<float> buf(kpad * kPanelCols, 0.f);

@@ -50,6 +50,11 @@ inline int64_t num_k_quads(int64_t k) { return (k + 3) / 4; }
 constexpr int kQuadBytes = 16;   // qoq/liquid bytes per (tile, k quad)
 constexpr int kU4AuxBytes = 128;  // qoq/liquid aux bytes per (tile, group)
 
+// Below this many multiply-adds a GEMM runs on the calling thread: waking the OpenMP team costs more
+// than it saves (and on a busy machine a late worker stalls the join).
+constexpr int64_t kParallelMacs = int64_t(1) << 17;
+inline bool worth_parallel(int64_t m, int64_t n, int64_t k) { return m * n * k >= kParallelMacs; }
+
 // Format names for error messages (kept here so the CPU kernels do not depend on format.cpp).
 inline const char* format_label(WeightFormat f) {
   switch (f) {

@@ -128,7 +128,7 @@ template <class L>
 void run(L loader, const Shape& s, const int16_t* x, int64_t ldx, int32_t* acc) {
   const int64_t tiles = num_row_tiles(s.n);
   if (s.m <= kRowBlock) {  // decode: stream each weight once
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(s.m, s.n, 2 * s.pairs))
     for (int64_t t = 0; t < tiles; ++t) {
       L ld = loader;
       ld.tile(t);
@@ -140,7 +140,7 @@ void run(L loader, const Shape& s, const int16_t* x, int64_t ldx, int32_t* acc) 
   }
   // prefill: unpack a two-tile panel once, then all token rows over it
   const int64_t panels = (tiles + 1) / 2;
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(s.m, s.n, 2 * s.pairs))
   {
     L ld = loader;
     std::vector<int16_t> buf(s.pairs * kPanelLanes, 0);
@@ -214,7 +214,7 @@ void u4_decode(const PackedWeight& w, const int16_t* xq, int64_t ldx, int64_t m,
     }
   const uint8_t* data = w.data.data<uint8_t>();
   const uint8_t* aux = w.aux.data<uint8_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(m, w.n, w.k))
   for (int64_t t = 0; t < tiles; ++t) {
     const uint8_t* td = data + t * quads * kQuadBytes;
     const uint8_t* ta = aux + t * groups * kU4AuxBytes;
@@ -235,7 +235,7 @@ void u4_decode(const PackedWeight& w, const int16_t* xq, int64_t ldx, int64_t m,
 template <class L>
 void run_blocked(L loader, const Shape& s, int64_t block_pairs, const int16_t* x, int64_t ldx, int32_t* acc) {
   const int64_t tiles = num_row_tiles(s.n), blocks = (s.pairs + block_pairs - 1) / block_pairs;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(s.m, s.n, 2 * s.pairs))
   for (int64_t t = 0; t < tiles; ++t) {
     L ld = loader;
     ld.tile(t);

@@ -69,7 +69,7 @@ void gemm_u4s8_f32act_decode_cpu(const float* x, int64_t ldx, int64_t m, const P
   const uint8_t* data = w.data.data<uint8_t>();
   const uint8_t* aux = w.aux.data<uint8_t>();
   const float* cs = w.channel_scales.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(m, w.n, w.k))
   for (int64_t t = 0; t < tiles; ++t) {
     const uint8_t* td = data + t * quads * kQuadBytes;
     const uint8_t* ta = aux + t * groups * kU4AuxBytes;

@@ -105,7 +105,7 @@ void gemm_w4_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeig
     std::vector<float> sumx(m * s.groups, 0.f);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t c = 0; c < s.k; ++c) sumx[i * s.groups + c / s.group] += x[i * ldx + c];
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_parallel(m, s.n, s.k))
     for (int64_t t = 0; t < tiles; ++t) {
       __m256 out[kRowBlock];
       rows_decode(data + t * tile_bytes, aux + t * tile_aux, s, x, ldx, sumx.data(), static_cast<int>(m), out);
@@ -115,7 +115,7 @@ void gemm_w4_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeig
   }
   // prefill: dequantize a 16-channel panel once (w = v * mul + add), then all token rows over it
   const int64_t panels = (tiles + 1) / 2;
-#pragma omp parallel
+#pragma omp parallel if (worth_parallel(m, s.n, s.k))
   {
     std::vector<float> buf(s.k * kPanelCols, 0.f);
     const __m256i masks = lane_masks();

@@ -1,0 +1,29 @@
+"""Prefill and decode throughput of one request (used by `lowbit bench` and tools/bench_cpu.py)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def bench_prompt(vocab_size: int, n: int, seed: int = 0) -> list[int]:
+    """Random token ids (the cost does not depend on the values); ids below 256 avoided (special/byte tokens)."""
+    return np.random.default_rng(seed).integers(256, vocab_size, n).tolist()
+
+
+def run_bench(llm, prompt_tokens: int = 512, new_tokens: int = 128, repeats: int = 1) -> dict[str, float]:
+    """prefill tok/s = prompt tokens / time to first token; decode tok/s = (new - 1) / time after the first token."""
+    from .generation import GenerationConfig
+    ids = bench_prompt(llm.config.vocab_size, prompt_tokens)
+    cfg = GenerationConfig(max_tokens=new_tokens, ignore_eos=True)
+    llm.generate([ids[:16]], cfg.replace(max_tokens=4))  # warm-up: thread pool, first allocations
+    best_prefill, best_decode = 0.0, 0.0
+    for r in range(repeats):
+        start = time.perf_counter()
+        out = llm.generate([ids], cfg)[0]
+        end = time.perf_counter()
+        t = out.timings
+        best_prefill = max(best_prefill, prompt_tokens / t.ttft_s)
+        best_decode = max(best_decode, t.decode_tokens_per_s)
+        assert out.num_tokens == new_tokens, (out.num_tokens, out.finish_reason)
+    return {"prefill_tok_s": best_prefill, "decode_tok_s": best_decode, "wall_s": end - start}

@@ -1,0 +1,168 @@
+"""`lowbit <verb>`: generate, chat, perplexity, quantize, bench, info."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_PROMPT = "The three most useful things to know about large language models are"
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help=".gguf file or HF model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--recipe", default="w16a16", help="precision recipe, e.g. w16a16, w8a16, w4a16 (default w16a16)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default="f32", help="compute dtype f32|f16|bf16 (default f32)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no load progress on stderr")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate (default {max_tokens})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lowbit", description="lowbit: mixed-precision LLM inference")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    g = verbs.add_parser("generate", help="complete prompts (or chat turns with --chat)")
+    _add_model_args(g)
+    _add_sampling_args(g, 64)
+    g.add_argument("prompts", nargs="*", help="prompt texts (batched together)")
+    g.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable; batched)")
+    g.add_argument("--raw", action="store_true",
+                   help="plain text completion; by default a model with a chat template gets each prompt as a user turn")
+
+    c = verbs.add_parser("chat", help="interactive multi-turn chat (streaming); /exit or EOF quits")
+    _add_model_args(c)
+    _add_sampling_args(c, 256)
+    c.add_argument("--system", default=None, help="system message")
+
+    pp = verbs.add_parser("perplexity", help="perplexity of a text file (non-overlapping windows)")
+    _add_model_args(pp)
+    pp.add_argument("--text", required=True, help="UTF-8 text file")
+    pp.add_argument("--window", type=int, default=1024)
+    pp.add_argument("--max-tokens", type=int, default=4096)
+
+    b = verbs.add_parser("bench", help="prefill tok/s (512-token prompt) and decode tok/s (128 new tokens)")
+    _add_model_args(b)
+    b.add_argument("--prompt-tokens", type=int, default=512)
+    b.add_argument("--new-tokens", type=int, default=128)
+
+    i = verbs.add_parser("info", help="model, recipe, memory per weight group and KV token, kernels")
+    _add_model_args(i)
+
+    if _quantize_main() is not None:
+        verbs.add_parser("quantize", help="quantize a checkpoint into a lowbit directory (see lowbit quantize -h)",
+                         add_help=False)
+    return parser
+
+
+def _quantize_main():
+    try:
+        from .quantize.cli import main
+    except ImportError:
+        return None
+    return main
+
+
+def _load(args):
+    from .llm import LLM
+    return LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
+               progress=not args.quiet)
+
+
+def _sampling(args):
+    from .generation import GenerationConfig
+    return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                            seed=args.seed, stop=args.stop)
+
+
+def cmd_generate(args) -> int:
+    cfg = _sampling(args)
+    llm = _load(args)
+    prompts = list(args.prompts) + list(args.prompt or []) or [DEFAULT_PROMPT]
+    as_chat = not args.raw and bool(llm.tokenizer.chat_template)
+    if as_chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], cfg)
+    else:
+        outs = llm.generate(prompts, cfg)
+    for prompt, out in zip(prompts, outs):
+        if len(prompts) > 1:
+            print(f"--- {prompt}")
+        print(out.text if as_chat else prompt + out.text)
+        t = out.timings
+        print(f"[{out.num_tokens} tokens, {out.finish_reason}, ttft {t.ttft_s * 1e3:.0f} ms, "
+              f"{t.decode_tokens_per_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args, stdin=None, stdout=None) -> int:
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    cfg = _sampling(args)
+    llm = _load(args)
+    with llm.session(args.system) as session:
+        while True:
+            stdout.write("> ")
+            stdout.flush()
+            line = stdin.readline()
+            if not line or line.strip() == "/exit":
+                stdout.write("\n")
+                return 0
+            if not line.strip():
+                continue
+            for piece in session.stream(line.rstrip("\n"), cfg):
+                stdout.write(piece)
+                stdout.flush()
+            stdout.write("\n")
+
+
+def cmd_perplexity(args) -> int:
+    text = Path(args.text).read_text(encoding="utf-8")
+    llm = _load(args)
+    ppl = llm.perplexity(text, window=args.window, max_tokens=args.max_tokens)
+    print(f"perplexity {ppl:.4f} ({args.recipe}, window {args.window}, first {args.max_tokens} tokens of {args.text})")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+    llm = _load(args)
+    r = run_bench(llm, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
+    print(f"{args.recipe}: prefill {r['prefill_tok_s']:.1f} tok/s ({args.prompt_tokens} tokens), "
+          f"decode {r['decode_tok_s']:.1f} tok/s ({args.new_tokens} new tokens)")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from .info import format_info
+    print(format_info(_load(args).info()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["quantize"] and _quantize_main() is not None:
+        return _quantize_main()(argv[1:])
+    args = build_parser().parse_args(argv)
+    handler = {"generate": cmd_generate, "chat": cmd_chat, "perplexity": cmd_perplexity, "bench": cmd_bench,
+               "info": cmd_info}[args.verb]
+    try:
+        return handler(args)
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError, UnicodeDecodeError) as e:
+        print(f"lowbit {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

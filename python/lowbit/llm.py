@@ -1,0 +1,178 @@
+"""lowbit.LLM: load a model, build the C++ engine, and generate, chat, stream, score."""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Sequence
+
+from .driver import EngineDriver
+from .generation import GenerationConfig, resolve_config
+from .outputs import RequestOutput
+
+Prompt = str | bytes | Sequence[int]
+
+
+class LLM:
+    """A model served by lowbit's continuous-batching engine.
+
+        llm = lowbit.LLM()                       # SmolLM2-135M-Instruct, f32 weights
+        llm.generate("The capital of France is", max_tokens=16)[0].text
+        llm.chat([{"role": "user", "content": "Hi!"}])[0].text
+    """
+
+    def __init__(self, model: str | os.PathLike | None = None, recipe: str = "w16a16", device: str = "cpu",
+                 dtype: str = "f32", max_batch_tokens: int = 2048, max_seqs: int = 64,
+                 kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
+                 progress: bool = True) -> None:
+        from . import _core
+        from .model_loading import build_model
+        from .models import load_model_source
+
+        if kv_cache_memory is not None and (not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0):
+            raise ValueError(f"LLM: kv_cache_memory must be a positive number of bytes or None, got {kv_cache_memory!r}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads <= 0):
+            raise ValueError(f"LLM: num_threads must be a positive integer or None, got {num_threads!r}")
+        loaded = load_model_source(model, progress=progress)
+        self.source = loaded.source
+        self.config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.generation_defaults = dict(loaded.generation_defaults)
+        self.recipe, self.device, self.dtype = recipe, device, dtype
+        self.model = build_model(loaded, recipe, device, dtype, progress)
+        self.num_parameters = loaded.num_parameters()
+        del loaded  # float tensors are no longer needed: the C++ model holds packed copies
+        self.engine = _core.Engine(self.model, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
+                                   block_size=block_size, kv_cache_bytes=kv_cache_memory or 0,
+                                   num_threads=num_threads or 0)
+        eos = list(self.config.eos_token_ids) or list(self.tokenizer.eos_token_ids)
+        self._driver = EngineDriver(self.engine, self.tokenizer, eos)
+        self._next_session = 0
+
+    # ------------------------------------------------------------------ prompts
+    def _prompt_ids(self, prompt: Prompt, index: int, config: GenerationConfig) -> tuple[str | None, list[int]]:
+        where = f"prompt {index}"
+        if isinstance(prompt, (bytes, bytearray)):
+            try:
+                prompt = bytes(prompt).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: bytes are not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"{where}: text is not valid UTF-8 ({e.reason} at index {e.start})") from None
+            if not prompt:
+                raise ValueError(f"{where}: empty prompt")
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=config.add_special_tokens)
+        else:
+            text, ids = None, list(prompt)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise TypeError(f"{where}: expected str, bytes or a list of int token ids")
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+        if not ids:
+            raise ValueError(f"{where}: the prompt encodes to no tokens")
+        limit = self.config.max_position_embeddings
+        if len(ids) + config.max_tokens > limit:
+            raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {config.max_tokens} exceed the "
+                             f"model's context of {limit} tokens")
+        return text, ids
+
+    def _normalize_prompts(self, prompts: Any) -> list[Prompt]:
+        if isinstance(prompts, (str, bytes, bytearray)):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+            return [prompts]  # one prompt given as token ids
+        if not prompts:
+            raise ValueError("generate: no prompts given")
+        return prompts
+
+    def _run(self, pairs: list[tuple[str | None, list[int]]], config: GenerationConfig) -> list[RequestOutput]:
+        states = []
+        try:
+            for text, ids in pairs:
+                states.append(self._driver.submit(text, ids, config))
+            self._driver.run_until_done(states)
+        except BaseException:
+            for s in states:  # leave the engine serving others: drop this call's requests
+                self._driver.abort(s)
+            raise
+        return [s.output() for s in states]
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, prompts: Prompt | list[Prompt], config: GenerationConfig | None = None,
+                 **overrides: Any) -> list[RequestOutput]:
+        """Generate for one prompt or a batch (str, UTF-8 bytes, or token ids), batched by the engine."""
+        cfg = resolve_config(config, overrides)
+        pairs = [self._prompt_ids(p, i, cfg) for i, p in enumerate(self._normalize_prompts(prompts))]
+        return self._run(pairs, cfg)
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+
+    def chat(self, conversations: list[dict[str, str]] | list[list[dict[str, str]]],
+             config: GenerationConfig | None = None, **overrides: Any) -> list[RequestOutput]:
+        """Reply to one conversation (a list of {"role", "content"}) or a batch of them, via the chat template."""
+        cfg = resolve_config(config, overrides)
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        if not conversations:
+            raise ValueError("chat: no conversations given")
+        pairs = []
+        for i, conv in enumerate(conversations):
+            _check_messages(conv, i)
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=True)
+            pairs.append(self._prompt_ids(self.chat_ids(conv), i, cfg.replace()))
+            pairs[-1] = (text, pairs[-1][1])
+        return self._run(pairs, cfg)
+
+    def stream(self, prompt: Prompt, config: GenerationConfig | None = None, **overrides: Any) -> Iterator[str]:
+        """Yields text pieces as tokens arrive (never half a UTF-8 character, never part of a stop string)."""
+        cfg = resolve_config(config, overrides)
+        text, ids = self._prompt_ids(prompt, 0, cfg)
+        yield from self._stream_ids(text, ids, cfg)
+
+    def _stream_ids(self, text: str | None, ids: list[int], cfg: GenerationConfig, session_id: int = -1,
+                    result: list | None = None) -> Iterator[str]:
+        state = self._driver.submit(text, ids, cfg, session_id)
+        try:
+            while True:
+                delta = state.take_stream_delta()
+                if delta:
+                    yield delta
+                if state.finished:
+                    break
+                self._driver.step()
+        finally:
+            self._driver.abort(state)  # no-op when it finished; frees the KV when the caller stopped early
+            if result is not None:
+                result.append(state.output())
+
+    def session(self, system: str | None = None) -> "Session":
+        """A multi-turn conversation that keeps its KV cache in the engine between turns."""
+        from .session import Session
+        self._next_session += 1
+        return Session(self, self._next_session, system)
+
+    def perplexity(self, text: str, window: int = 1024, max_tokens: int = 4096) -> float:
+        """exp(mean NLL) over the first max_tokens tokens of text, in non-overlapping windows."""
+        from .perplexity import perplexity
+        return perplexity(self, text, window=window, max_tokens=max_tokens)
+
+    def logits(self, prompt_ids: list[int]):
+        """f32 [T, vocab] logits of every position (numpy)."""
+        import numpy as np
+        return np.from_dlpack(self.engine.logits(list(prompt_ids)))
+
+    def info(self) -> dict[str, Any]:
+        from .info import model_info
+        return model_info(self)
+
+
+def _check_messages(conv: Any, index: int) -> None:
+    if not isinstance(conv, list) or not conv:
+        raise ValueError(f"conversation {index}: expected a non-empty list of messages")
+    for j, m in enumerate(conv):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"conversation {index}, message {j}: expected a dict with 'role' and 'content', got {m!r}")
