@@ -1,12 +1,21 @@
 """Runs the C++ engine's step loop for every live request: detokenizes, finds stop strings, keeps timings.
 
-Each request owns a RequestState; whoever steps the engine (a generate() call, a stream, a session turn)
-routes every event to its state, so interleaved callers never lose one another's tokens.
+Each request owns a RequestState. Two ways to drive the engine:
+- inline (default): whoever waits for a request (a generate() call, a stream, a session turn) steps the engine
+  and routes every event to its state, so interleaved callers never lose one another's tokens;
+- step thread: one background thread owns the engine and steps it while requests are live; callers from any
+  Python thread submit work to it and wait for their states. Engine.step releases the GIL, so callers run
+  Python (detokenize, print a stream) while the next step computes.
+The C++ Engine is not thread-safe: in both modes exactly one thread at a time calls into it.
 """
 from __future__ import annotations
 
+import collections
 import itertools
+import threading
 import time
+from concurrent.futures import Future
+from typing import Any, Callable
 
 from .generation import GenerationConfig
 from .outputs import RequestOutput, Timings
@@ -33,6 +42,7 @@ class RequestState:
         self.t_first: float | None = None
         self.t_done: float | None = None
         self.streamed = 0  # characters already handed to a streaming caller
+        self.error: BaseException | None = None  # a failed step (step-thread mode) ends the request with it
 
     def on_event(self, ev) -> bool:
         """Applies one engine event; True when a stop string ended the request (the caller aborts it)."""
@@ -108,42 +118,167 @@ class RequestState:
 
 
 class EngineDriver:
-    def __init__(self, engine, tokenizer, eos_token_ids: list[int]) -> None:
+    """Submits requests, steps the engine, routes events; optionally on a background step thread."""
+
+    def __init__(self, engine, tokenizer, eos_token_ids: list[int], step_thread: bool = False) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = list(eos_token_ids)
         self._ids = itertools.count()
-        self._live: dict[int, RequestState] = {}
+        self._live: dict[int, RequestState] = {}  # touched only by the thread that owns the engine
+        # Guards request states (read by waiting callers) and the command queue of the step thread.
+        self._cond = threading.Condition()
+        self._commands: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        if step_thread:
+            self._thread = threading.Thread(target=self._loop, name="lowbit-step", daemon=True)
+            self._thread.start()
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    # ------------------------------------------------------------------ engine access
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Runs fn (which uses the engine) on the thread that owns the engine and returns its result."""
+        if self._thread is None:
+            return fn()
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut: Future = Future()
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("LLM: the engine's step thread is closed")
+            self._commands.append((fn, fut))
+            self._cond.notify_all()
+        return fut.result()
 
     def submit(self, prompt: str | None, prompt_ids: list[int], config: GenerationConfig,
                session_id: int = -1) -> RequestState:
         stop_ids = set(config.stop_token_ids) | (set() if config.ignore_eos else set(self.eos_token_ids))
         state = RequestState(next(self._ids), prompt, prompt_ids, config, self.tokenizer, stop_ids)
-        self.engine.add_request(
-            state.request_id, prompt_ids, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-            min_p=config.min_p, repetition_penalty=config.repetition_penalty,
-            presence_penalty=config.presence_penalty, frequency_penalty=config.frequency_penalty, seed=config.seed,
-            max_tokens=config.max_tokens, min_tokens=config.min_tokens, stop_token_ids=sorted(stop_ids),
-            logprobs=config.logprobs, session_id=session_id)
-        self._live[state.request_id] = state
+
+        def add() -> None:
+            self.engine.add_request(
+                state.request_id, prompt_ids, temperature=config.temperature, top_k=config.top_k,
+                top_p=config.top_p, min_p=config.min_p, repetition_penalty=config.repetition_penalty,
+                presence_penalty=config.presence_penalty, frequency_penalty=config.frequency_penalty,
+                seed=config.seed, max_tokens=config.max_tokens, min_tokens=config.min_tokens,
+                stop_token_ids=sorted(stop_ids), logprobs=config.logprobs, session_id=session_id)
+            self._live[state.request_id] = state
+
+        self.call(add)
         return state
 
     def abort(self, state: RequestState) -> None:
-        if not state.finished:
-            state._finish("abort")
-        if self._live.pop(state.request_id, None) is not None:
-            self.engine.abort(state.request_id)
+        """Ends the request (no-op once finished) and frees its KV."""
+        with self._cond:
+            if not state.finished:
+                state._finish("abort")
 
+        def drop() -> None:
+            if self._live.pop(state.request_id, None) is not None:
+                self.engine.abort(state.request_id)
+
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            with self._cond:  # fire and forget: the step thread applies it before its next step
+                if not self._closing:
+                    self._commands.append((drop, Future()))
+                    self._cond.notify_all()
+        else:
+            drop()
+
+    # ------------------------------------------------------------------ stepping
     def step(self) -> None:
-        for ev in self.engine.step():
-            state = self._live.get(ev.request_id)
-            if state is None:
-                continue  # the abort event of a request we already closed
-            if state.on_event(ev):
-                self.engine.abort(state.request_id)  # a stop string: free its KV now
-            if state.finished:
-                del self._live[state.request_id]
+        """One engine step in the calling thread (inline mode), routing its events."""
+        self._route(self.engine.step())
+
+    def _route(self, events) -> None:
+        with self._cond:
+            for ev in events:
+                state = self._live.get(ev.request_id)
+                if state is None:
+                    continue  # the abort event of a request we already closed
+                if state.on_event(ev):
+                    self.engine.abort(state.request_id)  # a stop string: free its KV now
+                if state.finished:
+                    del self._live[state.request_id]
+            self._cond.notify_all()
+
+    def wait(self, states: list[RequestState], until: Callable[[], bool] | None = None) -> None:
+        """Returns when every state finished (or `until()` holds); raises a failed step's error."""
+        done = until or (lambda: all(s.finished for s in states))
+        if self._thread is None:
+            while not done():
+                self.step()
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: done() or any(s.error for s in states) or self._closing)
+            for s in states:
+                if s.error is not None:
+                    raise s.error
+            if not done():
+                raise RuntimeError("LLM: the engine's step thread was closed while requests were running")
 
     def run_until_done(self, states: list[RequestState]) -> None:
-        while not all(s.finished for s in states):
-            self.step()
+        self.wait(states)
+
+    def locked(self):
+        """Context manager under which request states may be read consistently (step-thread mode)."""
+        return self._cond
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closing or self._commands or self._live)
+                if self._closing:
+                    break
+                commands = list(self._commands)
+                self._commands.clear()
+            for fn, fut in commands:
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller waiting on it
+                    fut.set_exception(e)
+            if not self._live:
+                continue
+            try:
+                events = self.engine.step()  # the GIL is released inside
+            except BaseException as e:  # noqa: BLE001 - the engine re-queued these requests; end them with it
+                self._fail_live(e)
+                continue
+            self._route(events)
+        self._fail_pending()
+
+    def _fail_live(self, error: BaseException) -> None:
+        with self._cond:
+            live = list(self._live.values())
+            self._live.clear()
+            for s in live:
+                s.error = error
+                s._finish("abort")
+            self._cond.notify_all()
+        for s in live:
+            self.engine.abort(s.request_id)
+
+    def _fail_pending(self) -> None:
+        with self._cond:
+            commands = list(self._commands)
+            self._commands.clear()
+        for _, fut in commands:
+            if not fut.done():
+                fut.set_exception(RuntimeError("LLM: the engine's step thread is closed"))
+
+    def close(self) -> None:
+        """Stops the step thread (live requests end with an error); inline mode has nothing to stop."""
+        if self._thread is None:
+            return
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        for s in list(self._live.values()):
+            if not s.finished:
+                s._finish("abort")

@@ -17,12 +17,16 @@ class LLM:
         llm = lowbit.LLM()                       # SmolLM2-135M-Instruct, f32 weights
         llm.generate("The capital of France is", max_tokens=16)[0].text
         llm.chat([{"role": "user", "content": "Hi!"}])[0].text
+
+    step_thread=True runs the engine's step loop on a background thread: generate/chat/stream/session calls
+    from several Python threads are then batched together, and a stream's consumer runs while the next step
+    computes. Call close() (or use `with lowbit.LLM(...) as llm:`) to stop the thread.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, recipe: str = "w16a16", device: str = "cpu",
                  dtype: str = "f32", max_batch_tokens: int = 2048, max_seqs: int = 64,
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, step_thread: bool = False) -> None:
         from . import _core
         from .model_loading import build_model
         from .models import load_model_source
@@ -31,6 +35,11 @@ class LLM:
             raise ValueError(f"LLM: kv_cache_memory must be a positive number of bytes or None, got {kv_cache_memory!r}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads <= 0):
             raise ValueError(f"LLM: num_threads must be a positive integer or None, got {num_threads!r}")
+        try:  # fail fast, before the model is read
+            _core.parse_recipe(recipe)
+        except ValueError as e:
+            raise ValueError(f"LLM: unknown recipe {recipe!r}: {e}") from None
+        self._driver: EngineDriver | None = None
         loaded = load_model_source(model, progress=progress)
         self.source = loaded.source
         self.config = loaded.config
@@ -44,7 +53,7 @@ class LLM:
                                    block_size=block_size, kv_cache_bytes=kv_cache_memory or 0,
                                    num_threads=num_threads or 0)
         eos = list(self.config.eos_token_ids) or list(self.tokenizer.eos_token_ids)
-        self._driver = EngineDriver(self.engine, self.tokenizer, eos)
+        self._driver = EngineDriver(self.engine, self.tokenizer, eos, step_thread=step_thread)
         self._next_session = 0
 
     # ------------------------------------------------------------------ prompts
@@ -123,8 +132,7 @@ class LLM:
         for i, conv in enumerate(conversations):
             _check_messages(conv, i)
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=True)
-            pairs.append(self._prompt_ids(self.chat_ids(conv), i, cfg.replace()))
-            pairs[-1] = (text, pairs[-1][1])
+            pairs.append((text, self._prompt_ids(self.chat_ids(conv), i, cfg)[1]))
         return self._run(pairs, cfg)
 
     def stream(self, prompt: Prompt, config: GenerationConfig | None = None, **overrides: Any) -> Iterator[str]:
@@ -135,15 +143,19 @@ class LLM:
 
     def _stream_ids(self, text: str | None, ids: list[int], cfg: GenerationConfig, session_id: int = -1,
                     result: list | None = None) -> Iterator[str]:
-        state = self._driver.submit(text, ids, cfg, session_id)
+        driver = self._driver
+        state = driver.submit(text, ids, cfg, session_id)
         try:
             while True:
-                delta = state.take_stream_delta()
+                with driver.locked():
+                    delta, finished, error = state.take_stream_delta(), state.finished, state.error
+                if error is not None:
+                    raise error
                 if delta:
                     yield delta
-                if state.finished:
+                if finished:
                     break
-                self._driver.step()
+                driver.wait([state], until=lambda: state.finished or state.safe_text_end() > state.streamed)
         finally:
             self._driver.abort(state)  # no-op when it finished; frees the KV when the caller stopped early
             if result is not None:
@@ -163,7 +175,29 @@ class LLM:
     def logits(self, prompt_ids: list[int]):
         """f32 [T, vocab] logits of every position (numpy)."""
         import numpy as np
-        return np.from_dlpack(self.engine.logits(list(prompt_ids)))
+        ids = list(prompt_ids)
+        return np.from_dlpack(self._driver.call(lambda: self.engine.logits(ids)))
+
+    def stats(self) -> dict[str, int]:
+        """The engine's counters: KV blocks, running/waiting requests, sessions, prefilled and generated tokens."""
+        return dict(self._driver.call(self.engine.stats))
+
+    def close(self) -> None:
+        """Stops the step thread (if any); the LLM is unusable afterwards only in step-thread mode."""
+        if self._driver is not None:
+            self._driver.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def info(self) -> dict[str, Any]:
         from .info import model_info

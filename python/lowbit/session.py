@@ -67,7 +67,8 @@ class Session:
     def close(self) -> None:
         """Frees the session's KV cache in the engine."""
         if not self._closed:
-            self._llm.engine.end_session(self.session_id)
+            engine = self._llm.engine
+            self._llm._driver.call(lambda: engine.end_session(self.session_id))
             self._closed = True
 
     def __enter__(self) -> "Session":
