@@ -25,5 +25,6 @@ def run_bench(llm, prompt_tokens: int = 512, new_tokens: int = 128, repeats: int
         t = out.timings
         best_prefill = max(best_prefill, prompt_tokens / t.ttft_s)
         best_decode = max(best_decode, t.decode_tokens_per_s)
-        assert out.num_tokens == new_tokens, (out.num_tokens, out.finish_reason)
+        if out.num_tokens != new_tokens:
+            raise RuntimeError(f"bench: expected {new_tokens} new tokens, got {out.num_tokens} ({out.finish_reason})")
     return {"prefill_tok_s": best_prefill, "decode_tok_s": best_decode, "wall_s": end - start}

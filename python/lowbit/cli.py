@@ -24,8 +24,11 @@ def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +86,8 @@ def _sampling(args):
     from .generation import GenerationConfig
     return GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                            seed=args.seed, stop=args.stop)
+                            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                            seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
 
 
 def cmd_generate(args) -> int:
@@ -106,6 +110,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args, stdin=None, stdout=None) -> int:
+    """Reads one user turn per line; a turn that fails (e.g. the conversation outgrew the context) is reported
+    on stderr and the chat goes on."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     cfg = _sampling(args)
     llm = _load(args)
@@ -119,14 +125,26 @@ def cmd_chat(args, stdin=None, stdout=None) -> int:
                 return 0
             if not line.strip():
                 continue
-            for piece in session.stream(line.rstrip("\n"), cfg):
-                stdout.write(piece)
-                stdout.flush()
+            try:
+                for piece in session.stream(line.rstrip("\n"), cfg):
+                    stdout.write(piece)
+                    stdout.flush()
+            except ValueError as e:
+                print(f"lowbit chat: error: {e}", file=sys.stderr)
             stdout.write("\n")
 
 
 def cmd_perplexity(args) -> int:
-    text = Path(args.text).read_text(encoding="utf-8")
+    if args.window < 2:
+        raise ValueError(f"--window must be >= 2, got {args.window}")
+    if args.max_tokens < 2:
+        raise ValueError(f"--max-tokens must be >= 2, got {args.max_tokens}")
+    try:
+        text = Path(args.text).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{args.text} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise ValueError(f"{args.text} holds no text")
     llm = _load(args)
     ppl = llm.perplexity(text, window=args.window, max_tokens=args.max_tokens)
     print(f"perplexity {ppl:.4f} ({args.recipe}, window {args.window}, first {args.max_tokens} tokens of {args.text})")
@@ -135,6 +153,9 @@ def cmd_perplexity(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import run_bench
+    if args.prompt_tokens < 1 or args.new_tokens < 2:
+        raise ValueError(f"--prompt-tokens must be >= 1 and --new-tokens >= 2, got {args.prompt_tokens} and "
+                         f"{args.new_tokens}")
     llm = _load(args)
     r = run_bench(llm, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
     print(f"{args.recipe}: prefill {r['prefill_tok_s']:.1f} tok/s ({args.prompt_tokens} tokens), "
@@ -157,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                "info": cmd_info}[args.verb]
     try:
         return handler(args)
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError, UnicodeDecodeError) as e:
+    except (ValueError, TypeError, OSError, NotImplementedError, MemoryError) as e:
+        # Bad input (model file, recipe, prompt, options): one line naming the problem, no traceback.
         print(f"lowbit {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
