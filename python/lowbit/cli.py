@@ -173,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["quantize"] and _quantize_main() is not None:
         return _quantize_main()(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the verb's parser: "lowbit generate: error: ..." like every other error
+        verb_parser = parser._subparsers._group_actions[0].choices[args.verb]  # noqa: SLF001 - argparse has no API
+        verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handler = {"generate": cmd_generate, "chat": cmd_chat, "perplexity": cmd_perplexity, "bench": cmd_bench,
                "info": cmd_info}[args.verb]
     try:
