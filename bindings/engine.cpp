@@ -92,6 +92,18 @@ void bind_engine(nb::module_& m) {
           nb::arg("name"), nb::arg("tensor"),
           "Float weight by HF name (any DLPack array); linear weights are quantized per the recipe")
       .def("set_quantized_weight", &Model::set_quantized_weight, nb::arg("name"), nb::arg("weight"))
+      .def(
+          "set_input_permutation",
+          [](Model& self, const std::string& name, nb::handle perm) {
+            self.set_input_permutation(name, tensor_from_python(perm, "perm"));
+          },
+          nb::arg("name"), nb::arg("perm"), "FMPQ: feed x[:, perm] (int32/int64 [k]) to this linear")
+      .def(
+          "set_fmpq_block_bits",
+          [](Model& self, const std::string& name, nb::handle bits) {
+            self.set_fmpq_block_bits(name, tensor_from_python(bits, "block_bits"));
+          },
+          nb::arg("name"), nb::arg("block_bits"), "a4 recipes: uint8 [ceil(k/128)] of 4 or 8, per input block")
       .def("finalize", &Model::finalize)
       .def_prop_ro("finalized", &Model::finalized)
       .def_prop_ro("config", &Model::config)

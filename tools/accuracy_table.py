@@ -2,11 +2,12 @@
 """Regenerate docs/accuracy.md: SmolLM2-135M-Instruct perplexity per recipe and algorithm (a benchmark, not a test).
 
 Perplexity: the first 4096 tokens of the evaluation text, non-overlapping windows of 1024. Each row is computed by
-the engine (`lowbit.LLM(dir).perplexity`) when it can run the recipe, else by the torch fake-quant model of
-python/lowbit/quantize (same dequantized weights, activation and KV fake quantization) and marked so.
-Results are cached per row in a JSON file so an interrupted run resumes.
+the engine (`lowbit.LLM(dir).perplexity`, one thread) when it can run the recipe, else by the torch fake-quant model
+of python/lowbit/quantize (same dequantized weights, activation and KV fake quantization) and marked so.
+Results are cached per row in a JSON file so an interrupted run resumes; --prefer-engine recomputes cached
+fake-quant rows that the engine can now run. Needs the built extension (LOWBIT_DEV_BUILD or an installed lowbit).
 
-    python tools/accuracy_table.py --calib CALIB_DIR --eval EVAL_TXT [--rows qoq,awq-w4a16] [--out docs/accuracy.md]
+    python tools/accuracy_table.py --calib CALIB_DIR --eval EVAL_TXT [--rows w4a16-awq,w4a8kv4-qoq] [--out docs/accuracy.md]
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("LOWBIT_NO_CORE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -54,28 +54,38 @@ QSERVE_TABLE2 = ("QServe Table 2, Llama-3-8B WikiText2: FP16 6.14, W8A8 SmoothQu
                  "W4A8KV4 g128 RTN 7.25 / AWQ 6.94 / QoQ 6.70.")
 
 
-def engine_perplexity(path, text_path):
-    """The engine's perplexity when lowbit.LLM exists and runs the recipe; None otherwise."""
+def engine_perplexity(model, text_path, recipe=None):
+    """The engine's perplexity of a quantized directory (or of the default model at `recipe`); None when the engine
+    refuses the recipe (NotImplementedError: e.g. per-channel K, kv2), so the row falls back to fake quantization."""
+    import lowbit
     try:
-        import lowbit
-        llm_cls = getattr(lowbit, "LLM", None)
-    except Exception:
-        return None
-    if llm_cls is None or path is None:
-        return None
-    try:
-        return float(llm_cls(str(path)).perplexity(Path(text_path).read_text(encoding="utf-8"),
-                                                    max_tokens=4096, window=1024))
-    except Exception as e:  # the engine cannot run this recipe yet
+        llm = lowbit.LLM(None if model is None else str(model), recipe=recipe, num_threads=1, progress=False)
+    except NotImplementedError as e:
         print(f"  engine: {e}", file=sys.stderr)
         return None
+    return float(llm.perplexity(Path(text_path).read_text(encoding="utf-8"), max_tokens=4096, window=1024))
+
+
+def engine_can_run(row) -> bool:
+    """Rows whose recipe and KV mode the engine implements (token-wise KV of 4 bits or more)."""
+    _, _, _, recipe, _, options = row
+    if recipe is None:
+        return True
+    from lowbit.quantize.recipes import parse_recipe
+    spec = parse_recipe(recipe)
+    kv_ok = options.get("kv_mode", "token") == "token" and min(spec.k_bits, spec.v_bits) >= 4
+    return kv_ok
 
 
 def run_row(row, loaded, args):
     key, _, _, recipe, algo, options = row
     t0 = time.time()
     if recipe is None or (recipe.startswith("w16a16") and not options.get("smooth_attention")):
-        # float weights and no calibrated transform: only the KV fake quantization applies
+        # float weights and no calibrated transform: the engine at that recipe, or only the KV fake quantization
+        if engine_can_run(row):
+            ppl = engine_perplexity(None, args.eval, recipe or "w16a16")
+            if ppl is not None:
+                return {"ppl": ppl, "by": "engine", "quantize_s": 0.0}
         from lowbit.quantize.kv_quant import KVQuantizer
         from lowbit.quantize.recipes import parse_recipe
         from lowbit.quantize.torch_model import FakeQuant
@@ -84,29 +94,39 @@ def run_row(row, loaded, args):
             spec = parse_recipe(recipe)
             fake.kv = KVQuantizer(spec.k_bits, spec.v_bits, k_mode=options.get("kv_mode", "token"))
         model = TorchLlama(loaded.config, loaded.tensors, fake)
-        qtime = 0.0
-    else:
-        options = dict(options)
-        kv_mode = options.pop("kv_mode", "token")
-        if not options.get("smooth_attention", True):
-            options.pop("smooth_attention")
-        out = Path(args.work) / key if args.write_dirs else None
-        seqs = min(args.calib_seqs, 4) if recipe.startswith("w16a16") else args.calib_seqs  # SmoothAttention only
-        _, model, manifest = quantize(None, recipe, algo, out, calib=[args.calib], num_sequences=seqs,
-                                      seq_len=args.calib_len, kv_mode=kv_mode, progress=False, loaded=loaded,
-                                      **options)
-        qtime = time.time() - t0
-        ppl = engine_perplexity(out, args.eval)
-        if ppl is not None:
-            return {"ppl": ppl, "by": "engine", "quantize_s": qtime}
+        ppl = eval_perplexity(model, loaded.tokenizer, args.eval, max_tokens=4096, window=1024)
+        return {"ppl": ppl, "by": "torch fake-quant, not the engine", "quantize_s": 0.0}
+    options = dict(options)
+    kv_mode = options.pop("kv_mode", "token")
+    if not options.get("smooth_attention", True):
+        options.pop("smooth_attention")
+    out = Path(args.work) / key
+    seqs = min(args.calib_seqs, 4) if recipe.startswith("w16a16") else args.calib_seqs  # SmoothAttention only
+    _, model, manifest = quantize(None, recipe, algo, out, calib=[args.calib], num_sequences=seqs,
+                                  seq_len=args.calib_len, kv_mode=kv_mode, progress=False, loaded=loaded, **options)
+    result = dict(quantize_s=time.time() - t0, **row_extras(algo, manifest))
+    ppl = engine_perplexity(out, args.eval) if engine_can_run(row) else None
+    if ppl is not None:
+        return dict(ppl=ppl, by="engine", **result)
     ppl = eval_perplexity(model, loaded.tokenizer, args.eval, max_tokens=4096, window=1024)
+    return dict(ppl=ppl, by="torch fake-quant, not the engine", **result)
+
+
+def row_extras(algo, manifest) -> dict:
     extra = {}
     if algo == "fmpq":
         fr = manifest.get("fmpq_int8_block_fraction", {})
         extra["int8_block_fraction_mean"] = sum(fr.values()) / max(1, len(fr))
+        per_layer = {}  # layer -> {q/k/v, o, gate/up, down: fraction}: shared inputs share one block map
+        for name, f in fr.items():
+            parts = name.split(".")
+            site = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "o", "gate_proj": "gate_up",
+                    "up_proj": "gate_up", "down_proj": "down"}[parts[-2]]
+            per_layer.setdefault(parts[2], {})[site] = f
+        extra["int8_block_fraction_per_layer"] = per_layer
     if algo in ("smoothquant", "liquid"):
         extra["alpha"] = manifest["parameters"].get("alpha")
-    return dict(ppl=ppl, by="torch fake-quant, not the engine", quantize_s=qtime, **extra)
+    return extra
 
 
 def render(results, rows) -> str:
@@ -149,7 +169,8 @@ def main(argv=None) -> int:
                    help="result cache (comma-separated: the first is written, all are read)")
     p.add_argument("--out", default=str(ROOT / "docs" / "accuracy.md"))
     p.add_argument("--work", default=str(ROOT / "build" / "accuracy_dirs"))
-    p.add_argument("--write-dirs", action="store_true", help="write each quantized directory (for the engine)")
+    p.add_argument("--prefer-engine", action="store_true",
+                   help="recompute cached rows computed by fake quantization that the engine can run")
     p.add_argument("--calib-seqs", type=int, default=16)
     p.add_argument("--calib-len", type=int, default=256)
     p.add_argument("--render-only", action="store_true")
@@ -168,10 +189,11 @@ def main(argv=None) -> int:
         claims = Path(args.work) / "claims"
         claims.mkdir(parents=True, exist_ok=True)
         for row in (reversed(wanted) if args.reverse else wanted):
-            if row[0] in results:
+            cached = results.get(row[0])
+            if cached is not None and not (args.prefer_engine and cached["by"] != "engine" and engine_can_run(row)):
                 continue
             try:  # parallel runs (each with its own first --cache) split the rows by claiming them
-                (claims / row[0]).open("x").close()
+                (claims / (row[0] + (".engine" if cached else ""))).open("x").close()
             except FileExistsError:
                 continue
             t0 = time.time()

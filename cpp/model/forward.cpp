@@ -4,6 +4,7 @@
 //   that need logits. Residual adds are fused into the next norm (add_rms_norm).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "lowbit/model/model.h"
 #include "model/host_convert.h"
@@ -34,7 +35,49 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.logits_compute = dtype_ == ScalarType::f32 && device_.is_cpu()
                           ? ws.logits
                           : Tensor::empty({max_logit_rows, cfg_.vocab_size}, dtype_, device_);
+  if (has_input_transforms_) {
+    const int64_t max_k = std::max({H, I, int64_t(cfg_.q_size())});
+    const int64_t max_blocks = (H + kFmpqBlock - 1) / kFmpqBlock + (I + kFmpqBlock - 1) / kFmpqBlock +
+                               (cfg_.q_size() + kFmpqBlock - 1) / kFmpqBlock;  // >= the blocks of any one k
+    ws.permuted = Tensor::empty({T * max_k}, dtype_, device_);
+    ws.fmpq.q = Tensor::empty({T * max_k}, ScalarType::s8);
+    ws.fmpq.scales = Tensor::empty({T * max_blocks}, ScalarType::f32);
+  }
   return ws;
+}
+
+// Gathers rows' channels: out[t, j] = x[t, perm[j]] (host; the element bytes are copied as they are).
+static void gather_channels(const Tensor& x, const Tensor& perm, Tensor& out) {
+  const int64_t T = x.size(0), k = x.size(1), row = x.stride(0);
+  const size_t es = size_t(x.nbytes() / std::max<int64_t>(1, x.numel()));
+  const int32_t* p = perm.data<int32_t>();
+  const char* src = static_cast<const char*>(x.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) std::memcpy(dst + (t * k + j) * es, src + (t * row + p[j]) * es, es);
+}
+
+void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                       ModelWorkspace& ws) const {
+  const int64_t T = x.size(0), k = x.size(1);
+  Tensor input = x;
+  if (in.perm.defined()) {
+    input = ws.permuted.slice(0, 0, T * k).view({T, k});
+    gather_channels(x, in.perm, input);
+  }
+  if (recipe_.activation != ActivationMode::fmpq_mixed) {
+    ops::linear(input, w, bias, y, linear_activation());
+    return;
+  }
+  if (!in.block_bits.defined())
+    LOWBIT_NOT_SUPPORTED("Model.forward: recipe ", recipe_.text, " (FMPQ activations) needs a block map per linear ",
+                         "(Model.set_fmpq_block_bits, written by `lowbit quantize --algo fmpq`); weights quantized ",
+                         "round-to-nearest by set_weight carry none");
+  FmpqActivation a;
+  a.q = ws.fmpq.q.slice(0, 0, T * k).view({T, k});
+  a.scales = ws.fmpq.scales.slice(0, 0, T * in.block_bits.numel()).view({T, in.block_bits.numel()});
+  quantize_fmpq(input, in.block_bits, a);
+  ops::linear_fmpq(a, w, bias, y);
 }
 
 Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws) const {
@@ -84,15 +127,15 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
       ops::rms_norm(residual, L.input_norm, eps, normed);
     else
       ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
-    ops::linear(normed, L.qkv, L.qkv_bias, qkv, a);
+    run_linear(normed, L.qkv_in, L.qkv, L.qkv_bias, qkv, ws);
     ops::rope(q, k, positions, rope);
     ops::kv_write(cache, l, k, v, b.attn);
     ops::paged_attention(q, cache, l, b.attn, scale, attn_heads);
-    ops::linear(attn_out, L.o, no_bias, hidden, a);
+    run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
     ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);
-    ops::linear(normed, L.gate_up, no_bias, gate_up, a);
+    run_linear(normed, L.gate_up_in, L.gate_up, no_bias, gate_up, ws);
     ops::silu_mul(gate_up, act);
-    ops::linear(act, L.down, no_bias, hidden, a);
+    run_linear(act, L.down_in, L.down, no_bias, hidden, ws);
   }
   ops::add_rms_norm(residual, hidden, final_norm_, eps, normed);
   Tensor logits = ws.logits.slice(0, 0, R);
@@ -100,7 +143,9 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   Tensor rows = ws.final_rows.slice(0, 0, R);
   for (int64_t r = 0; r < R; ++r) rows.select(0, r).copy_(normed.select(0, b.logit_rows[size_t(r)]));
   Tensor logits_c = ws.logits_compute.slice(0, 0, R);
-  ops::linear(rows, lm_head_, no_bias, logits_c, a);
+  // lm_head has no FMPQ block map: a4 recipes run it with per-token int8 activations.
+  ops::linear(rows, lm_head_, no_bias, logits_c,
+              a == ops::LinearActivation::fmpq_mixed ? ops::LinearActivation::int8_per_token : a);
   if (logits_c.data_ptr() != logits.data_ptr()) {
     Tensor host = device_.is_cpu() ? logits_c : logits_c.to(Device::cpu());
     model_detail::dtype_to_f32_host(host, logits.data<float>());

@@ -3,6 +3,7 @@
 #include "lowbit/model/model.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "model/host_convert.h"
@@ -81,6 +82,12 @@ QuantizedWeight fuse(const std::vector<const QuantizedWeight*>& parts, const cha
   out.zeros = concat_rows(z, what);
   out.channel_scales = concat_rows(c, what);
   return out;
+}
+
+// perm / block map equality for linears that share one input (both undefined counts as equal).
+bool same_host_tensor(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  return !a.defined() || (a.numel() == b.numel() && std::memcmp(a.data_ptr(), b.data_ptr(), size_t(a.nbytes())) == 0);
 }
 
 }  // namespace
@@ -195,6 +202,74 @@ void Model::set_quantized_weight(const std::string& name, const QuantizedWeight&
 
 void Model::stage_linear(const std::string& name, QuantizedWeight w) { staged_linear_[name] = std::move(w); }
 
+void Model::set_input_permutation(const std::string& name, const Tensor& perm) {
+  constexpr const char* op = "Model.set_input_permutation";
+  check_not_finalized(op);
+  const WeightName w = parse_name(name, cfg_.num_layers);
+  LOWBIT_CHECK(w.layer >= 0 && is_linear_suffix(w.suffix), op, ": '", name,
+               "' is not a decoder linear weight (model.layers.{i}.*_proj.weight)");
+  if (!device_.is_cpu()) LOWBIT_NOT_SUPPORTED(op, ": input permutations run on the CPU only, the model is on ", device_.str());
+  const int64_t k = expected_shape(cfg_, w)[1];
+  check_defined(perm, op, "perm");
+  LOWBIT_CHECK_TYPE(perm.dtype() == ScalarType::s32 || perm.dtype() == ScalarType::s64, op,
+                    ": argument 'perm' must be s32 or s64, got ", name_of(perm.dtype()));
+  check_shape(perm, {k}, op, "perm");
+  check_device(perm, Device::cpu(), op, "perm");
+  Tensor p = Tensor::empty({k}, ScalarType::s32);
+  std::vector<char> seen(size_t(k), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t v = perm.dtype() == ScalarType::s32 ? int64_t(perm.data<int32_t>()[j * perm.stride(0)])
+                                                      : perm.data<int64_t>()[j * perm.stride(0)];
+    LOWBIT_CHECK(v >= 0 && v < k && !seen[size_t(v)], op, ": argument 'perm' of '", name,
+                 "' must be a permutation of 0..", k - 1, "; entry ", j, " is ", v,
+                 v >= 0 && v < k ? " (repeated)" : " (out of range)");
+    seen[size_t(v)] = 1;
+    p.data<int32_t>()[j] = int32_t(v);
+  }
+  staged_perm_[name] = p;
+  has_input_transforms_ = true;
+}
+
+void Model::set_fmpq_block_bits(const std::string& name, const Tensor& block_bits) {
+  constexpr const char* op = "Model.set_fmpq_block_bits";
+  check_not_finalized(op);
+  LOWBIT_CHECK(recipe_.activation == ActivationMode::fmpq_mixed, op, ": recipe ", recipe_.text,
+               " has no FMPQ (a4) activations, so '", name, "' takes no block map");
+  const WeightName w = parse_name(name, cfg_.num_layers);
+  LOWBIT_CHECK(w.layer >= 0 && is_linear_suffix(w.suffix), op, ": '", name,
+               "' is not a decoder linear weight (model.layers.{i}.*_proj.weight)");
+  const int64_t k = expected_shape(cfg_, w)[1], blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
+  check_defined(block_bits, op, "block_bits");
+  check_dtype(block_bits, ScalarType::u8, op, "block_bits");
+  check_shape(block_bits, {blocks}, op, "block_bits");
+  check_device(block_bits, Device::cpu(), op, "block_bits");
+  Tensor b = block_bits.contiguous().clone();
+  for (int64_t j = 0; j < blocks; ++j) {
+    const int v = b.data<uint8_t>()[j];
+    LOWBIT_CHECK(v == 4 || v == 8, op, ": argument 'block_bits' of '", name, "' must hold 4 or 8 per block, got ", v,
+                 " for block ", j);
+  }
+  staged_block_bits_[name] = b;
+  has_input_transforms_ = true;
+}
+
+Model::LinearInput Model::shared_input(int l, const std::vector<const char*>& suffixes, const char* what) const {
+  auto staged = [](const std::map<std::string, Tensor>& m, const std::string& n) {
+    auto it = m.find(n);
+    return it == m.end() ? Tensor() : it->second;
+  };
+  const std::string first = layer_name(l, suffixes[0]);
+  LinearInput in{staged(staged_perm_, first), staged(staged_block_bits_, first)};
+  for (size_t i = 1; i < suffixes.size(); ++i) {
+    const std::string n = layer_name(l, suffixes[i]);
+    LOWBIT_CHECK(same_host_tensor(staged(staged_perm_, n), in.perm), "Model.finalize: ", what,
+                 " read one input, so their input permutations must be equal; '", n, "' differs from '", first, "'");
+    LOWBIT_CHECK(same_host_tensor(staged(staged_block_bits_, n), in.block_bits), "Model.finalize: ", what,
+                 " read one input, so their FMPQ block maps must be equal; '", n, "' differs from '", first, "'");
+  }
+  return in;
+}
+
 Tensor Model::to_compute(const Tensor& host_f32) const {
   Tensor t = f32_to_dtype_host(host_f32, dtype_);
   return device_.is_cpu() ? t : t.to(device_);
@@ -242,6 +317,15 @@ void Model::finalize() {
     L.o = pack(lin("self_attn.o_proj.weight"));
     L.gate_up = pack(fuse({&lin("mlp.gate_proj.weight"), &lin("mlp.up_proj.weight")}, "gate/up"));
     L.down = pack(lin("mlp.down_proj.weight"));
+    L.qkv_in = shared_input(l, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+                            "q/k/v");
+    L.o_in = shared_input(l, {"self_attn.o_proj.weight"}, "o_proj");
+    L.gate_up_in = shared_input(l, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "gate/up");
+    L.down_in = shared_input(l, {"mlp.down_proj.weight"}, "down_proj");
+    if (recipe_.activation == ActivationMode::fmpq_mixed && !staged_block_bits_.empty())
+      for (const LinearInput* in : {&L.qkv_in, &L.o_in, &L.gate_up_in, &L.down_in})
+        LOWBIT_CHECK(in->block_bits.defined(), "Model.finalize: layer ", l, ": FMPQ block maps were set for some ",
+                     "linears but not all (call set_fmpq_block_bits for every *_proj.weight)");
     L.input_norm = to_compute(staged_float_.at(layer_name(l, "input_layernorm.weight")));
     L.post_norm = to_compute(staged_float_.at(layer_name(l, "post_attention_layernorm.weight")));
     if (cfg_.attention_bias) {
@@ -268,6 +352,8 @@ void Model::finalize() {
   parameter_bytes_["lm_head"] = packed_bytes(lm_head_);
   staged_linear_.clear();
   staged_float_.clear();
+  staged_perm_.clear();
+  staged_block_bits_.clear();
   finalized_ = true;
 }
 

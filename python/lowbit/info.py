@@ -1,7 +1,31 @@
 """A model's facts for `LLM.info()` and `lowbit info`: recipe, memory per weight group and per KV token, kernels."""
 from __future__ import annotations
 
+import json
 from typing import Any
+
+
+def quantization_info(source: str) -> dict[str, Any] | None:
+    """The key facts of a lowbit quantized directory's manifest (None for other sources)."""
+    from pathlib import Path
+
+    from .quantize.export import MANIFEST
+    path = Path(source) / MANIFEST if source else None
+    if path is None or not path.is_file():
+        return None
+    m = json.loads(path.read_text(encoding="utf-8"))
+    params = {k: v for k, v in m.get("parameters", {}).items() if k != "layers" and _is_scalar(v)}
+    out = {"recipe": m["recipe"], "algorithm": m["algorithm"], "weight_format": m["weight_format"],
+           "group": m["group"], "activation": m["activation"], "kv": m["kv"], "parameters": params,
+           "calibration": m.get("calibration", {}), "quantized_linears": len(m.get("weights", {}))}
+    fr = m.get("fmpq_int8_block_fraction")
+    if fr:
+        out["fmpq_int8_block_fraction_mean"] = sum(fr.values()) / len(fr)
+    return out
+
+
+def _is_scalar(v) -> bool:
+    return isinstance(v, (bool, int, float, str)) or v is None
 
 
 def model_info(llm) -> dict[str, Any]:
@@ -9,6 +33,7 @@ def model_info(llm) -> dict[str, Any]:
     core = llm.model.info()
     cfg = llm.config
     return {
+        "quantization": quantization_info(llm.source),
         "source": llm.source,
         "arch": cfg.arch,
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "heads": cfg.num_heads,
@@ -36,6 +61,21 @@ def format_info(info: dict[str, Any]) -> str:
              f"context {info['context']}, {info['parameters'] / 1e6:.1f}M parameters",
              f"recipe      {info['recipe']} (compute {info['dtype']}, device {info['device']})",
              "weights"]
+    q = info.get("quantization")
+    if q:
+        kv = q["kv"]
+        params = ", ".join(f"{k}={v}" for k, v in sorted(q["parameters"].items())) or "-"
+        cal = q["calibration"]
+        group = f" g{q['group']}" if q["group"] else ""
+        lines[3:3] = [
+            f"quantized   {q['recipe']} by {q['algorithm']}: {q['weight_format']}{group} weights, "
+            f"{q['activation']} activations, KV k{kv['k_bits']}v{kv['v_bits']} ({kv['mode']}), "
+            f"{q['quantized_linears']} quantized linears",
+            f"  parameters  {params}",
+            f"  calibration {cal.get('num_sequences', '?')} x {cal.get('seq_len', '?')} tokens of "
+            f"{', '.join(cal.get('files', [])) or '?'}"]
+        if "fmpq_int8_block_fraction_mean" in q:
+            lines.insert(6, f"  fmpq        int8 blocks: {100 * q['fmpq_int8_block_fraction_mean']:.1f}% (mean over linears)")
     total = 0
     for group, n in sorted(info["parameter_bytes"].items()):
         lines.append(f"  {group:<18}{_mib(n)}")

@@ -23,12 +23,12 @@ class LLM:
     computes. Call close() (or use `with lowbit.LLM(...) as llm:`) to stop the thread.
     """
 
-    def __init__(self, model: str | os.PathLike | None = None, recipe: str = "w16a16", device: str = "cpu",
+    def __init__(self, model: str | os.PathLike | None = None, recipe: str | None = None, device: str = "cpu",
                  dtype: str = "f32", max_batch_tokens: int = 2048, max_seqs: int = 64,
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
                  progress: bool = True, step_thread: bool = False) -> None:
         from . import _core
-        from .model_loading import build_model
+        from .model_loading import build_model, resolve_recipe
         from .models import load_model_source
 
         if kv_cache_memory is not None and (not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0):
@@ -36,11 +36,12 @@ class LLM:
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads <= 0):
             raise ValueError(f"LLM: num_threads must be a positive integer or None, got {num_threads!r}")
         try:  # fail fast, before the model is read
-            _core.parse_recipe(recipe)
+            _core.parse_recipe(recipe or "w16a16")
         except ValueError as e:
             raise ValueError(f"LLM: unknown recipe {recipe!r}: {e}") from None
         self._driver: EngineDriver | None = None
         loaded = load_model_source(model, progress=progress)
+        recipe = resolve_recipe(loaded, recipe)  # None: w16a16, or a quantized directory's own
         self.source = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer

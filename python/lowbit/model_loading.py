@@ -31,19 +31,77 @@ def core_config(cfg: ModelConfig):
     return c
 
 
-def build_model(loaded: LoadedModel, recipe: str, device: str, dtype: str, progress: bool = True):
-    """Upload every tensor (quantized per the recipe in C++) and finalize; progress goes to stderr."""
+def resolve_recipe(loaded: LoadedModel, recipe: str | None) -> str:
+    """The recipe to build: a quantized directory's own (an explicit different one is an error), else the given
+    one, else w16a16."""
+    manifest = getattr(loaded, "manifest", None)
+    if manifest is None:
+        return recipe or "w16a16"
+    own = manifest["recipe"]
+    if recipe is not None and not _same_recipe(recipe, own):
+        raise ValueError(f"{loaded.source} was quantized for recipe {own!r} (algorithm {manifest['algorithm']}); "
+                         f"it cannot run as {recipe!r}: omit the recipe or pass {own!r}")
+    return own
+
+
+def _same_recipe(a: str, b: str) -> bool:
+    from .quantize.recipes import RecipeError, parse_recipe
+    try:
+        sa, sb = parse_recipe(a), parse_recipe(b)
+    except RecipeError:
+        return False
+    return (sa.weight_format, sa.group, sa.act, sa.k_bits, sa.v_bits) == \
+        (sb.weight_format, sb.group, sb.act, sb.k_bits, sb.v_bits)
+
+
+def check_engine_can_run(loaded: LoadedModel) -> None:
+    """A quantized directory's options the engine does not implement fail here, by name (never ignored)."""
+    manifest = getattr(loaded, "manifest", None)
+    if manifest is None:
+        return
+    kv = manifest["kv"]
+    if (kv["k_bits"] < 16 or kv["v_bits"] < 16) and kv["mode"] != "token":
+        raise NotImplementedError(
+            f"{loaded.source}: kv_mode {kv['mode']!r} ({'per-channel K ranges' if kv['mode'] == 'channel' else 'static calibrated KV ranges'}) "
+            "is not implemented by the engine, whose KV cache quantizes per token and head; re-quantize with "
+            "--kv-mode token, or evaluate the directory with lowbit.quantize.api.fake_quant_model")
+
+
+def core_quantized_weight(f):
+    """A QuantFields (python/lowbit/quantize/formats.py) as the engine's QuantizedWeight."""
     from . import _core
+    return _core.QuantizedWeight(f.format, f.q, f.scales, f.zeros, f.channel_scales, f.group, f.symmetric)
+
+
+def _upload(model, loaded: LoadedModel, names: list[str], recipe: str, device: str, progress: bool) -> None:
+    fields = getattr(loaded, "fields", {})
+    total = len(names) + len(fields)
+    for i, name in enumerate(list(fields) + names, 1):
+        if name in fields:
+            f = fields[name]
+            model.set_quantized_weight(name, core_quantized_weight(f))
+            if "input_perm" in f.extra:
+                model.set_input_permutation(name, f.extra["input_perm"])
+            if "fmpq_block_bits" in f.extra:
+                model.set_fmpq_block_bits(name, f.extra["fmpq_block_bits"])
+        else:
+            model.set_weight(name, loaded.tensors[name])
+        if progress and (i % 25 == 0 or i == total):
+            print(f"\rlowbit: packing weights ({recipe}, {device}) {i}/{total}", end="", file=sys.stderr, flush=True)
+
+
+def build_model(loaded: LoadedModel, recipe: str, device: str, dtype: str, progress: bool = True):
+    """Upload every tensor and finalize; progress goes to stderr. Float linears are quantized per the recipe in
+    C++; a quantized directory's fields (a QuantizedCheckpoint) are uploaded as they are, with their input
+    permutations and FMPQ block maps."""
+    from . import _core
+    check_engine_can_run(loaded)
     model = _core.Model(core_config(loaded.config), recipe, device, dtype)
     names = list(loaded.tensors)
     if loaded.config.tie_word_embeddings:
         names = [n for n in names if n != "lm_head.weight"]
     start = time.perf_counter()
-    for i, name in enumerate(names, 1):
-        model.set_weight(name, loaded.tensors[name])
-        if progress and (i % 25 == 0 or i == len(names)):
-            print(f"\rlowbit: packing weights ({recipe}, {device}) {i}/{len(names)}", end="", file=sys.stderr,
-                  flush=True)
+    _upload(model, loaded, names, recipe, device, progress)
     model.finalize()
     if progress:
         print(f" done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)

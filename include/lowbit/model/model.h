@@ -47,6 +47,9 @@ struct ModelWorkspace {
   Tensor final_rows;                // [max_logit_rows, hidden]
   Tensor logits_compute;            // [max_logit_rows, vocab] in the compute dtype (device)
   Tensor logits;                    // f32 [max_logit_rows, vocab] on the host
+  // Only for models with input permutations or FMPQ activations (flat, viewed as [tokens, k] per linear):
+  Tensor permuted;                  // [max_tokens * max k] compute dtype: x[:, perm]
+  FmpqActivation fmpq;              // q s8 [max_tokens * max k], scales f32 [max_tokens * max k/128 blocks]
 };
 
 class Model {
@@ -61,6 +64,14 @@ class Model {
   void set_weight(const std::string& name, const Tensor& tensor);
   // A linear weight already quantized (e.g. by AWQ/GPTQ in Python); its format must match the recipe.
   void set_quantized_weight(const std::string& name, const QuantizedWeight& weight);
+  // FMPQ (COMET §3.2) moved the outlier input channels of this linear into its first 128-channel blocks:
+  // the forward feeds x[:, perm] to it. perm: s32/s64 [k] on the host, a permutation of 0..k-1. q/k/v
+  // and gate/up read one input, so their permutations must be equal (checked by finalize). CPU only.
+  void set_input_permutation(const std::string& name, const Tensor& perm);
+  // a4 (fmpq_mixed) recipes: the activation precision of each 128-channel block of this linear's
+  // (permuted) input, u8 [ceil(k / 128)] of 4 or 8 (quantize_fmpq). Shared inputs must share the map.
+  // A forward without maps fails with NotSupported (round-to-nearest weights carry none).
+  void set_fmpq_block_bits(const std::string& name, const Tensor& block_bits);
   // Throws listing every missing weight; fuses and packs. No set_weight afterwards.
   void finalize();
   bool finalized() const { return finalized_; }
@@ -90,10 +101,16 @@ class Model {
   Tensor forward(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws) const;
 
  private:
+  // What a (fused) linear's input goes through before the GEMM; both undefined for most models.
+  struct LinearInput {
+    Tensor perm;        // s32 [k] host: feed x[:, perm]
+    Tensor block_bits;  // u8 [ceil(k / 128)] host: FMPQ activation precision per block (a4 recipes)
+  };
   struct Layer {
     Tensor input_norm, post_norm;  // [hidden] compute dtype
     PackedWeight qkv, o, gate_up, down;
     Tensor qkv_bias;               // [q + 2 kv] compute dtype, undefined without attention_bias
+    LinearInput qkv_in, o_in, gate_up_in, down_in;
   };
   enum class Slot { q, k, v, o, gate, up, down };
   void stage_linear(const std::string& name, QuantizedWeight w);
@@ -101,6 +118,11 @@ class Model {
   Tensor to_compute(const Tensor& host_f32) const;  // host f32 -> compute dtype on the device
   PackedWeight pack(const QuantizedWeight& w) const;
   ops::LinearActivation linear_activation() const;
+  // The common input of the linears `suffixes` of layer l (their staged perms / block maps must agree).
+  LinearInput shared_input(int l, const std::vector<const char*>& suffixes, const char* what) const;
+  // y = linear(x[:, perm]) with the recipe's activations (FMPQ: quantize_fmpq by the block map).
+  void run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                  ModelWorkspace& ws) const;
 
   ModelConfig cfg_;
   Recipe recipe_;
@@ -113,6 +135,8 @@ class Model {
   // Staging until finalize(): quantized linears by HF name, float tensors by HF name.
   std::map<std::string, QuantizedWeight> staged_linear_;
   std::map<std::string, Tensor> staged_float_;  // host f32
+  std::map<std::string, Tensor> staged_perm_, staged_block_bits_;  // by linear name, host s32 / u8
+  bool has_input_transforms_ = false;  // any perm or block map: the workspace needs its buffers
 
   Tensor embed_table_;  // [vocab, hidden] compute dtype on the device
   Tensor final_norm_;

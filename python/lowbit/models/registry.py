@@ -24,12 +24,13 @@ def default_model_path() -> Path:
 
 
 def load_model_source(path: str | Path | None = None, progress: bool = True) -> LoadedModel:
-    """Load a model: None -> default SmolLM2 GGUF; a .gguf file; an HF directory."""
+    """Load a model: None -> default SmolLM2 GGUF; a .gguf file; an HF directory; a lowbit quantized directory
+    (a QuantizedCheckpoint: float tensors + quantized fields + manifest)."""
     p = default_model_path() if path is None else Path(path).expanduser()
     if p.is_dir():
-        if (p / QUANT_MANIFEST).is_file():
-            raise NotImplementedError(f"{p} is a lowbit quantized directory ({QUANT_MANIFEST}); "
-                                      "quantized directory loading is handled by lowbit.quantize")
+        if (p / QUANT_MANIFEST).is_file():  # written by `lowbit quantize`
+            from ..quantize.export import load_quantized_checkpoint
+            return load_quantized_checkpoint(p)
         from .hf_loader import load_hf_dir
         return load_hf_dir(p, progress=progress)
     if not p.exists():

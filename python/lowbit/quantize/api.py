@@ -11,7 +11,7 @@ import torch
 from . import pipeline
 from .calibration import calibration_tokens
 from .export import load_quantized_dir, write_quantized_dir
-from .formats import dequantize
+from .formats import dequantize, quantize_rtn
 from .kv_quant import KVQuantizer
 from .recipes import RecipeError, check_pair, parse_recipe
 from .torch_model import FakeQuant, TorchLlama, perplexity
@@ -119,6 +119,12 @@ def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Pa
         manifest["parameters"]["alpha_search_nll"] = alpha_scores
     if algo == "fmpq":
         manifest["fmpq_int8_block_fraction"] = {n: f.extra["int8_block_fraction"] for n, f in fields.items()}
+    if spec.weight_format is not None:
+        # The engine quantizes lm_head with the recipe's format too; storing it makes the directory say so.
+        head = quantize_rtn(base.lm_head_weight(), spec.weight_format, spec.group or 128, runner.symmetric)
+        fields["lm_head.weight"] = head
+        base.weights["lm_head.weight"] = torch.from_numpy(dequantize(head))
+        manifest["lm_head"] = "rtn"
     path = None
     if out is not None:
         prog(None, f"write {out}")

@@ -14,10 +14,12 @@ Layout (format_version 1, documented in docs/quantization.md):
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..models.loaded import LoadedModel
 from .formats import GROUPED, QuantFields, pack_u4, unpack_u4
 
 MANIFEST = "lowbit_quant.json"
@@ -73,7 +75,9 @@ def write_quantized_dir(out: str | Path, loaded, float_tensors: dict[str, np.nda
     save_file(tensors, str(out / "model.safetensors"))
     cfg = loaded.config
     cfg_dict = cfg.to_dict()
-    cfg_dict["tie_word_embeddings"] = "lm_head.weight" not in float_tensors and cfg.tie_word_embeddings
+    # An lm_head of its own (untied by a transform, or quantized as a field) is no longer tied.
+    cfg_dict["tie_word_embeddings"] = (cfg.tie_word_embeddings and "lm_head.weight" not in float_tensors
+                                       and "lm_head.weight" not in fields)
     from ..models.config import ModelConfig
     hf = ModelConfig.from_dict(cfg_dict).to_hf_config()
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
@@ -123,3 +127,25 @@ def load_quantized_dir(path: str | Path):
     loaded = LoadedModel(config=config, tensors=floats, tokenizer=tokenizer, chat_template=tokenizer.chat_template,
                          source=str(path))
     return loaded, fields, manifest
+
+
+@dataclass
+class QuantizedCheckpoint(LoadedModel):
+    """A quantized directory as the model loaders return it: the float tensors (`tensors`) plus the quantized
+    linears (`fields`, by HF name) and the manifest; `recipe` is the one the directory was quantized for."""
+    fields: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def recipe(self) -> str:
+        return self.manifest["recipe"]
+
+    def num_parameters(self) -> int:
+        return super().num_parameters() + sum(f.n * f.k for f in self.fields.values())
+
+
+def load_quantized_checkpoint(path: str | Path) -> QuantizedCheckpoint:
+    loaded, fields, manifest = load_quantized_dir(path)
+    return QuantizedCheckpoint(config=loaded.config, tensors=loaded.tensors, tokenizer=loaded.tokenizer,
+                               chat_template=loaded.chat_template, source=loaded.source, fields=fields,
+                               manifest=manifest)

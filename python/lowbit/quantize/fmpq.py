@@ -5,8 +5,9 @@ the outlier input channels of every linear are found (max|X_c| > ratio · median
 and a permutation puts them first, so they fill as few 128-channel blocks as possible; those blocks are int8,
 the rest int4. The permutation is applied to the weight's input columns. For down_proj it is folded into the
 gate/up rows (free); for the other linears the engine must permute the activation (manifest `input_perm`,
-shared by q/k/v and by gate/up). Weights: symmetric w4, group 128 (int4 for the W4A4 GEMM), clipped by
-output MSE. The fraction of int8 blocks per linear is reported.
+shared by q/k/v and by gate/up). Weights: QoQ format g128 (level-2 u4 holding s8 per group, which the engine's
+int32 FMPQ GEMM multiplies with the s8 activation blocks; COMET's symmetric int4 weights would be the same GEMM
+on a narrower grid), clipped by output MSE. The fraction of int8 blocks per linear is reported.
 """
 from __future__ import annotations
 

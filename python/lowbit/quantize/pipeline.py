@@ -45,9 +45,7 @@ class RTNBase:
         self.options = options
         self.params: dict = {}
 
-    @property
-    def symmetric(self) -> bool:
-        return self.spec.act == "fmpq"  # COMET's int4 GEMM needs symmetric weights
+    symmetric = False  # w4 weights keep their zero point (AWQ/GPTQ convention)
 
     def fake_quant(self, w: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(dequantize(quantize_rtn(w, self.spec.weight_format, self.spec.group or 128,

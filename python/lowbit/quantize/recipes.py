@@ -3,7 +3,8 @@
 Recipe grammar (mirrors include/lowbit/quant/recipe.h):
     w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k{..}v{..}] [-{qoq|liquid}]
 w4a8 stores the QoQ format (g128) unless "-liquid" (LiquidQuant, g64); w4a4 is COMET's mixed W4A4/W4A8 (FMPQ)
-with symmetric w4 g128 weights.
+activations with QoQ-format g128 weights (u4 holding s8 per group: what the engine's int32 FMPQ GEMM reads, as
+include/lowbit/quant/recipe.h maps w4a4).
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ _RECIPE_RE = re.compile(r"^w(16|8|4|fp8)a(16|8|4)(?:g(32|64|128))?(?:kv(16|8|4|2
 
 # algorithm -> recipes it handles (by weight/activation part) and a one-line description
 ALGORITHMS = {
-    "rtn": ("w8a16 w8a8 w4a16 w4a8 w4a8-liquid w4a4 wfp8a16 w16a16",
-            "round-to-nearest (every format)"),
+    "rtn": ("w8a16 w8a8 w4a16 w4a8 w4a8-liquid wfp8a16 w16a16",
+            "round-to-nearest (every format; w4a4 needs fmpq's activation block maps)"),
     "awq": ("w4a16 w4a8", "AWQ activation-aware scale search + clipping"),
     "gptq": ("w4a16 w8a16", "GPTQ Hessian error feedback (optional act-order)"),
     "smoothquant": ("w8a8", "SmoothQuant with alpha searched per model"),
@@ -73,8 +74,8 @@ def parse_recipe(text: str) -> RecipeSpec:
         elif act == "int8":
             fmt = "liquid" if variant == "liquid" else "qoq"
             group = int(g or (64 if fmt == "liquid" else 128))
-        else:
-            fmt, group = "w4", int(g or 128)
+        else:  # a4: the engine's FMPQ GEMM (ops::linear_fmpq) multiplies s8 activations by s8-per-group weights
+            fmt, group = "qoq", int(g or 128)
     if variant and not (bits == 4 and act == "int8"):
         raise RecipeError(f"recipe {text!r}: the -{variant} variant applies to w4a8 only")
     if g and bits != 4:

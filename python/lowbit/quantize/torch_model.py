@@ -138,7 +138,12 @@ class TorchLlama:
         return self.weights["model.embed_tokens.weight"][tokens]
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.rms_norm(h, self.weights["model.norm.weight"]) @ self.lm_head_weight().T
+        x = self.rms_norm(h, self.weights["model.norm.weight"])
+        if self.fake.act_quant is not None:
+            # The engine runs lm_head with per-token int8 activations under a8 and a4 recipes alike (FMPQ block
+            # maps exist for the decoder linears only).
+            x = fake_quant_per_token_int8(x)
+        return x @ self.lm_head_weight().T
 
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
