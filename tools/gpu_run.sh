@@ -2,7 +2,9 @@
 # One GPU session in one command: build the CUDA extension, run the GPU tests (plus
 # compute-sanitizer memcheck/racecheck on small kernel tests), run the benchmarks.
 # Results (JSON, logs) go to $OUT (default ./gpu_out); a short table is printed last.
-#   usage: tools/gpu_run.sh [steps]   steps: comma list of tests,sanitize,bench (default all three)
+#   usage: tools/gpu_run.sh [steps]   steps: comma list of tests,sanitize,bench (default all three),
+#          engine (only the forward-pass op and model/engine tests, with a short memcheck), profile
+#   An incoming PYTHONPATH (e.g. where extra wheels were unpacked) is kept after the build's own paths.
 set -uo pipefail
 STEPS=${1:-tests,sanitize,bench}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -29,12 +31,13 @@ grep -E "registers|spill|error" "$OUT/build.log" | head -20
 # lazily so the GPU entry points still load; anything truly missing fails only when called.
 LAZY=$BUILD/lazy_import; mkdir -p $LAZY
 echo 'import os, sys; sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)' > $LAZY/sitecustomize.py
-export LOWBIT_DEV_BUILD=$BUILD/python_ext PYTHONPATH=$LAZY:$PWD/python:$PWD/tools
+export LOWBIT_DEV_BUILD=$BUILD/python_ext PYTHONPATH=$LAZY:$PWD/python:$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available(), _core.cuda_device_info())"
 
 if has tests; then
   echo "== tests"
-  python3 -m pytest tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py tests_py/test_gpu_attention.py -q --maxfail=30 \
+  python3 -m pytest tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py tests_py/test_gpu_attention.py \
+    tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q --maxfail=30 \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
 if has sanitize; then
@@ -54,6 +57,21 @@ if has sanitize; then
   timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests_py/test_gpu_attention.py -k "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8" > "$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?"; tail -4 "$OUT/racecheck.log"
+fi
+
+if has engine; then
+  echo "== forward-pass ops and model/engine on the GPU"
+  python3 -m pytest tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q -rfEs --maxfail=40 -p no:cacheprovider \
+    2>&1 | tee "$OUT/pytest_engine.log" | tail -60
+  for f in "$OUT"/smollm2_*.json; do [ -f "$f" ] && { echo "$f"; cat "$f"; }; done
+fi
+
+if has sanitize || has engine; then
+  echo "== compute-sanitizer memcheck (forward-pass ops, small cases)"
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_ops.py -k "(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope and f16) or \
+    (kv_write and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576)" \
+    > "$OUT/memcheck_ops.log" 2>&1; echo "memcheck ops rc=$?"; tail -4 "$OUT/memcheck_ops.log"
 fi
 
 if has profile; then

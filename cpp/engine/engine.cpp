@@ -9,10 +9,13 @@
 #include <omp.h>
 #endif
 
+#include "model/device_support.h"
+
 namespace lowbit {
 
 namespace {
 constexpr int64_t kDefaultKVBytes = int64_t(512) << 20;
+constexpr double kDefaultGpuKVFraction = 0.3;  // of the device's free memory after the weights
 constexpr int64_t kMaxLogitsChunk = 256;  // rows per forward in Engine::logits (bounds the logits buffer)
 }  // namespace
 
@@ -38,7 +41,12 @@ Engine::Engine(const Model& model, const EngineConfig& config)
   const int64_t block_bytes = model.kv_bytes_per_token() * cfg_.block_size;
   int64_t num_blocks;
   if (cfg_.kv_cache_bytes == 0) {
-    num_blocks = std::min(kDefaultKVBytes / block_bytes, int64_t(cfg_.max_seqs) * max_blocks_per_seq_);
+    // On a GPU the pool takes a fraction of the free memory (the workspace and kernels' scratch need
+    // the rest); on the host a fixed budget. Never more than max_seqs full-length sequences.
+    const int64_t budget = model.device().is_cpu()
+                               ? kDefaultKVBytes
+                               : int64_t(kDefaultGpuKVFraction * double(model_detail::device_free_bytes(model.device())));
+    num_blocks = std::max<int64_t>(1, std::min(budget / block_bytes, int64_t(cfg_.max_seqs) * max_blocks_per_seq_));
   } else {
     num_blocks = cfg_.kv_cache_bytes / block_bytes;
     LOWBIT_CHECK(num_blocks >= 1, "Engine: argument 'kv_cache_bytes' (", cfg_.kv_cache_bytes,
@@ -216,8 +224,8 @@ Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool al
   m.block_tables = block_tables_dev_.slice(0, 0, n * width).view({n, width});
   m.slot_mapping = slot_mapping_dev_.slice(0, 0, T);
   if (!model_.device().is_cpu()) {
-    m.block_tables.copy_(block_tables_host_.slice(0, 0, n * width).view({n, width}));
-    m.slot_mapping.copy_(slot_mapping_host_.slice(0, 0, T));
+    model_detail::upload_async(m.block_tables, block_tables_host_.slice(0, 0, n * width));
+    model_detail::upload_async(m.slot_mapping, slot_mapping_host_.slice(0, 0, T));
   }
   return model_.forward(b, *cache_, ws_);
 }

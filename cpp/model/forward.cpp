@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "lowbit/model/model.h"
+#include "model/device_support.h"
 #include "model/host_convert.h"
 
 namespace lowbit {
@@ -22,6 +23,13 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.positions_host = Tensor::empty({T}, ScalarType::s32);
   ws.ids = device_.is_cpu() ? ws.ids_host : Tensor::empty({T}, ScalarType::s32, device_);
   ws.positions = device_.is_cpu() ? ws.positions_host : Tensor::empty({T}, ScalarType::s32, device_);
+  if (!device_.is_cpu()) {
+    // One s32 upload per step: ids, positions (T each), (q_start, q_len, kv_len) of <= T sequences,
+    // logit rows.
+    ws.step_host = Tensor::empty({5 * T + max_logit_rows}, ScalarType::s32);
+    ws.step_device = Tensor::empty({5 * T + max_logit_rows}, ScalarType::s32, device_);
+    ws.logits_device = Tensor::empty({max_logit_rows, cfg_.vocab_size}, ScalarType::f32, device_);
+  }
   ws.residual = Tensor::empty({T, H}, dtype_, device_);
   ws.normed = Tensor::empty({T, H}, dtype_, device_);
   ws.hidden = Tensor::empty({T, H}, dtype_, device_);
@@ -100,11 +108,11 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   std::copy(b.token_ids.begin(), b.token_ids.end(), ws.ids_host.data<int32_t>());
   std::copy(b.positions.begin(), b.positions.end(), ws.positions_host.data<int32_t>());
   Tensor ids = ws.ids_host.slice(0, 0, T), positions = ws.positions_host.slice(0, 0, T);
+  const ops::AttentionMeta* attn = &b.attn;
+  Tensor logit_row_ids;  // s32 [R] on the device (GPU: the logit rows are gathered there)
   if (!device_.is_cpu()) {
-    ws.ids.slice(0, 0, T).copy_(ids);
-    ws.positions.slice(0, 0, T).copy_(positions);
-    ids = ws.ids.slice(0, 0, T);
-    positions = ws.positions.slice(0, 0, T);
+    model_detail::upload_step(b, ws, ids, positions, logit_row_ids);
+    attn = &ws.attn;
   }
   Tensor residual = ws.residual.slice(0, 0, T), normed = ws.normed.slice(0, 0, T), hidden = ws.hidden.slice(0, 0, T);
   Tensor qkv = ws.qkv.slice(0, 0, T), attn_out = ws.attn_out.slice(0, 0, T);
@@ -129,8 +137,8 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
       ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
     run_linear(normed, L.qkv_in, L.qkv, L.qkv_bias, qkv, ws);
     ops::rope(q, k, positions, rope);
-    ops::kv_write(cache, l, k, v, b.attn);
-    ops::paged_attention(q, cache, l, b.attn, scale, attn_heads);
+    ops::kv_write(cache, l, k, v, *attn);
+    ops::paged_attention(q, cache, l, *attn, scale, attn_heads);
     run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
     ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);
     run_linear(normed, L.gate_up_in, L.gate_up, no_bias, gate_up, ws);
@@ -141,12 +149,17 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   Tensor logits = ws.logits.slice(0, 0, R);
   if (R == 0) return logits;
   Tensor rows = ws.final_rows.slice(0, 0, R);
-  for (int64_t r = 0; r < R; ++r) rows.select(0, r).copy_(normed.select(0, b.logit_rows[size_t(r)]));
+  if (device_.is_cpu())
+    for (int64_t r = 0; r < R; ++r) rows.select(0, r).copy_(normed.select(0, b.logit_rows[size_t(r)]));
+  else
+    ops::embedding(logit_row_ids, normed, rows);  // a row gather
   Tensor logits_c = ws.logits_compute.slice(0, 0, R);
   // lm_head has no FMPQ block map: a4 recipes run it with per-token int8 activations.
   ops::linear(rows, lm_head_, no_bias, logits_c,
               a == ops::LinearActivation::fmpq_mixed ? ops::LinearActivation::int8_per_token : a);
-  if (logits_c.data_ptr() != logits.data_ptr()) {
+  if (!device_.is_cpu()) {
+    model_detail::download_logits(logits_c, ws.logits_device.slice(0, 0, R), logits);  // the step's one sync
+  } else if (logits_c.data_ptr() != logits.data_ptr()) {
     Tensor host = device_.is_cpu() ? logits_c : logits_c.to(Device::cpu());
     model_detail::dtype_to_f32_host(host, logits.data<float>());
   }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "model/device_support.h"
 #include "model/host_convert.h"
 
 namespace lowbit {
@@ -99,6 +100,7 @@ Model::Model(const ModelConfig& config, const std::string& recipe, const std::st
   LOWBIT_CHECK_TYPE(dtype_ == ScalarType::f32 || dtype_ == ScalarType::f16 || dtype_ == ScalarType::bf16,
                     "Model: argument 'dtype' must be f32, f16 or bf16, got ", dtype);
   require_device(device_, "Model");
+  model_detail::check_device_recipe(recipe_, dtype_, device_);  // no GPU kernel: fail at load, never fall back
   if (recipe_.weight_bits == 16)
     weight_format_ = dtype_ == ScalarType::f32 ? WeightFormat::f32
                      : dtype_ == ScalarType::f16 ? WeightFormat::f16 : WeightFormat::bf16;
@@ -275,7 +277,9 @@ Tensor Model::to_compute(const Tensor& host_f32) const {
   return device_.is_cpu() ? t : t.to(device_);
 }
 
-PackedWeight Model::pack(const QuantizedWeight& w) const { return pack_weight(w, pack_target_, device_); }
+PackedWeight Model::pack(const QuantizedWeight& w) const {
+  return device_.is_cpu() ? pack_weight(w, pack_target_, device_) : model_detail::pack_for_device(w, device_);
+}
 
 void Model::finalize() {
   check_not_finalized("Model.finalize");
@@ -371,6 +375,9 @@ Model::Info Model::info() const {
                       name_of(pack_target_) + ", " + act + " activations");
   i.kernels.push_back(std::string("paged_attention: K ") + name_of(k_cache_type()) + ", V " +
                       name_of(v_cache_type()) + ", head_dim " + std::to_string(cfg_.head_dim));
+  if (!device_.is_cpu())
+    i.kernels.push_back("gpu: gemm_f16/gemm_w4a16/gemm_w8a8 (sm80 family), decode_attention_sm80 for decode steps, "
+                        "prefill_attention_sm80 otherwise");
   return i;
 }
 

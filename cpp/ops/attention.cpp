@@ -1,9 +1,15 @@
 // ops::kv_write and ops::paged_attention: argument checks, then the kernel for the tensors' device.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/kv_quant_cpu.h"
 #include "lowbit/ops/ops.h"
+#include "ops/op_device.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/kernels.h"
+#endif
 
 namespace lowbit::ops {
 
@@ -18,11 +24,10 @@ void check_float_activation(const Tensor& t, const char* op, const char* arg) {
                "' must be contiguous in its last dimension, got strides ", shape_str(t.strides()));
 }
 
-// The only kernels built so far run on the host.
-void require_cpu(const Device& d, const char* op, const char* what) {
-  if (!d.is_cpu())
-    LOWBIT_NOT_SUPPORTED(op, ": ", what, " is on ", d.str(),
-                         " but only the CPU kernel is available; GPU attention not built");
+// The cache's tensors count as one more operand: its device must match the activations'.
+void check_cache_device(const Device& dev, const KVCacheConfig& cfg, const char* op) {
+  LOWBIT_CHECK_TYPE(cfg.device == dev, op, ": the KV cache is on ", cfg.device.str(), " but the other operands are on ",
+                    dev.str(), "; all operands must be on one device");
 }
 
 void check_layer(const KVCache& cache, int layer, const char* op) {
@@ -47,7 +52,6 @@ void check_meta(const AttentionMeta& meta, int64_t num_tokens, const KVCacheConf
   check_defined(bt, op, "meta.block_tables");
   check_dtype(bt, ScalarType::s32, op, "meta.block_tables");
   check_dim(bt, 2, op, "meta.block_tables");
-  require_cpu(bt.device(), op, "meta.block_tables");
   LOWBIT_CHECK(bt.size(0) == static_cast<int64_t>(n), op, ": meta.block_tables must have one row per sequence (",
                n, "), got shape ", shape_str(bt.shape()));
   LOWBIT_CHECK(bt.stride(1) == 1 || bt.size(1) <= 1, op, ": meta.block_tables must be contiguous in its last dim");
@@ -57,7 +61,7 @@ void check_meta(const AttentionMeta& meta, int64_t num_tokens, const KVCacheConf
                  ql, " outside the ", num_tokens, " query tokens");
     LOWBIT_CHECK(kl >= ql, op, ": sequence ", s, " has kv_len ", kl, " < q_len ", ql,
                  " (kv_len counts the new tokens too)");
-    if (ql == 0) continue;
+    if (ql == 0 || !bt.device().is_cpu()) continue;  // a device table is not read back (no sync)
     const int64_t blocks = (kl + cfg.block_size - 1) / cfg.block_size;
     LOWBIT_CHECK(blocks <= bt.size(1), op, ": sequence ", s, " needs ", blocks, " blocks for kv_len ", kl,
                  " but meta.block_tables has ", bt.size(1), " columns");
@@ -67,6 +71,60 @@ void check_meta(const AttentionMeta& meta, int64_t num_tokens, const KVCacheConf
                         ", ", b, "] = ", row[b], " is not a block of the cache [0, ", cfg.num_blocks, ")");
   }
 }
+
+#ifdef LOWBIT_WITH_CUDA
+// (q_start, q_len, kv_len) rows on the device: the caller's meta.seq_info, or uploaded here.
+Tensor device_seq_info(const AttentionMeta& meta, const Device& dev, const char* op) {
+  const int64_t n = int64_t(meta.q_len.size());
+  if (meta.seq_info.defined()) {
+    check_dtype(meta.seq_info, ScalarType::s32, op, "meta.seq_info");
+    check_shape(meta.seq_info, {3, n}, op, "meta.seq_info");
+    check_contiguous(meta.seq_info, op, "meta.seq_info");
+    LOWBIT_CHECK_TYPE(meta.seq_info.device() == dev, op, ": meta.seq_info is on ", meta.seq_info.device().str(),
+                      " but the other operands are on ", dev.str());
+    return meta.seq_info;
+  }
+  Tensor host = Tensor::empty({3, n}, ScalarType::s32);
+  int32_t* h = host.data<int32_t>();
+  std::copy(meta.q_start.begin(), meta.q_start.end(), h);
+  std::copy(meta.q_len.begin(), meta.q_len.end(), h + n);
+  std::copy(meta.kv_len.begin(), meta.kv_len.end(), h + 2 * n);
+  return host.to(dev);
+}
+
+// Decode steps (one query per sequence, rows in sequence order) take the tensor-core decode kernel
+// when it covers the shapes and types; everything else takes the general prefill kernel.
+void paged_attention_cuda(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
+                          Tensor& out) {
+  constexpr const char* op = "paged_attention";
+  const KVCacheConfig& cfg = cache.config();
+  LOWBIT_CHECK(meta.block_tables.is_contiguous(), op, ": meta.block_tables must be contiguous on the GPU");
+  const int64_t n = int64_t(meta.q_len.size());
+  if (n == 0) return;
+  int32_t max_q = 0, max_kv = 0;
+  bool rows_in_order = true;
+  for (int64_t s = 0; s < n; ++s) {
+    max_q = std::max(max_q, meta.q_len[size_t(s)]);
+    max_kv = std::max(max_kv, meta.kv_len[size_t(s)]);
+    rows_in_order = rows_in_order && meta.q_start[size_t(s)] == s && meta.q_len[size_t(s)] == 1;
+  }
+  const Tensor seq_info = device_seq_info(meta, q.device(), op);
+  auto decode_type = [](ScalarType t) { return t == ScalarType::f16 || t == ScalarType::u8 || t == ScalarType::u4; };
+  const int group = int(q.size(1) / cfg.num_kv_heads);
+  const bool decode = rows_in_order && q.dtype() == ScalarType::f16 && out.dtype() == ScalarType::f16 &&
+                      decode_type(cfg.k_type) && decode_type(cfg.v_type) && (cfg.head_dim == 64 || cfg.head_dim == 128) &&
+                      group <= 8;
+  if (decode) {
+    Tensor o = out.slice(0, 0, n);
+    cuda::decode_attention(q.slice(0, 0, n), cache.k_data(layer), cache.v_data(layer), cache.k_params(layer),
+                           cache.v_params(layer), meta.block_tables, seq_info.select(0, 2), max_kv, scale, o, 0,
+                           nullptr);
+    return;
+  }
+  cuda::prefill_attention(q, cache.k_data(layer), cache.v_data(layer), cache.k_params(layer), cache.v_params(layer),
+                          meta.block_tables, seq_info, max_q, scale, out, nullptr);
+}
+#endif
 
 }  // namespace
 
@@ -80,10 +138,14 @@ void kv_write(KVCache& cache, int layer, const Tensor& k, const Tensor& v, const
   check_shape(k, {T, cfg.num_kv_heads, cfg.head_dim}, op, "k");
   check_shape(v, {T, cfg.num_kv_heads, cfg.head_dim}, op, "v");
   check_s32_vector(meta.slot_mapping, T, op, "meta.slot_mapping");
-  require_cpu(cfg.device, op, "the KV cache");
-  require_cpu(k.device(), op, "argument 'k'");
-  require_cpu(v.device(), op, "argument 'v'");
-  require_cpu(meta.slot_mapping.device(), op, "meta.slot_mapping");
+  const Device dev = op_device(op, {{"k", &k}, {"v", &v}, {"meta.slot_mapping", &meta.slot_mapping}});
+  check_cache_device(dev, cfg, op);
+  if (dev.is_cuda()) {
+#ifdef LOWBIT_WITH_CUDA
+    Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
+    return cuda::kv_write(k, v, kd, vd, kp, vp, meta.slot_mapping, nullptr);
+#endif
+  }
   const int32_t* slots = meta.slot_mapping.data<int32_t>();
   const int64_t num_slots = cfg.num_blocks * cfg.block_size;
   for (int64_t t = 0; t < T; ++t)
@@ -105,11 +167,13 @@ void paged_attention(const Tensor& q, const KVCache& cache, int layer, const Att
   LOWBIT_CHECK(q.size(1) > 0 && q.size(1) % cfg.num_kv_heads == 0, op, ": argument 'q' has ", q.size(1),
                " heads, which must be a positive multiple of the cache's ", cfg.num_kv_heads, " KV heads");
   LOWBIT_CHECK(std::isfinite(scale), op, ": argument 'scale' must be finite, got ", scale);
-  require_cpu(q.device(), op, "argument 'q'");
-  require_cpu(out.device(), op, "argument 'out'");
-  require_cpu(cfg.device, op, "the KV cache");
+  const Device dev = op_device(op, {{"q", &q}, {"out", &out}, {"meta.block_tables", &meta.block_tables}});
+  check_cache_device(dev, cfg, op);
   check_meta(meta, q.size(0), cfg, op);
-  cpu::paged_attention_cpu(q, cache, layer, meta, scale, out);
+  if (dev.is_cpu()) return cpu::paged_attention_cpu(q, cache, layer, meta, scale, out);
+#ifdef LOWBIT_WITH_CUDA
+  paged_attention_cuda(q, cache, layer, meta, scale, out);
+#endif
 }
 
 }  // namespace lowbit::ops

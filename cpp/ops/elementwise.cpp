@@ -1,7 +1,11 @@
-// Elementwise / normalisation ops: argument checks, then the CPU kernel (CUDA tensors are refused
-// with NotSupported until the GPU kernels land).
+// Elementwise / normalisation ops: argument checks, then the kernel for the operands' device
+// (CPU, or the CUDA kernels of cpp/cuda/rows_cuda.cu on the default stream).
 #include "kernels/cpu/elementwise_cpu.h"
 #include "lowbit/ops/ops.h"
+#include "ops/op_device.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/forward_kernels.h"
+#endif
 
 namespace lowbit::ops {
 namespace {
@@ -12,16 +16,9 @@ void check_float(const Tensor& t, const char* op, const char* arg) {
                     op, ": argument '", arg, "' must be f32, f16 or bf16, got ", name_of(t.dtype()));
 }
 
-void check_cpu(const Tensor& t, const char* op, const char* arg) {
-  if (!t.device().is_cpu())
-    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' is on ", t.device().str(),
-                         " but only the CPU kernel is built for ", op);
-}
-
 // [.., cols] as rows of contiguous elements: 1-D is one row; 2-D may have any row stride; more
 // dimensions must be contiguous.
 cpu::RowView rows_of(const Tensor& t, const char* op, const char* arg) {
-  check_cpu(t, op, arg);
   LOWBIT_CHECK(t.dim() >= 1, op, ": argument '", arg, "' must have at least 1 dimension, got a scalar");
   LOWBIT_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, op, ": argument '", arg,
                "' must be contiguous in its last dimension, got strides ", shape_str(t.strides()));
@@ -47,6 +44,15 @@ void check_same_rows(const Tensor& a, const char* an, const Tensor& b, const cha
                shape_str(b.shape()), " must have the same shape");
 }
 
+#ifdef LOWBIT_WITH_CUDA
+cuda::Rows gpu_rows(const cpu::RowView& v) { return cuda::Rows{v.base, v.dtype, v.rows, v.cols, v.stride}; }
+#endif
+
+// Every kernel of this file runs where its operands are; a CUDA build is needed for CUDA operands.
+[[maybe_unused]] [[noreturn]] void no_cuda_kernel(const char* op) {
+  LOWBIT_NOT_SUPPORTED(op, ": CUDA operands need a CUDA build of lowbit");
+}
+
 void check_norm_weight(const Tensor& weight, int64_t h, const char* op) {
   check_float(weight, op, "weight");
   check_shape(weight, {h}, op, "weight");
@@ -61,8 +67,14 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_same_rows(x, "x", out, "out", op);
   check_norm_weight(weight, x.dim() ? x.size(-1) : 0, op);
   LOWBIT_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  const Device dev = op_device(op, {{"x", &x}, {"weight", &weight}, {"out", &out}});
   const cpu::RowView xv = rows_of(x, op, "x"), wv = rows_of(weight, op, "weight"), ov = rows_of(out, op, "out");
-  cpu::rms_norm_cpu(xv, wv, eps, ov);
+  if (dev.is_cpu()) return cpu::rms_norm_cpu(xv, wv, eps, ov);
+#ifdef LOWBIT_WITH_CUDA
+  cuda::rms_norm(gpu_rows(xv), gpu_rows(wv), eps, gpu_rows(ov), nullptr);
+#else
+  no_cuda_kernel(op);
+#endif
 }
 
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
@@ -74,9 +86,16 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
   check_same_rows(residual, "residual", out, "out", op);
   check_norm_weight(weight, x.dim() ? x.size(-1) : 0, op);
   LOWBIT_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  const Device dev =
+      op_device(op, {{"residual", &residual}, {"x", &x}, {"weight", &weight}, {"out", &out}});
   const cpu::RowView rv = rows_of(residual, op, "residual"), xv = rows_of(x, op, "x");
   const cpu::RowView wv = rows_of(weight, op, "weight"), ov = rows_of(out, op, "out");
-  cpu::add_rms_norm_cpu(rv, xv, wv, eps, ov);
+  if (dev.is_cpu()) return cpu::add_rms_norm_cpu(rv, xv, wv, eps, ov);
+#ifdef LOWBIT_WITH_CUDA
+  cuda::add_rms_norm(gpu_rows(rv), gpu_rows(xv), gpu_rows(wv), eps, gpu_rows(ov), nullptr);
+#else
+  no_cuda_kernel(op);
+#endif
 }
 
 void silu_mul(const Tensor& gate_up, Tensor& out) {
@@ -89,8 +108,14 @@ void silu_mul(const Tensor& gate_up, Tensor& out) {
   expect.back() /= 2;
   LOWBIT_CHECK(out.shape() == expect, op, ": argument 'out' must have shape ", shape_str(expect), ", got ",
                shape_str(out.shape()));
+  const Device dev = op_device(op, {{"gate_up", &gate_up}, {"out", &out}});
   const cpu::RowView gv = rows_of(gate_up, op, "gate_up"), ov = rows_of(out, op, "out");
-  cpu::silu_mul_cpu(gv, ov);
+  if (dev.is_cpu()) return cpu::silu_mul_cpu(gv, ov);
+#ifdef LOWBIT_WITH_CUDA
+  cuda::silu_mul(gpu_rows(gv), gpu_rows(ov), nullptr);
+#else
+  no_cuda_kernel(op);
+#endif
 }
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
@@ -98,12 +123,22 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   check_defined(ids, op, "ids");
   check_dtype(ids, ScalarType::s32, op, "ids");
   check_dim(ids, 1, op, "ids");
-  check_cpu(ids, op, "ids");
   check_float(table, op, "table");
   check_dim(table, 2, op, "table");
   check_float(out, op, "out");
   check_shape(out, {ids.size(0), table.size(1)}, op, "out");
+  const Device dev = op_device(op, {{"ids", &ids}, {"table", &table}, {"out", &out}});
   const cpu::RowView tv = rows_of(table, op, "table"), ov = rows_of(out, op, "out");
+  if (dev.is_cuda()) {
+#ifdef LOWBIT_WITH_CUDA
+    // The ids live on the device: checking them here would cost a synchronizing copy, so the
+    // kernel writes a NaN row for an id outside the table instead (callers check ids on the host).
+    check_contiguous(ids, op, "ids");
+    return cuda::embedding(ids.data<int32_t>(), gpu_rows(tv), gpu_rows(ov), nullptr);
+#else
+    no_cuda_kernel(op);
+#endif
+  }
   const Tensor idc = ids.contiguous();
   const int32_t* id = idc.data<int32_t>();
   for (int64_t t = 0; t < ids.size(0); ++t)
@@ -117,6 +152,8 @@ void softmax(const Tensor& x, Tensor& out) {
   check_float(x, op, "x");
   check_float(out, op, "out");
   check_same_rows(x, "x", out, "out", op);
+  const Device dev = op_device(op, {{"x", &x}, {"out", &out}});
+  if (!dev.is_cpu()) LOWBIT_NOT_SUPPORTED(op, ": no GPU kernel (sampling runs on the host); got ", x.str());
   const cpu::RowView xv = rows_of(x, op, "x"), ov = rows_of(out, op, "out");
   cpu::softmax_cpu(xv, ov);
 }

@@ -3,6 +3,11 @@
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/gemm_layout_cpu.h"
 #include "lowbit/ops/ops.h"
+#include "ops/op_device.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/kernels.h"
+#endif
 
 namespace lowbit::ops {
 namespace {
@@ -24,6 +29,43 @@ void check_float_2d(const Tensor& t, const char* arg) {
                     kOp, ": argument '", arg, "' must be f32, f16 or bf16, got ", name_of(t.dtype()));
   check_dim(t, 2, kOp, arg);
 }
+
+#ifdef LOWBIT_WITH_CUDA
+// GPU linears (weights packed for sm80, see ops.h): f16 x f16 on tensor cores, W4A16 (u4 groups,
+// f16 activations), W8A8 (per-token int8 activations quantized here, s8 x s8 -> int32 -> f16).
+// Bias (f16) is fused into the f16 GEMM and added by a row kernel after the quantized ones.
+void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act) {
+  LOWBIT_CHECK(w.target == PackTarget::sm80, kOp, ": the weight was packed for ", name_of(w.target),
+               " but the GPU linear needs a weight packed for sm80 (Model does this at finalize)");
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, x.dtype() == ScalarType::f16, kOp,
+                    ": GPU linears take f16 activations, got ", name_of(x.dtype()));
+  if (bias.defined())
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, bias.dtype() == ScalarType::f16, kOp,
+                      ": GPU linears take an f16 bias, got ", name_of(bias.dtype()));
+  const Tensor no_bias;
+  if (act == LinearActivation::float16 && w.format == WeightFormat::f16) {
+    check_dtype(w.data, ScalarType::f16, kOp, "w.data");
+    check_shape(w.data, {w.n, w.k}, kOp, "w.data");
+    return cuda::gemm_f16(x, w.data, bias, y, nullptr);
+  }
+  if (act == LinearActivation::float16 && w.format == WeightFormat::w4) {
+    cuda::gemm_w4a16(x, w, y, 0, no_bias, nullptr);
+  } else if (act == LinearActivation::int8_per_token && w.format == WeightFormat::w8) {
+    Tensor xq = Tensor::empty({x.size(0), x.size(1)}, ScalarType::s8, x.device());
+    Tensor xs = Tensor::empty({x.size(0)}, ScalarType::f32, x.device());
+    cuda::quantize_per_token_s8(x, xq, xs, nullptr);
+    cuda::gemm_w8a8(xq, xs, w.data, w.scales, y, nullptr);
+  } else {
+    LOWBIT_NOT_SUPPORTED(kOp, ": no sm80 GPU kernel for ", cpu::format_label(w.format), " weights with act=",
+                         act_name(act), " (GPU linears: f16 and w4 with act=float, w8 with act=int8_per_token)");
+  }
+  if (bias.defined()) {
+    const cuda::Rows yr{y.data_ptr(), y.dtype(), y.size(0), y.size(1), y.stride(0)};
+    const cuda::Rows br{const_cast<void*>(bias.data_ptr()), bias.dtype(), 1, bias.size(0), bias.size(0)};
+    cuda::add_bias(yr, br, nullptr);
+  }
+}
+#endif
 
 }  // namespace
 
@@ -48,12 +90,15 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
   check_defined(w.data, kOp, "w.data");
   LOWBIT_CHECK(w.n > 0 && w.k > 0, kOp, ": weight must have n > 0 and k > 0, got n=", w.n, " k=", w.k);
 
-  const bool on_cpu = x.device().is_cpu() && y.device().is_cpu() && w.data.device().is_cpu() &&
-                      (!bias.defined() || bias.device().is_cpu());
-  if (!on_cpu)
-    LOWBIT_NOT_SUPPORTED(kOp, ": tensors on ", (x.device().is_cpu() ? y.device() : x.device()).str(),
-                         " (weight on ", w.data.device().str(),
-                         ") are not supported: only the CPU linear is built; all of x, w, bias, y must be on the CPU");
+  const Device dev = op_device(kOp, {{"x", &x}, {"y", &y}, {"w.data", &w.data}, {"bias", &bias}});
+  if (dev.is_cuda() && act == LinearActivation::fmpq_mixed)
+    LOWBIT_NOT_SUPPORTED(kOp, ": act=fmpq (COMET mixed int4/int8 activations) has no GPU kernel");
+  if (dev.is_cuda()) {
+#ifdef LOWBIT_WITH_CUDA
+    if (x.size(0) == 0) return;
+    return linear_cuda(x, w, bias, y, act);
+#endif
+  }
   LOWBIT_CHECK(w.target == PackTarget::cpu, kOp, ": the weight was packed for target code ", static_cast<int>(w.target),
                "; the CPU linear needs pack_weight(..., PackTarget::cpu, ...)");
 
@@ -97,10 +142,9 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
     check_shape(bias, {w.n}, op, "bias");
   }
   check_defined(w.data, op, "w.data");
-  const bool on_cpu = x.q.device().is_cpu() && x.scales.device().is_cpu() && y.device().is_cpu() &&
-                      w.data.device().is_cpu() && (!bias.defined() || bias.device().is_cpu());
-  if (!on_cpu)
-    LOWBIT_NOT_SUPPORTED(op, ": only the CPU kernel is built; all of x, w, bias, y must be on the CPU");
+  const Device dev = op_device(op, {{"x.q", &x.q}, {"x.scales", &x.scales}, {"y", &y}, {"w.data", &w.data},
+                                    {"bias", &bias}});
+  if (!dev.is_cpu()) LOWBIT_NOT_SUPPORTED(op, ": COMET FMPQ activations have no GPU kernel yet (got ", y.str(), ")");
   LOWBIT_CHECK(w.target == PackTarget::cpu, op, ": the weight was packed for target code ", static_cast<int>(w.target),
                "; the CPU kernel needs pack_weight(..., PackTarget::cpu, ...)");
   if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)

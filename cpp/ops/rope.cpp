@@ -1,6 +1,10 @@
 // ops::rope: argument checks, then the kernel for the tensors' device.
 #include "kernels/cpu/rope_cpu.h"
 #include "lowbit/ops/ops.h"
+#include "ops/op_device.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/forward_kernels.h"
+#endif
 
 namespace lowbit::ops {
 
@@ -35,8 +39,7 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) 
   check_dtype(positions, ScalarType::s32, op, "positions");
   check_shape(positions, {T}, op, "positions");
   check_contiguous(positions, op, "positions");
-  LOWBIT_CHECK(positions.device().is_cpu(), op, ": argument 'positions' must be on the CPU, got ",
-               positions.device().str());
+  const Device dev = op_device(op, {{"q", &q}, {"k", &k}, {"positions", &positions}});
   const int64_t rd = cfg.rotary_dim > 0 ? cfg.rotary_dim : D;
   LOWBIT_CHECK(cfg.rotary_dim >= 0 && rd <= D && rd % 2 == 0, op, ": rotary_dim ", cfg.rotary_dim,
                " must be even and in [0, head_dim = ", D, "] (0 = head_dim)");
@@ -50,7 +53,11 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) 
     LOWBIT_CHECK(cfg.original_max_position > 0, op, ": llama3 original_max_position must be positive, got ",
                  cfg.original_max_position);
   }
-  cpu::rope_cpu(q, k, positions, cfg);
+  if (dev.is_cpu()) return cpu::rope_cpu(q, k, positions, cfg);
+#ifdef LOWBIT_WITH_CUDA
+  // The same frequency table as the CPU kernel (llama3 / linear scaling applied in double).
+  cuda::rope(q, k, positions, cpu::rope_inv_freq(cfg, static_cast<int>(rd)), cfg.neox, nullptr);
+#endif
 }
 
 }  // namespace lowbit::ops

@@ -20,7 +20,7 @@ struct EngineConfig {
   int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   int max_seqs = 64;                // sequences per step
   int block_size = 16;              // tokens per KV block
-  int64_t kv_cache_bytes = 0;       // 0: 512 MiB, clamped to max_seqs full-length sequences
+  int64_t kv_cache_bytes = 0;       // 0: 512 MiB on the host, 30% of free memory on a GPU; clamped to max_seqs full-length sequences
   int num_threads = 0;              // CPU threads for the kernels (0: leave the OpenMP default)
 };
 

@@ -39,6 +39,11 @@ struct ModelWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
   Tensor ids_host, positions_host;  // s32 [max_tokens] on the host
   Tensor ids, positions;            // s32 on the model device (aliases of the host ones on cpu)
+  // CUDA only: the step's s32 metadata (ids | positions | q_start | q_len | kv_len | logit rows) is
+  // staged in step_host and uploaded with one copy to step_device; logits_device holds the f32 logits
+  // before the step's one synchronizing download; attn is the step's meta with seq_info set.
+  Tensor step_host, step_device, logits_device;
+  ops::AttentionMeta attn;
   Tensor residual, normed, hidden;  // [max_tokens, hidden]
   Tensor qkv;                       // [max_tokens, q + 2 kv]; rope rotates q and k in place
   Tensor attn_out;                  // [max_tokens, q]

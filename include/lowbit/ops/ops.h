@@ -13,6 +13,9 @@ namespace lowbit::ops {
 // ---- linear layers (ops/linear.cpp) -----------------------------------------------------------
 // y[m, n] = x[m, k] · Wᵀ (+ bias[n]). x and y are f32/f16/bf16 (same dtype). A8 paths quantize x per
 // token to int8 internally and accumulate in int32 exactly as the GPU does.
+// On CUDA (weights packed for sm80): x, y, bias f16; f16 weights (data = f16 [n, k]) and w4 weights
+// (pack_sm80 layout) take act=float, w8 weights (data = s8 [n, k], scales f32 [n]) take
+// act=int8_per_token; other combinations are NotSupported.
 enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed };
 // act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
@@ -55,7 +58,15 @@ struct AttentionMeta {
   Tensor block_tables;  // s32 [num_seqs, max_blocks] (padded with -1), on the KV device
   Tensor slot_mapping;  // s32 [T]: cache slot of each new token, on the KV device
   int32_t max_q_len = 0, max_kv_len = 0;
+  // GPU only, optional: s32 [3, num_seqs] = (q_start, q_len, kv_len) rows on the KV device, uploaded
+  // once per step by the model; when undefined, paged_attention uploads them itself (one sync copy).
+  Tensor seq_info;
 };
+// Device placement: every tensor operand of an op (and the KV cache) must be on one device; CPU
+// operands run the CPU kernels, CUDA operands the GPU kernels on the default stream (asynchronous:
+// results are ready after the next synchronizing copy). On the GPU the host cannot read
+// device-resident indices without a sync, so the block-table entries and slot numbers are not
+// range-checked there (a slot past the cache is skipped); the host vectors of AttentionMeta are.
 // Writes the new tokens' K/V (quantizing for integer KV types) into their slots; a negative slot
 // skips its token (padding). k/v: f32/f16/bf16, rows may be strided views.
 void kv_write(KVCache& cache, int layer, const Tensor& k /*[T, Hkv, D]*/, const Tensor& v, const AttentionMeta& meta);

@@ -1,0 +1,102 @@
+// Quantize-on-write into the paged KV cache on the GPU (layout in include/lowbit/kv/kv_cache.h).
+// Integer K/V: per token per head, dynamic asymmetric (QServe §4.1): zero = min, scale =
+// (max - min) / (2^bits - 1), q = clamp(rint((x - zero) / scale)), a constant row stores scale 0 and
+// q 0. The arithmetic (IEEE f32 division, round half to even) is that of the CPU cache, so the two
+// hold identical bytes. One warp per (token, head).
+#include "cuda/float_io.cuh"
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/forward_kernels.h"
+
+namespace lowbit::cuda {
+namespace {
+
+struct Side {  // one of K or V
+  const void* src;
+  ScalarType src_type;
+  int64_t src_stride_t, src_stride_h;
+  void* data;
+  ScalarType cache_type;
+  float* params;
+};
+
+__device__ void write_row(const Side& s, int64_t t, int h, int64_t row, int d) {
+  const int lane = threadIdx.x % 32;
+  const char* x = static_cast<const char*>(s.src) + (t * s.src_stride_t + h * s.src_stride_h) * float_bytes(s.src_type);
+  if (s.cache_type == ScalarType::f32 || s.cache_type == ScalarType::f16 || s.cache_type == ScalarType::bf16) {
+    void* out = static_cast<char*>(s.data) + row * d * float_bytes(s.cache_type);
+    for (int i = lane; i < d; i += 32) store_any(out, s.cache_type, i, load_any(x, s.src_type, i));
+    return;
+  }
+  float lo = INFINITY, hi = -INFINITY;
+  for (int i = lane; i < d; i += 32) {
+    const float v = load_any(x, s.src_type, i);
+    lo = fminf(lo, v);
+    hi = fmaxf(hi, v);
+  }
+  lo = -warp_max(-lo);
+  hi = warp_max(hi);
+  const int bits = s.cache_type == ScalarType::u8 ? 8 : 4;
+  const float qmax = static_cast<float>((1 << bits) - 1);
+  const float scale = __fdiv_rn(hi - lo, qmax);
+  auto code = [&](int i) -> unsigned {
+    const float q = scale > 0.f ? rintf(__fdiv_rn(load_any(x, s.src_type, i) - lo, scale)) : 0.f;
+    return static_cast<unsigned>(fminf(fmaxf(q, 0.f), qmax));
+  };
+  if (lane == 0) {
+    s.params[row * 2] = scale;
+    s.params[row * 2 + 1] = lo;
+  }
+  uint8_t* out = static_cast<uint8_t*>(s.data);
+  if (bits == 8) {
+    for (int i = lane; i < d; i += 32) out[row * d + i] = static_cast<uint8_t>(code(i));
+  } else {  // element 2i in the low nibble of byte i
+    const int bytes = (d + 1) / 2;
+    for (int b = lane; b < bytes; b += 32) {
+      const unsigned hi_nibble = 2 * b + 1 < d ? code(2 * b + 1) : 0u;
+      out[row * bytes + b] = static_cast<uint8_t>(code(2 * b) | (hi_nibble << 4));
+    }
+  }
+}
+
+__global__ void kv_write_kernel(Side k, Side v, const int32_t* slots, int64_t tokens, int64_t num_slots, int hkv,
+                                int block_size, int d) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (warp >= tokens * hkv) return;
+  const int64_t t = warp / hkv;
+  const int h = static_cast<int>(warp % hkv);
+  const int32_t slot = slots[t];
+  if (slot < 0 || slot >= num_slots) return;  // padding; a slot past the cache is never written
+  const int64_t row = (static_cast<int64_t>(slot / block_size) * hkv + h) * block_size + slot % block_size;
+  write_row(k, t, h, row, d);
+  write_row(v, t, h, row, d);
+}
+
+Side side_of(const Tensor& x, Tensor& data, Tensor& params) {
+  Side s{};
+  s.src = x.data_ptr();
+  s.src_type = x.dtype();
+  s.src_stride_t = x.stride(0);
+  s.src_stride_h = x.stride(1);
+  s.data = data.data_ptr();
+  s.cache_type = data.dtype();
+  s.params = params.defined() ? params.data<float>() : nullptr;
+  return s;
+}
+
+}  // namespace
+
+void kv_write(const Tensor& k, const Tensor& v, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
+              const Tensor& slot_mapping, cudaStream_t stream) {
+  const int64_t tokens = k.size(0);
+  const int hkv = static_cast<int>(k_data.size(1)), block_size = static_cast<int>(k_data.size(2));
+  const int d = static_cast<int>(k.size(2));
+  if (tokens == 0) return;
+  const int64_t threads = tokens * hkv * 32;
+  constexpr int kThreads = 128;
+  kv_write_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      side_of(k, k_data, k_params), side_of(v, v_data, v_params), slot_mapping.data<int32_t>(), tokens,
+      k_data.size(0) * block_size, hkv, block_size, d);
+  LOWBIT_CUDA_CHECK_LAUNCH("kv_write");
+}
+
+}  // namespace lowbit::cuda

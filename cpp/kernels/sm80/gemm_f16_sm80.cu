@@ -1,0 +1,119 @@
+// Plain f16 GEMM on tensor cores for w16a16: y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias), f32 accumulation.
+// A 64 x 64 output tile per block of 4 warps (each 32 x 32 = 2 x 2 wmma 16x16x16 fragments), k in
+// steps of 32 through shared memory; tiles are zero-filled past m, n and k, so any shape works.
+// A straightforward kernel (no cp.async pipeline): correct for every shape, and fast enough that the
+// 16-bit recipe runs on the GPU; the quantized recipes have their own tuned kernels.
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/forward_kernels.h"
+
+namespace lowbit::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+constexpr int kBM = 64, kBN = 64, kBK = 32, kPad = 8, kLd = kBK + kPad, kThreads = 128, kCLd = kBN + 4;
+
+struct F16GemmArgs {
+  const __half* x;
+  const __half* w;
+  const __half* bias;
+  __half* y;
+  int64_t ldx, ldw, ldy;
+  int m, n, k;
+  bool x_vec, w_vec;  // rows 16-byte aligned: 8-element vector loads allowed
+};
+
+// Copies a kRows x kBK tile of a row-major [rows, k] matrix into smem, zero past its edges.
+__device__ __forceinline__ void load_tile(__half (*dst)[kLd], const __half* src, int64_t ld, int row0, int rows,
+                                          int k0, int k, bool vec) {
+  for (int c = threadIdx.x; c < kBM * kBK / 8; c += kThreads) {
+    const int r = c / (kBK / 8), kc = (c % (kBK / 8)) * 8;
+    const int gr = row0 + r, gk = k0 + kc;
+    __half* d = &dst[r][kc];
+    if (gr < rows && vec && gk + 8 <= k) {
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src + gr * ld + gk);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) d[e] = gr < rows && gk + e < k ? src[gr * ld + gk + e] : __float2half(0.f);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) gemm_f16_kernel(F16GemmArgs p) {
+  __shared__ __align__(32) union {
+    struct {
+      __half a[kBM][kLd];
+      __half b[kBN][kLd];
+    } in;
+    float c[kBM][kCLd];
+  } smem;
+  const int warp = threadIdx.x / 32, wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  for (int k0 = 0; k0 < p.k; k0 += kBK) {
+    load_tile(smem.in.a, p.x, p.ldx, m0, p.m, k0, p.k, p.x_vec);
+    load_tile(smem.in.b, p.w, p.ldw, n0, p.n, k0, p.k, p.w_vec);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];  // w rows = columns of wᵀ
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &smem.in.a[wm + 16 * i][kk], kLd);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &smem.in.b[wn + 16 * j][kk], kLd);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(&smem.c[wm + 16 * i][wn + 16 * j], acc[i][j], kCLd, wmma::mem_row_major);
+  __syncthreads();
+  for (int e = threadIdx.x; e < kBM * kBN; e += kThreads) {
+    const int r = e / kBN, c = e % kBN, gr = m0 + r, gc = n0 + c;
+    if (gr >= p.m || gc >= p.n) continue;
+    float v = smem.c[r][c];
+    if (p.bias) v += __half2float(p.bias[gc]);
+    p.y[gr * p.ldy + gc] = __float2half_rn(v);
+  }
+}
+
+}  // namespace
+
+void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream) {
+  const char* op = "gemm_f16";
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  LOWBIT_CHECK(m < (1LL << 31) && n < (1LL << 31) && k < (1LL << 31), op, ": problem too large");
+  if (m == 0 || n == 0) return;
+  F16GemmArgs p{};
+  p.x = x.data<__half>();
+  p.w = w.data<__half>();
+  p.bias = bias.defined() ? bias.data<__half>() : nullptr;
+  p.y = y.data<__half>();
+  p.ldx = x.stride(0);
+  p.ldw = w.stride(0);
+  p.ldy = y.stride(0);
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.x_vec = p.ldx % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  p.w_vec = p.ldw % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
+  LOWBIT_CHECK(grid.y < 65536, op, ": m = ", m, " needs too many row tiles");
+  gemm_f16_kernel<<<grid, kThreads, 0, stream>>>(p);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace lowbit::cuda

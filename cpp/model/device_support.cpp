@@ -1,0 +1,141 @@
+// GPU support of the model: recipe coverage, device packing, per-step copies (device_support.h).
+#include "model/device_support.h"
+
+#ifdef LOWBIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/forward_kernels.h"
+#endif
+
+#include <algorithm>
+
+namespace lowbit::model_detail {
+namespace {
+
+// Compute capability as 10 * major + minor (0 without CUDA).
+int capability_of(const Device& device) {
+#ifdef LOWBIT_WITH_CUDA
+  int major = 0, minor = 0;
+  LOWBIT_CUDA_CHECK("Model", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index));
+  LOWBIT_CUDA_CHECK("Model", cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index));
+  return 10 * major + minor;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace
+
+void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device) {
+  if (device.is_cpu()) return;
+  const int cap = capability_of(device);
+  const std::string arch = "sm_" + std::to_string(cap);
+  const char* available = "GPU recipes: w16a16, w4a16 (g64/g128), w8a8, each with kv16/kv8/kv4 or k{16,8,4}v{16,8,4}";
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cap >= 80, "Model: device ", device.str(),
+                    " is ", arch, "; the GPU kernels need sm_80 or newer");
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, dtype == ScalarType::f16, "Model: on ", device.str(), " (", arch,
+                    ") the GPU kernels compute in f16; dtype ", name_of(dtype), " has none: pass dtype='f16'");
+  const bool w16 = recipe.weight_bits == 16;
+  const bool w4a16 = recipe.weight == WeightFormat::w4 && recipe.activation == ActivationMode::float16;
+  const bool w8a8 = recipe.weight == WeightFormat::w8 && recipe.activation == ActivationMode::int8_per_token;
+  if (!w16 && !w4a16 && !w8a8)
+    LOWBIT_NOT_SUPPORTED("Model: recipe '", recipe.text, "' (", name_of(recipe.weight), " weights, ",
+                         name_of(recipe.activation), " activations) has no GPU kernel for ", arch,
+                         " (sm80 kernel family); ", available, ". Use device='cpu' for it.");
+  if (w4a16)
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, recipe.group % 64 == 0, "Model: recipe '", recipe.text, "': group ",
+                      recipe.group, " has no W4A16 GPU kernel for ", arch, " (groups must be multiples of 64)");
+}
+
+PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {
+  if (w.format == WeightFormat::w4) return pack_weight(w, PackTarget::sm80, device);
+  PackedWeight p;
+  p.format = w.format;
+  p.target = PackTarget::sm80;
+  p.n = w.n;
+  p.k = w.k;
+  p.group = w.group;
+  p.symmetric = w.symmetric;
+  if (w.format == WeightFormat::f16) {
+    p.data = w.q.contiguous().to(device);
+    return p;
+  }
+  if (w.format == WeightFormat::w8) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, w.k % 64 == 0, "Model: w8 weight with k = ", w.k,
+                      " has no W8A8 GPU kernel (k must be a multiple of 64)");
+    p.data = w.q.contiguous().to(device);
+    p.scales = w.scales.contiguous().to(device);
+    return p;
+  }
+  LOWBIT_NOT_SUPPORTED("Model: no GPU layout for ", name_of(w.format), " weights");
+}
+
+void upload_async(const Tensor& dst, const Tensor& src) {
+  LOWBIT_CHECK(dst.nbytes() == src.nbytes() && dst.is_contiguous() && src.is_contiguous() && src.device().is_cpu(),
+               "upload_async: expected a contiguous host source of ", dst.nbytes(), " bytes, got ", src.str());
+#ifdef LOWBIT_WITH_CUDA
+  LOWBIT_CUDA_CHECK("upload_async", cudaMemcpyAsync(const_cast<void*>(dst.data_ptr()), src.data_ptr(),
+                                                    size_t(src.nbytes()), cudaMemcpyHostToDevice, nullptr));
+#else
+  LOWBIT_NOT_SUPPORTED("upload_async: CUDA tensors need a CUDA build of lowbit");
+#endif
+}
+
+void download_sync(const Tensor& dst, const Tensor& src, const char* what) {
+  LOWBIT_CHECK(dst.nbytes() == src.nbytes() && dst.is_contiguous() && src.is_contiguous() && dst.device().is_cpu(),
+               "download_sync: expected a contiguous host destination of ", src.nbytes(), " bytes, got ", dst.str());
+#ifdef LOWBIT_WITH_CUDA
+  LOWBIT_CUDA_CHECK(what, cudaMemcpyAsync(const_cast<void*>(dst.data_ptr()), src.data_ptr(), size_t(src.nbytes()),
+                                          cudaMemcpyDeviceToHost, nullptr));
+  LOWBIT_CUDA_CHECK(what, cudaStreamSynchronize(nullptr));
+#else
+  LOWBIT_NOT_SUPPORTED("download_sync: CUDA tensors need a CUDA build of lowbit");
+#endif
+}
+
+int64_t device_free_bytes(const Device& device) {
+#ifdef LOWBIT_WITH_CUDA
+  size_t free_bytes = 0, total = 0;
+  LOWBIT_CUDA_CHECK("device_free_bytes", cudaSetDevice(device.index));
+  LOWBIT_CUDA_CHECK("device_free_bytes", cudaMemGetInfo(&free_bytes, &total));
+  return int64_t(free_bytes);
+#else
+  LOWBIT_NOT_SUPPORTED("device_free_bytes: ", device.str(), " needs a CUDA build of lowbit");
+#endif
+}
+
+void upload_step(const ForwardBatch& b, ModelWorkspace& ws, Tensor& ids, Tensor& positions, Tensor& logit_rows) {
+  const int64_t T = int64_t(b.token_ids.size()), n = int64_t(b.attn.q_len.size()), R = int64_t(b.logit_rows.size());
+  LOWBIT_CHECK(n <= ws.max_tokens, "Model.forward: ", n, " sequences in a step of at most ", ws.max_tokens,
+               " tokens");
+  int32_t* h = ws.step_host.data<int32_t>();
+  int32_t* p = std::copy(b.token_ids.begin(), b.token_ids.end(), h);
+  p = std::copy(b.positions.begin(), b.positions.end(), p);
+  p = std::copy(b.attn.q_start.begin(), b.attn.q_start.end(), p);
+  p = std::copy(b.attn.q_len.begin(), b.attn.q_len.end(), p);
+  p = std::copy(b.attn.kv_len.begin(), b.attn.kv_len.end(), p);
+  p = std::copy(b.logit_rows.begin(), b.logit_rows.end(), p);
+  const int64_t used = p - h;
+  upload_async(ws.step_device.slice(0, 0, used), ws.step_host.slice(0, 0, used));
+  ids = ws.step_device.slice(0, 0, T);
+  positions = ws.step_device.slice(0, T, 2 * T);
+  ws.attn = b.attn;  // vectors keep their capacity across steps
+  ws.attn.seq_info = ws.step_device.slice(0, 2 * T, 2 * T + 3 * n).view({3, n});
+  logit_rows = ws.step_device.slice(0, 2 * T + 3 * n, 2 * T + 3 * n + R);
+}
+
+void download_logits(const Tensor& logits_compute, const Tensor& f32_scratch, const Tensor& logits) {
+#ifdef LOWBIT_WITH_CUDA
+  const Tensor& c = logits_compute;
+  cuda::cast_rows_to_f32(cuda::Rows{c.data_ptr(), c.dtype(), c.size(0), c.size(1), c.stride(0)},
+                         cuda::Rows{f32_scratch.data_ptr(), ScalarType::f32, f32_scratch.size(0), f32_scratch.size(1),
+                                    f32_scratch.stride(0)},
+                         nullptr);
+  download_sync(logits, f32_scratch, "Model.forward");
+#else
+  LOWBIT_NOT_SUPPORTED("Model.forward: CUDA tensors need a CUDA build of lowbit");
+#endif
+}
+
+}  // namespace lowbit::model_detail

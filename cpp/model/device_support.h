@@ -1,0 +1,33 @@
+// What the model needs to run on a CUDA device: which recipes have GPU kernels (checked at load,
+// never a silent CPU fallback), device packing of the linears, and the per-step host<->device copies
+// (one stream: the default one; uploads are asynchronous, the logits download is the step's sync).
+#pragma once
+#include "lowbit/core/tensor.h"
+#include "lowbit/model/model.h"
+#include "lowbit/quant/pack.h"
+#include "lowbit/quant/recipe.h"
+
+namespace lowbit::model_detail {
+
+// Throws NotSupported naming the recipe (or dtype) and the device's arch unless the GPU kernels
+// cover it: compute dtype f16; w16a16, w4a16 (g64/g128), w8a8; KV 16/8/4 bits.
+void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device);
+// A linear packed for the sm80 kernel family on `device`: f16 as is ([n, k]), w8 as s8 [n, k] with
+// f32 scales [n] (k a multiple of 64), w4 through pack_sm80.
+PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device);
+// dst (device, contiguous) <- src (host, contiguous, same bytes), asynchronous on the default stream.
+void upload_async(const Tensor& dst, const Tensor& src);
+// dst (host, contiguous) <- src (device, contiguous); waits for the stream, so any asynchronous
+// kernel fault of the step surfaces here, named by `what`.
+void download_sync(const Tensor& dst, const Tensor& src, const char* what);
+
+// Free bytes on a CUDA device (cudaMemGetInfo), for sizing the KV pool.
+int64_t device_free_bytes(const Device& device);
+// Stages the step's s32 metadata in ws.step_host (ids | positions | q_start | q_len | kv_len |
+// logit rows), uploads it with one asynchronous copy, and points ids, positions, logit_rows and
+// ws.attn (b.attn plus seq_info) at the device copy.
+void upload_step(const ForwardBatch& b, ModelWorkspace& ws, Tensor& ids, Tensor& positions, Tensor& logit_rows);
+// logits (host f32 [R, V]) <- logits_compute (device, compute dtype) through f32 scratch on the device.
+void download_logits(const Tensor& logits_compute, const Tensor& f32_scratch, const Tensor& logits);
+
+}  // namespace lowbit::model_detail

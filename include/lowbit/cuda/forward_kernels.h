@@ -1,0 +1,64 @@
+// GPU kernels of the model forward pass that are not GEMMs (CUDA builds only): row-wise
+// normalisation and activation, embedding gather, RoPE, quantize-on-write into the paged KV cache,
+// prefill attention, and a plain f16 GEMM. The ops layer (cpp/ops) checks arguments and dispatches
+// here; these entry points check only what the kernels themselves rely on. Every launch is checked.
+// All kernels compute in f32 and round once to the output dtype, like the CPU kernels.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "lowbit/core/tensor.h"
+
+namespace lowbit::cuda {
+
+// `rows` rows of `cols` contiguous elements of an f32/f16/bf16 tensor, `stride` elements apart.
+struct Rows {
+  void* base = nullptr;
+  ScalarType dtype = ScalarType::f32;
+  int64_t rows = 0, cols = 0, stride = 0;
+};
+
+// out = x * rsqrt(mean(x^2) + eps) * weight, row by row (weight: one row of cols).
+void rms_norm(const Rows& x, const Rows& weight, float eps, const Rows& out, cudaStream_t stream);
+// residual += x (rounded to residual's dtype); out = rms_norm(residual) * weight.
+void add_rms_norm(const Rows& residual, const Rows& x, const Rows& weight, float eps, const Rows& out,
+                  cudaStream_t stream);
+// out[r, i] = silu(gu[r, i]) * gu[r, I + i] with I = out.cols.
+void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
+// out[r] = table[ids[r]] for device ids (s32); an id outside [0, table.rows) gives a NaN row (the
+// ids live on the device, so they cannot be checked on the host without a synchronizing copy).
+void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream);
+// y[r, :] += bias (one row of y.cols).
+void add_bias(const Rows& y, const Rows& bias, cudaStream_t stream);
+// out (f32 rows) = float(x) for f32/f16/bf16 rows.
+void cast_rows_to_f32(const Rows& x, const Rows& out, cudaStream_t stream);
+
+// Rotates q [T, Hq, D] and k [T, Hkv, D] (either may be undefined; f32/f16/bf16; last dim
+// contiguous) at device positions (s32 [T]). inv_freq has rotary_dim / 2 (<= 128) entries computed
+// on the host in double (same table as the CPU kernel); angles are formed and turned in double.
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const std::vector<double>& inv_freq, bool neox,
+          cudaStream_t stream);
+
+// Writes k/v [T, Hkv, D] (f32/f16/bf16, last dim contiguous) into the slots of one layer's cache
+// tensors (kv_cache.h layout; f32/f16/bf16 stored as is, u8/u4 quantized per token per head with
+// the same arithmetic as the CPU cache, so both caches hold identical bytes). slot_mapping s32 [T]
+// on the device; a negative slot skips the token, and so does a slot past the cache (the
+// slots live on the device: the host cannot check them without a synchronizing copy).
+void kv_write(const Tensor& k, const Tensor& v, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
+              const Tensor& slot_mapping, cudaStream_t stream);
+
+// Causal paged attention for any q_len (prefill, chunked prefill, mixed batches): seq_info is s32
+// [3, num_seqs] = (q_start, q_len, kv_len) rows on the device, block_tables s32 [num_seqs, max_blocks];
+// q and out [T, Hq, D] f32/f16/bf16 with strided rows; K/V of any type kv_write writes.
+// max_q_len bounds every q_len (it sizes the grid). One warp per (query token, head), online
+// softmax in f32; rows of out outside every sequence are left untouched.
+void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                       const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
+                       float scale, Tensor& out, cudaStream_t stream);
+
+// y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]) with x, w, y f16 (bias f16 or undefined), last dims
+// contiguous; f32 accumulation on tensor cores (wmma 16x16x16), any m, n, k.
+void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream);
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,240 @@
+"""Every op of the forward pass on the GPU against the CPU op (and float64 where the CPU op is itself
+the reference): fresh random data, odd shapes, outputs poisoned with NaN before each run.
+
+Tolerances: the GPU and CPU kernels both compute in f32 and round once to the output dtype, so they
+differ by the order of f32 sums (~1e-6 relative) plus at most one output ulp where that order tips a
+rounding: f16 ulp = 2^-10 relative (tolerance 2e-3), bf16 2^-7 (1.6e-2), f32 outputs 1e-5. Copies and
+the KV quantization (same IEEE f32 division, round half to even) are compared bit-exactly."""
+import math
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import _core as lb
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+RTOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}
+
+
+def rnd(shape, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * scale).to(DT[dtype] if isinstance(dtype, str) else dtype)
+
+
+def nan_like(t, device="cuda"):
+    return torch.full(t.shape, float("nan"), dtype=t.dtype, device=device)
+
+
+def close(got, ref, dtype, atol_scale=None):
+    got, ref = got.double().cpu(), ref.double().cpu()
+    assert not torch.isnan(got).any(), "output left (partly) unwritten"
+    rtol = RTOL[dtype]
+    atol = rtol * (atol_scale if atol_scale is not None else float(ref.abs().max()))
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
+
+
+# ---- row ops ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("T,H", [(1, 64), (7, 576), (33, 999)])
+def test_rms_norm_and_fused_add(dtype, T, H):
+    x, w = rnd((T, H), dtype, 1), rnd((H,), dtype, 2)
+    out = nan_like(x)
+    lb.rms_norm(x.cuda(), w.cuda(), 1e-5, out)
+    ref = x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    close(out, ref, dtype)
+
+    res, add = rnd((T, H), dtype, 3), rnd((T, H), dtype, 4)
+    res_gpu, out = res.cuda(), nan_like(x)
+    lb.add_rms_norm(res_gpu, add.cuda(), w.cuda(), 1e-5, out)
+    res_cpu, out_cpu = res.clone(), torch.empty_like(x)
+    lb.add_rms_norm(res_cpu, add, w, 1e-5, out_cpu)
+    assert torch.equal(res_gpu.cpu(), res_cpu)  # one rounded f32 add: exact
+    close(out, out_cpu, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("T,I", [(1, 96), (5, 1536), (17, 333)])
+def test_silu_mul(dtype, T, I):
+    gu = rnd((T, 2 * I), dtype, 5, 3.0)
+    out = nan_like(gu[:, :I])
+    lb.silu_mul(gu.cuda(), out)
+    g, u = gu[:, :I].double(), gu[:, I:].double()
+    close(out, g * torch.sigmoid(g) * u, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_embedding_is_an_exact_gather(dtype):
+    table = rnd((301, 77), dtype, 6)
+    ids = torch.tensor([0, 300, 5, 5, 123, 7, 299], dtype=torch.int32)
+    out = nan_like(torch.empty(7, 77, dtype=DT[dtype]))
+    lb.embedding(ids.cuda(), table.cuda(), out)
+    assert torch.equal(out.cpu(), table[ids.long()])
+
+
+def test_embedding_out_of_range_id_gives_a_nan_row():
+    table = rnd((10, 8), "f16", 7)
+    out = torch.zeros(3, 8, dtype=torch.float16, device="cuda")
+    lb.embedding(torch.tensor([1, 10, -1], dtype=torch.int32).cuda(), table.cuda(), out)
+    assert torch.equal(out[0].cpu(), table[1])
+    assert torch.isnan(out[1:]).all()
+
+
+# ---- rope -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("llama3", [False, True])
+def test_rope_matches_cpu(dtype, neox, llama3):
+    T, hq, hkv, d = 9, 6, 2, 128
+    qkv = rnd((T, hq + 2 * hkv, d), dtype, 8)
+    pos = torch.tensor([0, 1, 2, 17, 1000, 4095, 8191, 65000, 131071], dtype=torch.int32)
+    kw = dict(theta=500000.0, neox=neox, llama3=llama3, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position=8192)
+    gpu = qkv.cuda()
+    lb.rope(gpu[:, :hq], gpu[:, hq:hq + hkv], pos.cuda(), **kw)  # strided views of a fused buffer
+    cpu = qkv.clone()
+    lb.rope(cpu[:, :hq], cpu[:, hq:hq + hkv], pos, **kw)
+    assert torch.equal(gpu[:, hq + hkv:].cpu(), qkv[:, hq + hkv:])  # v untouched
+    close(gpu, cpu, dtype, atol_scale=4.0)
+
+
+def test_rope_partial_rotary_dim_leaves_the_rest():
+    x = rnd((3, 2, 64), "f32", 9)
+    gpu = x.cuda()
+    lb.rope(gpu, None, torch.tensor([5, 6, 7], dtype=torch.int32).cuda(), rotary_dim=32)
+    cpu = x.clone()
+    lb.rope(cpu, None, torch.tensor([5, 6, 7], dtype=torch.int32), rotary_dim=32)
+    assert torch.equal(gpu[..., 32:].cpu(), x[..., 32:])
+    close(gpu, cpu, "f32", atol_scale=4.0)
+
+
+# ---- KV write and attention ---------------------------------------------------------------------
+def twin_caches(layers, hkv, d, blocks, bs, kt, vt):
+    return (lb.KVCache(layers, hkv, d, blocks, bs, kt, vt, "cuda"), lb.KVCache(layers, hkv, d, blocks, bs, kt, vt, "cpu"))
+
+
+def t(x):
+    return torch.from_dlpack(x)
+
+
+@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4"), ("f32", "bf16")])
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_kv_write_bit_exact_with_cpu(kt, vt, d):
+    hkv, bs, blocks, T = 3, 16, 9, 21
+    k, v = rnd((T, hkv, d), "f16", 10, 2.0), rnd((T, hkv, d), "f16", 11)
+    k[4] = 0.5  # a constant row: scale 0, codes 0
+    slots = torch.randperm(blocks * bs, generator=torch.Generator().manual_seed(12))[:T].to(torch.int32)
+    slots[3] = -1  # padding token: skipped
+    gpu, cpu = twin_caches(2, hkv, d, blocks, bs, kt, vt)
+    meta_g = lb.AttentionMeta([0], [T], [T], torch.zeros(1, 1, dtype=torch.int32).cuda(), slots.cuda())
+    meta_c = lb.AttentionMeta([0], [T], [T], torch.zeros(1, 1, dtype=torch.int32), slots)
+    lb.kv_write(gpu, 1, k.cuda(), v.cuda(), meta_g)
+    lb.kv_write(cpu, 1, k, v, meta_c)
+    for get in ("k_data", "v_data", "k_params", "v_params"):
+        a, b = getattr(gpu, get)(1), getattr(cpu, get)(1)
+        if b is None:
+            assert a is None
+            continue
+        assert torch.equal(t(a).cpu().view(torch.uint8), t(b).view(torch.uint8)), get
+    assert not t(gpu.k_data(0)).cpu().view(torch.uint8).any()  # other layers untouched
+
+
+def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16):
+    """Fills twin caches through kv_write with the same random K/V, returns the outputs of
+    paged_attention on both devices (GPU output poisoned first, with a spare NaN row)."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(lens_q)
+    blocks_per = [math.ceil(L / bs) for L in lens_kv]
+    num_blocks = sum(blocks_per) + 2
+    perm = torch.randperm(num_blocks, generator=g)
+    width = max(blocks_per)
+    table = torch.full((n, width), -1, dtype=torch.int32)
+    p = 0
+    for i, nb in enumerate(blocks_per):
+        table[i, :nb] = perm[p:p + nb]
+        p += nb
+    gpu, cpu = twin_caches(1, hkv, d, num_blocks, bs, kt, vt)
+    # Write every cached token (old and new) of every sequence.
+    slots = torch.cat([table[i, torch.arange(L) // bs].long() * bs + torch.arange(L) % bs
+                       for i, L in enumerate(lens_kv)]).to(torch.int32)
+    total = int(slots.numel())
+    k = torch.randn(total, hkv, d, generator=g).half()
+    v = torch.randn(total, hkv, d, generator=g).half()
+    wm_c = lb.AttentionMeta([0], [total], [total], table[:1], slots)
+    wm_g = lb.AttentionMeta([0], [total], [total], table[:1].cuda(), slots.cuda())
+    lb.kv_write(cpu, 0, k, v, wm_c)
+    lb.kv_write(gpu, 0, k.cuda(), v.cuda(), wm_g)
+    q_start = [sum(lens_q[:i]) for i in range(n)]
+    T = sum(lens_q) + 1  # one row outside every sequence stays NaN
+    q = (torch.randn(T, hq, d, generator=g)).to(DT[qdtype])
+    meta_c = lb.AttentionMeta(q_start, lens_q, lens_kv, table, slots[:1])
+    meta_g = lb.AttentionMeta(q_start, lens_q, lens_kv, table.cuda(), slots[:1].cuda())
+    out_c = torch.full_like(q, float("nan"))
+    out_g = nan_like(q)
+    lb.paged_attention(q, cpu, 0, meta_c, 1 / math.sqrt(d), out_c)
+    lb.paged_attention(q.cuda(), gpu, 0, meta_g, 1 / math.sqrt(d), out_g)
+    return out_g.cpu(), out_c
+
+
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4")])
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (8, 2, 128), (4, 4, 80), (16, 2, 64)])
+def test_prefill_attention_mixed_batch(kv, hq, hkv, d):
+    # Chunked prefill (q_len < kv_len), a fresh prompt, a decode row, and a long prompt past one block.
+    lens_q, lens_kv = [5, 1, 23, 40], [29, 17, 23, 40]
+    out_g, out_c = attention_case(lens_q, lens_kv, hq, hkv, d, *kv, "f16", seed=hq * 7 + d)
+    assert torch.isnan(out_g[-1]).all()  # the row outside every sequence is left untouched
+    close(out_g[:-1], out_c[:-1], "f16", atol_scale=1.0)
+
+
+@pytest.mark.parametrize("qdtype", ["f32", "bf16"])
+def test_prefill_attention_float_queries(qdtype):
+    out_g, out_c = attention_case([7, 3], [7, 50], 6, 2, 64, "f16", "f16", qdtype, seed=3)
+    close(out_g[:-1], out_c[:-1], qdtype, atol_scale=1.0)
+
+
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4")])
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128)])
+def test_decode_step_takes_the_decode_kernel_and_matches_cpu(kv, hq, hkv, d):
+    lens_kv = [1, 16, 17, 300, 45]
+    out_g, out_c = attention_case([1] * 5, lens_kv, hq, hkv, d, *kv, "f16", seed=d + hq)
+    close(out_g[:-1], out_c[:-1], "f16", atol_scale=1.0)
+
+
+# ---- linear -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("m", [1, 5, 70])
+@pytest.mark.parametrize("n,k", [(200, 576), (1536, 576), (64, 1536)])
+def test_w4a16_linear_matches_cpu(m, n, k):
+    w = rnd((n, k), "f32", 20, 0.05)
+    qw = lb.quantize_weight(w, "w4", 128)
+    x = rnd((m, k), "f16", 21)
+    bias = rnd((n,), "f16", 22)
+    y = nan_like(torch.empty(m, n, dtype=torch.float16))
+    lb.linear(x.cuda(), lb.pack_weight(qw, "sm80", "cuda"), bias.cuda(), y)
+    ref = x.double() @ t(lb.dequantize_weight(qw)).double().T + bias.double()
+    close(y, ref, "f16")
+
+
+def test_linear_errors():
+    qw = lb.quantize_weight(rnd((64, 128), "f32", 23), "w4", 64)
+    on_gpu = lb.pack_weight(qw, "sm80", "cuda")
+    with pytest.raises(TypeError, match="linear: argument 'w.data' is on cuda:0 but argument 'x' is on cpu"):
+        lb.linear(torch.zeros(2, 128, dtype=torch.float16), on_gpu)
+    with pytest.raises(NotImplementedError, match="linear: GPU linears take f16 activations, got f32"):
+        lb.linear(torch.zeros(2, 128).cuda(), on_gpu, out=torch.zeros(2, 64).cuda())
+    with pytest.raises(NotImplementedError, match="act=fmpq"):
+        lb.linear(torch.ones(2, 128, dtype=torch.float16).cuda(), on_gpu, act="fmpq",
+                  out=torch.zeros(2, 64, dtype=torch.float16).cuda())
+
+
+def test_mixed_devices_are_refused_with_both_names():
+    x = torch.ones(2, 8, dtype=torch.float16)
+    with pytest.raises(TypeError, match="rms_norm: argument 'weight' is on cpu but argument 'x' is on cuda:0"):
+        lb.rms_norm(x.cuda(), x[0], 1e-5, nan_like(x))
+    cache = lb.KVCache(1, 1, 64, 2, 16, "f16", "f16", "cpu")
+    q = torch.zeros(1, 1, 64, dtype=torch.float16).cuda()
+    meta = lb.AttentionMeta([0], [1], [1], torch.zeros(1, 1, dtype=torch.int32).cuda(),
+                            torch.zeros(1, dtype=torch.int32).cuda())
+    with pytest.raises(TypeError, match="paged_attention: the KV cache is on cpu but the other operands are on cuda:0"):
+        lb.paged_attention(q, cache, 0, meta, 0.1, torch.empty_like(q))
