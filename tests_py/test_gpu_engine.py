@@ -101,9 +101,9 @@ def test_random_llama_batched_greedy_decode_agrees_with_cpu(recipe):
     prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 5, 16, 17, 40, 99)]
     gpu_tokens = run_greedy(_core.Engine(gpu, max_batch_tokens=64), prompts, 24)
     assert all(len(t) == 24 for t in gpu_tokens)
-    # Each GPU token must be (near) the CPU's argmax given the same history; 0.05 logits covers the
-    # f16 drift measured above (~1e-3 relative of logits of size ~10).
-    assert greedy_margin_violations(_core.Engine(cpu), prompts, gpu_tokens, 0.05) == []
+    # Each GPU token must be (near) the CPU's argmax given the same history; 0.1 logits covers the
+    # f16 drift (~1e-3 relative of logits of size ~10) while a wrong row or position costs whole logits.
+    assert greedy_margin_violations(_core.Engine(cpu), prompts, gpu_tokens, 0.1) == []
 
 
 def test_gpu_model_info_and_load_errors():
