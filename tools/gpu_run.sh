@@ -64,6 +64,8 @@ if has engine; then
   python3 -m pytest tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q -rfEs --maxfail=40 -p no:cacheprovider \
     2>&1 | tee "$OUT/pytest_engine.log" | tail -60
   for f in "$OUT"/smollm2_*.json; do [ -f "$f" ] && { echo "$f"; cat "$f"; }; done
+  echo "== engine decode throughput (SmolLM2, f16 on the GPU)"
+  timeout 90 python3 tools/bench_gpu_engine.py "$OUT/bench_engine.json" 2>&1 | tail -8
 fi
 
 if has sanitize || has engine; then
@@ -71,7 +73,10 @@ if has sanitize || has engine; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests_py/test_gpu_ops.py -k "(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope and f16) or \
     (kv_write and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576)" \
-    > "$OUT/memcheck_ops.log" 2>&1; echo "memcheck ops rc=$?"; tail -4 "$OUT/memcheck_ops.log"
+    > "$OUT/memcheck_ops.log" 2>&1; echo "memcheck ops rc=$?"; tail -3 "$OUT/memcheck_ops.log"
+  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_engine.py -k "logits_match_cpu and (w16a16 or w8a8kv4)" \
+    > "$OUT/memcheck_engine.log" 2>&1; echo "memcheck engine rc=$?"; tail -3 "$OUT/memcheck_engine.log"
 fi
 
 if has profile; then

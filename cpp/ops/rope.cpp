@@ -17,9 +17,6 @@ void check_rope_input(const Tensor& t, const char* arg) {
   check_dim(t, 3, op, arg);
   LOWBIT_CHECK(t.stride(2) == 1 || t.size(2) <= 1, op, ": argument '", arg,
                "' must be contiguous in its last dimension, got strides ", shape_str(t.strides()));
-  if (!t.device().is_cpu())
-    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' is on ", t.device().str(),
-                         " but only the CPU kernel is available; GPU rope not built");
 }
 
 }  // namespace
