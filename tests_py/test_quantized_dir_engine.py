@@ -1,4 +1,4 @@
-"""lowbit.LLM(DIR) on directories written by lowbit.quantize: the engine computes what the directory means (the torch
+"""LLM(DIR) on directories written by lowbit.quantize: the engine computes what the directory means (the torch
 fake-quant model of lowbit.quantize.api.fake_quant_model) for every algorithm family; the recipe comes from the
 manifest; KV modes the engine lacks, bad permutations and FMPQ block maps fail clearly."""
 import json
@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import lowbit  # noqa: E402
 from lowbit import _core  # noqa: E402
 from lowbit.info import format_info, model_info  # noqa: E402
+from lowbit.llm import LLM  # noqa: E402  (not LLM: other test modules may set LOWBIT_NO_CORE)
 from lowbit.model_loading import core_config, core_quantized_weight  # noqa: E402
 from lowbit.models import load_model_source  # noqa: E402
 from lowbit.quantize import api  # noqa: E402
@@ -54,7 +54,7 @@ def rel(a, b):
 
 
 def engine_logits(model_or_llm, ids):
-    engine = model_or_llm.engine if isinstance(model_or_llm, lowbit.LLM) else _core.Engine(model_or_llm)
+    engine = model_or_llm.engine if isinstance(model_or_llm, LLM) else _core.Engine(model_or_llm)
     out = torch.from_dlpack(engine.logits(ids)).clone()
     assert torch.isfinite(out).all()
     return out
@@ -73,7 +73,7 @@ def fake_quant_logits_f64(model, ids):
 @pytest.mark.parametrize("recipe,algo,opts,rounded", FAMILIES, ids=[f"{r}-{a}" for r, a, _, _ in FAMILIES])
 def test_engine_matches_fake_quant_model(tmp_path, calib, recipe, algo, opts, rounded):
     out = quantized_dir(tmp_path, calib, recipe, algo, **opts)
-    llm = lowbit.LLM(out, progress=False)
+    llm = LLM(out, progress=False)
     assert llm.recipe == recipe
     ref_model, _ = api.fake_quant_model(out)
     seqs = [random_tokens(1, 24, seed=s) for s in range(8)]
@@ -93,7 +93,7 @@ def test_engine_matches_fake_quant_model(tmp_path, calib, recipe, algo, opts, ro
 
 
 def test_quantized_llm_generates(tmp_path, calib):
-    llm = lowbit.LLM(quantized_dir(tmp_path, calib, "w4a8kv4", "qoq"), progress=False)
+    llm = LLM(quantized_dir(tmp_path, calib, "w4a8kv4", "qoq"), progress=False)
     ids = random_tokens(1, 12, seed=4)[0].tolist()
     out = llm.generate([ids], max_tokens=6, temperature=0.0, ignore_eos=True)[0]
     assert len(out.token_ids) == 6
@@ -132,18 +132,18 @@ def test_fmpq_permutation_is_applied(tmp_path, calib):
 
 def test_recipe_comes_from_the_manifest(tmp_path, calib):
     out = quantized_dir(tmp_path, calib, "w4a8kv4", "rtn")
-    assert lowbit.LLM(out, recipe="w4a8g128kv4", progress=False).recipe == "w4a8kv4"  # the same recipe, spelled out
+    assert LLM(out, recipe="w4a8g128kv4", progress=False).recipe == "w4a8kv4"  # the same recipe, spelled out
     with pytest.raises(ValueError, match="quantized for recipe 'w4a8kv4' \\(algorithm rtn\\).*'w4a16'"):
-        lowbit.LLM(out, recipe="w4a16", progress=False)
+        LLM(out, recipe="w4a16", progress=False)
     with pytest.raises(ValueError, match="quantized for recipe 'w4a8kv4'.*'w16a16'"):
-        lowbit.LLM(out, recipe="w16a16", progress=False)
+        LLM(out, recipe="w16a16", progress=False)
 
 
 @pytest.mark.parametrize("mode,words", [("static", "static calibrated KV ranges"), ("channel", "per-channel K ranges")])
 def test_kv_modes_the_engine_lacks_are_refused(tmp_path, calib, mode, words):
     out = quantized_dir(tmp_path, calib, "w4a16kv4", "rtn", kv_mode=mode)
     with pytest.raises(NotImplementedError, match=f"kv_mode '{mode}' \\({words}\\).*--kv-mode token"):
-        lowbit.LLM(out, progress=False)
+        LLM(out, progress=False)
 
 
 def test_loader_returns_a_quantized_checkpoint(tmp_path, calib):
@@ -161,7 +161,7 @@ def test_loader_returns_a_quantized_checkpoint(tmp_path, calib):
 
 def test_info_reports_recipe_algorithm_and_parameters(tmp_path, calib):
     out = quantized_dir(tmp_path, calib, "w4a4", "fmpq", outlier_ratio=3.0)
-    info = model_info(lowbit.LLM(out, progress=False))
+    info = model_info(LLM(out, progress=False))
     q = info["quantization"]
     assert (q["recipe"], q["algorithm"], q["weight_format"], q["group"]) == ("w4a4", "fmpq", "qoq", 128)
     assert q["parameters"]["outlier_ratio"] == 3.0 and 0 < q["fmpq_int8_block_fraction_mean"] < 1

@@ -137,6 +137,10 @@ def render(results, rows) -> str:
              "f32 reference for this text: 21.24. Calibration: 16 sequences x 256 tokens of the calibration texts "
              "(GPL-2, LGPL-2.1, GFDL-1.3). Note that SmolLM2's GGUF layers are already Q4_1 (group 32): the "
              "\"float\" model is a dequantized 4-bit model, which flatters weight-only 4-bit rows.", "",
+             "\"engine\" rows: `lowbit.LLM(DIR).perplexity` on the directory written by `lowbit quantize` (one "
+             "thread). As in the engine, lm_head is quantized too (round-to-nearest in the recipe's format, stored in "
+             "the directory). \"torch fake-quant\" rows: the engine cannot run that KV mode (per-channel K, kv2); "
+             "the torch model of `lowbit.quantize` computes them (same weights and fake quantization).", "",
              "| recipe / algorithm | perplexity | Δ vs f32 | computed by | quantize time (s) | notes |",
              "|---|---:|---:|---|---:|---|"]
     section = None
@@ -157,7 +161,23 @@ def render(results, rows) -> str:
         lines.append(f"| {label} | {r['ppl']:.2f} | {delta} | {r['by']} | {r['quantize_s']:.0f} | "
                      f"{'; '.join(notes)} |")
     lines += ["", "For comparison, " + QSERVE_TABLE2, ""]
+    lines += fmpq_block_table(results.get("w4a4-fmpq", {}).get("int8_block_fraction_per_layer"))
     return "\n".join(lines)
+
+
+def fmpq_block_table(per_layer) -> list[str]:
+    """Fraction of int8 activation blocks per layer and input (w4a4 FMPQ row)."""
+    if not per_layer:
+        return []
+    lines = ["### FMPQ: fraction of int8 activation blocks per layer", "",
+             "Blocks of 128 input channels holding an outlier channel (max|X_c| > 8 x median) run int8, the rest "
+             "int4. q/k/v and gate/up share their input and so their block map.", "",
+             "| layer | q/k/v | o_proj | gate/up | down_proj |", "|---:|---:|---:|---:|---:|"]
+    for layer in sorted(per_layer, key=int):
+        r = per_layer[layer]
+        lines.append(f"| {layer} | " + " | ".join(f"{100 * r[site]:.0f}%" for site in ("qkv", "o", "gate_up", "down"))
+                     + " |")
+    return lines + [""]
 
 
 def main(argv=None) -> int:
