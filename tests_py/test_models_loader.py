@@ -1,28 +1,17 @@
 """Model loaders: GGUF and HF directories -> float32 HF-layout tensors, checked against transformers."""
 import importlib
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REPO_PYTHON = Path(__file__).resolve().parents[1] / "python"
 
 
 def _import(name):
-    """Import a pure-Python lowbit module even when the C++ extension is not built."""
-    if str(REPO_PYTHON) not in sys.path:
-        sys.path.insert(0, str(REPO_PYTHON))
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        os.environ["LOWBIT_NO_CORE"] = "1"
-        for mod in [m for m in sys.modules if m == "lowbit" or m.startswith("lowbit.")]:
-            del sys.modules[mod]
-        return importlib.import_module(name)
+    """The installed lowbit's module `name` (the tests never import the source tree)."""
+    return importlib.import_module(name)
 
 
 models = _import("lowbit.models")
@@ -432,8 +421,10 @@ def test_hf_dir_corrupt_safetensors(tmp_path, tiny_tok):
 
 
 def test_quantized_dir_is_detected(tmp_path):
+    # A directory with lowbit's manifest is read as a quantized checkpoint (loading real ones is tested in
+    # test_quantized_dir_engine.py); a manifest without a format version is refused by name.
     (tmp_path / "lowbit_quant.json").write_text("{}")
-    with pytest.raises(NotImplementedError, match="handled by lowbit.quantize"):
+    with pytest.raises(ValueError, match="lowbit_quant.json: format_version None, this lowbit reads"):
         models.load_model_source(tmp_path)
 
 

@@ -1,13 +1,11 @@
 """Algorithm properties on random data and a tiny random Llama: GPTQ beats RTN on layer error, the AWQ / QoQ /
 clip searches never worsen their calibration loss, FMPQ puts outliers into int8 blocks, KV/activation fake-quant
 match their definitions."""
-import os
 
 import numpy as np
 import pytest
 import torch
 
-os.environ.setdefault("LOWBIT_NO_CORE", "1")
 from lowbit.quantize import pipeline  # noqa: E402
 from lowbit.quantize.activation_quant import fake_quant_fmpq, fake_quant_per_token_int8  # noqa: E402
 from lowbit.quantize.api import algorithm_class  # noqa: E402

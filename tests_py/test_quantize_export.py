@@ -1,13 +1,11 @@
 """The quantized directory round-trips exactly, loads back into a model that computes the same logits, and the
 CLI / API reject bad requests with clear errors before any long computation."""
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
 
-os.environ.setdefault("LOWBIT_NO_CORE", "1")
 from lowbit.quantize import MANIFEST, load_quantized_dir  # noqa: E402
 from lowbit.quantize import api, cli, pipeline  # noqa: E402
 from lowbit.quantize.testing import random_tokens, tiny_llama  # noqa: E402

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-os.environ.setdefault("LOWBIT_NO_CORE", "1")
 from lowbit.quantize import transforms as T  # noqa: E402
 from lowbit.quantize.hadamard import scaled_hadamard  # noqa: E402
 from lowbit.quantize.pipeline import capture  # noqa: E402

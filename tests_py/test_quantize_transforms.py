@@ -1,12 +1,10 @@
 """Every equivalence transform leaves the float model's logits unchanged (< 1e-4 relative), on a tiny random
 Llama with outlier channels, GQA, and an MLP width that is not a multiple of 64."""
-import os
 
 import numpy as np
 import pytest
 import torch
 
-os.environ.setdefault("LOWBIT_NO_CORE", "1")
 from lowbit.quantize import transforms as T  # noqa: E402
 from lowbit.quantize.fmpq import FMPQ  # noqa: E402
 from lowbit.quantize.hadamard import hadamard, scaled_hadamard  # noqa: E402

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from lowbit import _core  # noqa: E402
 from lowbit.info import format_info, model_info  # noqa: E402
-from lowbit.llm import LLM  # noqa: E402  (not LLM: other test modules may set LOWBIT_NO_CORE)
+from lowbit.llm import LLM  # noqa: E402
 from lowbit.model_loading import core_config, core_quantized_weight  # noqa: E402
 from lowbit.models import load_model_source  # noqa: E402
 from lowbit.quantize import api  # noqa: E402

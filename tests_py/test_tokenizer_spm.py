@@ -6,8 +6,6 @@ scores), and transformers reads the very same file.
 """
 import collections
 import importlib
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,20 +15,11 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-REPO_PYTHON = Path(__file__).resolve().parents[1] / "python"
 
 
 def _import(name):
-    """Import a pure-Python lowbit module even when the C++ extension is not built."""
-    if str(REPO_PYTHON) not in sys.path:
-        sys.path.insert(0, str(REPO_PYTHON))
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        os.environ["LOWBIT_NO_CORE"] = "1"
-        for mod in [m for m in sys.modules if m == "lowbit" or m.startswith("lowbit.")]:
-            del sys.modules[mod]
-        return importlib.import_module(name)
+    """The installed lowbit's module `name` (the tests never import the source tree)."""
+    return importlib.import_module(name)
 
 
 Tokenizer = _import("lowbit.tokenizer").Tokenizer
