@@ -152,7 +152,7 @@ TEST(ModelForward, QuantizedRecipesMatchReference) {
     Harness h(m);
     const SeqId s = h.alloc.create_sequence();
     const auto got = h.run({{s, tokens}});
-    const Weights ew = effective_weights(c, w, fc.format, fc.group);
+    const Weights ew = effective_weights(c, w, fc.format, fc.group, /*quantize_head=*/!fc.act_int8);
     const auto ref = reference_logits(c, ew, tokens, fc.k_bits, fc.v_bits, fc.act_int8);
     EXPECT_LT(rel_err(got, 0, ref, 0, ref.size()), fc.tol);
     const auto unquantized = reference_logits(c, w, tokens);

@@ -76,15 +76,17 @@ inline void load(Model& m, const Weights& w) {
   m.finalize();
 }
 
-// Weights as the kernels see them: every linear quantized round-to-nearest and dequantized.
-inline Weights effective_weights(const ModelConfig& c, const Weights& w, WeightFormat fmt, int group) {
+// Weights as the kernels see them: every linear quantized round-to-nearest and dequantized (lm_head only when
+// quantize_head: activation-quantized recipes keep it in float).
+inline Weights effective_weights(const ModelConfig& c, const Weights& w, WeightFormat fmt, int group,
+                                 bool quantize_head = true) {
   Weights out = w;
   for (auto& kv : out) {
     const std::string& n = kv.first;
-    const bool linear = n.find("_proj.weight") != std::string::npos || n == "lm_head.weight";
+    const bool linear = n.find("_proj.weight") != std::string::npos || (quantize_head && n == "lm_head.weight");
     if (linear) kv.second = dequantize_weight(quantize_weight(kv.second, fmt, group));
   }
-  if (c.tie_word_embeddings)
+  if (c.tie_word_embeddings && quantize_head)
     out["lm_head.weight"] = dequantize_weight(quantize_weight(w.at("model.embed_tokens.weight"), fmt, group));
   return out;
 }
@@ -112,24 +114,28 @@ inline void act_round_trip(const double* x, int64_t k, double* y) {
 }
 
 // Float64 logits [T, vocab] of every position of `tokens` (one sequence, causal), HF Llama semantics.
-// k_bits/v_bits < 16 round-trip the cache; act_int8 quantizes every linear's input per token.
+// k_bits/v_bits < 16 round-trip the cache; act_int8 quantizes every decoder linear's input per token (lm_head
+// always takes float activations).
 inline std::vector<double> reference_logits(const ModelConfig& c, const Weights& w, const std::vector<int32_t>& tokens,
                                             int k_bits = 16, int v_bits = 16, bool act_int8 = false) {
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, V = c.vocab_size;
   auto f = [&](const std::string& n) { return w.at(n).data<float>(); };
   std::vector<double> xq;
+  auto float_matvec = [](const float* W, const double* x, int64_t n, int64_t k, double* y) {
+    for (int64_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < k; ++j) s += double(W[i * k + j]) * x[j];
+      y[i] = s;
+    }
+  };
   auto matvec = [&](const float* W, const double* x, int64_t n, int64_t k, double* y) {
     if (act_int8) {
       xq.resize(size_t(k));
       act_round_trip(x, k, xq.data());
       x = xq.data();
     }
-    for (int64_t i = 0; i < n; ++i) {
-      double s = 0;
-      for (int64_t j = 0; j < k; ++j) s += double(W[i * k + j]) * x[j];
-      y[i] = s;
-    }
+    float_matvec(W, x, n, k, y);
   };
   auto rmsnorm = [&](const double* x, const float* g, double* y) {
     double ss = 0;
@@ -206,7 +212,7 @@ inline std::vector<double> reference_logits(const ModelConfig& c, const Weights&
   const float* head = w.count("lm_head.weight") ? f("lm_head.weight") : f("model.embed_tokens.weight");
   for (int64_t t = 0; t < T; ++t) {
     rmsnorm(&h[size_t(t * H)], f("model.norm.weight"), x.data());
-    matvec(head, x.data(), V, H, &logits[size_t(t * V)]);
+    float_matvec(head, x.data(), V, H, &logits[size_t(t * V)]);
   }
   return logits;
 }

@@ -82,6 +82,11 @@ def greedy_margin_violations(cpu_eng, prompts, gpu_tokens, margin):
 
 # f16 activations (2^-11 relative per rounding) through two layers, vs f32 on the CPU: observed
 # relative logit errors are ~1e-3; 2e-2 leaves room while still catching any indexing error (O(1)).
+# Under w8a8 the f16 and f32 activations round to different int8 codes where they sit near a code
+# boundary (one step = 1/127 of the row's max), and kv4 codes flip the same way: observed 2.1e-2 on H100.
+TOLERANCE = {"w8a8kv4": 4e-2}
+
+
 @pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w8a8kv4", "w16a16kv4"])
 def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     cpu = random_llama(recipe, "cpu", "f32")
@@ -90,7 +95,7 @@ def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     ref = torch.from_dlpack(_core.Engine(cpu, max_batch_tokens=32).logits(ids))
     got = torch.from_dlpack(_core.Engine(gpu, max_batch_tokens=32).logits(ids))  # chunked prefill: q_len < kv_len
     assert got.shape == ref.shape and not torch.isnan(got).any()
-    assert rel_err(got, ref) < 2e-2
+    assert rel_err(got, ref) < TOLERANCE.get(recipe, 2e-2)
 
 
 @pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8"])

@@ -216,6 +216,25 @@ def test_w4a16_linear_matches_cpu(m, n, k):
     close(y, ref, "f16")
 
 
+# m <= 8 runs the f16 GEMV (one warp per column), larger m the tiled wmma kernel; k = 100 and the strided x
+# (row stride 104) take the scalar paths, n = 49 leaves partial warps/tiles.
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 70])
+@pytest.mark.parametrize("n,k,x_stride", [(576, 576, 576), (49, 100, 100), (1536, 96, 104)])
+def test_f16_linear_matches_float64(m, n, k, x_stride):
+    w = rnd((n, k), "f32", 24, 0.05)
+    qw = lb.quantize_weight(w, "f16", 128)
+    xg = rnd((m, x_stride), "f16", 25).cuda()[:, :k]
+    x = xg.cpu()
+    bias = rnd((n,), "f16", 26)
+    y = nan_like(torch.empty(m, n, dtype=torch.float16))
+    lb.linear(xg, lb.pack_weight(qw, "sm80", "cuda"), bias.cuda(), y)
+    ref = x.double() @ t(lb.dequantize_weight(qw)).double().T + bias.double()
+    close(y, ref, "f16")
+    y2 = nan_like(torch.empty(m, n, dtype=torch.float16))
+    lb.linear(xg, lb.pack_weight(qw, "sm80", "cuda"), out=y2)
+    close(y2, ref - bias.double(), "f16")
+
+
 def test_linear_errors():
     qw = lb.quantize_weight(rnd((64, 128), "f32", 23), "w4", 64)
     on_gpu = lb.pack_weight(qw, "sm80", "cuda")

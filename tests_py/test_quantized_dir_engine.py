@@ -150,7 +150,8 @@ def test_loader_returns_a_quantized_checkpoint(tmp_path, calib):
     out = quantized_dir(tmp_path, calib, "w8a8", "rtn")
     loaded = load_model_source(out)
     assert loaded.recipe == "w8a8" and loaded.manifest["algorithm"] == "rtn"
-    assert len(loaded.fields) == 7 * 2 + 1 and "lm_head.weight" in loaded.fields
+    # w8a8 keeps lm_head in float (float activations): it is not a quantized field
+    assert len(loaded.fields) == 7 * 2 and "lm_head.weight" not in loaded.fields
     assert not any(n in loaded.tensors for n in loaded.fields)
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -169,7 +170,9 @@ def test_info_reports_recipe_algorithm_and_parameters(tmp_path, calib):
     assert "quantized   w4a4 by fmpq: qoq g128 weights, fmpq activations" in text
     assert "outlier_ratio=3.0" in text and "calibration 4 x 48 tokens of calib.txt" in text
     manifest = json.loads((out / "lowbit_quant.json").read_text())
-    assert manifest["lm_head"] == "rtn"
+    assert "lm_head" not in manifest  # activation-quantized recipes keep lm_head in float
+    weight_only = json.loads((quantized_dir(tmp_path, calib, "w4a16", "rtn") / "lowbit_quant.json").read_text())
+    assert weight_only["lm_head"] == "rtn"
 
 
 # ---- C++ Model: input permutations and FMPQ block maps ------------------------------------------------------

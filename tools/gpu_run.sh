@@ -36,7 +36,7 @@ python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available
 
 if has tests; then
   echo "== tests"
-  python3 -m pytest tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py tests_py/test_gpu_attention.py \
+  python3 -m pytest tests_py/test_gpu_core.py tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py tests_py/test_gpu_attention.py \
     tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q --maxfail=30 \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
@@ -64,8 +64,8 @@ if has engine; then
   python3 -m pytest tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q -rfEs --maxfail=40 -p no:cacheprovider \
     2>&1 | tee "$OUT/pytest_engine.log" | tail -60
   for f in "$OUT"/smollm2_*.json; do [ -f "$f" ] && { echo "$f"; cat "$f"; }; done
-  echo "== engine decode throughput (SmolLM2, f16 on the GPU)"
-  timeout 90 python3 tools/bench_gpu_engine.py "$OUT/bench_engine.json" 2>&1 | tail -8
+  echo "== end-to-end decode throughput (SmolLM2, f16 on the GPU; HF transformers beside it when installed)"
+  timeout 400 python3 tools/bench_gpu_engine.py "$OUT/bench_engine.json" 2>&1 | tail -16
 fi
 
 if has sanitize || has engine; then

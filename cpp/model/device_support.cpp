@@ -49,7 +49,7 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
 }
 
 PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {
-  if (w.format == WeightFormat::w4) return pack_weight(w, PackTarget::sm80, device);
+  if (w.format == WeightFormat::w4 || w.format == WeightFormat::f16) return pack_weight(w, PackTarget::sm80, device);
   PackedWeight p;
   p.format = w.format;
   p.target = PackTarget::sm80;
@@ -57,10 +57,6 @@ PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {
   p.k = w.k;
   p.group = w.group;
   p.symmetric = w.symmetric;
-  if (w.format == WeightFormat::f16) {
-    p.data = w.q.contiguous().to(device);
-    return p;
-  }
   if (w.format == WeightFormat::w8) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, w.k % 64 == 0, "Model: w8 weight with k = ", w.k,
                       " has no W8A8 GPU kernel (k must be a multiple of 64)");

@@ -123,7 +123,6 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   const Tensor v = qkv_heads.slice(1, Hq + Hkv, Hq + 2 * Hkv);
   Tensor attn_heads = attn_out.view({T, Hq, D});
   const ops::RopeConfig rope = cfg_.rope_config();
-  const ops::LinearActivation a = linear_activation();
   const float eps = cfg_.rms_norm_eps;
   const float scale = 1.f / std::sqrt(float(D));
   const Tensor no_bias;
@@ -154,9 +153,8 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   else
     ops::embedding(logit_row_ids, normed, rows);  // a row gather
   Tensor logits_c = ws.logits_compute.slice(0, 0, R);
-  // lm_head has no FMPQ block map: a4 recipes run it with per-token int8 activations.
-  ops::linear(rows, lm_head_, no_bias, logits_c,
-              a == ops::LinearActivation::fmpq_mixed ? ops::LinearActivation::int8_per_token : a);
+  // lm_head always takes float activations (see head_format_ in the constructor).
+  ops::linear(rows, lm_head_, no_bias, logits_c, ops::LinearActivation::float16);
   if (!device_.is_cpu()) {
     model_detail::download_logits(logits_c, ws.logits_device.slice(0, 0, R), logits);  // the step's one sync
   } else if (logits_c.data_ptr() != logits.data_ptr()) {

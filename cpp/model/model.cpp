@@ -106,6 +106,13 @@ Model::Model(const ModelConfig& config, const std::string& recipe, const std::st
                      : dtype_ == ScalarType::f16 ? WeightFormat::f16 : WeightFormat::bf16;
   else
     weight_format_ = recipe_.weight;
+  // lm_head keeps float activations and, under activation-quantized recipes, float weights, as QServe and
+  // TurboMind keep it in FP16: the logits see no activation rounding (on SmolLM2 under W8A8 that is worth
+  // ~1% perplexity), and the f16 GEMV reads it at memory speed.
+  const WeightFormat float_format = dtype_ == ScalarType::f32   ? WeightFormat::f32
+                                    : dtype_ == ScalarType::f16 ? WeightFormat::f16
+                                                                : WeightFormat::bf16;
+  head_format_ = recipe_.activation == ActivationMode::float16 ? weight_format_ : float_format;
   pack_target_ = device_.is_cpu() ? PackTarget::cpu : PackTarget::sm80;
   k_cache_type();  // kv2 -> NotSupported now rather than at the first step
   v_cache_type();
@@ -184,7 +191,8 @@ void Model::set_weight(const std::string& name, const Tensor& tensor) {
                shape_str(expected), ", got ", tensor.defined() ? shape_str(tensor.shape()) : std::string("undefined"));
   Tensor f32 = to_f32_host(tensor, name);
   if (is_linear_suffix(w.suffix) || w.suffix == "lm_head.weight")
-    stage_linear(name, quantize_weight(f32, weight_format_, recipe_.group > 0 ? recipe_.group : 128, false));
+    stage_linear(name, quantize_weight(f32, w.suffix == "lm_head.weight" ? head_format_ : weight_format_,
+                                       recipe_.group > 0 ? recipe_.group : 128, false));
   else
     staged_float_[name] = f32;
 }
@@ -197,8 +205,12 @@ void Model::set_quantized_weight(const std::string& name, const QuantizedWeight&
   const Shape expected = expected_shape(cfg_, w);
   LOWBIT_CHECK(weight.n == expected[0] && weight.k == expected[1], "Model.set_quantized_weight: '", name,
                "' expects shape ", shape_str(expected), ", got [", weight.n, ", ", weight.k, "]");
-  LOWBIT_CHECK(weight.format == weight_format_, "Model.set_quantized_weight: '", name, "' has format ",
-               name_of(weight.format), " but recipe ", recipe_.text, " uses ", name_of(weight_format_));
+  const WeightFormat want = w.suffix == "lm_head.weight" ? head_format_ : weight_format_;
+  LOWBIT_CHECK(weight.format == want, "Model.set_quantized_weight: '", name, "' has format ", name_of(weight.format),
+               " but recipe ", recipe_.text, " uses ", name_of(want),
+               w.suffix == "lm_head.weight" && want != weight_format_
+                   ? " for lm_head (activation-quantized recipes keep lm_head in float: pass it to set_weight)"
+                   : "");
   stage_linear(name, weight);
 }
 
@@ -350,7 +362,7 @@ void Model::finalize() {
   auto head = staged_linear_.find("lm_head.weight");
   lm_head_ = head != staged_linear_.end()
                  ? pack(head->second)
-                 : pack(quantize_weight(embed, weight_format_, recipe_.group > 0 ? recipe_.group : 128, false));
+                 : pack(quantize_weight(embed, head_format_, recipe_.group > 0 ? recipe_.group : 128, false));
   parameter_bytes_["embedding"] = embed_table_.nbytes();
   parameter_bytes_["norms"] += final_norm_.nbytes();
   parameter_bytes_["lm_head"] = packed_bytes(lm_head_);
@@ -373,6 +385,7 @@ Model::Info Model::info() const {
                                                                            : "a4 fmpq mixed";
   i.kernels.push_back(std::string("linear: ") + name_of(weight_format_) + " weights packed for " +
                       name_of(pack_target_) + ", " + act + " activations");
+  i.kernels.push_back(std::string("lm_head: ") + name_of(head_format_) + " weights, float activations");
   i.kernels.push_back(std::string("paged_attention: K ") + name_of(k_cache_type()) + ", V " +
                       name_of(v_cache_type()) + ", head_dim " + std::to_string(cfg_.head_dim));
   if (!device_.is_cpu())

@@ -64,7 +64,7 @@ void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
 }
 
 void check_w4_for_sm80(const QuantizedWeight& w) {
-  LOWBIT_CHECK(w.format == WeightFormat::w4, "pack_sm80: only w4 weights have an sm80 layout, got format code ",
+  LOWBIT_CHECK(w.format == WeightFormat::w4, "pack_sm80: only w4 and f16 weights have an sm80 layout, got format code ",
                static_cast<int>(w.format));
   LOWBIT_CHECK(w.k % kChunkK == 0, "pack_sm80: k must be a multiple of ", kChunkK, ", got k=", w.k);
   LOWBIT_CHECK(w.group >= kChunkK && w.group % kChunkK == 0, "pack_sm80: group must be a multiple of ", kChunkK,
@@ -82,6 +82,18 @@ void check_w4_for_sm80(const QuantizedWeight& w) {
 }  // namespace
 
 PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
+  if (w.format == WeightFormat::f16) {
+    // gemm_f16 reads HF row-major [n, k] as it is: "packing" is the upload.
+    PackedWeight p;
+    p.format = w.format;
+    p.target = PackTarget::sm80;
+    p.n = w.n;
+    p.k = w.k;
+    p.group = w.group;
+    p.symmetric = w.symmetric;
+    p.data = w.q.contiguous().to(device);
+    return p;
+  }
   check_w4_for_sm80(w);
   const Tensor q = w.q.to(Device::cpu()).contiguous();
   const Tensor s = w.scales.to(Device::cpu()).contiguous();
@@ -127,6 +139,16 @@ PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
 }
 
 QuantizedWeight unpack_sm80(const PackedWeight& p) {
+  if (p.format == WeightFormat::f16 && p.target == PackTarget::sm80) {
+    QuantizedWeight w;
+    w.format = p.format;
+    w.n = p.n;
+    w.k = p.k;
+    w.group = p.group;
+    w.symmetric = p.symmetric;
+    w.q = p.data.to(Device::cpu()).contiguous();
+    return w;
+  }
   LOWBIT_CHECK(p.format == WeightFormat::w4 && p.target == PackTarget::sm80, "unpack_sm80: expected a w4 weight "
                "packed for sm80, got format code ", static_cast<int>(p.format), " target code ",
                static_cast<int>(p.target));

@@ -3,6 +3,9 @@
 // steps of 32 through shared memory; tiles are zero-filled past m, n and k, so any shape works.
 // A straightforward kernel (no cp.async pipeline): correct for every shape, and fast enough that the
 // 16-bit recipe runs on the GPU; the quantized recipes have their own tuned kernels.
+// Decode (m <= 8) takes a GEMV instead: a 64-column tile would leave most SMs idle when n is small
+// (SmolLM2's n = 576 gives 9 blocks) and reads each weight row once per tile anyway; one warp per
+// output column streams its weight row once for all m rows.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -90,6 +93,50 @@ __global__ void __launch_bounds__(kThreads) gemm_f16_kernel(F16GemmArgs p) {
   }
 }
 
+constexpr int kGemvMaxM = 8, kGemvWarps = 4;
+
+// One warp per output column c: lanes stride over k (8 halves per 16-byte load where rows allow it,
+// then a scalar tail), f32 partial sums for every row, one warp reduction per row.
+__global__ void __launch_bounds__(32 * kGemvWarps) gemv_f16_kernel(F16GemmArgs p) {
+  const int lane = threadIdx.x % 32;
+  const int c = blockIdx.x * kGemvWarps + threadIdx.x / 32;
+  if (c >= p.n) return;
+  const __half* w = p.w + c * p.ldw;
+  float acc[kGemvMaxM];
+#pragma unroll
+  for (int r = 0; r < kGemvMaxM; ++r) acc[r] = 0.f;
+  const int kv = p.x_vec && p.w_vec ? p.k / 8 : 0;
+  for (int v = lane; v < kv; v += 32) {
+    const uint4 wq = *reinterpret_cast<const uint4*>(w + 8 * v);
+    const __half2* wh = reinterpret_cast<const __half2*>(&wq);
+#pragma unroll
+    for (int r = 0; r < kGemvMaxM; ++r) {
+      if (r >= p.m) break;
+      const uint4 xq = *reinterpret_cast<const uint4*>(p.x + r * p.ldx + 8 * v);
+      const __half2* xh = reinterpret_cast<const __half2*>(&xq);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 a = __half22float2(xh[e]), b = __half22float2(wh[e]);
+        acc[r] = fmaf(a.x, b.x, fmaf(a.y, b.y, acc[r]));
+      }
+    }
+  }
+  for (int j = 8 * kv + lane; j < p.k; j += 32) {
+    const float b = __half2float(w[j]);
+#pragma unroll
+    for (int r = 0; r < kGemvMaxM; ++r)
+      if (r < p.m) acc[r] = fmaf(__half2float(p.x[r * p.ldx + j]), b, acc[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvMaxM; ++r) {
+    if (r >= p.m) break;
+    float v = acc[r];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) p.y[r * p.ldy + c] = __float2half_rn(p.bias ? v + __half2float(p.bias[c]) : v);
+  }
+}
+
 }  // namespace
 
 void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream) {
@@ -110,6 +157,11 @@ void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, c
   p.k = static_cast<int>(k);
   p.x_vec = p.ldx % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   p.w_vec = p.ldw % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+  if (m <= kGemvMaxM) {
+    gemv_f16_kernel<<<static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps), 32 * kGemvWarps, 0, stream>>>(p);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
   LOWBIT_CHECK(grid.y < 65536, op, ": m = ", m, " needs too many row tiles");
   gemm_f16_kernel<<<grid, kThreads, 0, stream>>>(p);

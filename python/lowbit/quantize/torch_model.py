@@ -138,11 +138,8 @@ class TorchLlama:
         return self.weights["model.embed_tokens.weight"][tokens]
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
+        # lm_head takes float activations under every recipe, as in the engine.
         x = self.rms_norm(h, self.weights["model.norm.weight"])
-        if self.fake.act_quant is not None:
-            # The engine runs lm_head with per-token int8 activations under a8 and a4 recipes alike (FMPQ block
-            # maps exist for the decoder linears only).
-            x = fake_quant_per_token_int8(x)
         return x @ self.lm_head_weight().T
 
     @torch.no_grad()
