@@ -3,7 +3,7 @@
 // steps of 32 through shared memory; tiles are zero-filled past m, n and k, so any shape works.
 // A straightforward kernel (no cp.async pipeline): correct for every shape, and fast enough that the
 // 16-bit recipe runs on the GPU; the quantized recipes have their own tuned kernels.
-// Decode (m <= 8) takes a GEMV instead: a 64-column tile would leave most SMs idle when n is small
+// Decode (m <= 16) takes a GEMV instead: a 64-column tile would leave most SMs idle when n is small
 // (SmolLM2's n = 576 gives 9 blocks) and reads each weight row once per tile anyway; one warp per
 // output column streams its weight row once for all m rows.
 #include <cuda_fp16.h>
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) gemm_f16_kernel(F16GemmArgs p) {
   }
 }
 
-constexpr int kGemvMaxM = 8, kGemvWarps = 4;
+constexpr int kGemvMaxM = 16, kGemvWarps = 4;
 
 // One warp per output column c: lanes stride over k (8 halves per 16-byte load where rows allow it,
 // then a scalar tail), f32 partial sums for every row, one warp reduction per row.
