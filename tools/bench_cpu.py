@@ -4,7 +4,7 @@
 
 Per engine: prompt tok/s = a 512-token prompt / time to its first output token; decode tok/s = 127 / time of
 the tokens after the first of 128 greedy new tokens, one sequence (batch 1). The prompt is the same random
-token ids (>= 256, no special tokens) for every engine. Each figure is the best of --repeats runs.
+token ids (>= 256, no special tokens) for every engine. Each figure is the median of --repeats runs after a warm-up.
 
 llama-cpp-python is built from source (CPU, -DGGML_NATIVE=ON, several minutes) into build/llama_cpp_py on
 first use; it is never a dependency of lowbit or its tests. llama.cpp runs the GGUF's own quantization
@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +36,7 @@ def parse_args():
     p.add_argument("--recipes", default="w16a16,w8a16,w4a16,w4a8")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip", default="", help="comma list of engines to skip: llama.cpp, hf")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/cpu-<date>.json)")
     return p.parse_args()
@@ -86,7 +87,7 @@ def bench_llama_cpp(path: Path, prompt: list[int]) -> dict:
     llm = llama_cpp.Llama(model_path=str(path), n_threads=ARGS.threads, n_threads_batch=ARGS.threads,
                           n_ctx=len(prompt) + ARGS.new_tokens + 16, n_batch=len(prompt), verbose=False)
     llm.eval(prompt[:16])  # warm-up
-    best_prompt, best_decode = 0.0, 0.0
+    prompt_s, decode_s = [], []
     for _ in range(ARGS.repeats):
         llm.reset()
         start = time.perf_counter()
@@ -97,10 +98,10 @@ def bench_llama_cpp(path: Path, prompt: list[int]) -> dict:
             llm.eval([token])
             token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         end = time.perf_counter()
-        best_prompt = max(best_prompt, len(prompt) / (first - start))
-        best_decode = max(best_decode, (ARGS.new_tokens - 1) / (end - first))
+        prompt_s.append(len(prompt) / (first - start))
+        decode_s.append((ARGS.new_tokens - 1) / (end - first))
     return {"engine": "llama.cpp", "config": f"GGUF as shipped (llama-cpp-python {llama_cpp.__version__})",
-            "prompt_tok_s": best_prompt, "decode_tok_s": best_decode}
+            "prompt_tok_s": statistics.median(prompt_s), "decode_tok_s": statistics.median(decode_s)}
 
 
 def bench_hf(path: Path, prompt: list[int]) -> dict:
@@ -119,13 +120,13 @@ def bench_hf(path: Path, prompt: list[int]) -> dict:
         return time.perf_counter() - start
 
     timed(2)  # warm-up
-    best_prompt, best_decode = 0.0, 0.0
+    prompt_s, decode_s = [], []
     for _ in range(ARGS.repeats):
         t1, tn = timed(1), timed(ARGS.new_tokens)
-        best_prompt = max(best_prompt, len(prompt) / t1)
-        best_decode = max(best_decode, (ARGS.new_tokens - 1) / (tn - t1))
+        prompt_s.append(len(prompt) / t1)
+        decode_s.append((ARGS.new_tokens - 1) / (tn - t1))
     return {"engine": "transformers", "config": f"f32 ({transformers.__version__}, torch {torch.__version__})",
-            "prompt_tok_s": best_prompt, "decode_tok_s": best_decode}
+            "prompt_tok_s": statistics.median(prompt_s), "decode_tok_s": statistics.median(decode_s)}
 
 
 # ------------------------------------------------------------------ report
