@@ -138,8 +138,9 @@ def render(results, rows) -> str:
              "(GPL-2, LGPL-2.1, GFDL-1.3). Note that SmolLM2's GGUF layers are already Q4_1 (group 32): the "
              "\"float\" model is a dequantized 4-bit model, which flatters weight-only 4-bit rows.", "",
              "\"engine\" rows: `lowbit.LLM(DIR).perplexity` on the directory written by `lowbit quantize` (one "
-             "thread). As in the engine, lm_head is quantized too (round-to-nearest in the recipe's format, stored in "
-             "the directory). \"torch fake-quant\" rows: the engine cannot run that KV mode (per-channel K, kv2); "
+             "thread). As in the engine, lm_head is quantized round-to-nearest in the recipe's format under "
+             "weight-only recipes and kept in float (with float activations) under a8/a4 recipes. "
+             "\"torch fake-quant\" rows: the engine cannot run that KV mode (per-channel K, kv2); "
              "the torch model of `lowbit.quantize` computes them (same weights and fake quantization).", "",
              "| recipe / algorithm | perplexity | Δ vs f32 | computed by | quantize time (s) | notes |",
              "|---|---:|---:|---|---:|---|"]

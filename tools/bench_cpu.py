@@ -86,17 +86,23 @@ def bench_llama_cpp(path: Path, prompt: list[int]) -> dict:
     llama_cpp = ensure_llama_cpp()
     llm = llama_cpp.Llama(model_path=str(path), n_threads=ARGS.threads, n_threads_batch=ARGS.threads,
                           n_ctx=len(prompt) + ARGS.new_tokens + 16, n_batch=len(prompt), verbose=False)
+    n_vocab = llm.n_vocab()
+
+    def last_argmax() -> int:
+        # Without logits_all, llama-cpp-python keeps no scores: read the context's last-token logits directly.
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+
     llm.eval(prompt[:16])  # warm-up
     prompt_s, decode_s = [], []
     for _ in range(ARGS.repeats):
         llm.reset()
         start = time.perf_counter()
         llm.eval(prompt)
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = last_argmax()
         first = time.perf_counter()
         for _ in range(ARGS.new_tokens - 1):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = last_argmax()
         end = time.perf_counter()
         prompt_s.append(len(prompt) / (first - start))
         decode_s.append((ARGS.new_tokens - 1) / (end - first))
