@@ -101,17 +101,13 @@ Model::Model(const ModelConfig& config, const std::string& recipe, const std::st
                     "Model: argument 'dtype' must be f32, f16 or bf16, got ", dtype);
   require_device(device_, "Model");
   model_detail::check_device_recipe(recipe_, dtype_, device_);  // no GPU kernel: fail at load, never fall back
-  if (recipe_.weight_bits == 16)
-    weight_format_ = dtype_ == ScalarType::f32 ? WeightFormat::f32
-                     : dtype_ == ScalarType::f16 ? WeightFormat::f16 : WeightFormat::bf16;
-  else
-    weight_format_ = recipe_.weight;
-  // lm_head keeps float activations and, under activation-quantized recipes, float weights, as QServe and
-  // TurboMind keep it in FP16: the logits see no activation rounding (on SmolLM2 under W8A8 that is worth
-  // ~1% perplexity), and the f16 GEMV reads it at memory speed.
   const WeightFormat float_format = dtype_ == ScalarType::f32   ? WeightFormat::f32
                                     : dtype_ == ScalarType::f16 ? WeightFormat::f16
                                                                 : WeightFormat::bf16;
+  weight_format_ = recipe_.weight_bits == 16 ? float_format : recipe_.weight;
+  // lm_head keeps float activations and, under activation-quantized recipes, float weights, as QServe and
+  // TurboMind keep it in FP16: the logits see no activation rounding (on SmolLM2 under W8A8 that is worth
+  // ~1% perplexity), and the f16 GEMV reads it at memory speed.
   head_format_ = recipe_.activation == ActivationMode::float16 ? weight_format_ : float_format;
   pack_target_ = device_.is_cpu() ? PackTarget::cpu : PackTarget::sm80;
   k_cache_type();  // kv2 -> NotSupported now rather than at the first step
