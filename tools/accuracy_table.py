@@ -38,6 +38,13 @@ ROWS = [
     ("w4a8kv4-rtn", "W4A8KV4 g128", "w4a8kv4 g128 RTN", "w4a8g128kv4", "rtn", {}),
     ("w4a8kv4-awq", "W4A8KV4 g128", "w4a8kv4 g128 AWQ", "w4a8g128kv4", "awq", {}),
     ("w4a8kv4-qoq", "W4A8KV4 g128", "w4a8kv4 g128 QoQ", "w4a8g128kv4", "qoq", {}),
+    # QoQ ablations: one component off at a time (see Observations)
+    ("w4a8kv4-qoq-norot", "W4A8KV4 g128", "w4a8kv4 g128 QoQ without rotation", "w4a8g128kv4", "qoq",
+     {"rotate": False}),
+    ("w4a8kv4-qoq-nosa", "W4A8KV4 g128", "w4a8kv4 g128 QoQ without SmoothAttention", "w4a8g128kv4", "qoq",
+     {"smooth_attention": False}),
+    ("w4a8kv4-qoq-noreorder", "W4A8KV4 g128", "w4a8kv4 g128 QoQ without reordering", "w4a8g128kv4", "qoq",
+     {"reorder": False}),
     ("w4a8-liquid", "W4A8 LiquidQuant", "w4a8 g64 LiquidQuant", "w4a8g64-liquid", "liquid", {}),
     ("w4a4-fmpq", "W4A4 mixed (FMPQ)", "w4a4-mixed FMPQ (w4 g128 sym)", "w4a4", "fmpq", {}),
 ]
@@ -98,7 +105,7 @@ def run_row(row, loaded, args):
         return {"ppl": ppl, "by": "torch fake-quant, not the engine", "quantize_s": 0.0}
     options = dict(options)
     kv_mode = options.pop("kv_mode", "token")
-    if not options.get("smooth_attention", True):
+    if not options.get("smooth_attention", True) and algo != "qoq":  # QoQ applies it unless told not to
         options.pop("smooth_attention")
     out = Path(args.work) / key
     seqs = min(args.calib_seqs, 4) if recipe.startswith("w16a16") else args.calib_seqs  # SmoothAttention only
