@@ -76,18 +76,17 @@ inline void load(Model& m, const Weights& w) {
   m.finalize();
 }
 
-// Weights as the kernels see them: every linear quantized round-to-nearest and dequantized (lm_head only when
-// quantize_head: activation-quantized recipes keep it in float).
+// Weights as the kernels see them: every linear quantized round-to-nearest and dequantized; lm_head in `fmt`
+// when quantize_head, else rounded to f16 (activation-quantized recipes keep it in 16-bit float).
 inline Weights effective_weights(const ModelConfig& c, const Weights& w, WeightFormat fmt, int group,
                                  bool quantize_head = true) {
   Weights out = w;
   for (auto& kv : out) {
-    const std::string& n = kv.first;
-    const bool linear = n.find("_proj.weight") != std::string::npos || (quantize_head && n == "lm_head.weight");
-    if (linear) kv.second = dequantize_weight(quantize_weight(kv.second, fmt, group));
+    if (kv.first.find("_proj.weight") != std::string::npos)
+      kv.second = dequantize_weight(quantize_weight(kv.second, fmt, group));
   }
-  if (c.tie_word_embeddings && quantize_head)
-    out["lm_head.weight"] = dequantize_weight(quantize_weight(w.at("model.embed_tokens.weight"), fmt, group));
+  const Tensor& head = c.tie_word_embeddings ? w.at("model.embed_tokens.weight") : w.at("lm_head.weight");
+  out["lm_head.weight"] = dequantize_weight(quantize_weight(head, quantize_head ? fmt : WeightFormat::f16, group));
   return out;
 }
 

@@ -134,7 +134,7 @@ class Model {
   Device device_;
   ScalarType dtype_;
   WeightFormat weight_format_;
-  WeightFormat head_format_;  // lm_head: weight_format_ under float-activation recipes, else the compute dtype
+  WeightFormat head_format_;  // lm_head: weight_format_ under float-activation recipes, else f16 (bf16 for bf16)
   PackTarget pack_target_;
   bool finalized_ = false;
 

@@ -138,9 +138,13 @@ class TorchLlama:
         return self.weights["model.embed_tokens.weight"][tokens]
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        # lm_head takes float activations under every recipe, as in the engine.
+        # lm_head takes float activations under every recipe, as in the engine, which stores it in f16 under
+        # activation-quantized recipes.
         x = self.rms_norm(h, self.weights["model.norm.weight"])
-        return x @ self.lm_head_weight().T
+        w = self.lm_head_weight()
+        if self.fake.act_quant is not None:
+            w = w.to(torch.float16).to(w.dtype)
+        return x @ w.T
 
     @torch.no_grad()
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
