@@ -146,7 +146,7 @@ def render(results, rows) -> str:
              "\"float\" model is a dequantized 4-bit model, which flatters weight-only 4-bit rows.", "",
              "\"engine\" rows: `lowbit.LLM(DIR).perplexity` on the directory written by `lowbit quantize` (one "
              "thread). As in the engine, lm_head is quantized round-to-nearest in the recipe's format under "
-             "weight-only recipes and kept in float (with float activations) under a8/a4 recipes. "
+             "weight-only recipes and kept in f16 (with float activations) under a8/a4 recipes. "
              "\"torch fake-quant\" rows: the engine cannot run that KV mode (per-channel K, kv2); "
              "the torch model of `lowbit.quantize` computes them (same weights and fake quantization).", "",
              "| recipe / algorithm | perplexity | Δ vs f32 | computed by | quantize time (s) | notes |",

@@ -121,7 +121,7 @@ def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Pa
         manifest["fmpq_int8_block_fraction"] = {n: f.extra["int8_block_fraction"] for n, f in fields.items()}
     if spec.weight_format is not None and spec.act is None:
         # Under weight-only recipes the engine quantizes lm_head with the recipe's format too; storing it makes the
-        # directory say so. Activation-quantized recipes keep lm_head in float (float activations need it).
+        # directory say so. Activation-quantized recipes keep lm_head in f16 (float activations need it).
         head = quantize_rtn(base.lm_head_weight(), spec.weight_format, spec.group or 128, runner.symmetric)
         fields["lm_head.weight"] = head
         base.weights["lm_head.weight"] = torch.from_numpy(dequantize(head))
