@@ -50,13 +50,7 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
 
 PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {
   if (w.format == WeightFormat::w4 || w.format == WeightFormat::f16) return pack_weight(w, PackTarget::sm80, device);
-  PackedWeight p;
-  p.format = w.format;
-  p.target = PackTarget::sm80;
-  p.n = w.n;
-  p.k = w.k;
-  p.group = w.group;
-  p.symmetric = w.symmetric;
+  PackedWeight p = packed_header(w, PackTarget::sm80);
   if (w.format == WeightFormat::w8) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, w.k % 64 == 0, "Model: w8 weight with k = ", w.k,
                       " has no W8A8 GPU kernel (k must be a multiple of 64)");

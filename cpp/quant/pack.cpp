@@ -18,6 +18,27 @@ PackTarget pack_target_from_name(const std::string& name) {
   LOWBIT_CHECK(false, "pack_target_from_name: unknown pack target '", name, "' (known: cpu, sm80, sm90)");
 }
 
+PackedWeight packed_header(const QuantizedWeight& w, PackTarget target) {
+  PackedWeight p;
+  p.format = w.format;
+  p.target = target;
+  p.n = w.n;
+  p.k = w.k;
+  p.group = w.group;
+  p.symmetric = w.symmetric;
+  return p;
+}
+
+QuantizedWeight unpacked_header(const PackedWeight& p) {
+  QuantizedWeight w;
+  w.format = p.format;
+  w.n = p.n;
+  w.k = p.k;
+  w.group = p.group;
+  w.symmetric = p.symmetric;
+  return w;
+}
+
 PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Device& device) {
   validate_quantized_weight(w, "pack_weight");
   switch (target) {

@@ -130,13 +130,7 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
   check_quantized(w);
   const int64_t n = w.n, k = w.k, tiles = cpu::num_row_tiles(n), pairs = cpu::num_k_pairs(k);
   const int64_t G = w.num_groups();
-  PackedWeight p;
-  p.format = w.format;
-  p.target = PackTarget::cpu;
-  p.n = n;
-  p.k = k;
-  p.group = w.group;
-  p.symmetric = w.symmetric;
+  PackedWeight p = packed_header(w, PackTarget::cpu);
   const Tensor q = w.q.contiguous();
 
   if (!is_u4_format(w.format)) {
@@ -222,12 +216,7 @@ QuantizedWeight unpack_cpu(const PackedWeight& p) {
   LOWBIT_CHECK(p.target == PackTarget::cpu, "unpack_cpu: weight was packed for target code ", static_cast<int>(p.target),
                ", not cpu");
   check_defined(p.data, "unpack_cpu", "data");
-  QuantizedWeight w;
-  w.format = p.format;
-  w.n = p.n;
-  w.k = p.k;
-  w.group = p.group;
-  w.symmetric = p.symmetric;
+  QuantizedWeight w = unpacked_header(p);
   const int64_t n = p.n, k = p.k, pairs = cpu::num_k_pairs(k), G = w.num_groups();
   if (!is_u4_format(p.format)) {
     const int64_t es = bytes_for(p.data.dtype(), 1);

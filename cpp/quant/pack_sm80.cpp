@@ -84,13 +84,7 @@ void check_w4_for_sm80(const QuantizedWeight& w) {
 PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
   if (w.format == WeightFormat::f16) {
     // gemm_f16 reads HF row-major [n, k] as it is: "packing" is the upload.
-    PackedWeight p;
-    p.format = w.format;
-    p.target = PackTarget::sm80;
-    p.n = w.n;
-    p.k = w.k;
-    p.group = w.group;
-    p.symmetric = w.symmetric;
+    PackedWeight p = packed_header(w, PackTarget::sm80);
     p.data = w.q.contiguous().to(device);
     return p;
   }
@@ -125,13 +119,7 @@ PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
       zeros_p[gi * npad + r] = w.symmetric ? kF16Eight : z.data<uint16_t>()[r * groups + gi];
     }
 
-  PackedWeight p;
-  p.format = w.format;
-  p.target = PackTarget::sm80;
-  p.n = n;
-  p.k = k;
-  p.group = w.group;
-  p.symmetric = w.symmetric;
+  PackedWeight p = packed_header(w, PackTarget::sm80);
   p.data = data.to(device);
   p.scales = scales.to(device);
   p.zeros = zeros.to(device);
@@ -140,12 +128,7 @@ PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
 
 QuantizedWeight unpack_sm80(const PackedWeight& p) {
   if (p.format == WeightFormat::f16 && p.target == PackTarget::sm80) {
-    QuantizedWeight w;
-    w.format = p.format;
-    w.n = p.n;
-    w.k = p.k;
-    w.group = p.group;
-    w.symmetric = p.symmetric;
+    QuantizedWeight w = unpacked_header(p);
     w.q = p.data.to(Device::cpu()).contiguous();
     return w;
   }
@@ -153,12 +136,7 @@ QuantizedWeight unpack_sm80(const PackedWeight& p) {
                "packed for sm80, got format code ", static_cast<int>(p.format), " target code ",
                static_cast<int>(p.target));
   const int64_t n = p.n, k = p.k;
-  QuantizedWeight w;
-  w.format = p.format;
-  w.n = n;
-  w.k = k;
-  w.group = p.group;
-  w.symmetric = p.symmetric;
+  QuantizedWeight w = unpacked_header(p);
   const int64_t groups = w.num_groups(), npad = p.scales.size(1);
   check_shape(p.data, {(n + kTileN - 1) / kTileN, (k / kChunkK) * kChunkBytes}, "unpack_sm80", "data");
   check_shape(p.scales, {groups, -1}, "unpack_sm80", "scales");

@@ -23,6 +23,10 @@ struct PackedWeight {
   Tensor aux;             // target-specific extra (e.g. precomputed scaled zeros)
 };
 
+// The format and shape fields every layout carries over unchanged; the tensors are left for the target to fill.
+PackedWeight packed_header(const QuantizedWeight& w, PackTarget target);
+QuantizedWeight unpacked_header(const PackedWeight& p);
+
 // Validates `w` (validate_quantized_weight), then dispatches: cpu -> pack_cpu (device must be the CPU),
 // sm80 -> pack_sm80 (device must be CUDA; the result lives there), sm90 -> NotSupported naming the format.
 PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Device& device);
