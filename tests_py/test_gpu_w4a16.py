@@ -42,33 +42,61 @@ def test_dequantize_w4_bit_exact(dtype, n, k, group, symmetric):
     assert torch.equal(out.cpu(), ref)
 
 
-def run_gemm(m, n, k, group, split_k, seed):
+def run_gemm(m, n, k, group, split_k, seed, x_stride=None, workspace=None):
     q, s, z = random_w4(n, k, group, seed)
     data, ps, pz = _core.pack_w4_sm80(q, s, z, group)
     data, ps, pz = (torch.from_dlpack(t).cuda() for t in (data, ps, pz))
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1)).half()
+    x_full = torch.randn(m, x_stride or k, generator=torch.Generator().manual_seed(seed + 1)).half()
+    x = x_full[:, :k]
     y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-    _core.gemm_w4a16(x.cuda(), data, ps, pz, n, k, group, y, split_k=split_k)
+    _core.gemm_w4a16(x_full.cuda()[:, :k], data, ps, pz, n, k, group, y, split_k=split_k, workspace=workspace)
     torch.cuda.synchronize()
     ref = x.double() @ reference_weight(q, s, z, k, group).T
     return y.cpu().double(), ref
 
 
+def check(y, ref, bound=2e-3):
+    assert not torch.isnan(y).any(), "unwritten outputs"
+    rel = (y - ref).norm() / ref.norm()
+    assert rel < bound, f"relative error {rel:.2e}"
+    # every row is right, not just the bulk (a wrong token tile would hide in the Frobenius norm)
+    row_rel = (y - ref).norm(dim=1) / ref.norm(dim=1)
+    assert row_rel.max() < 4 * bound, f"worst row relative error {row_rel.max():.2e}"
+
+
 # Weights are rounded to f16 once (q*s - z*s, ~2^-11 relative), products accumulate in f32 and the
 # output is rounded to f16: a relative Frobenius error of a few 1e-4 is expected, 2e-3 is the bound.
-@pytest.mark.parametrize("m", [1, 3, 8, 16, 17, 64, 100])
+# m covers every block shape (<= 8, <= 16, <= 32, <= 64 tokens, 128-token tiles) and their edges.
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16, 17, 33, 64, 65, 100, 129])
 @pytest.mark.parametrize("n,k,group", [(33, 576, 128), (256, 1024, 64), (1000, 2048, 128)])
 @pytest.mark.parametrize("split_k", [0, 1, 3])
 def test_gemm_w4a16_matches_float64(m, n, k, group, split_k):
     y, ref = run_gemm(m, n, k, group, split_k, seed=m * 7 + n + split_k)
-    assert not torch.isnan(y).any(), "unwritten outputs"
-    rel = (y - ref).norm() / ref.norm()
-    assert rel < 2e-3, f"relative error {rel:.2e}"
+    check(y, ref)
 
 
-def test_gemm_w4a16_llama_shape_decode():
-    y, ref = run_gemm(1, 4096, 14336, 128, 0, seed=11)
-    assert (y - ref).norm() / ref.norm() < 2e-3
+# Odd token counts up to 1100 (several 128-token tiles, a partial last one), odd n (partial 16-row
+# tile and partial 128-row block), k = 64 (one chunk), a short last group (k = 576, g128), strided x.
+@pytest.mark.parametrize("m", [5, 47, 255, 513, 1100])
+@pytest.mark.parametrize("n,k,group,x_stride", [(4103, 576, 64, 584), (17, 64, 64, 64), (389, 1216, 128, 1216)])
+@pytest.mark.parametrize("split_k", [0, 2])
+def test_gemm_w4a16_odd_shapes(m, n, k, group, x_stride, split_k):
+    y, ref = run_gemm(m, n, k, group, split_k, seed=m + n + k, x_stride=x_stride)
+    check(y, ref)
+
+
+def test_gemm_w4a16_poisoned_workspace():
+    """Split-K partials must all be written: a NaN-filled workspace may not leak into y."""
+    ws = torch.full((8 * 37 * 1000,), float("nan"), device="cuda")
+    y, ref = run_gemm(37, 1000, 2048, 128, 8, seed=5, workspace=ws)
+    check(y, ref)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 14336), (16, 4096, 14336), (16, 28672, 4096), (64, 4096, 4096),
+                                   (300, 1536, 4096)])
+def test_gemm_w4a16_llama_shapes(m, n, k):
+    y, ref = run_gemm(m, n, k, 128, 0, seed=11 + m)
+    check(y, ref)
 
 
 def test_gemm_w4a16_bad_inputs():

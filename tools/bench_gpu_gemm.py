@@ -3,6 +3,7 @@
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
 int8 (torch._int_mm), fp8 (torch._scaled_mm). Writes JSON (argv[1]) and prints a table.
 """
+import os
 import sys
 
 import torch
@@ -62,6 +63,39 @@ def bench_shape(name, n, k, m, l2):
         del pk
     except Exception as e:  # noqa: BLE001 - record why the peer could not run
         row["tinygemm_int4_error"] = str(e).splitlines()[0][:160]
+    w8a8_and_int8_peers(row, x, n, k, m, l2)
+    row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
+    return row
+
+
+def bench_w4a16_only(name, n, k, m, l2):
+    """--w4a16-only: W4A16 vs cuBLAS fp16 and tinygemm, without the W8A8/int8/fp8 peers."""
+    row = {"shape": name, "n": n, "k": k, "m": m}
+    int4_bytes = n * k // 2 + 2 * n * (k // GROUP) * 2
+    x = torch.randn(m, k, device="cuda").half()
+    ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
+    row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
+    del ws
+    c4 = copies_for(int4_bytes, l2)
+    fns, split = ours_setup(n, k, c4, m)
+    row["lowbit_w4a16_us"], row["lowbit_split_k"], row["int4_bytes"] = graph_time_us(fns), split, int4_bytes
+    del fns
+    try:
+        wq = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
+        packed = torch._convert_weight_to_int4pack((wq[:, ::2] << 4 | wq[:, 1::2]).to(torch.uint8), 8)
+        sz = torch.randn(k // GROUP, n, 2, device="cuda").bfloat16()
+        pk = [packed.clone() for _ in range(c4)]
+        xb = x.bfloat16()
+        row["tinygemm_int4_us"] = graph_time_us([lambda p=p: torch._weight_int4pack_mm(xb, p, GROUP, sz) for p in pk])
+        del pk
+    except Exception as e:  # noqa: BLE001 - record why the peer could not run
+        row["tinygemm_int4_error"] = str(e).splitlines()[0][:160]
+    row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
+    return row
+
+
+def w8a8_and_int8_peers(row, x, n, k, m, l2):
+    """lowbit W8A8 (default dispatch, each kernel forced, with the quantizer), torch._int_mm, fp8 _scaled_mm."""
     # lowbit W8A8: the GEMM alone and with the per-token activation quantizer in front of it.
     xi8 = torch.empty(m, k, dtype=torch.int8, device="cuda")
     xs = torch.empty(m, device="cuda")
@@ -78,6 +112,15 @@ def bench_shape(name, n, k, m, l2):
         [lambda w=w: (_core.quantize_per_token_s8(lx, lxi8, lxs, cs().cuda_stream),
                       _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream)) for w in lw8])
     row["w8a8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w8a8_with_quant_us"]
+    for path in ("sm80", "sm90"):  # each W8A8 kernel forced (the default above picks per device)
+        os.environ["LOWBIT_W8A8_KERNEL"] = path
+        try:
+            row[f"lowbit_w8a8_{path}_us"] = graph_time_us(
+                [lambda w=w: _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream) for w in lw8])
+        except Exception as e:  # noqa: BLE001 - e.g. sm90 on a non-Hopper GPU
+            row[f"lowbit_w8a8_{path}_error"] = str(e).splitlines()[0][:160]
+        finally:
+            del os.environ["LOWBIT_W8A8_KERNEL"]
     del w8, lw8
     try:
         if m > 16:
@@ -99,7 +142,16 @@ def bench_shape(name, n, k, m, l2):
         del wf
     except Exception as e:  # noqa: BLE001
         row["torch_scaled_mm_error"] = str(e).splitlines()[0][:160]
-    row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
+
+
+def bench_w8a8_only(name, n, k, m, l2):
+    """--w8a8-only: W8A8 vs cuBLAS fp16 and the int8/fp8 peers, without the W4A16 ones."""
+    row = {"shape": name, "n": n, "k": k, "m": m}
+    x = torch.randn(m, k, device="cuda").half()
+    ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
+    row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
+    del ws
+    w8a8_and_int8_peers(row, x, n, k, m, l2)
     return row
 
 
@@ -133,6 +185,24 @@ def main():
     rows = []
     for name, (n, k) in SHAPES.items():
         for m in MS:
+            if "--w8a8-only" in sys.argv:
+                r = bench_w8a8_only(name, n, k, m, meta["l2_bytes"])
+                rows.append(r)
+                print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f}  w8a8 {r['lowbit_w8a8_us']:7.1f} "
+                      f"(sm80 {r.get('lowbit_w8a8_sm80_us', float('nan')):7.1f}, sm90 "
+                      f"{r.get('lowbit_w8a8_sm90_us', float('nan')):7.1f}, +quant {r['lowbit_w8a8_with_quant_us']:7.1f}, "
+                      f"x{r['w8a8_speedup_vs_cublas']:.2f})  int_mm {r.get('torch_int_mm_us', float('nan')):7.1f}  "
+                      f"fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}", flush=True)
+                continue
+            if "--w4a16-only" in sys.argv:
+                r = bench_w4a16_only(name, n, k, m, meta["l2_bytes"])
+                r["w4_bytes_floor_us"] = r["int4_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)
+                rows.append(r)
+                print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  w4a16 {r['lowbit_w4a16_us']:8.1f} us "
+                      f"(split {r['lowbit_split_k']}, {r['int4_bytes'] / (r['lowbit_w4a16_us'] * 1e3):6.0f} GB/s)  "
+                      f"tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}",
+                      flush=True)
+                continue
             r = bench_shape(name, n, k, m, meta["l2_bytes"])
             r["w4_bytes_floor_us"] = r["int4_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)
             r["w4_effective_gbs"] = r["int4_bytes"] / (r["lowbit_w4a16_us"] * 1e3)

@@ -1,19 +1,25 @@
 // W4A16 GEMM for the sm80 family (mma.sync m16n8k16, f16 in, f32 accumulate), weights packed
 // offline by pack_sm80 (cpp/quant/pack_sm80.cpp documents the layout).
 //
-// Yᵀ = W · Xᵀ: the weight is the A operand (16 rows x 16 k per mma) and up to 8 tokens form the B
-// operand, so decode (M = 1..16) wastes no tensor-core rows on padding tokens. Each warp owns one
-// 16-row weight tile and walks its share of k in 64-wide chunks: one 16-byte load per lane brings
-// the whole 16x64 u4 tile (TurboMind §4.1), the lop3 magic-number trick turns 8 nibbles into four
-// f16x2 fragment registers, and w = q*s - z*s is one f16x2 fma per register. The activations are
-// read straight from global memory (two 16-byte loads per lane and 8-token tile per chunk; the
-// block's warps share them through L1). Chunks of the next step are loaded before the current
-// one is used. Split-K across blocks writes f32 partials that a small kernel sums (deterministic).
-// (Deeper prefetch - a 4-stage register ring, or an 8-stage cp.async shared-memory ring - measured
-// slower on H100; docs/gpu_notes.md has the numbers.)
+// Yᵀ = W · Xᵀ: the weight is the A operand (16 rows x 16 k per mma) and 8 tokens form the B operand,
+// so decode (M = 1..16) wastes no tensor-core rows on padding tokens. One kernel template serves all
+// M; a block owns kBlockN weight rows x kBlockM tokens x a k-range (split-K across blocks).
+//
+// Everything a block reads streams through a multi-stage cp.async shared-memory ring (Ampere-style
+// pipeline): per stage kChunks 64-k chunks of the packed weight tiles (512 bytes per 16-row tile and
+// chunk, already in fragment order), their scales and zeros, and the activation rows. So the loads
+// of kStages - 1 stages are in flight while a stage is computed, without holding registers, and no
+// warp ever waits on a dependent global load (the previous kernel read activations and scales from
+// global memory one chunk ahead and stalled on them: 12 cycles per instruction, ~1.4 TB/s).
+// A warp dequantizes each 16x16 weight fragment once (lop3 magic-number u4 -> f16, TurboMind §4.1;
+// w = q*s - z*s as one f16x2 fma) and reuses it for all its 8-token tiles, and reads each lane's
+// activations as 16-byte shared-memory loads (row stride padded by 16 bytes: conflict-free).
+// Split-K blocks write f32 partials that a small kernel sums in a fixed order (deterministic).
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <mutex>
+#include <vector>
 
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
@@ -21,16 +27,18 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kWarps = 4;       // weight tiles (16 rows each) per block
-constexpr int kChunkK = 64;     // k per packed chunk
-constexpr int kTileN = 16;
+constexpr int kChunkK = 64;  // k per packed chunk
+constexpr int kTileN = 16;   // weight rows per packed tile
+constexpr int kChunkBytes = 512;
 
-__device__ inline uint4 load_nc(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
+__device__ inline void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
 }
 
 template <int kLut>
@@ -82,89 +90,163 @@ struct GemmArgs {
   int m, n, k, group, npad, chunks_per_split;
 };
 
-// One chunk's operands for one lane: the weight word quad and, per 8-token tile, 16 activations.
-template <int kTiles>
-struct ChunkRegs {
-  uint4 w;
-  uint4 x[kTiles][2];
-  __half2 s_lo, nzs_lo, s_hi, nzs_hi;
+// Block shape: kWarpsN x kWarpsM warps, each owning kTilesN 16-row weight tiles x kTilesM 8-token
+// tiles; kChunks 64-k chunks per pipeline stage, kStages stages; kMinBlocks for __launch_bounds__.
+template <int kWarpsN_, int kWarpsM_, int kTilesN_, int kTilesM_, int kChunks_, int kStages_, int kMinBlocks_>
+struct Cfg {
+  static constexpr int kWarpsN = kWarpsN_, kWarpsM = kWarpsM_, kTilesN = kTilesN_, kTilesM = kTilesM_;
+  static constexpr int kChunks = kChunks_, kStages = kStages_, kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = 32 * kWarpsN * kWarpsM;
+  static constexpr int kBlockN = kTileN * kTilesN * kWarpsN, kBlockM = 8 * kTilesM * kWarpsM;
+  static constexpr int kBlockTiles = kBlockN / kTileN;
+  static constexpr int kXRow = kChunks * kChunkK + 8;  // halves; +16 bytes spreads rows over banks
+  static constexpr int kWBytes = kBlockTiles * kChunks * kChunkBytes;
+  static constexpr int kSBytes = kChunks * 2 * kBlockN * 2;  // [chunk][scale|zero][kBlockN] f16
+  static constexpr int kXBytes = kBlockM * kXRow * 2;
+  static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
-template <int kTiles>
-__device__ inline void load_chunk(const GemmArgs& p, int tile_n, int kc, int m0, ChunkRegs<kTiles>& r) {
+// Issues the cp.async copies of the stage that starts at chunk kc0 (chunks past kc_end, tiles past
+// n and tokens past m are skipped: the values read for them only reach outputs that are not stored).
+template <class C>
+__device__ inline void load_stage(const GemmArgs& p, uint8_t* stage, int kc0, int kc_end, int n0, int m0) {
+  const int tid = threadIdx.x, k_chunks = p.k / kChunkK, n_tiles = (p.n + kTileN - 1) / kTileN;
+  constexpr int kWUnits = C::kBlockTiles * C::kChunks * 32;  // 16-byte units
+#pragma unroll
+  for (int u0 = 0; u0 < kWUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (kWUnits % C::kThreads != 0 && u >= kWUnits) break;
+    const int tile = u / (C::kChunks * 32), rest = u % (C::kChunks * 32);
+    const int nt = n0 / kTileN + tile;
+    if (nt < n_tiles && kc0 + rest / 32 < kc_end)
+      cp_async16(stage + u * 16, p.w + (static_cast<int64_t>(nt) * k_chunks + kc0) * kChunkBytes + rest * 16);
+  }
+  constexpr int kRowUnits = C::kBlockN / 8;  // 16-byte units per scale row segment
+  constexpr int kSUnits = C::kChunks * 2 * kRowUnits;
+  uint8_t* s_base = stage + C::kWBytes;
+#pragma unroll
+  for (int u0 = 0; u0 < kSUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (u >= kSUnits) break;
+    const int c = u / (2 * kRowUnits), which = (u / kRowUnits) % 2, off = (u % kRowUnits) * 8;
+    const int kc = kc0 + c;
+    if (kc < kc_end && n0 + off < p.npad) {
+      const __half* src = (which ? p.zeros : p.scales) + static_cast<int64_t>(kc * kChunkK / p.group) * p.npad + n0 + off;
+      cp_async16(s_base + u * 16, src);
+    }
+  }
+  constexpr int kXUnitsPerRow = C::kChunks * 8;
+  constexpr int kXUnits = C::kBlockM * kXUnitsPerRow;
+  uint8_t* x_base = stage + C::kWBytes + C::kSBytes;
+#pragma unroll
+  for (int u0 = 0; u0 < kXUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (kXUnits % C::kThreads != 0 && u >= kXUnits) break;
+    const int r = u / kXUnitsPerRow, q = u % kXUnitsPerRow;
+    if (m0 + r < p.m && kc0 + q / 8 < kc_end)
+      cp_async16(x_base + (r * C::kXRow + q * 8) * 2, p.x + (m0 + r) * p.ldx + kc0 * kChunkK + q * 8);
+  }
+}
+
+// One warp's share of a stage: per chunk, dequantize each of its weight tiles once per k16 step and
+// multiply it into all of its 8-token tiles.
+template <class C>
+__device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_n, int warp_m,
+                                     float (&acc)[C::kTilesN][C::kTilesM][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int k_chunks = p.k / kChunkK;
-  r.w = load_nc(p.w + ((static_cast<int64_t>(tile_n) * k_chunks + kc) * 32 + lane) * 16);
-  const int64_t prow = static_cast<int64_t>(kc * kChunkK / p.group) * p.npad + tile_n * kTileN + g;
-  const __half s0 = p.scales[prow], s8 = p.scales[prow + 8];
-  const __half z0 = p.zeros[prow], z8 = p.zeros[prow + 8];
-  r.s_lo = __half2half2(s0);
-  r.s_hi = __half2half2(s8);
-  r.nzs_lo = __half2half2(__hneg(__hmul(z0, s0)));
-  r.nzs_hi = __half2half2(__hneg(__hmul(z8, s8)));
+  const uint4* ws = reinterpret_cast<const uint4*>(stage);
+  const __half* ss = reinterpret_cast<const __half*>(stage + C::kWBytes);
+  const __half* xs = reinterpret_cast<const __half*>(stage + C::kWBytes + C::kSBytes);
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    const int row = m0 + i * 8 + g;
-    if (row < p.m) {
-      const __half* src = p.x + row * p.ldx + kc * kChunkK + 16 * t;
-      r.x[i][0] = load_nc(src);
-      r.x[i][1] = load_nc(src + 8);
-    } else {
-      r.x[i][0] = r.x[i][1] = make_uint4(0, 0, 0, 0);
+  for (int c = 0; c < C::kChunks; ++c) {
+    if (c >= chunks) break;
+    uint4 wv[C::kTilesN];
+    __half2 s_lo[C::kTilesN], nzs_lo[C::kTilesN], s_hi[C::kTilesN], nzs_hi[C::kTilesN];
+#pragma unroll
+    for (int i = 0; i < C::kTilesN; ++i) {
+      const int tile = warp_n * C::kTilesN + i, row = tile * kTileN + g;
+      wv[i] = ws[(tile * C::kChunks + c) * 32 + lane];
+      const __half* sc = ss + c * 2 * C::kBlockN;
+      const __half s0 = sc[row], s8 = sc[row + 8], z0 = sc[C::kBlockN + row], z8 = sc[C::kBlockN + row + 8];
+      s_lo[i] = __half2half2(s0);
+      s_hi[i] = __half2half2(s8);
+      nzs_lo[i] = __half2half2(__hneg(__hmul(z0, s0)));
+      nzs_hi[i] = __half2half2(__hneg(__hmul(z8, s8)));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Lane (g, t) holds actual k [16t + 8h, 16t + 8h + 8) of token g: k16 steps 2h and 2h + 1.
+      uint4 xv[C::kTilesM];
+#pragma unroll
+      for (int j = 0; j < C::kTilesM; ++j) {
+        const int r = (warp_m * C::kTilesM + j) * 8 + g;
+        xv[j] = *reinterpret_cast<const uint4*>(xs + r * C::kXRow + c * kChunkK + 16 * t + 8 * h);
+      }
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int step = 2 * h + jj;
+#pragma unroll
+        for (int i = 0; i < C::kTilesN; ++i) {
+          const uint32_t word = step == 0 ? wv[i].x : step == 1 ? wv[i].y : step == 2 ? wv[i].z : wv[i].w;
+          uint32_t a[4];
+          dequant_word(word, s_lo[i], nzs_lo[i], s_hi[i], nzs_hi[i], a);
+#pragma unroll
+          for (int j = 0; j < C::kTilesM; ++j)
+            mma_16816(acc[i][j], a, jj ? xv[j].z : xv[j].x, jj ? xv[j].w : xv[j].y);  // k +{0,1}, +{2,3}
+        }
+      }
     }
   }
 }
 
-template <int kTiles>
-__device__ inline void compute_chunk(const ChunkRegs<kTiles>& r, float (&acc)[kTiles][4]) {
-  const uint32_t words[4] = {r.w.x, r.w.y, r.w.z, r.w.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t a[4];
-    dequant_word(words[j], r.s_lo, r.nzs_lo, r.s_hi, r.nzs_hi, a);
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      const uint4& xv = r.x[i][j >> 1];
-      const uint32_t b0 = (j & 1) ? xv.z : xv.x;  // actual k 16t+4j+{0,1}
-      const uint32_t b1 = (j & 1) ? xv.w : xv.y;  // actual k 16t+4j+{2,3}
-      mma_16816(acc[i], a, b0, b1);
-    }
-  }
-}
-
-template <int kTiles>
-__global__ void __launch_bounds__(kWarps * 32) gemm_w4a16_kernel(GemmArgs p) {
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(GemmArgs p) {
+  extern __shared__ uint4 smem_u4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int tile_n = blockIdx.x * kWarps + warp;
-  if (tile_n * kTileN >= p.n) return;  // no block-wide barrier below
+  const int warp_n = warp % C::kWarpsN, warp_m = warp / C::kWarpsN;
+  const int m0 = blockIdx.x * C::kBlockM, n0 = blockIdx.y * C::kBlockN;
   const int k_chunks = p.k / kChunkK;
-  const int kc_begin = blockIdx.y * p.chunks_per_split;
+  const int kc_begin = blockIdx.z * p.chunks_per_split;
   const int kc_end = min(kc_begin + p.chunks_per_split, k_chunks);
-  const int m0 = blockIdx.z * kTiles * 8;
+  const int iters = kc_end > kc_begin ? (kc_end - kc_begin + C::kChunks - 1) / C::kChunks : 0;
+  // Warps whose tiles lie wholly past n or m only help with the copies.
+  const bool active = n0 + warp_n * C::kTilesN * kTileN < p.n && m0 + warp_m * C::kTilesM * 8 < p.m;
 
-  float acc[kTiles][4] = {};
-  if (kc_begin < kc_end) {
-    ChunkRegs<kTiles> cur, next;
-    load_chunk<kTiles>(p, tile_n, kc_begin, m0, next);
-    for (int kc = kc_begin; kc < kc_end; ++kc) {
-      cur = next;
-      if (kc + 1 < kc_end) load_chunk<kTiles>(p, tile_n, kc + 1, m0, next);
-      compute_chunk<kTiles>(cur, acc);
-    }
+  float acc[C::kTilesN][C::kTilesM][4] = {};
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < iters) load_stage<C>(p, smem + s * C::kStageBytes, kc_begin + s * C::kChunks, kc_end, n0, m0);
+    cp_async_commit();  // one group per stage, empty or not, so the wait count below is uniform
   }
-  // c0,c1: weight row g, tokens 2t, 2t+1; c2,c3: weight row g+8, same tokens.
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<C::kStages - 2>();  // stage `it` has landed (for this thread) ...
+    __syncthreads();                  // ... for all threads, and stage it-1 is free again
+    const int next = it + C::kStages - 1;
+    if (next < iters)
+      load_stage<C>(p, smem + (next % C::kStages) * C::kStageBytes, kc_begin + next * C::kChunks, kc_end, n0, m0);
+    cp_async_commit();
+    const int kc0 = kc_begin + it * C::kChunks;
+    if (active) compute_stage<C>(smem + (it % C::kStages) * C::kStageBytes, kc_end - kc0, warp_n, warp_m, acc);
+  }
+  cp_async_wait<0>();
+
+  // acc[i][j]: c0,c1 = weight row g, tokens 2t, 2t+1; c2,c3 = weight row g+8, same tokens.
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i)
+  for (int i = 0; i < C::kTilesN; ++i)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int token = m0 + i * 8 + 2 * t + (c & 1);
-      const int col = tile_n * kTileN + g + (c >> 1) * 8;
-      if (token >= p.m || col >= p.n) continue;
-      if (gridDim.y == 1)
-        p.y[token * p.ldy + col] = __float2half_rn(acc[i][c]);
-      else
-        p.partial[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.n + col] = acc[i][c];
-    }
+    for (int j = 0; j < C::kTilesM; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int token = m0 + (warp_m * C::kTilesM + j) * 8 + 2 * t + (c & 1);
+        const int col = n0 + (warp_n * C::kTilesN + i) * kTileN + g + (c >> 1) * 8;
+        if (token >= p.m || col >= p.n) continue;
+        if (gridDim.z == 1)
+          p.y[token * p.ldy + col] = __float2half_rn(acc[i][j][c]);
+        else
+          p.partial[(static_cast<int64_t>(blockIdx.z) * p.m + token) * p.n + col] = acc[i][j][c];
+      }
 }
 
 __global__ void sum_partials_kernel(const float* __restrict__ partial, int split, int m, int n, __half* y,
@@ -176,30 +258,79 @@ __global__ void sum_partials_kernel(const float* __restrict__ partial, int split
   y[(i / n) * ldy + i % n] = __float2half_rn(s);
 }
 
-int tiles_for(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+// Shapes by token count. Decode (<= 16 tokens): 8 warps x one 16-row tile, 128 weight rows per
+// block, two chunks per stage. 17..64 tokens: the same with up to 8 token tiles per warp (each
+// dequantized fragment feeds 4-8 mma). More tokens: 128 x 128 blocks of 2 x 8 tiles per warp.
+using CfgM8 = Cfg<8, 1, 1, 1, 2, 4, 4>;
+using CfgM16 = Cfg<8, 1, 1, 2, 2, 4, 4>;
+using CfgM32 = Cfg<8, 1, 1, 4, 2, 4, 2>;
+using CfgM64 = Cfg<8, 1, 1, 8, 2, 4, 2>;
+using CfgLarge = Cfg<4, 2, 2, 8, 1, 4, 2>;
 
-template <int kTiles>
+enum class Shape { m8, m16, m32, m64, large };
+Shape shape_for(int64_t m) {
+  return m <= 8 ? Shape::m8 : m <= 16 ? Shape::m16 : m <= 32 ? Shape::m32 : m <= 64 ? Shape::m64 : Shape::large;
+}
+
+struct ShapeInfo {
+  int block_n, block_m, chunks, blocks_per_sm;
+};
+
+// Raises the kernel's dynamic shared-memory limit (once per device) and reports its occupancy.
+template <class C>
+ShapeInfo prepare(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;  // blocks per SM, 0 = not yet prepared
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1, 0);
+  if (cache[device] == 0) {
+    const char* op = "gemm_w4a16";
+    int previous = 0;
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&previous));
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w4a16_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               C::kSmemBytes));
+    int blocks = 0;
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_w4a16_kernel<C>, C::kThreads,
+                                                                        C::kSmemBytes));
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(previous));
+    LOWBIT_CHECK(blocks > 0, op, ": the kernel for this token count does not fit on device ", device);
+    cache[device] = blocks;
+  }
+  return {C::kBlockN, C::kBlockM, C::kChunks, cache[device]};
+}
+
+ShapeInfo prepare(Shape s, int device) {
+  switch (s) {
+    case Shape::m8: return prepare<CfgM8>(device);
+    case Shape::m16: return prepare<CfgM16>(device);
+    case Shape::m32: return prepare<CfgM32>(device);
+    case Shape::m64: return prepare<CfgM64>(device);
+    default: return prepare<CfgLarge>(device);
+  }
+}
+
+template <class C>
 void launch(const GemmArgs& p, int split, cudaStream_t stream) {
-  const dim3 grid((p.n + kWarps * kTileN - 1) / (kWarps * kTileN), split, (p.m + kTiles * 8 - 1) / (kTiles * 8));
-  gemm_w4a16_kernel<kTiles><<<grid, kWarps * 32, 0, stream>>>(p);
+  const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
+  gemm_w4a16_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
 }
 
 }  // namespace
 
+// Split-K: fill one wave of resident blocks when the (n, m) tiles alone do not (every block is then
+// resident from the start and they finish together), with at least 4 chunks per split and the f32
+// partials (8 bytes per split and output, written then read) below the weight bytes n*k/2.
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
+  const ShapeInfo info = prepare(shape_for(m), device);
   const int64_t k_chunks = k / kChunkK;
-  const int64_t blocks = ((n + kWarps * kTileN - 1) / (kWarps * kTileN)) * ((m + tiles_for(m) * 8 - 1) / (tiles_for(m) * 8));
-  // ~8 blocks (32 warps) per SM; for 1-8 tokens twice that, at most 16 splits (H100 sweep,
-  // docs/benchmarks_gpu.md: gate_up M=1 36 us at split 4-8 vs 40.6 us at 3; down and o best at 16).
-  const int64_t want = (m <= 8 ? 16LL : 8LL) * multiprocessor_count(device);
-  int64_t split = (want + blocks - 1) / blocks;
-  if (m <= 8) split = std::min<int64_t>(split, 16);
-  // Partials cost 8 bytes per split and output (written, then read); keep them below the weight
-  // bytes n*k/2, i.e. split <= k / (16 m).
-  split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * m)));
-  split = std::min<int64_t>(split, k_chunks);
-  // Even chunk counts per split (no idle tail split).
-  const int64_t per = (k_chunks + split - 1) / split;
+  const int64_t tiles = ((n + info.block_n - 1) / info.block_n) * ((m + info.block_m - 1) / info.block_m);
+  const int64_t slots = static_cast<int64_t>(info.blocks_per_sm) * multiprocessor_count(device);
+  int64_t split = std::max<int64_t>(1, slots / std::max<int64_t>(tiles, 1));
+  split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * std::max<int64_t>(m, 1))));
+  split = std::min<int64_t>(split, std::max<int64_t>(1, k_chunks / 4));
+  split = std::min<int64_t>(split, 64);
+  const int64_t per = (k_chunks + split - 1) / split;  // even chunk counts, no empty split
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
@@ -220,26 +351,34 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   LOWBIT_CHECK(x.stride(1) == 1 && x.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0, op,
                ": argument 'x' needs unit stride in the last dim, a row stride divisible by 8 and a 16-byte aligned "
                "start, got strides ", shape_str(x.strides()));
+  LOWBIT_CHECK(k % kChunkK == 0 && w.group % kChunkK == 0, op, ": the packed weight needs k and group multiples of ",
+               kChunkK, ", got k=", k, " group=", w.group);
   check_same_device(w.data, x, op, "w.data");
   check_same_device(w.scales, x, op, "w.scales");
   check_same_device(w.zeros, x, op, "w.zeros");
-  check_shape(w.data, {(n + kTileN - 1) / kTileN, (k / kChunkK) * 512}, op, "w.data");
+  check_shape(w.data, {(n + kTileN - 1) / kTileN, (k / kChunkK) * kChunkBytes}, op, "w.data");
   const int64_t groups = (k + w.group - 1) / w.group, npad = (n + kTileN - 1) / kTileN * kTileN;
   check_shape(w.scales, {groups, npad}, op, "w.scales");
   check_shape(w.zeros, {groups, npad}, op, "w.zeros");
+  for (const Tensor* t : {&w.data, &w.scales, &w.zeros})
+    LOWBIT_CHECK(t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op,
+                 ": the packed weight's data, scales and zeros must be contiguous with 16-byte aligned starts");
   check_same_device(y, x, op, "y");
   check_dtype(y, ScalarType::f16, op, "y");
   check_shape(y, {m, n}, op, "y");
   LOWBIT_CHECK(y.stride(1) == 1, op, ": argument 'y' needs unit stride in the last dim");
-  LOWBIT_CHECK(m <= (1LL << 30) && n * k < (1LL << 40), op, ": problem too large");
+  LOWBIT_CHECK(m <= (1LL << 30) && n * k < (1LL << 40) && n <= (1LL << 22), op, ": problem too large");
   if (m == 0 || n == 0) return;
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  const Shape shape = shape_for(m);
+  prepare(shape, dev);
   const int k_chunks = static_cast<int>(k / kChunkK);
   int split = split_k > 0 ? std::min(split_k, k_chunks) : gemm_w4a16_pick_split(m, n, k, dev);
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
+  LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
 
   Tensor ws = workspace;
   if (split > 1) {
@@ -253,11 +392,12 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
              y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),
              static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per};
-  switch (tiles_for(m)) {
-    case 1: launch<1>(p, split, stream); break;
-    case 2: launch<2>(p, split, stream); break;
-    case 4: launch<4>(p, split, stream); break;
-    default: launch<8>(p, split, stream); break;
+  switch (shape) {
+    case Shape::m8: launch<CfgM8>(p, split, stream); break;
+    case Shape::m16: launch<CfgM16>(p, split, stream); break;
+    case Shape::m32: launch<CfgM32>(p, split, stream); break;
+    case Shape::m64: launch<CfgM64>(p, split, stream); break;
+    default: launch<CfgLarge>(p, split, stream); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (split > 1) {
