@@ -128,17 +128,20 @@ void bind_engine(nb::module_& m) {
   nb::class_<Engine>(m, "Engine", "Continuous-batching decode engine over one Model")
       .def("__init__",
            [](Engine* self, const Model& model, int64_t max_batch_tokens, int max_seqs, int block_size,
-              int64_t kv_cache_bytes, int num_threads) {
+              int64_t kv_cache_bytes, int num_threads, double gpu_memory_fraction, bool cuda_graphs) {
              EngineConfig c;
              c.max_batch_tokens = max_batch_tokens;
              c.max_seqs = max_seqs;
              c.block_size = block_size;
              c.kv_cache_bytes = kv_cache_bytes;
              c.num_threads = num_threads;
+             c.gpu_memory_fraction = gpu_memory_fraction;
+             c.cuda_graphs = cuda_graphs;
              new (self) Engine(model, c);
            },
            nb::arg("model"), nb::arg("max_batch_tokens") = 2048, nb::arg("max_seqs") = 64, nb::arg("block_size") = 16,
-           nb::arg("kv_cache_bytes") = 0, nb::arg("num_threads") = 0, nb::keep_alive<1, 2>())
+           nb::arg("kv_cache_bytes") = 0, nb::arg("num_threads") = 0, nb::arg("gpu_memory_fraction") = 0.9,
+           nb::arg("cuda_graphs") = true, nb::keep_alive<1, 2>())
       .def(
           "add_request",
           [](Engine& e, int64_t request_id, const std::vector<int32_t>& prompt_ids, float temperature, int top_k,

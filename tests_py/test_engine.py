@@ -235,6 +235,18 @@ def test_model_errors_and_info():
         _core.Engine(fresh)
 
 
+def test_engine_config_errors_and_cpu_ignores_gpu_options(llama):
+    _, m = llama
+    for bad, shown in ((0.0, "0"), (-0.5, "-0.5"), (1.01, "1.01")):
+        with pytest.raises(ValueError, match=f"gpu_memory_fraction' must be in \\(0, 1\\], got {shown}$"):
+            _core.Engine(m, gpu_memory_fraction=bad)
+    # On the CPU the GPU options change nothing: same pool, same tokens with or without graphs.
+    a, b = _core.Engine(m, cuda_graphs=False), _core.Engine(m, cuda_graphs=True, gpu_memory_fraction=0.1)
+    assert a.stats()["num_blocks"] == b.stats()["num_blocks"]
+    adds = {0: [(0, tokens(7, 1), {"temperature": 0.0, "max_tokens": 5})]}
+    assert run(a, adds) == run(b, adds)
+
+
 def test_quantized_recipes_close_to_float(llama):
     """End-to-end sanity against the float model (exact quantized references live in test_model_forward.cpp).
     Per-channel int8 weights on uniform random weights: rounding noise ~0.2% of each row's max per weight,

@@ -19,12 +19,12 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=320, layers=2, heads=8, kv_heads=2,
-                 head_dim=128):
+                 head_dim=128, max_pos=512):
     cfg = _core.ModelConfig()
     cfg.arch = "llama"
     cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size = vocab, hidden, inter
     cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim = layers, heads, kv_heads, head_dim
-    cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings = 10000.0, 1e-5, 512
+    cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings = 10000.0, 1e-5, max_pos
     cfg.tie_word_embeddings = True
     g = torch.Generator().manual_seed(seed)
 
@@ -109,6 +109,78 @@ def test_random_llama_batched_greedy_decode_agrees_with_cpu(recipe):
     # Each GPU token must be (near) the CPU's argmax given the same history; 0.1 logits covers the
     # f16 drift (~1e-3 relative of logits of size ~10) while a wrong row or position costs whole logits.
     assert greedy_margin_violations(_core.Engine(cpu), prompts, gpu_tokens, 0.1) == []
+
+
+# ---- CUDA-graph decode steps ----------------------------------------------------------------------
+def run_events(eng, prompts, max_tokens, opts):
+    """(token, logprob) per request, every request added at once; opts: one dict for all or one per request."""
+    for i, p in enumerate(prompts):
+        eng.add_request(i, p, max_tokens=max_tokens, **(opts[i] if isinstance(opts, list) else opts))
+    out = {i: [] for i in range(len(prompts))}
+    while eng.has_unfinished():
+        for ev in eng.step():
+            if ev.token >= 0:
+                out[ev.request_id].append((ev.token, ev.logprob))
+    return [out[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4"])
+def test_decode_graphs_agree_with_eager_steps(recipe):
+    """Greedy decoding with CUDA-graph steps vs the same engine stepping eagerly. Five sequences pad to
+    a bucket of 8; prompts near 256 tokens cross the first context bucket while decoding (a second
+    graph). The graphs run the same kernels on padded batches, so logits differ from the eager ones
+    only by split-K / split-KV summation order: every graph token must be within 0.05 logits of the
+    eager argmax given the same history (a wrong row, slot or bucket costs whole logits), and the
+    device's log-softmax of each greedy token must match the host's to 1e-2."""
+    model = random_llama(recipe, "cuda", "f16", seed=5)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 9, 200, 250, 31)]
+    eager = _core.Engine(model, max_batch_tokens=512, cuda_graphs=False)
+    graphs = _core.Engine(model, max_batch_tokens=512, cuda_graphs=True)
+    ref = run_events(eager, prompts, 20, dict(temperature=0.0))
+    got = run_events(graphs, prompts, 20, dict(temperature=0.0))
+    assert [len(t) for t in got] == [20] * len(prompts)
+    got_tokens = [[t for t, _ in seq] for seq in got]
+    assert greedy_margin_violations(eager, prompts, got_tokens, 0.05) == []
+    same = sum(a == b for a, b in zip(ref, got))
+    for a, b in zip(ref, got):
+        for (ta, la), (tb, lb) in zip(a, b):
+            if ta != tb:
+                break
+            assert abs(la - lb) < 1e-2
+    assert same >= 3
+
+
+def test_decode_graphs_mixed_greedy_and_host_sampled_rows():
+    """One decode batch with device-greedy rows and rows the host samples (temperature, penalties,
+    top logprobs, min_tokens with a stop id): the host rows read the graph's logits. Each seeded
+    sampled request must give the same tokens as eager steps (same uniforms; logits equal to f16
+    summation order, so a flip needs a uniform within ~1e-3 of a CDF boundary: not at these seeds)."""
+    model = random_llama("w4a16kv8", "cuda", "f16", seed=7)
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (3, 12, 40, 7)]
+    opts = [dict(temperature=0.0), dict(temperature=0.8, top_p=0.9, seed=11),
+            dict(temperature=0.0, repetition_penalty=1.3, logprobs=3),
+            dict(temperature=0.0, min_tokens=5, stop_token_ids=[0])]
+    ref = run_events(_core.Engine(model, cuda_graphs=False), prompts, 12, opts)
+    got = run_events(_core.Engine(model, cuda_graphs=True), prompts, 12, opts)
+    assert [[t for t, _ in s] for s in got] == [[t for t, _ in s] for s in ref]
+    for a, b in zip(ref, got):
+        assert max(abs(la - lb) for (_, la), (_, lb) in zip(a, b)) < 1e-2
+
+
+def test_gpu_memory_fraction_sizes_the_kv_pool():
+    """With a context long enough that max_seqs full sequences would not fit, gpu_memory_fraction
+    decides the pool: more memory, more blocks; a fraction below what is already used is a clear error."""
+    model = random_llama("w16a16", "cuda", "f16", layers=1, max_pos=1 << 20)
+    total = torch.cuda.mem_get_info()[1]
+    small = _core.Engine(model, gpu_memory_fraction=0.3).stats()["num_blocks"]
+    assert small * model.info()["kv_bytes_per_token"] * 16 <= 0.3 * total
+    # (the first engine is gone: its pool went back to lowbit's cache, which counts as free)
+    big = _core.Engine(model, gpu_memory_fraction=0.6).stats()["num_blocks"]
+    assert big > 1.5 * small
+    with pytest.raises(MemoryError, match="no GPU memory left for the KV cache.*gpu_memory_fraction 0.001"):
+        _core.Engine(model, gpu_memory_fraction=0.001)
 
 
 def test_gpu_model_info_and_load_errors():

@@ -1,7 +1,9 @@
 """End-to-end greedy decode throughput of the default model (SmolLM2-135M) on the GPU, f16 compute: lowbit's
 engine per GPU recipe beside HF transformers (f16, eager, SDPA attention) in the same process when it is
 installed. Each case is a batch of identical 8-token prompts generating 128 new tokens with EOS ignored; the
-figure is new tokens per second over the whole request (prefill included), median of 3 runs after a warm-up.
+figure is new tokens per second over the whole request (prefill included), median of 3 runs after a warm-up
+per batch size (which also captures that batch's CUDA graphs). Two recipes run again with cuda_graphs=False
+("lowbit-eager") to show what the graphs buy.
 Prints one JSON line per case; `python3 tools/bench_gpu_engine.py [out.json]` also writes them with the
 device, date and commit."""
 import datetime
@@ -17,6 +19,7 @@ import lowbit
 
 NEW_TOKENS, BATCHES, REPEATS = 128, (1, 16, 64), 3
 RECIPES = ("w16a16", "w4a16kv8", "w4a16kv4", "w8a8kv8")
+EAGER_RECIPES = ("w16a16", "w4a16kv8")
 PROMPT = "The history of the printing press begins"
 
 
@@ -42,18 +45,18 @@ def case(engine, recipe, batch, runs):
 
 
 def bench_lowbit(results):
-    for recipe in RECIPES:
-        llm = lowbit.LLM(recipe=recipe, device="cuda", dtype="f16", progress=False)
+    for recipe, graphs in [(r, True) for r in RECIPES] + [(r, False) for r in EAGER_RECIPES]:
+        llm = lowbit.LLM(recipe=recipe, device="cuda", dtype="f16", progress=False, cuda_graphs=graphs)
         prompt = llm.tokenizer.encode(PROMPT)[:8]
         rid = 0
-        run_lowbit(llm.engine, [prompt] * 4, 8, rid)  # warm-up: kernels loaded, allocator caches filled
-        rid += 4
         for batch in BATCHES:
+            run_lowbit(llm.engine, [prompt] * batch, 8, rid)  # warm-up: kernels loaded, caches filled, graphs captured
+            rid += batch
             runs = []
             for _ in range(REPEATS):
                 runs.append(run_lowbit(llm.engine, [prompt] * batch, NEW_TOKENS, rid))
                 rid += batch
-            results.append(case("lowbit", recipe, batch, runs))
+            results.append(case("lowbit" if graphs else "lowbit-eager", recipe, batch, runs))
             print(json.dumps(results[-1]), flush=True)
         del llm
 

@@ -75,7 +75,7 @@ if has sanitize || has engine; then
     (kv_write and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100)" \
     > "$OUT/memcheck_ops.log" 2>&1; echo "memcheck ops rc=$?"; tail -3 "$OUT/memcheck_ops.log"
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_engine.py -k "logits_match_cpu and (w16a16 or w8a8kv4)" \
+    tests_py/test_gpu_engine.py -k "(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy" \
     > "$OUT/memcheck_engine.log" 2>&1; echo "memcheck engine rc=$?"; tail -3 "$OUT/memcheck_engine.log"
 fi
 

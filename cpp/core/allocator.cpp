@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <unordered_map>
 #include <vector>
 
 #include "lowbit/core/error.h"
@@ -12,7 +13,16 @@
 #endif
 
 namespace lowbit {
+
+struct GraphMemoryPool::Impl {
+  std::map<std::pair<int, size_t>, std::vector<void*>> free;  // (device, rounded size) -> free blocks
+  std::vector<std::pair<void*, size_t>> blocks;                 // every block the pool holds
+  int64_t reserved = 0;
+};
+
 namespace {
+
+thread_local GraphMemoryPool::Impl* g_active_pool = nullptr;
 
 constexpr size_t kHostAlign = 64;  // one cache line; also satisfies AVX-512 aligned loads
 
@@ -56,7 +66,8 @@ class CudaCachingAllocator final : public Allocator {
     const size_t size = round_size(bytes);
     std::lock_guard<std::mutex> lock(mu_);
     stats_.num_allocs++;
-    auto& pool = free_[{device.index, size}];
+    GraphMemoryPool::Impl* graph_pool = g_active_pool;
+    auto& pool = graph_pool ? graph_pool->free[{device.index, size}] : free_[{device.index, size}];
     void* p = nullptr;
     if (!pool.empty()) {
       p = pool.back();
@@ -81,6 +92,11 @@ class CudaCachingAllocator final : public Allocator {
       }
       stats_.num_system_allocs++;
       stats_.reserved_bytes += static_cast<int64_t>(size);
+      if (graph_pool) {
+        graph_pool->blocks.emplace_back(p, size);
+        graph_pool->reserved += static_cast<int64_t>(size);
+        owner_[p] = graph_pool;
+      }
     }
     stats_.allocated_bytes += static_cast<int64_t>(size);
     if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
@@ -90,8 +106,24 @@ class CudaCachingAllocator final : public Allocator {
     if (!p) return;
     std::lock_guard<std::mutex> lock(mu_);
     const size_t size = round_size(bytes);
-    free_[{device.index, size}].push_back(p);
+    const auto owner = owner_.find(p);
+    if (owner != owner_.end())
+      owner->second->free[{device.index, size}].push_back(p);
+    else
+      free_[{device.index, size}].push_back(p);
     stats_.allocated_bytes -= static_cast<int64_t>(size);
+  }
+  // Frees every block of a graph's pool (live tensors in it must be gone: the graph owned them).
+  void release_pool(GraphMemoryPool::Impl& pool) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [p, size] : pool.blocks) {
+      cudaFree(p);
+      owner_.erase(p);
+      stats_.reserved_bytes -= static_cast<int64_t>(size);
+    }
+    pool.blocks.clear();
+    pool.free.clear();
+    pool.reserved = 0;
   }
   AllocatorStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -115,8 +147,11 @@ class CudaCachingAllocator final : public Allocator {
   }
   mutable std::mutex mu_;
   std::map<std::pair<int, size_t>, std::vector<void*>> free_;
+  std::unordered_map<void*, GraphMemoryPool::Impl*> owner_;  // blocks that belong to a graph's pool
   AllocatorStats stats_;
 };
+
+CudaCachingAllocator* g_cuda_allocator = nullptr;  // set on first use of cuda_allocator()
 #endif
 
 }  // namespace
@@ -129,7 +164,7 @@ Allocator& host_allocator() {
 Allocator& cuda_allocator() {
 #ifdef LOWBIT_WITH_CUDA
   require_device(Device::cuda(0), "cuda_allocator");
-  static CudaCachingAllocator* a = new CudaCachingAllocator();  // leaked: outlives static tensors
+  static CudaCachingAllocator* a = g_cuda_allocator = new CudaCachingAllocator();  // leaked: outlives static tensors
   return *a;
 #else
   require_device(Device::cuda(0), "cuda_allocator");
@@ -142,5 +177,19 @@ Allocator& allocator_for(const Device& device) {
   require_device(device, "allocate");
   return cuda_allocator();
 }
+
+GraphMemoryPool::GraphMemoryPool() : impl_(std::make_unique<Impl>()) {}
+
+GraphMemoryPool::~GraphMemoryPool() {
+#ifdef LOWBIT_WITH_CUDA
+  if (g_cuda_allocator) g_cuda_allocator->release_pool(*impl_);
+#endif
+}
+
+int64_t GraphMemoryPool::reserved_bytes() const { return impl_->reserved; }
+
+GraphPoolScope::GraphPoolScope(GraphMemoryPool& pool) : previous_(g_active_pool) { g_active_pool = pool.impl_.get(); }
+
+GraphPoolScope::~GraphPoolScope() { g_active_pool = previous_; }
 
 }  // namespace lowbit

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/stream.h"
 
 namespace lowbit::cuda {
 
@@ -35,6 +36,15 @@ DeviceInfo device_info(int index) {
   LOWBIT_CUDA_CHECK("cuda_device_info", cudaDriverGetVersion(&d.driver_version));
   return d;
 }
+
+namespace {
+thread_local cudaStream_t g_current_stream = nullptr;
+}  // namespace
+
+cudaStream_t current_stream() { return g_current_stream; }
+
+StreamScope::StreamScope(cudaStream_t stream) : previous_(g_current_stream) { g_current_stream = stream; }
+StreamScope::~StreamScope() { g_current_stream = previous_; }
 
 int multiprocessor_count(int device) {
   static std::mutex mu;

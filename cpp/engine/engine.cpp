@@ -9,13 +9,16 @@
 #include <omp.h>
 #endif
 
+#include "lowbit/core/allocator.h"
 #include "model/device_support.h"
 
 namespace lowbit {
 
 namespace {
 constexpr int64_t kDefaultKVBytes = int64_t(512) << 20;
-constexpr double kDefaultGpuKVFraction = 0.3;  // of the device's free memory after the weights
+// GPU memory kept out of the KV pool for what a step allocates besides the workspace (split-K and
+// split-KV scratch, the decode graphs' pools).
+constexpr int64_t kGpuStepReserve = int64_t(512) << 20;
 constexpr int64_t kMaxLogitsChunk = 256;  // rows per forward in Engine::logits (bounds the logits buffer)
 }  // namespace
 
@@ -28,6 +31,8 @@ Engine::Engine(const Model& model, const EngineConfig& config)
   LOWBIT_CHECK(cfg_.block_size > 0, "Engine: argument 'block_size' must be positive, got ", cfg_.block_size);
   LOWBIT_CHECK(cfg_.kv_cache_bytes >= 0, "Engine: argument 'kv_cache_bytes' must be >= 0, got ", cfg_.kv_cache_bytes);
   LOWBIT_CHECK(cfg_.num_threads >= 0, "Engine: argument 'num_threads' must be >= 0, got ", cfg_.num_threads);
+  LOWBIT_CHECK(cfg_.gpu_memory_fraction > 0.0 && cfg_.gpu_memory_fraction <= 1.0,
+               "Engine: argument 'gpu_memory_fraction' must be in (0, 1], got ", cfg_.gpu_memory_fraction);
 #ifdef _OPENMP
   if (cfg_.num_threads > 0) omp_set_num_threads(cfg_.num_threads);
 #endif
@@ -38,15 +43,15 @@ Engine::Engine(const Model& model, const EngineConfig& config)
   samplers_.assign(1, Sampler(mc.vocab_size));
 #endif
   max_blocks_per_seq_ = blocks_for_tokens(mc.max_position_embeddings);
+  // The workspace first: on a GPU the KV pool is sized from what is free after it.
+  ws_ = model.make_workspace(cfg_.max_batch_tokens,
+                             std::max<int64_t>(cfg_.max_seqs, std::min(cfg_.max_batch_tokens, kMaxLogitsChunk)));
   const int64_t block_bytes = model.kv_bytes_per_token() * cfg_.block_size;
+  const int64_t most_blocks = int64_t(cfg_.max_seqs) * max_blocks_per_seq_;  // max_seqs full-length sequences
   int64_t num_blocks;
   if (cfg_.kv_cache_bytes == 0) {
-    // On a GPU the pool takes a fraction of the free memory (the workspace and kernels' scratch need
-    // the rest); on the host a fixed budget. Never more than max_seqs full-length sequences.
-    const int64_t budget = model.device().is_cpu()
-                               ? kDefaultKVBytes
-                               : int64_t(kDefaultGpuKVFraction * double(model_detail::device_free_bytes(model.device())));
-    num_blocks = std::max<int64_t>(1, std::min(budget / block_bytes, int64_t(cfg_.max_seqs) * max_blocks_per_seq_));
+    const int64_t budget = model.device().is_cpu() ? kDefaultKVBytes : gpu_kv_budget(block_bytes);
+    num_blocks = std::max<int64_t>(1, std::min(budget / block_bytes, most_blocks));
   } else {
     num_blocks = cfg_.kv_cache_bytes / block_bytes;
     LOWBIT_CHECK(num_blocks >= 1, "Engine: argument 'kv_cache_bytes' (", cfg_.kv_cache_bytes,
@@ -56,8 +61,6 @@ Engine::Engine(const Model& model, const EngineConfig& config)
   alloc_ = std::make_unique<BlockAllocator>(num_blocks, cfg_.block_size);
   scheduler_ = std::make_unique<Scheduler>(*alloc_, cfg_.max_batch_tokens, cfg_.max_seqs,
                                            [this] { return evict_idle_session(); });
-  ws_ = model.make_workspace(cfg_.max_batch_tokens,
-                             std::max<int64_t>(cfg_.max_seqs, std::min(cfg_.max_batch_tokens, kMaxLogitsChunk)));
   const int64_t max_rows = std::max<int64_t>(cfg_.max_seqs, 1);
   block_tables_host_ = Tensor::empty({max_rows * max_blocks_per_seq_}, ScalarType::s32);
   slot_mapping_host_ = Tensor::empty({cfg_.max_batch_tokens}, ScalarType::s32);
@@ -70,6 +73,23 @@ Engine::Engine(const Model& model, const EngineConfig& config)
 }
 
 int64_t Engine::blocks_for_tokens(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
+
+int64_t Engine::gpu_kv_budget(int64_t block_bytes) const {
+  model_detail::DeviceMemory mem = model_detail::device_memory(model_.device());
+  // Blocks lowbit's allocator caches (e.g. a previous engine's pool) are free for this pool too.
+  const AllocatorStats cached = allocator_for(model_.device()).stats();
+  mem.free_bytes += cached.reserved_bytes - cached.allocated_bytes;
+  const int64_t keep_free = int64_t((1.0 - cfg_.gpu_memory_fraction) * double(mem.total_bytes)) + kGpuStepReserve;
+  const int64_t budget = mem.free_bytes - keep_free;
+  constexpr double MiB = 1 << 20;
+  LOWBIT_CHECK_KIND(ErrorKind::kOutOfMemory, budget >= block_bytes, "Engine: no GPU memory left for the KV cache on ",
+                    model_.device().str(), ": ", int64_t(mem.free_bytes / MiB), " MiB of ",
+                    int64_t(mem.total_bytes / MiB), " MiB are free after the weights and workspace, and ",
+                    int64_t(keep_free / MiB), " MiB must stay free (gpu_memory_fraction ", cfg_.gpu_memory_fraction,
+                    " plus ", int64_t(kGpuStepReserve / MiB), " MiB of step scratch); one block needs ", block_bytes,
+                    " bytes. Raise gpu_memory_fraction, free GPU memory or pass kv_cache_bytes.");
+  return budget;
+}
 
 void Engine::validate_request(int64_t id, const std::vector<int32_t>& prompt, const RequestOptions& o) const {
   const ModelConfig& mc = model_.config();
@@ -180,9 +200,9 @@ void Engine::end_session(int64_t session_id) {
 
 bool Engine::has_unfinished() const { return !scheduler_->empty() || !pending_events_.empty(); }
 
-// Fills batch_ for `chunks` (KV already reserved) and runs the model. all_rows: logits of every
-// token (Engine::logits), otherwise of the last token of each chunk that samples.
-Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows) {
+// Fills batch_ for `chunks` (KV already reserved). all_rows: logits of every token (Engine::logits),
+// otherwise of the last token of each chunk that samples.
+void Engine::fill_batch(const std::vector<ScheduledChunk>& chunks, bool all_rows) {
   ForwardBatch& b = batch_;
   ops::AttentionMeta& m = b.attn;
   b.token_ids.clear();
@@ -221,14 +241,42 @@ Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool al
     std::copy(table.begin(), table.end(), row);
   }
   const int64_t T = int64_t(b.token_ids.size());
-  m.block_tables = block_tables_dev_.slice(0, 0, n * width).view({n, width});
-  m.slot_mapping = slot_mapping_dev_.slice(0, 0, T);
-  if (!model_.device().is_cpu()) {
-    model_detail::upload_async(m.block_tables, block_tables_host_.slice(0, 0, n * width));
-    model_detail::upload_async(m.slot_mapping, slot_mapping_host_.slice(0, 0, T));
-  }
-  return model_.forward(b, *cache_, ws_);
+  m.block_tables = block_tables_host_.slice(0, 0, n * width).view({n, width});
+  m.slot_mapping = slot_mapping_host_.slice(0, 0, T);
 }
+
+// Runs the model on `chunks` (fill_batch, then the tables moved to the model's device).
+Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows) {
+  fill_batch(chunks, all_rows);
+  ops::AttentionMeta& m = batch_.attn;
+  if (!model_.device().is_cpu()) {
+    const Tensor host_tables = m.block_tables, host_slots = m.slot_mapping;
+    m.block_tables = block_tables_dev_.slice(0, 0, host_tables.numel()).view(host_tables.shape());
+    m.slot_mapping = slot_mapping_dev_.slice(0, 0, host_slots.numel());
+    model_detail::upload_async(m.block_tables, host_tables);
+    model_detail::upload_async(m.slot_mapping, host_slots);
+  }
+  return model_.forward(batch_, *cache_, ws_);
+}
+
+// Decode-only steps on a GPU (one new token per sequence, every one sampling) replay CUDA graphs.
+bool Engine::graph_decode_step(const std::vector<ScheduledChunk>& chunks) const {
+  if (!cfg_.cuda_graphs || model_.device().is_cpu() || int64_t(chunks.size()) > model_.max_decode_rows(ws_))
+    return false;
+  for (const ScheduledChunk& c : chunks)
+    if (c.len != 1 || !c.sample) return false;
+  return true;
+}
+
+namespace {
+// A row the device's argmax can answer: greedy, nothing that edits the logits, no top logprobs.
+bool device_greedy(const Sequence& seq) {
+  const RequestOptions& o = seq.opts;
+  const bool suppress_stops = seq.num_generated() < o.min_tokens && !o.stop_token_ids.empty();
+  return o.temperature == 0.f && o.repetition_penalty == 1.f && o.presence_penalty == 0.f &&
+         o.frequency_penalty == 0.f && o.logprobs == 0 && !suppress_stops;
+}
+}  // namespace
 
 std::vector<TokenEvent> Engine::step() {
   std::vector<TokenEvent> events = std::move(pending_events_);
@@ -239,8 +287,17 @@ std::vector<TokenEvent> Engine::step() {
   if (chunks.empty()) return events;
 
   Tensor logits;
+  const bool graph_step = graph_decode_step(chunks);
   try {
-    logits = forward_chunks(chunks, false);
+    if (graph_step) {
+      fill_batch(chunks, false);
+      model_.decode_step(batch_, *cache_, ws_, greedy_tokens_, greedy_logprobs_);
+      bool host_rows = false;
+      for (const ScheduledChunk& c : chunks) host_rows = host_rows || !device_greedy(*c.seq);
+      if (host_rows) logits = model_.decode_logits(ws_, int64_t(chunks.size()));
+    } else {
+      logits = forward_chunks(chunks, false);
+    }
   } catch (...) {
     // Nothing of this step counts: every scheduled sequence recomputes from scratch later, so a
     // failing step (e.g. a kernel missing for the recipe) never leaves a half-written cache behind.
@@ -271,7 +328,13 @@ std::vector<TokenEvent> Engine::step() {
       Sampler& sampler = samplers_[0];
 #endif
       const Sequence* seq = to_sample[size_t(i)];
-      results[size_t(i)] = sampler.sample(logits.data<float>() + i * vocab, seq->tokens, seq->num_generated(), seq->opts);
+      if (graph_step && device_greedy(*seq)) {
+        results[size_t(i)].token = greedy_tokens_[size_t(i)];
+        results[size_t(i)].logprob = greedy_logprobs_[size_t(i)];
+      } else {
+        results[size_t(i)] = sampler.sample(logits.data<float>() + i * vocab, seq->tokens, seq->num_generated(),
+                                            seq->opts);
+      }
     } catch (...) {
 #pragma omp critical(lowbit_engine_sample_error)
       if (!error) error = std::current_exception();

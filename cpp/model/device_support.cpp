@@ -6,6 +6,7 @@
 
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/stream.h"
 #endif
 
 #include <algorithm>
@@ -66,7 +67,8 @@ void upload_async(const Tensor& dst, const Tensor& src) {
                "upload_async: expected a contiguous host source of ", dst.nbytes(), " bytes, got ", src.str());
 #ifdef LOWBIT_WITH_CUDA
   LOWBIT_CUDA_CHECK("upload_async", cudaMemcpyAsync(const_cast<void*>(dst.data_ptr()), src.data_ptr(),
-                                                    size_t(src.nbytes()), cudaMemcpyHostToDevice, nullptr));
+                                                    size_t(src.nbytes()), cudaMemcpyHostToDevice,
+                                                    cuda::current_stream()));
 #else
   LOWBIT_NOT_SUPPORTED("upload_async: CUDA tensors need a CUDA build of lowbit");
 #endif
@@ -77,21 +79,21 @@ void download_sync(const Tensor& dst, const Tensor& src, const char* what) {
                "download_sync: expected a contiguous host destination of ", src.nbytes(), " bytes, got ", dst.str());
 #ifdef LOWBIT_WITH_CUDA
   LOWBIT_CUDA_CHECK(what, cudaMemcpyAsync(const_cast<void*>(dst.data_ptr()), src.data_ptr(), size_t(src.nbytes()),
-                                          cudaMemcpyDeviceToHost, nullptr));
-  LOWBIT_CUDA_CHECK(what, cudaStreamSynchronize(nullptr));
+                                          cudaMemcpyDeviceToHost, cuda::current_stream()));
+  LOWBIT_CUDA_CHECK(what, cudaStreamSynchronize(cuda::current_stream()));
 #else
   LOWBIT_NOT_SUPPORTED("download_sync: CUDA tensors need a CUDA build of lowbit");
 #endif
 }
 
-int64_t device_free_bytes(const Device& device) {
+DeviceMemory device_memory(const Device& device) {
 #ifdef LOWBIT_WITH_CUDA
   size_t free_bytes = 0, total = 0;
-  LOWBIT_CUDA_CHECK("device_free_bytes", cudaSetDevice(device.index));
-  LOWBIT_CUDA_CHECK("device_free_bytes", cudaMemGetInfo(&free_bytes, &total));
-  return int64_t(free_bytes);
+  LOWBIT_CUDA_CHECK("device_memory", cudaSetDevice(device.index));
+  LOWBIT_CUDA_CHECK("device_memory", cudaMemGetInfo(&free_bytes, &total));
+  return DeviceMemory{int64_t(free_bytes), int64_t(total)};
 #else
-  LOWBIT_NOT_SUPPORTED("device_free_bytes: ", device.str(), " needs a CUDA build of lowbit");
+  LOWBIT_NOT_SUPPORTED("device_memory: ", device.str(), " needs a CUDA build of lowbit");
 #endif
 }
 
@@ -121,7 +123,7 @@ void download_logits(const Tensor& logits_compute, const Tensor& f32_scratch, co
   cuda::cast_rows_to_f32(cuda::Rows{c.data_ptr(), c.dtype(), c.size(0), c.size(1), c.stride(0)},
                          cuda::Rows{f32_scratch.data_ptr(), ScalarType::f32, f32_scratch.size(0), f32_scratch.size(1),
                                     f32_scratch.stride(0)},
-                         nullptr);
+                         cuda::current_stream());
   download_sync(logits, f32_scratch, "Model.forward");
 #else
   LOWBIT_NOT_SUPPORTED("Model.forward: CUDA tensors need a CUDA build of lowbit");

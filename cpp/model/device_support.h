@@ -21,8 +21,11 @@ void upload_async(const Tensor& dst, const Tensor& src);
 // kernel fault of the step surfaces here, named by `what`.
 void download_sync(const Tensor& dst, const Tensor& src, const char* what);
 
-// Free bytes on a CUDA device (cudaMemGetInfo), for sizing the KV pool.
-int64_t device_free_bytes(const Device& device);
+// Free and total bytes of a CUDA device (cudaMemGetInfo), for sizing the KV pool.
+struct DeviceMemory {
+  int64_t free_bytes = 0, total_bytes = 0;
+};
+DeviceMemory device_memory(const Device& device);
 // Stages the step's s32 metadata in ws.step_host (ids | positions | q_start | q_len | kv_len |
 // logit rows), uploads it with one asynchronous copy, and points ids, positions, logit_rows and
 // ws.attn (b.attn plus seq_info) at the device copy.

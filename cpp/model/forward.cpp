@@ -88,6 +88,42 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
   ops::linear_fmpq(a, w, bias, y);
 }
 
+void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops::AttentionMeta& attn, int64_t T,
+                           KVCache& cache, ModelWorkspace& ws) const {
+  const int64_t D = cfg_.head_dim;
+  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads;
+  Tensor residual = ws.residual.slice(0, 0, T), normed = ws.normed.slice(0, 0, T), hidden = ws.hidden.slice(0, 0, T);
+  Tensor qkv = ws.qkv.slice(0, 0, T), attn_out = ws.attn_out.slice(0, 0, T);
+  Tensor gate_up = ws.gate_up.slice(0, 0, T), act = ws.act.slice(0, 0, T);
+  Tensor qkv_heads = qkv.view({T, Hq + 2 * Hkv, D});
+  // Per-head strided views into the fused qkv output (the ops accept rows with a stride).
+  Tensor q = qkv_heads.slice(1, 0, Hq), k = qkv_heads.slice(1, Hq, Hq + Hkv);
+  const Tensor v = qkv_heads.slice(1, Hq + Hkv, Hq + 2 * Hkv);
+  Tensor attn_heads = attn_out.view({T, Hq, D});
+  const ops::RopeConfig rope = cfg_.rope_config();
+  const float eps = cfg_.rms_norm_eps;
+  const float scale = 1.f / std::sqrt(float(D));
+  const Tensor no_bias;
+  ops::embedding(ids, embed_table_, residual);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const Layer& L = layers_[size_t(l)];
+    if (l == 0)
+      ops::rms_norm(residual, L.input_norm, eps, normed);
+    else
+      ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
+    run_linear(normed, L.qkv_in, L.qkv, L.qkv_bias, qkv, ws);
+    ops::rope(q, k, positions, rope);
+    ops::kv_write(cache, l, k, v, attn);
+    ops::paged_attention(q, cache, l, attn, scale, attn_heads);
+    run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
+    ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);
+    run_linear(normed, L.gate_up_in, L.gate_up, no_bias, gate_up, ws);
+    ops::silu_mul(gate_up, act);
+    run_linear(act, L.down_in, L.down, no_bias, hidden, ws);
+  }
+  ops::add_rms_norm(residual, hidden, final_norm_, eps, normed);
+}
+
 Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws) const {
   LOWBIT_CHECK(finalized_, "Model.forward: call finalize() after setting the weights");
   const int64_t T = int64_t(b.token_ids.size());
@@ -103,8 +139,6 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   for (int32_t r : b.logit_rows)
     LOWBIT_CHECK(r >= 0 && r < T, "Model.forward: logit row ", r, " is outside [0, ", T, ")");
 
-  const int64_t D = cfg_.head_dim;
-  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads;
   std::copy(b.token_ids.begin(), b.token_ids.end(), ws.ids_host.data<int32_t>());
   std::copy(b.positions.begin(), b.positions.end(), ws.positions_host.data<int32_t>());
   Tensor ids = ws.ids_host.slice(0, 0, T), positions = ws.positions_host.slice(0, 0, T);
@@ -114,37 +148,8 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
     model_detail::upload_step(b, ws, ids, positions, logit_row_ids);
     attn = &ws.attn;
   }
-  Tensor residual = ws.residual.slice(0, 0, T), normed = ws.normed.slice(0, 0, T), hidden = ws.hidden.slice(0, 0, T);
-  Tensor qkv = ws.qkv.slice(0, 0, T), attn_out = ws.attn_out.slice(0, 0, T);
-  Tensor gate_up = ws.gate_up.slice(0, 0, T), act = ws.act.slice(0, 0, T);
-  Tensor qkv_heads = qkv.view({T, Hq + 2 * Hkv, D});
-  // Per-head strided views into the fused qkv output (the ops accept rows with a stride).
-  Tensor q = qkv_heads.slice(1, 0, Hq), k = qkv_heads.slice(1, Hq, Hq + Hkv);
-  const Tensor v = qkv_heads.slice(1, Hq + Hkv, Hq + 2 * Hkv);
-  Tensor attn_heads = attn_out.view({T, Hq, D});
-  const ops::RopeConfig rope = cfg_.rope_config();
-  const float eps = cfg_.rms_norm_eps;
-  const float scale = 1.f / std::sqrt(float(D));
-  const Tensor no_bias;
-
-  ops::embedding(ids, embed_table_, residual);
-  for (int l = 0; l < cfg_.num_layers; ++l) {
-    const Layer& L = layers_[size_t(l)];
-    if (l == 0)
-      ops::rms_norm(residual, L.input_norm, eps, normed);
-    else
-      ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
-    run_linear(normed, L.qkv_in, L.qkv, L.qkv_bias, qkv, ws);
-    ops::rope(q, k, positions, rope);
-    ops::kv_write(cache, l, k, v, *attn);
-    ops::paged_attention(q, cache, l, *attn, scale, attn_heads);
-    run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
-    ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);
-    run_linear(normed, L.gate_up_in, L.gate_up, no_bias, gate_up, ws);
-    ops::silu_mul(gate_up, act);
-    run_linear(act, L.down_in, L.down, no_bias, hidden, ws);
-  }
-  ops::add_rms_norm(residual, hidden, final_norm_, eps, normed);
+  forward_layers(ids, positions, *attn, T, cache, ws);
+  const Tensor normed = ws.normed.slice(0, 0, T), no_bias;
   Tensor logits = ws.logits.slice(0, 0, R);
   if (R == 0) return logits;
   Tensor rows = ws.final_rows.slice(0, 0, R);

@@ -8,6 +8,7 @@
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/stream.h"
 #include "lowbit/cuda/kernels.h"
 #endif
 
@@ -118,11 +119,11 @@ void paged_attention_cuda(const Tensor& q, const KVCache& cache, int layer, cons
     Tensor o = out.slice(0, 0, n);
     cuda::decode_attention(q.slice(0, 0, n), cache.k_data(layer), cache.v_data(layer), cache.k_params(layer),
                            cache.v_params(layer), meta.block_tables, seq_info.select(0, 2), max_kv, scale, o, 0,
-                           nullptr);
+                           cuda::current_stream());
     return;
   }
   cuda::prefill_attention(q, cache.k_data(layer), cache.v_data(layer), cache.k_params(layer), cache.v_params(layer),
-                          meta.block_tables, seq_info, max_q, scale, out, nullptr);
+                          meta.block_tables, seq_info, max_q, scale, out, cuda::current_stream());
 }
 #endif
 
@@ -143,7 +144,7 @@ void kv_write(KVCache& cache, int layer, const Tensor& k, const Tensor& v, const
   if (dev.is_cuda()) {
 #ifdef LOWBIT_WITH_CUDA
     Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
-    return cuda::kv_write(k, v, kd, vd, kp, vp, meta.slot_mapping, nullptr);
+    return cuda::kv_write(k, v, kd, vd, kp, vp, meta.slot_mapping, cuda::current_stream());
 #endif
   }
   const int32_t* slots = meta.slot_mapping.data<int32_t>();

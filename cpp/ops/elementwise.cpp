@@ -5,6 +5,7 @@
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/stream.h"
 #endif
 
 namespace lowbit::ops {
@@ -71,7 +72,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   const cpu::RowView xv = rows_of(x, op, "x"), wv = rows_of(weight, op, "weight"), ov = rows_of(out, op, "out");
   if (dev.is_cpu()) return cpu::rms_norm_cpu(xv, wv, eps, ov);
 #ifdef LOWBIT_WITH_CUDA
-  cuda::rms_norm(gpu_rows(xv), gpu_rows(wv), eps, gpu_rows(ov), nullptr);
+  cuda::rms_norm(gpu_rows(xv), gpu_rows(wv), eps, gpu_rows(ov), cuda::current_stream());
 #else
   no_cuda_kernel(op);
 #endif
@@ -92,7 +93,7 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
   const cpu::RowView wv = rows_of(weight, op, "weight"), ov = rows_of(out, op, "out");
   if (dev.is_cpu()) return cpu::add_rms_norm_cpu(rv, xv, wv, eps, ov);
 #ifdef LOWBIT_WITH_CUDA
-  cuda::add_rms_norm(gpu_rows(rv), gpu_rows(xv), gpu_rows(wv), eps, gpu_rows(ov), nullptr);
+  cuda::add_rms_norm(gpu_rows(rv), gpu_rows(xv), gpu_rows(wv), eps, gpu_rows(ov), cuda::current_stream());
 #else
   no_cuda_kernel(op);
 #endif
@@ -112,7 +113,7 @@ void silu_mul(const Tensor& gate_up, Tensor& out) {
   const cpu::RowView gv = rows_of(gate_up, op, "gate_up"), ov = rows_of(out, op, "out");
   if (dev.is_cpu()) return cpu::silu_mul_cpu(gv, ov);
 #ifdef LOWBIT_WITH_CUDA
-  cuda::silu_mul(gpu_rows(gv), gpu_rows(ov), nullptr);
+  cuda::silu_mul(gpu_rows(gv), gpu_rows(ov), cuda::current_stream());
 #else
   no_cuda_kernel(op);
 #endif
@@ -134,7 +135,7 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
     // The ids live on the device: checking them here would cost a synchronizing copy, so the
     // kernel writes a NaN row for an id outside the table instead (callers check ids on the host).
     check_contiguous(ids, op, "ids");
-    return cuda::embedding(ids.data<int32_t>(), gpu_rows(tv), gpu_rows(ov), nullptr);
+    return cuda::embedding(ids.data<int32_t>(), gpu_rows(tv), gpu_rows(ov), cuda::current_stream());
 #else
     no_cuda_kernel(op);
 #endif

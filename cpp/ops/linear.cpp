@@ -6,6 +6,7 @@
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/stream.h"
 #include "lowbit/cuda/kernels.h"
 #endif
 
@@ -46,15 +47,15 @@ void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Ten
   if (act == LinearActivation::float16 && w.format == WeightFormat::f16) {
     check_dtype(w.data, ScalarType::f16, kOp, "w.data");
     check_shape(w.data, {w.n, w.k}, kOp, "w.data");
-    return cuda::gemm_f16(x, w.data, bias, y, nullptr);
+    return cuda::gemm_f16(x, w.data, bias, y, cuda::current_stream());
   }
   if (act == LinearActivation::float16 && w.format == WeightFormat::w4) {
-    cuda::gemm_w4a16(x, w, y, 0, no_bias, nullptr);
+    cuda::gemm_w4a16(x, w, y, 0, no_bias, cuda::current_stream());
   } else if (act == LinearActivation::int8_per_token && w.format == WeightFormat::w8) {
     Tensor xq = Tensor::empty({x.size(0), x.size(1)}, ScalarType::s8, x.device());
     Tensor xs = Tensor::empty({x.size(0)}, ScalarType::f32, x.device());
-    cuda::quantize_per_token_s8(x, xq, xs, nullptr);
-    cuda::gemm_w8a8(xq, xs, w.data, w.scales, y, nullptr);
+    cuda::quantize_per_token_s8(x, xq, xs, cuda::current_stream());
+    cuda::gemm_w8a8(xq, xs, w.data, w.scales, y, cuda::current_stream());
   } else {
     LOWBIT_NOT_SUPPORTED(kOp, ": no sm80 GPU kernel for ", cpu::format_label(w.format), " weights with act=",
                          act_name(act), " (GPU linears: f16 and w4 with act=float, w8 with act=int8_per_token)");
@@ -62,7 +63,7 @@ void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Ten
   if (bias.defined()) {
     const cuda::Rows yr{y.data_ptr(), y.dtype(), y.size(0), y.size(1), y.stride(0)};
     const cuda::Rows br{const_cast<void*>(bias.data_ptr()), bias.dtype(), 1, bias.size(0), bias.size(0)};
-    cuda::add_bias(yr, br, nullptr);
+    cuda::add_bias(yr, br, cuda::current_stream());
   }
 }
 #endif

@@ -4,6 +4,7 @@
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/stream.h"
 #endif
 
 namespace lowbit::ops {
@@ -53,7 +54,7 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) 
   if (dev.is_cpu()) return cpu::rope_cpu(q, k, positions, cfg);
 #ifdef LOWBIT_WITH_CUDA
   // The same frequency table as the CPU kernel (llama3 / linear scaling applied in double).
-  cuda::rope(q, k, positions, cpu::rope_inv_freq(cfg, static_cast<int>(rd)), cfg.neox, nullptr);
+  cuda::rope(q, k, positions, cpu::rope_inv_freq(cfg, static_cast<int>(rd)), cfg.neox, cuda::current_stream());
 #endif
 }
 

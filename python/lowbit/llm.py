@@ -26,7 +26,8 @@ class LLM:
     def __init__(self, model: str | os.PathLike | None = None, recipe: str | None = None, device: str = "cpu",
                  dtype: str = "f32", max_batch_tokens: int = 2048, max_seqs: int = 64,
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
-                 progress: bool = True, step_thread: bool = False) -> None:
+                 progress: bool = True, step_thread: bool = False, gpu_memory_fraction: float = 0.9,
+                 cuda_graphs: bool = True) -> None:
         from . import _core
         from .model_loading import build_model, resolve_recipe
         from .models import load_model_source
@@ -35,6 +36,8 @@ class LLM:
             raise ValueError(f"LLM: kv_cache_memory must be a positive number of bytes or None, got {kv_cache_memory!r}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads <= 0):
             raise ValueError(f"LLM: num_threads must be a positive integer or None, got {num_threads!r}")
+        if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
+            raise ValueError(f"LLM: gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction!r}")
         try:  # fail fast, before the model is read
             _core.parse_recipe(recipe or "w16a16")
         except ValueError as e:
@@ -52,7 +55,8 @@ class LLM:
         del loaded  # float tensors are no longer needed: the C++ model holds packed copies
         self.engine = _core.Engine(self.model, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
                                    block_size=block_size, kv_cache_bytes=kv_cache_memory or 0,
-                                   num_threads=num_threads or 0)
+                                   num_threads=num_threads or 0, gpu_memory_fraction=float(gpu_memory_fraction),
+                                   cuda_graphs=bool(cuda_graphs))
         eos = list(self.config.eos_token_ids) or list(self.tokenizer.eos_token_ids)
         self._driver = EngineDriver(self.engine, self.tokenizer, eos, step_thread=step_thread)
         self._next_session = 0

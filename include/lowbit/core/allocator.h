@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "lowbit/core/device.h"
 
@@ -24,6 +25,37 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t bytes, const Device& device) = 0;
   virtual AllocatorStats stats() const = 0;
   virtual void empty_cache() {}
+};
+
+// Device memory owned by one CUDA graph. While a GraphPoolScope is active on a thread, that thread's
+// CUDA allocations come from (and are freed back to) the pool instead of the shared cache, so a
+// buffer whose address a captured graph baked in is never handed to anyone else. Blocks freed during
+// the capture are reused by later allocations of the same capture (one stream: replay keeps that
+// order). The pool returns its blocks to the device when destroyed: destroy it after its graph.
+class GraphPoolScope;
+class GraphMemoryPool {
+ public:
+  GraphMemoryPool();
+  ~GraphMemoryPool();
+  GraphMemoryPool(const GraphMemoryPool&) = delete;
+  GraphMemoryPool& operator=(const GraphMemoryPool&) = delete;
+  int64_t reserved_bytes() const;
+  struct Impl;  // kept by the CUDA allocator (allocator.cpp)
+
+ private:
+  friend class GraphPoolScope;
+  std::unique_ptr<Impl> impl_;
+};
+
+class GraphPoolScope {
+ public:
+  explicit GraphPoolScope(GraphMemoryPool& pool);
+  ~GraphPoolScope();
+  GraphPoolScope(const GraphPoolScope&) = delete;
+  GraphPoolScope& operator=(const GraphPoolScope&) = delete;
+
+ private:
+  GraphMemoryPool::Impl* previous_;
 };
 
 Allocator& host_allocator();

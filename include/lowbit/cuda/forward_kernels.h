@@ -34,6 +34,10 @@ void add_bias(const Rows& y, const Rows& bias, cudaStream_t stream);
 // out (f32 rows) = float(x) for f32/f16/bf16 rows.
 void cast_rows_to_f32(const Rows& x, const Rows& out, cudaStream_t stream);
 
+// Greedy sampling: per row of logits, tokens[r] = the first index of the row's largest value and
+// logprobs[r] = its log-softmax (f32). tokens/logprobs: device s32/f32 [rows].
+void greedy_rows(const Rows& logits, int32_t* tokens, float* logprobs, cudaStream_t stream);
+
 // Rotates q [T, Hq, D] and k [T, Hkv, D] (either may be undefined; f32/f16/bf16; last dim
 // contiguous) at device positions (s32 [T]). inv_freq has rotary_dim / 2 (<= 128) entries computed
 // on the host in double (same table as the CPU kernel); angles are formed and turned in double.

@@ -20,7 +20,14 @@ struct EngineConfig {
   int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   int max_seqs = 64;                // sequences per step
   int block_size = 16;              // tokens per KV block
-  int64_t kv_cache_bytes = 0;       // 0: 512 MiB on the host, 30% of free memory on a GPU; clamped to max_seqs full-length sequences
+  // KV pool bytes. 0: 512 MiB on the host; on a GPU what gpu_memory_fraction leaves after the weights
+  // and workspace. Either way at most max_seqs full-length sequences.
+  int64_t kv_cache_bytes = 0;
+  // GPU: the share of the device's total memory this process may fill (weights, workspace, KV pool
+  // and whatever else already holds memory); the KV pool takes what is left of it, minus a reserve
+  // for per-step scratch and graph memory.
+  double gpu_memory_fraction = 0.9;
+  bool cuda_graphs = true;          // GPU: decode-only steps replay CUDA graphs (Model::decode_step)
   int num_threads = 0;              // CPU threads for the kernels (0: leave the OpenMP default)
 };
 
@@ -66,7 +73,11 @@ class Engine {
   bool evict_idle_session();  // frees the least recently used idle session's KV
   void finish(std::unique_ptr<Sequence> seq);
   int64_t blocks_for_tokens(int64_t tokens) const;
+  // Fills batch_ (host tables in block_tables_host_ / slot_mapping_host_) for `chunks`.
+  void fill_batch(const std::vector<ScheduledChunk>& chunks, bool all_rows);
   Tensor forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows);
+  bool graph_decode_step(const std::vector<ScheduledChunk>& chunks) const;  // decode_step applies
+  int64_t gpu_kv_budget(int64_t block_bytes) const;
 
   const Model& model_;
   EngineConfig cfg_;
@@ -81,6 +92,8 @@ class Engine {
   int64_t max_blocks_per_seq_ = 0;
   std::map<int64_t, Session> sessions_;
   std::vector<TokenEvent> pending_events_;   // abort events for the next step
+  std::vector<int32_t> greedy_tokens_;       // device argmax of the last decode_step's rows
+  std::vector<float> greedy_logprobs_;
   int64_t clock_ = 0;
   int64_t prefill_tokens_ = 0, generated_tokens_ = 0;
 };

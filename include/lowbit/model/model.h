@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@
 #include "lowbit/quant/recipe.h"
 
 namespace lowbit {
+
+struct DecodeGraphs;
 
 // One forward step's tokens (host side). Tokens of sequence i are rows
 // [attn.q_start[i], attn.q_start[i] + attn.q_len[i]). attn.block_tables / attn.slot_mapping are
@@ -44,6 +47,8 @@ struct ModelWorkspace {
   // before the step's one synchronizing download; attn is the step's meta with seq_info set.
   Tensor step_host, step_device, logits_device;
   ops::AttentionMeta attn;
+  // CUDA only: the captured decode steps, their memory and metadata buffers (model/decode_graphs.h).
+  std::shared_ptr<DecodeGraphs> decode_graphs;
   Tensor residual, normed, hidden;  // [max_tokens, hidden]
   Tensor qkv;                       // [max_tokens, q + 2 kv]; rope rotates q and k in place
   Tensor attn_out;                  // [max_tokens, q]
@@ -105,6 +110,19 @@ class Model {
   // view of ws.logits: f32 [logit_rows.size(), vocab] on the host.
   Tensor forward(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws) const;
 
+  // GPU decode step: every sequence of `batch` adds one token (q_start[i] = i, q_len[i] = 1, one
+  // logit row per sequence) and attn.block_tables / attn.slot_mapping are HOST s32 tensors. The step
+  // runs as a CUDA graph captured per (batch size, context length) bucket on first use (the first
+  // step of a bucket runs eagerly, then is captured), with one metadata upload and one small
+  // download: greedy_tokens / greedy_logprobs get each row's argmax token and its log-softmax.
+  // The logits stay on the device until decode_logits() fetches them.
+  void decode_step(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws, std::vector<int32_t>& greedy_tokens,
+                   std::vector<float>& greedy_logprobs) const;
+  // f32 [n, vocab] logits of the last decode_step's first n rows: a view of ws.logits (host).
+  Tensor decode_logits(ModelWorkspace& ws, int64_t n) const;
+  // Rows one decode graph can hold for this workspace (0 on the CPU: no graphs there).
+  int64_t max_decode_rows(const ModelWorkspace& ws) const;
+
  private:
   // What a (fused) linear's input goes through before the GEMM; both undefined for most models.
   struct LinearInput {
@@ -128,6 +146,13 @@ class Model {
   // y = linear(x[:, perm]) with the recipe's activations (FMPQ: quantize_fmpq by the block map).
   void run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
                   ModelWorkspace& ws) const;
+  // The layers and the final norm for T tokens whose ids/positions/metadata are on the model's
+  // device (host for the CPU): leaves the normed final hidden states in ws.normed[0, T).
+  void forward_layers(const Tensor& ids, const Tensor& positions, const ops::AttentionMeta& attn, int64_t T,
+                      KVCache& cache, ModelWorkspace& ws) const;
+  // One decode graph's body: ws.decode_graphs' device metadata for `rows` sequences -> logits and
+  // greedy results on the device (model/decode_graphs.cpp).
+  void decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWorkspace& ws) const;
 
   ModelConfig cfg_;
   Recipe recipe_;
