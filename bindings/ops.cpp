@@ -10,6 +10,10 @@
 #include "bindings/tensor_arg.h"
 #include "lowbit/ops/ops.h"
 #include "lowbit/quant/activation.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/forward_kernels.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -154,6 +158,41 @@ void bind_ops(nb::module_& m) {
       nb::arg("logits"), nb::arg("temperature") = 1.f, nb::arg("top_k") = 0, nb::arg("top_p") = 1.f,
       nb::arg("min_p") = 0.f, nb::arg("uniform") = 0.5,
       "Greedy when temperature == 0, else temperature, top-k, top-p, min-p and the inverse CDF at `uniform`");
+  m.def(
+      "sample_rows",
+      [](nb::handle logits, nb::handle params, nb::handle tokens, nb::handle logprobs) {
+        constexpr const char* op = "sample_rows";
+        const Tensor l = tensor_from_python(logits, "logits"), p = tensor_from_python(params, "params");
+        const Tensor t = tensor_from_python(tokens, "tokens"), lp = tensor_from_python(logprobs, "logprobs");
+#ifdef LOWBIT_WITH_CUDA
+        cuda::check_cuda_tensor(l, op, "logits");
+        LOWBIT_CHECK_TYPE(l.dtype() == ScalarType::f32 || l.dtype() == ScalarType::f16 || l.dtype() == ScalarType::bf16,
+                          op, ": argument 'logits' must be f32, f16 or bf16, got ", name_of(l.dtype()));
+        check_dim(l, 2, op, "logits");
+        LOWBIT_CHECK(l.stride(1) == 1, op, ": argument 'logits' needs unit stride in the last dim");
+        const int64_t rows = l.size(0);
+        cuda::check_same_device(p, l, op, "params");
+        check_dtype(p, ScalarType::s64, op, "params");
+        check_shape(p, {rows, 5}, op, "params");
+        check_contiguous(p, op, "params");
+        cuda::check_same_device(t, l, op, "tokens");
+        check_dtype(t, ScalarType::s32, op, "tokens");
+        check_shape(t, {rows}, op, "tokens");
+        cuda::check_same_device(lp, l, op, "logprobs");
+        check_dtype(lp, ScalarType::f32, op, "logprobs");
+        check_shape(lp, {rows}, op, "logprobs");
+        cuda::sample_rows(cuda::Rows{l.data_ptr(), l.dtype(), rows, l.size(1), l.stride(0)},
+                          static_cast<const double*>(p.data_ptr()), t.data<int32_t>(), lp.data<float>(), nullptr);
+        LOWBIT_CUDA_CHECK(op, cudaStreamSynchronize(nullptr));
+#else
+        (void)l, (void)p, (void)t, (void)lp;
+        LOWBIT_NOT_SUPPORTED(op, ": needs a CUDA build of lowbit");
+#endif
+      },
+      nb::arg("logits"), nb::arg("params"), nb::arg("tokens"), nb::arg("logprobs"),
+      "GPU: one token per row of logits [rows, V] (CUDA, f32/f16/bf16) with sample_token's semantics; params: f64 "
+      "(temperature, top_k, top_p, min_p, uniform) per row, passed as int64 [rows, 5] bits; writes tokens (s32) and "
+      "their log-softmax (f32), and waits for the result");
   m.def(
       "token_logprob",
       [](nb::handle logits, int32_t token) {

@@ -32,7 +32,7 @@ TEST(DecodeGraphs, DecodeStepNeedsACudaModel) {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   try {
-    m.decode_step(b, cache, ws, tokens, logprobs);
+    m.decode_step(b, {}, cache, ws, tokens, logprobs);
     FAIL() << "decode_step ran on a CPU model";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);

@@ -257,3 +257,69 @@ def test_mixed_devices_are_refused_with_both_names():
                             torch.zeros(1, dtype=torch.int32).cuda())
     with pytest.raises(TypeError, match="paged_attention: the KV cache is on cpu but the other operands are on cuda:0"):
         lb.paged_attention(q, cache, 0, meta, 0.1, torch.empty_like(q))
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+SAMPLING = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 40, 1.0, 0.0), (1.3, 0, 0.9, 0.0),
+            (0.8, 50, 0.95, 0.05), (1.0, 1, 1.0, 0.0), (2.0, 0, 0.5, 0.1), (0.5, 7000, 0.3, 0.0)]
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32", "bf16"])
+def test_sample_rows_picks_the_host_samplers_token(dtype):
+    """The device sampler against ops::sample_token on the same values, row by row: same token for
+    greedy, temperature, top-k, top-p, min-p and their mix, at uniforms from 0 to just below 1.
+    f16/bf16 logits hold many exactly equal values, and rows get a tied maximum and -inf entries:
+    ties must break to the lower id as on the host. The host sums in double in sorted order, the device
+    in double in another order, so only a uniform within ~1e-15 of a CDF step could differ."""
+    vocab, per_config = 5003, 12
+    g = torch.Generator().manual_seed(3)
+    rows, params = [], []
+    for c, (t, k, p, mp) in enumerate(SAMPLING):
+        for j in range(per_config):
+            row = (torch.randn(vocab, generator=g) * (1 + j % 4)).to(DT[dtype]).float()
+            if j % 3 == 0:
+                row[torch.randint(0, vocab, (9,), generator=g)] = row.max()  # a tied maximum
+            if j % 4 == 1:
+                row[torch.randint(0, vocab, (50,), generator=g)] = float("-inf")
+            u = [0.0, 0.999999][j] if j < 2 else float(torch.rand((), generator=g))
+            rows.append(row)
+            params.append([t, k, p, mp, u])
+    logits = torch.stack(rows).to(DT[dtype]).cuda()
+    prm = torch.tensor(params, dtype=torch.float64).cuda()
+    tokens = torch.full((len(rows),), -7, dtype=torch.int32, device="cuda")
+    logprobs = torch.full((len(rows),), float("nan"), device="cuda")
+    lb.sample_rows(logits, prm.view(torch.int64), tokens, logprobs)
+    for i, (row, (t, k, p, mp, u)) in enumerate(zip(logits.float().cpu(), params)):
+        want = lb.sample_token(row.contiguous(), temperature=t, top_k=k, top_p=p, min_p=mp, uniform=u)
+        assert int(tokens[i]) == want, f"row {i}: params {params[i]}"
+        assert abs(float(logprobs[i]) - lb.token_logprob(row.contiguous(), want)) < 1e-4
+
+
+def test_sample_rows_spreads_like_the_distribution():
+    """Evenly spaced uniforms on one row: the inverse CDF gives each top-k token a share of the
+    uniforms equal to its probability under softmax(l / T) restricted to the top k, up to one uniform
+    (1 / n) at each end of its interval; a skewed or misordered CDF walk is off by whole percents."""
+    g = torch.Generator().manual_seed(5)
+    row = torch.randn(300, generator=g) * 2
+    n = 20000
+    logits = row.repeat(n, 1).cuda()
+    prm = torch.tensor([[0.9, 6, 1.0, 0.0, (i + 0.5) / n] for i in range(n)], dtype=torch.float64).cuda()
+    tokens = torch.empty(n, dtype=torch.int32, device="cuda")
+    lb.sample_rows(logits, prm.view(torch.int64), tokens, torch.empty(n, device="cuda"))
+    top = torch.topk(row, 6).indices
+    p = torch.softmax(row[top] / 0.9, 0)
+    freq = torch.bincount(tokens.long().cpu(), minlength=300).double() / n
+    assert float(freq.sum() - freq[top].sum()) == 0.0
+    assert float((freq[top] - p.double()).abs().max()) < 2.0 / n
+
+
+def test_sample_rows_bad_inputs():
+    logits = torch.randn(3, 50, device="cuda")
+    prm = torch.zeros(3, 5, dtype=torch.float64, device="cuda").view(torch.int64)
+    tokens, lp = torch.empty(3, dtype=torch.int32, device="cuda"), torch.empty(3, device="cuda")
+    with pytest.raises(ValueError, match="params"):
+        lb.sample_rows(logits, prm[:2], tokens, lp)
+    with pytest.raises(TypeError, match="params"):
+        lb.sample_rows(logits, prm.float(), tokens, lp)
+    with pytest.raises(TypeError, match="tokens"):
+        lb.sample_rows(logits, prm, tokens.cpu(), lp)

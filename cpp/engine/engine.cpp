@@ -269,12 +269,13 @@ bool Engine::graph_decode_step(const std::vector<ScheduledChunk>& chunks) const 
 }
 
 namespace {
-// A row the device's argmax can answer: greedy, nothing that edits the logits, no top logprobs.
-bool device_greedy(const Sequence& seq) {
+// A row the device's sampler can answer: nothing edits its logits (penalties, stop ids held back
+// below min_tokens) and no top logprobs are asked for; the others are sampled on the host.
+bool device_sampled(const Sequence& seq) {
   const RequestOptions& o = seq.opts;
   const bool suppress_stops = seq.num_generated() < o.min_tokens && !o.stop_token_ids.empty();
-  return o.temperature == 0.f && o.repetition_penalty == 1.f && o.presence_penalty == 0.f &&
-         o.frequency_penalty == 0.f && o.logprobs == 0 && !suppress_stops;
+  return o.repetition_penalty == 1.f && o.presence_penalty == 0.f && o.frequency_penalty == 0.f && o.logprobs == 0 &&
+         !suppress_stops;
 }
 }  // namespace
 
@@ -291,9 +292,19 @@ std::vector<TokenEvent> Engine::step() {
   try {
     if (graph_step) {
       fill_batch(chunks, false);
-      model_.decode_step(batch_, *cache_, ws_, greedy_tokens_, greedy_logprobs_);
+      row_sampling_.assign(chunks.size(), RowSampling{});  // greedy placeholders for host-sampled rows
       bool host_rows = false;
-      for (const ScheduledChunk& c : chunks) host_rows = host_rows || !device_greedy(*c.seq);
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        const Sequence& seq = *chunks[i].seq;
+        if (!device_sampled(seq)) {
+          host_rows = true;
+          continue;
+        }
+        const RequestOptions& o = seq.opts;
+        row_sampling_[i] = RowSampling{o.temperature, o.top_k, o.top_p, o.min_p,
+                                       counter_uniform(o.seed, uint64_t(seq.num_generated()))};
+      }
+      model_.decode_step(batch_, row_sampling_, *cache_, ws_, device_tokens_, device_logprobs_);
       if (host_rows) logits = model_.decode_logits(ws_, int64_t(chunks.size()));
     } else {
       logits = forward_chunks(chunks, false);
@@ -328,9 +339,9 @@ std::vector<TokenEvent> Engine::step() {
       Sampler& sampler = samplers_[0];
 #endif
       const Sequence* seq = to_sample[size_t(i)];
-      if (graph_step && device_greedy(*seq)) {
-        results[size_t(i)].token = greedy_tokens_[size_t(i)];
-        results[size_t(i)].logprob = greedy_logprobs_[size_t(i)];
+      if (graph_step && device_sampled(*seq)) {
+        results[size_t(i)].token = device_tokens_[size_t(i)];
+        results[size_t(i)].logprob = device_logprobs_[size_t(i)];
       } else {
         results[size_t(i)] = sampler.sample(logits.data<float>() + i * vocab, seq->tokens, seq->num_generated(),
                                             seq->opts);

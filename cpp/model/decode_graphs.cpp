@@ -33,6 +33,9 @@ DecodeGraphs::DecodeGraphs(const KVCache& c, int64_t rows, int64_t longest_token
   const int64_t width = (longest + block_size - 1) / block_size;
   meta_host = Tensor::empty({meta_elems(max_rows, width)}, ScalarType::s32);
   meta_device = Tensor::empty({meta_elems(max_rows, width)}, ScalarType::s32, device);
+  // f64 values in s64 storage (lowbit tensors have no f64 dtype; only the kernel reads them)
+  params_host = Tensor::empty({max_rows, 5}, ScalarType::s64);
+  params_device = Tensor::empty({max_rows, 5}, ScalarType::s64, device);
   tokens_device = Tensor::empty({max_rows}, ScalarType::s32, device);
   logprobs_device = Tensor::empty({max_rows}, ScalarType::f32, device);
   tokens_host = Tensor::empty({max_rows}, ScalarType::s32);
@@ -129,12 +132,13 @@ void Model::decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWo
   forward_layers(ids, positions, attn, rows, cache, ws);
   Tensor logits = ws.logits_compute.slice(0, 0, rows);
   ops::linear(ws.normed.slice(0, 0, rows), lm_head_, Tensor(), logits, ops::LinearActivation::float16);
-  cuda::greedy_rows(cuda::Rows{logits.data_ptr(), logits.dtype(), rows, logits.size(1), logits.stride(0)},
-                    g.tokens_device.data<int32_t>(), g.logprobs_device.data<float>(), cuda::current_stream());
+  cuda::sample_rows(cuda::Rows{logits.data_ptr(), logits.dtype(), rows, logits.size(1), logits.stride(0)},
+                    static_cast<const double*>(g.params_device.data_ptr()), g.tokens_device.data<int32_t>(), g.logprobs_device.data<float>(),
+                    cuda::current_stream());
 }
 
-void Model::decode_step(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws, std::vector<int32_t>& greedy_tokens,
-                        std::vector<float>& greedy_logprobs) const {
+void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& sampling, KVCache& cache,
+                        ModelWorkspace& ws, std::vector<int32_t>& tokens, std::vector<float>& logprobs) const {
   constexpr const char* op = "Model.decode_step";
   LOWBIT_CHECK(finalized_, op, ": call finalize() after setting the weights");
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !device_.is_cpu(), op, ": decode graphs need a CUDA model, this one is on ",
@@ -145,8 +149,9 @@ void Model::decode_step(const ForwardBatch& b, KVCache& cache, ModelWorkspace& w
   DecodeGraphs& g = *ws.decode_graphs;
   LOWBIT_CHECK(g.cache == &cache, op, ": this workspace's decode graphs belong to another KV cache");
   check_decode_batch(b, cfg_, kv, g.max_rows, g.longest);
-
   const int64_t n = int64_t(b.token_ids.size());
+  LOWBIT_CHECK(int64_t(sampling.size()) == n, op, ": ", sampling.size(), " sampling entries for ", n, " sequences");
+
   const int64_t rows = decode_batch_bucket(n, g.max_rows);
   const int64_t kv_bucket = decode_kv_bucket(*std::max_element(b.attn.kv_len.begin(), b.attn.kv_len.end()), g.longest);
   const int64_t width = (kv_bucket + g.block_size - 1) / g.block_size;
@@ -168,9 +173,19 @@ void Model::decode_step(const ForwardBatch& b, KVCache& cache, ModelWorkspace& w
     std::fill(row, row + width, -1);
     if (real) std::copy_n(bt.data<int32_t>() + i * in_width, std::min(in_width, width), row);
   }
+  double* params = static_cast<double*>(g.params_host.data_ptr());
+  for (int64_t i = 0; i < rows; ++i) {
+    const RowSampling s = i < n ? sampling[size_t(i)] : RowSampling{};
+    LOWBIT_CHECK(s.temperature >= 0.f && s.top_p > 0.f && s.top_p <= 1.f && s.min_p >= 0.f && s.min_p <= 1.f &&
+                     s.uniform >= 0.0 && s.uniform < 1.0,
+                 op, ": row ", i, " has sampling parameters out of range");
+    double* p = params + i * 5;
+    p[0] = s.temperature, p[1] = s.top_k, p[2] = s.top_p, p[3] = s.min_p, p[4] = s.uniform;
+  }
   const int64_t used = DecodeGraphs::meta_elems(rows, width);
   cuda::StreamScope on_graph_stream(g.stream);
   model_detail::upload_async(g.meta_device.slice(0, 0, used), g.meta_host.slice(0, 0, used));
+  model_detail::upload_async(g.params_device.slice(0, 0, rows), g.params_host.slice(0, 0, rows));
 
   auto& entry = g.graphs[{rows, kv_bucket}];
   if (!entry) {
@@ -198,8 +213,8 @@ void Model::decode_step(const ForwardBatch& b, KVCache& cache, ModelWorkspace& w
   LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(g.logprobs_host.data_ptr(), g.logprobs_device.data_ptr(), size_t(n) * 4,
                                         cudaMemcpyDeviceToHost, g.stream));
   LOWBIT_CUDA_CHECK(op, cudaStreamSynchronize(g.stream));  // the step's one sync; kernel faults surface here
-  greedy_tokens.assign(g.tokens_host.data<int32_t>(), g.tokens_host.data<int32_t>() + n);
-  greedy_logprobs.assign(g.logprobs_host.data<float>(), g.logprobs_host.data<float>() + n);
+  tokens.assign(g.tokens_host.data<int32_t>(), g.tokens_host.data<int32_t>() + n);
+  logprobs.assign(g.logprobs_host.data<float>(), g.logprobs_host.data<float>() + n);
 }
 
 Tensor Model::decode_logits(ModelWorkspace& ws, int64_t n) const {
@@ -217,8 +232,8 @@ void Model::decode_body(int64_t, int64_t, KVCache&, ModelWorkspace&) const {
   LOWBIT_NOT_SUPPORTED("Model.decode_step: CUDA graphs need a CUDA build of lowbit");
 }
 
-void Model::decode_step(const ForwardBatch& b, KVCache& cache, ModelWorkspace&, std::vector<int32_t>&,
-                        std::vector<float>&) const {
+void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>&, KVCache& cache, ModelWorkspace&,
+                        std::vector<int32_t>&, std::vector<float>&) const {
   (void)b;
   (void)cache;
   (void)&check_decode_batch;

@@ -44,7 +44,8 @@ struct DecodeGraphs {
   int64_t max_rows, longest;  // bucket caps
   int block_size;
   Tensor meta_host, meta_device;          // s32, meta_elems(max_rows, max width)
-  Tensor tokens_device, logprobs_device;  // s32 / f32 [max_rows]: the greedy results
+  Tensor params_host, params_device;      // [max_rows, 5] f64 bits (s64 storage): RowSampling per row
+  Tensor tokens_device, logprobs_device;  // s32 / f32 [max_rows]: the sampled tokens
   Tensor tokens_host, logprobs_host;
   int64_t last_rows = 0;  // rows (bucket) of the last step, whose logits ws.logits_compute holds
 #ifdef LOWBIT_WITH_CUDA

@@ -34,9 +34,11 @@ void add_bias(const Rows& y, const Rows& bias, cudaStream_t stream);
 // out (f32 rows) = float(x) for f32/f16/bf16 rows.
 void cast_rows_to_f32(const Rows& x, const Rows& out, cudaStream_t stream);
 
-// Greedy sampling: per row of logits, tokens[r] = the first index of the row's largest value and
-// logprobs[r] = its log-softmax (f32). tokens/logprobs: device s32/f32 [rows].
-void greedy_rows(const Rows& logits, int32_t* tokens, float* logprobs, cudaStream_t stream);
+// Sampling, one token per row of logits, with ops::sample_token's semantics: params (device f64
+// [rows, 5]) = (temperature, top_k, top_p, min_p, uniform) per row; temperature 0 takes the first
+// index of the row's maximum. tokens[r] gets the token, logprobs[r] its log-softmax under the
+// unmodified row (f32). tokens/logprobs: device s32/f32 [rows].
+void sample_rows(const Rows& logits, const double* params, int32_t* tokens, float* logprobs, cudaStream_t stream);
 
 // Rotates q [T, Hq, D] and k [T, Hkv, D] (either may be undefined; f32/f16/bf16; last dim
 // contiguous) at device positions (s32 [T]). inv_freq has rotary_dim / 2 (<= 128) entries computed

@@ -92,8 +92,9 @@ class Engine {
   int64_t max_blocks_per_seq_ = 0;
   std::map<int64_t, Session> sessions_;
   std::vector<TokenEvent> pending_events_;   // abort events for the next step
-  std::vector<int32_t> greedy_tokens_;       // device argmax of the last decode_step's rows
-  std::vector<float> greedy_logprobs_;
+  std::vector<RowSampling> row_sampling_;    // per row of a graph decode step
+  std::vector<int32_t> device_tokens_;       // tokens the device sampled in the last decode_step
+  std::vector<float> device_logprobs_;
   int64_t clock_ = 0;
   int64_t prefill_tokens_ = 0, generated_tokens_ = 0;
 };

@@ -36,6 +36,15 @@ struct ForwardBatch {
   std::vector<int32_t> logit_rows;
 };
 
+// How decode_step samples one row on the device (ops::SamplingParams without penalties, and the
+// request's U[0, 1) draw); temperature 0 = greedy.
+struct RowSampling {
+  float temperature = 0.f;
+  int top_k = 0;
+  float top_p = 1.f, min_p = 0.f;
+  double uniform = 0.0;
+};
+
 // Scratch activations for up to max_tokens tokens and max_logit_rows logit rows, allocated once
 // (Model::make_workspace) and reused by every forward so that the hot path never allocates.
 struct ModelWorkspace {
@@ -113,11 +122,11 @@ class Model {
   // GPU decode step: every sequence of `batch` adds one token (q_start[i] = i, q_len[i] = 1, one
   // logit row per sequence) and attn.block_tables / attn.slot_mapping are HOST s32 tensors. The step
   // runs as a CUDA graph captured per (batch size, context length) bucket on first use (the first
-  // step of a bucket runs eagerly, then is captured), with one metadata upload and one small
-  // download: greedy_tokens / greedy_logprobs get each row's argmax token and its log-softmax.
-  // The logits stay on the device until decode_logits() fetches them.
-  void decode_step(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws, std::vector<int32_t>& greedy_tokens,
-                   std::vector<float>& greedy_logprobs) const;
+  // step of a bucket runs eagerly, then is captured), sampling included, with one metadata upload
+  // and one small download: tokens / logprobs get each row's token, sampled per sampling[i], and its
+  // log-softmax. The logits stay on the device until decode_logits() fetches them.
+  void decode_step(const ForwardBatch& batch, const std::vector<RowSampling>& sampling, KVCache& cache,
+                   ModelWorkspace& ws, std::vector<int32_t>& tokens, std::vector<float>& logprobs) const;
   // f32 [n, vocab] logits of the last decode_step's first n rows: a view of ws.logits (host).
   Tensor decode_logits(ModelWorkspace& ws, int64_t n) const;
   // Rows one decode graph can hold for this workspace (0 on the CPU: no graphs there).
@@ -151,7 +160,7 @@ class Model {
   void forward_layers(const Tensor& ids, const Tensor& positions, const ops::AttentionMeta& attn, int64_t T,
                       KVCache& cache, ModelWorkspace& ws) const;
   // One decode graph's body: ws.decode_graphs' device metadata for `rows` sequences -> logits and
-  // greedy results on the device (model/decode_graphs.cpp).
+  // sampled tokens on the device (model/decode_graphs.cpp).
   void decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWorkspace& ws) const;
 
   ModelConfig cfg_;
