@@ -1,0 +1,86 @@
+"""A random-weight Llama shared by the end-to-end benchmarks: its shape, its weights (each tensor drawn from a
+seed derived from its name, so every process and every engine sees the same f16 values without a host copy),
+and round-to-nearest quantizers that follow docs/formats.md but run on the GPU (the host quantizer takes ~1 s
+per 8B layer; these take milliseconds)."""
+import dataclasses
+import zlib
+
+import torch
+
+
+@dataclasses.dataclass
+class LlamaShape:
+    vocab: int = 128256
+    hidden: int = 4096
+    inter: int = 14336
+    layers: int = 32
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    rope_theta: float = 500000.0
+    eps: float = 1e-5
+    max_positions: int = 8192
+
+    @property
+    def q_size(self):
+        return self.heads * self.head_dim
+
+    @property
+    def kv_size(self):
+        return self.kv_heads * self.head_dim
+
+
+LLAMA3_8B = LlamaShape()
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+           "mlp.up_proj", "mlp.down_proj")
+
+
+def linear_shape(s, suffix):
+    return {"self_attn.q_proj": (s.q_size, s.hidden), "self_attn.k_proj": (s.kv_size, s.hidden),
+            "self_attn.v_proj": (s.kv_size, s.hidden), "self_attn.o_proj": (s.hidden, s.q_size),
+            "mlp.gate_proj": (s.inter, s.hidden), "mlp.up_proj": (s.inter, s.hidden),
+            "mlp.down_proj": (s.hidden, s.inter)}[suffix]
+
+
+def weight_names(s):
+    """(HF name, shape, is_linear) of every tensor, untied lm_head included."""
+    out = [("model.embed_tokens.weight", (s.vocab, s.hidden), False)]
+    for i in range(s.layers):
+        p = f"model.layers.{i}."
+        out += [(p + n + ".weight", linear_shape(s, n), True) for n in LINEARS]
+        out += [(p + n + ".weight", (s.hidden,), False) for n in ("input_layernorm", "post_attention_layernorm")]
+    out += [("model.norm.weight", (s.hidden,), False), ("lm_head.weight", (s.vocab, s.hidden), True)]
+    return out
+
+
+def weight(name, shape, device):
+    """f16 weight `name`: N(0, 0.02) (HF's initializer range) for matrices, U(0.9, 1.1) for norms. The seed is a
+    function of the name only, so the same name gives the same tensor on the same kind of device."""
+    g = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
+    if name.endswith("norm.weight"):
+        return (0.9 + 0.2 * torch.rand(shape, generator=g, device=device)).half()
+    return torch.randn(shape, generator=g, device=device, dtype=torch.float16).mul_(0.02)
+
+
+def quantize_w4(w, group=128):
+    """Asymmetric group-wise u4 (docs/formats.md, w4): q uint8 [n, k] (one value per byte), scales and zeros
+    f16 [n, k / group]."""
+    n, k = w.shape
+    assert k % group == 0, f"quantize_w4: k={k} is not a multiple of group {group}"
+    wf = w.float().view(n, k // group, group)
+    lo, hi = wf.amin(-1).clamp(max=0), wf.amax(-1).clamp(min=0)
+    scale = ((hi - lo) / 15).half()
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    sf = scale.float()
+    zero = torch.clamp(torch.round(-lo / sf), 0, 15)
+    q = torch.clamp(torch.round(wf / sf.unsqueeze(-1)) + zero.unsqueeze(-1), 0, 15)
+    return q.to(torch.uint8).view(n, k), scale, zero.half()
+
+
+def quantize_w8(w):
+    """Per-channel symmetric int8 (docs/formats.md, w8): q int8 [n, k], scales f32 [n]."""
+    wf = w.float()
+    s = wf.abs().amax(-1) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    q = torch.clamp(torch.round(wf / s.unsqueeze(-1)), -127, 127)
+    return q.to(torch.int8), s
