@@ -15,15 +15,20 @@ def reference_quantize(x):
     return q, s
 
 
-@pytest.mark.parametrize("m,k", [(1, 64), (3, 100), (17, 4096), (5, 576)])
-def test_quantize_per_token_bit_exact(m, k):
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m * k)).half() * 3
+# k % 8 == 0 with aligned rows takes the vectorized kernel (1 to 16 vectors per thread); k = 100,
+# k > 32768 and odd row strides take the scalar one.
+@pytest.mark.parametrize("pad", [0, 8, 3])
+@pytest.mark.parametrize("m,k", [(1, 64), (3, 100), (17, 4096), (5, 576), (2, 14336), (33, 1032), (4, 32768),
+                                 (2, 40000), (300, 2048)])
+def test_quantize_per_token_bit_exact(m, k, pad):
+    x = torch.randn(m, k + pad, generator=torch.Generator().manual_seed(m * k)).half() * 3
     x[m // 2] = 0  # an all-zero row gets scale 1
+    x = x.cuda()[:, :k]  # row stride k + pad
     q = torch.full((m, k), 55, dtype=torch.int8, device="cuda")
     s = torch.full((m,), float("nan"), device="cuda")
-    _core.quantize_per_token_s8(x.cuda(), q, s)
+    _core.quantize_per_token_s8(x, q, s)
     torch.cuda.synchronize()
-    q_ref, s_ref = reference_quantize(x)
+    q_ref, s_ref = reference_quantize(x.cpu())
     assert torch.equal(s.cpu(), s_ref)
     assert torch.equal(q.cpu(), q_ref)
 
@@ -71,3 +76,100 @@ def test_gemm_w8a8_bad_inputs():
     with pytest.raises(TypeError, match="'xq' must have dtype s8"):
         _core.gemm_w8a8(xq.float(), None, torch.zeros(8, 64, dtype=torch.int8, device="cuda"), None,
                         torch.empty(4, 8, dtype=torch.int32, device="cuda"))
+
+
+# Both GEMM kernels, forced through LOWBIT_W8A8_KERNEL: the sm80 mma.sync kernel and, on sm_90, the
+# wgmma/TMA kernel (swapped operands for m <= 64, split-K clusters). "sm90:S" forces split S.
+def _is_sm90():
+    return lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+PATHS = ["sm80", pytest.param("sm90", marks=pytest.mark.skipif(not _is_sm90(), reason="needs sm_90"))]
+
+# m from 1 to 1100 (each side of the swap at 32/64 and of the 128-row tile), odd n, k multiples of 64
+# (k % 128 == 64 exercises the zero-filled half block).
+SHAPES = [(1, 8, 64), (1, 257, 4160), (2, 130, 576), (7, 33, 1024), (16, 513, 192), (31, 136, 640),
+          (32, 200, 64), (33, 95, 576), (64, 300, 1088), (65, 257, 576), (127, 129, 256), (129, 1000, 320),
+          (256, 384, 4096), (300, 520, 4160), (1100, 300, 576)]
+
+
+def _run_raw(m, n, k, pad, seed):
+    """Raw s32 GEMM into a poisoned [m, n + pad] buffer (y = its first n columns); returns y, buffer, ref."""
+    g = torch.Generator().manual_seed(seed)
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    wq = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    buf = torch.full((m, n + pad), -7, dtype=torch.int32, device="cuda")
+    y = buf[:, :n]
+    _core.gemm_w8a8(xq.cuda(), None, wq.cuda(), None, y)
+    torch.cuda.synchronize()
+    return buf.cpu(), xq.long() @ wq.long().T
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("pad", [0, 3])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_gemm_w8a8_paths_int32_bit_exact(monkeypatch, path, pad, m, n, k):
+    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", path)
+    buf, ref = _run_raw(m, n, k, pad, seed=m * 7 + n + k + pad)
+    assert torch.equal(buf[:, :n].long(), ref)
+    assert (buf[:, n:] == -7).all()  # nothing written past n (odd row stride when pad = 3)
+
+
+@pytest.mark.skipif(not _is_sm90(), reason="needs sm_90")
+@pytest.mark.parametrize("split", [1, 2, 4, 8])
+@pytest.mark.parametrize("m,n,k", [(5, 300, 1088), (40, 1000, 4160), (65, 520, 1088), (300, 257, 2112)])
+def test_gemm_w8a8_sm90_split_k_bit_exact(monkeypatch, split, m, n, k):
+    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", f"sm90:{split}")
+    buf, ref = _run_raw(m, n, k, 1, seed=split + m + n + k)
+    assert torch.equal(buf[:, :n].long(), ref)
+    assert (buf[:, n:] == -7).all()
+
+
+@pytest.mark.skipif(not _is_sm90(), reason="needs sm_90")
+@pytest.mark.parametrize("split", [0, 2])
+@pytest.mark.parametrize("m,n,k", [(129, 1000, 320), (300, 520, 4160), (1100, 300, 576)])
+def test_gemm_w8a8_sm90_pairs_bit_exact(monkeypatch, split, m, n, k):
+    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", f"sm90:{split}" if split else "sm90")
+    monkeypatch.setenv("LOWBIT_W8A8_SM90_PAIRS", "1")  # m > 128 with the (opt-in) multicast pairs
+    buf, ref = _run_raw(m, n, k, 0, seed=split + m + n + k)
+    assert torch.equal(buf.long(), ref)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,n,k", [(1, 4099, 4096), (16, 130, 576), (64, 257, 1024), (300, 256, 2048),
+                                   (1100, 136, 640)])
+def test_gemm_w8a8_paths_scaled_f16(monkeypatch, path, m, n, k):
+    g = torch.Generator().manual_seed(m * 5 + n + k)
+    x = torch.randn(m, k, generator=g).half()
+    wq = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    w_scale = (torch.rand(n, generator=g) * 0.01 + 0.001).cuda()
+    xq = torch.empty(m, k, dtype=torch.int8, device="cuda")
+    x_scale = torch.empty(m, device="cuda")
+    _core.quantize_per_token_s8(x.cuda(), xq, x_scale)
+    wq = wq.cuda()
+    y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", path)
+    _core.gemm_w8a8(xq, x_scale, wq, w_scale, y)
+    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm80")
+    y80 = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    _core.gemm_w8a8(xq, x_scale, wq, w_scale, y80)
+    torch.cuda.synchronize()
+    ref = (xq.cpu().double() @ wq.cpu().double().T) * x_scale.cpu().double()[:, None] * w_scale.cpu().double()[None, :]
+    got = y.cpu().double()
+    assert not torch.isnan(got).any()
+    assert (got - ref).norm() / ref.norm() < 1e-3  # f16 output rounding only
+    assert torch.equal(y.cpu(), y80.cpu())  # same f32 epilogue expression in both kernels
+
+
+def test_gemm_w8a8_bad_kernel_override(monkeypatch):
+    xq = torch.ones(4, 64, dtype=torch.int8, device="cuda")
+    wq = torch.ones(8, 64, dtype=torch.int8, device="cuda")
+    y = torch.empty(4, 8, dtype=torch.int32, device="cuda")
+    if _is_sm90():
+        monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm90:3")
+        with pytest.raises(ValueError, match="split must be 0, 1, 2, 4 or 8, got 3"):
+            _core.gemm_w8a8(xq, None, wq, None, y)
+    else:
+        monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm90")
+        with pytest.raises(NotImplementedError, match="needs an sm_90 device"):
+            _core.gemm_w8a8(xq, None, wq, None, y)

@@ -10,11 +10,18 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 
 namespace lowbit::cuda {
+namespace detail {  // cpp/kernels/sm90/gemm_w8a8_sm90.cu (wgmma + TMA, built for sm_90a)
+bool gemm_w8a8_sm90_usable(int device);
+void gemm_w8a8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
+                    bool raw, int m, int n, int k, int split_k, cudaStream_t stream);
+}  // namespace detail
 namespace {
 
 constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 3, kThreads = 256;
@@ -158,6 +165,58 @@ __global__ void quantize_per_token_kernel(const __half* __restrict__ x, int64_t 
   }
 }
 
+// Same result, for rows of 8-half vectors (16-byte aligned x rows, 8-byte aligned q rows): every
+// load of the row is issued up front and kept in registers for the second pass, so a row costs one
+// memory latency instead of k / blockDim dependent rounds.
+template <int kVec>
+__global__ void __launch_bounds__(256) quantize_per_token_vec_kernel(const __half* __restrict__ x, int64_t ldx, int k,
+                                                                     int8_t* __restrict__ q, int64_t ldq,
+                                                                     float* __restrict__ scales) {
+  const int row = blockIdx.x, nvec = k / 8;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * ldx);
+  uint4 v[kVec];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const int idx = threadIdx.x + i * 256;
+    v[i] = idx < nvec ? xr[idx] : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const __half2* h = reinterpret_cast<const __half2*>(&v[i]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+  __shared__ float warp_max[8];
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+  if (threadIdx.x == 0) scales[row] = s;
+  uint2* qr = reinterpret_cast<uint2*>(q + row * ldq);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const int idx = threadIdx.x + i * 256;
+    if (idx >= nvec) break;
+    const __half2* h = reinterpret_cast<const __half2*>(&v[i]);
+    uint32_t packed[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      const int a = max(-127, min(127, __float2int_rn(__fdiv_rn(f.x, s))));
+      const int b = max(-127, min(127, __float2int_rn(__fdiv_rn(f.y, s))));
+      packed[j / 2] |= ((static_cast<uint32_t>(a) & 0xFF) | ((static_cast<uint32_t>(b) & 0xFF) << 8)) << (16 * (j % 2));
+    }
+    qr[idx] = make_uint2(packed[0], packed[1]);
+  }
+}
+
 }  // namespace
 
 void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
@@ -177,8 +236,26 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
   check_contiguous(scales, op, "scales");
   if (m == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(x.device().index));
-  quantize_per_token_kernel<<<static_cast<unsigned>(m), 256, 0, stream>>>(
-      x.data<__half>(), x.stride(0), static_cast<int>(k), q.data<int8_t>(), q.stride(0), scales.data<float>());
+  const bool vec = k % 8 == 0 && k <= 8 * 256 * 16 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                   x.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 8 == 0 && q.stride(0) % 8 == 0;
+  const int per_thread = static_cast<int>((k / 8 + 255) / 256);  // 8-half vectors per thread
+  const unsigned blocks = static_cast<unsigned>(m);
+  const __half* xp = x.data<__half>();
+  int8_t* qp = q.data<int8_t>();
+  float* sp = scales.data<float>();
+  if (!vec) {
+    quantize_per_token_kernel<<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+  } else if (per_thread <= 1) {
+    quantize_per_token_vec_kernel<1><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+  } else if (per_thread <= 2) {
+    quantize_per_token_vec_kernel<2><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+  } else if (per_thread <= 4) {
+    quantize_per_token_vec_kernel<4><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+  } else if (per_thread <= 8) {
+    quantize_per_token_vec_kernel<8><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+  } else {
+    quantize_per_token_vec_kernel<16><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+  }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -217,6 +294,21 @@ void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const 
   }
   if (m == 0 || n == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(xq.device().index));
+  // On sm_90 the wgmma kernel runs unless LOWBIT_W8A8_KERNEL says otherwise: "sm80" forces this
+  // kernel, "sm90" or "sm90:S" (S = split-K cluster size 1/2/4/8) forces the Hopper one (tests, benchmarks).
+  const char* force = std::getenv("LOWBIT_W8A8_KERNEL");
+  const bool force80 = force != nullptr && std::strcmp(force, "sm80") == 0;
+  const bool force90 = force != nullptr && std::strncmp(force, "sm90", 4) == 0;
+  const bool usable90 = !force80 && k > 0 && detail::gemm_w8a8_sm90_usable(xq.device().index);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !force90 || usable90, op,
+                    ": LOWBIT_W8A8_KERNEL=sm90 needs an sm_90 device and k > 0");
+  if (usable90) {
+    const int split = force90 && force[4] == ':' ? std::atoi(force + 5) : 0;
+    detail::gemm_w8a8_sm90(xq.data<int8_t>(), wq.data<int8_t>(), raw ? nullptr : x_scale.data<float>(),
+                           raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0), raw, static_cast<int>(m),
+                           static_cast<int>(n), static_cast<int>(k), split, stream);
+    return;
+  }
   W8A8Args p{xq.data<int8_t>(), wq.data<int8_t>(), raw ? nullptr : x_scale.data<float>(),
              raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
              static_cast<int>(n), static_cast<int>(k)};
