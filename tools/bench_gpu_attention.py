@@ -12,7 +12,7 @@ from lowbit import _core
 from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
-CONFIGS = [(1, 8192), (1, 32768), (16, 8192), (64, 4096), (64, 8192)]
+CONFIGS = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 8192)]
 
 
 def paged_cache(kv, b, length):

@@ -19,7 +19,7 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kThreads = 512, kWarps = kThreads / 32, kBins = 16;
+constexpr int kThreads = 256, kWarps = kThreads / 32, kBins = 16;
 
 __device__ __forceinline__ uint64_t key_of(float s, int id) {
   uint32_t b = __float_as_uint(s);
@@ -120,7 +120,7 @@ __device__ uint64_t radix_select(const RowView& r, bool by_mass, double target, 
 }
 
 // params per row: (temperature, top_k, top_p, min_p, uniform) as doubles holding the host's values.
-__global__ void sample_kernel(Rows logits, const double* params, int32_t* tokens, float* logprobs) {
+__global__ void __launch_bounds__(kThreads) sample_kernel(Rows logits, const double* params, int32_t* tokens, float* logprobs) {
   __shared__ double dscratch[kWarps][kBins];
   __shared__ int iscratch[kWarps][kBins];
   __shared__ float fscratch[kWarps];
