@@ -279,6 +279,24 @@ bool device_sampled(const Sequence& seq) {
 }
 }  // namespace
 
+Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
+  fill_batch(chunks, false);
+  row_sampling_.assign(chunks.size(), RowSampling{});  // greedy placeholders for host-sampled rows
+  bool host_rows = false;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Sequence& seq = *chunks[i].seq;
+    if (!device_sampled(seq)) {
+      host_rows = true;
+      continue;
+    }
+    const RequestOptions& o = seq.opts;
+    row_sampling_[i] = RowSampling{o.temperature, o.top_k, o.top_p, o.min_p,
+                                   counter_uniform(o.seed, uint64_t(seq.num_generated()))};
+  }
+  model_.decode_step(batch_, row_sampling_, *cache_, ws_, device_tokens_, device_logprobs_);
+  return host_rows ? model_.decode_logits(ws_, int64_t(chunks.size())) : Tensor();
+}
+
 std::vector<TokenEvent> Engine::step() {
   std::vector<TokenEvent> events = std::move(pending_events_);
   pending_events_.clear();
@@ -290,25 +308,7 @@ std::vector<TokenEvent> Engine::step() {
   Tensor logits;
   const bool graph_step = graph_decode_step(chunks);
   try {
-    if (graph_step) {
-      fill_batch(chunks, false);
-      row_sampling_.assign(chunks.size(), RowSampling{});  // greedy placeholders for host-sampled rows
-      bool host_rows = false;
-      for (size_t i = 0; i < chunks.size(); ++i) {
-        const Sequence& seq = *chunks[i].seq;
-        if (!device_sampled(seq)) {
-          host_rows = true;
-          continue;
-        }
-        const RequestOptions& o = seq.opts;
-        row_sampling_[i] = RowSampling{o.temperature, o.top_k, o.top_p, o.min_p,
-                                       counter_uniform(o.seed, uint64_t(seq.num_generated()))};
-      }
-      model_.decode_step(batch_, row_sampling_, *cache_, ws_, device_tokens_, device_logprobs_);
-      if (host_rows) logits = model_.decode_logits(ws_, int64_t(chunks.size()));
-    } else {
-      logits = forward_chunks(chunks, false);
-    }
+    logits = graph_step ? graph_decode(chunks) : forward_chunks(chunks, false);
   } catch (...) {
     // Nothing of this step counts: every scheduled sequence recomputes from scratch later, so a
     // failing step (e.g. a kernel missing for the recipe) never leaves a half-written cache behind.

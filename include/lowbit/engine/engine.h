@@ -77,6 +77,9 @@ class Engine {
   void fill_batch(const std::vector<ScheduledChunk>& chunks, bool all_rows);
   Tensor forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows);
   bool graph_decode_step(const std::vector<ScheduledChunk>& chunks) const;  // decode_step applies
+  // A decode-only GPU step: graph replay, sampling on the device into device_tokens_/_logprobs_;
+  // returns the step's host logits when some row is sampled on the host (undefined otherwise).
+  Tensor graph_decode(const std::vector<ScheduledChunk>& chunks);
   int64_t gpu_kv_budget(int64_t block_bytes) const;
 
   const Model& model_;
