@@ -26,6 +26,14 @@ Tensor as_u4(const Tensor& bytes, const char* op, const char* arg) {
   return bytes.contiguous().as_dtype_view(ScalarType::u4);
 }
 
+// e4m3 operands arrive as torch float8_e4m3fn or as their uint8 bytes.
+Tensor as_e4m3(nb::handle obj, const char* op, const char* arg) {
+  Tensor t = tensor_from_python(obj, arg);
+  if (t.dtype() == ScalarType::u8) return t.contiguous().as_dtype_view(ScalarType::e4m3);
+  check_dtype(t, ScalarType::e4m3, op, arg);
+  return t;
+}
+
 Tensor optional_tensor(nb::handle obj, const char* arg) {
   return obj.is_none() ? Tensor() : tensor_from_python(obj, arg);
 }
@@ -173,6 +181,34 @@ void bind_cuda(nb::module_& m) {
       nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("wq"), nb::arg("w_scale").none(), nb::arg("y"),
       nb::arg("stream") = 0,
       "GPU: y = (xq · wqᵀ) * x_scale[m] * w_scale[n] (f16 y), or the raw int32 accumulators (s32 y)");
+
+  m.def(
+      "quantize_per_token_e4m3",
+      [](nb::handle x, nb::handle q, nb::handle scales, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor qt = as_e4m3(q, "quantize_per_token_e4m3", "q"), st = tensor_from_python(scales, "scales");
+        cuda::quantize_per_token_e4m3(tensor_from_python(x, "x"), qt, st, as_stream(stream));
+#else
+        no_cuda("quantize_per_token_e4m3");
+#endif
+      },
+      nb::arg("x"), nb::arg("q"), nb::arg("scales"), nb::arg("stream") = 0,
+      "GPU: per-token e4m3 quantization of f16 activations (q e4m3 or its uint8 bytes [m, k], scales f32 [m])");
+  m.def(
+      "gemm_fp8",
+      [](nb::handle xq, nb::handle x_scale, nb::handle wq, nb::handle w_scale, nb::handle y, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor out = tensor_from_python(y, "y");
+        cuda::gemm_fp8(as_e4m3(xq, "gemm_fp8", "xq"), optional_tensor(x_scale, "x_scale"), as_e4m3(wq, "gemm_fp8", "wq"),
+                       optional_tensor(w_scale, "w_scale"), out, as_stream(stream));
+#else
+        no_cuda("gemm_fp8");
+#endif
+      },
+      nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("wq"), nb::arg("w_scale").none(), nb::arg("y"),
+      nb::arg("stream") = 0,
+      "GPU (sm_89+): y = (xq · wqᵀ) * x_scale[m] * w_scale[n] on e4m3 tensor cores (f16 y), or the raw f32 "
+      "accumulators (f32 y); xq/wq e4m3 or uint8 bytes");
 
   m.def(
       "decode_attention",

@@ -24,7 +24,9 @@ ops::LinearActivation activation_from_name(const std::string& s) {
   if (s == "float" || s == "a16") return ops::LinearActivation::float16;
   if (s == "int8_per_token" || s == "int8" || s == "a8") return ops::LinearActivation::int8_per_token;
   if (s == "fmpq" || s == "fmpq_mixed" || s == "a4") return ops::LinearActivation::fmpq_mixed;
-  LOWBIT_FAIL(ErrorKind::kValue, "linear: argument 'act' must be one of 'float', 'int8_per_token', 'fmpq', got '",
+  if (s == "fp8_per_token" || s == "fp8") return ops::LinearActivation::fp8_per_token;
+  LOWBIT_FAIL(ErrorKind::kValue,
+              "linear: argument 'act' must be one of 'float', 'int8_per_token', 'fmpq', 'fp8_per_token', got '",
               s, "'");
 }
 
@@ -71,7 +73,8 @@ void bind_ops(nb::module_& m) {
       nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::arg("out") = nb::none(),
       nb::arg("act") = "float",
       "y[m, n] = x[m, k] @ W.T (+ bias). x: f32/f16/bf16; w: a PackedWeight (pack_weight(..., 'cpu')); act: "
-      "'float' (dequantize weights, f32 accumulate) or 'int8_per_token' (w8/qoq/liquid: exact int32 s8 x s8).");
+      "'float' (dequantize weights, f32 accumulate), 'int8_per_token' (w8/qoq/liquid: exact int32 s8 x s8) or "
+      "'fp8_per_token' (e4m3: per-token e4m3 activations, f32 sums of exact products).");
   m.def(
       "linear_fmpq",
       [](nb::handle q, nb::handle scales, const PackedWeight& w, nb::handle bias, nb::handle out) {

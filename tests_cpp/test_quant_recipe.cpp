@@ -33,6 +33,7 @@ TEST(QuantRecipe, ParsesEveryForm) {
       {"w4a8g128-liquid", WeightFormat::liquid, 4, 128, ActivationMode::int8_per_token, 16, 16, "w4a8g128-liquid"},
       {"w4a4kv4", WeightFormat::qoq, 4, 128, ActivationMode::fmpq_mixed, 4, 4, "w4a4kv4"},
       {"wfp8a16kv8", WeightFormat::e4m3, 8, 0, ActivationMode::float16, 8, 8, "wfp8a16kv8"},
+      {"WFP8A8kv8", WeightFormat::e4m3, 8, 0, ActivationMode::fp8_per_token, 8, 8, "wfp8a8kv8"},
       {"  W4A16KV16 ", WeightFormat::w4, 4, 128, ActivationMode::float16, 16, 16, "w4a16"},
       {"w16a16kv2", WeightFormat::f32, 16, 0, ActivationMode::float16, 2, 2, "w16a16kv2"},
   };
@@ -84,7 +85,7 @@ TEST(QuantRecipe, RejectsBadText) {
   expect_rejected("w4a8-awq", "'-qoq' or '-liquid'");
   expect_rejected("w4a8kv4x", "trailing text 'x'");
   expect_rejected("w16a8", "16-bit weights need 16-bit activations");
-  expect_rejected("wfp8a8", "fp8 weights");
+  expect_rejected("wfp8a4", "fp8 weights run with 16-bit or fp8 activations");
   expect_rejected("w8a4", "w8a4");
 }
 

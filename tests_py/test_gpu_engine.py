@@ -84,10 +84,12 @@ def greedy_margin_violations(cpu_eng, prompts, gpu_tokens, margin):
 # relative logit errors are ~1e-3; 2e-2 leaves room while still catching any indexing error (O(1)).
 # Under w8a8 the f16 and f32 activations round to different int8 codes where they sit near a code
 # boundary (one step = 1/127 of the row's max), and kv4 codes flip the same way: observed 2.1e-2 on H100.
-TOLERANCE = {"w8a8kv4": 4e-2}
+# fp8 activations: f16 and f32 inputs round to different e4m3 codes near a rounding boundary, and one e4m3
+# step is up to 1/8 of the value (int8: 1/127 of the row's max), so more slack than w8a8: 8e-2.
+TOLERANCE = {"w8a8kv4": 4e-2, "wfp8a8kv8": 8e-2}
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w8a8kv4", "w16a16kv4"])
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w8a8kv4", "w16a16kv4", "wfp8a8kv8"])
 def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     cpu = random_llama(recipe, "cpu", "f32")
     gpu = random_llama(recipe, "cuda", "f16")
@@ -95,6 +97,7 @@ def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     ref = torch.from_dlpack(_core.Engine(cpu, max_batch_tokens=32).logits(ids))
     got = torch.from_dlpack(_core.Engine(gpu, max_batch_tokens=32).logits(ids))  # chunked prefill: q_len < kv_len
     assert got.shape == ref.shape and not torch.isnan(got).any()
+    print(recipe, "relative logit error vs the CPU:", rel_err(got, ref))
     assert rel_err(got, ref) < TOLERANCE.get(recipe, 2e-2)
 
 
@@ -124,7 +127,7 @@ def run_events(eng, prompts, max_tokens, opts):
     return [out[i] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4"])
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "wfp8a8kv8"])
 def test_decode_graphs_agree_with_eager_steps(recipe):
     """Greedy decoding with CUDA-graph steps vs the same engine stepping eagerly. Five sequences pad to
     a bucket of 8; prompts near 256 tokens cross the first context bucket while decoding (a second

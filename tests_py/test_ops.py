@@ -75,6 +75,29 @@ def test_linear_int8_activations_accumulate_exactly(fmt, m, n, k):
     assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-9)
 
 
+def e4m3_per_token(x):
+    """Per-token e4m3 codes (as float64) and scales: s = max|x| / 448 in f32, codes rounded to nearest
+    even; clamping first keeps torch's float8 cast (which does not saturate) inside the finite range."""
+    s = x.abs().amax(dim=1, keepdim=True) / 448
+    q = (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).double()
+    return q, s.double()
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_linear_fp8_activations_are_exact_products_summed_in_f32(m, n, k):
+    qw, pw = packed("e4m3", n, k)
+    x = torch.randn(m, k) * 3
+    bias = torch.randn(n)
+    y = t(C.linear(x, pw, bias=bias, act="fp8_per_token"))
+    xq, sx = e4m3_per_token(x)
+    w = t(C.dequantize_weight(qw)).double()  # e4m3 value * channel scale, exact in f32
+    ref = sx * (xq @ w.T) + bias.double()
+    mag = sx * (xq.abs() @ w.abs().T) + bias.double().abs()
+    assert torch.all((y.double() - ref).abs() <= 2e-6 * mag + 1e-7)
+    with pytest.raises(NotImplementedError, match="act=fp8_per_token needs an e4m3 weight, got w8"):
+        C.linear(x, packed("w8", n, k)[1], act="fp8_per_token")
+
+
 @pytest.mark.parametrize("fmt", ["qoq", "liquid", "w8"])
 def test_linear_fmpq_scales_each_block(fmt):
     m, n, k = 3, 21, 300

@@ -285,6 +285,7 @@ def test_fmpq():
     ("w8a8k8v4", "w8", 0, "int8_per_token", 8, 4, "w8a8k8v4"),
     ("w4a4kv4", "qoq", 128, "fmpq_mixed", 4, 4, "w4a4kv4"),
     ("wfp8a16", "e4m3", 0, "float16", 16, 16, "wfp8a16"),
+    ("wfp8a8k8v4", "e4m3", 0, "fp8_per_token", 8, 4, "wfp8a8k8v4"),
 ])
 def test_parse_recipe(text, fmt, group, act, kb, vb, canon):
     r = C.parse_recipe(text)

@@ -1,4 +1,5 @@
-"""W4A16 GEMM vs peers on Llama-3-8B layer shapes (random weights; cost does not depend on values).
+"""W4A16 / W8A8 / FP8 GEMMs vs peers on Llama-3-8B (or, with --llama70b, 70B) layer shapes (random weights;
+cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep.
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
 int8 (torch._int_mm), fp8 (torch._scaled_mm). Writes JSON (argv[1]) and prints a table.
@@ -14,6 +15,8 @@ from lowbit import _core
 from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+# --llama70b: the same four linears of Llama-3-70B (hidden 8192, 64 q / 8 kv heads of 128, intermediate 28672).
+SHAPES_70B = {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)}
 MS = [1, 16, 64, 256, 1024]
 GROUP = 128
 
@@ -131,6 +134,32 @@ def w8a8_and_int8_peers(row, x, n, k, m, l2):
             del wi
     except Exception as e:  # noqa: BLE001
         row["torch_int_mm_error"] = str(e).splitlines()[0][:160]
+    fp8_peers(row, x, n, k, m, l2)
+
+
+def fp8_peers(row, x, n, k, m, l2):
+    """lowbit FP8 W8A8 (e4m3 GEMM alone and with its per-token quantizer) and torch._scaled_mm (fp8 e4m3,
+    per-tensor scales, M padded to 16)."""
+    cs = torch.cuda.current_stream
+    try:
+        xq = torch.empty(m, k, dtype=torch.uint8, device="cuda")
+        xs = torch.empty(m, device="cuda")
+        y16 = torch.empty(m, n, device="cuda").half()
+        wf8 = [torch.randn(n, k, device="cuda").mul(20).to(torch.float8_e4m3fn).view(torch.uint8)
+               for _ in range(copies_for(n * k, l2))]
+        wsf = torch.rand(n, device="cuda") * 0.01
+        lx, lxq, lxs, ly16, lwsf = (lowbit.from_dlpack(t) for t in (x, xq, xs, y16, wsf))
+        lwf = [lowbit.from_dlpack(w) for w in wf8]
+        _core.quantize_per_token_e4m3(lx, lxq, lxs)
+        row["lowbit_fp8_us"] = graph_time_us(
+            [lambda w=w: _core.gemm_fp8(lxq, lxs, w, lwsf, ly16, cs().cuda_stream) for w in lwf])
+        row["lowbit_fp8_with_quant_us"] = graph_time_us(
+            [lambda w=w: (_core.quantize_per_token_e4m3(lx, lxq, lxs, cs().cuda_stream),
+                          _core.gemm_fp8(lxq, lxs, w, lwsf, ly16, cs().cuda_stream)) for w in lwf])
+        row["fp8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_fp8_with_quant_us"]
+        del wf8, lwf
+    except Exception as e:  # noqa: BLE001 - e.g. a GPU without fp8 tensor cores
+        row["lowbit_fp8_error"] = str(e).splitlines()[0][:160]
     try:
         mm = max(m, 16)
         xf = torch.randn(mm, k, device="cuda").to(torch.float8_e4m3fn)
@@ -142,6 +171,17 @@ def w8a8_and_int8_peers(row, x, n, k, m, l2):
         del wf
     except Exception as e:  # noqa: BLE001
         row["torch_scaled_mm_error"] = str(e).splitlines()[0][:160]
+
+
+def bench_fp8_only(name, n, k, m, l2):
+    """--fp8-only: lowbit FP8 W8A8 vs cuBLAS fp16 and torch._scaled_mm."""
+    row = {"shape": name, "n": n, "k": k, "m": m}
+    x = torch.randn(m, k, device="cuda").half()
+    ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
+    row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
+    del ws
+    fp8_peers(row, x, n, k, m, l2)
+    return row
 
 
 def bench_w8a8_only(name, n, k, m, l2):
@@ -183,8 +223,18 @@ def main():
     meta["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
     sweep = split_sweep(meta["l2_bytes"]) if "--sweep" in sys.argv else []
     rows = []
-    for name, (n, k) in SHAPES.items():
+    shapes = SHAPES_70B if "--llama70b" in sys.argv else SHAPES
+    meta["shapes"] = "Llama-3-70B" if "--llama70b" in sys.argv else "Llama-3-8B"
+    for name, (n, k) in shapes.items():
         for m in MS:
+            if "--fp8-only" in sys.argv:
+                r = bench_fp8_only(name, n, k, m, meta["l2_bytes"])
+                rows.append(r)
+                print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f}  fp8 {r.get('lowbit_fp8_us', float('nan')):7.1f} "
+                      f"(+quant {r.get('lowbit_fp8_with_quant_us', float('nan')):7.1f}, "
+                      f"x{r.get('fp8_speedup_vs_cublas', float('nan')):.2f})  _scaled_mm "
+                      f"{r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  {r.get('lowbit_fp8_error', '')}", flush=True)
+                continue
             if "--w8a8-only" in sys.argv:
                 r = bench_w8a8_only(name, n, k, m, meta["l2_bytes"])
                 rows.append(r)

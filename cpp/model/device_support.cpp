@@ -32,7 +32,8 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
   if (device.is_cpu()) return;
   const int cap = capability_of(device);
   const std::string arch = "sm_" + std::to_string(cap);
-  const char* available = "GPU recipes: w16a16, w4a16 (g64/g128), w8a8, each with kv16/kv8/kv4 or k{16,8,4}v{16,8,4}";
+  const char* available =
+      "GPU recipes: w16a16, w4a16 (g64/g128), w8a8, wfp8a8 (sm_89+), each with kv16/kv8/kv4 or k{16,8,4}v{16,8,4}";
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cap >= 80, "Model: device ", device.str(),
                     " is ", arch, "; the GPU kernels need sm_80 or newer");
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, dtype == ScalarType::f16, "Model: on ", device.str(), " (", arch,
@@ -40,7 +41,11 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
   const bool w16 = recipe.weight_bits == 16;
   const bool w4a16 = recipe.weight == WeightFormat::w4 && recipe.activation == ActivationMode::float16;
   const bool w8a8 = recipe.weight == WeightFormat::w8 && recipe.activation == ActivationMode::int8_per_token;
-  if (!w16 && !w4a16 && !w8a8)
+  const bool fp8 = recipe.weight == WeightFormat::e4m3 && recipe.activation == ActivationMode::fp8_per_token;
+  if (fp8)
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cap >= 89, "Model: recipe '", recipe.text, "' needs fp8 tensor cores ",
+                      "(sm_89 or newer); device ", device.str(), " is ", arch, ". ", available);
+  if (!w16 && !w4a16 && !w8a8 && !fp8)
     LOWBIT_NOT_SUPPORTED("Model: recipe '", recipe.text, "' (", name_of(recipe.weight), " weights, ",
                          name_of(recipe.activation), " activations) has no GPU kernel for ", arch,
                          " (sm80 kernel family); ", available, ". Use device='cpu' for it.");
@@ -52,9 +57,9 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
 PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {
   if (w.format == WeightFormat::w4 || w.format == WeightFormat::f16) return pack_weight(w, PackTarget::sm80, device);
   PackedWeight p = packed_header(w, PackTarget::sm80);
-  if (w.format == WeightFormat::w8) {
-    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, w.k % 64 == 0, "Model: w8 weight with k = ", w.k,
-                      " has no W8A8 GPU kernel (k must be a multiple of 64)");
+  if (w.format == WeightFormat::w8 || w.format == WeightFormat::e4m3) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, w.k % 64 == 0, "Model: ", name_of(w.format), " weight with k = ", w.k,
+                      " has no 8-bit GPU GEMM (k must be a multiple of 64)");
     p.data = w.q.contiguous().to(device);
     p.scales = w.scales.contiguous().to(device);
     return p;

@@ -152,6 +152,7 @@ ops::LinearActivation Model::linear_activation() const {
     case ActivationMode::float16: return ops::LinearActivation::float16;
     case ActivationMode::int8_per_token: return ops::LinearActivation::int8_per_token;
     case ActivationMode::fmpq_mixed: return ops::LinearActivation::fmpq_mixed;
+    case ActivationMode::fp8_per_token: return ops::LinearActivation::fp8_per_token;
   }
   return ops::LinearActivation::float16;
 }
@@ -380,6 +381,7 @@ Model::Info Model::info() const {
   i.kv_bytes_per_token = kv_bytes_per_token();
   const char* act = recipe_.activation == ActivationMode::float16          ? "a16"
                     : recipe_.activation == ActivationMode::int8_per_token ? "a8 per-token int8"
+                    : recipe_.activation == ActivationMode::fp8_per_token  ? "a8 per-token fp8 e4m3"
                                                                            : "a4 fmpq mixed";
   i.kernels.push_back(std::string("linear: ") + name_of(weight_format_) + " weights packed for " +
                       name_of(pack_target_) + ", " + act + " activations");
@@ -387,8 +389,8 @@ Model::Info Model::info() const {
   i.kernels.push_back(std::string("paged_attention: K ") + name_of(k_cache_type()) + ", V " +
                       name_of(v_cache_type()) + ", head_dim " + std::to_string(cfg_.head_dim));
   if (!device_.is_cpu())
-    i.kernels.push_back("gpu: gemm_f16/gemm_w4a16/gemm_w8a8 (sm80 family), decode_attention_sm80 for decode steps, "
-                        "prefill_attention_sm80 otherwise");
+    i.kernels.push_back("gpu: gemm_f16/gemm_w4a16/gemm_w8a8/gemm_fp8 (sm80 family; gemm_w8a8 on sm_90 runs the "
+                        "wgmma kernel), decode_attention_sm80 for decode steps, prefill_attention_sm80 otherwise");
   return i;
 }
 

@@ -20,6 +20,7 @@ const char* act_name(LinearActivation a) {
     case LinearActivation::float16: return "float";
     case LinearActivation::int8_per_token: return "int8_per_token";
     case LinearActivation::fmpq_mixed: return "fmpq";
+    case LinearActivation::fp8_per_token: return "fp8_per_token";
   }
   return "unknown";
 }
@@ -56,9 +57,15 @@ void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Ten
     Tensor xs = Tensor::empty({x.size(0)}, ScalarType::f32, x.device());
     cuda::quantize_per_token_s8(x, xq, xs, cuda::current_stream());
     cuda::gemm_w8a8(xq, xs, w.data, w.scales, y, cuda::current_stream());
+  } else if (act == LinearActivation::fp8_per_token && w.format == WeightFormat::e4m3) {
+    Tensor xq = Tensor::empty({x.size(0), x.size(1)}, ScalarType::e4m3, x.device());
+    Tensor xs = Tensor::empty({x.size(0)}, ScalarType::f32, x.device());
+    cuda::quantize_per_token_e4m3(x, xq, xs, cuda::current_stream());
+    cuda::gemm_fp8(xq, xs, w.data, w.scales, y, cuda::current_stream());
   } else {
     LOWBIT_NOT_SUPPORTED(kOp, ": no sm80 GPU kernel for ", cpu::format_label(w.format), " weights with act=",
-                         act_name(act), " (GPU linears: f16 and w4 with act=float, w8 with act=int8_per_token)");
+                         act_name(act), " (GPU linears: f16 and w4 with act=float, w8 with act=int8_per_token, e4m3 ",
+                         "with act=fp8_per_token)");
   }
   if (bias.defined()) {
     const cuda::Rows yr{y.data_ptr(), y.dtype(), y.size(0), y.size(1), y.stride(0)};
@@ -109,6 +116,11 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
       if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
         LOWBIT_NOT_SUPPORTED(kOp, ": act=int8_per_token needs a w8, qoq or liquid weight, got ",
                              cpu::format_label(w.format), " (use act=float for it)");
+      break;
+    case LinearActivation::fp8_per_token:
+      if (w.format != WeightFormat::e4m3)
+        LOWBIT_NOT_SUPPORTED(kOp, ": act=fp8_per_token needs an e4m3 weight, got ", cpu::format_label(w.format),
+                             " (use act=float for it)");
       break;
     case LinearActivation::fmpq_mixed:
       LOWBIT_NOT_SUPPORTED(kOp, ": act=", act_name(act),

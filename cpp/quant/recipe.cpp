@@ -8,7 +8,7 @@ namespace {
 
 constexpr const char* kValidExamples =
     "valid recipes look like w16a16, w8a16, w8a8kv8, w4a16, w4a16g64kv8, w4a8kv4, w4a8k8v4-liquid, w4a4kv4, "
-    "wfp8a16 (grammar: w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k{16|8|4|2}v{16|8|4|2}] "
+    "wfp8a16, wfp8a8 (grammar: w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k{16|8|4|2}v{16|8|4|2}] "
     "[-{qoq|liquid}])";
 
 // A cursor over the lower-cased recipe text.
@@ -49,6 +49,7 @@ const char* name_of(ActivationMode a) {
     case ActivationMode::float16: return "float16";
     case ActivationMode::int8_per_token: return "int8_per_token";
     case ActivationMode::fmpq_mixed: return "fmpq_mixed";
+    case ActivationMode::fp8_per_token: return "fp8_per_token";
   }
   return "?";
 }
@@ -92,8 +93,9 @@ Recipe parse_recipe(const std::string& text) {
 
   r.weight_bits = wbits;
   if (fp8) {
-    if (abits != 16) c.fail("fp8 weights run with 16-bit activations only (wfp8a16)");
+    if (abits != 16 && abits != 8) c.fail("fp8 weights run with 16-bit or fp8 activations (wfp8a16, wfp8a8)");
     r.weight = WeightFormat::e4m3;
+    if (abits == 8) r.activation = ActivationMode::fp8_per_token;
   } else if (wbits == 16) {
     if (abits != 16) c.fail("16-bit weights need 16-bit activations (w16a16)");
     r.weight = WeightFormat::f32;
@@ -119,9 +121,9 @@ Recipe parse_recipe(const std::string& text) {
 std::string to_string(const Recipe& r) {
   std::string s = "w";
   s += r.weight == WeightFormat::e4m3 ? "fp8" : std::to_string(r.weight_bits);
-  const int abits = r.activation == ActivationMode::fmpq_mixed       ? 4
-                    : r.activation == ActivationMode::int8_per_token ? 8
-                                                                     : 16;
+  const int abits = r.activation == ActivationMode::fmpq_mixed                                               ? 4
+                    : r.activation == ActivationMode::int8_per_token || r.activation == ActivationMode::fp8_per_token ? 8
+                                                                                                                      : 16;
   s += "a" + std::to_string(abits);
   const int default_group = r.weight == WeightFormat::liquid ? 64 : 128;
   if (is_group_wise(r.weight) && r.group != default_group) s += "g" + std::to_string(r.group);

@@ -86,6 +86,19 @@ void quantize_rows_s8(const float* x, int64_t ldx, int64_t m, int64_t k, int16_t
   }
 }
 
+// In place: each row of x becomes the e4m3 values of x / s (as f32), s = max|x| / 448 (1 for a zero
+// row), rounded to nearest even as the GPU quantizer does.
+static void quantize_rows_e4m3(float* x, int64_t ldx, int64_t m, int64_t k, float* scales) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = x + i * ldx;
+    float amax = 0.f;
+    for (int64_t c = 0; c < k; ++c) amax = std::fmax(amax, std::fabs(row[c]));
+    const float s = amax > 0.f ? amax / 448.f : 1.f;
+    scales[i] = s;
+    for (int64_t c = 0; c < k; ++c) row[c] = e4m3_bits_to_f32(f32_to_e4m3_bits(row[c] / s));
+  }
+}
+
 void linear_cpu(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, ops::LinearActivation act) {
   const int64_t m = x.size(0), k = w.k, n = w.n, ldx = 2 * num_k_pairs(k);
   const bool y_direct = y.dtype() == ScalarType::f32 && y.stride(1) == 1;
@@ -100,6 +113,15 @@ void linear_cpu(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tens
       const std::vector<float> xf = padded_f32_rows(x, ldx);
       gemm_f32act_cpu(xf.data(), ldx, m, w, yf, ldy);
     }
+  } else if (act == ops::LinearActivation::fp8_per_token) {
+    // y = s_x[token] * (the e4m3 GEMM of x's e4m3 codes): products of two e4m3 values are exact, so
+    // only f32 summation order separates this from the GPU.
+    std::vector<float> xf = padded_f32_rows(x, ldx);
+    std::vector<float> sx(m);
+    quantize_rows_e4m3(xf.data(), ldx, m, k, sx.data());
+    gemm_f32act_cpu(xf.data(), ldx, m, w, yf, ldy);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < n; ++c) yf[i * ldy + c] *= sx[i];
   } else {  // int8_per_token: y = float(acc) * s_x[token] * s_w[channel]
     const std::vector<float> xf = padded_f32_rows(x, ldx);
     std::vector<int16_t> xq(m * ldx);

@@ -1,6 +1,7 @@
-// W8A8 int8 GEMM for the sm80 family (mma.sync m16n8k32 s8 x s8 -> s32) and the per-token int8
-// activation quantizer that feeds it (SmoothQuant W8A8: per-token activation scale x per-channel
-// weight scale, applied in the epilogue).
+// W8A8 GEMMs for the sm80 family and the per-token activation quantizers that feed them (per-token
+// activation scale x per-channel weight scale, applied in the epilogue): int8 (SmoothQuant W8A8,
+// mma.sync m16n8k32 s8 x s8 -> s32) and fp8 e4m3 (mma.sync m16n8k32 e4m3 x e4m3 -> f32, sm_89+; the
+// 8-bit fragments have the same layout, so one kernel template serves both).
 //
 // Tiles: 128x128 outputs per block of 8 warps (2 x 4, 64x32 per warp), k in steps of 64 bytes,
 // three cp.async stages in shared memory (rows padded to 80 bytes so ldmatrix is conflict-free).
@@ -8,6 +9,7 @@
 // them directly. Rows past m or n are zero-filled by the copy (src-size 0); k must be a multiple
 // of 64.
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -52,12 +54,26 @@ __device__ inline void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// e4m3 x e4m3 -> f32 (sm_89+). Products of two e4m3 values are exact in f32; only the sums round.
+__device__ inline void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host launches fp8 only on sm_89+
+#endif
+}
+__device__ inline void mma8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_s8(c, a, b0, b1); }
+__device__ inline void mma8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_e4m3(c, a, b0, b1); }
+
 struct W8A8Args {
-  const int8_t* x;  // [m, k] row-major
+  const int8_t* x;  // [m, k] row-major (s8, or e4m3 bytes)
   const int8_t* w;  // [n, k] row-major
   const float* x_scale;  // [m]
   const float* w_scale;  // [n]
-  void* y;               // [m, n]: f16 scaled, or s32 raw accumulators
+  void* y;               // [m, n]: f16 scaled, or the raw accumulators (s32 / f32)
   int64_t ldy;
   int m, n, k;
 };
@@ -74,7 +90,8 @@ __device__ inline void load_stage(const W8A8Args& p, uint8_t* stage, int m0, int
   }
 }
 
-template <bool kRawS32>
+// Acc = int: s8 operands; Acc = float: e4m3 operands. kRaw writes the accumulators unscaled.
+template <typename Acc, bool kRaw>
 __global__ void __launch_bounds__(kThreads) gemm_w8a8_kernel(W8A8Args p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -82,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) gemm_w8a8_kernel(W8A8Args p) {
   const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int k_steps = p.k / kBK;
 
-  int acc[4][4][4] = {};  // [m16 tile][n8 tile][fragment]
+  Acc acc[4][4][4] = {};  // [m16 tile][n8 tile][fragment]
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < k_steps) load_stage(p, smem + s * kStageBytes, m0, n0, s * kBK);
@@ -120,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) gemm_w8a8_kernel(W8A8Args p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma_s8(acc[i][j], a[i], b[j][0], b[j][1]);
+        for (int j = 0; j < 4; ++j) mma8(acc[i][j], a[i], b[j][0], b[j][1]);
     }
   }
   cp_async_wait<0>();
@@ -135,8 +152,8 @@ __global__ void __launch_bounds__(kThreads) gemm_w8a8_kernel(W8A8Args p) {
       for (int c = 0; c < 4; ++c) {
         const int row = m0 + wm + i * 16 + g + (c >> 1) * 8, col = n0 + wn + j * 8 + 2 * t + (c & 1);
         if (row >= p.m || col >= p.n) continue;
-        if constexpr (kRawS32) {
-          static_cast<int*>(p.y)[row * p.ldy + col] = acc[i][j][c];
+        if constexpr (kRaw) {
+          static_cast<Acc*>(p.y)[row * p.ldy + col] = acc[i][j][c];
         } else {
           const float v = static_cast<float>(acc[i][j][c]) * p.x_scale[row] * p.w_scale[col];
           static_cast<__half*>(p.y)[row * p.ldy + col] = __float2half_rn(v);
@@ -144,8 +161,10 @@ __global__ void __launch_bounds__(kThreads) gemm_w8a8_kernel(W8A8Args p) {
       }
 }
 
-// q = rint(x / s), s = max|x| / 127 per row (s = 1 for an all-zero row), computed in f32.
-__global__ void quantize_per_token_kernel(const __half* __restrict__ x, int64_t ldx, int k, int8_t* __restrict__ q,
+// Per row, s = max|x| / qmax (s = 1 for an all-zero row), computed in f32. int8: q = rint(x / s) with
+// qmax 127; fp8: q = e4m3(x / s) rounded to nearest even, saturated, with qmax 448 (the largest e4m3).
+template <bool kFp8>
+__global__ void quantize_per_token_kernel(const __half* __restrict__ x, int64_t ldx, int k, uint8_t* __restrict__ q,
                                           int64_t ldq, float* __restrict__ scales) {
   const int row = blockIdx.x;
   const __half* xr = x + row * ldx;
@@ -157,11 +176,14 @@ __global__ void quantize_per_token_kernel(const __half* __restrict__ x, int64_t 
   __syncthreads();
   amax = 0.f;
   for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+  const float s = amax > 0.f ? __fdiv_rn(amax, kFp8 ? 448.f : 127.f) : 1.f;
   if (threadIdx.x == 0) scales[row] = s;
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    const int v = __float2int_rn(__fdiv_rn(__half2float(xr[i]), s));
-    q[row * ldq + i] = static_cast<int8_t>(max(-127, min(127, v)));
+    const float v = __fdiv_rn(__half2float(xr[i]), s);
+    if constexpr (kFp8)
+      q[row * ldq + i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    else
+      q[row * ldq + i] = static_cast<uint8_t>(static_cast<int8_t>(max(-127, min(127, __float2int_rn(v)))));
   }
 }
 
@@ -219,21 +241,76 @@ __global__ void __launch_bounds__(256) quantize_per_token_vec_kernel(const __hal
 
 }  // namespace
 
-void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
-  const char* op = "quantize_per_token_s8";
+namespace {
+
+// The checks both per-token quantizers share: x f16 [m, k] (unit last stride), q of `q_dtype`
+// [m, k], scales f32 [m].
+void check_quantize_args(const char* op, const Tensor& x, const Tensor& q, ScalarType q_dtype, const Tensor& scales) {
   check_cuda_tensor(x, op, "x");
   check_dtype(x, ScalarType::f16, op, "x");
   check_dim(x, 2, op, "x");
   LOWBIT_CHECK(x.stride(1) == 1, op, ": argument 'x' needs unit stride in the last dim");
   const int64_t m = x.size(0), k = x.size(1);
   check_same_device(q, x, op, "q");
-  check_dtype(q, ScalarType::s8, op, "q");
+  check_dtype(q, q_dtype, op, "q");
   check_shape(q, {m, k}, op, "q");
   LOWBIT_CHECK(q.stride(1) == 1, op, ": argument 'q' needs unit stride in the last dim");
   check_same_device(scales, x, op, "scales");
   check_dtype(scales, ScalarType::f32, op, "scales");
   check_shape(scales, {m}, op, "scales");
   check_contiguous(scales, op, "scales");
+}
+
+// The checks both 8-bit GEMMs share; returns true when y takes the raw accumulators (raw_dtype).
+bool check_gemm8_args(const char* op, const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale,
+                      const Tensor& y, ScalarType elem, ScalarType raw_dtype) {
+  check_cuda_tensor(xq, op, "xq");
+  check_dtype(xq, elem, op, "xq");
+  check_dim(xq, 2, op, "xq");
+  check_contiguous(xq, op, "xq");
+  const int64_t m = xq.size(0), k = xq.size(1);
+  check_same_device(wq, xq, op, "wq");
+  check_dtype(wq, elem, op, "wq");
+  check_dim(wq, 2, op, "wq");
+  check_contiguous(wq, op, "wq");
+  const int64_t n = wq.size(0);
+  LOWBIT_CHECK(wq.size(1) == k, op, ": argument 'wq' has k=", wq.size(1), " but 'xq' has k=", k);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, k % kBK == 0, op, ": k must be a multiple of ", kBK, ", got k=", k);
+  LOWBIT_CHECK(reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(wq.data_ptr()) % 16 == 0,
+               op, ": 'xq' and 'wq' must start 16-byte aligned");
+  check_same_device(y, xq, op, "y");
+  LOWBIT_CHECK_TYPE(y.dtype() == ScalarType::f16 || y.dtype() == raw_dtype, op, ": argument 'y' must be f16 (scaled) or ",
+                    name_of(raw_dtype), " (raw accumulators), got ", name_of(y.dtype()));
+  check_shape(y, {m, n}, op, "y");
+  LOWBIT_CHECK(y.stride(1) == 1, op, ": argument 'y' needs unit stride in the last dim");
+  const bool raw = y.dtype() == raw_dtype;
+  if (!raw) {
+    check_same_device(x_scale, xq, op, "x_scale");
+    check_dtype(x_scale, ScalarType::f32, op, "x_scale");
+    check_shape(x_scale, {m}, op, "x_scale");
+    check_contiguous(x_scale, op, "x_scale");
+    check_same_device(w_scale, xq, op, "w_scale");
+    check_dtype(w_scale, ScalarType::f32, op, "w_scale");
+    check_shape(w_scale, {n}, op, "w_scale");
+    check_contiguous(w_scale, op, "w_scale");
+  }
+  return raw;
+}
+
+// Compute capability 8.9 or newer (e4m3 tensor-core instructions).
+bool has_fp8_mma(int device) {
+  int major = 0, minor = 0;
+  LOWBIT_CUDA_CHECK("gemm_fp8", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LOWBIT_CUDA_CHECK("gemm_fp8", cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor >= 89;
+}
+
+}  // namespace
+
+void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
+  const char* op = "quantize_per_token_s8";
+  check_quantize_args(op, x, q, ScalarType::s8, scales);
+  const int64_t m = x.size(0), k = x.size(1);
   if (m == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(x.device().index));
   const bool vec = k % 8 == 0 && k <= 8 * 256 * 16 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
@@ -244,7 +321,8 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
   int8_t* qp = q.data<int8_t>();
   float* sp = scales.data<float>();
   if (!vec) {
-    quantize_per_token_kernel<<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+    quantize_per_token_kernel<false><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k),
+                                                                 reinterpret_cast<uint8_t*>(qp), q.stride(0), sp);
   } else if (per_thread <= 1) {
     quantize_per_token_vec_kernel<1><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
   } else if (per_thread <= 2) {
@@ -262,36 +340,8 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
 void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
                cudaStream_t stream) {
   const char* op = "gemm_w8a8";
-  check_cuda_tensor(xq, op, "xq");
-  check_dtype(xq, ScalarType::s8, op, "xq");
-  check_dim(xq, 2, op, "xq");
-  check_contiguous(xq, op, "xq");
-  const int64_t m = xq.size(0), k = xq.size(1);
-  check_same_device(wq, xq, op, "wq");
-  check_dtype(wq, ScalarType::s8, op, "wq");
-  check_dim(wq, 2, op, "wq");
-  check_contiguous(wq, op, "wq");
-  const int64_t n = wq.size(0);
-  LOWBIT_CHECK(wq.size(1) == k, op, ": argument 'wq' has k=", wq.size(1), " but 'xq' has k=", k);
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, k % kBK == 0, op, ": k must be a multiple of ", kBK, ", got k=", k);
-  LOWBIT_CHECK(reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(wq.data_ptr()) % 16 == 0,
-               op, ": 'xq' and 'wq' must start 16-byte aligned");
-  check_same_device(y, xq, op, "y");
-  LOWBIT_CHECK_TYPE(y.dtype() == ScalarType::f16 || y.dtype() == ScalarType::s32, op,
-                    ": argument 'y' must be f16 (scaled) or s32 (raw accumulators), got ", name_of(y.dtype()));
-  check_shape(y, {m, n}, op, "y");
-  LOWBIT_CHECK(y.stride(1) == 1, op, ": argument 'y' needs unit stride in the last dim");
-  const bool raw = y.dtype() == ScalarType::s32;
-  if (!raw) {
-    check_same_device(x_scale, xq, op, "x_scale");
-    check_dtype(x_scale, ScalarType::f32, op, "x_scale");
-    check_shape(x_scale, {m}, op, "x_scale");
-    check_contiguous(x_scale, op, "x_scale");
-    check_same_device(w_scale, xq, op, "w_scale");
-    check_dtype(w_scale, ScalarType::f32, op, "w_scale");
-    check_shape(w_scale, {n}, op, "w_scale");
-    check_contiguous(w_scale, op, "w_scale");
-  }
+  const bool raw = check_gemm8_args(op, xq, x_scale, wq, w_scale, y, ScalarType::s8, ScalarType::s32);
+  const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
   if (m == 0 || n == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(xq.device().index));
   // On sm_90 the wgmma kernel runs unless LOWBIT_W8A8_KERNEL says otherwise: "sm80" forces this
@@ -314,14 +364,46 @@ void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const 
              static_cast<int>(n), static_cast<int>(k)};
   const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
   if (raw) {
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w8a8_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w8a8_kernel<int, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                kSmemBytes));
-    gemm_w8a8_kernel<true><<<grid, kThreads, kSmemBytes, stream>>>(p);
+    gemm_w8a8_kernel<int, true><<<grid, kThreads, kSmemBytes, stream>>>(p);
   } else {
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w8a8_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w8a8_kernel<int, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                kSmemBytes));
-    gemm_w8a8_kernel<false><<<grid, kThreads, kSmemBytes, stream>>>(p);
+    gemm_w8a8_kernel<int, false><<<grid, kThreads, kSmemBytes, stream>>>(p);
   }
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+void quantize_per_token_e4m3(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
+  const char* op = "quantize_per_token_e4m3";
+  check_quantize_args(op, x, q, ScalarType::e4m3, scales);
+  const int64_t m = x.size(0), k = x.size(1);
+  if (m == 0) return;
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(x.device().index));
+  quantize_per_token_kernel<true><<<static_cast<unsigned>(m), 256, 0, stream>>>(
+      x.data<__half>(), x.stride(0), static_cast<int>(k), static_cast<uint8_t*>(q.data_ptr()), q.stride(0),
+      scales.data<float>());
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
+              cudaStream_t stream) {
+  const char* op = "gemm_fp8";
+  const bool raw = check_gemm8_args(op, xq, x_scale, wq, w_scale, y, ScalarType::e4m3, ScalarType::f32);
+  const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
+  if (m == 0 || n == 0) return;
+  const int dev = xq.device().index;
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, has_fp8_mma(dev), op,
+                    ": fp8 e4m3 tensor-core GEMMs need compute capability 8.9 or newer (Ada, Hopper)");
+  W8A8Args p{static_cast<const int8_t*>(xq.data_ptr()), static_cast<const int8_t*>(wq.data_ptr()),
+             raw ? nullptr : x_scale.data<float>(), raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0),
+             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
+  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
+  auto kernel = raw ? gemm_w8a8_kernel<float, true> : gemm_w8a8_kernel<float, false>;
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 

@@ -32,6 +32,15 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
 void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
                cudaStream_t stream);
 
+// FP8 W8A8 (compute capability 8.9+, NotSupported below): per-token e4m3 activations, s[m] =
+// max|x[m, :]| / 448 (1 for a zero row), q = e4m3(x / s) rounded to nearest even and saturated;
+// x f16 [m, k], q e4m3 [m, k], scales f32 [m].
+void quantize_per_token_e4m3(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream);
+// y[m, n] = (xq · wqᵀ)[m, n] * x_scale[m] * w_scale[n] with e4m3 xq [m, k], wq [n, k] (k a multiple
+// of 64) on e4m3 tensor cores with f32 accumulation, y f16; with an f32 y the raw accumulators.
+void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
+              cudaStream_t stream);
+
 // Decode attention (one query token per sequence) over the paged KV cache of one layer
 // (include/lowbit/kv/kv_cache.h layout): q f16 [B, Hq, D]; k_data/v_data [blocks, Hkv, block_size, D]
 // of f16, u8 or u4; k_params/v_params f32 [blocks, Hkv, block_size, 2]

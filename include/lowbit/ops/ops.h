@@ -13,10 +13,13 @@ namespace lowbit::ops {
 // ---- linear layers (ops/linear.cpp) -----------------------------------------------------------
 // y[m, n] = x[m, k] · Wᵀ (+ bias[n]). x and y are f32/f16/bf16 (same dtype). A8 paths quantize x per
 // token to int8 internally and accumulate in int32 exactly as the GPU does.
+// act=fp8_per_token (e4m3 weights only): x quantized per token to e4m3 (s = max|x| / 448), and
+// y = s_x * s_w * sum(q_x * q_w) with the products exact and the sums in f32, as the GPU does.
 // On CUDA (weights packed for sm80): x, y, bias f16; f16 weights (data = f16 [n, k]) and w4 weights
 // (pack_sm80 layout) take act=float, w8 weights (data = s8 [n, k], scales f32 [n]) take
-// act=int8_per_token; other combinations are NotSupported.
-enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed };
+// act=int8_per_token, e4m3 weights (data = e4m3 [n, k], scales f32 [n]) take act=fp8_per_token
+// (compute capability 8.9+); other combinations are NotSupported.
+enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed, fp8_per_token };
 // act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
             LinearActivation act = LinearActivation::float16);

@@ -6,6 +6,7 @@
 //   w4a16  -> w4 (AWQ/GPTQ groups, g128)   w4a8  -> qoq g128 ("-liquid": liquid g64), per-token s8 activations
 //   w4a4   -> qoq g128 weights with COMET's mixed W4A4/W4A8 activations (FMPQ)
 //   wfp8a16 -> e4m3 per-channel weights, float activations
+//   wfp8a8 -> e4m3 per-channel weights, per-token e4m3 activations (FP8 W8A8)
 // g{..} applies to 4-bit weights only; "-qoq"/"-liquid" to w4a8 only. Other pairs are rejected.
 // 16-bit parts mean the model's compute dtype (f32/f16/bf16). kv2 parses (k_bits/v_bits = kv2, has_kv2())
 // but no kernel supports it yet: the model/engine reject it with NotSupported.
@@ -17,9 +18,9 @@
 
 namespace lowbit {
 
-enum class ActivationMode : uint8_t { float16, int8_per_token, fmpq_mixed };
+enum class ActivationMode : uint8_t { float16, int8_per_token, fmpq_mixed, fp8_per_token };
 enum class KVBits : uint8_t { kv16 = 16, kv8 = 8, kv4 = 4, kv2 = 2 };
-const char* name_of(ActivationMode a);  // "float16", "int8_per_token", "fmpq_mixed"
+const char* name_of(ActivationMode a);  // "float16", "int8_per_token", "fmpq_mixed", "fp8_per_token"
 
 struct Recipe {
   std::string text;                      // normalised spelling (to_string)

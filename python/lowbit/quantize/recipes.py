@@ -83,7 +83,8 @@ def parse_recipe(text: str) -> RecipeSpec:
     if fmt in ("w8", "e4m3") and act == "fmpq":
         raise RecipeError(f"recipe {text!r}: a4 (FMPQ) needs 4-bit weights")
     if fmt == "e4m3" and act is not None:
-        raise RecipeError(f"recipe {text!r}: fp8 weights run with 16-bit activations only (wfp8a16)")
+        raise RecipeError(f"recipe {text!r}: `lowbit quantize` writes fp8 weights for 16-bit activations only (wfp8a16); "
+                          "wfp8a8 (per-token fp8 activations) needs no calibration: load the model with that recipe")
     return RecipeSpec(text.strip().lower(), fmt, bits, group, act, k_bits, v_bits)
 
 
