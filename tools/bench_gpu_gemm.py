@@ -56,19 +56,38 @@ def bench_shape(name, n, k, m, l2):
     row["lowbit_split_k"] = split
     row["int4_bytes"] = int4_bytes
     del fns
+    int4_peers(row, x, n, k, c4)
+    w8a8_and_int8_peers(row, x, n, k, m, l2)
+    row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
+    return row
+
+
+def int4_peers(row, x, n, k, copies):
+    """The int4 weight-only peers with group 128: tinygemm (torch._weight_int4pack_mm, bf16) and gemlite
+    (pure Triton, A16W4 HQQ-style asymmetric groups, f16) when it is installed. A peer that cannot run
+    records why."""
     try:
         xb = x.bfloat16()
         wq = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
         packed = torch._convert_weight_to_int4pack((wq[:, ::2] << 4 | wq[:, 1::2]).to(torch.uint8), 8)
         sz = torch.randn(k // GROUP, n, 2, device="cuda").bfloat16()
-        pk = [packed.clone() for _ in range(c4)]
+        pk = [packed.clone() for _ in range(copies)]
         row["tinygemm_int4_us"] = graph_time_us([lambda p=p: torch._weight_int4pack_mm(xb, p, GROUP, sz) for p in pk])
         del pk
     except Exception as e:  # noqa: BLE001 - record why the peer could not run
         row["tinygemm_int4_error"] = str(e).splitlines()[0][:160]
-    w8a8_and_int8_peers(row, x, n, k, m, l2)
-    row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
-    return row
+    try:
+        from gemlite.helper import A16W4_HQQ_INT
+        layers = []
+        for _ in range(copies):
+            wq = torch.randint(0, 16, (n, k), dtype=torch.uint8, device="cuda")
+            scales = (torch.rand(n, k // GROUP, device="cuda") * 0.02 + 0.002).half()
+            zeros = (torch.rand(n, k // GROUP, device="cuda") * 15).half()
+            layers.append(A16W4_HQQ_INT(device="cuda", dtype=torch.float16).from_weights(wq, scales, zeros))
+        row["gemlite_w4a16_us"] = graph_time_us([lambda layer=layer: layer(x) for layer in layers])
+        del layers
+    except Exception as e:  # noqa: BLE001 - not installed, or it failed: say which
+        row["gemlite_w4a16_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}"
 
 
 def bench_w4a16_only(name, n, k, m, l2):
@@ -83,16 +102,7 @@ def bench_w4a16_only(name, n, k, m, l2):
     fns, split = ours_setup(n, k, c4, m)
     row["lowbit_w4a16_us"], row["lowbit_split_k"], row["int4_bytes"] = graph_time_us(fns), split, int4_bytes
     del fns
-    try:
-        wq = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
-        packed = torch._convert_weight_to_int4pack((wq[:, ::2] << 4 | wq[:, 1::2]).to(torch.uint8), 8)
-        sz = torch.randn(k // GROUP, n, 2, device="cuda").bfloat16()
-        pk = [packed.clone() for _ in range(c4)]
-        xb = x.bfloat16()
-        row["tinygemm_int4_us"] = graph_time_us([lambda p=p: torch._weight_int4pack_mm(xb, p, GROUP, sz) for p in pk])
-        del pk
-    except Exception as e:  # noqa: BLE001 - record why the peer could not run
-        row["tinygemm_int4_error"] = str(e).splitlines()[0][:160]
+    int4_peers(row, x, n, k, c4)
     row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
     return row
 
@@ -250,7 +260,8 @@ def main():
                 rows.append(r)
                 print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  w4a16 {r['lowbit_w4a16_us']:8.1f} us "
                       f"(split {r['lowbit_split_k']}, {r['int4_bytes'] / (r['lowbit_w4a16_us'] * 1e3):6.0f} GB/s)  "
-                      f"tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}",
+                      f"tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  "
+                      f"gemlite {r.get('gemlite_w4a16_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}",
                       flush=True)
                 continue
             r = bench_shape(name, n, k, m, meta["l2_bytes"])
