@@ -22,7 +22,8 @@ def loads():
     real, cache, calls = cli._load, {}, []
 
     def load(args):
-        key = (args.model, args.recipe, args.device, args.dtype, args.threads)
+        key = (args.model, args.recipe, args.device, args.dtype, args.threads, args.gpu_memory_fraction,
+               args.no_cuda_graphs)
         calls.append(key)
         if key not in cache:
             cache[key] = real(args)
@@ -42,7 +43,8 @@ def run(capsys, *argv):
 def test_generate_default_model_chat_template_and_raw(loads, capsys):
     code, out, err = run(capsys, "generate", "--max-tokens", "12", "--quiet", "What is the capital of France?")
     assert code == 0 and "Paris" in out and not out.startswith("What is")  # the reply only, via the chat template
-    assert loads[-1] == (None, "w16a16", "cpu", "f32", None)  # no --model: the default SmolLM2
+    assert loads[-1] == (None, "w16a16", "cpu", None, None, 0.9, False)  # no --model: the default SmolLM2
+    assert cli._load(cli.build_parser().parse_args(["generate", "hi"])).dtype == "f32"  # no --dtype: f32 on the CPU
     assert re.search(r"\[\d+ tokens, (stop|length), ttft \d+ ms", err)
     code, out, _ = run(capsys, "generate", "--raw", "--max-tokens", "6", "--quiet", "The capital of France is")
     assert code == 0 and out.startswith("The capital of France is") and "Paris" in out
@@ -104,6 +106,7 @@ def test_bench_and_info_verbs(loads, capsys):
     (["perplexity", "--text", "NONUTF8", "--window", "1"], "--window must be >= 2, got 1"),
     (["perplexity", "--text", "TEXT", "--window", "9000"], "window 9000 exceeds the model's context"),
     (["bench", "--new-tokens", "1"], "--new-tokens >= 2"),
+    (["generate", "--gpu-memory-fraction", "1.5", "hi"], r"gpu_memory_fraction must be in \(0, 1\], got 1.5"),
 ])
 def test_bad_input_exits_2_with_one_line(loads, capsys, tmp_path, argv, message):
     (tmp_path / "bad.txt").write_bytes(b"ok \xff\xfe text")

@@ -12,7 +12,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=".gguf file or HF model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--recipe", default="w16a16", help="precision recipe, e.g. w16a16, w8a16, w4a16 (default w16a16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default="f32", help="compute dtype f32|f16|bf16 (default f32)")
+    p.add_argument("--dtype", default=None, help="compute dtype f32|f16|bf16 (default: f32 on the CPU, f16 on a GPU)")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
+                   help="GPU: share of the device memory the process may fill; the KV cache gets the rest (default 0.9)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: run decode steps without CUDA graphs")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--quiet", action="store_true", help="no load progress on stderr")
 
@@ -79,7 +82,8 @@ def _quantize_main():
 def _load(args):
     from .llm import LLM
     return LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
-               progress=not args.quiet)
+               progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
+               cuda_graphs=not args.no_cuda_graphs)
 
 
 def _sampling(args):

@@ -24,7 +24,7 @@ class LLM:
     """
 
     def __init__(self, model: str | os.PathLike | None = None, recipe: str | None = None, device: str = "cpu",
-                 dtype: str = "f32", max_batch_tokens: int = 2048, max_seqs: int = 64,
+                 dtype: str | None = None, max_batch_tokens: int = 2048, max_seqs: int = 64,
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
                  progress: bool = True, step_thread: bool = False, gpu_memory_fraction: float = 0.9,
                  cuda_graphs: bool = True) -> None:
@@ -42,6 +42,8 @@ class LLM:
             _core.parse_recipe(recipe or "w16a16")
         except ValueError as e:
             raise ValueError(f"LLM: unknown recipe {recipe!r}: {e}") from None
+        if dtype is None:  # the GPU kernels compute in f16; the CPU's reference precision is f32
+            dtype = "f16" if str(device).startswith("cuda") else "f32"
         self._driver: EngineDriver | None = None
         loaded = load_model_source(model, progress=progress)
         recipe = resolve_recipe(loaded, recipe)  # None: w16a16, or a quantized directory's own
