@@ -36,7 +36,8 @@ python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available
 
 if has tests; then
   echo "== tests"
-  python3 -m pytest tests_py/test_gpu_core.py tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py tests_py/test_gpu_attention.py \
+  python3 -m pytest tests_py/test_gpu_core.py tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py \
+    tests_py/test_gpu_fp8.py tests_py/test_gpu_attention.py \
     tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q --maxfail=30 \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
@@ -51,6 +52,12 @@ if has sanitize; then
   timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests_py/test_gpu_w8a8.py -k "int32 and 130-200" > "$OUT/racecheck_w8a8.log" 2>&1
   echo "racecheck w8a8 rc=$?"; tail -3 "$OUT/racecheck_w8a8.log"
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_fp8.py -k "3-130-128 or 1-576-576 or (bit_exact and 5-200)" > "$OUT/memcheck_fp8.log" 2>&1
+  echo "memcheck fp8 rc=$?"; tail -3 "$OUT/memcheck_fp8.log"
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+    tests_py/test_gpu_ops.py -k "sample_rows_picks and f16" > "$OUT/racecheck_sampling.log" 2>&1
+  echo "racecheck sampling rc=$?"; tail -3 "$OUT/racecheck_sampling.log"
   timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
     tests_py/test_gpu_attention.py -k "lens1-0-9-3-64 or lens3-64-32-8-128" > "$OUT/memcheck_attn.log" 2>&1
   echo "memcheck attention rc=$?"; tail -4 "$OUT/memcheck_attn.log"
