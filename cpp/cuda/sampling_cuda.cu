@@ -120,7 +120,8 @@ __device__ uint64_t radix_select(const RowView& r, bool by_mass, double target, 
 }
 
 // params per row: (temperature, top_k, top_p, min_p, uniform) as doubles holding the host's values.
-__global__ void __launch_bounds__(kThreads) sample_kernel(Rows logits, const double* params, int32_t* tokens, float* logprobs) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(Rows logits, const double* params, int32_t* tokens, float* logprobs) {
   __shared__ double dscratch[kWarps][kBins];
   __shared__ int iscratch[kWarps][kBins];
   __shared__ float fscratch[kWarps];
@@ -153,7 +154,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(Rows logits, const dou
   best = fscratch[0];
   best_id = id_scratch[0];
   for (int w = 1; w < kWarps; ++w)
-    if (fscratch[w] > best || (fscratch[w] == best && id_scratch[w] < best_id)) best = fscratch[w], best_id = id_scratch[w];
+    if (fscratch[w] > best || (fscratch[w] == best && id_scratch[w] < best_id))
+      best = fscratch[w], best_id = id_scratch[w];
   if (best_id == INT_MAX) best_id = 0;  // an all -inf / NaN row
   float sum = 0.f;
   for (int i = threadIdx.x; i < cols; i += kThreads) sum += expf(load_any(row, logits.dtype, i) - best);

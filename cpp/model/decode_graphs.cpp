@@ -132,9 +132,9 @@ void Model::decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWo
   forward_layers(ids, positions, attn, rows, cache, ws);
   Tensor logits = ws.logits_compute.slice(0, 0, rows);
   ops::linear(ws.normed.slice(0, 0, rows), lm_head_, Tensor(), logits, ops::LinearActivation::float16);
-  cuda::sample_rows(cuda::Rows{logits.data_ptr(), logits.dtype(), rows, logits.size(1), logits.stride(0)},
-                    static_cast<const double*>(g.params_device.data_ptr()), g.tokens_device.data<int32_t>(), g.logprobs_device.data<float>(),
-                    cuda::current_stream());
+  const auto* params = static_cast<const double*>(g.params_device.data_ptr());
+  cuda::sample_rows(cuda::Rows{logits.data_ptr(), logits.dtype(), rows, logits.size(1), logits.stride(0)}, params,
+                    g.tokens_device.data<int32_t>(), g.logprobs_device.data<float>(), cuda::current_stream());
 }
 
 void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& sampling, KVCache& cache,
