@@ -297,6 +297,21 @@ bool check_gemm8_args(const char* op, const Tensor& xq, const Tensor& x_scale, c
   return raw;
 }
 
+// The mma.sync kernel on checked arguments: Acc int for s8 operands, float for e4m3.
+template <typename Acc>
+void launch_gemm8(const char* op, const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale,
+                  Tensor& y, bool raw, cudaStream_t stream) {
+  const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
+  W8A8Args p{static_cast<const int8_t*>(xq.data_ptr()), static_cast<const int8_t*>(wq.data_ptr()),
+             raw ? nullptr : x_scale.data<float>(), raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0),
+             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
+  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
+  auto kernel = raw ? gemm_w8a8_kernel<Acc, true> : gemm_w8a8_kernel<Acc, false>;
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
 // Compute capability 8.9 or newer (e4m3 tensor-core instructions).
 bool has_fp8_mma(int device) {
   int major = 0, minor = 0;
@@ -359,20 +374,7 @@ void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const 
                            static_cast<int>(n), static_cast<int>(k), split, stream);
     return;
   }
-  W8A8Args p{xq.data<int8_t>(), wq.data<int8_t>(), raw ? nullptr : x_scale.data<float>(),
-             raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k)};
-  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
-  if (raw) {
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w8a8_kernel<int, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               kSmemBytes));
-    gemm_w8a8_kernel<int, true><<<grid, kThreads, kSmemBytes, stream>>>(p);
-  } else {
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w8a8_kernel<int, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               kSmemBytes));
-    gemm_w8a8_kernel<int, false><<<grid, kThreads, kSmemBytes, stream>>>(p);
-  }
-  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  launch_gemm8<int>(op, xq, x_scale, wq, w_scale, y, raw, stream);
 }
 
 void quantize_per_token_e4m3(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
@@ -391,20 +393,12 @@ void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const T
               cudaStream_t stream) {
   const char* op = "gemm_fp8";
   const bool raw = check_gemm8_args(op, xq, x_scale, wq, w_scale, y, ScalarType::e4m3, ScalarType::f32);
-  const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
-  if (m == 0 || n == 0) return;
+  if (xq.size(0) == 0 || wq.size(0) == 0) return;
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, has_fp8_mma(dev), op,
                     ": fp8 e4m3 tensor-core GEMMs need compute capability 8.9 or newer (Ada, Hopper)");
-  W8A8Args p{static_cast<const int8_t*>(xq.data_ptr()), static_cast<const int8_t*>(wq.data_ptr()),
-             raw ? nullptr : x_scale.data<float>(), raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0),
-             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k)};
-  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
-  auto kernel = raw ? gemm_w8a8_kernel<float, true> : gemm_w8a8_kernel<float, false>;
-  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  launch_gemm8<float>(op, xq, x_scale, wq, w_scale, y, raw, stream);
 }
 
 }  // namespace lowbit::cuda
