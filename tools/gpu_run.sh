@@ -41,29 +41,24 @@ if has tests; then
     tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q --maxfail=30 \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
 fi
+# sanitize TOOL LOG SECONDS TEST_FILE K_EXPR: compute-sanitizer (memcheck/racecheck) over the selected pytest cases;
+# prints "LOG rc=N" (0 = clean) and the summary lines, the full report stays in $OUT/LOG.log.
+sanitize() {
+  timeout "$3" compute-sanitizer --tool "$1" --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider "$4" -k "$5" \
+    > "$OUT/$2.log" 2>&1
+  echo "$2 rc=$?"; tail -3 "$OUT/$2.log"
+}
+
 if has sanitize; then
-  echo "== compute-sanitizer memcheck (small kernel tests)"
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_w4a16.py -k "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3" \
-    > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?"; tail -4 "$OUT/memcheck.log"
-  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_w8a8.py -k "bit_exact and (3-130 or 17 or 1-8)" > "$OUT/memcheck_w8a8.log" 2>&1
-  echo "memcheck w8a8 rc=$?"; tail -3 "$OUT/memcheck_w8a8.log"
-  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_w8a8.py -k "int32 and 130-200" > "$OUT/racecheck_w8a8.log" 2>&1
-  echo "racecheck w8a8 rc=$?"; tail -3 "$OUT/racecheck_w8a8.log"
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_fp8.py -k "3-130-128 or 1-576-576 or (bit_exact and 5-200)" > "$OUT/memcheck_fp8.log" 2>&1
-  echo "memcheck fp8 rc=$?"; tail -3 "$OUT/memcheck_fp8.log"
-  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_ops.py -k "sample_rows_picks and f16" > "$OUT/racecheck_sampling.log" 2>&1
-  echo "racecheck sampling rc=$?"; tail -3 "$OUT/racecheck_sampling.log"
-  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_attention.py -k "lens1-0-9-3-64 or lens3-64-32-8-128" > "$OUT/memcheck_attn.log" 2>&1
-  echo "memcheck attention rc=$?"; tail -4 "$OUT/memcheck_attn.log"
-  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_attention.py -k "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8" > "$OUT/racecheck.log" 2>&1
-  echo "racecheck rc=$?"; tail -4 "$OUT/racecheck.log"
+  echo "== compute-sanitizer (small kernel tests)"
+  sanitize memcheck memcheck_w4a16 240 tests_py/test_gpu_w4a16.py \
+    "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
+  sanitize memcheck memcheck_w8a8 200 tests_py/test_gpu_w8a8.py "bit_exact and (3-130 or 17 or 1-8)"
+  sanitize racecheck racecheck_w8a8 200 tests_py/test_gpu_w8a8.py "int32 and 130-200"
+  sanitize memcheck memcheck_fp8 120 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200)"
+  sanitize racecheck racecheck_sampling 120 tests_py/test_gpu_ops.py "sample_rows_picks and f16"
+  sanitize memcheck memcheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-9-3-64 or lens3-64-32-8-128"
+  sanitize racecheck racecheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8"
 fi
 
 if has engine; then
@@ -76,14 +71,12 @@ if has engine; then
 fi
 
 if has sanitize || has engine; then
-  echo "== compute-sanitizer memcheck (forward-pass ops, small cases)"
-  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_ops.py -k "(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope and f16) or \
-    (kv_write and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100)" \
-    > "$OUT/memcheck_ops.log" 2>&1; echo "memcheck ops rc=$?"; tail -3 "$OUT/memcheck_ops.log"
-  timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
-    tests_py/test_gpu_engine.py -k "(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy" \
-    > "$OUT/memcheck_engine.log" 2>&1; echo "memcheck engine rc=$?"; tail -3 "$OUT/memcheck_engine.log"
+  echo "== compute-sanitizer memcheck (forward-pass ops, small cases; engine with decode graphs)"
+  sanitize memcheck memcheck_ops 150 tests_py/test_gpu_ops.py "(rms_norm and 7-576) or (silu and 17-333) or embedding or \
+(rope and f16) or (kv_write and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or \
+(f16_linear and 49-100)"
+  sanitize memcheck memcheck_engine 100 tests_py/test_gpu_engine.py \
+    "(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
 fi
 
 if has profile; then
