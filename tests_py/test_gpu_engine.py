@@ -90,8 +90,7 @@ TOLERANCE = {"w8a8kv4": 4e-2, "wfp8a8kv8": 8e-2}
 
 
 @pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w8a8kv4", "w16a16kv4", "wfp8a8kv8"])
-def test_random_llama_gqa4_head128_logits_match_cpu(recipe, monkeypatch):
-    monkeypatch.setenv("LOWBIT_FP8_GPU", "1")  # the fp8 GEMM's opt-in (device_support.cpp)
+def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     cpu = random_llama(recipe, "cpu", "f32")
     gpu = random_llama(recipe, "cuda", "f16")
     ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -129,14 +128,13 @@ def run_events(eng, prompts, max_tokens, opts):
 
 
 @pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "wfp8a8kv8"])
-def test_decode_graphs_agree_with_eager_steps(recipe, monkeypatch):
+def test_decode_graphs_agree_with_eager_steps(recipe):
     """Greedy decoding with CUDA-graph steps vs the same engine stepping eagerly. Five sequences pad to
     a bucket of 8; prompts near 256 tokens cross the first context bucket while decoding (a second
     graph). The graphs run the same kernels on padded batches, so logits differ from the eager ones
     only by split-K / split-KV summation order: every graph token must be within 0.05 logits of the
     eager argmax given the same history (a wrong row, slot or bucket costs whole logits), and the
     device's log-softmax of each greedy token must match the host's to 1e-2."""
-    monkeypatch.setenv("LOWBIT_FP8_GPU", "1")  # the fp8 GEMM's opt-in (device_support.cpp)
     model = random_llama(recipe, "cuda", "f16", seed=5)
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 9, 200, 250, 31)]
@@ -201,8 +199,6 @@ def test_gpu_model_info_and_load_errors():
                            ("w4a16g32", "group 32 has no W4A16 GPU kernel")]:
         with pytest.raises(NotImplementedError, match=needle):
             _core.Model(cfg, recipe, "cuda", "f16")
-    with pytest.raises(NotImplementedError, match="not been validated on a GPU yet; set LOWBIT_FP8_GPU=1"):
-        _core.Model(cfg, "wfp8a8", "cuda", "f16")
     with pytest.raises(NotImplementedError, match="compute in f16; dtype f32 has none: pass dtype='f16'"):
         _core.Model(cfg, "w16a16", "cuda", "f32")
 

@@ -10,7 +10,6 @@
 #endif
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 namespace lowbit::model_detail {
@@ -47,12 +46,6 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
   if (fp8) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cap >= 89, "Model: recipe '", recipe.text, "' needs fp8 tensor cores ",
                       "(sm_89 or newer); device ", device.str(), " is ", arch, ". ", available);
-    // The e4m3 GEMM has not run on a GPU yet (its tests are written): until it has, a model takes it
-    // only when asked to, so nobody gets unverified numbers by default.
-    const char* opt_in = std::getenv("LOWBIT_FP8_GPU");
-    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, opt_in != nullptr && std::string(opt_in) == "1", "Model: recipe '",
-                      recipe.text, "' on the GPU uses an fp8 GEMM that has not been validated on a GPU yet; set ",
-                      "LOWBIT_FP8_GPU=1 to use it anyway, or run it on device='cpu'");
   }
   if (!w16 && !w4a16 && !w8a8 && !fp8)
     LOWBIT_NOT_SUPPORTED("Model: recipe '", recipe.text, "' (", name_of(recipe.weight), " weights, ",

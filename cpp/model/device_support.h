@@ -10,8 +10,8 @@
 namespace lowbit::model_detail {
 
 // Throws NotSupported naming the recipe (or dtype) and the device's arch unless the GPU kernels
-// cover it: compute dtype f16; w16a16, w4a16 (g64/g128), w8a8, wfp8a8 (sm_89+, opt-in with LOWBIT_FP8_GPU=1
-// until its GEMM has run on a GPU); KV 16/8/4 bits.
+// cover it: compute dtype f16; w16a16, w4a16 (g64/g128), w8a8, wfp8a8 (sm_89+);
+// KV 16/8/4 bits.
 void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device);
 // A linear packed for the sm80 kernel family on `device`: f16 as is ([n, k]), w8 as s8 [n, k] and
 // e4m3 as e4m3 [n, k] with f32 scales [n] (k a multiple of 64), w4 through pack_sm80.
