@@ -1,5 +1,6 @@
 """Paged decode attention (f16 / u8 / u4 KV) vs SDPA fp16 (enable_gqa) on Llama-3-8B heads:
-32 query heads, 8 kv heads, head_dim 128. Writes JSON (argv[1]) and prints a table."""
+32 query heads, 8 kv heads, head_dim 128. Writes JSON (argv[1]) and prints a table. --split-sweep also
+times each explicit split size (SPLITS)."""
 import math
 import sys
 
@@ -13,6 +14,7 @@ from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIGS = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 8192)]
+SPLITS = [256, 512, 1024, 2048, 4096, 8192]  # --split-sweep: explicit split_tokens tried per config
 
 
 def paged_cache(kv, b, length):
@@ -36,7 +38,7 @@ def kv_bytes(kv, b, length):
     return int(b * length * HKV * (2 * D * per_elem + params))
 
 
-def bench(b, length, l2, meta):
+def bench(b, length, l2, meta, split_sweep=False):
     row = {"batch": b, "seq_len": length}
     q = torch.randn(b, HQ, 1, D, device="cuda").half()
     sdpa_bytes = kv_bytes("f16", b, length)
@@ -59,30 +61,38 @@ def bench(b, length, l2, meta):
             caches.append(tuple(None if t is None else lowbit.from_dlpack(t) for t in (k, v, kp, vp, table)) +
                           ((k, v, kp, vp, table),))  # keep torch owners alive
 
-        def make(c, kv=kv):
+        def make(c, kv=kv, split=0):
             return lambda: _core.decode_attention(lq, c[0], c[1], c[2], c[3], c[4], llens, length,
-                                                  1 / math.sqrt(D), lout, kv_dtype=kv, stream=stream().cuda_stream)
+                                                  1 / math.sqrt(D), lout, kv_dtype=kv, split_tokens=split,
+                                                  stream=stream().cuda_stream)
         t = graph_time_us([make(c) for c in caches])
         row[f"lowbit_{kv}_us"] = t
         row[f"lowbit_{kv}_gbs"] = nbytes / (t * 1e3)
         row[f"speedup_{kv}_vs_sdpa"] = row["sdpa_fp16_us"] / t
+        if split_sweep:  # the data behind the split-size heuristic: time per explicit split size
+            row[f"lowbit_{kv}_us_by_split"] = {s: graph_time_us([make(c, split=s) for c in caches])
+                                               for s in SPLITS if s < length}
         del caches
     row["sdpa_gbs"] = sdpa_bytes / (row["sdpa_fp16_us"] * 1e3)
     return row
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "bench_attention.json"
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out = args[0] if args else "bench_attention.json"
+    sweep = "--split-sweep" in sys.argv
     meta = device_meta()
     meta["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
     rows = []
     for b, length in CONFIGS:
-        r = bench(b, length, meta["l2_bytes"], meta)
+        r = bench(b, length, meta["l2_bytes"], meta, split_sweep=sweep)
         rows.append(r)
         print(f"B={b:3d} L={length:6d}  sdpa {r['sdpa_fp16_us']:8.1f} us ({r['sdpa_gbs']:5.0f} GB/s)  "
               f"f16 {r['lowbit_f16_us']:8.1f} ({r['lowbit_f16_gbs']:5.0f})  u8 {r['lowbit_u8_us']:8.1f} "
               f"({r['lowbit_u8_gbs']:5.0f})  u4 {r['lowbit_u4_us']:8.1f} ({r['lowbit_u4_gbs']:5.0f})  "
               f"x{r['speedup_u8_vs_sdpa']:.2f}/x{r['speedup_u4_vs_sdpa']:.2f}", flush=True)
+        for kv in ("f16", "u8", "u4") if sweep else ():
+            print(f"    {kv} by split_tokens: " + "  ".join(f"{s}: {t:.1f}" for s, t in r[f"lowbit_{kv}_us_by_split"].items()))
         torch.cuda.empty_cache()
     write_json(out, {"meta": meta, "attention": rows})
 

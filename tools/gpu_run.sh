@@ -80,11 +80,14 @@ if has sanitize || has engine; then
 fi
 
 if has profile; then
-  echo "== ncu (W4A16 gate_up M=1, u4 attention B=64 L=8K)"
-  timeout 300 ncu --clock-control none --launch-skip 1 --launch-count 3 -k regex:"gemm_w4a16_kernel|decode_attention_kernel" \
+  echo "== ncu (W4A16 gate_up M=1; u4 and u8 attention B=64 L=8K), with the stall reasons per issued instruction"
+  timeout 300 ncu --clock-control none -k regex:"gemm_w4a16_kernel|decode_attention_kernel" \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-    --section LaunchStats python3 tools/bench_gpu_profile.py > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
-  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slot|L1/TEX Hit|L2 Hit|Block Limit" "$OUT/ncu.txt" | head -70
+    --section LaunchStats --section InstructionStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    python3 tools/bench_gpu_profile.py > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu.txt" \
+    | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | head -90
 fi
 if has bench; then
   echo "== benchmarks"

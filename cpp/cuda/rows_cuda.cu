@@ -1,6 +1,8 @@
 // Row-wise kernels of the forward pass on the GPU: RMSNorm (+ fused residual add), SiLU·mul,
-// embedding gather, bias add, cast to f32. One block per row; f32 math, one rounding per output
-// like the CPU kernels (cpp/kernels/cpu/elementwise_cpu.cpp).
+// embedding gather, bias add, cast to f32. Norms take one block per row, element-wise kernels spread
+// rows over many blocks; f32 math, one rounding per output like the CPU kernels
+// (cpp/kernels/cpu/elementwise_cpu.cpp).
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/float_io.cuh"
@@ -31,7 +33,82 @@ __device__ float inv_rms(float ss, int64_t cols, float eps) {
   return static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(cols) + eps));
 }
 
-__global__ void rms_norm_kernel(Rows x, Rows w, float eps, Rows out) {
+// Row-wise norms hold their row in registers (kPer values per thread, rows up to kPer * kThreads
+// columns): every load of the row is issued before any store, so they overlap. (A loop that loads,
+// stores, and reloads element by element cannot: the compiler must assume the store may alias the
+// next load.) They are typed (T for x, residual and out; W for the weight) rather than branching on
+// dtypes per element: a single block per row runs the kernel's code once, so code size, i.e.
+// instruction-cache misses, is most of its time at batch 1.
+constexpr int kPer = 32;
+constexpr int64_t kMaxRegisterCols = int64_t{kPer} * kThreads;
+
+__device__ __forceinline__ float round_as(ScalarType t, float v) {  // what storing v as t keeps
+  if (t == ScalarType::f16) return __half2float(__float2half_rn(v));
+  if (t == ScalarType::bf16) return __bfloat162float(__float2bfloat16_rn(v));
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  T r;
+  store_f32(&r, v);
+  return load_f32(&r);
+}
+
+template <bool kAdd, typename T, typename W>
+__global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, Rows w, float eps, Rows out) {
+  const int64_t r = blockIdx.x;
+  const T* xr = static_cast<const T*>(x.base) + r * x.stride;
+  T* rr = kAdd ? static_cast<T*>(res.base) + r * res.stride : nullptr;
+  const W* wr = static_cast<const W*>(w.base);
+  const int cols = static_cast<int>(x.cols);
+  float v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    v[j] = 0.f;
+    if (i < cols) v[j] = kAdd ? load_f32(rr + i) + load_f32(xr + i) : load_f32(xr + i);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (kAdd) v[j] = round_to<T>(v[j]);  // normalize what the residual now holds (rounded)
+    if (i < cols) {
+      if (kAdd) store_f32(rr + i, v[j]);
+      ss += v[j] * v[j];
+    }
+  }
+  const float inv = inv_rms(ss, cols, eps);
+  T* orow = static_cast<T*>(out.base) + r * out.stride;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < cols) store_f32(orow + i, v[j] * inv * load_f32(wr + i));
+  }
+}
+
+// The typed kernel for x/residual/out of one dtype and a weight of that dtype or f32 (every model
+// on the GPU); false for other mixes, which take the generic kernels below.
+template <bool kAdd>
+bool launch_typed_norm(const Rows& res, const Rows& x, const Rows& w, float eps, const Rows& out,
+                       cudaStream_t stream) {
+  if (x.cols > kMaxRegisterCols || out.dtype != x.dtype || (kAdd && res.dtype != x.dtype) ||
+      (w.dtype != x.dtype && w.dtype != ScalarType::f32))
+    return false;
+  const unsigned grid = static_cast<unsigned>(x.rows);
+  dispatch_float(x.dtype, "rms_norm", [&](auto t) {
+    using T = decltype(t);
+    if (w.dtype == ScalarType::f32)
+      norm_rows_kernel<kAdd, T, float><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
+    else
+      norm_rows_kernel<kAdd, T, T><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
+  });
+  return true;
+}
+
+// Other dtype mixes, and rows wider than kMaxRegisterCols: the row is streamed twice (sum of squares,
+// then the output).
+__global__ void rms_norm_wide_kernel(Rows x, Rows w, float eps, Rows out) {
   const int64_t r = blockIdx.x;
   const void* xr = static_cast<const char*>(x.base) + r * x.stride * float_bytes(x.dtype);
   float ss = 0.f;
@@ -45,14 +122,14 @@ __global__ void rms_norm_kernel(Rows x, Rows w, float eps, Rows out) {
     store_any(orow, out.dtype, i, load_any(xr, x.dtype, i) * inv * load_any(w.base, w.dtype, i));
 }
 
-__global__ void add_rms_norm_kernel(Rows res, Rows x, Rows w, float eps, Rows out) {
+__global__ void add_rms_norm_wide_kernel(Rows res, Rows x, Rows w, float eps, Rows out) {
   const int64_t r = blockIdx.x;
   void* rr = static_cast<char*>(res.base) + r * res.stride * float_bytes(res.dtype);
   const void* xr = static_cast<const char*>(x.base) + r * x.stride * float_bytes(x.dtype);
   float ss = 0.f;
   for (int64_t i = threadIdx.x; i < x.cols; i += kThreads) {
-    store_any(rr, res.dtype, i, load_any(rr, res.dtype, i) + load_any(xr, x.dtype, i));
-    const float v = load_any(rr, res.dtype, i);  // normalize what the residual now holds (rounded)
+    const float v = round_as(res.dtype, load_any(rr, res.dtype, i) + load_any(xr, x.dtype, i));
+    store_any(rr, res.dtype, i, v);
     ss += v * v;
   }
   const float inv = inv_rms(ss, x.cols, eps);
@@ -61,38 +138,48 @@ __global__ void add_rms_norm_kernel(Rows res, Rows x, Rows w, float eps, Rows ou
     store_any(orow, out.dtype, i, load_any(rr, res.dtype, i) * inv * load_any(w.base, w.dtype, i));
 }
 
+// Element-wise kernels: a grid of (column chunks, rows), one element per thread, so a single row
+// (batch-1 decode) is spread over many SMs instead of one block looping over it.
 __global__ void silu_mul_kernel(Rows gu, Rows out) {
-  const int64_t r = blockIdx.x, inter = out.cols;
-  const void* g = static_cast<const char*>(gu.base) + r * gu.stride * float_bytes(gu.dtype);
-  void* o = static_cast<char*>(out.base) + r * out.stride * float_bytes(out.dtype);
-  for (int64_t i = threadIdx.x; i < inter; i += kThreads) {
-    const float a = load_any(g, gu.dtype, i);
-    store_any(o, out.dtype, i, a / (1.f + expf(-a)) * load_any(g, gu.dtype, inter + i));
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x, inter = out.cols;
+  if (i >= inter) return;
+  for (int64_t r = blockIdx.y; r < out.rows; r += gridDim.y) {
+    const void* g = static_cast<const char*>(gu.base) + r * gu.stride * float_bytes(gu.dtype);
+    void* o = static_cast<char*>(out.base) + r * out.stride * float_bytes(out.dtype);
+    const float a = load_any(g, gu.dtype, i), b = load_any(g, gu.dtype, inter + i);
+    store_any(o, out.dtype, i, a / (1.f + expf(-a)) * b);
   }
 }
 
 __global__ void embedding_kernel(const int32_t* ids, Rows table, Rows out) {
-  const int64_t r = blockIdx.x;
-  const int32_t id = ids[r];
-  void* o = static_cast<char*>(out.base) + r * out.stride * float_bytes(out.dtype);
-  const bool ok = id >= 0 && id < table.rows;
-  const void* t = static_cast<const char*>(table.base) + (ok ? id : 0) * table.stride * float_bytes(table.dtype);
-  for (int64_t i = threadIdx.x; i < out.cols; i += kThreads)
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= out.cols) return;
+  for (int64_t r = blockIdx.y; r < out.rows; r += gridDim.y) {
+    const int32_t id = ids[r];
+    void* o = static_cast<char*>(out.base) + r * out.stride * float_bytes(out.dtype);
+    const bool ok = id >= 0 && id < table.rows;
+    const void* t = static_cast<const char*>(table.base) + (ok ? id : 0) * table.stride * float_bytes(table.dtype);
     store_any(o, out.dtype, i, ok ? load_any(t, table.dtype, i) : NAN);
+  }
 }
 
 __global__ void add_bias_kernel(Rows y, Rows bias) {
-  const int64_t r = blockIdx.x;
-  void* yr = static_cast<char*>(y.base) + r * y.stride * float_bytes(y.dtype);
-  for (int64_t i = threadIdx.x; i < y.cols; i += kThreads)
-    store_any(yr, y.dtype, i, load_any(yr, y.dtype, i) + load_any(bias.base, bias.dtype, i));
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= y.cols) return;
+  const float b = load_any(bias.base, bias.dtype, i);
+  for (int64_t r = blockIdx.y; r < y.rows; r += gridDim.y) {
+    void* yr = static_cast<char*>(y.base) + r * y.stride * float_bytes(y.dtype);
+    store_any(yr, y.dtype, i, load_any(yr, y.dtype, i) + b);
+  }
 }
 
 __global__ void cast_kernel(Rows x, Rows out) {
-  const int64_t r = blockIdx.x;
-  const void* xr = static_cast<const char*>(x.base) + r * x.stride * float_bytes(x.dtype);
-  float* o = static_cast<float*>(out.base) + r * out.stride;
-  for (int64_t i = threadIdx.x; i < x.cols; i += kThreads) o[i] = load_any(xr, x.dtype, i);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= x.cols) return;
+  for (int64_t r = blockIdx.y; r < x.rows; r += gridDim.y) {
+    const void* xr = static_cast<const char*>(x.base) + r * x.stride * float_bytes(x.dtype);
+    static_cast<float*>(out.base)[r * out.stride + i] = load_any(xr, x.dtype, i);
+  }
 }
 
 unsigned grid_of(int64_t rows, const char* op) {
@@ -100,43 +187,53 @@ unsigned grid_of(int64_t rows, const char* op) {
   return static_cast<unsigned>(rows);
 }
 
+// (column chunks, rows) for the element-wise kernels; rows past 65535 are looped over by the kernel.
+dim3 elementwise_grid(int64_t rows, int64_t cols, const char* op) {
+  LOWBIT_CHECK(cols < (1LL << 40), op, ": rows too wide (", cols, " columns)");
+  return dim3(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+}
+
 }  // namespace
 
 void rms_norm(const Rows& x, const Rows& weight, float eps, const Rows& out, cudaStream_t stream) {
   if (x.rows == 0 || x.cols == 0) return;
-  rms_norm_kernel<<<grid_of(x.rows, "rms_norm"), kThreads, 0, stream>>>(x, weight, eps, out);
+  grid_of(x.rows, "rms_norm");  // checks the row count
+  if (!launch_typed_norm<false>(Rows{}, x, weight, eps, out, stream))
+    rms_norm_wide_kernel<<<grid_of(x.rows, "rms_norm"), kThreads, 0, stream>>>(x, weight, eps, out);
   LOWBIT_CUDA_CHECK_LAUNCH("rms_norm");
 }
 
 void add_rms_norm(const Rows& residual, const Rows& x, const Rows& weight, float eps, const Rows& out,
                   cudaStream_t stream) {
   if (x.rows == 0 || x.cols == 0) return;
-  add_rms_norm_kernel<<<grid_of(x.rows, "add_rms_norm"), kThreads, 0, stream>>>(residual, x, weight, eps, out);
+  grid_of(x.rows, "add_rms_norm");  // checks the row count
+  if (!launch_typed_norm<true>(residual, x, weight, eps, out, stream))
+    add_rms_norm_wide_kernel<<<grid_of(x.rows, "add_rms_norm"), kThreads, 0, stream>>>(residual, x, weight, eps, out);
   LOWBIT_CUDA_CHECK_LAUNCH("add_rms_norm");
 }
 
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream) {
   if (out.rows == 0 || out.cols == 0) return;
-  silu_mul_kernel<<<grid_of(out.rows, "silu_mul"), kThreads, 0, stream>>>(gate_up, out);
+  silu_mul_kernel<<<elementwise_grid(out.rows, out.cols, "silu_mul"), kThreads, 0, stream>>>(gate_up, out);
   LOWBIT_CUDA_CHECK_LAUNCH("silu_mul");
 }
 
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream) {
   if (out.rows == 0 || out.cols == 0) return;
-  embedding_kernel<<<grid_of(out.rows, "embedding"), kThreads, 0, stream>>>(ids, table, out);
+  embedding_kernel<<<elementwise_grid(out.rows, out.cols, "embedding"), kThreads, 0, stream>>>(ids, table, out);
   LOWBIT_CUDA_CHECK_LAUNCH("embedding");
 }
 
 void add_bias(const Rows& y, const Rows& bias, cudaStream_t stream) {
   if (y.rows == 0 || y.cols == 0) return;
-  add_bias_kernel<<<grid_of(y.rows, "add_bias"), kThreads, 0, stream>>>(y, bias);
+  add_bias_kernel<<<elementwise_grid(y.rows, y.cols, "add_bias"), kThreads, 0, stream>>>(y, bias);
   LOWBIT_CUDA_CHECK_LAUNCH("add_bias");
 }
 
 void cast_rows_to_f32(const Rows& x, const Rows& out, cudaStream_t stream) {
   LOWBIT_CHECK_TYPE(out.dtype == ScalarType::f32, "cast_rows_to_f32: 'out' must be f32, got ", name_of(out.dtype));
   if (x.rows == 0 || x.cols == 0) return;
-  cast_kernel<<<grid_of(x.rows, "cast_rows_to_f32"), kThreads, 0, stream>>>(x, out);
+  cast_kernel<<<elementwise_grid(x.rows, x.cols, "cast_rows_to_f32"), kThreads, 0, stream>>>(x, out);
   LOWBIT_CUDA_CHECK_LAUNCH("cast_rows_to_f32");
 }
 

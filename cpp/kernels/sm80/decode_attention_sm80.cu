@@ -8,6 +8,9 @@
 // Integer K/V are fed to the tensor cores as exact f16 integers (magic-number conversion) and
 // their parameters are applied outside: q·(k s + z) = s (q·k) + z Σq, and Σ p (v s + z) =
 // Σ (p s) v + Σ p z, so P' = p * s_v (BitDecoding-style: dequantize in registers, fold scales).
+// The magic numbers are folded too: a code c becomes the exact f16 1024 + c (u4 high nibbles
+// 1024 + 16c) with one lop3/prmt and no subtraction, and the known offsets are removed after the
+// mma, in f32: q·(1024 + c) = q·c + 1024 Σq, and Σ p'(1024 + c) = Σ p' c + 1024 Σ p'.
 // A dot product does not care about the order of its terms, so each lane loads a contiguous run
 // of dims (scores) or of dims for 4 tokens (output), and the query / P' operands use the same
 // order. Each warp keeps its own online softmax over 16-token tiles; the block's 4 warps merge
@@ -23,7 +26,7 @@ namespace lowbit::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32, kTile = 16;
-constexpr int kMaxSplitTokens = 512;
+constexpr int kMinSplitTokens = 512;  // the split-size heuristic's floor for long contexts (see decode_attention)
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m) underflows to 0
 enum class KvType { f16, u8, u4 };
 
@@ -31,7 +34,6 @@ template <KvType T>
 constexpr int kv_bits() { return T == KvType::f16 ? 16 : T == KvType::u8 ? 8 : 4; }
 
 __device__ inline uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ inline __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
 template <int kBytes>
 __device__ inline void load_bytes(const uint8_t* p, uint32_t (&r)[kBytes / 4]) {
@@ -56,14 +58,15 @@ __device__ inline uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  //
   return r;
 }
 constexpr uint32_t kMagic = 0x64006400;  // f16 pair (1024, 1024)
-__device__ inline uint32_t magic_lo(uint32_t w) {  // low byte's low nibble of each half -> exact f16
-  return h2u(__hsub2(u2h(lop3_and_or(w, 0x000f000f, kMagic)), u2h(kMagic)));
+// The folded forms used by the kernel: codes plus the magic offset, the offsets removed after the mma.
+__device__ inline uint32_t nibbles_lo_plus_1024(uint32_t w) {  // low nibble of each half's low byte: 1024 + c
+  return lop3_and_or(w, 0x000f000f, kMagic);
 }
-__device__ inline uint32_t magic_hi(uint32_t w) {  // low byte's high nibble of each half
-  return h2u(__hfma2(u2h(lop3_and_or(w, 0x00f000f0, kMagic)), u2h(0x2c002c00), u2h(0xd400d400)));
+__device__ inline uint32_t nibbles_hi_plus_1024(uint32_t w) {  // its high nibble: 1024 + 16c
+  return lop3_and_or(w, 0x00f000f0, kMagic);
 }
-__device__ inline uint32_t bytes_to_f16(uint32_t w, uint32_t sel) {  // two bytes -> exact f16 pair
-  return h2u(__hsub2(u2h(__byte_perm(w, 0x64646464, sel)), u2h(kMagic)));
+__device__ inline uint32_t bytes_plus_1024(uint32_t w, uint32_t sel) {  // two bytes: 1024 + c each
+  return __byte_perm(w, 0x64646464, sel);
 }
 
 __device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -87,19 +90,21 @@ __device__ inline void q_dims(int j, int& b0_first, int& b0_second, int& b1_firs
 }
 
 // K A-fragment registers of k-step j from one token's run of D/4 dims (a0/a2 for row g, a1/a3 g+8).
+// Integer codes come with their magic offsets (lo: 1024 + c; u4 hi: 1024 + 16c), removed after the mma.
 template <KvType KT, int kWords>
 __device__ inline void k_frag(const uint32_t (&w)[kWords], int j, uint32_t& lo, uint32_t& hi) {
   if constexpr (KT == KvType::f16) {
     lo = w[2 * j]; hi = w[2 * j + 1];
   } else if constexpr (KT == KvType::u8) {
-    lo = bytes_to_f16(w[j], 0x4140); hi = bytes_to_f16(w[j], 0x4342);
+    lo = bytes_plus_1024(w[j], 0x4140); hi = bytes_plus_1024(w[j], 0x4342);
   } else {
     const uint32_t x = (j & 1) ? (w[j >> 1] >> 8) : w[j >> 1];
-    lo = magic_lo(x); hi = magic_hi(x);
+    lo = nibbles_lo_plus_1024(x); hi = nibbles_hi_plus_1024(x);
   }
 }
 
-// Vᵀ A-fragment registers of m-tile mt (dims 2mt, 2mt+1 of the lane's run) for tokens (a, b).
+// Vᵀ A-fragment registers of m-tile mt (dims 2mt, 2mt+1 of the lane's run) for tokens (a, b); integer
+// codes with their magic offsets as in k_frag (dim0 1024 + c; dim1 1024 + c for u8, 1024 + 16c for u4).
 template <KvType VT, int kWords>
 __device__ inline void v_frag(const uint32_t (&wa)[kWords], const uint32_t (&wb)[kWords], int mt, uint32_t& dim0,
                               uint32_t& dim1) {
@@ -109,13 +114,13 @@ __device__ inline void v_frag(const uint32_t (&wa)[kWords], const uint32_t (&wb)
   } else if constexpr (VT == KvType::u8) {
     const int byte = (2 * mt) & 3;
     const uint32_t t = __byte_perm(wa[mt >> 1], wb[mt >> 1], byte | (byte + 4) << 4 | (byte + 1) << 8 | (byte + 5) << 12);
-    dim0 = bytes_to_f16(t, 0x4140);
-    dim1 = bytes_to_f16(t, 0x4342);
+    dim0 = bytes_plus_1024(t, 0x4140);
+    dim1 = bytes_plus_1024(t, 0x4342);
   } else {
     const int byte = mt & 3;
     const uint32_t t = __byte_perm(wa[mt >> 2], wb[mt >> 2], byte | byte << 4 | (byte + 4) << 8 | (byte + 4) << 12);
-    dim0 = magic_lo(t);
-    dim1 = magic_hi(t);
+    dim0 = nibbles_lo_plus_1024(t);
+    dim1 = nibbles_hi_plus_1024(t);
   }
 }
 
@@ -132,25 +137,31 @@ struct AttnArgs {
   float* part_stats;  // [B, Hq, splits, 2] = (max, sum)
   int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h;
   int hq, hkv, group, block_size, max_blocks, split_tokens;
+  int block_shift;        // log2(block_size) when it is a power of two, else -1 (division)
   bool tile_in_one_page;  // block_size and split_tokens are multiples of 16: a tile never straddles pages
   float scale;
 };
 
-// One 16-token tile's operands for one lane: K rows g and g+8, V tokens 4t..4t+3, parameters.
-template <int kKWords, int kVWords>
-struct TileRegs {
+// One 16-token tile's operands for one lane: K rows g and g+8 with the (scale, zero) of both K and V
+// (TileK, loaded one tile ahead), and V tokens 4t..4t+3 (TileV, loaded at the top of its own tile:
+// the score and softmax work covers its latency, and the registers of a second V tile are saved).
+template <int kKWords>
+struct TileK {
   uint32_t kg[kKWords], kg8[kKWords];
-  uint32_t v[4][kVWords];
   float2 ksp_g, ksp_g8, vsp_g, vsp_g8;
 };
+template <int kVWords>
+struct TileV {
+  uint32_t v[4][kVWords];
+};
 
-template <KvType KT, KvType VT, int D>
-__global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) {
+// kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread).
+template <KvType KT, KvType VT, int D, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(AttnArgs p) {
   constexpr int kKBytes = D / 4 * kv_bits<KT>() / 8;   // a lane's run of D/4 dims of one token
   constexpr int kVBytes = D / 8 * kv_bits<VT>() / 8;   // a lane's run of D/8 dims of one token
   constexpr int kKWords = kKBytes / 4, kVWords = kVBytes / 4;
   constexpr int kSteps = D / 16;  // k-steps of the score mma = m-tiles of the output mma
-  __shared__ int pages[kMaxSplitTokens + 1];
   __shared__ __align__(16) __half p_tile[kWarps][8][kTile];
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8];
   __shared__ float warp_o[kWarps][8][D];
@@ -160,15 +171,13 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
   const int len = p.seq_lens[b];
   const int start = split * p.split_tokens, end = min(start + p.split_tokens, len);
   const int n = max(end - start, 0);
-  const int first_page = start / p.block_size;
-  const int num_pages = n > 0 ? (end - 1) / p.block_size - first_page + 1 : 0;
-  for (int i = threadIdx.x; i < num_pages; i += kThreads) pages[i] = p.block_tables[b * p.max_blocks + first_page + i];
+  const int* pages = p.block_tables + static_cast<int64_t>(b) * p.max_blocks;  // read through L1 per tile
 
   // Query as the B operand: column g = head g of the group (zero past the group). q stays exact
   // f16 (the softmax scale is applied to the f32 scores), so K·q has only f32 rounding.
   const int kv_dims = D / 4 * t;  // this lane's run for scores
   uint32_t qf[kSteps][2];
-  float qpart = 0.f;
+  float qpart = 0.f, qlo_part = 0.f;  // Σq over this lane's dims; over those paired with lo registers
   {
     const bool live = g < p.group;
     const __half* qh = p.q + b * p.q_stride_b + (kvh * p.group + (live ? g : 0)) * p.q_stride_h + kv_dims;
@@ -179,66 +188,119 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
       q_dims<KT>(j, d00, d01, d10, d11);
       const __half2 lo = live ? __halves2half2(qh[d00], qh[d01]) : __halves2half2(zero, zero);
       const __half2 hi = live ? __halves2half2(qh[d10], qh[d11]) : __halves2half2(zero, zero);
-      qf[j][0] = h2u(lo);
+      // u4 K: the lo registers hold 1024 + c and the hi ones 1024 + 16c; q times 16 on the lo side
+      // (exact in f16) puts both on the same 16x scale, undone after the mma.
+      qf[j][0] = h2u(KT == KvType::u4 ? __hmul2(lo, __float2half2_rn(16.f)) : lo);
       qf[j][1] = h2u(hi);
       const float2 a = __half22float2(lo), c = __half22float2(hi);
       qpart += (a.x + a.y) + (c.x + c.y);
+      qlo_part += a.x + a.y;
     }
   }
   qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
   qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);
+  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 1);
+  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 2);
   // Σq of the two heads this lane's score/output columns hold (2t, 2t+1).
   const float qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4), qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
-  __syncthreads();  // pages[] ready
+  // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
+  // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
+  constexpr float k_fold = KT == KvType::u4 ? 16.f : 1.f;
+  float k_offset0 = 0.f, k_offset1 = 0.f;
+  if constexpr (KT != KvType::f16) {
+    const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
+    const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
+    k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
+    k_offset1 = KT == KvType::u8 ? 1024.f * qsum1 : 1024.f * lo1 + 64.f * (qsum1 - lo1);
+  }
 
   auto row_of = [&](int i) -> int64_t {  // token i of the split -> row in [blocks, Hkv, bs]
     const int tok = start + i;
-    const int page = pages[tok / p.block_size - first_page];
-    return (static_cast<int64_t>(page) * p.hkv + kvh) * p.block_size + tok % p.block_size;
+    const int page_idx = p.block_shift >= 0 ? tok >> p.block_shift : tok / p.block_size;
+    const int in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+    const int page = __ldg(pages + page_idx);
+    return (static_cast<int64_t>(page) * p.hkv + kvh) * p.block_size + in_page;
   };
 
-  float m0 = kNoScore, m1 = kNoScore, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+  // Per head (2t, 2t+1): running max, Σp, Σ p z_v, and Σ p' (the f16 P' the mma saw, for the V offset).
+  float m0 = kNoScore, m1 = kNoScore, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f, w0 = 0.f, w1 = 0.f;
   float acc[kSteps][4] = {};
   const int v_dims = D / 8 * g;  // this lane's run for the output
 
-  using Regs = TileRegs<kKWords, kVWords>;
-  auto load_tile = [&](int tile, Regs& r) {
-    const int64_t base = p.tile_in_one_page ? row_of(tile) : 0;  // one page lookup per tile
-    auto row = [&](int i) { return p.tile_in_one_page ? base + i : row_of(tile + i); };
-    const float2 none = make_float2(1.f, 0.f);
+  using KRegs = TileK<kKWords>;
+  using VRegs = TileV<kVWords>;
+  constexpr int kKRow = D * kv_bits<KT>() / 8, kVRow = D * kv_bits<VT>() / 8;  // bytes of one token's row
+  // This lane's byte offsets inside a tile whose 16 rows are consecutive (one page): K rows g and
+  // g + 8 at its run of dims, V rows 4t..4t+3 at its run; fixed for the whole loop.
+  const int k_off = g * kKRow + kv_dims * kv_bits<KT>() / 8;
+  const int v_off = 4 * t * kVRow + v_dims * kv_bits<VT>() / 8;
+  // A whole tile inside one page takes one page lookup, then every address is the tile's first row
+  // plus a lane constant (no per-row index math or bounds checks: most of the loop's integer work).
+  // Otherwise (a partial last tile, or pages not aligned to tiles) rows are looked up one by one and
+  // rows past the split read as zeros with neutral parameters.
+  auto full_tile = [&](int tile) { return p.tile_in_one_page && tile + kTile <= n; };
+  const float2 none = make_float2(1.f, 0.f);
+  auto load_k = [&](int tile, KRegs& r) {
     r.ksp_g = r.ksp_g8 = r.vsp_g = r.vsp_g8 = none;
+    if (full_tile(tile)) {
+      const int64_t base = row_of(tile);
+      const uint8_t* kt = p.k + base * kKRow + k_off;
+      load_bytes<kKBytes>(kt, r.kg);
+      load_bytes<kKBytes>(kt + 8 * kKRow, r.kg8);
+      if constexpr (KT != KvType::f16) {
+        const float2* kp = reinterpret_cast<const float2*>(p.k_params) + base + g;
+        r.ksp_g = __ldg(kp);
+        r.ksp_g8 = __ldg(kp + 8);
+      }
+      if constexpr (VT != KvType::f16) {
+        const float2* vp = reinterpret_cast<const float2*>(p.v_params) + base + g;
+        r.vsp_g = __ldg(vp);
+        r.vsp_g8 = __ldg(vp + 8);
+      }
+      return;
+    }
 #pragma unroll
     for (int w = 0; w < kKWords; ++w) r.kg[w] = r.kg8[w] = 0;
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-#pragma unroll
-      for (int w = 0; w < kVWords; ++w) r.v[u][w] = 0;
     if (tile + g < n) {
-      const int64_t rg = row(g);
-      load_bytes<kKBytes>(p.k + (rg * D + kv_dims) * kv_bits<KT>() / 8, r.kg);
+      const int64_t rg = row_of(tile + g);
+      load_bytes<kKBytes>(p.k + rg * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg);
       if constexpr (KT != KvType::f16) r.ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg);
       if constexpr (VT != KvType::f16) r.vsp_g = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg);
     }
     if (tile + g + 8 < n) {
-      const int64_t rg8 = row(g + 8);
-      load_bytes<kKBytes>(p.k + (rg8 * D + kv_dims) * kv_bits<KT>() / 8, r.kg8);
+      const int64_t rg8 = row_of(tile + g + 8);
+      load_bytes<kKBytes>(p.k + rg8 * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg8);
       if constexpr (KT != KvType::f16) r.ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg8);
       if constexpr (VT != KvType::f16) r.vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg8);
     }
+  };
+  auto load_v = [&](int tile, VRegs& r) {
+    if (full_tile(tile)) {
+      const uint8_t* vt = p.v + row_of(tile) * kVRow + v_off;
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (tile + 4 * t + u < n) load_bytes<kVBytes>(p.v + (row(4 * t + u) * D + v_dims) * kv_bits<VT>() / 8, r.v[u]);
+      for (int u = 0; u < 4; ++u) load_bytes<kVBytes>(vt + u * kVRow, r.v[u]);
+      return;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int w = 0; w < kVWords; ++w) r.v[u][w] = 0;
+      if (tile + 4 * t + u < n)
+        load_bytes<kVBytes>(p.v + row_of(tile + 4 * t + u) * kVRow + v_dims * kv_bits<VT>() / 8, r.v[u]);
+    }
   };
 
-  // Integer K and V: the next tile's loads are issued before this tile is used (their registers
-  // are few); f16 tiles are large enough that occupancy hides the latency instead.
+  // Integer K: the next tile's K is issued before this tile is used (its registers are few); f16
+  // tiles are large enough that occupancy hides the latency instead.
   constexpr bool kPrefetch = KT != KvType::f16 && VT != KvType::f16;
   constexpr int kStep = kWarps * kTile;
-  Regs cur, nxt;
-  if (warp * kTile < n) load_tile(warp * kTile, cur);
+  KRegs cur, nxt;
+  VRegs vcur;
+  if (warp * kTile < n) load_k(warp * kTile, cur);
   for (int tile = warp * kTile; tile < n; tile += kStep) {
+    load_v(tile, vcur);
     if constexpr (kPrefetch) {
-      if (tile + kStep < n) load_tile(tile + kStep, nxt);
+      if (tile + kStep < n) load_k(tile + kStep, nxt);
     }
     const bool ok_g = tile + g < n, ok_g8 = tile + g + 8 < n;
     const uint32_t(&kg)[kKWords] = cur.kg;
@@ -254,11 +316,11 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
       k_frag<KT>(kg8, j, a1, a3);
       mma(s, a0, a1, a2, a3, qf[j][0], qf[j][1]);
     }
-    if constexpr (KT != KvType::f16) {
-      s[0] = ksp_g.x * s[0] + ksp_g.y * qsum0;
-      s[1] = ksp_g.x * s[1] + ksp_g.y * qsum1;
-      s[2] = ksp_g8.x * s[2] + ksp_g8.y * qsum0;
-      s[3] = ksp_g8.x * s[3] + ksp_g8.y * qsum1;
+    if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq with q·c = mma / k_fold - k_offset
+      s[0] = ksp_g.x * (s[0] * (1.f / k_fold) - k_offset0) + ksp_g.y * qsum0;
+      s[1] = ksp_g.x * (s[1] * (1.f / k_fold) - k_offset1) + ksp_g.y * qsum1;
+      s[2] = ksp_g8.x * (s[2] * (1.f / k_fold) - k_offset0) + ksp_g8.y * qsum0;
+      s[3] = ksp_g8.x * (s[3] * (1.f / k_fold) - k_offset1) + ksp_g8.y * qsum1;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[i] *= p.scale;
@@ -280,16 +342,26 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
     l1 = l1 * alpha1 + p1 + p3;
     z0 = z0 * alpha0 + p0 * vsp_g.y + p2 * vsp_g8.y;
     z1 = z1 * alpha1 + p1 * vsp_g.y + p3 * vsp_g8.y;
+    // Once the running maxima settle, a tile rarely raises them and every alpha is exactly 1: skip the
+    // accumulator rescale then (a warp-uniform branch; skipping a multiply by 1 changes nothing).
+    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
-    for (int mt = 0; mt < kSteps; ++mt) {
-      acc[mt][0] *= alpha0; acc[mt][1] *= alpha1; acc[mt][2] *= alpha0; acc[mt][3] *= alpha1;
+      for (int mt = 0; mt < kSteps; ++mt) {
+        acc[mt][0] *= alpha0; acc[mt][1] *= alpha1; acc[mt][2] *= alpha0; acc[mt][3] *= alpha1;
+      }
     }
     // ---- P' = p * s_v, transposed through shared memory into the B layout (head g, tokens 4t..4t+3)
     __half(*pt)[kTile] = p_tile[warp];
-    pt[2 * t][g] = __float2half_rn(p0 * vsp_g.x);
-    pt[2 * t + 1][g] = __float2half_rn(p1 * vsp_g.x);
-    pt[2 * t][g + 8] = __float2half_rn(p2 * vsp_g8.x);
-    pt[2 * t + 1][g + 8] = __float2half_rn(p3 * vsp_g8.x);
+    const __half h0 = __float2half_rn(p0 * vsp_g.x), h1 = __float2half_rn(p1 * vsp_g.x);
+    const __half h2 = __float2half_rn(p2 * vsp_g8.x), h3 = __float2half_rn(p3 * vsp_g8.x);
+    pt[2 * t][g] = h0;
+    pt[2 * t + 1][g] = h1;
+    pt[2 * t][g + 8] = h2;
+    pt[2 * t + 1][g + 8] = h3;
+    if constexpr (VT != KvType::f16) {
+      w0 = w0 * alpha0 + (__half2float(h0) + __half2float(h2));
+      w1 = w1 * alpha1 + (__half2float(h1) + __half2float(h3));
+    }
     __syncwarp();
     const uint2 pb = *reinterpret_cast<const uint2*>(&pt[g][4 * t]);
     __syncwarp();
@@ -297,14 +369,14 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
 #pragma unroll
     for (int mt = 0; mt < kSteps; ++mt) {
       uint32_t a0, a1, a2, a3;
-      v_frag<VT>(cur.v[0], cur.v[1], mt, a0, a1);
-      v_frag<VT>(cur.v[2], cur.v[3], mt, a2, a3);
+      v_frag<VT>(vcur.v[0], vcur.v[1], mt, a0, a1);
+      v_frag<VT>(vcur.v[2], vcur.v[3], mt, a2, a3);
       mma(acc[mt], a0, a1, a2, a3, pb.x, pb.y);
     }
     if constexpr (kPrefetch) {
       cur = nxt;
     } else if (tile + kStep < n) {
-      load_tile(tile + kStep, cur);
+      load_k(tile + kStep, cur);
     }
   }
 
@@ -315,7 +387,12 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
     l1 += __shfl_xor_sync(0xffffffffu, l1, o);
     z0 += __shfl_xor_sync(0xffffffffu, z0, o);
     z1 += __shfl_xor_sync(0xffffffffu, z1, o);
+    w0 += __shfl_xor_sync(0xffffffffu, w0, o);
+    w1 += __shfl_xor_sync(0xffffffffu, w1, o);
   }
+  // Integer V: each dim's accumulator is v_fold * (Σ p' c) + 1024 Σ p' (v_fold 16 for u4's odd dims).
+  const float v_off0 = 1024.f * w0, v_off1 = 1024.f * w1;
+  constexpr float v_fold_odd = VT == KvType::u4 ? 1.f / 16.f : 1.f;
   if (g == 0) {
     warp_m[warp][2 * t] = m0; warp_m[warp][2 * t + 1] = m1;
     warp_l[warp][2 * t] = l0; warp_l[warp][2 * t + 1] = l1;
@@ -323,6 +400,12 @@ __global__ void __launch_bounds__(kThreads) decode_attention_kernel(AttnArgs p) 
 #pragma unroll
   for (int mt = 0; mt < kSteps; ++mt) {
     const int d = v_dims + 2 * mt;
+    if constexpr (VT != KvType::f16) {
+      acc[mt][0] -= v_off0;
+      acc[mt][1] -= v_off1;
+      acc[mt][2] = (acc[mt][2] - v_off0) * v_fold_odd;
+      acc[mt][3] = (acc[mt][3] - v_off1) * v_fold_odd;
+    }
     warp_o[warp][2 * t][d] = acc[mt][0] + z0;
     warp_o[warp][2 * t + 1][d] = acc[mt][1] + z1;
     warp_o[warp][2 * t][d + 1] = acc[mt][2] + z0;
@@ -385,10 +468,12 @@ KvType kv_type_of(const Tensor& t, const char* op, const char* arg) {
   }
 }
 
+// head_dim 128 is built for 3 resident blocks per SM: with 4 (128 registers) the f16 and u8 kernels
+// spill; measured on an H100 at B=64 L=8K, 3 is as fast or faster for every KV type.
 template <KvType KT, KvType VT>
 void launch_types(const AttnArgs& p, int d, dim3 grid, cudaStream_t stream) {
-  if (d == 64) decode_attention_kernel<KT, VT, 64><<<grid, kThreads, 0, stream>>>(p);
-  else decode_attention_kernel<KT, VT, 128><<<grid, kThreads, 0, stream>>>(p);
+  if (d == 64) decode_attention_kernel<KT, VT, 64, 4><<<grid, kThreads, 0, stream>>>(p);
+  else decode_attention_kernel<KT, VT, 128, 3><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <KvType KT>
@@ -453,19 +538,22 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   check_dtype(out, ScalarType::f16, op, "out");
   check_shape(out, {batch, hq, d}, op, "out");
   LOWBIT_CHECK(out.stride(2) == 1, op, ": argument 'out' needs unit stride in the last dim");
-  LOWBIT_CHECK(split_tokens >= 0 && split_tokens <= kMaxSplitTokens, op, ": split_tokens must be in [0, ",
-               kMaxSplitTokens, "], got ", split_tokens);
+  LOWBIT_CHECK(split_tokens >= 0, op, ": split_tokens must be >= 0 (0: chosen here), got ", split_tokens);
   if (batch == 0) return;
 
   const int dev = q.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   if (split_tokens == 0) {
-    // Enough blocks to fill the GPU ~4 times over, splits of 64..512 tokens.
+    // About one wave of blocks (3-4 resident per SM), with splits long enough that a block's fixed
+    // costs (query and page loads, merging its warps, writing partials) stay small: at least
+    // min(512, L/16) tokens (and 64). Measured on an H100 (tools/bench_gpu_attention.py
+    // --split-sweep): B=64 L=8K is fastest at 4096 tokens per split, 1x128K at 2048, 1x8K at 256-512,
+    // while a short context (L ~ 500, batch 1) wants splits of 64.
     const int64_t want = 4LL * multiprocessor_count(dev);
     const int64_t splits_wanted = std::max<int64_t>(1, (want + batch * hkv - 1) / (batch * hkv));
-    split_tokens = static_cast<int>(std::clamp<int64_t>((max_seq_len + splits_wanted - 1) / splits_wanted, 64,
-                                                        kMaxSplitTokens));
-    split_tokens = (split_tokens + kTile - 1) / kTile * kTile;
+    const int64_t floor_tokens = std::clamp<int64_t>((max_seq_len + 15) / 16, 64, kMinSplitTokens);
+    const int64_t per_split = std::max<int64_t>((max_seq_len + splits_wanted - 1) / splits_wanted, floor_tokens);
+    split_tokens = static_cast<int>((std::min<int64_t>(per_split, max_seq_len + kTile) + kTile - 1) / kTile * kTile);
   }
   const int splits = std::max(1, (max_seq_len + split_tokens - 1) / split_tokens);
 
@@ -486,6 +574,9 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.hkv = static_cast<int>(hkv);
   p.group = static_cast<int>(hq / hkv);
   p.block_size = static_cast<int>(bs);
+  p.block_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((int64_t{1} << sh) == bs) p.block_shift = sh;
   p.max_blocks = static_cast<int>(max_blocks);
   p.split_tokens = split_tokens;
   p.tile_in_one_page = bs % kTile == 0 && split_tokens % kTile == 0;

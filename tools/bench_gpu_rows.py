@@ -1,0 +1,60 @@
+"""Device time of the row-wise forward kernels (RMSNorm, residual add + RMSNorm, SiLU·mul) at decode and
+prefill shapes, beside the same math in torch, from the profiler's kernel records (CUDA-graph timing does
+not apply: these ops launch on lowbit's current stream). Prints one line per case; JSON to argv[1].
+  python3 tools/bench_gpu_rows.py out.json
+"""
+import collections
+import json
+import sys
+
+import torch
+
+import lowbit  # noqa: F401
+from lowbit import _core as lb
+
+CASES = [(1, 576), (1, 4096), (1, 8192), (64, 4096), (512, 4096)]
+REPS = 50
+
+
+def kernel_us(fn):
+    """Mean device microseconds per call of fn, summed over the kernels it launches."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS):
+            fn()
+        torch.cuda.synchronize()
+    per = collections.defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name.split("(")[0][:60]] += getattr(ev, "device_time_total", 0.0) or ev.cuda_time_total
+    return sum(per.values()) / REPS, {k: v / REPS for k, v in per.items()}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "bench_rows.json"
+    rows = []
+    for t, h in CASES:
+        for wdt in (torch.float16,):
+            x = torch.randn(t, h, device="cuda").half()
+            res = torch.randn(t, h, device="cuda").half()
+            w = (torch.rand(h, device="cuda") + 0.5).to(wdt)
+            o = torch.empty_like(x)
+            r = {"rows": t, "cols": h, "weight": str(wdt).split(".")[-1]}
+            r["lowbit_rms_norm_us"], _ = kernel_us(lambda: lb.rms_norm(x, w, 1e-5, o))
+            r["lowbit_add_rms_norm_us"], _ = kernel_us(lambda: lb.add_rms_norm(res, x, w, 1e-5, o))
+            r["torch_rms_norm_us"], _ = kernel_us(lambda: torch.nn.functional.rms_norm(x, (h,), w.half(), 1e-5))
+            gu = torch.randn(t, 3 * h, device="cuda").half()
+            act = torch.empty(t, gu.shape[1] // 2, device="cuda").half()
+            r["lowbit_silu_mul_us"], _ = kernel_us(lambda: lb.silu_mul(gu, act))
+            r["torch_silu_mul_us"], _ = kernel_us(
+                lambda: torch.nn.functional.silu(gu[:, :act.shape[1]]) * gu[:, act.shape[1]:])
+            rows.append(r)
+            print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
+    with open(out, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
