@@ -133,7 +133,8 @@ __device__ inline uint64_t smem_desc(uint32_t addr) {
   C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
 #define LOWBIT_ACC16(C, d, i) LOWBIT_ACC8(C, d, i), LOWBIT_ACC8(C, d, i + 8)
 #define LOWBIT_ACC32(C, d, i) LOWBIT_ACC16(C, d, i), LOWBIT_ACC16(C, d, i + 16)
-#define LOWBIT_ACC128(C, d) LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32), LOWBIT_ACC32(C, d, 64), LOWBIT_ACC32(C, d, 96)
+#define LOWBIT_ACC128(C, d) \
+  LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32), LOWBIT_ACC32(C, d, 64), LOWBIT_ACC32(C, d, 96)
 #define LOWBIT_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define LOWBIT_REGS32                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
@@ -149,11 +150,12 @@ __device__ inline uint64_t smem_desc(uint32_t addr) {
 // D (+)= A · Bᵀ for one k32 step; `scale-d` (operand S, always 1: accumulate) becomes predicate p.
 // s8 x s8 -> s32 takes no operand scales. e4m3 x e4m3 -> f32 also takes imm-scale-a/b (1: no
 // negation); it has no .satfinite and no transpose immediates (8-bit operands are K-major only).
-#define LOWBIT_WGMMA_S8(SHAPE, REGS, DA, DB, S) \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\nwgmma.mma_async.sync.aligned." SHAPE ".s32.s8.s8 " REGS ", " DA ", " DB ", p;\n}\n"
-#define LOWBIT_WGMMA_E4M3(SHAPE, REGS, DA, DB, S)                                                                \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\nwgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 " REGS ", " DA \
-  ", " DB ", p, 1, 1;\n}\n"
+#define LOWBIT_WGMMA_S8(SHAPE, REGS, DA, DB, S)                                       \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\n"                                      \
+  "wgmma.mma_async.sync.aligned." SHAPE ".s32.s8.s8 " REGS ", " DA ", " DB ", p;\n}\n"
+#define LOWBIT_WGMMA_E4M3(SHAPE, REGS, DA, DB, S)                                             \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\n"                                            \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 " REGS ", " DA ", " DB ", p, 1, 1;\n}\n"
 
 __device__ inline void wgmma_n32(int (&d)[16], uint64_t da, uint64_t db) {
   asm volatile(LOWBIT_WGMMA_S8("m64n32k32", LOWBIT_REGS16, "%16", "%17", "%18")
@@ -179,6 +181,15 @@ __device__ inline void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
   asm volatile(LOWBIT_WGMMA_E4M3("m64n256k32", LOWBIT_REGS128, "%128", "%129", "%130")
                : LOWBIT_ACC128("+f", d) : "l"(da), "l"(db), "r"(1));
 }
+#undef LOWBIT_WGMMA_E4M3
+#undef LOWBIT_WGMMA_S8
+#undef LOWBIT_REGS128
+#undef LOWBIT_REGS32
+#undef LOWBIT_REGS16
+#undef LOWBIT_ACC128
+#undef LOWBIT_ACC32
+#undef LOWBIT_ACC16
+#undef LOWBIT_ACC8
 
 // Acc int: s8 operands; Acc float: e4m3 operands (both 8-bit, K-major, same descriptors).
 template <int BN, typename Acc>
@@ -350,8 +361,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   // Split-K: split rank j reduces rows [j, j+1) * 128/split of the tile. Slot r of CTA j holds
-  // split rank r's partial of that slice as [warp in slice][v/4][lane] Q (int4 / float4). (With kMC the pair
-  // partner's arrivals on our barriers also precede the first cluster.sync below.)
+  // split rank r's partial of that slice as [warp in slice][v/4][lane] Q (int4 / float4). (With kMC
+  // the pair partner's arrivals on our barriers also precede the first cluster.sync below.)
   const int slice_warps = kConsumerWarps / split;
   constexpr int kWarpAccs = kR * 32;
   Q* slots = reinterpret_cast<Q*>(smem);
