@@ -7,7 +7,9 @@ Public reports (the DeepSeek-V3 report, SageAttention2) say Hopper/Ada fp8 tenso
 about 14 significant bits, not f32's 24, per instruction (k = 32), so the random-value tests bound the error
 by 2^-9 of sum|x||w| (elementwise) and 2e-2 relative in norm (far below the O(1) error of a misplaced
 element or a missing k block), and report what they saw. Small-integer operands whose partial sums all fit
-in 14 bits give exact results on either accumulator: those tests compare bit-exactly."""
+in 14 bits give exact results on either accumulator: those tests compare bit-exactly. The sm90 kernel adds
+each 128-k stage's wgmma sum into f32 registers ("promotion"), so only one stage's worth of that rounding
+remains; test_gemm_fp8_sm90_promotion checks that on a sum that a 14-bit accumulator cannot hold."""
 import pytest
 import torch
 
@@ -58,10 +60,22 @@ def _is_sm90():
 
 
 # Both fp8 GEMM kernels, forced through LOWBIT_W8A8_KERNEL (it picks the kernel of gemm_w8a8 and gemm_fp8):
-# the sm80 mma.sync kernel and, on sm_90, the wgmma/TMA kernel (swapped operands for m <= 64, 128 x 256
-# tiles above, split-K clusters). "sm90:S" forces split S.
-PATHS = ["sm80", pytest.param("sm90", marks=pytest.mark.skipif(not _is_sm90(), reason="needs sm_90"))]
+# the sm80 mma.sync kernel and, on sm_90, the wgmma/TMA kernel (swapped operands for m <= 64, 128 x 128
+# tiles above, split-K clusters; "sm90:S" forces split S). The wgmma kernel adds each 128-k stage's sum
+# into f32 accumulators (promotion); "sm90-fast" is its opt-in variant without (LOWBIT_FP8_SM90_FAST_ACCUM=1,
+# 128 x 256 tiles like int8).
 needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="needs sm_90")
+PATHS = ["sm80", pytest.param("sm90", marks=needs_sm90), pytest.param("sm90-fast", marks=needs_sm90)]
+
+
+def _use_path(monkeypatch, path):
+    """path: sm80, sm90 or sm90:S, each optionally with -fast."""
+    kernel, fast = path.split("-")[0], path.endswith("-fast")
+    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", kernel)
+    if fast:
+        monkeypatch.setenv("LOWBIT_FP8_SM90_FAST_ACCUM", "1")
+    else:
+        monkeypatch.delenv("LOWBIT_FP8_SM90_FAST_ACCUM", raising=False)
 
 # m from 1 to 1100 (each side of the swap at 32/64 and of the 128-row tile), odd n, k multiples of 64 (the
 # API's k granularity); k % 128 == 64 leaves half of the last 128-byte block to the wgmma kernel's zero fill.
@@ -106,7 +120,7 @@ def _check_sums(got, xq, wq, what):
 def test_gemm_fp8_paths_exact_on_small_integers(monkeypatch, path, pad, m, n, k):
     # |x| <= 2, |w| <= 1: every partial sum is an integer below 2 * 4160 < 2^14, exact on any accumulator
     # with 14 or more significant bits, so the result must equal the float64 one bit for bit.
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", path)
+    _use_path(monkeypatch, path)
     xq, wq = _small_int_e4m3((m, k), m + n + k + pad, 2), _small_int_e4m3((n, k), k + 1, 1)
     buf = _gemm_raw(xq, wq, pad)
     assert torch.equal(buf[:, :n].double(), xq.double() @ wq.double().T)
@@ -117,31 +131,51 @@ def test_gemm_fp8_paths_exact_on_small_integers(monkeypatch, path, pad, m, n, k)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_gemm_fp8_paths_raw_sums_match_float64(monkeypatch, path, m, n, k):
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", path)
+    _use_path(monkeypatch, path)
     xq, wq = random_e4m3((m, k), m + n), random_e4m3((n, k), k + 1)
     _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"{path} m={m} n={n} k={k}")
 
 
 @needs_sm90
+@pytest.mark.parametrize("fast", ["", "-fast"])
 @pytest.mark.parametrize("split", [1, 2, 4, 8])
 @pytest.mark.parametrize("m,n,k", SPLIT_SHAPES)
-def test_gemm_fp8_sm90_split_k(monkeypatch, split, m, n, k):
+def test_gemm_fp8_sm90_split_k(monkeypatch, fast, split, m, n, k):
     # Split-K sums the clusters' f32 partials through DSMEM: exact on small integers, and within the
     # accumulation bound on random e4m3 values (not bit-identical to split 1).
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", f"sm90:{split}")
+    _use_path(monkeypatch, f"sm90:{split}{fast}")
     xq, wq = _small_int_e4m3((m, k), split + m, 2), _small_int_e4m3((n, k), n + k, 1)
     buf = _gemm_raw(xq, wq, 1)
     assert torch.equal(buf[:, :n].double(), xq.double() @ wq.double().T)
     assert torch.isnan(buf[:, n:]).all()
     xq, wq = random_e4m3((m, k), split + m + 1), random_e4m3((n, k), n + k + 1)
-    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"sm90:{split} m={m} n={n} k={k}")
+    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"sm90:{split}{fast} m={m} n={n} k={k}")
 
 
 @needs_sm90
+@pytest.mark.parametrize("m,n", [(2, 3), (130, 129)])
+def test_gemm_fp8_sm90_promotion(monkeypatch, m, n):
+    # 448 * 448 = 200704, then products of 1 with a 0 in every k32 step (each step adds 31): every partial
+    # sum is an integer below 2^24 (exact in f32) but above 2^17, where a 14-bit accumulator steps by 16.
+    # With promotion only the first stage's sum goes through the tensor cores' rounding, so the error
+    # stays below 64 whatever k is; accumulating all 130 steps in the tensor cores could lose up to 15
+    # per step (about 2000 here).
+    _use_path(monkeypatch, "sm90")
+    k = 4160
+    xq, wq = torch.ones(m, k), torch.ones(n, k)
+    xq[:, 0], wq[:, 0] = 448, 448
+    xq[:, 1::32] = 0
+    xq, wq = xq.to(torch.float8_e4m3fn), wq.to(torch.float8_e4m3fn)
+    err = (_gemm_raw(xq, wq, 0).double() - xq.double() @ wq.double().T).abs().max().item()
+    assert err < 64, f"promoted fp8 sum off by {err}"
+
+
+@needs_sm90
+@pytest.mark.parametrize("fast", ["", "-fast"])
 @pytest.mark.parametrize("split", [0, 2])
 @pytest.mark.parametrize("m,n,k", [(129, 1000, 320), (300, 520, 4160)])
-def test_gemm_fp8_sm90_pairs(monkeypatch, split, m, n, k):
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", f"sm90:{split}" if split else "sm90")
+def test_gemm_fp8_sm90_pairs(monkeypatch, fast, split, m, n, k):
+    _use_path(monkeypatch, (f"sm90:{split}" if split else "sm90") + fast)
     monkeypatch.setenv("LOWBIT_W8A8_SM90_PAIRS", "1")  # m > 128 with the (opt-in) multicast pairs
     xq, wq = _small_int_e4m3((m, k), split + m, 2), _small_int_e4m3((n, k), n + k, 1)
     assert torch.equal(_gemm_raw(xq, wq, 0).double(), xq.double() @ wq.double().T)
@@ -162,7 +196,7 @@ def test_gemm_fp8_scaled_f16_and_the_linear_op(monkeypatch, path, m, n, k):
     wq = torch.from_dlpack(qw.q).view(torch.uint8)  # e4m3 codes (torch float8_e4m3fn) as bytes
     sw = torch.from_dlpack(qw.scales).clone()
     y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", path)
+    _use_path(monkeypatch, path)
     _core.gemm_fp8(q, sx, wq.cuda(), sw.cuda(), y)
     torch.cuda.synchronize()
     xq_ref, sx_ref = reference_quantize(x)

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 
@@ -133,12 +134,18 @@ __device__ inline uint64_t smem_desc(uint32_t addr) {
   C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
 #define LOWBIT_ACC16(C, d, i) LOWBIT_ACC8(C, d, i), LOWBIT_ACC8(C, d, i + 8)
 #define LOWBIT_ACC32(C, d, i) LOWBIT_ACC16(C, d, i), LOWBIT_ACC16(C, d, i + 16)
+#define LOWBIT_ACC64(C, d) LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32)
 #define LOWBIT_ACC128(C, d) \
   LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32), LOWBIT_ACC32(C, d, 64), LOWBIT_ACC32(C, d, 96)
 #define LOWBIT_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define LOWBIT_REGS32                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define LOWBIT_REGS64                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
+  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
+  "%61, %62, %63}"
 #define LOWBIT_REGS128                                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
@@ -147,7 +154,7 @@ __device__ inline uint64_t smem_desc(uint32_t addr) {
   "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "      \
   "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "     \
   "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-// D (+)= A · Bᵀ for one k32 step; `scale-d` (operand S, always 1: accumulate) becomes predicate p.
+// D = A · Bᵀ + (scale_d ? D : 0) for one k32 step (operand S becomes the scale-d predicate p).
 // s8 x s8 -> s32 takes no operand scales. e4m3 x e4m3 -> f32 also takes imm-scale-a/b (1: no
 // negation); it has no .satfinite and no transpose immediates (8-bit operands are K-major only).
 #define LOWBIT_WGMMA_S8(SHAPE, REGS, DA, DB, S)                                       \
@@ -157,46 +164,54 @@ __device__ inline uint64_t smem_desc(uint32_t addr) {
   "{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\n"                                            \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 " REGS ", " DA ", " DB ", p, 1, 1;\n}\n"
 
-__device__ inline void wgmma_n32(int (&d)[16], uint64_t da, uint64_t db) {
+__device__ inline void wgmma_n32(int (&d)[16], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(LOWBIT_WGMMA_S8("m64n32k32", LOWBIT_REGS16, "%16", "%17", "%18")
-               : LOWBIT_ACC16("+r", d, 0) : "l"(da), "l"(db), "r"(1));
+               : LOWBIT_ACC16("+r", d, 0) : "l"(da), "l"(db), "r"(scale_d));
 }
-__device__ inline void wgmma_n32(float (&d)[16], uint64_t da, uint64_t db) {
+__device__ inline void wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(LOWBIT_WGMMA_E4M3("m64n32k32", LOWBIT_REGS16, "%16", "%17", "%18")
-               : LOWBIT_ACC16("+f", d, 0) : "l"(da), "l"(db), "r"(1));
+               : LOWBIT_ACC16("+f", d, 0) : "l"(da), "l"(db), "r"(scale_d));
 }
-__device__ inline void wgmma_n64(int (&d)[32], uint64_t da, uint64_t db) {
+__device__ inline void wgmma_n64(int (&d)[32], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(LOWBIT_WGMMA_S8("m64n64k32", LOWBIT_REGS32, "%32", "%33", "%34")
-               : LOWBIT_ACC32("+r", d, 0) : "l"(da), "l"(db), "r"(1));
+               : LOWBIT_ACC32("+r", d, 0) : "l"(da), "l"(db), "r"(scale_d));
 }
-__device__ inline void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) {
+__device__ inline void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(LOWBIT_WGMMA_E4M3("m64n64k32", LOWBIT_REGS32, "%32", "%33", "%34")
-               : LOWBIT_ACC32("+f", d, 0) : "l"(da), "l"(db), "r"(1));
+               : LOWBIT_ACC32("+f", d, 0) : "l"(da), "l"(db), "r"(scale_d));
 }
-__device__ inline void wgmma_n256(int (&d)[128], uint64_t da, uint64_t db) {
+// (n128 only for the promoted fp8 tiles; int8 uses n256 for m > 64.)
+__device__ inline void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_E4M3("m64n128k32", LOWBIT_REGS64, "%64", "%65", "%66")
+               : LOWBIT_ACC64("+f", d) : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ inline void wgmma_n256(int (&d)[128], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(LOWBIT_WGMMA_S8("m64n256k32", LOWBIT_REGS128, "%128", "%129", "%130")
-               : LOWBIT_ACC128("+r", d) : "l"(da), "l"(db), "r"(1));
+               : LOWBIT_ACC128("+r", d) : "l"(da), "l"(db), "r"(scale_d));
 }
-__device__ inline void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
+__device__ inline void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(LOWBIT_WGMMA_E4M3("m64n256k32", LOWBIT_REGS128, "%128", "%129", "%130")
-               : LOWBIT_ACC128("+f", d) : "l"(da), "l"(db), "r"(1));
+               : LOWBIT_ACC128("+f", d) : "l"(da), "l"(db), "r"(scale_d));
 }
 #undef LOWBIT_WGMMA_E4M3
 #undef LOWBIT_WGMMA_S8
 #undef LOWBIT_REGS128
+#undef LOWBIT_REGS64
 #undef LOWBIT_REGS32
 #undef LOWBIT_REGS16
 #undef LOWBIT_ACC128
+#undef LOWBIT_ACC64
 #undef LOWBIT_ACC32
 #undef LOWBIT_ACC16
 #undef LOWBIT_ACC8
 
 // Acc int: s8 operands; Acc float: e4m3 operands (both 8-bit, K-major, same descriptors).
 template <int BN, typename Acc>
-__device__ inline void wgmma_tile(Acc (&d)[BN / 2], uint64_t da, uint64_t db) {
-  if constexpr (BN == 256) wgmma_n256(d, da, db);
-  else if constexpr (BN == 64) wgmma_n64(d, da, db);
-  else wgmma_n32(d, da, db);
+__device__ inline void wgmma_tile(Acc (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (BN == 256) wgmma_n256(d, da, db, scale_d);
+  else if constexpr (BN == 128) wgmma_n128(d, da, db, scale_d);
+  else if constexpr (BN == 64) wgmma_n64(d, da, db, scale_d);
+  else wgmma_n32(d, da, db, scale_d);
 }
 
 // Four accumulators as one 16-byte value (int4 / float4), for the split-K exchange and the stores.
@@ -272,7 +287,12 @@ __device__ inline void store_quad(const Sm90Args& p, int a0, int b0, int gw, int
 // Acc int: s8 x s8 -> s32 (exact). Acc float: e4m3 x e4m3 -> f32 (products exact; the sums round,
 // and split-K adds the f32 partials of the cluster's CTAs in rank order, so results differ from
 // split 1 in the last bits).
-template <typename Acc, int BN, bool kSwap, bool kRaw, bool kMC>
+// kPromote (fp8 only): the tensor cores' fp8 accumulation is reported to keep about 14 significant
+// bits, not f32's 24, and its error grows with k. With kPromote each 128-k stage is summed by wgmma
+// into a fresh register set (first instruction with scale-d 0), which is then added into the f32
+// accumulators by ordinary FADDs, so the long sum is a true f32 one. It costs a second accumulator
+// set (BN 256 would not fit in registers: the caller uses 128) and a wait for each stage's wgmmas.
+template <typename Acc, int BN, bool kSwap, bool kRaw, bool kMC, bool kPromote>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const Sm90Args p) {
@@ -280,6 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = Config<BN>;
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BN / 2;
   using Q = typename Quad<Acc>::T;
+  static_assert(!kPromote || BN <= 128, "a promoted 64 x 256 tile needs 256 accumulator registers");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
@@ -338,13 +359,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&full[s], (it / kStages) & 1);
       const uint64_t da = smem_desc(a_base + s * kStageBytes), db = smem_desc(b_base + s * kStageBytes);
       wgmma_fence();
+      if constexpr (kPromote) {
+        Acc part[kR];  // this stage's sum: the first wgmma overwrites it
 #pragma unroll
-      for (int kk = 0; kk < kBK / 32; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk);  // +32 bytes of k
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back to the producer
-      if (it > 0 && lane == 0) {
-        mbar_arrive(&empty[(it - 1) % kStages]);
-        if constexpr (kMC) mbar_arrive_cluster(&empty[(it - 1) % kStages], (mc ^ 1) + kCX * rank);
+        for (int kk = 0; kk < kBK / 32; ++kk) wgmma_tile<BN>(part, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
+        wgmma_commit();
+        wgmma_wait<0>();  // this stage's wgmmas are done: hand it back, then fold the sum in
+        fence_regs(part);
+        if (lane == 0) {
+          mbar_arrive(&empty[s]);
+          if constexpr (kMC) mbar_arrive_cluster(&empty[s], (mc ^ 1) + kCX * rank);
+        }
+#pragma unroll
+        for (int i = 0; i < kR; ++i) acc[i] += part[i];
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kBK / 32; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk, 1);  // +32 bytes of k
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back to the producer
+        if (it > 0 && lane == 0) {
+          mbar_arrive(&empty[(it - 1) % kStages]);
+          if constexpr (kMC) mbar_arrive_cluster(&empty[(it - 1) % kStages], (mc ^ 1) + kCX * rank);
+        }
       }
     }
     wgmma_wait<0>();
@@ -432,10 +468,10 @@ int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
   return best;
 }
 
-template <typename Acc, int BN, bool kSwap, bool kRaw, bool kMC>
+template <typename Acc, int BN, bool kSwap, bool kRaw, bool kMC, bool kPromote>
 void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
             int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
-  auto kernel = gemm_w8a8_sm90_kernel<Acc, BN, kSwap, kRaw, kMC>;
+  auto kernel = gemm_w8a8_sm90_kernel<Acc, BN, kSwap, kRaw, kMC, kPromote>;
   constexpr int kCX = kMC ? 2 : 1;
   constexpr int kSmem = Config<BN>::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -481,22 +517,38 @@ void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs,
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
-template <typename Acc, bool kRaw>
-void dispatch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
-              int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
-  // Multicast pairs only with LOWBIT_W8A8_SM90_PAIRS=1: measured slower on the H100 (gate_up m=1024
-  // 351 vs 260 us, m=256 111 vs 87 us), kept for further work and tested.
+template <typename Acc, bool kRaw, bool kPromote>
+void dispatch_m(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
+                int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
+  constexpr int kWide = kPromote ? 128 : 256;  // B tile for m > 64 (see kPromote)
+  // Multicast pairs only with LOWBIT_W8A8_SM90_PAIRS=1: measured slower on the H100 (int8 gate_up
+  // m=1024 351 vs 260 us, m=256 111 vs 87 us), kept for further work and tested.
   const char* pairs_env = std::getenv("LOWBIT_W8A8_SM90_PAIRS");
   const bool no_pairs = pairs_env == nullptr || std::strcmp(pairs_env, "1") != 0;
   if (m <= 32) {
-    launch<Acc, 32, true, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, 32, true, kRaw, false, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   } else if (m <= 64) {
-    launch<Acc, 64, true, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, 64, true, kRaw, false, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   } else if (m <= kBM || no_pairs) {
-    launch<Acc, 256, false, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, kWide, false, kRaw, false, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   } else {  // at least two A tiles: pairs share (multicast) their weight tile (opt-in, see above)
-    launch<Acc, 256, false, kRaw, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, kWide, false, kRaw, true, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   }
+}
+
+template <typename Acc, bool kRaw>
+void dispatch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
+              int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    // fp8 promotes its sums to f32 every stage unless LOWBIT_FP8_SM90_FAST_ACCUM=1 (the tensor cores'
+    // own accumulation throughout, 128 x 256 tiles like int8: for measuring what promotion costs).
+    const char* fast_env = std::getenv("LOWBIT_FP8_SM90_FAST_ACCUM");
+    if (fast_env == nullptr || std::strcmp(fast_env, "1") != 0) {
+      dispatch_m<Acc, kRaw, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+      return;
+    }
+  }
+  dispatch_m<Acc, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
 }
 
 // y[m, n] = xq · wqᵀ (raw accumulators, else f16 scaled); arguments already checked by the caller.
@@ -528,7 +580,7 @@ bool gemm_w8a8_sm90_usable(int device) {
     bool ok = major == 9 && minor == 0 && encode_tiled() != nullptr;
     if (ok) {
       cudaFuncAttributes fa{};
-      ok = cudaFuncGetAttributes(&fa, gemm_w8a8_sm90_kernel<int, 256, false, false, false>) == cudaSuccess;
+      ok = cudaFuncGetAttributes(&fa, gemm_w8a8_sm90_kernel<int, 256, false, false, false, false>) == cudaSuccess;
       (void)cudaGetLastError();  // a missing image is an answer here, not an error to keep
     }
     v = ok ? 1 : 2;
