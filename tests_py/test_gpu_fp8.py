@@ -137,19 +137,19 @@ def test_gemm_fp8_paths_raw_sums_match_float64(monkeypatch, path, m, n, k):
 
 
 @needs_sm90
-@pytest.mark.parametrize("fast", ["", "-fast"])
+@pytest.mark.parametrize("accum", ["promoted", "fast"])
 @pytest.mark.parametrize("split", [1, 2, 4, 8])
 @pytest.mark.parametrize("m,n,k", SPLIT_SHAPES)
-def test_gemm_fp8_sm90_split_k(monkeypatch, fast, split, m, n, k):
+def test_gemm_fp8_sm90_split_k(monkeypatch, accum, split, m, n, k):
     # Split-K sums the clusters' f32 partials through DSMEM: exact on small integers, and within the
     # accumulation bound on random e4m3 values (not bit-identical to split 1).
-    _use_path(monkeypatch, f"sm90:{split}{fast}")
+    _use_path(monkeypatch, f"sm90:{split}" + ("-fast" if accum == "fast" else ""))
     xq, wq = _small_int_e4m3((m, k), split + m, 2), _small_int_e4m3((n, k), n + k, 1)
     buf = _gemm_raw(xq, wq, 1)
     assert torch.equal(buf[:, :n].double(), xq.double() @ wq.double().T)
     assert torch.isnan(buf[:, n:]).all()
     xq, wq = random_e4m3((m, k), split + m + 1), random_e4m3((n, k), n + k + 1)
-    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"sm90:{split}{fast} m={m} n={n} k={k}")
+    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"sm90:{split} {accum} m={m} n={n} k={k}")
 
 
 @needs_sm90
@@ -171,11 +171,11 @@ def test_gemm_fp8_sm90_promotion(monkeypatch, m, n):
 
 
 @needs_sm90
-@pytest.mark.parametrize("fast", ["", "-fast"])
+@pytest.mark.parametrize("accum", ["promoted", "fast"])
 @pytest.mark.parametrize("split", [0, 2])
 @pytest.mark.parametrize("m,n,k", [(129, 1000, 320), (300, 520, 4160)])
-def test_gemm_fp8_sm90_pairs(monkeypatch, fast, split, m, n, k):
-    _use_path(monkeypatch, (f"sm90:{split}" if split else "sm90") + fast)
+def test_gemm_fp8_sm90_pairs(monkeypatch, accum, split, m, n, k):
+    _use_path(monkeypatch, (f"sm90:{split}" if split else "sm90") + ("-fast" if accum == "fast" else ""))
     monkeypatch.setenv("LOWBIT_W8A8_SM90_PAIRS", "1")  # m > 128 with the (opt-in) multicast pairs
     xq, wq = _small_int_e4m3((m, k), split + m, 2), _small_int_e4m3((n, k), n + k, 1)
     assert torch.equal(_gemm_raw(xq, wq, 0).double(), xq.double() @ wq.double().T)
