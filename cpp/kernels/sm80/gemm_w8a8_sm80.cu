@@ -21,7 +21,7 @@
 
 namespace lowbit::cuda {
 namespace detail {  // cpp/kernels/sm90/gemm_w8a8_sm90.cu (wgmma + TMA, built for sm_90a)
-bool gemm_w8a8_sm90_usable(int device);
+bool gemm_w8a8_sm90_usable(const char* op, int device);
 void gemm_w8a8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
                     bool raw, int m, int n, int k, int split_k, cudaStream_t stream);
 void gemm_fp8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
@@ -326,7 +326,7 @@ KernelChoice pick_kernel(const char* op, int device, int64_t k) {
   const char* force = std::getenv("LOWBIT_W8A8_KERNEL");
   const bool force80 = force != nullptr && std::strcmp(force, "sm80") == 0;
   const bool force90 = force != nullptr && std::strncmp(force, "sm90", 4) == 0;
-  const bool usable90 = !force80 && k > 0 && detail::gemm_w8a8_sm90_usable(device);
+  const bool usable90 = !force80 && k > 0 && detail::gemm_w8a8_sm90_usable(op, device);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !force90 || usable90, op,
                     ": LOWBIT_W8A8_KERNEL=sm90 needs an sm_90 device and k > 0");
   return {usable90, usable90 && force90 && force[4] == ':' ? std::atoi(force + 5) : 0};
