@@ -3,10 +3,11 @@ torch's float8 rounding) and the GEMM, on both kernels (the sm80 mma.sync one an
 against float64 references.
 
 Accuracy of the raw sums: products of two e4m3 values are exact in f32, so any error is the accumulation's.
-Public reports (the DeepSeek-V3 report, SageAttention2) say Hopper/Ada fp8 tensor-core accumulation keeps
-about 14 significant bits, not f32's 24, per instruction (k = 32), so the random-value tests bound the error
-by 2^-9 of sum|x||w| (elementwise) and 2e-2 relative in norm (far below the O(1) error of a misplaced
-element or a missing k block), and report what they saw. Small-integer operands whose partial sums all fit
+The sm80 kernel has passed within 2e-6 of sum|x||w| on an H100, so it keeps that bound. Public reports (the
+DeepSeek-V3 report, SageAttention2) say Hopper's native fp8 tensor-core accumulation (wgmma) keeps about 14
+significant bits, not f32's 24, so the sm90 paths are held to 2^-9 of sum|x||w| elementwise; every path to
+2e-2 relative in norm (both far below the O(1) error of a misplaced element or a missing k block), and a
+failure reports what it saw. Small-integer operands whose partial sums all fit
 in 14 bits give exact results on either accumulator: those tests compare bit-exactly. The sm90 kernel adds
 each 128-k stage's wgmma sum into f32 registers ("promotion"), so only one stage's worth of that rounding
 remains; test_gemm_fp8_sm90_promotion checks that on a sum that a 14-bit accumulator cannot hold."""
@@ -100,8 +101,13 @@ def _gemm_raw(xq, wq, pad):
     return buf.cpu()
 
 
-def _check_sums(got, xq, wq, what):
-    """Raw f32 sums against float64: elementwise within 2^-9 of sum|x||w|, and 2e-2 relative in norm."""
+def _sum_bound(path):
+    """Elementwise bound on the raw sums' error, as a fraction of sum|x||w| (see the module docstring)."""
+    return 2e-6 if path.startswith("sm80") else 2.0**-9
+
+
+def _check_sums(got, xq, wq, what, bound):
+    """Raw f32 sums against float64: elementwise within bound * sum|x||w|, and 2e-2 relative in norm."""
     ref = xq.double() @ wq.double().T
     mag = xq.double().abs() @ wq.double().abs().T
     got = got.double()
@@ -109,7 +115,7 @@ def _check_sums(got, xq, wq, what):
     err = (got - ref).abs()
     worst = (err / mag.clamp_min(1e-30)).max().item()
     rel = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    assert torch.all(err <= 2.0**-9 * mag + 1e-6), f"{what}: max err / sum|x||w| = {worst:.3g}, norm rel {rel:.3g}"
+    assert torch.all(err <= bound * mag + 1e-6), f"{what}: max err / sum|x||w| = {worst:.3g}, norm rel {rel:.3g}"
     assert rel <= 2e-2, f"{what}: max err / sum|x||w| = {worst:.3g}, norm rel {rel:.3g}"
 
 
@@ -133,7 +139,7 @@ def test_gemm_fp8_paths_exact_on_small_integers(monkeypatch, path, pad, m, n, k)
 def test_gemm_fp8_paths_raw_sums_match_float64(monkeypatch, path, m, n, k):
     _use_path(monkeypatch, path)
     xq, wq = random_e4m3((m, k), m + n), random_e4m3((n, k), k + 1)
-    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"{path} m={m} n={n} k={k}")
+    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"{path} m={m} n={n} k={k}", _sum_bound(path))
 
 
 @needs_sm90
@@ -149,7 +155,7 @@ def test_gemm_fp8_sm90_split_k(monkeypatch, accum, split, m, n, k):
     assert torch.equal(buf[:, :n].double(), xq.double() @ wq.double().T)
     assert torch.isnan(buf[:, n:]).all()
     xq, wq = random_e4m3((m, k), split + m + 1), random_e4m3((n, k), n + k + 1)
-    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"sm90:{split} {accum} m={m} n={n} k={k}")
+    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"sm90:{split} {accum} m={m} n={n} k={k}", _sum_bound("sm90"))
 
 
 @needs_sm90
@@ -207,8 +213,8 @@ def test_gemm_fp8_scaled_f16_and_the_linear_op(monkeypatch, path, m, n, k):
     got = y.cpu().double()
     assert not torch.isnan(got).any()
     # one f16 rounding of the f32 result (half an ulp: 2^-11 relative, or 2^-25 below f16's normal range)
-    # plus the accumulation bound of the raw sums
-    assert torch.all((got - ref).abs() <= 2.0**-11 * ref.abs() + 2.0**-9 * mag + 2.0**-24)
+    # plus the path's accumulation bound of the raw sums
+    assert torch.all((got - ref).abs() <= 2.0**-11 * ref.abs() + _sum_bound(path) * mag + 2.0**-24)
 
 
 @needs_fp8
