@@ -125,15 +125,8 @@ def w8a8_and_int8_peers(row, x, n, k, m, l2):
         [lambda w=w: (_core.quantize_per_token_s8(lx, lxi8, lxs, cs().cuda_stream),
                       _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream)) for w in lw8])
     row["w8a8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w8a8_with_quant_us"]
-    for path in ("sm80", "sm90"):  # each W8A8 kernel forced (the default above picks per device)
-        os.environ["LOWBIT_W8A8_KERNEL"] = path
-        try:
-            row[f"lowbit_w8a8_{path}_us"] = graph_time_us(
-                [lambda w=w: _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream) for w in lw8])
-        except Exception as e:  # noqa: BLE001 - e.g. sm90 on a non-Hopper GPU
-            row[f"lowbit_w8a8_{path}_error"] = str(e).splitlines()[0][:160]
-        finally:
-            del os.environ["LOWBIT_W8A8_KERNEL"]
+    forced_kernel_times(row, "lowbit_w8a8",
+                        [lambda w=w: _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream) for w in lw8])
     del w8, lw8
     try:
         if m > 16:
@@ -147,9 +140,22 @@ def w8a8_and_int8_peers(row, x, n, k, m, l2):
     fp8_peers(row, x, n, k, m, l2)
 
 
+def forced_kernel_times(row, prefix, fns):
+    """Times fns with each 8-bit GEMM kernel forced through LOWBIT_W8A8_KERNEL (the default dispatch picks
+    per device): row[f"{prefix}_sm80_us"] and row[f"{prefix}_sm90_us"], or *_error when one cannot run."""
+    for path in ("sm80", "sm90"):
+        os.environ["LOWBIT_W8A8_KERNEL"] = path
+        try:
+            row[f"{prefix}_{path}_us"] = graph_time_us(fns)
+        except Exception as e:  # noqa: BLE001 - e.g. sm90 on a non-Hopper GPU
+            row[f"{prefix}_{path}_error"] = str(e).splitlines()[0][:160]
+        finally:
+            del os.environ["LOWBIT_W8A8_KERNEL"]
+
+
 def fp8_peers(row, x, n, k, m, l2):
-    """lowbit FP8 W8A8 (e4m3 GEMM alone and with its per-token quantizer) and torch._scaled_mm (fp8 e4m3,
-    per-tensor scales, M padded to 16)."""
+    """lowbit FP8 W8A8 (e4m3 GEMM: default dispatch, each kernel forced, and with its per-token quantizer)
+    and torch._scaled_mm (fp8 e4m3, per-tensor scales, M padded to 16)."""
     cs = torch.cuda.current_stream
     try:
         xq = torch.empty(m, k, dtype=torch.uint8, device="cuda")
@@ -167,6 +173,14 @@ def fp8_peers(row, x, n, k, m, l2):
             [lambda w=w: (_core.quantize_per_token_e4m3(lx, lxq, lxs, cs().cuda_stream),
                           _core.gemm_fp8(lxq, lxs, w, lwsf, ly16, cs().cuda_stream)) for w in lwf])
         row["fp8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_fp8_with_quant_us"]
+        fns = [lambda w=w: _core.gemm_fp8(lxq, lxs, w, lwsf, ly16, cs().cuda_stream) for w in lwf]
+        forced_kernel_times(row, "lowbit_fp8", fns)
+        if "lowbit_fp8_sm90_us" in row:  # without promotion to f32 per 128-k stage (opt-in)
+            os.environ["LOWBIT_FP8_SM90_FAST_ACCUM"] = "1"
+            try:
+                row["lowbit_fp8_sm90_fast_accum_us"] = graph_time_us(fns)
+            finally:
+                del os.environ["LOWBIT_FP8_SM90_FAST_ACCUM"]
         del wf8, lwf
     except Exception as e:  # noqa: BLE001 - e.g. a GPU without fp8 tensor cores
         row["lowbit_fp8_error"] = str(e).splitlines()[0][:160]
@@ -184,7 +198,9 @@ def fp8_peers(row, x, n, k, m, l2):
 
 
 def bench_fp8_only(name, n, k, m, l2):
-    """--fp8-only: lowbit FP8 W8A8 vs cuBLAS fp16 and torch._scaled_mm."""
+    """--fp8-only: lowbit FP8 W8A8 (default dispatch, lowbit_fp8_sm80_us / _sm90_us with each kernel forced,
+    lowbit_fp8_sm90_fast_accum_us without the per-stage f32 promotion, with the quantizer) vs cuBLAS fp16
+    and torch._scaled_mm (whose default, use_fast_accum=False, also promotes)."""
     row = {"shape": name, "n": n, "k": k, "m": m}
     x = torch.randn(m, k, device="cuda").half()
     ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
@@ -241,7 +257,10 @@ def main():
                 r = bench_fp8_only(name, n, k, m, meta["l2_bytes"])
                 rows.append(r)
                 print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f}  fp8 {r.get('lowbit_fp8_us', float('nan')):7.1f} "
-                      f"(+quant {r.get('lowbit_fp8_with_quant_us', float('nan')):7.1f}, "
+                      f"(sm80 {r.get('lowbit_fp8_sm80_us', float('nan')):7.1f}, sm90 "
+                      f"{r.get('lowbit_fp8_sm90_us', float('nan')):7.1f}, fast-accum "
+                      f"{r.get('lowbit_fp8_sm90_fast_accum_us', float('nan')):7.1f}, "
+                      f"+quant {r.get('lowbit_fp8_with_quant_us', float('nan')):7.1f}, "
                       f"x{r.get('fp8_speedup_vs_cublas', float('nan')):.2f})  _scaled_mm "
                       f"{r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  {r.get('lowbit_fp8_error', '')}", flush=True)
                 continue

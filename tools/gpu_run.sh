@@ -55,7 +55,9 @@ if has sanitize; then
     "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
   sanitize memcheck memcheck_w8a8 200 tests_py/test_gpu_w8a8.py "bit_exact and (3-130 or 17 or 1-8)"
   sanitize racecheck racecheck_w8a8 200 tests_py/test_gpu_w8a8.py "int32 and 130-200"
-  sanitize memcheck memcheck_fp8 120 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200)"
+  sanitize memcheck memcheck_fp8 200 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200) or \
+    (small_integers and (65-257-576 or 1-257-4160)) or (split_k and 5-300-1088) or (pairs and 129-1000-320)"
+  sanitize racecheck racecheck_fp8 200 tests_py/test_gpu_fp8.py "(small_integers and 130-77-256) or (split_k and 65-520-1088-2)"
   sanitize racecheck racecheck_sampling 120 tests_py/test_gpu_ops.py "sample_rows_picks and f16"
   sanitize memcheck memcheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-9-3-64 or lens3-64-32-8-128"
   sanitize racecheck racecheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8"

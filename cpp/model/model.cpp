@@ -389,8 +389,8 @@ Model::Info Model::info() const {
   i.kernels.push_back(std::string("paged_attention: K ") + name_of(k_cache_type()) + ", V " +
                       name_of(v_cache_type()) + ", head_dim " + std::to_string(cfg_.head_dim));
   if (!device_.is_cpu())
-    i.kernels.push_back("gpu: gemm_f16/gemm_w4a16/gemm_w8a8/gemm_fp8 (sm80 family; gemm_w8a8 on sm_90 runs the "
-                        "wgmma kernel), decode_attention_sm80 for decode steps, prefill_attention_sm80 otherwise");
+    i.kernels.push_back("gpu: gemm_f16/gemm_w4a16/gemm_w8a8/gemm_fp8 (sm80 family; gemm_w8a8 and gemm_fp8 on sm_90 "
+                        "run the wgmma kernel), decode_attention_sm80 for decode steps, prefill_attention_sm80 otherwise");
   return i;
 }
 

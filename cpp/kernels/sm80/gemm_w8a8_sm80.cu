@@ -1,7 +1,8 @@
 // W8A8 GEMMs for the sm80 family and the per-token activation quantizers that feed them (per-token
 // activation scale x per-channel weight scale, applied in the epilogue): int8 (SmoothQuant W8A8,
 // mma.sync m16n8k32 s8 x s8 -> s32) and fp8 e4m3 (mma.sync m16n8k32 e4m3 x e4m3 -> f32, sm_89+; the
-// 8-bit fragments have the same layout, so one kernel template serves both).
+// 8-bit fragments have the same layout, so one kernel template serves both). On sm_90 both GEMMs run
+// the wgmma/TMA kernel of cpp/kernels/sm90/gemm_w8a8_sm90.cu instead (see pick_kernel).
 //
 // Tiles: 128x128 outputs per block of 8 warps (2 x 4, 64x32 per warp), k in steps of 64 bytes,
 // three cp.async stages in shared memory (rows padded to 80 bytes so ldmatrix is conflict-free).
@@ -20,9 +21,11 @@
 
 namespace lowbit::cuda {
 namespace detail {  // cpp/kernels/sm90/gemm_w8a8_sm90.cu (wgmma + TMA, built for sm_90a)
-bool gemm_w8a8_sm90_usable(int device);
+bool gemm_w8a8_sm90_usable(const char* op, int device);
 void gemm_w8a8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
                     bool raw, int m, int n, int k, int split_k, cudaStream_t stream);
+void gemm_fp8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
+                   bool raw, int m, int n, int k, int split_k, cudaStream_t stream);
 }  // namespace detail
 namespace {
 
@@ -312,6 +315,23 @@ void launch_gemm8(const char* op, const Tensor& xq, const Tensor& x_scale, const
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
+// Which kernel an 8-bit GEMM runs. On sm_90 the wgmma kernel runs unless LOWBIT_W8A8_KERNEL (read
+// by gemm_w8a8 and gemm_fp8 alike) says otherwise: "sm80" forces the mma.sync kernel, "sm90" or
+// "sm90:S" (S = split-K cluster size 1/2/4/8) forces the Hopper one (tests, benchmarks).
+struct KernelChoice {
+  bool sm90;
+  int split;  // 0: the sm90 kernel picks its split
+};
+KernelChoice pick_kernel(const char* op, int device, int64_t k) {
+  const char* force = std::getenv("LOWBIT_W8A8_KERNEL");
+  const bool force80 = force != nullptr && std::strcmp(force, "sm80") == 0;
+  const bool force90 = force != nullptr && std::strncmp(force, "sm90", 4) == 0;
+  const bool usable90 = !force80 && k > 0 && detail::gemm_w8a8_sm90_usable(op, device);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !force90 || usable90, op,
+                    ": LOWBIT_W8A8_KERNEL=sm90 needs an sm_90 device and k > 0");
+  return {usable90, usable90 && force90 && force[4] == ':' ? std::atoi(force + 5) : 0};
+}
+
 // Compute capability 8.9 or newer (e4m3 tensor-core instructions).
 bool has_fp8_mma(int device) {
   int major = 0, minor = 0;
@@ -359,19 +379,11 @@ void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const 
   const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
   if (m == 0 || n == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(xq.device().index));
-  // On sm_90 the wgmma kernel runs unless LOWBIT_W8A8_KERNEL says otherwise: "sm80" forces this
-  // kernel, "sm90" or "sm90:S" (S = split-K cluster size 1/2/4/8) forces the Hopper one (tests, benchmarks).
-  const char* force = std::getenv("LOWBIT_W8A8_KERNEL");
-  const bool force80 = force != nullptr && std::strcmp(force, "sm80") == 0;
-  const bool force90 = force != nullptr && std::strncmp(force, "sm90", 4) == 0;
-  const bool usable90 = !force80 && k > 0 && detail::gemm_w8a8_sm90_usable(xq.device().index);
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !force90 || usable90, op,
-                    ": LOWBIT_W8A8_KERNEL=sm90 needs an sm_90 device and k > 0");
-  if (usable90) {
-    const int split = force90 && force[4] == ':' ? std::atoi(force + 5) : 0;
+  const KernelChoice kernel = pick_kernel(op, xq.device().index, k);
+  if (kernel.sm90) {
     detail::gemm_w8a8_sm90(xq.data<int8_t>(), wq.data<int8_t>(), raw ? nullptr : x_scale.data<float>(),
                            raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0), raw, static_cast<int>(m),
-                           static_cast<int>(n), static_cast<int>(k), split, stream);
+                           static_cast<int>(n), static_cast<int>(k), kernel.split, stream);
     return;
   }
   launch_gemm8<int>(op, xq, x_scale, wq, w_scale, y, raw, stream);
@@ -393,11 +405,20 @@ void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const T
               cudaStream_t stream) {
   const char* op = "gemm_fp8";
   const bool raw = check_gemm8_args(op, xq, x_scale, wq, w_scale, y, ScalarType::e4m3, ScalarType::f32);
-  if (xq.size(0) == 0 || wq.size(0) == 0) return;
+  const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
+  if (m == 0 || n == 0) return;
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, has_fp8_mma(dev), op,
                     ": fp8 e4m3 tensor-core GEMMs need compute capability 8.9 or newer (Ada, Hopper)");
+  const KernelChoice kernel = pick_kernel(op, dev, k);
+  if (kernel.sm90) {  // the e4m3 codes travel as bytes; the kernel reads them as e4m3
+    detail::gemm_fp8_sm90(static_cast<const int8_t*>(xq.data_ptr()), static_cast<const int8_t*>(wq.data_ptr()),
+                          raw ? nullptr : x_scale.data<float>(), raw ? nullptr : w_scale.data<float>(), y.data_ptr(),
+                          y.stride(0), raw, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), kernel.split,
+                          stream);
+    return;
+  }
   launch_gemm8<float>(op, xq, x_scale, wq, w_scale, y, raw, stream);
 }
 

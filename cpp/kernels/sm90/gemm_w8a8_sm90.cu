@@ -1,22 +1,28 @@
-// W8A8 int8 GEMM for Hopper (sm_90a): wgmma s8 x s8 -> s32 with both operands in shared memory,
-// loaded by TMA into a multi-stage mbarrier pipeline (one producer warp, two consumer warpgroups).
+// W8A8 GEMMs for Hopper (sm_90a): wgmma with both 8-bit operands in shared memory, loaded by TMA
+// into a multi-stage mbarrier pipeline (one producer warp, two consumer warpgroups). One kernel
+// template serves int8 (s8 x s8 -> s32, gemm_w8a8) and fp8 (e4m3 x e4m3 -> f32, gemm_fp8): both
+// are K-major 8-bit operands with k32 per instruction, so tiles, swizzle, descriptors and the
+// accumulator fragment layout are the same; only the instruction and the accumulator type differ.
 //
-// The kernel computes D = A · Bᵀ for two K-major s8 matrices: A tiles of 128 rows (64 per consumer
+// The kernel computes D = A · Bᵀ for two K-major 8-bit matrices: A tiles of 128 rows (64 per consumer
 // warpgroup), B tiles of BN rows, k in blocks of 128 bytes (one 128-byte swizzled smem row, which is
 // the layout TMA's SWIZZLE_128B writes and wgmma's descriptors read). For m > 64, A = xq and B = wq
 // (128 x 256 tiles). For small m the roles swap (A = wq, B = xq with BN = 32/64 covering all m) so
 // the 64-row wgmma side is filled with weight rows instead of mostly-empty activation rows.
 // Split-K runs as a thread-block cluster along k: each CTA accumulates its k range, then the
-// partial tiles are summed through distributed shared memory (exact in int32, no workspace), each
-// CTA reducing and writing a slice of rows. Epilogue: raw s32, or f16 of acc * x_scale * w_scale
-// (the same f32 expression as the sm80 kernel, so both paths give identical outputs).
-// Rows past m/n and the k tail of a 128-byte block are zero-filled by TMA.
+// partial tiles are summed through distributed shared memory (no workspace), each CTA reducing and
+// writing a slice of rows: exact in int32; in f32 the partials are added in split-rank order, so an
+// fp8 result depends (in its last bits) on the split. Epilogue: the raw accumulators (s32 / f32), or
+// f16 of acc * x_scale * w_scale (the same f32 expression as the sm80 kernel: identical int8 outputs;
+// fp8 outputs differ only as far as the two kernels' f32 sums do).
+// Rows past m/n and the k tail of a 128-byte block are zero-filled by TMA (byte 0 is +0 in e4m3 too).
 #include <cooperative_groups.h>
 #include <cuda.h>  // CUtensorMap (the encode function is fetched through the runtime; no -lcuda)
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 #include <cstdlib>
 #include <cstring>
 
@@ -111,6 +117,11 @@ __device__ inline void fence_regs(int (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
+template <int R>
+__device__ inline void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ inline uint64_t smem_desc(uint32_t addr) {
@@ -118,83 +129,119 @@ __device__ inline uint64_t smem_desc(uint32_t addr) {
          (1ull << 62);
 }
 
-__device__ inline void wgmma_m64n32k32(int (&d)[16], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, %16, %17, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
-      : "l"(da), "l"(db), "r"(1));
+// The accumulator operands of one wgmma: C is the constraint ("+r" s32, "+f" f32).
+#define LOWBIT_ACC8(C, d, i) \
+  C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
+#define LOWBIT_ACC16(C, d, i) LOWBIT_ACC8(C, d, i), LOWBIT_ACC8(C, d, i + 8)
+#define LOWBIT_ACC32(C, d, i) LOWBIT_ACC16(C, d, i), LOWBIT_ACC16(C, d, i + 16)
+#define LOWBIT_ACC64(C, d) LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32)
+#define LOWBIT_ACC128(C, d) \
+  LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32), LOWBIT_ACC32(C, d, 64), LOWBIT_ACC32(C, d, 96)
+#define LOWBIT_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define LOWBIT_REGS32                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define LOWBIT_REGS64                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
+  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
+  "%61, %62, %63}"
+#define LOWBIT_REGS128                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
+  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
+  "%61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, " \
+  "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "      \
+  "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "     \
+  "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+// D = A · Bᵀ + (scale_d ? D : 0) for one k32 step (operand S becomes the scale-d predicate p).
+// s8 x s8 -> s32 takes no operand scales. e4m3 x e4m3 -> f32 also takes imm-scale-a/b (1: no
+// negation); it has no .satfinite and no transpose immediates (8-bit operands are K-major only).
+#define LOWBIT_WGMMA_S8(SHAPE, REGS, DA, DB, S)                                       \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\n"                                      \
+  "wgmma.mma_async.sync.aligned." SHAPE ".s32.s8.s8 " REGS ", " DA ", " DB ", p;\n}\n"
+#define LOWBIT_WGMMA_E4M3(SHAPE, REGS, DA, DB, S)                                             \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\n"                                            \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32.e4m3.e4m3 " REGS ", " DA ", " DB ", p, 1, 1;\n}\n"
+
+__device__ inline void wgmma_n32(int (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_S8("m64n32k32", LOWBIT_REGS16, "%16", "%17", "%18")
+               : LOWBIT_ACC16("+r", d, 0) : "l"(da), "l"(db), "r"(scale_d));
 }
-__device__ inline void wgmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-      : "l"(da), "l"(db), "r"(1));
+__device__ inline void wgmma_n32(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_E4M3("m64n32k32", LOWBIT_REGS16, "%16", "%17", "%18")
+               : LOWBIT_ACC16("+f", d, 0) : "l"(da), "l"(db), "r"(scale_d));
 }
-__device__ inline void wgmma_m64n256k32(int (&d)[128], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
-        "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
-        "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
-        "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
-        "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
-        "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
-        "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
-        "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
-        "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
-      : "l"(da), "l"(db), "r"(1));
+__device__ inline void wgmma_n64(int (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_S8("m64n64k32", LOWBIT_REGS32, "%32", "%33", "%34")
+               : LOWBIT_ACC32("+r", d, 0) : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ inline void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_E4M3("m64n64k32", LOWBIT_REGS32, "%32", "%33", "%34")
+               : LOWBIT_ACC32("+f", d, 0) : "l"(da), "l"(db), "r"(scale_d));
+}
+// (n128 only for the promoted fp8 tiles; int8 uses n256 for m > 64.)
+__device__ inline void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_E4M3("m64n128k32", LOWBIT_REGS64, "%64", "%65", "%66")
+               : LOWBIT_ACC64("+f", d) : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ inline void wgmma_n256(int (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_S8("m64n256k32", LOWBIT_REGS128, "%128", "%129", "%130")
+               : LOWBIT_ACC128("+r", d) : "l"(da), "l"(db), "r"(scale_d));
+}
+__device__ inline void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(LOWBIT_WGMMA_E4M3("m64n256k32", LOWBIT_REGS128, "%128", "%129", "%130")
+               : LOWBIT_ACC128("+f", d) : "l"(da), "l"(db), "r"(scale_d));
+}
+#undef LOWBIT_WGMMA_E4M3
+#undef LOWBIT_WGMMA_S8
+#undef LOWBIT_REGS128
+#undef LOWBIT_REGS64
+#undef LOWBIT_REGS32
+#undef LOWBIT_REGS16
+#undef LOWBIT_ACC128
+#undef LOWBIT_ACC64
+#undef LOWBIT_ACC32
+#undef LOWBIT_ACC16
+#undef LOWBIT_ACC8
+
+// Acc int: s8 operands; Acc float: e4m3 operands (both 8-bit, K-major, same descriptors).
+template <int BN, typename Acc>
+__device__ inline void wgmma_tile(Acc (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (BN == 256) wgmma_n256(d, da, db, scale_d);
+  else if constexpr (BN == 128) wgmma_n128(d, da, db, scale_d);
+  else if constexpr (BN == 64) wgmma_n64(d, da, db, scale_d);
+  else wgmma_n32(d, da, db, scale_d);
 }
 
+// Four accumulators as one 16-byte value (int4 / float4), for the split-K exchange and the stores.
+template <typename Acc>
+struct Quad;
+template <>
+struct Quad<int> {
+  using T = int4;
+  using Pair = int2;
+};
+template <>
+struct Quad<float> {
+  using T = float4;
+  using Pair = float2;
+};
 
-template <int BN>
-__device__ inline void wgmma_tile(int (&d)[BN / 2], uint64_t da, uint64_t db) {
-  if constexpr (BN == 256) wgmma_m64n256k32(d, da, db);
-  else if constexpr (BN == 64) wgmma_m64n64k32(d, da, db);
-  else wgmma_m64n32k32(d, da, db);
-}
-
-// Stores the accumulator pair of A row `ar`, B rows `br`, `br + 1` into y.
-template <bool kSwap, bool kRaw>
-__device__ inline void store_pair(const Sm90Args& p, int ar, int br, int c0, int c1) {
+// Stores the accumulator pair of A row `ar`, B rows `br`, `br + 1` into y (raw: Acc; else f16).
+template <bool kSwap, bool kRaw, typename Acc>
+__device__ inline void store_pair(const Sm90Args& p, int ar, int br, Acc c0, Acc c1) {
   if (ar >= p.rows_a || br >= p.rows_b) return;
   const bool has1 = br + 1 < p.rows_b;
-  auto value = [&](int c, int m, int n) {
+  auto value = [&](Acc c, int m, int n) {  // the sm80 kernel's epilogue expression, term for term
     return __float2half_rn(static_cast<float>(c) * p.x_scale[m] * p.w_scale[n]);
   };
   if constexpr (!kSwap) {  // y[ar, br..br+1]: contiguous
     const int64_t off = ar * p.ldy + br;
     if constexpr (kRaw) {
-      int* y = static_cast<int*>(p.y) + off;
+      Acc* y = static_cast<Acc*>(p.y) + off;
       if (has1 && p.vec_ok) {
-        *reinterpret_cast<int2*>(y) = make_int2(c0, c1);
+        *reinterpret_cast<typename Quad<Acc>::Pair*>(y) = {c0, c1};
       } else {
         y[0] = c0;
         if (has1) y[1] = c1;
@@ -211,7 +258,7 @@ __device__ inline void store_pair(const Sm90Args& p, int ar, int br, int c0, int
     }
   } else {  // swapped: A rows are n, B rows are m
     if constexpr (kRaw) {
-      int* y = static_cast<int*>(p.y);
+      Acc* y = static_cast<Acc*>(p.y);
       y[br * p.ldy + ar] = c0;
       if (has1) y[(br + 1) * p.ldy + ar] = c1;
     } else {
@@ -224,8 +271,9 @@ __device__ inline void store_pair(const Sm90Args& p, int ar, int br, int c0, int
 
 // Accumulator element v of lane `lane` in consumer warp gw (0..7, 16 A rows each): A row
 // gw*16 + lane/4 (+8 for v%4 >= 2), B row (v/4)*8 + 2*(lane%4) + v%2.
-template <bool kSwap, bool kRaw>
-__device__ inline void store_quad(const Sm90Args& p, int a0, int b0, int gw, int lane, int v, int4 c) {
+// (The s32 and f32 wgmma accumulator layouts are the same.)
+template <bool kSwap, bool kRaw, typename Q>
+__device__ inline void store_quad(const Sm90Args& p, int a0, int b0, int gw, int lane, int v, Q c) {
   const int ar = a0 + gw * 16 + (lane >> 2), br = b0 + (v >> 2) * 8 + (lane & 3) * 2;
   store_pair<kSwap, kRaw>(p, ar, br, c.x, c.y);
   store_pair<kSwap, kRaw>(p, ar + 8, br, c.z, c.w);
@@ -236,13 +284,23 @@ __device__ inline void store_quad(const Sm90Args& p, int a0, int b0, int gw, int
 // split). With kMC the two CTAs of a pair share their B tile: each loads one half and multicasts it
 // to both, a third less L2->SM traffic per CTA; a stage is refilled only once both CTAs released it.
 // (Predicted faster if the mainloop were L2-bandwidth bound; measured slower, so it is opt-in.)
-template <int BN, bool kSwap, bool kRaw, bool kMC>
+// Acc int: s8 x s8 -> s32 (exact). Acc float: e4m3 x e4m3 -> f32 (products exact; the sums round,
+// and split-K adds the f32 partials of the cluster's CTAs in rank order, so results differ from
+// split 1 in the last bits).
+// kPromote (fp8 only): the tensor cores' fp8 accumulation is reported to keep about 14 significant
+// bits, not f32's 24, and its error grows with k. With kPromote each 128-k stage is summed by wgmma
+// into a fresh register set (first instruction with scale-d 0), which is then added into the f32
+// accumulators by ordinary FADDs, so the long sum is a true f32 one. It costs a second accumulator
+// set (BN 256 would not fit in registers: the caller uses 128) and a wait for each stage's wgmmas.
+template <typename Acc, int BN, bool kSwap, bool kRaw, bool kMC, bool kPromote>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_sm90_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const Sm90Args p) {
 #ifdef LOWBIT_SM90_DEVICE
   using C = Config<BN>;
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BN / 2;
+  using Q = typename Quad<Acc>::T;
+  static_assert(!kPromote || BN <= 128, "a promoted 64 x 256 tile needs 256 accumulator registers");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
@@ -271,9 +329,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   }
 
-  int acc[kR];
+  Acc acc[kR];
 #pragma unroll
-  for (int i = 0; i < kR; ++i) acc[i] = 0;
+  for (int i = 0; i < kR; ++i) acc[i] = Acc(0);
   const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp index in the tile
 
   if (wg == 0) {
@@ -301,13 +359,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&full[s], (it / kStages) & 1);
       const uint64_t da = smem_desc(a_base + s * kStageBytes), db = smem_desc(b_base + s * kStageBytes);
       wgmma_fence();
+      if constexpr (kPromote) {
+        Acc part[kR];  // this stage's sum: the first wgmma overwrites it
 #pragma unroll
-      for (int kk = 0; kk < kBK / 32; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk);  // +32 bytes of k
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back to the producer
-      if (it > 0 && lane == 0) {
-        mbar_arrive(&empty[(it - 1) % kStages]);
-        if constexpr (kMC) mbar_arrive_cluster(&empty[(it - 1) % kStages], (mc ^ 1) + kCX * rank);
+        for (int kk = 0; kk < kBK / 32; ++kk) wgmma_tile<BN>(part, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
+        wgmma_commit();
+        wgmma_wait<0>();  // this stage's wgmmas are done: hand it back, then fold the sum in
+        fence_regs(part);
+        if (lane == 0) {
+          mbar_arrive(&empty[s]);
+          if constexpr (kMC) mbar_arrive_cluster(&empty[s], (mc ^ 1) + kCX * rank);
+        }
+#pragma unroll
+        for (int i = 0; i < kR; ++i) acc[i] += part[i];
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kBK / 32; ++kk) wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk, 1);  // +32 bytes of k
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's wgmmas are done: hand it back to the producer
+        if (it > 0 && lane == 0) {
+          mbar_arrive(&empty[(it - 1) % kStages]);
+          if constexpr (kMC) mbar_arrive_cluster(&empty[(it - 1) % kStages], (mc ^ 1) + kCX * rank);
+        }
       }
     }
     wgmma_wait<0>();
@@ -318,33 +391,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg > 0) {
 #pragma unroll
       for (int v = 0; v < kR; v += 4)
-        store_quad<kSwap, kRaw>(p, a0, b0, gw, lane, v, make_int4(acc[v], acc[v + 1], acc[v + 2], acc[v + 3]));
+        store_quad<kSwap, kRaw>(p, a0, b0, gw, lane, v, Q{acc[v], acc[v + 1], acc[v + 2], acc[v + 3]});
     }
     if constexpr (kMC) cluster.sync();  // the partner may still arrive on our barriers until here
     return;
   }
   // Split-K: split rank j reduces rows [j, j+1) * 128/split of the tile. Slot r of CTA j holds
-  // split rank r's partial of that slice as [warp in slice][v/4][lane] int4. (With kMC the pair
-  // partner's arrivals on our barriers also precede the first cluster.sync below.)
+  // split rank r's partial of that slice as [warp in slice][v/4][lane] Q (int4 / float4). (With kMC
+  // the pair partner's arrivals on our barriers also precede the first cluster.sync below.)
   const int slice_warps = kConsumerWarps / split;
-  constexpr int kWarpInts = kR * 32;
-  int4* slots = reinterpret_cast<int4*>(smem);
+  constexpr int kWarpAccs = kR * 32;
+  Q* slots = reinterpret_cast<Q*>(smem);
   cluster.sync();  // every CTA's pipeline smem is idle
   if (wg > 0) {
     const int j = gw / slice_warps, lw = gw % slice_warps;
-    int4* dst = cluster.map_shared_rank(slots, mc + kCX * j) + ((rank * slice_warps + lw) * kWarpInts) / 4 + lane;
+    Q* dst = cluster.map_shared_rank(slots, mc + kCX * j) + ((rank * slice_warps + lw) * kWarpAccs) / 4 + lane;
 #pragma unroll
-    for (int v = 0; v < kR; v += 4) dst[(v / 4) * 32] = make_int4(acc[v], acc[v + 1], acc[v + 2], acc[v + 3]);
+    for (int v = 0; v < kR; v += 4) dst[(v / 4) * 32] = Q{acc[v], acc[v + 1], acc[v + 2], acc[v + 3]};
   }
   cluster.sync();  // all partials have landed
-  const int slice_int4 = slice_warps * kWarpInts / 4;
-  for (int u = threadIdx.x; u < slice_int4; u += kThreads) {
-    int4 sum = slots[u];
+  const int slice_quads = slice_warps * kWarpAccs / 4;
+  for (int u = threadIdx.x; u < slice_quads; u += kThreads) {
+    Q sum = slots[u];
     for (int r = 1; r < split; ++r) {
-      const int4 c = slots[r * slice_int4 + u];
+      const Q c = slots[r * slice_quads + u];
       sum.x += c.x, sum.y += c.y, sum.z += c.z, sum.w += c.w;
     }
-    const int lw = u / (kWarpInts / 4), v = ((u % (kWarpInts / 4)) / 32) * 4, ln = u % 32;
+    const int lw = u / (kWarpAccs / 4), v = ((u % (kWarpAccs / 4)) / 32) * 4, ln = u % 32;
     store_quad<kSwap, kRaw>(p, a0, b0, rank * slice_warps + lw, ln, v, sum);
   }
 #endif
@@ -364,7 +437,7 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// Row-major s8 [rows, k] as 128-byte x box_rows boxes, 128B swizzle, zero fill out of bounds.
+// Row-major 8-bit [rows, k] (s8 or e4m3 bytes) as 128-byte x box_rows boxes, 128B swizzle, zero fill out of bounds.
 CUtensorMap make_map(const char* op, const int8_t* base, int rows, int k, int box_rows) {
   const EncodeTiled fn = encode_tiled();
   LOWBIT_CHECK_KIND(ErrorKind::kRuntime, fn != nullptr, op, ": cuTensorMapEncodeTiled is not available");
@@ -395,10 +468,10 @@ int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
   return best;
 }
 
-template <int BN, bool kSwap, bool kRaw, bool kMC>
+template <typename Acc, int BN, bool kSwap, bool kRaw, bool kMC, bool kPromote>
 void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
             int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
-  auto kernel = gemm_w8a8_sm90_kernel<BN, kSwap, kRaw, kMC>;
+  auto kernel = gemm_w8a8_sm90_kernel<Acc, BN, kSwap, kRaw, kMC, kPromote>;
   constexpr int kCX = kMC ? 2 : 1;
   constexpr int kSmem = Config<BN>::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -434,7 +507,7 @@ void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs,
 
   const CUtensorMap map_a = kSwap ? make_map(op, wq, n, k, kBM) : make_map(op, xq, m, k, kBM);
   const CUtensorMap map_b = kSwap ? make_map(op, xq, m, k, BN) : make_map(op, wq, n, k, kMC ? BN / 2 : BN);
-  const size_t esize = kRaw ? 4 : 2;
+  const size_t esize = kRaw ? sizeof(Acc) : 2;
   Sm90Args args{xs, ws, y, ldy, rows_a, rows_b, k_blocks, split,
                 reinterpret_cast<uintptr_t>(y) % (2 * esize) == 0 && ldy % 2 == 0};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles_a), static_cast<unsigned>(tiles_b), static_cast<unsigned>(split));
@@ -444,39 +517,70 @@ void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs,
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
-template <bool kRaw>
-void dispatch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
-              int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
-  // Multicast pairs only with LOWBIT_W8A8_SM90_PAIRS=1: measured slower on the H100 (gate_up m=1024
-  // 351 vs 260 us, m=256 111 vs 87 us), kept for further work and tested.
+template <typename Acc, bool kRaw, bool kPromote>
+void dispatch_m(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
+                int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
+  constexpr int kWide = kPromote ? 128 : 256;  // B tile for m > 64 (see kPromote)
+  // Multicast pairs only with LOWBIT_W8A8_SM90_PAIRS=1: measured slower on the H100 (int8 gate_up
+  // m=1024 351 vs 260 us, m=256 111 vs 87 us), kept for further work and tested.
   const char* pairs_env = std::getenv("LOWBIT_W8A8_SM90_PAIRS");
   const bool no_pairs = pairs_env == nullptr || std::strcmp(pairs_env, "1") != 0;
   if (m <= 32) {
-    launch<32, true, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, 32, true, kRaw, false, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   } else if (m <= 64) {
-    launch<64, true, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, 64, true, kRaw, false, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   } else if (m <= kBM || no_pairs) {
-    launch<256, false, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, kWide, false, kRaw, false, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   } else {  // at least two A tiles: pairs share (multicast) their weight tile (opt-in, see above)
-    launch<256, false, kRaw, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    launch<Acc, kWide, false, kRaw, true, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+  }
+}
+
+template <typename Acc, bool kRaw>
+void dispatch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
+              int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    // fp8 promotes its sums to f32 every stage unless LOWBIT_FP8_SM90_FAST_ACCUM=1 (the tensor cores'
+    // own accumulation throughout, 128 x 256 tiles like int8: for measuring what promotion costs).
+    const char* fast_env = std::getenv("LOWBIT_FP8_SM90_FAST_ACCUM");
+    if (fast_env == nullptr || std::strcmp(fast_env, "1") != 0) {
+      dispatch_m<Acc, kRaw, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+      return;
+    }
+  }
+  dispatch_m<Acc, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+}
+
+// y[m, n] = xq · wqᵀ (raw accumulators, else f16 scaled); arguments already checked by the caller.
+// split_k = 0 picks the cluster split itself; 1, 2, 4 or 8 forces it (tests).
+template <typename Acc>
+void run(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
+         bool raw, int m, int n, int k, int split_k, cudaStream_t stream) {
+  LOWBIT_CHECK(split_k == 0 || split_k == 1 || split_k == 2 || split_k == 4 || split_k == 8, op,
+               ": split must be 0, 1, 2, 4 or 8, got ", split_k);
+  if (raw) {
+    dispatch<Acc, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, split_k, stream);
+  } else {
+    dispatch<Acc, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, split_k, stream);
   }
 }
 
 }  // namespace
 
-// True when this device is sm_90 and the 90a kernels were built into this library.
-bool gemm_w8a8_sm90_usable(int device) {
+// True when this device is sm_90 and the 90a kernels were built into this library (the s8 and
+// e4m3 instantiations live in the same image).
+bool gemm_w8a8_sm90_usable(const char* op, int device) {
   static std::atomic<int> cache[64] = {};  // 0 unknown, 1 yes, 2 no
   if (device < 0 || device >= 64) return false;
   int v = cache[device].load();
   if (v == 0) {
     int major = 0, minor = 0;
-    LOWBIT_CUDA_CHECK("gemm_w8a8", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    LOWBIT_CUDA_CHECK("gemm_w8a8", cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     bool ok = major == 9 && minor == 0 && encode_tiled() != nullptr;
     if (ok) {
       cudaFuncAttributes fa{};
-      ok = cudaFuncGetAttributes(&fa, gemm_w8a8_sm90_kernel<256, false, false, false>) == cudaSuccess;
+      ok = cudaFuncGetAttributes(&fa, gemm_w8a8_sm90_kernel<int, 256, false, false, false, false>) == cudaSuccess;
       (void)cudaGetLastError();  // a missing image is an answer here, not an error to keep
     }
     v = ok ? 1 : 2;
@@ -485,18 +589,16 @@ bool gemm_w8a8_sm90_usable(int device) {
   return v == 1;
 }
 
-// y[m, n] = xq · wqᵀ (s32 when raw, else f16 scaled); arguments already checked by gemm_w8a8.
-// split_k = 0 picks the cluster split itself; 1, 2, 4 or 8 forces it (tests).
+// s8 x s8: y s32 when raw.
 void gemm_w8a8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
                     bool raw, int m, int n, int k, int split_k, cudaStream_t stream) {
-  const char* op = "gemm_w8a8";
-  LOWBIT_CHECK(split_k == 0 || split_k == 1 || split_k == 2 || split_k == 4 || split_k == 8, op,
-               ": split must be 0, 1, 2, 4 or 8, got ", split_k);
-  if (raw) {
-    dispatch<true>(op, xq, wq, xs, ws, y, ldy, m, n, k, split_k, stream);
-  } else {
-    dispatch<false>(op, xq, wq, xs, ws, y, ldy, m, n, k, split_k, stream);
-  }
+  run<int>("gemm_w8a8", xq, wq, xs, ws, y, ldy, raw, m, n, k, split_k, stream);
+}
+
+// e4m3 x e4m3 (xq, wq are the e4m3 bytes): y f32 when raw.
+void gemm_fp8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
+                   bool raw, int m, int n, int k, int split_k, cudaStream_t stream) {
+  run<float>("gemm_fp8", xq, wq, xs, ws, y, ldy, raw, m, n, k, split_k, stream);
 }
 
 }  // namespace lowbit::cuda::detail

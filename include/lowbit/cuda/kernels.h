@@ -28,7 +28,8 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
 
 // W8A8: y[m, n] = (xq · wqᵀ)[m, n] * x_scale[m] * w_scale[n] with s8 xq [m, k], wq [n, k] (k a
 // multiple of 64), f32 scales, y f16; with an s32 y the raw int32 accumulators are written
-// (scales ignored), which the tests compare bit-exactly.
+// (scales ignored), which the tests compare bit-exactly. On sm_90 it runs the wgmma kernel unless
+// LOWBIT_W8A8_KERNEL=sm80 ("sm90[:S]" forces it, with split-K cluster size S).
 void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
                cudaStream_t stream);
 
@@ -37,7 +38,10 @@ void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const 
 // x f16 [m, k], q e4m3 [m, k], scales f32 [m].
 void quantize_per_token_e4m3(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream);
 // y[m, n] = (xq · wqᵀ)[m, n] * x_scale[m] * w_scale[n] with e4m3 xq [m, k], wq [n, k] (k a multiple
-// of 64) on e4m3 tensor cores with f32 accumulation, y f16; with an f32 y the raw accumulators.
+// of 64) on e4m3 tensor cores with f32 accumulators, y f16; with an f32 y the raw accumulators. On
+// sm_90 it runs the wgmma kernel (LOWBIT_W8A8_KERNEL picks a kernel, as for gemm_w8a8), which adds
+// each 128-k stage's tensor-core sum into f32 registers (LOWBIT_FP8_SM90_FAST_ACCUM=1: no promotion).
+// Products of e4m3 values are exact; the sums are not bit-reproducible across kernels or split-K.
 void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
               cudaStream_t stream);
 
