@@ -61,12 +61,16 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
   T* rr = kAdd ? static_cast<T*>(res.base) + r * res.stride : nullptr;
   const W* wr = static_cast<const W*>(w.base);
   const int cols = static_cast<int>(x.cols);
-  float v[kPer];
+  // The weight is loaded with the row (not after the reduction): one memory round trip, not two.
+  float v[kPer], wv[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kThreads;
-    v[j] = 0.f;
-    if (i < cols) v[j] = kAdd ? load_f32(rr + i) + load_f32(xr + i) : load_f32(xr + i);
+    v[j] = wv[j] = 0.f;
+    if (i < cols) {
+      v[j] = kAdd ? load_f32(rr + i) + load_f32(xr + i) : load_f32(xr + i);
+      wv[j] = load_f32(wr + i);
+    }
   }
   float ss = 0.f;
 #pragma unroll
@@ -83,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kThreads;
-    if (i < cols) store_f32(orow + i, v[j] * inv * load_f32(wr + i));
+    if (i < cols) store_f32(orow + i, v[j] * inv * wv[j]);
   }
 }
 
