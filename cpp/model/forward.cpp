@@ -1,7 +1,8 @@
 // The batched Llama-family forward pass (pre-norm decoder, GQA, SwiGLU MLP) built from ops:
-//   embedding -> per layer: rms_norm, qkv linear (+bias), rope, kv_write, paged_attention, o linear,
-//   add_rms_norm, gate_up linear, silu_mul, down linear -> final add_rms_norm -> lm_head on the rows
-//   that need logits. Residual adds are fused into the next norm (add_rms_norm).
+//   embedding -> per layer: rms_norm, qkv linear (+bias), rope and kv_write (one fused op on the
+//   GPU), paged_attention, o linear, add_rms_norm, gate_up linear, silu_mul, down linear -> final
+//   add_rms_norm -> lm_head on the rows that need logits. Residual adds are fused into the next norm
+//   (add_rms_norm).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -112,8 +113,12 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
     else
       ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
     run_linear(normed, L.qkv_in, L.qkv, L.qkv_bias, qkv, ws);
-    ops::rope(q, k, positions, rope);
-    ops::kv_write(cache, l, k, v, attn);
+    if (device_.is_cuda()) {
+      ops::rope_kv_write(q, k, v, positions, rope, cache, l, attn);  // one kernel, same bytes as the two below
+    } else {
+      ops::rope(q, k, positions, rope);
+      ops::kv_write(cache, l, k, v, attn);
+    }
     ops::paged_attention(q, cache, l, attn, scale, attn_heads);
     run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
     ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);

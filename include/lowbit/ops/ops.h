@@ -73,6 +73,11 @@ struct AttentionMeta {
 // Writes the new tokens' K/V (quantizing for integer KV types) into their slots; a negative slot
 // skips its token (padding). k/v: f32/f16/bf16, rows may be strided views.
 void kv_write(KVCache& cache, int layer, const Tensor& k /*[T, Hkv, D]*/, const Tensor& v, const AttentionMeta& meta);
+// rope(q, k, positions, rope) then kv_write(cache, layer, k, v, meta) as one op (one kernel on the
+// GPU: a launch less per layer), with the same results bit for bit: q and k rotated in place (q may
+// be undefined), the rotated k and v in the cache. Checks both ops' arguments before any write.
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeConfig& rope,
+                   KVCache& cache, int layer, const AttentionMeta& meta);
 // out[T, Hq, D] = softmax(q kᵀ * scale, causal) v over the paged cache; GQA when Hq > Hkv (query
 // head h reads KV head h / (Hq / Hkv)). q and out: f32/f16/bf16 (may differ), strided rows allowed;
 // rows of out outside every sequence are left untouched. f32 accumulation.
