@@ -18,6 +18,27 @@ Tensor optional_tensor_arg(nb::handle obj, const char* arg) {
   return obj.is_none() ? Tensor() : tensor_from_python(obj, arg);
 }
 
+ops::RopeConfig rope_config(float theta, int rotary_dim, bool neox, bool llama3, float factor, float low_freq_factor,
+                            float high_freq_factor, int original_max_position, float linear_factor) {
+  ops::RopeConfig c;
+  c.theta = theta;
+  c.rotary_dim = rotary_dim;
+  c.neox = neox;
+  c.llama3 = llama3;
+  c.factor = factor;
+  c.low_freq_factor = low_freq_factor;
+  c.high_freq_factor = high_freq_factor;
+  c.original_max_position = original_max_position;
+  c.linear_factor = linear_factor;
+  return c;
+}
+
+// The keyword arguments of rope_config, shared by rope and rope_kv_write.
+#define ROPE_CONFIG_ARGS                                                                                       \
+  nb::arg("theta") = 10000.f, nb::arg("rotary_dim") = 0, nb::arg("neox") = true, nb::arg("llama3") = false,   \
+      nb::arg("factor") = 1.f, nb::arg("low_freq_factor") = 1.f, nb::arg("high_freq_factor") = 4.f,           \
+      nb::arg("original_max_position") = 8192, nb::arg("linear_factor") = 1.f
+
 }  // namespace
 
 void bind_attention(nb::module_& m) {
@@ -58,22 +79,11 @@ void bind_attention(nb::module_& m) {
       [](nb::handle q, nb::handle k, nb::handle positions, float theta, int rotary_dim, bool neox, bool llama3,
          float factor, float low_freq_factor, float high_freq_factor, int original_max_position, float linear_factor) {
         Tensor qt = optional_tensor_arg(q, "q"), kt = optional_tensor_arg(k, "k");
-        ops::RopeConfig c;
-        c.theta = theta;
-        c.rotary_dim = rotary_dim;
-        c.neox = neox;
-        c.llama3 = llama3;
-        c.factor = factor;
-        c.low_freq_factor = low_freq_factor;
-        c.high_freq_factor = high_freq_factor;
-        c.original_max_position = original_max_position;
-        c.linear_factor = linear_factor;
-        ops::rope(qt, kt, tensor_from_python(positions, "positions"), c);
+        ops::rope(qt, kt, tensor_from_python(positions, "positions"),
+                  rope_config(theta, rotary_dim, neox, llama3, factor, low_freq_factor, high_freq_factor,
+                              original_max_position, linear_factor));
       },
-      nb::arg("q").none(), nb::arg("k").none(), nb::arg("positions"), nb::arg("theta") = 10000.f,
-      nb::arg("rotary_dim") = 0, nb::arg("neox") = true, nb::arg("llama3") = false, nb::arg("factor") = 1.f,
-      nb::arg("low_freq_factor") = 1.f, nb::arg("high_freq_factor") = 4.f, nb::arg("original_max_position") = 8192,
-      nb::arg("linear_factor") = 1.f,
+      nb::arg("q").none(), nb::arg("k").none(), nb::arg("positions"), ROPE_CONFIG_ARGS,
       "Rotates q [T, Hq, D] and k [T, Hkv, D] (either may be None) in place at positions (int32 [T]). "
       "neox=True pairs (i, i + d/2) like HF rotate_half, False pairs (2i, 2i+1). llama3=True applies "
       "Llama-3 frequency scaling (factor, low/high_freq_factor, original_max_position); linear_factor "
@@ -86,6 +96,22 @@ void bind_attention(nb::module_& m) {
       },
       nb::arg("cache"), nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("meta"),
       "Writes k, v [T, Hkv, D] into cache slots meta.slot_mapping (quantizing for u8/u4 caches)");
+
+  m.def(
+      "rope_kv_write",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle positions, KVCache& cache, int layer,
+         const AttentionMeta& meta, float theta, int rotary_dim, bool neox, bool llama3, float factor,
+         float low_freq_factor, float high_freq_factor, int original_max_position, float linear_factor) {
+        Tensor qt = optional_tensor_arg(q, "q"), kt = tensor_from_python(k, "k");
+        ops::rope_kv_write(qt, kt, tensor_from_python(v, "v"), tensor_from_python(positions, "positions"),
+                           rope_config(theta, rotary_dim, neox, llama3, factor, low_freq_factor, high_freq_factor,
+                                       original_max_position, linear_factor),
+                           cache, layer, meta);
+      },
+      nb::arg("q").none(), nb::arg("k"), nb::arg("v"), nb::arg("positions"), nb::arg("cache"), nb::arg("layer"),
+      nb::arg("meta"), ROPE_CONFIG_ARGS,
+      "rope(q, k, positions, ...) then kv_write(cache, layer, k, v, meta) as one op (one kernel on the GPU), "
+      "with the same results: q (may be None) and k rotated in place, the rotated k and v in the cache.");
 
   m.def(
       "paged_attention",

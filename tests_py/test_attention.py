@@ -302,6 +302,60 @@ def test_kv_write_and_rope_errors():
         lb.rope(q, None, torch.tensor([0, 1, 2], dtype=torch.int32), llama3=True, low_freq_factor=4.0)
 
 
+def test_rope_kv_write_errors_are_those_of_rope_and_kv_write():
+    """The fused op checks both ops' arguments (naming itself) before it changes anything."""
+    cache, meta = small_setup()
+    q, k, pos = torch.randn(2, 3, 64), torch.randn(2, 1, 64), torch.tensor([5, 6], dtype=torch.int32)
+    q0, k0 = q.clone(), k.clone()
+    with pytest.raises(ValueError, match=r"rope_kv_write: argument 'v' must have shape \[2, 1, 64\].*got \[2, 2, 64\]"):
+        lb.rope_kv_write(q, k, torch.randn(2, 2, 64), pos, cache, 0, meta)
+    with pytest.raises(IndexError, match="rope_kv_write: meta.slot_mapping\\[1\\] = 64 is past the cache's 64 slots"):
+        lb.rope_kv_write(q, k, k, pos, cache, 0,
+                         lb.AttentionMeta([], [], [], slot_mapping=torch.tensor([0, 64], dtype=torch.int32)))
+    with pytest.raises(TypeError, match="rope_kv_write: argument 'meta.slot_mapping' must have dtype s32, got s64"):
+        lb.rope_kv_write(q, k, k, pos, cache, 0, lb.AttentionMeta([], [], [], slot_mapping=torch.tensor([0, 1])))
+    with pytest.raises(ValueError, match="rope_kv_write: rotary_dim 33 must be even"):
+        lb.rope_kv_write(q, k, k, pos, cache, 0, meta, rotary_dim=33)
+    with pytest.raises(ValueError, match=r"rope_kv_write: argument 'positions' must have shape \[2\].*got \[3\]"):
+        lb.rope_kv_write(q, k, k, torch.tensor([0, 1, 2], dtype=torch.int32), cache, 0, meta)
+    with pytest.raises(ValueError, match="rope_kv_write: arguments 'q' .* and 'k' .* must agree on tokens"):
+        lb.rope_kv_write(torch.randn(3, 3, 64), k, k, pos, cache, 0, meta)
+    with pytest.raises(IndexError, match="rope_kv_write: argument 'layer' = 2 out of range"):
+        lb.rope_kv_write(q, k, k, pos, cache, 2, meta)
+    with pytest.raises(ValueError, match="llama3 needs 0 < low_freq_factor < high_freq_factor"):
+        lb.rope_kv_write(q, k, k, pos, cache, 0, meta, llama3=True, low_freq_factor=4.0)
+    with pytest.raises(TypeError, match="rope_kv_write: argument 'k' must be f32, f16 or bf16, got s32"):
+        lb.rope_kv_write(q, k.int(), k, pos, cache, 0, meta)
+    assert torch.equal(q, q0) and torch.equal(k, k0)  # nothing rotated by a refused call
+
+
+@pytest.mark.parametrize("kv", ["f32", "u8", "u4"])
+def test_rope_kv_write_is_rope_then_kv_write(kv):
+    hq, hkv, d, bs, t = 6, 2, 64, 16, 9
+    qkv = torch.randn(t, hq + 2 * hkv, d, generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(29, 29 + t, dtype=torch.int32)
+    slots = torch.tensor([17, 18, 19, 20, -1, 40, 41, 3, 4], dtype=torch.int32)
+    meta = lb.AttentionMeta([], [], [], slot_mapping=slots)
+    caches, bufs = [], []
+    for fused in (False, True):
+        cache, buf = lb.KVCache(2, hkv, d, 4, bs, kv, kv), qkv.clone()
+        q, k, v = buf[:, :hq], buf[:, hq:hq + hkv], buf[:, hq + hkv:]
+        if fused:
+            lb.rope_kv_write(q, k, v, pos, cache, 1, meta, theta=5e5, neox=False)
+        else:
+            lb.rope(q, k, pos, theta=5e5, neox=False)
+            lb.kv_write(cache, 1, k, v, meta)
+        caches.append(cache)
+        bufs.append(buf)
+    assert torch.equal(bufs[0], bufs[1])
+    for get in ("k_data", "v_data", "k_params", "v_params"):
+        a, b = getattr(caches[0], get)(1), getattr(caches[1], get)(1)
+        if a is None:
+            assert b is None
+            continue
+        assert torch.equal(torch.from_dlpack(a).view(torch.uint8), torch.from_dlpack(b).view(torch.uint8)), get
+
+
 def test_strided_views_of_a_fused_qkv_buffer():
     """The model hands q, k, v as views into one [T, Hq + 2 Hkv, D] projection output."""
     hq, hkv, d, bs = 9, 3, 64, 16

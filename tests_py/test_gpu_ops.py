@@ -141,6 +141,97 @@ def test_kv_write_bit_exact_with_cpu(kt, vt, d):
     assert not t(gpu.k_data(0)).cpu().view(torch.uint8).any()  # other layers untouched
 
 
+def cache_bytes(cache, layer):
+    out = {}
+    for get in ("k_data", "v_data", "k_params", "v_params"):
+        x = getattr(cache, get)(layer)
+        out[get] = None if x is None else t(x).cpu().view(torch.uint8)
+    return out
+
+
+# rope_kv_write against rope then kv_write on the GPU: two sequences whose tokens straddle a page
+# boundary of non-contiguous pages, positions not starting at 0, a padding token, GQA, odd counts.
+ROPE_KW = {"default": {}, "llama3_gptj": dict(theta=500000.0, neox=False, llama3=True, factor=8.0,
+                                              low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192),
+           "partial": dict(rotary_dim=32, theta=1e6)}
+
+
+@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4")])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (6, 3), (4, 4)])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("rope", list(ROPE_KW))
+def test_rope_kv_write_equals_rope_then_kv_write(kt, vt, d, hq, hkv, dtype, rope):
+    bs, blocks = 16, 11
+    table1, table2 = [5, 1, 8], [0, 2, 3, 4, 6, 7, 9, 10]
+    pos1, pos2 = list(range(29, 36)), list(range(110, 117))  # pages 1 -> 8 and 9 -> 10
+    positions = pos1 + pos2 + [3]
+    slots = [table1[p // bs] * bs + p % bs for p in pos1] + [table2[p // bs] * bs + p % bs for p in pos2] + [-1]
+    T = len(positions)  # 15
+    qkv = rnd((T, hq + 2 * hkv, d), dtype, 20 + d + hq, 2.0)
+    qkv[4, hq] = 0.25  # a constant k row: scale 0, codes 0
+    pos = torch.tensor(positions, dtype=torch.int32).cuda()
+    meta = lb.AttentionMeta([], [], [], slot_mapping=torch.tensor(slots, dtype=torch.int32).cuda())
+    kw = ROPE_KW[rope]
+    results = []
+    for fused in (False, True):
+        cache = lb.KVCache(2, hkv, d, blocks, bs, kt, vt, "cuda")
+        buf = qkv.cuda()
+        q, k, v = buf[:, :hq], buf[:, hq:hq + hkv], buf[:, hq + hkv:]  # strided views, as in the model
+        if fused:
+            lb.rope_kv_write(q, k, v, pos, cache, 1, meta, **kw)
+        else:
+            lb.rope(q, k, pos, **kw)
+            lb.kv_write(cache, 1, k, v, meta)
+        torch.cuda.synchronize()
+        results.append((buf.cpu(), cache_bytes(cache, 1), cache_bytes(cache, 0)))
+    (buf0, c0, other0), (buf1, c1, other1) = results
+    assert torch.equal(buf0.view(torch.int16), buf1.view(torch.int16))  # q and k bit for bit (v too)
+    assert torch.equal(buf1[:, hq + hkv:], qkv[:, hq + hkv:])  # v untouched
+    for get in c0:
+        if c0[get] is None:
+            assert c1[get] is None
+            continue
+        assert torch.equal(c0[get], c1[get]), get
+        assert torch.equal(other0[get], other1[get]), get  # the other layer untouched by both
+
+
+def test_rope_kv_write_without_q_and_f32_cache():
+    hkv, d, bs, T = 2, 64, 16, 5
+    kv = rnd((T, 2 * hkv, d), "f32", 30)
+    pos = torch.arange(7, 7 + T, dtype=torch.int32).cuda()
+    meta = lb.AttentionMeta([], [], [], slot_mapping=torch.tensor([40, 9, 10, 63, 0], dtype=torch.int32).cuda())
+    results = []
+    for fused in (False, True):
+        cache = lb.KVCache(1, hkv, d, 4, bs, "f32", "bf16", "cuda")
+        buf = kv.cuda()
+        if fused:
+            lb.rope_kv_write(None, buf[:, :hkv], buf[:, hkv:], pos, cache, 0, meta)
+        else:
+            lb.rope(None, buf[:, :hkv], pos)
+            lb.kv_write(cache, 0, buf[:, :hkv], buf[:, hkv:], meta)
+        results.append((buf.cpu(), cache_bytes(cache, 0)))
+    assert torch.equal(results[0][0], results[1][0])
+    for get in ("k_data", "v_data"):
+        assert torch.equal(results[0][1][get], results[1][1][get]), get
+
+
+def test_rope_kv_write_gpu_errors():
+    cache = lb.KVCache(1, 2, 64, 4, 16, "u8", "u8", "cuda")
+    q, k = torch.randn(3, 4, 64, device="cuda").half(), torch.randn(3, 2, 64, device="cuda").half()
+    pos = torch.tensor([0, 1, 2], dtype=torch.int32).cuda()
+    meta = lb.AttentionMeta([], [], [], slot_mapping=torch.tensor([0, 1, 2], dtype=torch.int32).cuda())
+    with pytest.raises(TypeError, match="rope_kv_write: argument 'positions' is on cpu but argument 'q' is on cuda"):
+        lb.rope_kv_write(q, k, k, pos.cpu(), cache, 0, meta)
+    with pytest.raises(TypeError, match="rope_kv_write: the KV cache is on cuda.* but the other operands are on cpu"):
+        lb.rope_kv_write(q.cpu(), k.cpu(), k.cpu(), pos.cpu(), cache, 0,
+                         lb.AttentionMeta([], [], [], slot_mapping=torch.tensor([0, 1, 2], dtype=torch.int32)))
+    with pytest.raises(NotImplementedError, match="rope_kv_write: rotary_dim 512 has no GPU kernel"):
+        big = lb.KVCache(1, 1, 512, 2, 16, "f16", "f16", "cuda")
+        x = torch.randn(3, 1, 512, device="cuda").half()
+        lb.rope_kv_write(None, x, x, pos, big, 0, meta)
+
+
 def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16):
     """Fills twin caches through kv_write with the same random K/V, returns the outputs of
     paged_attention on both devices (GPU output poisoned first, with a spare NaN row)."""

@@ -53,6 +53,9 @@ if has sanitize; then
   echo "== compute-sanitizer (small kernel tests)"
   sanitize memcheck memcheck_w4a16 240 tests_py/test_gpu_w4a16.py \
     "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
+  sanitize memcheck memcheck_w4a16_splitk 240 tests_py/test_gpu_w4a16.py \
+    "poisoned_workspace or shared_workspace or workspace_too_small or (counters_reset and (3-1000 or 129-389))"
+  sanitize racecheck racecheck_w4a16_splitk 240 tests_py/test_gpu_w4a16.py "counters_reset and (1-4096 or 37-1000)"
   sanitize memcheck memcheck_w8a8 200 tests_py/test_gpu_w8a8.py "bit_exact and (3-130 or 17 or 1-8)"
   sanitize racecheck racecheck_w8a8 200 tests_py/test_gpu_w8a8.py "int32 and 130-200"
   sanitize memcheck memcheck_fp8 200 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200) or \
@@ -75,8 +78,10 @@ fi
 if has sanitize || has engine; then
   echo "== compute-sanitizer memcheck (forward-pass ops, small cases; engine with decode graphs)"
   sanitize memcheck memcheck_ops 150 tests_py/test_gpu_ops.py "(rms_norm and 7-576) or (silu and 17-333) or embedding or \
-(rope and f16) or (kv_write and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or \
+(rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or \
 (f16_linear and 49-100)"
+  sanitize memcheck memcheck_rope_kv_write 150 tests_py/test_gpu_ops.py \
+    "rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)"
   sanitize memcheck memcheck_engine 100 tests_py/test_gpu_engine.py \
     "(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
 fi

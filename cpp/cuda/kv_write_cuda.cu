@@ -3,7 +3,9 @@
 // (max - min) / (2^bits - 1), q = clamp(rint((x - zero) / scale)), a constant row stores scale 0 and
 // q 0. The arithmetic (IEEE f32 division, round half to even) is that of the CPU cache, so the two
 // hold identical bytes. One warp per (token, head).
+// rope_kv_write fuses the RoPE of q and k with this write: one launch instead of two per layer.
 #include "cuda/float_io.cuh"
+#include "cuda/rope_turn.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
@@ -83,7 +85,86 @@ Side side_of(const Tensor& x, Tensor& data, Tensor& params) {
   return s;
 }
 
+// RoPE of q and k (in place) and the cache write of the rotated k and of v. One warp per row of a
+// token: rows [0, hq) are q heads, [hq, hq + hkv) k heads, then hkv v heads.
+struct RopeKvArgs {
+  void* q;
+  ScalarType q_type;
+  int64_t q_stride_t, q_stride_h;
+  Side k, v;  // k.src is rotated in place, then read back by write_row
+  const int32_t* positions;
+  const int32_t* slots;
+  int64_t tokens, num_slots;
+  int hq, hkv, block_size, d, half;
+  bool neox;
+  double inv_freq[kMaxRopeHalf];
+};
+
+__global__ void rope_kv_write_kernel(RopeKvArgs a) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int rows = a.hq + 2 * a.hkv;
+  if (warp >= a.tokens * rows) return;  // warp-uniform: the shuffles and __syncwarp below see all lanes
+  const int64_t t = warp / rows;
+  const int r = static_cast<int>(warp % rows), lane = threadIdx.x % 32;
+  if (r < a.hq + a.hkv) {
+    const bool is_q = r < a.hq;
+    const ScalarType type = is_q ? a.q_type : a.k.src_type;
+    char* row = is_q ? static_cast<char*>(a.q) + (t * a.q_stride_t + r * a.q_stride_h) * float_bytes(type)
+                     : static_cast<char*>(const_cast<void*>(a.k.src)) +
+                           (t * a.k.src_stride_t + (r - a.hq) * a.k.src_stride_h) * float_bytes(type);
+    const double pos = static_cast<double>(a.positions[t]);
+    for (int i = lane; i < a.half; i += 32) rope_turn_pair(row, type, pos, a.inv_freq[i], i, a.half, a.neox);
+    if (is_q) return;
+    // write_row re-reads the rotated k row, rounded to k's dtype as rope then kv_write would see it;
+    // lanes read elements other lanes wrote, so order the warp's global stores first.
+    __syncwarp();
+  }
+  const int32_t slot = a.slots[t];
+  if (slot < 0 || slot >= a.num_slots) return;  // padding; a slot past the cache is never written
+  const bool is_k = r < a.hq + a.hkv;
+  const int h = is_k ? r - a.hq : r - a.hq - a.hkv;
+  const int64_t row = (static_cast<int64_t>(slot / a.block_size) * a.hkv + h) * a.block_size + slot % a.block_size;
+  write_row(is_k ? a.k : a.v, t, h, row, a.d);
+}
+
 }  // namespace
+
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const std::vector<double>& inv_freq,
+                   bool neox, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
+                   const Tensor& slot_mapping, cudaStream_t stream) {
+  constexpr const char* op = "rope_kv_write";
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !inv_freq.empty() && inv_freq.size() <= size_t(kMaxRopeHalf), op,
+                    ": rotary_dim ", 2 * inv_freq.size(), " has no GPU kernel (supported: 2..", 2 * kMaxRopeHalf, ")");
+  const int64_t tokens = k.size(0);
+  const int hq = q.defined() ? static_cast<int>(q.size(1)) : 0;
+  const int hkv = static_cast<int>(k_data.size(1)), block_size = static_cast<int>(k_data.size(2));
+  if (tokens == 0) return;
+  const int64_t threads = tokens * (hq + 2 * hkv) * 32;
+  constexpr int kThreads = 128;
+  LOWBIT_CHECK((threads + kThreads - 1) / kThreads < (1LL << 31), op, ": too many tokens or heads");
+  RopeKvArgs a{};
+  if (q.defined()) {
+    a.q = q.data_ptr();
+    a.q_type = q.dtype();
+    a.q_stride_t = q.stride(0);
+    a.q_stride_h = q.stride(1);
+  }
+  a.k = side_of(k, k_data, k_params);
+  a.v = side_of(v, v_data, v_params);
+  a.positions = positions.data<int32_t>();
+  a.slots = slot_mapping.data<int32_t>();
+  a.tokens = tokens;
+  a.num_slots = k_data.size(0) * block_size;
+  a.hq = hq;
+  a.hkv = hkv;
+  a.block_size = block_size;
+  a.d = static_cast<int>(k.size(2));
+  a.half = static_cast<int>(inv_freq.size());
+  a.neox = neox;
+  for (size_t i = 0; i < inv_freq.size(); ++i) a.inv_freq[i] = inv_freq[i];
+  rope_kv_write_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
 
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
               const Tensor& slot_mapping, cudaStream_t stream) {

@@ -3,13 +3,14 @@
 // the host (llama3/linear scaling already applied, in double); the angle and its sine/cosine are
 // computed in double because p * inv_freq reaches 1e5+ rad, where f32 loses ~1e-2.
 #include "cuda/float_io.cuh"
+#include "cuda/rope_turn.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kMaxHalf = 128;  // rotary_dim <= 256
+constexpr int kMaxHalf = kMaxRopeHalf;
 
 struct RopeArgs {
   void* x;
@@ -27,15 +28,8 @@ __global__ void rope_kernel(RopeArgs a) {
   const int h = blockIdx.y;
   const double pos = static_cast<double>(a.positions[t]);
   char* row = static_cast<char*>(a.x) + (t * a.stride_t + h * a.stride_h) * float_bytes(a.dtype);
-  for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
-    double s, c;
-    sincos(pos * a.inv_freq[i], &s, &c);
-    const float cf = static_cast<float>(c), sf = static_cast<float>(s);
-    const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + a.half : 2 * i + 1;
-    const float x0 = load_any(row, a.dtype, ia), x1 = load_any(row, a.dtype, ib);
-    store_any(row, a.dtype, ia, x0 * cf - x1 * sf);
-    store_any(row, a.dtype, ib, x1 * cf + x0 * sf);
-  }
+  for (int i = threadIdx.x; i < a.half; i += blockDim.x)
+    rope_turn_pair(row, a.dtype, pos, a.inv_freq[i], i, a.half, a.neox);
 }
 
 void launch(Tensor& x, RopeArgs& a, cudaStream_t stream) {

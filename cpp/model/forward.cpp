@@ -1,7 +1,8 @@
 // The batched Llama-family forward pass (pre-norm decoder, GQA, SwiGLU MLP) built from ops:
-//   embedding -> per layer: rms_norm, qkv linear (+bias), rope, kv_write, paged_attention, o linear,
-//   add_rms_norm, gate_up linear, silu_mul, down linear -> final add_rms_norm -> lm_head on the rows
-//   that need logits. Residual adds are fused into the next norm (add_rms_norm).
+//   embedding -> per layer: rms_norm, qkv linear (+bias), rope and kv_write (one fused op on the
+//   GPU), paged_attention, o linear, add_rms_norm, gate_up linear, silu_mul, down linear -> final
+//   add_rms_norm -> lm_head on the rows that need logits. Residual adds are fused into the next norm
+//   (add_rms_norm).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +10,11 @@
 #include "lowbit/model/model.h"
 #include "model/device_support.h"
 #include "model/host_convert.h"
+#ifdef LOWBIT_WITH_CUDA
+#include <set>
+
+#include "lowbit/cuda/kernels.h"
+#endif
 
 namespace lowbit {
 
@@ -43,6 +49,17 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.logits_compute = dtype_ == ScalarType::f32 && device_.is_cpu()
                           ? ws.logits
                           : Tensor::empty({max_logit_rows, cfg_.vocab_size}, dtype_, device_);
+#ifdef LOWBIT_WITH_CUDA
+  if (device_.is_cuda()) {
+    std::set<std::pair<int64_t, int64_t>> shapes;  // (n, k) of the w4 linears that run_linear feeds
+    for (const Layer& L : layers_)
+      for (const PackedWeight* w : {&L.qkv, &L.o, &L.gate_up, &L.down})
+        if (w->format == WeightFormat::w4 && w->target == PackTarget::sm80) shapes.emplace(w->n, w->k);
+    const int64_t elems = cuda::gemm_w4a16_shared_workspace_elems(
+        T, std::vector<std::pair<int64_t, int64_t>>(shapes.begin(), shapes.end()), device_.index);
+    if (elems > 0) ws.splitk = Tensor::zeros({elems}, ScalarType::f32, device_);
+  }
+#endif
   if (has_input_transforms_) {
     const int64_t max_k = std::max({H, I, int64_t(cfg_.q_size())});
     const int64_t max_blocks = (H + kFmpqBlock - 1) / kFmpqBlock + (I + kFmpqBlock - 1) / kFmpqBlock +
@@ -74,7 +91,7 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
     gather_channels(x, in.perm, input);
   }
   if (recipe_.activation != ActivationMode::fmpq_mixed) {
-    ops::linear(input, w, bias, y, linear_activation());
+    ops::linear(input, w, bias, y, linear_activation(), ws.splitk);
     return;
   }
   if (!in.block_bits.defined())
@@ -112,8 +129,12 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
     else
       ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
     run_linear(normed, L.qkv_in, L.qkv, L.qkv_bias, qkv, ws);
-    ops::rope(q, k, positions, rope);
-    ops::kv_write(cache, l, k, v, attn);
+    if (device_.is_cuda()) {
+      ops::rope_kv_write(q, k, v, positions, rope, cache, l, attn);  // one kernel, same bytes as the two below
+    } else {
+      ops::rope(q, k, positions, rope);
+      ops::kv_write(cache, l, k, v, attn);
+    }
     ops::paged_attention(q, cache, l, attn, scale, attn_heads);
     run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
     ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);

@@ -4,7 +4,9 @@
 
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/kv_quant_cpu.h"
+#include "kernels/cpu/rope_cpu.h"
 #include "lowbit/ops/ops.h"
+#include "ops/op_checks.h"
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
@@ -129,8 +131,8 @@ void paged_attention_cuda(const Tensor& q, const KVCache& cache, int layer, cons
 
 }  // namespace
 
-void kv_write(KVCache& cache, int layer, const Tensor& k, const Tensor& v, const AttentionMeta& meta) {
-  constexpr const char* op = "kv_write";
+Device check_kv_write_args(const char* op, const KVCache& cache, int layer, const Tensor& k, const Tensor& v,
+                           const AttentionMeta& meta) {
   const KVCacheConfig& cfg = cache.config();
   check_layer(cache, layer, op);
   check_float_activation(k, op, "k");
@@ -141,18 +143,46 @@ void kv_write(KVCache& cache, int layer, const Tensor& k, const Tensor& v, const
   check_s32_vector(meta.slot_mapping, T, op, "meta.slot_mapping");
   const Device dev = op_device(op, {{"k", &k}, {"v", &v}, {"meta.slot_mapping", &meta.slot_mapping}});
   check_cache_device(dev, cfg, op);
+  if (dev.is_cpu()) {  // host slots can be range-checked; device ones would need a sync (see ops.h)
+    const int32_t* slots = meta.slot_mapping.data<int32_t>();
+    const int64_t num_slots = cfg.num_blocks * cfg.block_size;
+    for (int64_t t = 0; t < T; ++t)
+      LOWBIT_CHECK_KIND(ErrorKind::kIndex, slots[t] < num_slots, op, ": meta.slot_mapping[", t, "] = ", slots[t],
+                        " is past the cache's ", num_slots, " slots (negative slots skip a token)");
+  }
+  return dev;
+}
+
+void kv_write(KVCache& cache, int layer, const Tensor& k, const Tensor& v, const AttentionMeta& meta) {
+  const Device dev = check_kv_write_args("kv_write", cache, layer, k, v, meta);
   if (dev.is_cuda()) {
 #ifdef LOWBIT_WITH_CUDA
     Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
     return cuda::kv_write(k, v, kd, vd, kp, vp, meta.slot_mapping, cuda::current_stream());
 #endif
   }
-  const int32_t* slots = meta.slot_mapping.data<int32_t>();
-  const int64_t num_slots = cfg.num_blocks * cfg.block_size;
-  for (int64_t t = 0; t < T; ++t)
-    LOWBIT_CHECK_KIND(ErrorKind::kIndex, slots[t] < num_slots, op, ": meta.slot_mapping[", t, "] = ", slots[t],
-                      " is past the cache's ", num_slots, " slots (negative slots skip a token)");
   cpu::kv_write_cpu(cache, layer, k, v, meta.slot_mapping);
+}
+
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeConfig& rope,
+                   KVCache& cache, int layer, const AttentionMeta& meta) {
+  constexpr const char* op = "rope_kv_write";
+  // Every check of both ops first, so bad input changes nothing (not even q and k).
+  check_defined(k, op, "k");
+  const Device dev = check_rope_args(op, q, k, positions, rope);
+  const Device kv_dev = check_kv_write_args(op, cache, layer, k, v, meta);
+  LOWBIT_CHECK_TYPE(kv_dev == dev, op, ": arguments 'q'/'positions' are on ", dev.str(), " but 'k'/'v' are on ",
+                    kv_dev.str(), "; all operands must be on one device");
+  if (dev.is_cpu()) {
+    cpu::rope_cpu(q, k, positions, rope);
+    return cpu::kv_write_cpu(cache, layer, k, v, meta.slot_mapping);
+  }
+#ifdef LOWBIT_WITH_CUDA
+  const int rd = rope.rotary_dim > 0 ? rope.rotary_dim : static_cast<int>(k.size(2));
+  Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
+  cuda::rope_kv_write(q, k, v, positions, cpu::rope_inv_freq(rope, rd), rope.neox, kd, vd, kp, vp, meta.slot_mapping,
+                      cuda::current_stream());
+#endif
 }
 
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,

@@ -1,6 +1,7 @@
 // ops::rope: argument checks, then the kernel for the tensors' device.
 #include "kernels/cpu/rope_cpu.h"
 #include "lowbit/ops/ops.h"
+#include "ops/op_checks.h"
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
@@ -11,8 +12,7 @@ namespace lowbit::ops {
 
 namespace {
 
-void check_rope_input(const Tensor& t, const char* arg) {
-  constexpr const char* op = "rope";
+void check_rope_input(const Tensor& t, const char* op, const char* arg) {
   LOWBIT_CHECK_TYPE(t.dtype() == ScalarType::f32 || t.dtype() == ScalarType::f16 || t.dtype() == ScalarType::bf16,
                     op, ": argument '", arg, "' must be f32, f16 or bf16, got ", name_of(t.dtype()));
   check_dim(t, 3, op, arg);
@@ -22,11 +22,11 @@ void check_rope_input(const Tensor& t, const char* arg) {
 
 }  // namespace
 
-void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) {
-  constexpr const char* op = "rope";
+Device check_rope_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& positions,
+                       const RopeConfig& cfg) {
   LOWBIT_CHECK(q.defined() || k.defined(), op, ": arguments 'q' and 'k' are both undefined");
-  if (q.defined()) check_rope_input(q, "q");
-  if (k.defined()) check_rope_input(k, "k");
+  if (q.defined()) check_rope_input(q, op, "q");
+  if (k.defined()) check_rope_input(k, op, "k");
   const Tensor& any = q.defined() ? q : k;
   const int64_t T = any.size(0), D = any.size(2);
   if (q.defined() && k.defined()) {
@@ -51,10 +51,17 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) 
     LOWBIT_CHECK(cfg.original_max_position > 0, op, ": llama3 original_max_position must be positive, got ",
                  cfg.original_max_position);
   }
+  return dev;
+}
+
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) {
+  const Device dev = check_rope_args("rope", q, k, positions, cfg);
   if (dev.is_cpu()) return cpu::rope_cpu(q, k, positions, cfg);
 #ifdef LOWBIT_WITH_CUDA
   // The same frequency table as the CPU kernel (llama3 / linear scaling applied in double).
-  cuda::rope(q, k, positions, cpu::rope_inv_freq(cfg, static_cast<int>(rd)), cfg.neox, cuda::current_stream());
+  const int64_t D = q.defined() ? q.size(2) : k.size(2);
+  const int rd = cfg.rotary_dim > 0 ? cfg.rotary_dim : static_cast<int>(D);
+  cuda::rope(q, k, positions, cpu::rope_inv_freq(cfg, rd), cfg.neox, cuda::current_stream());
 #endif
 }
 

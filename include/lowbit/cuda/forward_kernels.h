@@ -54,6 +54,13 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const std::vector<doubl
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
               const Tensor& slot_mapping, cudaStream_t stream);
 
+// rope(q, k, ...) then kv_write(k, v, ...) in one launch, with the same results bit for bit: q and k
+// [T, Hq|Hkv, D] are rotated in place (q may be undefined) and the rotated k and v are written to
+// the cache's slots. inv_freq and neox as for rope; the rest as for kv_write.
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const std::vector<double>& inv_freq,
+                   bool neox, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
+                   const Tensor& slot_mapping, cudaStream_t stream);
+
 // Causal paged attention for any q_len (prefill, chunked prefill, mixed batches): seq_info is s32
 // [3, num_seqs] = (q_start, q_len, kv_len) rows on the device, block_tables s32 [num_seqs, max_blocks];
 // q and out [T, Hq, D] f32/f16/bf16 with strided rows; K/V of any type kv_write writes.

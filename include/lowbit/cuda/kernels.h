@@ -4,6 +4,9 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <utility>
+#include <vector>
+
 #include "lowbit/core/tensor.h"
 #include "lowbit/quant/pack.h"
 
@@ -16,11 +19,21 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 
 // y[m, n] = x[m, k] · Wᵀ, W a w4 weight packed by pack_sm80 and moved to the device; x, y f16 with
 // unit stride in the last dim. split_k = 0 picks the split itself; a split > 1 needs an f32
-// workspace of gemm_w4a16_workspace_elems(m, n, split) elements (allocated here when undefined).
+// workspace of at least gemm_w4a16_workspace_elems(m, n, split) elements: f32 partials
+// [split, m, n] at its start and one u32 arrival counter per output tile in its LAST elements
+// (the tail, wherever numel ends). Contract: the tail must be zero before the first use, and every
+// launch leaves it zero again (the last block of a tile resets its counter), so one zeroed
+// workspace, sized for the largest problem, can be reused by any sequence of GEMMs and graph
+// replays on one stream. Not shared by GEMMs that may run concurrently. When undefined, a
+// workspace is allocated here and its counters zeroed by a cudaMemsetAsync on `stream`.
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream);
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
+// Elements of one workspace that every gemm_w4a16 call with split_k = 0 on `device`, m <= max_m and
+// (n, k) among `shapes` can share: the largest partials plus the most counters (0 = none splits).
+int64_t gemm_w4a16_shared_workspace_elems(int64_t max_m, const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                          int device);
 
 // Per-token symmetric int8 activations: q = rint(x / s), s[m] = max|x[m, :]| / 127 (1 for a zero
 // row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].

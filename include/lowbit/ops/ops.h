@@ -21,8 +21,10 @@ namespace lowbit::ops {
 // (compute capability 8.9+); other combinations are NotSupported.
 enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed, fp8_per_token };
 // act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
+// splitk_workspace (optional, GPU w4 weights only): the f32 split-K scratch of cuda::gemm_w4a16,
+// under its contract (zeroed once, counters at its tail, left zero); undefined = one per call.
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
-            LinearActivation act = LinearActivation::float16);
+            LinearActivation act = LinearActivation::float16, const Tensor& splitk_workspace = Tensor());
 // COMET W4Ax: x quantized by quantize_fmpq (s8 [m, k] with int4 or int8 values per 128-channel block,
 // scales f32 [m, ceil(k / 128)]); w a qoq/liquid/w8 weight (s8 per group). Each block's s8 x s8 sum is
 // exact in int32; y[m, n] = channel_scale[n] * sum_b scale[m, b] * acc_b[m, n] (+ bias), y f32/f16/bf16.
@@ -73,6 +75,11 @@ struct AttentionMeta {
 // Writes the new tokens' K/V (quantizing for integer KV types) into their slots; a negative slot
 // skips its token (padding). k/v: f32/f16/bf16, rows may be strided views.
 void kv_write(KVCache& cache, int layer, const Tensor& k /*[T, Hkv, D]*/, const Tensor& v, const AttentionMeta& meta);
+// rope(q, k, positions, rope) then kv_write(cache, layer, k, v, meta) as one op (one kernel on the
+// GPU: a launch less per layer), with the same results bit for bit: q and k rotated in place (q may
+// be undefined), the rotated k and v in the cache. Checks both ops' arguments before any write.
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const RopeConfig& rope,
+                   KVCache& cache, int layer, const AttentionMeta& meta);
 // out[T, Hq, D] = softmax(q kᵀ * scale, causal) v over the paged cache; GQA when Hq > Hkv (query
 // head h reads KV head h / (Hq / Hkv)). q and out: f32/f16/bf16 (may differ), strided rows allowed;
 // rows of out outside every sequence are left untouched. f32 accumulation.
