@@ -16,7 +16,7 @@ namespace lowbit {
 
 namespace {
 constexpr int64_t kDefaultKVBytes = int64_t(512) << 20;
-// GPU memory kept out of the KV pool for what a step allocates besides the workspace (lm_head split-K and
+// GPU memory kept out of the KV pool for what a step allocates besides the workspace (split-K and
 // split-KV scratch, the decode graphs' pools).
 constexpr int64_t kGpuStepReserve = int64_t(512) << 20;
 constexpr int64_t kMaxLogitsChunk = 256;  // rows per forward in Engine::logits (bounds the logits buffer)

@@ -10,11 +10,6 @@
 #include "lowbit/model/model.h"
 #include "model/device_support.h"
 #include "model/host_convert.h"
-#ifdef LOWBIT_WITH_CUDA
-#include <set>
-
-#include "lowbit/cuda/kernels.h"
-#endif
 
 namespace lowbit {
 
@@ -49,17 +44,6 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.logits_compute = dtype_ == ScalarType::f32 && device_.is_cpu()
                           ? ws.logits
                           : Tensor::empty({max_logit_rows, cfg_.vocab_size}, dtype_, device_);
-#ifdef LOWBIT_WITH_CUDA
-  if (device_.is_cuda()) {
-    std::set<std::pair<int64_t, int64_t>> shapes;  // (n, k) of the w4 linears that run_linear feeds
-    for (const Layer& L : layers_)
-      for (const PackedWeight* w : {&L.qkv, &L.o, &L.gate_up, &L.down})
-        if (w->format == WeightFormat::w4 && w->target == PackTarget::sm80) shapes.emplace(w->n, w->k);
-    const int64_t elems = cuda::gemm_w4a16_shared_workspace_elems(
-        T, std::vector<std::pair<int64_t, int64_t>>(shapes.begin(), shapes.end()), device_.index);
-    if (elems > 0) ws.splitk = Tensor::zeros({elems}, ScalarType::f32, device_);
-  }
-#endif
   if (has_input_transforms_) {
     const int64_t max_k = std::max({H, I, int64_t(cfg_.q_size())});
     const int64_t max_blocks = (H + kFmpqBlock - 1) / kFmpqBlock + (I + kFmpqBlock - 1) / kFmpqBlock +
@@ -91,7 +75,7 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
     gather_channels(x, in.perm, input);
   }
   if (recipe_.activation != ActivationMode::fmpq_mixed) {
-    ops::linear(input, w, bias, y, linear_activation(), ws.splitk);
+    ops::linear(input, w, bias, y, linear_activation());
     return;
   }
   if (!in.block_bits.defined())

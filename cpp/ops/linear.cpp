@@ -36,8 +36,7 @@ void check_float_2d(const Tensor& t, const char* arg) {
 // GPU linears (weights packed for sm80, see ops.h): f16 x f16 on tensor cores, W4A16 (u4 groups,
 // f16 activations), W8A8 (per-token int8 activations quantized here, s8 x s8 -> int32 -> f16).
 // Bias (f16) is fused into the f16 GEMM and added by a row kernel after the quantized ones.
-void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act,
-                 const Tensor& splitk_workspace) {
+void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act) {
   LOWBIT_CHECK(w.target == PackTarget::sm80, kOp, ": the weight was packed for ", name_of(w.target),
                " but the GPU linear needs a weight packed for sm80 (Model does this at finalize)");
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, x.dtype() == ScalarType::f16, kOp,
@@ -45,13 +44,14 @@ void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Ten
   if (bias.defined())
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, bias.dtype() == ScalarType::f16, kOp,
                       ": GPU linears take an f16 bias, got ", name_of(bias.dtype()));
+  const Tensor no_bias;
   if (act == LinearActivation::float16 && w.format == WeightFormat::f16) {
     check_dtype(w.data, ScalarType::f16, kOp, "w.data");
     check_shape(w.data, {w.n, w.k}, kOp, "w.data");
     return cuda::gemm_f16(x, w.data, bias, y, cuda::current_stream());
   }
   if (act == LinearActivation::float16 && w.format == WeightFormat::w4) {
-    cuda::gemm_w4a16(x, w, y, 0, splitk_workspace, cuda::current_stream());
+    cuda::gemm_w4a16(x, w, y, 0, no_bias, cuda::current_stream());
   } else if (act == LinearActivation::int8_per_token && w.format == WeightFormat::w8) {
     Tensor xq = Tensor::empty({x.size(0), x.size(1)}, ScalarType::s8, x.device());
     Tensor xs = Tensor::empty({x.size(0)}, ScalarType::f32, x.device());
@@ -77,8 +77,7 @@ void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Ten
 
 }  // namespace
 
-void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act,
-            const Tensor& splitk_workspace) {
+void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act) {
   check_float_2d(x, "x");
   check_float_2d(y, "y");
   LOWBIT_CHECK_TYPE(y.dtype() == x.dtype(), kOp, ": argument 'y' must have the dtype of 'x' (", name_of(x.dtype()),
@@ -105,7 +104,7 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
   if (dev.is_cuda()) {
 #ifdef LOWBIT_WITH_CUDA
     if (x.size(0) == 0) return;
-    return linear_cuda(x, w, bias, y, act, splitk_workspace);
+    return linear_cuda(x, w, bias, y, act);
 #endif
   }
   LOWBIT_CHECK(w.target == PackTarget::cpu, kOp, ": the weight was packed for target code ", static_cast<int>(w.target),

@@ -69,9 +69,6 @@ struct ModelWorkspace {
   // Only for models with input permutations or FMPQ activations (flat, viewed as [tokens, k] per linear):
   Tensor permuted;                  // [max_tokens * max k] compute dtype: x[:, perm]
   FmpqActivation fmpq;              // q s8 [max_tokens * max k], scales f32 [max_tokens * max k/128 blocks]
-  // CUDA w4 linears only: one zeroed split-K workspace shared by all of them (cuda::gemm_w4a16's
-  // contract keeps its counters zero), so a split GEMM needs no allocation or memset per call.
-  Tensor splitk;
 };
 
 class Model {

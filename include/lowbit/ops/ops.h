@@ -21,10 +21,8 @@ namespace lowbit::ops {
 // (compute capability 8.9+); other combinations are NotSupported.
 enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed, fp8_per_token };
 // act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
-// splitk_workspace (optional, GPU w4 weights only): the f32 split-K scratch of cuda::gemm_w4a16,
-// under its contract (zeroed once, counters at its tail, left zero); undefined = one per call.
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
-            LinearActivation act = LinearActivation::float16, const Tensor& splitk_workspace = Tensor());
+            LinearActivation act = LinearActivation::float16);
 // COMET W4Ax: x quantized by quantize_fmpq (s8 [m, k] with int4 or int8 values per 128-channel block,
 // scales f32 [m, ceil(k / 128)]); w a qoq/liquid/w8 weight (s8 per group). Each block's s8 x s8 sum is
 // exact in int32; y[m, n] = channel_scale[n] * sum_b scale[m, b] * acc_b[m, n] (+ bias), y f32/f16/bf16.
