@@ -203,39 +203,6 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
   }
 }
 
-// Split-K fix-up, after the block's partial stores. Kept out of line: it runs once per block, and
-// inlined it would raise the register pressure of the main loop (spills in the 64-token shape).
-template <class C>
-__device__ __noinline__ void split_k_fixup(const float* partial, unsigned* counters, __half* y, int64_t ldy, int m,
-                                           int n, int m0, int n0) {  // by value: no GemmArgs copy in local memory
-  // Release: every thread's partial stores are made visible device-wide before thread 0 counts this
-  // block in; the block that brings the tile's count to split is the last one.
-  __shared__ bool last_block;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
-    last_block = atomicAdd(counter, 1u) == gridDim.z - 1;
-    // Every block of this tile has arrived, so nothing else touches the counter in this launch:
-    // reset it for the next one (graph replays reuse the same counters).
-    if (last_block) *counter = 0u;
-  }
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();  // acquire: the other blocks' partials are read only after their arrival was seen
-  // __ldcg reads through L2 (the coherence point), never a stale L1 or read-only-cache line. The sum
-  // runs z = 0..split-1 like the former separate kernel, so y is the same bit for bit.
-  for (int e = threadIdx.x; e < C::kBlockM * C::kBlockN; e += C::kThreads) {
-    const int token = m0 + e / C::kBlockN, col = n0 + e % C::kBlockN;  // col fastest: coalesced
-    if (token >= m || col >= n) continue;
-    const float* src = partial + static_cast<int64_t>(token) * n + col;
-    const int64_t plane = static_cast<int64_t>(m) * n;
-    float s = 0.f;
-    for (int z = 0; z < static_cast<int>(gridDim.z); ++z) s += __ldcg(src + z * plane);
-    y[token * ldy + col] = __float2half_rn(s);
-  }
-}
-
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(GemmArgs p) {
   extern __shared__ uint4 smem_u4[];
@@ -283,7 +250,34 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(
         else
           p.partial[(static_cast<int64_t>(blockIdx.z) * p.m + token) * p.n + col] = acc[i][j][c];
       }
-  if (gridDim.z > 1) split_k_fixup<C>(p.partial, p.counters, p.y, p.ldy, p.m, p.n, m0, n0);
+  if (gridDim.z == 1) return;
+
+  // Split-K fix-up. Release: every thread's partial stores are made visible device-wide before
+  // thread 0 counts this block in; the block that brings the count to split is the last one.
+  __shared__ bool last_block;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* counter = p.counters + blockIdx.y * gridDim.x + blockIdx.x;
+    last_block = atomicAdd(counter, 1u) == gridDim.z - 1;
+    // Every block of this tile has arrived, so nothing else touches the counter in this launch:
+    // reset it for the next one (graph replays reuse the same counters).
+    if (last_block) *counter = 0u;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();  // acquire: the other blocks' partials are read only after their arrival was seen
+  // __ldcg reads through L2 (the coherence point), never a stale L1 or read-only-cache line. The sum
+  // runs z = 0..split-1 like the former separate kernel, so y is the same bit for bit.
+  for (int e = threadIdx.x; e < C::kBlockM * C::kBlockN; e += C::kThreads) {
+    const int token = m0 + e / C::kBlockN, col = n0 + e % C::kBlockN;  // col fastest: coalesced
+    if (token >= p.m || col >= p.n) continue;
+    const float* src = p.partial + static_cast<int64_t>(token) * p.n + col;
+    const int64_t plane = static_cast<int64_t>(p.m) * p.n;
+    float s = 0.f;
+    for (int z = 0; z < static_cast<int>(gridDim.z); ++z) s += __ldcg(src + z * plane);
+    p.y[token * p.ldy + col] = __float2half_rn(s);
+  }
 }
 
 // Shapes by token count. Decode (<= 16 tokens): 8 warps x one 16-row tile, 128 weight rows per
@@ -384,32 +378,6 @@ int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) {
   return split_k > 1 ? split_k * m * n + block_tiles(m, n) : 0;
 }
 
-namespace {
-// The split gemm_w4a16 runs (same arithmetic there): split_k (0 = picked) trimmed to no empty split.
-int effective_split(int split_k, int64_t m, int64_t n, int64_t k, int device) {
-  const int k_chunks = static_cast<int>(k / kChunkK);
-  const int split = split_k > 0 ? std::min(split_k, k_chunks) : gemm_w4a16_pick_split(m, n, k, device);
-  const int per = (k_chunks + split - 1) / split;
-  return (k_chunks + per - 1) / per;
-}
-}  // namespace
-
-int64_t gemm_w4a16_shared_workspace_elems(int64_t max_m, const std::vector<std::pair<int64_t, int64_t>>& shapes,
-                                          int device) {
-  int64_t partials = 0, tiles = 0;
-  for (const auto& [n, k] : shapes) {
-    if (n <= 0 || k < kChunkK) continue;
-    for (int64_t m = 1; m <= max_m; ++m) {
-      const int split = effective_split(0, m, n, k, device);
-      if (split <= 1) continue;
-      partials = std::max(partials, split * m * n);
-      tiles = std::max(tiles, block_tiles(m, n));
-    }
-  }
-  // Partials of any call end before the counters of every call (the last `tiles` elements).
-  return partials > 0 ? partials + tiles : 0;
-}
-
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream) {
   const char* op = "gemm_w4a16";
@@ -451,7 +419,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   const int k_chunks = static_cast<int>(k / kChunkK);
   int split = split_k > 0 ? std::min(split_k, k_chunks) : gemm_w4a16_pick_split(m, n, k, dev);
   const int per = (k_chunks + split - 1) / split;
-  split = (k_chunks + per - 1) / per;  // as effective_split
+  split = (k_chunks + per - 1) / per;
   LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
 
   Tensor ws = workspace;

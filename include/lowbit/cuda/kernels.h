@@ -4,9 +4,6 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include <utility>
-#include <vector>
-
 #include "lowbit/core/tensor.h"
 #include "lowbit/quant/pack.h"
 
@@ -30,10 +27,6 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                 cudaStream_t stream);
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
-// Elements of one workspace that every gemm_w4a16 call with split_k = 0 on `device`, m <= max_m and
-// (n, k) among `shapes` can share: the largest partials plus the most counters (0 = none splits).
-int64_t gemm_w4a16_shared_workspace_elems(int64_t max_m, const std::vector<std::pair<int64_t, int64_t>>& shapes,
-                                          int device);
 
 // Per-token symmetric int8 activations: q = rint(x / s), s[m] = max|x[m, :]| / 127 (1 for a zero
 // row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].
