@@ -156,19 +156,6 @@ void bind_cuda(nb::module_& m) {
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0);
 
   m.def(
-      "gemm_w4a16_workspace_elems",
-      [](int64_t m, int64_t n, int split_k) {
-#ifdef LOWBIT_WITH_CUDA
-        return cuda::gemm_w4a16_workspace_elems(m, n, split_k);
-#else
-        no_cuda("gemm_w4a16_workspace_elems");
-#endif
-      },
-      nb::arg("m"), nb::arg("n"), nb::arg("split_k"),
-      "f32 elements of a gemm_w4a16 split-K workspace: partials [split, m, n], then one arrival counter "
-      "per output tile in its last elements, which must be zero before the first use (left zero)");
-
-  m.def(
       "quantize_per_token_s8",
       [](nb::handle x, nb::handle q, nb::handle scales, uintptr_t stream) {
 #ifdef LOWBIT_WITH_CUDA

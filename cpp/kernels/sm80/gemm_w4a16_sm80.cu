@@ -14,9 +14,7 @@
 // A warp dequantizes each 16x16 weight fragment once (lop3 magic-number u4 -> f16, TurboMind §4.1;
 // w = q*s - z*s as one f16x2 fma) and reuses it for all its 8-token tiles, and reads each lane's
 // activations as 16-byte shared-memory loads (row stride padded by 16 bytes: conflict-free).
-// Split-K blocks write f32 partials; the last block of each output tile to finish (an arrival
-// counter per tile) sums them in a fixed order z = 0..split-1 (deterministic) and writes y, so a
-// split GEMM is one launch, not two.
+// Split-K blocks write f32 partials that a small kernel sums in a fixed order (deterministic).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -88,8 +86,7 @@ struct GemmArgs {
   const __half* zeros;  // [G, npad]
   __half* y;
   int64_t ldy;
-  float* partial;         // [split, m, n] when split > 1
-  unsigned* counters;     // one arrival counter per (m, n) block tile when split > 1; zero between launches
+  float* partial;  // [split, m, n] when split > 1
   int m, n, k, group, npad, chunks_per_split;
 };
 
@@ -250,34 +247,15 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(
         else
           p.partial[(static_cast<int64_t>(blockIdx.z) * p.m + token) * p.n + col] = acc[i][j][c];
       }
-  if (gridDim.z == 1) return;
+}
 
-  // Split-K fix-up. Release: every thread's partial stores are made visible device-wide before
-  // thread 0 counts this block in; the block that brings the count to split is the last one.
-  __shared__ bool last_block;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* counter = p.counters + blockIdx.y * gridDim.x + blockIdx.x;
-    last_block = atomicAdd(counter, 1u) == gridDim.z - 1;
-    // Every block of this tile has arrived, so nothing else touches the counter in this launch:
-    // reset it for the next one (graph replays reuse the same counters).
-    if (last_block) *counter = 0u;
-  }
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();  // acquire: the other blocks' partials are read only after their arrival was seen
-  // __ldcg reads through L2 (the coherence point), never a stale L1 or read-only-cache line. The sum
-  // runs z = 0..split-1 like the former separate kernel, so y is the same bit for bit.
-  for (int e = threadIdx.x; e < C::kBlockM * C::kBlockN; e += C::kThreads) {
-    const int token = m0 + e / C::kBlockN, col = n0 + e % C::kBlockN;  // col fastest: coalesced
-    if (token >= p.m || col >= p.n) continue;
-    const float* src = p.partial + static_cast<int64_t>(token) * p.n + col;
-    const int64_t plane = static_cast<int64_t>(p.m) * p.n;
-    float s = 0.f;
-    for (int z = 0; z < static_cast<int>(gridDim.z); ++z) s += __ldcg(src + z * plane);
-    p.y[token * p.ldy + col] = __float2half_rn(s);
-  }
+__global__ void sum_partials_kernel(const float* __restrict__ partial, int split, int m, int n, __half* y,
+                                    int64_t ldy) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(m) * n) return;
+  float s = 0.f;
+  for (int z = 0; z < split; ++z) s += partial[z * static_cast<int64_t>(m) * n + i];  // fixed order
+  y[(i / n) * ldy + i % n] = __float2half_rn(s);
 }
 
 // Shapes by token count. Decode (<= 16 tokens): 8 warps x one 16-row tile, 128 weight rows per
@@ -356,27 +334,7 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
-namespace {
-// Output tiles of the grid for m tokens (every shape's block is kBlockN = 128 weight rows wide).
-int64_t block_tiles(int64_t m, int64_t n) {
-  int64_t block_m = 0;
-  switch (shape_for(m)) {
-    case Shape::m8: block_m = CfgM8::kBlockM; break;
-    case Shape::m16: block_m = CfgM16::kBlockM; break;
-    case Shape::m32: block_m = CfgM32::kBlockM; break;
-    case Shape::m64: block_m = CfgM64::kBlockM; break;
-    default: block_m = CfgLarge::kBlockM; break;
-  }
-  static_assert(CfgM8::kBlockN == CfgM16::kBlockN && CfgM16::kBlockN == CfgM32::kBlockN &&
-                    CfgM32::kBlockN == CfgM64::kBlockN && CfgM64::kBlockN == CfgLarge::kBlockN,
-                "block_tiles assumes one block width");
-  return ((m + block_m - 1) / block_m) * ((n + CfgM8::kBlockN - 1) / CfgM8::kBlockN);
-}
-}  // namespace
-
-int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) {
-  return split_k > 1 ? split_k * m * n + block_tiles(m, n) : 0;
-}
+int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) { return split_k > 1 ? split_k * m * n : 0; }
 
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream) {
@@ -423,24 +381,16 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
 
   Tensor ws = workspace;
-  unsigned* counters = nullptr;
   if (split > 1) {
-    const int64_t need = gemm_w4a16_workspace_elems(m, n, split), tiles = block_tiles(m, n);
-    if (!ws.defined()) {
-      ws = Tensor::empty({need}, ScalarType::f32, x.device());
-      // Only the counters need zeros (a memset is a graph node, so this stays capturable).
-      LOWBIT_CUDA_CHECK(op, cudaMemsetAsync(ws.data<float>() + (need - tiles), 0, tiles * sizeof(unsigned), stream));
-    }
+    const int64_t need = gemm_w4a16_workspace_elems(m, n, split);
+    if (!ws.defined()) ws = Tensor::empty({need}, ScalarType::f32, x.device());
     check_same_device(ws, x, op, "workspace");
     check_dtype(ws, ScalarType::f32, op, "workspace");
     LOWBIT_CHECK(ws.is_contiguous() && ws.numel() >= need, op, ": argument 'workspace' needs ", need,
                  " contiguous f32 elements, got ", ws.str());
-    // The counters are the workspace's last `tiles` elements (see kernels.h), so one zeroed buffer
-    // sized for the largest problem serves GEMMs of any shape: partials never reach its tail.
-    counters = reinterpret_cast<unsigned*>(ws.data<float>() + (ws.numel() - tiles));
   }
   GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
-             y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, counters, static_cast<int>(m),
+             y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),
              static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per};
   switch (shape) {
     case Shape::m8: launch<CfgM8>(p, split, stream); break;
@@ -450,6 +400,11 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
     default: launch<CfgLarge>(p, split, stream); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
+  if (split > 1) {
+    const int64_t total = m * n;
+    sum_partials_kernel<<<(total + 255) / 256, 256, 0, stream>>>(ws.data<float>(), split, p.m, p.n, p.y, p.ldy);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  }
 }
 
 }  // namespace lowbit::cuda

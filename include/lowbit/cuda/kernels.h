@@ -16,13 +16,7 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 
 // y[m, n] = x[m, k] · Wᵀ, W a w4 weight packed by pack_sm80 and moved to the device; x, y f16 with
 // unit stride in the last dim. split_k = 0 picks the split itself; a split > 1 needs an f32
-// workspace of at least gemm_w4a16_workspace_elems(m, n, split) elements: f32 partials
-// [split, m, n] at its start and one u32 arrival counter per output tile in its LAST elements
-// (the tail, wherever numel ends). Contract: the tail must be zero before the first use, and every
-// launch leaves it zero again (the last block of a tile resets its counter), so one zeroed
-// workspace, sized for the largest problem, can be reused by any sequence of GEMMs and graph
-// replays on one stream. Not shared by GEMMs that may run concurrently. When undefined, a
-// workspace is allocated here and its counters zeroed by a cudaMemsetAsync on `stream`.
+// workspace of gemm_w4a16_workspace_elems(m, n, split) elements (allocated here when undefined).
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream);
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device);
