@@ -163,9 +163,11 @@ def test_gemm_fp8_sm90_split_k(monkeypatch, accum, split, m, n, k):
 def test_gemm_fp8_sm90_promotion(monkeypatch, m, n):
     # 448 * 448 = 200704, then products of 1 with a 0 in every k32 step (each step adds 31): every partial
     # sum is an integer below 2^24 (exact in f32) but above 2^17, where a 14-bit accumulator steps by 16.
-    # With promotion only the first stage's sum goes through the tensor cores' rounding, so the error
-    # stays below 64 whatever k is; accumulating all 130 steps in the tensor cores could lose up to 15
-    # per step (about 2000 here).
+    # With promotion only the first 128-k stage's sum goes through the tensor cores' rounding: its first
+    # k32 instruction may drop all 30 ones under the 448^2 product (aligned to the largest term), and each
+    # of its 3 further steps may lose up to 31 more, so the error stays below 128 whatever k is;
+    # accumulating all 130 steps in the tensor cores could lose up to ~16-31 per step (2000-4000 here).
+    # (A first bound of 64 ignored the in-instruction loss and failed on an H100; this bound has not run.)
     _use_path(monkeypatch, "sm90")
     k = 4160
     xq, wq = torch.ones(m, k), torch.ones(n, k)
@@ -173,7 +175,7 @@ def test_gemm_fp8_sm90_promotion(monkeypatch, m, n):
     xq[:, 1::32] = 0
     xq, wq = xq.to(torch.float8_e4m3fn), wq.to(torch.float8_e4m3fn)
     err = (_gemm_raw(xq, wq, 0).double() - xq.double() @ wq.double().T).abs().max().item()
-    assert err < 64, f"promoted fp8 sum off by {err}"
+    assert err < 128, f"promoted fp8 sum off by {err}"
 
 
 @needs_sm90
