@@ -38,15 +38,17 @@ if has tests; then
   echo "== tests"
   python3 -m pytest tests_py/test_gpu_core.py tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py \
     tests_py/test_gpu_fp8.py tests_py/test_gpu_attention.py \
-    tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q --maxfail=30 \
-    -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25
+    tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q -rfE --maxfail=30 \
+    -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -3
+  # Failures with their messages on stdout: a device run may bring back only a few files.
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | cut -c1-300 | head -40
 fi
 # sanitize TOOL LOG SECONDS TEST_FILE K_EXPR: compute-sanitizer (memcheck/racecheck) over the selected pytest cases;
 # prints "LOG rc=N" (0 = clean) and the summary lines, the full report stays in $OUT/LOG.log.
 sanitize() {
   timeout "$3" compute-sanitizer --tool "$1" --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider "$4" -k "$5" \
     > "$OUT/$2.log" 2>&1
-  echo "$2 rc=$?"; tail -3 "$OUT/$2.log"
+  echo "$2 rc=$?"; tail -3 "$OUT/$2.log"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error)" "$OUT/$2.log" | head -10
 }
 
 if has sanitize; then
