@@ -36,9 +36,9 @@ __device__ float inv_rms(float ss, int64_t cols, float eps) {
 // Row-wise norms hold their row in registers (kPer values per thread, rows up to kPer * kThreads
 // columns): every load of the row is issued before any store, so they overlap. (A loop that loads,
 // stores, and reloads element by element cannot: the compiler must assume the store may alias the
-// next load.) They are typed (T for x, residual and out; W for the weight) rather than branching on
-// dtypes per element: a single block per row runs the kernel's code once, so code size, i.e.
-// instruction-cache misses, is most of its time at batch 1.
+// next load.) The weight is read in the same round trip, before the reduction. They are typed (T for
+// x, residual and out; W for the weight): branching on dtypes per element made a 6.7K-instruction
+// kernel (typing it measured only 7% faster, 11.4 -> 10.6 us at batch 1; the weight prefetch, 4.7 us).
 constexpr int kPer = 32;
 constexpr int64_t kMaxRegisterCols = int64_t{kPer} * kThreads;
 
@@ -61,7 +61,6 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
   T* rr = kAdd ? static_cast<T*>(res.base) + r * res.stride : nullptr;
   const W* wr = static_cast<const W*>(w.base);
   const int cols = static_cast<int>(x.cols);
-  // The weight is loaded with the row (not after the reduction): one memory round trip, not two.
   float v[kPer], wv[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
