@@ -37,6 +37,18 @@ def graph_time_us(fn_calls, reps=20, warmup=3):
     return statistics.median(times)
 
 
+def kernel_times(prof):
+    """{kernel name: [device microseconds, launches]} summed over a torch.profiler run's CUDA records."""
+    per = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            name = ev.name.replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0]
+            t = per.setdefault(name, [0.0, 0])
+            t[0] += getattr(ev, "device_time_total", None) or ev.cuda_time_total
+            t[1] += 1
+    return per
+
+
 def copy_bandwidth_gbs(nbytes=2 << 30):
     """Device-to-device copy, bytes read + written per second (the memory roofline we compare to)."""
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()

@@ -42,14 +42,19 @@ def ours_setup(n, k, copies, m, split=None):
     return [make(w) for w in lws], split
 
 
-def bench_shape(name, n, k, m, l2):
+def cublas_baseline(name, n, k, m, l2):
+    """The row every mode starts from: the shape, a random f16 activation x [m, k] and cuBLAS fp16's time
+    for x · wᵀ over enough weight copies to miss L2. Returns (row, x)."""
     row = {"shape": name, "n": n, "k": k, "m": m}
-    fp16_bytes, int4_bytes = n * k * 2, n * k // 2 + 2 * n * (k // GROUP) * 2
     x = torch.randn(m, k, device="cuda").half()
-    c = copies_for(fp16_bytes, l2)
-    ws = [torch.randn(n, k, device="cuda").half() for _ in range(c)]
+    ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
     row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
-    del ws
+    return row, x
+
+
+def bench_shape(name, n, k, m, l2):
+    int4_bytes = n * k // 2 + 2 * n * (k // GROUP) * 2
+    row, x = cublas_baseline(name, n, k, m, l2)
     c4 = copies_for(int4_bytes, l2)
     fns, split = ours_setup(n, k, c4, m)
     row["lowbit_w4a16_us"] = graph_time_us(fns)
@@ -92,12 +97,8 @@ def int4_peers(row, x, n, k, copies):
 
 def bench_w4a16_only(name, n, k, m, l2):
     """--w4a16-only: W4A16 vs cuBLAS fp16 and tinygemm, without the W8A8/int8/fp8 peers."""
-    row = {"shape": name, "n": n, "k": k, "m": m}
     int4_bytes = n * k // 2 + 2 * n * (k // GROUP) * 2
-    x = torch.randn(m, k, device="cuda").half()
-    ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
-    row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
-    del ws
+    row, x = cublas_baseline(name, n, k, m, l2)
     c4 = copies_for(int4_bytes, l2)
     fns, split = ours_setup(n, k, c4, m)
     row["lowbit_w4a16_us"], row["lowbit_split_k"], row["int4_bytes"] = graph_time_us(fns), split, int4_bytes
@@ -201,22 +202,14 @@ def bench_fp8_only(name, n, k, m, l2):
     """--fp8-only: lowbit FP8 W8A8 (default dispatch, lowbit_fp8_sm80_us / _sm90_us with each kernel forced,
     lowbit_fp8_sm90_fast_accum_us without the per-stage f32 promotion, with the quantizer) vs cuBLAS fp16
     and torch._scaled_mm (whose default, use_fast_accum=False, also promotes)."""
-    row = {"shape": name, "n": n, "k": k, "m": m}
-    x = torch.randn(m, k, device="cuda").half()
-    ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
-    row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
-    del ws
+    row, x = cublas_baseline(name, n, k, m, l2)
     fp8_peers(row, x, n, k, m, l2)
     return row
 
 
 def bench_w8a8_only(name, n, k, m, l2):
     """--w8a8-only: W8A8 vs cuBLAS fp16 and the int8/fp8 peers, without the W4A16 ones."""
-    row = {"shape": name, "n": n, "k": k, "m": m}
-    x = torch.randn(m, k, device="cuda").half()
-    ws = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
-    row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in ws])
-    del ws
+    row, x = cublas_baseline(name, n, k, m, l2)
     w8a8_and_int8_peers(row, x, n, k, m, l2)
     return row
 

@@ -3,7 +3,6 @@ prefill shapes, beside the same math in torch, from the profiler's kernel record
 not apply: these ops launch on lowbit's current stream). Prints one line per case; JSON to argv[1].
   python3 tools/bench_gpu_rows.py out.json
 """
-import collections
 import json
 import sys
 
@@ -11,6 +10,8 @@ import torch
 
 import lowbit  # noqa: F401
 from lowbit import _core as lb
+
+from bench_gpu_common import kernel_times
 
 CASES = [(1, 576), (1, 4096), (1, 8192), (64, 4096), (512, 4096)]
 REPS = 50
@@ -25,11 +26,8 @@ def kernel_us(fn):
         for _ in range(REPS):
             fn()
         torch.cuda.synchronize()
-    per = collections.defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            per[ev.name.split("(")[0][:60]] += getattr(ev, "device_time_total", 0.0) or ev.cuda_time_total
-    return sum(per.values()) / REPS, {k: v / REPS for k, v in per.items()}
+    per = kernel_times(prof)
+    return sum(v[0] for v in per.values()) / REPS, {k: v[0] / REPS for k, v in per.items()}
 
 
 def main():

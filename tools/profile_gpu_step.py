@@ -7,7 +7,6 @@ is launch/gap overhead. The same steps are also timed with graphs on for compari
   python3 tools/profile_gpu_step.py out.json [--recipe w4a16kv8] [--batch 1] [--layers 32] [--steps 16]
 """
 import argparse
-import collections
 import dataclasses
 import json
 import os
@@ -17,6 +16,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gpu_common import kernel_times  # noqa: E402
 from bench_gpu_llama8b import lowbit_model, prompt_batch  # noqa: E402
 from llama_random import LLAMA3_8B  # noqa: E402
 
@@ -75,13 +75,7 @@ def main():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             timed_steps(eng, args.steps)
         finish(eng)
-        per_kernel = collections.defaultdict(lambda: [0.0, 0])
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA:
-                name = ev.name.replace("(anonymous namespace)::", "").replace("void ", "").split("(")[0]
-                per_kernel[name][0] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-                per_kernel[name][1] += 1
-        rows = sorted(per_kernel.items(), key=lambda kv_: -kv_[1][0])
+        rows = sorted(kernel_times(prof).items(), key=lambda kv_: -kv_[1][0])
         total = sum(v[0] for _, v in rows)
         result["kernels"] = [{"kernel": k[:120], "us_per_step": round(v[0] / args.steps, 2),
                               "launches_per_step": v[1] / args.steps} for k, v in rows]
