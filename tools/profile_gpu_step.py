@@ -3,7 +3,8 @@
 Builds the model in one recipe, prefills one (or B) 512-token prompts, then runs decode steps eagerly (no CUDA
 graphs, so every kernel is a separate record) under torch.profiler and sums each kernel's device time per step.
 The eager kernel times are the ones a graph replays; the difference between their sum and the graph's step time
-is launch/gap overhead. The same steps are also timed with graphs on for comparison.
+is launch/gap overhead. The same steps are also timed with graphs on for comparison, and one prefill of the
+prompts is profiled the same way.
   python3 tools/profile_gpu_step.py out.json [--recipe w4a16kv8] [--batch 1] [--layers 32] [--steps 16]
 """
 import argparse
@@ -80,6 +81,13 @@ def main():
         result["kernels"] = [{"kernel": k[:120], "us_per_step": round(v[0] / args.steps, 2),
                               "launches_per_step": v[1] / args.steps} for k, v in rows]
         result["kernel_ms_per_step"] = total / args.steps / 1e3
+        # The prefill of the same prompts (one step over B x 512 tokens), kernel by kernel.
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            start(eng, prompts, 2, 3000)
+        finish(eng)
+        rows = sorted(kernel_times(prof).items(), key=lambda kv_: -kv_[1][0])
+        result["prefill_kernels"] = [{"kernel": k[:120], "us": round(v[0], 1), "launches": v[1]} for k, v in rows]
+        result["prefill_kernel_ms"] = sum(v[0] for _, v in rows) / 1e3
         del eng
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
@@ -89,6 +97,10 @@ def main():
     for r in result["kernels"][:25]:
         print(f"{r['kernel'][:90]:90s} {r['us_per_step']:9.1f} {r['launches_per_step']:8.1f} "
               f"{r['us_per_step'] / 1e3 / result['kernel_ms_per_step']:6.1%}")
+    print(f"prefill of {args.batch} x 512 tokens: kernels {result['prefill_kernel_ms']:.2f} ms")
+    for r in result["prefill_kernels"][:12]:
+        print(f"{r['kernel'][:90]:90s} {r['us']:9.1f} {r['launches']:8d} "
+              f"{r['us'] / 1e3 / result['prefill_kernel_ms']:6.1%}")
 
 
 if __name__ == "__main__":
