@@ -164,6 +164,13 @@ __global__ void __launch_bounds__(kThreads) gemm_w8a8_kernel(W8A8Args p) {
       }
 }
 
+// One code of the per-token quantizers (int8: rint, clamped to +-127; e4m3: nearest even, saturated).
+template <bool kFp8>
+__device__ inline uint32_t quantize_code(float v) {
+  if constexpr (kFp8) return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  else return static_cast<uint32_t>(max(-127, min(127, __float2int_rn(v)))) & 0xFF;
+}
+
 // Per row, s = max|x| / qmax (s = 1 for an all-zero row), computed in f32. int8: q = rint(x / s) with
 // qmax 127; fp8: q = e4m3(x / s) rounded to nearest even, saturated, with qmax 448 (the largest e4m3).
 template <bool kFp8>
@@ -183,19 +190,16 @@ __global__ void quantize_per_token_kernel(const __half* __restrict__ x, int64_t 
   if (threadIdx.x == 0) scales[row] = s;
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     const float v = __fdiv_rn(__half2float(xr[i]), s);
-    if constexpr (kFp8)
-      q[row * ldq + i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-    else
-      q[row * ldq + i] = static_cast<uint8_t>(static_cast<int8_t>(max(-127, min(127, __float2int_rn(v)))));
+    q[row * ldq + i] = static_cast<uint8_t>(quantize_code<kFp8>(v));
   }
 }
 
 // Same result, for rows of 8-half vectors (16-byte aligned x rows, 8-byte aligned q rows): every
 // load of the row is issued up front and kept in registers for the second pass, so a row costs one
 // memory latency instead of k / blockDim dependent rounds.
-template <int kVec>
+template <bool kFp8, int kVec>
 __global__ void __launch_bounds__(256) quantize_per_token_vec_kernel(const __half* __restrict__ x, int64_t ldx, int k,
-                                                                     int8_t* __restrict__ q, int64_t ldq,
+                                                                     uint8_t* __restrict__ q, int64_t ldq,
                                                                      float* __restrict__ scales) {
   const int row = blockIdx.x, nvec = k / 8;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * ldx);
@@ -222,7 +226,7 @@ __global__ void __launch_bounds__(256) quantize_per_token_vec_kernel(const __hal
   amax = 0.f;
 #pragma unroll
   for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = amax > 0.f ? __fdiv_rn(amax, 127.f) : 1.f;
+  const float s = amax > 0.f ? __fdiv_rn(amax, kFp8 ? 448.f : 127.f) : 1.f;
   if (threadIdx.x == 0) scales[row] = s;
   uint2* qr = reinterpret_cast<uint2*>(q + row * ldq);
 #pragma unroll
@@ -234,9 +238,8 @@ __global__ void __launch_bounds__(256) quantize_per_token_vec_kernel(const __hal
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const float2 f = __half22float2(h[j]);
-      const int a = max(-127, min(127, __float2int_rn(__fdiv_rn(f.x, s))));
-      const int b = max(-127, min(127, __float2int_rn(__fdiv_rn(f.y, s))));
-      packed[j / 2] |= ((static_cast<uint32_t>(a) & 0xFF) | ((static_cast<uint32_t>(b) & 0xFF) << 8)) << (16 * (j % 2));
+      const uint32_t a = quantize_code<kFp8>(__fdiv_rn(f.x, s)), b = quantize_code<kFp8>(__fdiv_rn(f.y, s));
+      packed[j / 2] |= (a | b << 8) << (16 * (j % 2));
     }
     qr[idx] = make_uint2(packed[0], packed[1]);
   }
@@ -340,11 +343,10 @@ bool has_fp8_mma(int device) {
   return major * 10 + minor >= 89;
 }
 
-}  // namespace
-
-void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
-  const char* op = "quantize_per_token_s8";
-  check_quantize_args(op, x, q, ScalarType::s8, scales);
+// One block per row. Rows of 8-half vectors (up to 8 x 256 x 16 halves) take the vector kernel, the
+// rest the scalar loop; both give the same codes and scales.
+template <bool kFp8>
+void launch_quantize(const char* op, const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
   const int64_t m = x.size(0), k = x.size(1);
   if (m == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(x.device().index));
@@ -353,23 +355,31 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
   const int per_thread = static_cast<int>((k / 8 + 255) / 256);  // 8-half vectors per thread
   const unsigned blocks = static_cast<unsigned>(m);
   const __half* xp = x.data<__half>();
-  int8_t* qp = q.data<int8_t>();
+  uint8_t* qp = static_cast<uint8_t*>(q.data_ptr());
   float* sp = scales.data<float>();
+  const int ki = static_cast<int>(k);
   if (!vec) {
-    quantize_per_token_kernel<false><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k),
-                                                                 reinterpret_cast<uint8_t*>(qp), q.stride(0), sp);
+    quantize_per_token_kernel<kFp8><<<blocks, 256, 0, stream>>>(xp, x.stride(0), ki, qp, q.stride(0), sp);
   } else if (per_thread <= 1) {
-    quantize_per_token_vec_kernel<1><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+    quantize_per_token_vec_kernel<kFp8, 1><<<blocks, 256, 0, stream>>>(xp, x.stride(0), ki, qp, q.stride(0), sp);
   } else if (per_thread <= 2) {
-    quantize_per_token_vec_kernel<2><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+    quantize_per_token_vec_kernel<kFp8, 2><<<blocks, 256, 0, stream>>>(xp, x.stride(0), ki, qp, q.stride(0), sp);
   } else if (per_thread <= 4) {
-    quantize_per_token_vec_kernel<4><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+    quantize_per_token_vec_kernel<kFp8, 4><<<blocks, 256, 0, stream>>>(xp, x.stride(0), ki, qp, q.stride(0), sp);
   } else if (per_thread <= 8) {
-    quantize_per_token_vec_kernel<8><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+    quantize_per_token_vec_kernel<kFp8, 8><<<blocks, 256, 0, stream>>>(xp, x.stride(0), ki, qp, q.stride(0), sp);
   } else {
-    quantize_per_token_vec_kernel<16><<<blocks, 256, 0, stream>>>(xp, x.stride(0), static_cast<int>(k), qp, q.stride(0), sp);
+    quantize_per_token_vec_kernel<kFp8, 16><<<blocks, 256, 0, stream>>>(xp, x.stride(0), ki, qp, q.stride(0), sp);
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace
+
+void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
+  const char* op = "quantize_per_token_s8";
+  check_quantize_args(op, x, q, ScalarType::s8, scales);
+  launch_quantize<false>(op, x, q, scales, stream);
 }
 
 void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
@@ -392,13 +402,7 @@ void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const 
 void quantize_per_token_e4m3(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream) {
   const char* op = "quantize_per_token_e4m3";
   check_quantize_args(op, x, q, ScalarType::e4m3, scales);
-  const int64_t m = x.size(0), k = x.size(1);
-  if (m == 0) return;
-  LOWBIT_CUDA_CHECK(op, cudaSetDevice(x.device().index));
-  quantize_per_token_kernel<true><<<static_cast<unsigned>(m), 256, 0, stream>>>(
-      x.data<__half>(), x.stride(0), static_cast<int>(k), static_cast<uint8_t*>(q.data_ptr()), q.stride(0),
-      scales.data<float>());
-  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  launch_quantize<true>(op, x, q, scales, stream);
 }
 
 void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
