@@ -55,8 +55,6 @@ if has sanitize; then
   echo "== compute-sanitizer (small kernel tests)"
   sanitize memcheck memcheck_w4a16 240 tests_py/test_gpu_w4a16.py \
     "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
-  sanitize memcheck memcheck_w4a16_cluster 200 tests_py/test_gpu_w4a16.py "cluster_split_k and 33-2048-8"
-  sanitize racecheck racecheck_w4a16_cluster 200 tests_py/test_gpu_w4a16.py "cluster_split_k and 272-4160-2-16"
   sanitize memcheck memcheck_w8a8 200 tests_py/test_gpu_w8a8.py "bit_exact and (3-130 or 17 or 1-8)"
   sanitize racecheck racecheck_w8a8 200 tests_py/test_gpu_w8a8.py "int32 and 130-200"
   sanitize memcheck memcheck_fp8 200 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200) or \
@@ -65,8 +63,6 @@ if has sanitize; then
   sanitize racecheck racecheck_sampling 120 tests_py/test_gpu_ops.py "sample_rows_picks and f16"
   sanitize memcheck memcheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-9-3-64 or lens3-64-32-8-128"
   sanitize racecheck racecheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8"
-  sanitize memcheck memcheck_attn_cluster 200 tests_py/test_gpu_attention.py "cluster_merge and lens0 and 9-3-64"
-  sanitize racecheck racecheck_attn_cluster 200 tests_py/test_gpu_attention.py "cluster_merge and lens1 and 32-8-128 and u4"
 fi
 
 if has engine; then
