@@ -118,29 +118,3 @@ def test_decode_attention_bad_inputs():
     with pytest.raises(ValueError, match="multiple of kv heads"):
         _core.decode_attention(torch.randn(1, 3, 64, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
                                torch.empty(1, 3, 64, device="cuda").half(), kv_dtype="u8")
-
-
-# sm_90: up to 8 splits merge inside a thread-block cluster with the combine kernel's order and
-# arithmetic, so both paths must give the same bits. Splits 2..8, a sequence shorter than a split
-# (empty splits), GQA groups of 1..8, every KV type.
-@pytest.mark.parametrize("kv", ["f16", "u8", "u4/u8"])
-@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128), (8, 8, 128)])
-@pytest.mark.parametrize("lens,split", [([600], 300), ([1000, 40, 513], 128), ([520], 0), ([130, 9], 16)])
-def test_decode_attention_cluster_merge_matches_combine_kernel(monkeypatch, kv, hq, hkv, d, lens, split):
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the cluster merge runs on sm_90+ only")
-    k, v, kp, vp, table, seq_k, seq_v = make_cache(kv, lens, hkv, d, 16, seed=sum(lens) + hq)
-    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(11)).half()
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    kt, vt = kv.split("/") if "/" in kv else (kv, kv)
-    outs = []
-    for cluster in ("1", "0"):
-        monkeypatch.setenv("LOWBIT_ATTN_CLUSTER", cluster)
-        out = torch.full((len(lens), hq, d), float("nan"), dtype=torch.float16, device="cuda")
-        _core.decode_attention(q.cuda(), k, v, kp, vp, table, seq_lens, max(lens), 1 / math.sqrt(d), out,
-                               kv_dtype=kt, split_tokens=split, v_dtype=vt)
-        torch.cuda.synchronize()
-        outs.append(out.cpu())
-    ref = reference(q, seq_k, seq_v, 1 / math.sqrt(d))
-    assert (outs[0].double() - ref).norm() / ref.norm() < 2e-3
-    assert torch.equal(outs[0], outs[1])

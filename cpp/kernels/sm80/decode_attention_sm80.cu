@@ -14,16 +14,10 @@
 // A dot product does not care about the order of its terms, so each lane loads a contiguous run
 // of dims (scores) or of dims for 4 tokens (output), and the query / P' operands use the same
 // order. Each warp keeps its own online softmax over 16-token tiles; the block's 4 warps merge
-// in shared memory; several splits per sequence are merged by a second kernel (flash-decoding), or
-// on sm_90, for up to 8 splits, inside the kernel: the splits of a (sequence, kv head) form a thread-
-// block cluster and merge through distributed shared memory, in the second kernel's order and
-// arithmetic (the same bits, one launch and one round trip of partials fewer).
-#include <cooperative_groups.h>
+// in shared memory; several splits per sequence are merged by a second kernel (flash-decoding).
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
@@ -145,11 +139,8 @@ struct AttnArgs {
   int hq, hkv, group, block_size, max_blocks, split_tokens;
   int block_shift;        // log2(block_size) when it is a power of two, else -1 (division)
   bool tile_in_one_page;  // block_size and split_tokens are multiples of 16: a tile never straddles pages
-  bool cluster_merge;     // sm_90: the splits are one cluster and merge through DSMEM (no partials)
   float scale;
 };
-
-constexpr int kMaxClusterSplits = 8;  // the portable cluster size
 
 // One 16-token tile's operands for one lane: K rows g and g+8 with the (scale, zero) of both K and V
 // (TileK, loaded one tile ahead), and V tokens 4t..4t+3 (TileV, loaded at the top of its own tile:
@@ -164,37 +155,6 @@ struct TileV {
   uint32_t v[4][kVWords];
 };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The splits of one (sequence, kv head) are the CTAs of a cluster (rank = split). Each has its merged
-// (o, max, sum) per head in shared memory; split r then combines its share of the group's outputs
-// over all splits, reading the others' shared memory, exactly as combine_splits_kernel does (same
-// order, same expressions); the second barrier keeps every CTA's shared memory alive until then.
-template <int D>
-__device__ void cluster_merge_splits(const AttnArgs& p, float (&block_o)[8][D], float (&block_m)[8],
-                                     float (&block_l)[8], int b, int kvh) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's block_* is written (a cluster barrier also orders this CTA's threads)
-  const int splits = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
-  const int total = p.group * D, per = (total + splits - 1) / splits;
-  for (int idx = rank * per + static_cast<int>(threadIdx.x); idx < min(total, (rank + 1) * per); idx += kThreads) {
-    const int h = idx / D, d = idx % D;
-    float m = kNoScore;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, *cluster.map_shared_rank(&block_m[h], s));
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float l_s = *cluster.map_shared_rank(&block_l[h], s);
-      const float w = l_s > 0.f ? __expf(*cluster.map_shared_rank(&block_m[h], s) - m) : 0.f;
-      num += w * *cluster.map_shared_rank(&block_o[h][d], s);
-      den += w * l_s;
-    }
-    const int head = kvh * p.group + h;
-    p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(den > 0.f ? num / den : 0.f);
-  }
-  cluster.sync();
-}
-#endif
-
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread).
 template <KvType KT, KvType VT, int D, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(AttnArgs p) {
@@ -205,7 +165,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   __shared__ __align__(16) __half p_tile[kWarps][8][kTile];
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8];
   __shared__ float warp_o[kWarps][8][D];
-  __shared__ float block_o[8][D], block_m[8], block_l[8];  // this split's merged result (cluster merge)
 
   const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -467,13 +426,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
       l += e * warp_l[w][h];
     }
     const int head = kvh * p.group + h;
-    if (p.cluster_merge) {
-      block_o[h][d] = o;
-      if (d == 0) {
-        block_m[h] = mx;
-        block_l[h] = l;
-      }
-    } else if (num_splits == 1) {
+    if (num_splits == 1) {
       p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(l > 0.f ? o / l : 0.f);
     } else {
       const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + split;
@@ -484,9 +437,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
       }
     }
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.cluster_merge) cluster_merge_splits<D>(p, block_o, block_m, block_l, b, kvh);
-#endif
 }
 
 // out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s over the splits of one (sequence, head).
@@ -520,38 +470,10 @@ KvType kv_type_of(const Tensor& t, const char* op, const char* arg) {
 
 // head_dim 128 is built for 3 resident blocks per SM: with 4 (128 registers) the f16 and u8 kernels
 // spill; measured on an H100 at B=64 L=8K, 3 is as fast or faster for every KV type.
-template <typename Kernel>
-void launch_kernel(Kernel kernel, const AttnArgs& p, dim3 grid, cudaStream_t stream) {
-  if (!p.cluster_merge) {
-    kernel<<<grid, kThreads, 0, stream>>>(p);
-    return;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = grid.z;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  LOWBIT_CUDA_CHECK("decode_attention", cudaLaunchKernelEx(&cfg, kernel, p));
-}
-
 template <KvType KT, KvType VT>
 void launch_types(const AttnArgs& p, int d, dim3 grid, cudaStream_t stream) {
-  if (d == 64) launch_kernel(decode_attention_kernel<KT, VT, 64, 4>, p, grid, stream);
-  else launch_kernel(decode_attention_kernel<KT, VT, 128, 3>, p, grid, stream);
-}
-
-// The in-cluster merge of the splits runs on sm_90+ unless LOWBIT_ATTN_CLUSTER=0 (read per call, so
-// tests and benchmarks can compare it with the combine kernel in one process).
-bool cluster_merge_enabled(int device) {
-  const char* env = std::getenv("LOWBIT_ATTN_CLUSTER");
-  if (env && std::strcmp(env, "0") == 0) return false;
-  return compute_capability_major(device) >= 9;
+  if (d == 64) decode_attention_kernel<KT, VT, 64, 4><<<grid, kThreads, 0, stream>>>(p);
+  else decode_attention_kernel<KT, VT, 128, 3><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <KvType KT>
@@ -632,13 +554,6 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     const int64_t floor_tokens = std::clamp<int64_t>((max_seq_len + 15) / 16, 64, kMinSplitTokens);
     const int64_t per_split = std::max<int64_t>((max_seq_len + splits_wanted - 1) / splits_wanted, floor_tokens);
     split_tokens = static_cast<int>((std::min<int64_t>(per_split, max_seq_len + kTile) + kTile - 1) / kTile * kTile);
-    // Up to twice the cluster size, fewer and longer splits that merge inside a cluster beat the extra
-    // blocks plus the combine kernel (at batch 1 on the 8B shape the combine was 3 us per layer).
-    const int64_t picked = (max_seq_len + split_tokens - 1) / split_tokens;
-    if (cluster_merge_enabled(dev) && picked > kMaxClusterSplits && picked <= 2 * kMaxClusterSplits) {
-      const int64_t longer = (max_seq_len + kMaxClusterSplits - 1) / kMaxClusterSplits;
-      split_tokens = static_cast<int>((longer + kTile - 1) / kTile * kTile);
-    }
   }
   const int splits = std::max(1, (max_seq_len + split_tokens - 1) / split_tokens);
 
@@ -665,10 +580,9 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.max_blocks = static_cast<int>(max_blocks);
   p.split_tokens = split_tokens;
   p.tile_in_one_page = bs % kTile == 0 && split_tokens % kTile == 0;
-  p.cluster_merge = splits > 1 && splits <= kMaxClusterSplits && cluster_merge_enabled(dev);
   p.scale = scale;
   Tensor part_out, part_stats;
-  if (splits > 1 && !p.cluster_merge) {
+  if (splits > 1) {
     part_out = Tensor::empty({batch, hq, splits, d}, ScalarType::f32, q.device());
     part_stats = Tensor::empty({batch, hq, splits, 2}, ScalarType::f32, q.device());
     p.part_out = part_out.data<float>();
@@ -681,7 +595,7 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     case KvType::u4: launch_k<KvType::u4>(p, vt, static_cast<int>(d), grid, stream); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
-  if (splits > 1 && !p.cluster_merge) {
+  if (splits > 1) {
     combine_splits_kernel<<<dim3(batch, hq), 128, 0, stream>>>(p.part_out, p.part_stats, splits, p.hq,
                                                                static_cast<int>(d), p.out, p.out_stride_b,
                                                                p.out_stride_h);
