@@ -61,25 +61,10 @@ def bench_shape(name, n, k, m, l2):
     row["lowbit_split_k"] = split
     row["int4_bytes"] = int4_bytes
     del fns
-    partials_path(row, n, k, m, c4)
     int4_peers(row, x, n, k, c4)
     w8a8_and_int8_peers(row, x, n, k, m, l2)
     row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
     return row
-
-
-def partials_path(row, n, k, m, copies):
-    """Split-K W4A16 the pre-cluster way (f32 partials + a sum kernel, its own split choice), for the
-    decode sizes where split-K runs; on sm_90 the default reduces the splits inside a cluster instead."""
-    if m > 64:
-        return
-    os.environ["LOWBIT_W4A16_CLUSTER"] = "0"
-    try:
-        fns, split = ours_setup(n, k, copies, m)
-        row["lowbit_w4a16_partials_us"], row["lowbit_w4a16_partials_split_k"] = graph_time_us(fns), split
-        del fns
-    finally:
-        del os.environ["LOWBIT_W4A16_CLUSTER"]
 
 
 def int4_peers(row, x, n, k, copies):
@@ -118,7 +103,6 @@ def bench_w4a16_only(name, n, k, m, l2):
     fns, split = ours_setup(n, k, c4, m)
     row["lowbit_w4a16_us"], row["lowbit_split_k"], row["int4_bytes"] = graph_time_us(fns), split, int4_bytes
     del fns
-    partials_path(row, n, k, m, c4)
     int4_peers(row, x, n, k, c4)
     row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
     return row
@@ -287,8 +271,8 @@ def main():
                 r["w4_bytes_floor_us"] = r["int4_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)
                 rows.append(r)
                 print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  w4a16 {r['lowbit_w4a16_us']:8.1f} us "
-                      f"(split {r['lowbit_split_k']}, {r['int4_bytes'] / (r['lowbit_w4a16_us'] * 1e3):6.0f} GB/s; partials "
-                      f"{r.get('lowbit_w4a16_partials_us', float('nan')):6.1f})  tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  "
+                      f"(split {r['lowbit_split_k']}, {r['int4_bytes'] / (r['lowbit_w4a16_us'] * 1e3):6.0f} GB/s)  "
+                      f"tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  "
                       f"gemlite {r.get('gemlite_w4a16_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}",
                       flush=True)
                 continue
@@ -297,8 +281,7 @@ def main():
             r["w4_effective_gbs"] = r["int4_bytes"] / (r["lowbit_w4a16_us"] * 1e3)
             rows.append(r)
             print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  w4a16 {r['lowbit_w4a16_us']:8.1f} us "
-                  f"(split {r['lowbit_split_k']}, {r['w4_effective_gbs']:6.0f} GB/s; partials "
-                  f"{r.get('lowbit_w4a16_partials_us', float('nan')):6.1f})  tinygemm "
+                  f"(split {r['lowbit_split_k']}, {r['w4_effective_gbs']:6.0f} GB/s)  tinygemm "
                   f"{r.get('tinygemm_int4_us', float('nan')):8.1f}  int_mm {r.get('torch_int_mm_us', float('nan')):7.1f}"
                   f"  fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  x{r['speedup_vs_cublas']:.2f}  "
                   f"w8a8 {r['lowbit_w8a8_us']:7.1f} (+quant {r['lowbit_w8a8_with_quant_us']:7.1f}, "

@@ -14,17 +14,10 @@
 // A warp dequantizes each 16x16 weight fragment once (lop3 magic-number u4 -> f16, TurboMind §4.1;
 // w = q*s - z*s as one f16x2 fma) and reuses it for all its 8-token tiles, and reads each lane's
 // activations as 16-byte shared-memory loads (row stride padded by 16 bytes: conflict-free).
-// Split-K blocks write f32 partials that a small kernel sums in a fixed order (deterministic). On
-// sm_90 the splits of one output tile run instead as a thread-block cluster (up to 8 CTAs along k) and
-// sum their partial tiles through distributed shared memory in the same fixed order: the same bits,
-// without the partials' round trip through memory and the second kernel (at batch 1 on the 8B shape
-// the sum kernels were 128 launches and ~7% of a decode step).
-#include <cooperative_groups.h>
+// Split-K blocks write f32 partials that a small kernel sums in a fixed order (deterministic).
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -93,9 +86,8 @@ struct GemmArgs {
   const __half* zeros;  // [G, npad]
   __half* y;
   int64_t ldy;
-  float* partial;  // [split, m, n] when split > 1 without a cluster
+  float* partial;  // [split, m, n] when split > 1
   int m, n, k, group, npad, chunks_per_split;
-  bool cluster_reduce;  // sm_90: the split CTAs of a tile form a cluster and reduce through DSMEM
 };
 
 // Block shape: kWarpsN x kWarpsM warps, each owning kTilesN 16-row weight tiles x kTilesM 8-token
@@ -113,7 +105,6 @@ struct Cfg {
   static constexpr int kXBytes = kBlockM * kXRow * 2;
   static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
-  static constexpr bool kClusterFits = kBlockM * kBlockN * 4 <= kSmemBytes;  // f32 partial tile in the ring
 };
 
 // Issues the cp.async copies of the stage that starts at chunk kc0 (chunks past kc_end, tiles past
@@ -209,48 +200,6 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
   }
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Split-K reduction inside a cluster (grid z = cluster z = split): every CTA parks its f32 partial tile
-// [kBlockM tokens][kBlockN rows] in its own (now idle) pipeline smem; after a cluster barrier CTA r sums
-// slice r of the tile over the ranks in order 0..split-1, reading the others' smem (DSMEM), and stores
-// f16; a second barrier keeps every CTA's smem alive until all reads are done. Starting from 0.f in
-// rank order gives exactly sum_partials_kernel's bits.
-template <class C>
-__device__ void cluster_reduce_epilogue(const GemmArgs& p, uint8_t* smem, const float (&acc)[C::kTilesN][C::kTilesM][4],
-                                        int warp_n, int warp_m, bool active) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float* tile = reinterpret_cast<float*>(smem);
-  __syncthreads();  // every warp is done with the pipeline stages
-  if (active) {
-#pragma unroll
-    for (int i = 0; i < C::kTilesN; ++i)
-#pragma unroll
-      for (int j = 0; j < C::kTilesM; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int token = (warp_m * C::kTilesM + j) * 8 + 2 * t + (c & 1);
-          const int row = (warp_n * C::kTilesN + i) * kTileN + g + (c >> 1) * 8;
-          tile[token * C::kBlockN + row] = acc[i][j][c];
-        }
-  }
-  cluster.sync();
-  const int split = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
-  constexpr int kElems = C::kBlockM * C::kBlockN;
-  const int per = (kElems + split - 1) / split, lo = rank * per, hi = min(lo + per, kElems);
-  const int m0 = blockIdx.x * C::kBlockM, n0 = blockIdx.y * C::kBlockN;
-  for (int e = lo + static_cast<int>(threadIdx.x); e < hi; e += C::kThreads) {
-    const int token = m0 + e / C::kBlockN, col = n0 + e % C::kBlockN;
-    if (token >= p.m || col >= p.n) continue;  // never written by an active warp
-    float s = 0.f;
-    for (int z = 0; z < split; ++z) s += cluster.map_shared_rank(tile, z)[e];
-    p.y[static_cast<int64_t>(token) * p.ldy + col] = __float2half_rn(s);
-  }
-  cluster.sync();
-}
-#endif
-
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(GemmArgs p) {
   extern __shared__ uint4 smem_u4[];
@@ -283,14 +232,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(
   }
   cp_async_wait<0>();
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (C::kClusterFits) {
-    if (p.cluster_reduce) {
-      cluster_reduce_epilogue<C>(p, smem, acc, warp_n, warp_m, active);
-      return;
-    }
-  }
-#endif
   // acc[i][j]: c0,c1 = weight row g, tokens 2t, 2t+1; c2,c3 = weight row g+8, same tokens.
 #pragma unroll
   for (int i = 0; i < C::kTilesN; ++i)
@@ -372,44 +313,7 @@ ShapeInfo prepare(Shape s, int device) {
 template <class C>
 void launch(const GemmArgs& p, int split, cudaStream_t stream) {
   const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
-  if (!p.cluster_reduce) {
-    gemm_w4a16_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-    return;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(C::kThreads);
-  cfg.dynamicSmemBytes = C::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = static_cast<unsigned>(split);
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  LOWBIT_CUDA_CHECK("gemm_w4a16", cudaLaunchKernelEx(&cfg, gemm_w4a16_kernel<C>, p));
-}
-
-template <class C>
-constexpr bool cluster_fits() { return C::kClusterFits; }
-bool cluster_fits(Shape s) {
-  switch (s) {
-    case Shape::m8: return cluster_fits<CfgM8>();
-    case Shape::m16: return cluster_fits<CfgM16>();
-    case Shape::m32: return cluster_fits<CfgM32>();
-    case Shape::m64: return cluster_fits<CfgM64>();
-    default: return cluster_fits<CfgLarge>();
-  }
-}
-
-// The cluster split-K reduction runs on sm_90+ for splits of 2..8 (the portable cluster size) unless
-// LOWBIT_W4A16_CLUSTER=0 (read per call, so a benchmark can compare both in one process).
-constexpr int kMaxClusterSplit = 8;
-bool cluster_reduce_enabled(int device) {
-  const char* env = std::getenv("LOWBIT_W4A16_CLUSTER");
-  if (env && std::strcmp(env, "0") == 0) return false;
-  return compute_capability_major(device) >= 9;
+  gemm_w4a16_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
 }
 
 }  // namespace
@@ -426,9 +330,6 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * std::max<int64_t>(m, 1))));
   split = std::min<int64_t>(split, std::max<int64_t>(1, k_chunks / 4));
   split = std::min<int64_t>(split, 64);
-  // With the cluster reduction available, stay within a cluster: fewer CTAs per tile, but no partials
-  // round trip and no second kernel.
-  if (cluster_fits(shape_for(m)) && cluster_reduce_enabled(device)) split = std::min<int64_t>(split, kMaxClusterSplit);
   const int64_t per = (k_chunks + split - 1) / split;  // even chunk counts, no empty split
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
@@ -474,15 +375,13 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   const Shape shape = shape_for(m);
   prepare(shape, dev);
   const int k_chunks = static_cast<int>(k / kChunkK);
-  const bool cluster_ok = cluster_fits(shape) && cluster_reduce_enabled(dev);
   int split = split_k > 0 ? std::min(split_k, k_chunks) : gemm_w4a16_pick_split(m, n, k, dev);
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
   LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
-  const bool cluster_reduce = cluster_ok && split > 1 && split <= kMaxClusterSplit;
 
   Tensor ws = workspace;
-  if (split > 1 && !cluster_reduce) {
+  if (split > 1) {
     const int64_t need = gemm_w4a16_workspace_elems(m, n, split);
     if (!ws.defined()) ws = Tensor::empty({need}, ScalarType::f32, x.device());
     check_same_device(ws, x, op, "workspace");
@@ -491,9 +390,8 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                  " contiguous f32 elements, got ", ws.str());
   }
   GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
-             y.data<__half>(), y.stride(0), split > 1 && !cluster_reduce ? ws.data<float>() : nullptr,
-             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per,
-             cluster_reduce};
+             y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),
+             static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per};
   switch (shape) {
     case Shape::m8: launch<CfgM8>(p, split, stream); break;
     case Shape::m16: launch<CfgM16>(p, split, stream); break;
@@ -502,7 +400,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
     default: launch<CfgLarge>(p, split, stream); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
-  if (split > 1 && !cluster_reduce) {
+  if (split > 1) {
     const int64_t total = m * n;
     sum_partials_kernel<<<(total + 255) / 256, 256, 0, stream>>>(ws.data<float>(), split, p.m, p.n, p.y, p.ldy);
     LOWBIT_CUDA_CHECK_LAUNCH(op);

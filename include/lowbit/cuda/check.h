@@ -38,7 +38,5 @@ struct DeviceInfo {
 DeviceInfo device_info(int index);
 // Number of multiprocessors of the current device (cached per device), for grid sizing.
 int multiprocessor_count(int device);
-// Compute capability major version of a device (cached per device), for arch-dependent kernel paths.
-int compute_capability_major(int device);
 
 }  // namespace lowbit::cuda
