@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "cuda/float_io.cuh"
+#include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
@@ -56,6 +57,7 @@ __device__ __forceinline__ float round_to(float v) {
 
 template <bool kAdd, typename T, typename W>
 __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, Rows w, float eps, Rows out) {
+  pdl_allow_dependents();  // the GEMM that reads `out` may launch and prefetch its weights meanwhile
   const int64_t r = blockIdx.x;
   const T* xr = static_cast<const T*>(x.base) + r * x.stride;
   T* rr = kAdd ? static_cast<T*>(res.base) + r * res.stride : nullptr;
@@ -144,6 +146,7 @@ __global__ void add_rms_norm_wide_kernel(Rows res, Rows x, Rows w, float eps, Ro
 // Element-wise kernels: a grid of (column chunks, rows), one element per thread, so a single row
 // (batch-1 decode) is spread over many SMs instead of one block looping over it.
 __global__ void silu_mul_kernel(Rows gu, Rows out) {
+  pdl_allow_dependents();  // the down GEMM that reads `out` may launch meanwhile
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x, inter = out.cols;
   if (i >= inter) return;
   for (int64_t r = blockIdx.y; r < out.rows; r += gridDim.y) {

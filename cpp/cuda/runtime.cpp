@@ -58,4 +58,16 @@ int multiprocessor_count(int device) {
   return cache[device];
 }
 
+int compute_capability_major(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1, 0);
+  if (cache[device] == 0) {
+    LOWBIT_CUDA_CHECK("compute_capability_major",
+                      cudaDeviceGetAttribute(&cache[device], cudaDevAttrComputeCapabilityMajor, device));
+  }
+  return cache[device];
+}
+
 }  // namespace lowbit::cuda

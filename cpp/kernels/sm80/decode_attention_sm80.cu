@@ -19,6 +19,7 @@
 
 #include <algorithm>
 
+#include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 
@@ -158,6 +159,7 @@ struct TileV {
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread).
 template <KvType KT, KvType VT, int D, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(AttnArgs p) {
+  pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
   constexpr int kKBytes = D / 4 * kv_bits<KT>() / 8;   // a lane's run of D/4 dims of one token
   constexpr int kVBytes = D / 8 * kv_bits<VT>() / 8;   // a lane's run of D/8 dims of one token
   constexpr int kKWords = kKBytes / 4, kVWords = kVBytes / 4;
@@ -443,6 +445,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 __global__ void combine_splits_kernel(const float* __restrict__ part_out, const float* __restrict__ part_stats,
                                       int splits, int hq, int d, __half* out, int64_t out_stride_b,
                                       int64_t out_stride_h) {
+  pdl_allow_dependents();
   const int b = blockIdx.x, h = blockIdx.y;
   const int64_t slot0 = (static_cast<int64_t>(b) * hq + h) * splits;
   float m = kNoScore;

@@ -15,12 +15,16 @@
 // w = q*s - z*s as one f16x2 fma) and reuses it for all its 8-token tiles, and reads each lane's
 // activations as 16-byte shared-memory loads (row stride padded by 16 bytes: conflict-free).
 // Split-K blocks write f32 partials that a small kernel sums in a fixed order (deterministic).
+// On sm_90 the GEMM is launched as a programmatic dependent of the kernel before it (cuda/pdl.cuh):
+// its blocks start while that kernel (a norm, SiLU·mul or the attention that produces x) is still
+// running, prefetch their first stages of weights into L2, and only then wait for x.
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <mutex>
 #include <vector>
 
+#include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 
@@ -88,6 +92,7 @@ struct GemmArgs {
   int64_t ldy;
   float* partial;  // [split, m, n] when split > 1
   int m, n, k, group, npad, chunks_per_split;
+  bool pdl;  // launched as a programmatic dependent: prefetch weights, then wait for x
 };
 
 // Block shape: kWarpsN x kWarpsM warps, each owning kTilesN 16-row weight tiles x kTilesM 8-token
@@ -213,6 +218,20 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(
   const int iters = kc_end > kc_begin ? (kc_end - kc_begin + C::kChunks - 1) / C::kChunks : 0;
   // Warps whose tiles lie wholly past n or m only help with the copies.
   const bool active = n0 + warp_n * C::kTilesN * kTileN < p.n && m0 + warp_m * C::kTilesM * 8 < p.m;
+  if (p.pdl) {
+    // The packed weights do not depend on the kernel before this one: pull this block's first stages
+    // into L2 (each tile's chunks are contiguous) while that kernel finishes, then wait for x.
+    const int chunks = min((C::kStages - 1) * C::kChunks, kc_end - kc_begin);
+    const int lines = chunks * (kChunkBytes / 128), n_tiles = (p.n + kTileN - 1) / kTileN;
+    for (int u = threadIdx.x; u < C::kBlockTiles * lines; u += C::kThreads) {
+      const int nt = n0 / kTileN + u / lines;
+      if (nt < n_tiles) {
+        const uint8_t* line = p.w + (static_cast<int64_t>(nt) * k_chunks + kc_begin) * kChunkBytes + (u % lines) * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+      }
+    }
+    pdl_wait_for_producers();
+  }
 
   float acc[C::kTilesN][C::kTilesM][4] = {};
 #pragma unroll
@@ -313,7 +332,7 @@ ShapeInfo prepare(Shape s, int device) {
 template <class C>
 void launch(const GemmArgs& p, int split, cudaStream_t stream) {
   const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
-  gemm_w4a16_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  launch_maybe_pdl("gemm_w4a16", p.pdl, gemm_w4a16_kernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
 }
 
 }  // namespace
@@ -391,7 +410,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   }
   GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
              y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per};
+             static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per, pdl_enabled(dev)};
   switch (shape) {
     case Shape::m8: launch<CfgM8>(p, split, stream); break;
     case Shape::m16: launch<CfgM16>(p, split, stream); break;

@@ -38,5 +38,7 @@ struct DeviceInfo {
 DeviceInfo device_info(int index);
 // Number of multiprocessors of the current device (cached per device), for grid sizing.
 int multiprocessor_count(int device);
+// Compute capability major version of a device (cached per device), for arch-dependent launch paths.
+int compute_capability_major(int device);
 
 }  // namespace lowbit::cuda
