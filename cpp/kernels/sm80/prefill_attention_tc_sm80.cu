@@ -22,6 +22,9 @@ namespace {
 constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kQTile = 16 * kWarps;  // query rows per block
 constexpr int kKTile = 64;           // keys per tile
+// Resident blocks per SM the registers must allow: 4 (128 per thread) for D 64, 3 (168) for D 128.
+template <int D>
+constexpr int min_blocks() { return D == 64 ? 4 : 3; }
 constexpr int kPad = 8;              // halves per smem row: rows start 4 banks apart, ldmatrix conflict free
 constexpr float kNoScore = -1e30f;   // finite "minus infinity": exp2(kNoScore - m) underflows to 0
 constexpr float kLog2e = 1.4426950408889634f;
@@ -121,7 +124,7 @@ __device__ inline void load_kv_tile(const TcArgs& a, const int32_t* pages, int k
 // mma fragment names (g = lane / 4, t = lane % 4): A regs {row g, cols 2t..}, {g+8, 2t..}, {g, 2t+8..},
 // {g+8, 2t+8..}; B regs {k 2t.., col g}, {k 2t+8.., col g}; C {row g, cols 2t, 2t+1}, {row g+8, same}.
 template <int D, KvType KT, KvType VT>
-__global__ void __launch_bounds__(kThreads) prefill_attention_tc_kernel(TcArgs a) {
+__global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_tc_kernel(TcArgs a) {
   constexpr int kStride = D + kPad;
   constexpr int kSteps = D / 16;       // k-steps of Q·Kᵀ
   constexpr int kDimTiles = D / 8;     // n8 tiles of O
