@@ -314,7 +314,7 @@ def check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, gap=1):
 
 
 @pytest.mark.parametrize("lens", ["fresh", "chunked"])
-@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u4"), ("u4", "u8")])
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u4"), ("u4", "u8")], ids=["f16-f16", "u8-u4", "u4-u8"])
 @pytest.mark.parametrize("hq,hkv,d", [(8, 2, 128), (4, 1, 64), (6, 6, 64)])
 @pytest.mark.parametrize("bs", [16, 24])
 def test_prefill_tc_tile_edges(lens, kv, hq, hkv, d, bs):
@@ -323,7 +323,7 @@ def test_prefill_tc_tile_edges(lens, kv, hq, hkv, d, bs):
     check_tc_case(lens_q, lens_kv, hq, hkv, d, *kv, seed=hq + d + bs, bs=bs)
 
 
-@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4")])
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4")], ids=["f16-f16", "u8-u8", "u4-u4"])
 def test_prefill_tc_llama_heads_long_chunk(kv):
     # Llama-3-8B heads (GQA 4:1, D 128), a 300-row chunk over 777 cached tokens, pages of 1 and 32.
     check_tc_case([300], [777], 32, 8, 128, *kv, seed=11, bs=32)
