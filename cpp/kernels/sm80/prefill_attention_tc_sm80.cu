@@ -145,6 +145,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
   const int wrow = row0 + 16 * warp;                   // the warp's first query row
   const int r_lo = wrow + g, r_hi = r_lo + 8;          // the lane's two rows
   const int pos_lo = first_pos + r_lo, pos_hi = pos_lo + 8;
+  // The last key any stored row of this warp sees: key groups past it are all masked (P = 0), so
+  // the warp skips their mma work; a warp with no stored row skips the tile work altogether.
+  const bool warp_live = wrow < q_len;
+  const int warp_last_key = first_pos + min(wrow + 15, q_len - 1);
 
   uint32_t qf[kSteps][4];
   {
@@ -174,6 +178,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
     __syncthreads();  // every warp is done reading the previous tile
     load_kv_tile<D, KT, VT>(a, pages, kvh, key0, kv_len, k_smem, v_smem);
     __syncthreads();
+    if (!warp_live) continue;  // warp-uniform; the barriers stay outside
 
     // S = Q·Kᵀ. Matrices: (keys 8nt.., dims 16kk..), (8nt.., 16kk+8..), (8nt+8.., 16kk..), (8nt+8.., 16kk+8..)
     // = B regs (b0, b1) of key tiles nt and nt+1.
@@ -184,6 +189,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
     for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
       for (int nt = 0; nt < kKeyTiles; nt += 2) {
+        if (key0 + 8 * nt > warp_last_key) break;  // keys 8nt.. masked for every stored row
         uint32_t b[4];
         ldmatrix_x4(b, k_smem + (8 * nt + 8 * (mat >> 1) + mat_row) * kStride + 16 * kk + 8 * (mat & 1));
         mma(s[nt], qf[kk], b[0], b[1]);
@@ -242,6 +248,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
     // = B regs (b0, b1) of dim tiles nd and nd+1.
 #pragma unroll
     for (int kk = 0; kk < kKTile / 16; ++kk) {
+      if (key0 + 16 * kk > warp_last_key) break;  // P = 0 for every stored row
       const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
                               pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                               pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
