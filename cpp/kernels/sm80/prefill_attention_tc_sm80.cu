@@ -332,6 +332,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
     }  // warp_live
     __syncthreads();  // every warp is done with this stage before it is refilled or re-dequantized
   }
+  cp_async_wait<0>();  // nothing in flight at exit (only the last, empty group can be)
 
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
