@@ -95,6 +95,8 @@ def profiled_us(fn, reps, name_part=""):
         torch.cuda.synchronize()
     per = kernel_times(prof)
     total = sum(t for name, (t, _) in per.items() if name_part in name and not name.startswith("Memcpy"))
+    if total <= 0:
+        raise RuntimeError(f"no kernel named like {name_part!r} in the profile: {sorted(per)}")
     return total / reps
 
 
