@@ -232,9 +232,10 @@ def test_rope_kv_write_gpu_errors():
         lb.rope_kv_write(None, x, x, pos, big, 0, meta)
 
 
-def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16):
+def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16, gap=0):
     """Fills twin caches through kv_write with the same random K/V, returns the outputs of
-    paged_attention on both devices (GPU output poisoned first, with a spare NaN row)."""
+    paged_attention on both devices (GPU output poisoned first, with a spare NaN row at the end and
+    `gap` NaN rows before each sequence's rows)."""
     g = torch.Generator().manual_seed(seed)
     n = len(lens_q)
     blocks_per = [math.ceil(L / bs) for L in lens_kv]
@@ -257,8 +258,8 @@ def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16):
     wm_g = lb.AttentionMeta([0], [total], [total], table[:1].cuda(), slots.cuda())
     lb.kv_write(cpu, 0, k, v, wm_c)
     lb.kv_write(gpu, 0, k.cuda(), v.cuda(), wm_g)
-    q_start = [sum(lens_q[:i]) for i in range(n)]
-    T = sum(lens_q) + 1  # one row outside every sequence stays NaN
+    q_start = [sum(lens_q[:i]) + gap * (i + 1) for i in range(n)]
+    T = sum(lens_q) + gap * n + 1  # rows outside every sequence stay NaN
     q = (torch.randn(T, hq, d, generator=g)).to(DT[qdtype])
     meta_c = lb.AttentionMeta(q_start, lens_q, lens_kv, table, slots[:1])
     meta_g = lb.AttentionMeta(q_start, lens_q, lens_kv, table.cuda(), slots[:1].cuda())
@@ -283,6 +284,50 @@ def test_prefill_attention_mixed_batch(kv, hq, hkv, d):
 def test_prefill_attention_float_queries(qdtype):
     out_g, out_c = attention_case([7, 3], [7, 50], 6, 2, 64, "f16", "f16", qdtype, seed=3)
     close(out_g[:-1], out_c[:-1], qdtype, atol_scale=1.0)
+
+
+# The tensor-core prefill kernel (f16 q/out, head_dim 64/128, K and V each f16/u8/u4) works on query
+# tiles of 64 rows and key tiles of 64 keys gathered page by page. Tolerance: the CPU path computes in
+# f32 from the f32 dequantized cache; the kernel rounds dequantized K/V (u8/u4) and the softmax
+# weights P to f16 before the mma (each 2^-11 relative), then the output once to f16. The P and V
+# roundings move o = Σ p v / Σ p by at most 2^-11 · max|v| only if every error had the same sign; K's
+# moves a score by ~2^-11 · |scale q·k|. With random signs they stay near 1e-4: a float64 model of
+# these roundings (300 rows over 777 keys, D 64/128, f16/u8/u4) used at most 12% of the file's f16
+# tolerance (rtol 2e-3, atol 2e-3 · 1.0), while any wrong key, row, mask or page (errors ~0.1) fails.
+TC_ATOL_SCALE = 1.0
+TC_LENS = {
+    # fresh prompts: q_len = kv_len around the 64-row tile edges
+    "fresh": ([1, 63, 64, 65, 200], [1, 63, 64, 65, 200]),
+    # chunked prefill: kv_len > q_len, neither a multiple of 64 (diagonal tiles straddle key tiles)
+    "chunked": ([1, 63, 64, 65, 130], [100, 127, 141, 255, 163]),
+}
+
+
+def check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, gap=1):
+    out_g, out_c = attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, "f16", seed=seed, bs=bs, gap=gap)
+    inside = torch.zeros(out_g.shape[0], dtype=torch.bool)
+    for i, L in enumerate(lens_q):
+        start = sum(lens_q[:i]) + gap * (i + 1)
+        inside[start:start + L] = True
+    assert torch.isnan(out_g[~inside]).all(), "a row outside every sequence was written"
+    close(out_g[inside], out_c[inside], "f16", atol_scale=TC_ATOL_SCALE)
+
+
+@pytest.mark.parametrize("lens", ["fresh", "chunked"])
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u4"), ("u4", "u8")], ids=["f16-f16", "u8-u4", "u4-u8"])
+@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 128), (4, 1, 64), (6, 6, 64)])
+@pytest.mark.parametrize("bs", [16, 24])
+def test_prefill_tc_tile_edges(lens, kv, hq, hkv, d, bs):
+    # bs 24 does not divide the 64-key tile: pages change inside a tile.
+    lens_q, lens_kv = TC_LENS[lens]
+    check_tc_case(lens_q, lens_kv, hq, hkv, d, *kv, seed=hq + d + bs, bs=bs)
+
+
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4")], ids=["f16-f16", "u8-u8", "u4-u4"])
+def test_prefill_tc_llama_heads_long_chunk(kv):
+    # Llama-3-8B heads (GQA 4:1, D 128), a 300-row chunk over 777 cached tokens, pages of 1 and 32.
+    check_tc_case([300], [777], 32, 8, 128, *kv, seed=11, bs=32)
+    check_tc_case([70, 3], [70, 5], 32, 8, 128, *kv, seed=12, bs=1)
 
 
 @pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4")])

@@ -1,6 +1,12 @@
 """Paged decode attention (f16 / u8 / u4 KV) vs SDPA fp16 (enable_gqa) on Llama-3-8B heads:
 32 query heads, 8 kv heads, head_dim 128. Writes JSON (argv[1]) and prints a table. --split-sweep also
-times each explicit split size (SPLITS)."""
+times each explicit split size (SPLITS).
+
+Prefill (run by default after decode; --prefill runs it alone): one fresh prompt (q_len = kv_len) of
+PREFILL_LENS tokens through paged_attention (the tensor-core prefill kernel) vs causal SDPA on
+contiguous f16 q/k/v. paged_attention copies its seq_info to the device on each call, so the lowbit
+time is the prefill kernel's own device time from the profiler (the SDPA time is its kernels' too).
+Prefill is compute bound: TFLOPS count the causal half, 4 * Hq * D * L(L+1)/2."""
 import math
 import sys
 
@@ -10,11 +16,13 @@ import torch.nn.functional as F
 import lowbit
 from lowbit import _core
 
-from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
+from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, kernel_times, write_json
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIGS = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 8192)]
 SPLITS = [256, 512, 1024, 2048, 4096, 8192]  # --split-sweep: explicit split_tokens tried per config
+PREFILL_LENS = [512, 2048, 8192]
+PREFILL_REPS = 10
 
 
 def paged_cache(kv, b, length):
@@ -77,14 +85,59 @@ def bench(b, length, l2, meta, split_sweep=False):
     return row
 
 
+def profiled_us(fn, reps, name_part=""):
+    """Device microseconds per call of the kernels whose names contain name_part (all when empty)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per = kernel_times(prof)
+    total = sum(t for name, (t, _) in per.items() if name_part in name and not name.startswith("Memcpy"))
+    if total <= 0:
+        raise RuntimeError(f"no kernel named like {name_part!r} in the profile: {sorted(per)}")
+    return total / reps
+
+
+def bench_prefill(length):
+    """One fresh prompt of `length` tokens: lowbit's paged prefill (f16/u8/u4 KV) vs causal SDPA."""
+    flops = 4 * HQ * D * length * (length + 1) / 2
+    row = {"seq_len": length, "causal_gflop": flops / 1e9}
+    q = torch.randn(length, HQ, D, device="cuda").half()
+    k = torch.randn(length, HKV, D, device="cuda").half()
+    v = torch.randn(length, HKV, D, device="cuda").half()
+    qs, ks, vs = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))  # [1, H, L, D]
+    row["sdpa_fp16_us"] = profiled_us(
+        lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True), PREFILL_REPS)
+    row["sdpa_tflops"] = flops / (row["sdpa_fp16_us"] * 1e6)
+    del qs, ks, vs
+    nblk = -(-length // BLOCK)
+    table = torch.randperm(nblk, dtype=torch.int32).view(1, nblk)
+    slots = (table[0, torch.arange(length) // BLOCK].long() * BLOCK + torch.arange(length) % BLOCK).to(torch.int32)
+    meta = _core.AttentionMeta([0], [length], [length], table.cuda(), slots.cuda())
+    out = torch.empty_like(q)
+    for kv in ["f16", "u8", "u4"]:
+        cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
+        _core.kv_write(cache, 0, k, v, meta)
+        t = profiled_us(lambda: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out), PREFILL_REPS,
+                        "prefill_attention")
+        row[f"lowbit_{kv}_us"] = t
+        row[f"lowbit_{kv}_tflops"] = flops / (t * 1e6)
+        row[f"speedup_{kv}_vs_sdpa"] = row["sdpa_fp16_us"] / t
+        del cache
+    return row
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     out = args[0] if args else "bench_attention.json"
     sweep = "--split-sweep" in sys.argv
+    prefill_only = "--prefill" in sys.argv
     meta = device_meta()
     meta["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
     rows = []
-    for b, length in CONFIGS:
+    for b, length in [] if prefill_only else CONFIGS:
         r = bench(b, length, meta["l2_bytes"], meta, split_sweep=sweep)
         rows.append(r)
         print(f"B={b:3d} L={length:6d}  sdpa {r['sdpa_fp16_us']:8.1f} us ({r['sdpa_gbs']:5.0f} GB/s)  "
@@ -94,7 +147,15 @@ def main():
         for kv in ("f16", "u8", "u4") if sweep else ():
             print(f"    {kv} by split_tokens: " + "  ".join(f"{s}: {t:.1f}" for s, t in r[f"lowbit_{kv}_us_by_split"].items()))
         torch.cuda.empty_cache()
-    write_json(out, {"meta": meta, "attention": rows})
+    prefill_rows = []
+    for length in PREFILL_LENS:
+        r = bench_prefill(length)
+        prefill_rows.append(r)
+        print(f"prefill L={length:5d}  sdpa {r['sdpa_fp16_us']:9.1f} us ({r['sdpa_tflops']:5.1f} TFLOPS)  " +
+              "  ".join(f"{kv} {r[f'lowbit_{kv}_us']:9.1f} ({r[f'lowbit_{kv}_tflops']:5.1f})" for kv in ("f16", "u8", "u4")),
+              flush=True)
+        torch.cuda.empty_cache()
+    write_json(out, {"meta": meta, "attention": rows, "prefill": prefill_rows})
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 // Causal paged attention for query rows of any length (prefill, chunked prefill, mixed batches),
 // over every KV type kv_write writes (f32/f16/bf16 as is, u8/u4 with per-token (scale, zero)).
+// The common case (f16 q/out, head_dim 64/128, f16/u8/u4 caches) takes the tensor-core kernel
+// (prefill_attention_tc_sm80.cu); this file keeps the general one and dispatches.
 // Correct first, simple second: one warp per (query token, query head). The warp takes 32 keys at a
 // time, one per lane (each lane forms a full q·k dot product), updates an online softmax (flash
 // attention's running max and sum, f32) and accumulates P·V with each lane owning head_dim / 32 of
 // the output dims. GQA: query head h reads KV head h / (Hq / Hkv).
 #include "cuda/float_io.cuh"
+#include "kernels/sm80/prefill_attention_tc.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
@@ -119,6 +122,9 @@ void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_da
                     " has no kernel (at most ", kMaxDim, ")");
   const int64_t num_seqs = block_tables.size(0);
   if (num_seqs == 0 || max_q_len <= 0) return;
+  if (prefill_attention_tc_supported(q, k_data, v_data, out))
+    return prefill_attention_tc(q, k_data, v_data, k_params, v_params, block_tables, seq_info, max_q_len, scale, out,
+                                stream);
   PrefillArgs a{};
   a.q = q.data_ptr();
   a.q_type = q.dtype();

@@ -64,8 +64,10 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // Causal paged attention for any q_len (prefill, chunked prefill, mixed batches): seq_info is s32
 // [3, num_seqs] = (q_start, q_len, kv_len) rows on the device, block_tables s32 [num_seqs, max_blocks];
 // q and out [T, Hq, D] f32/f16/bf16 with strided rows; K/V of any type kv_write writes.
-// max_q_len bounds every q_len (it sizes the grid). One warp per (query token, head), online
-// softmax in f32; rows of out outside every sequence are left untouched.
+// max_q_len bounds every q_len (it sizes the grid). f16 q/out with head_dim 64/128 and f16/u8/u4
+// caches take a tensor-core kernel (64-row query tiles, P and dequantized K/V in f16, f32 softmax and
+// accumulation); the rest one warp per (query token, head) in f32. Online softmax in f32 either way;
+// rows of out outside every sequence are left untouched.
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
                        float scale, Tensor& out, cudaStream_t stream);

@@ -1,0 +1,19 @@
+// The tensor-core prefill attention kernel (prefill_attention_tc_sm80.cu), for the dispatcher in
+// prefill_attention_sm80.cu: f16 q and out, head_dim 64 or 128, K and V each f16, u8 or u4.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "lowbit/core/tensor.h"
+
+namespace lowbit::cuda {
+
+// Whether prefill_attention_tc covers these operands (types, head_dim, strides and alignment).
+bool prefill_attention_tc_supported(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& out);
+
+// Same contract as prefill_attention (include/lowbit/cuda/forward_kernels.h); call only where
+// prefill_attention_tc_supported holds.
+void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                          const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
+                          float scale, Tensor& out, cudaStream_t stream);
+
+}  // namespace lowbit::cuda
