@@ -63,6 +63,11 @@ if has sanitize; then
   sanitize racecheck racecheck_sampling 120 tests_py/test_gpu_ops.py "sample_rows_picks and f16"
   sanitize memcheck memcheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-9-3-64 or lens3-64-32-8-128"
   sanitize racecheck racecheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8"
+  PREFILL_TC="(prefill_tc_tile_edges and chunked and 4-1-64 and (u8-u4 or f16-f16)) or \
+(prefill_tc_tile_edges and fresh and 8-2-128 and u4-u8 and 24)"
+  sanitize memcheck memcheck_prefill_tc 200 tests_py/test_gpu_ops.py "$PREFILL_TC"
+  sanitize racecheck racecheck_prefill_tc 200 tests_py/test_gpu_ops.py "$PREFILL_TC"
+  sanitize synccheck synccheck_prefill_tc 200 tests_py/test_gpu_ops.py "$PREFILL_TC"
 fi
 
 if has engine; then
