@@ -1,0 +1,25 @@
+// Internal: the large-M W4A16 GEMM (gemm_w4a16_large_sm80.cu), dispatched by gemm_w4a16.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lowbit::cuda {
+
+struct W4A16LargeArgs {
+  const __half* x;  // [m, k], row stride ldx (multiple of 8, 16-byte aligned start)
+  int64_t ldx;
+  const uint8_t* w;  // pack_sm80 tiles
+  const __half* scales;
+  const __half* zeros;  // [G, npad]
+  __half* y;            // [m, n], row stride ldy
+  int64_t ldy;
+  int m, n, k, group, npad;
+};
+
+// y = x · dequant(W)ᵀ in one pass over k (no split-K); checked arguments, current device = x's.
+void gemm_w4a16_large(const W4A16LargeArgs& p, int device, cudaStream_t stream);
+
+}  // namespace lowbit::cuda
