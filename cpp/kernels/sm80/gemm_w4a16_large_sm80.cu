@@ -240,16 +240,21 @@ void launch(const W4A16LargeArgs& p, int device, cudaStream_t stream) {
 
 using Cfg128x128 = LargeCfg<4, 4>;  // warp 64 x 32, 110.6 KB smem: 2 blocks per SM on sm_90
 using Cfg64x128 = LargeCfg<2, 4>;   // warp 32 x 32, 73.7 KB
+using Cfg128x256 = LargeCfg<4, 8>;  // warp 64 x 64, 147.5 KB, 1 block per SM: less smem traffic per mma
 
 }  // namespace
 
-void gemm_w4a16_large(const W4A16LargeArgs& p, int device, cudaStream_t stream) {
-  // 128-token blocks unless they leave SMs idle (o/qkv/down at M=256: 64-96 blocks on 132 SMs).
-  const int64_t blocks128 = (p.m + 127) / 128 * ((p.n + 127) / 128);
-  if (blocks128 >= multiprocessor_count(device))
-    launch<Cfg128x128>(p, device, stream);
-  else
-    launch<Cfg64x128>(p, device, stream);
+void gemm_w4a16_large(const W4A16LargeArgs& p, W4A16LargeTile tile, int device, cudaStream_t stream) {
+  if (tile == W4A16LargeTile::automatic) {
+    // 128-token blocks unless they leave SMs idle (o/qkv/down at M=256: 64-96 blocks on 132 SMs).
+    const int64_t blocks128 = (p.m + 127) / 128 * ((p.n + 127) / 128);
+    tile = blocks128 >= multiprocessor_count(device) ? W4A16LargeTile::m128n128 : W4A16LargeTile::m64n128;
+  }
+  switch (tile) {
+    case W4A16LargeTile::m64n128: launch<Cfg64x128>(p, device, stream); break;
+    case W4A16LargeTile::m128n256: launch<Cfg128x256>(p, device, stream); break;
+    default: launch<Cfg128x128>(p, device, stream); break;
+  }
 }
 
 }  // namespace lowbit::cuda

@@ -19,7 +19,10 @@ struct W4A16LargeArgs {
   int m, n, k, group, npad;
 };
 
+// Block tile (tokens x weight rows); automatic: 128 x 128, or 64 x 128 when that fills more SMs.
+enum class W4A16LargeTile { automatic, m64n128, m128n128, m128n256 };
+
 // y = x · dequant(W)ᵀ in one pass over k (no split-K); checked arguments, current device = x's.
-void gemm_w4a16_large(const W4A16LargeArgs& p, int device, cudaStream_t stream);
+void gemm_w4a16_large(const W4A16LargeArgs& p, W4A16LargeTile tile, int device, cudaStream_t stream);
 
 }  // namespace lowbit::cuda

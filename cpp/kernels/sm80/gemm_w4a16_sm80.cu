@@ -2,8 +2,10 @@
 // offline by pack_sm80 (cpp/quant/pack_sm80.cpp documents the layout).
 //
 // Yᵀ = W · Xᵀ: the weight is the A operand (16 rows x 16 k per mma) and 8 tokens form the B operand,
-// so decode (M = 1..16) wastes no tensor-core rows on padding tokens. One kernel template serves all
-// M; a block owns kBlockN weight rows x kBlockM tokens x a k-range (split-K across blocks).
+// so decode (M = 1..16) wastes no tensor-core rows on padding tokens. One kernel template serves
+// M < kLargeMinTokens (and any M under LOWBIT_W4A16_KERNEL=small); larger M goes to the large-M
+// kernel (gemm_w4a16_large_sm80.cu). A block owns kBlockN weight rows x kBlockM tokens x a k-range
+// (split-K across blocks).
 //
 // Everything a block reads streams through a multi-stage cp.async shared-memory ring (Ampere-style
 // pipeline): per stage kChunks 64-k chunks of the packed weight tiles (512 bytes per 16-row tile and
@@ -18,6 +20,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -269,12 +273,39 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
   gemm_w4a16_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
 }
 
+// From this many tokens the large-M kernel (gemm_w4a16_large_sm80.cu) runs: it dequantizes each
+// weight chunk once per block instead of once per warp and its mma covers 16 tokens, not 8. Below,
+// the tiles of this kernel plus split-K fill the SMs better than 64-token blocks without split-K.
+constexpr int64_t kLargeMinTokens = 128;
+
+struct KernelChoice {
+  bool large;
+  W4A16LargeTile tile;
+};
+
+// LOWBIT_W4A16_KERNEL (read per call, for tests and benchmarks) overrides the choice by m: "small"
+// (this kernel), "large" (its automatic tile), "large:64x128", "large:128x128", "large:128x256".
+KernelChoice pick_kernel(int64_t m) {
+  const char* force = std::getenv("LOWBIT_W4A16_KERNEL");
+  if (force == nullptr || *force == '\0') return {m >= kLargeMinTokens, W4A16LargeTile::automatic};
+  if (std::strcmp(force, "small") == 0) return {false, W4A16LargeTile::automatic};
+  if (std::strcmp(force, "large") == 0) return {true, W4A16LargeTile::automatic};
+  if (std::strcmp(force, "large:64x128") == 0) return {true, W4A16LargeTile::m64n128};
+  if (std::strcmp(force, "large:128x128") == 0) return {true, W4A16LargeTile::m128n128};
+  if (std::strcmp(force, "large:128x256") == 0) return {true, W4A16LargeTile::m128n256};
+  LOWBIT_CHECK(false, "gemm_w4a16: LOWBIT_W4A16_KERNEL must be small, large, large:64x128, large:128x128 or "
+               "large:128x256, got '", force, "'");
+  return {false, W4A16LargeTile::automatic};
+}
+
 }  // namespace
 
 // Split-K: fill one wave of resident blocks when the (n, m) tiles alone do not (every block is then
 // resident from the start and they finish together), with at least 4 chunks per split and the f32
 // partials (8 bytes per split and output, written then read) below the weight bytes n*k/2.
+// The large-M kernel makes one pass over k: 1.
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
+  if (pick_kernel(m).large) return 1;
   const ShapeInfo info = prepare(shape_for(m), device);
   const int64_t k_chunks = k / kChunkK;
   const int64_t tiles = ((n + info.block_n - 1) / info.block_n) * ((m + info.block_m - 1) / info.block_m);
@@ -325,6 +356,14 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  const KernelChoice choice = pick_kernel(m);
+  if (choice.large) {  // one pass over k: split_k and workspace are not used
+    const W4A16LargeArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
+                           w.zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
+                           static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad)};
+    gemm_w4a16_large(p, choice.tile, dev, stream);
+    return;
+  }
   const Shape shape = shape_for(m);
   prepare(shape, dev);
   const int k_chunks = static_cast<int>(k / kChunkK);
