@@ -162,7 +162,11 @@ def test_gemm_w4a16_large_matches_float64_and_small(monkeypatch, m, n, k, group,
     y_small = gemm_forced(monkeypatch, "small", x, packed, n, k, group, y_pad)
     check(y_small, ref)
     for tile in ["large"] + LARGE_TILES:
-        y = gemm_forced(monkeypatch, tile, x, packed, n, k, group, y_pad)
+        try:
+            y = gemm_forced(monkeypatch, tile, x, packed, n, k, group, y_pad)
+        except NotImplementedError as e:  # a tile bigger than this GPU's shared memory (sm_86/89)
+            assert "shared memory" in str(e) and tile != "large:64x128"
+            continue
         check(y, ref)
         check_same_weights(y, y_small, ref_abs)
 
@@ -173,8 +177,8 @@ def test_gemm_w4a16_large_default_dispatch(monkeypatch):
     assert _core.gemm_w4a16_pick_split(128, 4096, 4096) == 1
     assert _core.gemm_w4a16_pick_split(1000, 4096, 4096) == 1
     assert _core.gemm_w4a16_pick_split(1, 4096, 4096) > 1
-    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", "small")
-    assert _core.gemm_w4a16_pick_split(128, 4096, 4096) > 1  # 32 128x128 tiles: the split fills the SMs
+    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", "large")  # pick_split follows the override
+    assert _core.gemm_w4a16_pick_split(1, 4096, 4096) == 1
     # the default path (large at m=300) ignores split_k and workspace
     x, packed, ref, _ = w4_problem(300, 272, 576, 64, seed=3)
     y = gemm_forced(monkeypatch, "", x, packed, 272, 576, 64, split_k=5)

@@ -245,11 +245,22 @@ using Cfg128x256 = LargeCfg<4, 8>;  // warp 64 x 64, 147.5 KB, 1 block per SM: l
 }  // namespace
 
 void gemm_w4a16_large(const W4A16LargeArgs& p, W4A16LargeTile tile, int device, cudaStream_t stream) {
+  int smem_optin = 0;  // 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89
+  LOWBIT_CUDA_CHECK("gemm_w4a16",
+                    cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   if (tile == W4A16LargeTile::automatic) {
-    // 128-token blocks unless they leave SMs idle (o/qkv/down at M=256: 64-96 blocks on 132 SMs).
+    // 128-token blocks unless they leave SMs idle (o/qkv/down at M=256: 64-96 blocks on 132 SMs) or
+    // do not fit (sm_86/89).
     const int64_t blocks128 = (p.m + 127) / 128 * ((p.n + 127) / 128);
-    tile = blocks128 >= multiprocessor_count(device) ? W4A16LargeTile::m128n128 : W4A16LargeTile::m64n128;
+    tile = blocks128 >= multiprocessor_count(device) && Cfg128x128::kSmemBytes <= smem_optin
+               ? W4A16LargeTile::m128n128
+               : W4A16LargeTile::m64n128;
   }
+  const int need = tile == W4A16LargeTile::m64n128    ? Cfg64x128::kSmemBytes
+                   : tile == W4A16LargeTile::m128n256 ? Cfg128x256::kSmemBytes
+                                                      : Cfg128x128::kSmemBytes;
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, need <= smem_optin, "gemm_w4a16: the large-M tile needs ", need,
+                    " bytes of shared memory per block, device ", device, " allows ", smem_optin);
   switch (tile) {
     case W4A16LargeTile::m64n128: launch<Cfg64x128>(p, device, stream); break;
     case W4A16LargeTile::m128n256: launch<Cfg128x256>(p, device, stream); break;
