@@ -9,19 +9,28 @@
 // tile (one 16-byte packed load per thread -> two rows x 16 k, the same f16 formula w = q*s - z*s
 // as the decode kernel, so both produce bit-identical weights), and all warps read it with ldmatrix.
 //
-// Pipeline: kStages-deep cp.async ring of {x tile, packed chunk, scales|zeros}; per chunk: wait,
-// barrier, issue the copy of chunk + kStages - 1, dequant, barrier, mma. x rows past m and weight
-// tiles past n are zero-filled in smem. Rows padded by 16 bytes (144-byte stride): ldmatrix and the
-// dequant's 16-byte stores hit 8 distinct 4-bank groups per 8-lane phase (conflict-free).
+// Pipeline: kStages-deep (4) cp.async ring of {x tile, packed chunk, scales|zeros}; per chunk: wait,
+// block barrier (chunk landed; previous chunk's slot and dq free), issue the copy of chunk
+// kc + kStages - 1, dequant, pair barrier (the two warps sharing dq rows), mma. x rows past m and
+// weight tiles past n are zero-filled in smem. Rows padded by 16 bytes (144-byte stride): ldmatrix
+// and the dequant's 16-byte stores hit 8 distinct 4-bank groups per 8-lane phase (conflict-free).
 //
-// Prediction (H100 SXM, not yet measured): per 128x128 block and chunk the warps read 96 KB of smem
-// with ldmatrix and the dequant moves ~21 KB, ~920 smem cycles for 2.1 MFLOP of mma (~800 mma cycles
-// at mma.sync's rate), so the kernel is shared-memory / issue bound at roughly 350-420 TFLOPS. That
-// is gate_up M=1024 (240 GFLOP) in ~570-690 us, not the 240 us a 400-TFLOPS guess would suggest
-// (cuBLAS's 309 us is 780 TFLOPS: wgmma, which mma.sync cannot match on sm_90). At M=256 the old
-// kernel spends most time on 4x repeated dequant: expect ~1.6-2.2x faster than it (gate_up ~130 us,
-// o/qkv ~35 us with 64-token blocks filling the SMs), i.e. ~1.3-1.8x of cuBLAS. A wgmma (sm_90a)
-// path is what closes the rest of the gap on Hopper.
+// Tiles (tokens x weight rows, warp tile, dynamic smem, ptxas sm_90 registers, no spills):
+//   128 x 128 (64 x 32 per warp): 110,592 B, 128 regs -> 2 blocks/SM on sm_90 (default from 128 tokens)
+//    64 x 128 (32 x 32):           73,728 B,  98 regs (when 128-token blocks would not fill the SMs)
+//   128 x 256 (64 x 64):          147,456 B, 234 regs, 1 block/SM (LOWBIT_W4A16_KERNEL=large:128x256)
+//
+// Prediction (H100 SXM, not measured: written without a GPU). The old kernel already runs M=1024 at
+// ~290 TFLOPS (gate_up: 240 GFLOP in 809 us); cuBLAS's 309 us is ~780 TFLOPS, i.e. wgmma, which
+// mma.sync cannot reach on sm_90 (its practical ceiling is ~400-450). Per 128x128 block and chunk
+// the warps read 96 KB of smem with ldmatrix and the dequant moves ~21 KB (~920 smem cycles) for
+// 512 mma (~800 cycles): smem/issue bound at ~330-420 TFLOPS. So M=1024: gate_up ~600-730 us, down
+// ~300-360, o ~90-105, qkv ~150-175 (1.1-1.3x faster than before, still ~2x cuBLAS). M=256, where
+// the old kernel's 128-token tiles and split-K partials hurt most: o ~27 us and qkv ~35 (64x128
+// tiles, 2.2-2.8x faster, ~1.4x cuBLAS), down ~90 (128 blocks, one per SM: split-K would help),
+// gate_up ~170-200 (1.7 waves of 128x128). The 128x256 tile halves smem reads per mma and may do
+// better at M >= 1024 if 8 warps per SM hide the latency (the bench times each tile). Closing the
+// rest of the gap on Hopper needs a wgmma (sm_90a) W4A16 kernel.
 #include <cuda_fp16.h>
 
 #include <mutex>
@@ -40,7 +49,8 @@ constexpr int kWarpsM = 2, kWarpsN = 4, kThreads = 32 * kWarpsM * kWarpsN;
 constexpr int kStages = 4;
 constexpr int kRow = kChunkK + 8;  // halves per padded smem row: 144 bytes
 
-// kTilesM m16 token tiles and kTilesN n8 weight-row tiles per warp (kTilesN even: B loads are x4).
+// kTilesM m16 token tiles and kTilesN n8 weight-row tiles per warp (kTilesN a multiple of 4: a warp
+// pair's rows are whole packed tiles, one or more per warp).
 template <int kTilesM_, int kTilesN_>
 struct LargeCfg {
   static constexpr int kTilesM = kTilesM_, kTilesN = kTilesN_;
@@ -52,7 +62,7 @@ struct LargeCfg {
   static constexpr int kStageBytes = kXBytes + kWBytes + kSBytes;
   static constexpr int kDqBytes = kBlockN * kRow * 2;  // dequantized f16 chunk [kBlockN][kRow]
   static constexpr int kSmemBytes = kStages * kStageBytes + kDqBytes;
-  static_assert(kTilesN % 2 == 0 && (kPackedTiles * 32) % kThreads == 0 && (kBlockM * 8) % kThreads == 0 &&
+  static_assert(kTilesN % 4 == 0 && kWarpsM == 2 && (kBlockM * 8) % kThreads == 0 &&
                     2 * kBlockN / 8 <= kThreads && kStageBytes % 16 == 0,
                 "tile shape");
 };
@@ -100,17 +110,19 @@ __device__ inline void load_stage(const W4A16LargeArgs& p, uint8_t* st, int kc, 
   }
 }
 
-// Packed chunk -> f16 dq[row][k] in actual k order. Unit u = (tile, lane (g, t)) holds, per word j,
-// rows g and g+8 at k 16t + 4j + 0..3 (pack_sm80.cpp): 16 contiguous k of two rows per unit.
+// Packed chunk -> f16 dq[row][k] in actual k order. Warps (0, wn) and (1, wn) read the same kTilesN*8
+// dq rows, so they dequantize exactly those (kTilesN/4 packed tiles each) and then sync as a pair.
+// Unit (tile, lane (g, t)) holds, per word j, rows g and g+8 at k 16t + 4j + 0..3 (pack_sm80.cpp):
+// 16 contiguous k of two rows per lane.
 template <class C>
-__device__ inline void dequant_chunk(const uint8_t* st, __half* dq) {
+__device__ inline void dequant_chunk(const uint8_t* st, __half* dq, int warp_m, int warp_n) {
   const uint4* packed = reinterpret_cast<const uint4*>(st + C::kXBytes);
   const __half* sc = reinterpret_cast<const __half*>(st + C::kXBytes + C::kWBytes);
+  const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int u0 = 0; u0 < C::kPackedTiles * 32; u0 += kThreads) {
-    const int u = u0 + threadIdx.x, lane = u % 32, g = lane / 4, t = lane % 4;
-    const int row = (u / 32) * kTileN + g;
-    const uint4 wv = packed[u];
+  for (int v = 0; v < C::kTilesN / 4; ++v) {
+    const int tile = (warp_n * 2 + warp_m) * (C::kTilesN / 4) + v, row = tile * kTileN + g;
+    const uint4 wv = packed[tile * 32 + lane];
     const __half s0 = sc[row], s8 = sc[row + 8], z0 = sc[C::kBlockN + row], z8 = sc[C::kBlockN + row + 8];
     const __half2 s_lo = __half2half2(s0), s_hi = __half2half2(s8);
     const __half2 nzs_lo = neg_zero_scale(z0, s0), nzs_hi = neg_zero_scale(z8, s8);
@@ -131,6 +143,22 @@ __device__ inline void dequant_chunk(const uint8_t* st, __half* dq) {
     *reinterpret_cast<uint4*>(d0 + 8) = make_uint4(lo[4], lo[5], lo[6], lo[7]);
     *reinterpret_cast<uint4*>(d8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     *reinterpret_cast<uint4*>(d8 + 8) = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+  }
+}
+
+// Barrier of the two warps (0, warp_n) and (1, warp_n): ids 1..kWarpsN (0 is __syncthreads'),
+// immediate so that the kernel reserves only the barriers it uses.
+template <int kId>
+__device__ inline void named_barrier() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(32 * kWarpsM) : "memory");
+}
+__device__ inline void pair_barrier(int warp_n) {
+  static_assert(kWarpsN == 4, "one case per warp column");
+  switch (warp_n) {  // warp-uniform
+    case 0: named_barrier<1>(); break;
+    case 1: named_barrier<2>(); break;
+    case 2: named_barrier<3>(); break;
+    default: named_barrier<4>(); break;
   }
 }
 
@@ -189,8 +217,8 @@ __global__ void __launch_bounds__(kThreads, C::kSmemBytes <= 113 * 1024 ? 2 : 1)
     if (next < chunks) load_stage<C>(p, smem + (next % kStages) * C::kStageBytes, next, m0, n0);
     cp_async_commit();
     const uint8_t* st = smem + (kc % kStages) * C::kStageBytes;
-    dequant_chunk<C>(st, dq);
-    __syncthreads();  // dq complete
+    dequant_chunk<C>(st, dq, warp_m, warp_n);
+    pair_barrier(warp_n);  // the pair's dq rows are complete
     compute_chunk<C>(reinterpret_cast<const __half*>(st), dq, warp_m, warp_n, acc);
   }
   cp_async_wait<0>();
