@@ -1,6 +1,6 @@
 """W4A16 / W8A8 / FP8 GEMMs vs peers on Llama-3-8B (or, with --llama70b, 70B) layer shapes (random weights;
-cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep. From M=64 the W4A16 rows
-also time each W4A16 kernel forced (LOWBIT_W4A16_KERNEL=small / large:<tile>).
+cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep.
+From M=64 the W4A16 rows also time each W4A16 kernel forced (LOWBIT_W4A16_KERNEL=small / large:<tile>).
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
 int8 (torch._int_mm), fp8 (torch._scaled_mm). Writes JSON (argv[1]) and prints a table.
@@ -101,21 +101,23 @@ W4A16_KERNELS = ["small", "large:64x128", "large:128x128", "large:128x256"]
 
 
 def w4a16_forced_times(row, n, k, m, copies):
-    """From 64 tokens: the W4A16 time with each kernel / large-M tile forced through LOWBIT_W4A16_KERNEL
-    (row["lowbit_w4a16_<kernel>_us"], ":" and "x" kept); the default dispatch runs the large kernel
-    (automatic tile) from 128 tokens and the split-K "small" one below."""
+    """From 64 tokens: the W4A16 time with each kernel / large-M tile forced through LOWBIT_W4A16_KERNEL,
+    as row["lowbit_w4a16_<kernel>_us"] (e.g. lowbit_w4a16_large:128x128_us). The default dispatch (the
+    lowbit_w4a16_us column) runs the large kernel with its automatic tile from 128 tokens, "small" below."""
     if m < 64:
         return
+    before = os.environ.pop("LOWBIT_W4A16_KERNEL", None)
     for kernel in W4A16_KERNELS:
-        os.environ["LOWBIT_W4A16_KERNEL"] = kernel
+        os.environ["LOWBIT_W4A16_KERNEL"] = kernel  # read per call, also by pick_split in ours_setup
         try:
             fns, _ = ours_setup(n, k, copies, m)
             row[f"lowbit_w4a16_{kernel}_us"] = graph_time_us(fns)
             del fns
-        except Exception as e:  # noqa: BLE001 - record why
+        except Exception as e:  # noqa: BLE001 - record why (e.g. a tile over the GPU's shared memory)
             row[f"lowbit_w4a16_{kernel}_error"] = str(e).splitlines()[0][:160]
-        finally:
-            del os.environ["LOWBIT_W4A16_KERNEL"]
+    del os.environ["LOWBIT_W4A16_KERNEL"]
+    if before is not None:
+        os.environ["LOWBIT_W4A16_KERNEL"] = before
 
 
 def w4a16_forced_str(row):
