@@ -33,6 +33,7 @@
 // rest of the gap on Hopper needs a wgmma (sm_90a) W4A16 kernel.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -202,21 +203,22 @@ __global__ void __launch_bounds__(kThreads, C::kSmemBytes <= 113 * 1024 ? 2 : 1)
   // Token blocks vary fastest: blocks resident together share weight chunks in L2 and the whole
   // activation stays in L2, so the weight streams from DRAM about once.
   const int m0 = blockIdx.x * C::kBlockM, n0 = blockIdx.y * C::kBlockN;
-  const int chunks = p.k / kChunkK;
+  const int kc_begin = blockIdx.z * p.chunks_per_split;
+  const int iters = max(0, min(p.chunks_per_split, p.k / kChunkK - kc_begin));
 
   float acc[C::kTilesM][C::kTilesN][4] = {};
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < chunks) load_stage<C>(p, smem + s * C::kStageBytes, s, m0, n0);
+    if (s < iters) load_stage<C>(p, smem + s * C::kStageBytes, kc_begin + s, m0, n0);
     cp_async_commit();  // one group per stage, empty or not: uniform wait counts
   }
-  for (int kc = 0; kc < chunks; ++kc) {
-    cp_async_wait<kStages - 2>();  // chunk kc has landed (this thread's copies) ...
-    __syncthreads();               // ... everyone's; and all warps are done with chunk kc-1 (slot, dq)
-    const int next = kc + kStages - 1;
-    if (next < chunks) load_stage<C>(p, smem + (next % kStages) * C::kStageBytes, next, m0, n0);
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<kStages - 2>();  // chunk it has landed (this thread's copies) ...
+    __syncthreads();               // ... everyone's; and all warps are done with chunk it-1 (slot, dq)
+    const int next = it + kStages - 1;
+    if (next < iters) load_stage<C>(p, smem + (next % kStages) * C::kStageBytes, kc_begin + next, m0, n0);
     cp_async_commit();
-    const uint8_t* st = smem + (kc % kStages) * C::kStageBytes;
+    const uint8_t* st = smem + (it % kStages) * C::kStageBytes;
     dequant_chunk<C>(st, dq, warp_m, warp_n);
     pair_barrier(warp_n);  // the pair's dq rows are complete
     compute_chunk<C>(reinterpret_cast<const __half*>(st), dq, warp_m, warp_n, acc);
@@ -234,6 +236,12 @@ __global__ void __launch_bounds__(kThreads, C::kSmemBytes <= 113 * 1024 ? 2 : 1)
         const int token = m0 + (warp_m * C::kTilesM + i) * 16 + g + 8 * h;
         const int col = n0 + (warp_n * C::kTilesN + j) * 8 + 2 * t;
         if (token >= p.m || col >= p.n) continue;
+        if (gridDim.z > 1) {
+          float* part = p.partial + (static_cast<int64_t>(blockIdx.z) * p.m + token) * p.n + col;
+          part[0] = acc[i][j][2 * h];
+          if (col + 1 < p.n) part[1] = acc[i][j][2 * h + 1];
+          continue;
+        }
         __half* out = p.y + static_cast<int64_t>(token) * p.ldy + col;
         if (pairs) {
           *reinterpret_cast<__half2*>(out) = __floats2half2_rn(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
@@ -242,6 +250,16 @@ __global__ void __launch_bounds__(kThreads, C::kSmemBytes <= 113 * 1024 ? 2 : 1)
           if (col + 1 < p.n) out[1] = __float2half_rn(acc[i][j][2 * h + 1]);
         }
       }
+}
+
+__global__ void sum_splits_kernel(const float* __restrict__ partial, int split, int m, int n, __half* y,
+                                  int64_t ldy) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t mn = static_cast<int64_t>(m) * n;
+  if (i >= mn) return;
+  float s = 0.f;
+  for (int z = 0; z < split; ++z) s += partial[z * mn + i];  // fixed order: deterministic
+  y[(i / n) * ldy + i % n] = __float2half_rn(s);
 }
 
 // Raises the dynamic shared-memory limit once per device.
@@ -259,40 +277,83 @@ void prepare(int device) {
 }
 
 template <class C>
-void launch(const W4A16LargeArgs& p, int device, cudaStream_t stream) {
+void launch(const W4A16LargeArgs& p, int split, cudaStream_t stream) {
+  int device = 0;
+  LOWBIT_CUDA_CHECK("gemm_w4a16", cudaGetDevice(&device));
   prepare<C>(device);
-  const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN);
+  const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
   gemm_w4a16_large_kernel<C><<<grid, kThreads, C::kSmemBytes, stream>>>(p);
   LOWBIT_CUDA_CHECK_LAUNCH("gemm_w4a16");
+}
+
+struct TileShape {
+  int block_m, block_n, smem_bytes;
+};
+template <class C>
+constexpr TileShape shape_of() {
+  return {C::kBlockM, C::kBlockN, C::kSmemBytes};
 }
 
 using Cfg128x128 = LargeCfg<4, 4>;  // warp 64 x 32, 110.6 KB smem: 2 blocks per SM on sm_90
 using Cfg64x128 = LargeCfg<2, 4>;   // warp 32 x 32, 73.7 KB
 using Cfg128x256 = LargeCfg<4, 8>;  // warp 64 x 64, 147.5 KB, 1 block per SM: less smem traffic per mma
 
+TileShape tile_shape(W4A16LargeTile tile) {
+  switch (tile) {
+    case W4A16LargeTile::m64n128: return shape_of<Cfg64x128>();
+    case W4A16LargeTile::m128n256: return shape_of<Cfg128x256>();
+    default: return shape_of<Cfg128x128>();
+  }
+}
+
+int64_t block_count(int64_t m, int64_t n, TileShape s) {
+  return (m + s.block_m - 1) / s.block_m * ((n + s.block_n - 1) / s.block_n);
+}
+
 }  // namespace
 
-void gemm_w4a16_large(const W4A16LargeArgs& p, W4A16LargeTile tile, int device, cudaStream_t stream) {
+W4A16LargeTile gemm_w4a16_large_tile(int64_t m, int64_t n, W4A16LargeTile tile, int device) {
   int smem_optin = 0;  // 227 KB on sm_90, 163 KB on sm_80, 99 KB on sm_86/89
   LOWBIT_CUDA_CHECK("gemm_w4a16",
                     cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   if (tile == W4A16LargeTile::automatic) {
     // 128-token blocks unless they leave SMs idle (o/qkv/down at M=256: 64-96 blocks on 132 SMs) or
     // do not fit (sm_86/89).
-    const int64_t blocks128 = (p.m + 127) / 128 * ((p.n + 127) / 128);
-    tile = blocks128 >= multiprocessor_count(device) && Cfg128x128::kSmemBytes <= smem_optin
+    const TileShape big = tile_shape(W4A16LargeTile::m128n128);
+    tile = block_count(m, n, big) >= multiprocessor_count(device) && big.smem_bytes <= smem_optin
                ? W4A16LargeTile::m128n128
                : W4A16LargeTile::m64n128;
   }
-  const int need = tile == W4A16LargeTile::m64n128    ? Cfg64x128::kSmemBytes
-                   : tile == W4A16LargeTile::m128n256 ? Cfg128x256::kSmemBytes
-                                                      : Cfg128x128::kSmemBytes;
+  const int need = tile_shape(tile).smem_bytes;
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, need <= smem_optin, "gemm_w4a16: the large-M tile needs ", need,
                     " bytes of shared memory per block, device ", device, " allows ", smem_optin);
+  return tile;
+}
+
+int gemm_w4a16_large_pick_split(int64_t m, int64_t n, int64_t k, W4A16LargeTile tile, int device) {
+  // Up to 2 blocks per SM (1 for 128x256); split only below one block per SM, keeping >= 8 chunks
+  // (512 k) per split and at most 4 splits (the f32 partials cost 8 bytes per output and split).
+  const int64_t blocks = block_count(m, n, tile_shape(tile)), sms = multiprocessor_count(device);
+  const int64_t k_chunks = k / kChunkK;
+  if (blocks >= sms) return 1;
+  const int64_t slots = (tile == W4A16LargeTile::m128n256 ? 1 : 2) * sms;
+  int64_t split = std::min<int64_t>({slots / std::max<int64_t>(blocks, 1), k_chunks / 8, 4});
+  split = std::max<int64_t>(split, 1);
+  const int64_t per = (k_chunks + split - 1) / split;  // no empty split
+  return static_cast<int>((k_chunks + per - 1) / per);
+}
+
+void gemm_w4a16_large(const W4A16LargeArgs& p, W4A16LargeTile tile, int split, cudaStream_t stream) {
   switch (tile) {
-    case W4A16LargeTile::m64n128: launch<Cfg64x128>(p, device, stream); break;
-    case W4A16LargeTile::m128n256: launch<Cfg128x256>(p, device, stream); break;
-    default: launch<Cfg128x128>(p, device, stream); break;
+    case W4A16LargeTile::m64n128: launch<Cfg64x128>(p, split, stream); break;
+    case W4A16LargeTile::m128n256: launch<Cfg128x256>(p, split, stream); break;
+    default: launch<Cfg128x128>(p, split, stream); break;
+  }
+  if (split > 1) {
+    const int64_t total = static_cast<int64_t>(p.m) * p.n;
+    sum_splits_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(p.partial, split, p.m, p.n,
+                                                                                     p.y, p.ldy);
+    LOWBIT_CUDA_CHECK_LAUNCH("gemm_w4a16");
   }
 }
 

@@ -303,9 +303,11 @@ KernelChoice pick_kernel(int64_t m) {
 // Split-K: fill one wave of resident blocks when the (n, m) tiles alone do not (every block is then
 // resident from the start and they finish together), with at least 4 chunks per split and the f32
 // partials (8 bytes per split and output, written then read) below the weight bytes n*k/2.
-// The large-M kernel makes one pass over k: 1.
+// The large-M kernel has its own rule (split only below one block per SM).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
-  if (pick_kernel(m).large) return 1;
+  const KernelChoice choice = pick_kernel(m);
+  if (choice.large)
+    return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
   const ShapeInfo info = prepare(shape_for(m), device);
   const int64_t k_chunks = k / kChunkK;
   const int64_t tiles = ((n + info.block_n - 1) / info.block_n) * ((m + info.block_m - 1) / info.block_m);
@@ -357,17 +359,14 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   const KernelChoice choice = pick_kernel(m);
-  if (choice.large) {  // one pass over k: split_k and workspace are not used
-    const W4A16LargeArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
-                           w.zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
-                           static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad)};
-    gemm_w4a16_large(p, choice.tile, dev, stream);
-    return;
-  }
+  const W4A16LargeTile large_tile =
+      choice.large ? gemm_w4a16_large_tile(m, n, choice.tile, dev) : W4A16LargeTile::automatic;
   const Shape shape = shape_for(m);
-  prepare(shape, dev);
+  if (!choice.large) prepare(shape, dev);
   const int k_chunks = static_cast<int>(k / kChunkK);
-  int split = split_k > 0 ? std::min(split_k, k_chunks) : gemm_w4a16_pick_split(m, n, k, dev);
+  int split = split_k > 0            ? std::min(split_k, k_chunks)
+              : choice.large         ? gemm_w4a16_large_pick_split(m, n, k, large_tile, dev)
+                                     : gemm_w4a16_pick_split(m, n, k, dev);
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
   LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
@@ -380,6 +379,14 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
     check_dtype(ws, ScalarType::f32, op, "workspace");
     LOWBIT_CHECK(ws.is_contiguous() && ws.numel() >= need, op, ": argument 'workspace' needs ", need,
                  " contiguous f32 elements, got ", ws.str());
+  }
+  if (choice.large) {
+    const W4A16LargeArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
+                           w.zeros.data<__half>(), y.data<__half>(), y.stride(0),
+                           split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m), static_cast<int>(n),
+                           static_cast<int>(k), w.group, static_cast<int>(npad), per};
+    gemm_w4a16_large(p, large_tile, split, stream);
+    return;
   }
   GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
              y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),
