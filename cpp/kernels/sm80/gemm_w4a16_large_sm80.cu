@@ -27,10 +27,12 @@
 // 512 mma (~800 cycles): smem/issue bound at ~330-420 TFLOPS. So M=1024: gate_up ~600-730 us, down
 // ~300-360, o ~90-105, qkv ~150-175 (1.1-1.3x faster than before, still ~2x cuBLAS). M=256, where
 // the old kernel's 128-token tiles and split-K partials hurt most: o ~27 us and qkv ~35 (64x128
-// tiles, 2.2-2.8x faster, ~1.4x cuBLAS), down ~90 (128 blocks, one per SM: split-K would help),
-// gate_up ~170-200 (1.7 waves of 128x128). The 128x256 tile halves smem reads per mma and may do
-// better at M >= 1024 if 8 warps per SM hide the latency (the bench times each tile). Closing the
-// rest of the gap on Hopper needs a wgmma (sm_90a) W4A16 kernel.
+// tiles, 2.2-2.8x faster, ~1.4x cuBLAS), down ~65-75 (64x128 tiles, split 2), gate_up ~170-200
+// (1.7 waves of 128x128). The 128x256 tile halves smem reads per mma and may do better at
+// M >= 1024 if 8 warps per SM hide the latency (the bench times each tile). Closing the rest of the
+// gap on Hopper needs a wgmma (sm_90a) W4A16 kernel.
+//
+// Split-K (f32 partials summed in a fixed order) only where the (m, n) blocks leave SMs idle.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -332,12 +334,14 @@ W4A16LargeTile gemm_w4a16_large_tile(int64_t m, int64_t n, W4A16LargeTile tile, 
 
 int gemm_w4a16_large_pick_split(int64_t m, int64_t n, int64_t k, W4A16LargeTile tile, int device) {
   // Up to 2 blocks per SM (1 for 128x256); split only below one block per SM, keeping >= 8 chunks
-  // (512 k) per split and at most 4 splits (the f32 partials cost 8 bytes per output and split).
+  // (512 k) per split, at most 4 splits, and the f32 partials (8 bytes per output and split, written
+  // then read) below the weight bytes n*k/2: split <= k / (16 m). down_proj at 256 tokens: 2.
   const int64_t blocks = block_count(m, n, tile_shape(tile)), sms = multiprocessor_count(device);
   const int64_t k_chunks = k / kChunkK;
   if (blocks >= sms) return 1;
   const int64_t slots = (tile == W4A16LargeTile::m128n256 ? 1 : 2) * sms;
-  int64_t split = std::min<int64_t>({slots / std::max<int64_t>(blocks, 1), k_chunks / 8, 4});
+  int64_t split = std::min<int64_t>(
+      {slots / std::max<int64_t>(blocks, 1), k_chunks / 8, 4, k / (16 * std::max<int64_t>(m, 1))});
   split = std::max<int64_t>(split, 1);
   const int64_t per = (k_chunks + split - 1) / split;  // no empty split
   return static_cast<int>((k_chunks + per - 1) / per);
