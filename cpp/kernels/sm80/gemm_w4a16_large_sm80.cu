@@ -6,8 +6,8 @@
 // 8-token B operand gives few tokens per mma. Here, classic orientation Y = X·Wᵀ: tokens are the mma
 // M side (A from the x tile via ldmatrix), weight rows the N side (B via ldmatrix). Per 64-k chunk a
 // block (8 warps, 2 x 4 warp grid) dequantizes its packed weight chunk ONCE into a padded f16 smem
-// tile (one 16-byte packed load per thread -> two rows x 16 k, the same f16 formula w = q*s - z*s
-// as the decode kernel, so both produce bit-identical weights), and all warps read it with ldmatrix.
+// tile (each lane: one 16-byte packed load -> two rows x 16 k, with the decode kernel's f16 formula
+// w = q*s - z*s, so both kernels use bit-identical weights), and the warps read it with ldmatrix.
 //
 // Pipeline: kStages-deep (4) cp.async ring of {x tile, packed chunk, scales|zeros}; per chunk: wait,
 // block barrier (chunk landed; previous chunk's slot and dq free), issue the copy of chunk
