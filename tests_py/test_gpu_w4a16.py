@@ -111,3 +111,119 @@ def test_gemm_w4a16_bad_inputs():
         _core.gemm_w4a16(torch.randn(2, 128).half(), data, ps, pz, 32, 128, 64, y)
     with pytest.raises(ValueError, match="'y'"):
         _core.gemm_w4a16(torch.randn(2, 128, device="cuda").half(), data, ps, pz, 32, 128, 64, y[:, :16])
+
+
+# ---- large-M kernel (gemm_w4a16_large_sm80.cu), forced through LOWBIT_W4A16_KERNEL (read per call) ----
+LARGE_TILES = ["large:64x128", "large:128x128", "large:128x256"]
+
+
+def w4_problem(m, n, k, group, seed):
+    """Random packed weight (on the GPU), f16 x, and the float64 reference y and |x|·|W|ᵀ (for tolerances)."""
+    q, s, z = random_w4(n, k, group, seed)
+    packed = tuple(torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, group))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1)).half()
+    w = reference_weight(q, s, z, k, group)
+    return x, packed, x.double() @ w.T, x.double().abs() @ w.abs().T
+
+
+def gemm_forced(monkeypatch, kernel, x, packed, n, k, group, y_pad=0, split_k=0):
+    """y = x · Wᵀ with LOWBIT_W4A16_KERNEL=kernel into a NaN-poisoned y whose row stride is n + y_pad;
+    checks the padding columns were not written."""
+    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", kernel)
+    m = x.shape[0]
+    y_full = torch.full((m, n + y_pad), float("nan"), dtype=torch.float16, device="cuda")
+    y = y_full[:, :n]
+    _core.gemm_w4a16(x.cuda(), *packed, n, k, group, y, split_k=split_k)
+    torch.cuda.synchronize()
+    assert torch.isnan(y_full[:, n:]).all(), "wrote past n"
+    return y.cpu().double()
+
+
+def check_same_weights(y, y_small, ref_abs):
+    """Two kernels that multiply the same f16 weights (bit-identical dequant) differ only by f32
+    accumulation order and the final f16 rounding: each output rounds within 2^-11 relative, so two of
+    them within 2^-10 |y|, and the f32 sums differ by a few 2^-24 sqrt(k) |x|·|W| (worst case k 2^-24):
+    2^-14 |x|·|W| is ~8x the typical and far below a wrong term (|x|·|W| / sqrt(k))."""
+    assert not torch.isnan(y).any(), "unwritten outputs"
+    diff = (y - y_small).abs()
+    bound = 2.0 ** -10 * y_small.abs() + 2.0 ** -14 * ref_abs
+    worst = (diff / bound).max()
+    assert worst <= 1, f"large vs small kernel: worst diff/bound {worst:.2f}"
+
+
+# m: one 128-token tile, one past it, partial tiles; n: odd multiples of 16 (partial 128/256-row
+# blocks) and an n that is not (partial 16-row packed tile); k: 2 chunks, a short last g128 group
+# (576, 4160), 65 chunks; y with an odd row stride (scalar stores) and an even one (f16x2 stores).
+@pytest.mark.parametrize("m", [128, 129, 300, 1000])
+@pytest.mark.parametrize("n,k,group,y_pad", [(272, 128, 64, 0), (272, 576, 128, 3), (4112, 576, 64, 2),
+                                             (17, 4160, 128, 1), (272, 4160, 64, 0), (4112, 4160, 128, 0)])
+def test_gemm_w4a16_large_matches_float64_and_small(monkeypatch, m, n, k, group, y_pad):
+    x, packed, ref, ref_abs = w4_problem(m, n, k, group, seed=m + n + k + group)
+    y_small = gemm_forced(monkeypatch, "small", x, packed, n, k, group, y_pad)
+    check(y_small, ref)
+    for tile in ["large"] + LARGE_TILES:
+        try:
+            y = gemm_forced(monkeypatch, tile, x, packed, n, k, group, y_pad)
+        except NotImplementedError as e:  # a tile bigger than this GPU's shared memory (sm_86/89)
+            assert "shared memory" in str(e) and tile != "large:64x128"
+            continue
+        check(y, ref)
+        check_same_weights(y, y_small, ref_abs)
+
+
+def test_gemm_w4a16_large_default_dispatch(monkeypatch):
+    """Without the override, m >= 128 runs the large kernel: no split once its 128x128 tiles fill the
+    SMs (256 blocks here), and the result is right with or without an explicit split."""
+    monkeypatch.delenv("LOWBIT_W4A16_KERNEL", raising=False)
+    assert _core.gemm_w4a16_pick_split(1000, 4096, 4096) == 1
+    x, packed, ref, _ = w4_problem(300, 272, 576, 64, seed=3)
+    for split_k in (0, 1, 5):
+        check(gemm_forced(monkeypatch, "", x, packed, 272, 576, 64, split_k=split_k), ref)
+
+
+# Split-K in the large kernel (picked when the tiles leave SMs idle, or asked for): every f32 partial
+# must be written (NaN-poisoned workspace) and summed; uneven splits (65 chunks over 2, 3, 7).
+@pytest.mark.parametrize("tile", ["large"] + LARGE_TILES)
+@pytest.mark.parametrize("split_k", [0, 2, 3, 7])
+def test_gemm_w4a16_large_split_k(monkeypatch, tile, split_k):
+    m, n, k, group = 300, 272, 4160, 128
+    x, packed, ref, _ = w4_problem(m, n, k, group, seed=split_k + 40)
+    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", tile)
+    ws = torch.full((8 * m * n,), float("nan"), device="cuda")
+    y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    try:
+        _core.gemm_w4a16(x.cuda(), *packed, n, k, group, y, split_k=split_k, workspace=ws)
+    except NotImplementedError as e:  # a tile bigger than this GPU's shared memory (sm_86/89)
+        assert "shared memory" in str(e) and tile != "large:64x128"
+        pytest.skip(str(e))
+    torch.cuda.synchronize()
+    check(y.cpu().double(), ref)
+
+
+@pytest.mark.parametrize("tile", LARGE_TILES)
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_gemm_w4a16_large_small_m(monkeypatch, tile, m):
+    """Forced at a few tokens: one partial tile, most rows zero-filled."""
+    x, packed, ref, _ = w4_problem(m, 400, 640, 128, seed=m)
+    check(gemm_forced(monkeypatch, tile, x, packed, 400, 640, 128, y_pad=1), ref)
+
+
+def test_gemm_w4a16_large_strided_x(monkeypatch):
+    q, s, z = random_w4(272, 576, 64, 9)
+    packed = tuple(torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, 64))
+    x_full = torch.randn(200, 584, generator=torch.Generator().manual_seed(10)).half()
+    ref = x_full[:, :576].double() @ reference_weight(q, s, z, 576, 64).T
+    for tile in LARGE_TILES:
+        monkeypatch.setenv("LOWBIT_W4A16_KERNEL", tile)
+        y = torch.full((200, 272), float("nan"), dtype=torch.float16, device="cuda")
+        _core.gemm_w4a16(x_full.cuda()[:, :576], *packed, 272, 576, 64, y)
+        torch.cuda.synchronize()
+        check(y.cpu().double(), ref)
+
+
+def test_gemm_w4a16_bad_kernel_override(monkeypatch):
+    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", "huge")
+    x, packed, _, _ = w4_problem(2, 32, 128, 64, seed=1)
+    y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="LOWBIT_W4A16_KERNEL"):
+        _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y)

@@ -1,5 +1,6 @@
 """W4A16 / W8A8 / FP8 GEMMs vs peers on Llama-3-8B (or, with --llama70b, 70B) layer shapes (random weights;
 cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep.
+From M=64 the W4A16 rows also time each W4A16 kernel forced (LOWBIT_W4A16_KERNEL=small / large:<tile>).
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
 int8 (torch._int_mm), fp8 (torch._scaled_mm). Writes JSON (argv[1]) and prints a table.
@@ -61,6 +62,7 @@ def bench_shape(name, n, k, m, l2):
     row["lowbit_split_k"] = split
     row["int4_bytes"] = int4_bytes
     del fns
+    w4a16_forced_times(row, n, k, m, c4)
     int4_peers(row, x, n, k, c4)
     w8a8_and_int8_peers(row, x, n, k, m, l2)
     row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
@@ -95,6 +97,34 @@ def int4_peers(row, x, n, k, copies):
         row["gemlite_w4a16_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}"
 
 
+W4A16_KERNELS = ["small", "large:64x128", "large:128x128", "large:128x256"]
+
+
+def w4a16_forced_times(row, n, k, m, copies):
+    """From 64 tokens: the W4A16 time with each kernel / large-M tile forced through LOWBIT_W4A16_KERNEL,
+    as row["lowbit_w4a16_<kernel>_us"] (e.g. lowbit_w4a16_large:128x128_us). The default dispatch (the
+    lowbit_w4a16_us column) runs the large kernel with its automatic tile from 128 tokens, "small" below."""
+    if m < 64:
+        return
+    before = os.environ.pop("LOWBIT_W4A16_KERNEL", None)
+    for kernel in W4A16_KERNELS:
+        os.environ["LOWBIT_W4A16_KERNEL"] = kernel  # read per call, also by pick_split in ours_setup
+        try:
+            fns, _ = ours_setup(n, k, copies, m)
+            row[f"lowbit_w4a16_{kernel}_us"] = graph_time_us(fns)
+            del fns
+        except Exception as e:  # noqa: BLE001 - record why (e.g. a tile over the GPU's shared memory)
+            row[f"lowbit_w4a16_{kernel}_error"] = str(e).splitlines()[0][:160]
+    del os.environ["LOWBIT_W4A16_KERNEL"]
+    if before is not None:
+        os.environ["LOWBIT_W4A16_KERNEL"] = before
+
+
+def w4a16_forced_str(row):
+    return "  ".join(f"{kern} {row[f'lowbit_w4a16_{kern}_us']:7.1f}" for kern in W4A16_KERNELS
+                     if f"lowbit_w4a16_{kern}_us" in row)
+
+
 def bench_w4a16_only(name, n, k, m, l2):
     """--w4a16-only: W4A16 vs cuBLAS fp16 and tinygemm, without the W8A8/int8/fp8 peers."""
     int4_bytes = n * k // 2 + 2 * n * (k // GROUP) * 2
@@ -103,6 +133,7 @@ def bench_w4a16_only(name, n, k, m, l2):
     fns, split = ours_setup(n, k, c4, m)
     row["lowbit_w4a16_us"], row["lowbit_split_k"], row["int4_bytes"] = graph_time_us(fns), split, int4_bytes
     del fns
+    w4a16_forced_times(row, n, k, m, c4)
     int4_peers(row, x, n, k, c4)
     row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
     return row
@@ -273,8 +304,8 @@ def main():
                 print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  w4a16 {r['lowbit_w4a16_us']:8.1f} us "
                       f"(split {r['lowbit_split_k']}, {r['int4_bytes'] / (r['lowbit_w4a16_us'] * 1e3):6.0f} GB/s)  "
                       f"tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  "
-                      f"gemlite {r.get('gemlite_w4a16_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}",
-                      flush=True)
+                      f"gemlite {r.get('gemlite_w4a16_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}  "
+                      f"{w4a16_forced_str(r)}", flush=True)
                 continue
             r = bench_shape(name, n, k, m, meta["l2_bytes"])
             r["w4_bytes_floor_us"] = r["int4_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)
@@ -285,7 +316,7 @@ def main():
                   f"{r.get('tinygemm_int4_us', float('nan')):8.1f}  int_mm {r.get('torch_int_mm_us', float('nan')):7.1f}"
                   f"  fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  x{r['speedup_vs_cublas']:.2f}  "
                   f"w8a8 {r['lowbit_w8a8_us']:7.1f} (+quant {r['lowbit_w8a8_with_quant_us']:7.1f}, "
-                  f"x{r['w8a8_speedup_vs_cublas']:.2f})",
+                  f"x{r['w8a8_speedup_vs_cublas']:.2f})  {w4a16_forced_str(r)}",
                   flush=True)
     write_json(out, {"meta": meta, "gemm": rows, "split_sweep": sweep})
 

@@ -2,8 +2,10 @@
 // offline by pack_sm80 (cpp/quant/pack_sm80.cpp documents the layout).
 //
 // Yᵀ = W · Xᵀ: the weight is the A operand (16 rows x 16 k per mma) and 8 tokens form the B operand,
-// so decode (M = 1..16) wastes no tensor-core rows on padding tokens. One kernel template serves all
-// M; a block owns kBlockN weight rows x kBlockM tokens x a k-range (split-K across blocks).
+// so decode (M = 1..16) wastes no tensor-core rows on padding tokens. One kernel template serves
+// M < kLargeMinTokens (and any M under LOWBIT_W4A16_KERNEL=small); larger M goes to the large-M
+// kernel (gemm_w4a16_large_sm80.cu). A block owns kBlockN weight rows x kBlockM tokens x a k-range
+// (split-K across blocks).
 //
 // Everything a block reads streams through a multi-stage cp.async shared-memory ring (Ampere-style
 // pipeline): per stage kChunks 64-k chunks of the packed weight tiles (512 bytes per 16-row tile and
@@ -21,66 +23,21 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
 #include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
+#include "kernels/sm80/gemm_w4a16_large_sm80.h"
+#include "kernels/sm80/w4a16_common_sm80.cuh"
 
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kChunkK = 64;  // k per packed chunk
-constexpr int kTileN = 16;   // weight rows per packed tile
-constexpr int kChunkBytes = 512;
-
-__device__ inline void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int kPending>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
-}
-
-template <int kLut>
-__device__ inline uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t r;
-  asm volatile("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(kLut));
-  return r;
-}
-
-__device__ inline uint32_t as_u32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ inline __half2 as_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-
-// 8 nibbles -> 4 f16x2 A-fragment registers (order documented in pack_sm80.cpp), then
-// w = q*s + (-z*s) with the scale of row g for a0/a2 and of row g+8 for a1/a3.
-__device__ inline void dequant_word(uint32_t word, __half2 s_lo, __half2 nzs_lo, __half2 s_hi, __half2 nzs_hi,
-                                    uint32_t (&a)[4]) {
-  constexpr uint32_t kLowMask = 0x000f000f, kHighMask = 0x00f000f0, kExp = 0x64006400;  // 0x6400 = 1024.0
-  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;                                         // (a & b) | c
-  const __half2 k1024 = as_h2(0x64006400), k1_16 = as_h2(0x2c002c00), km64 = as_h2(0xd400d400);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const uint32_t lo = lop3<kAndOr>(word, kLowMask, kExp);   // (1024 + n_i, 1024 + n_{i+4})
-    const uint32_t hi = lop3<kAndOr>(word, kHighMask, kExp);  // (1024 + 16 n_{i+1}, ...)
-    const __half2 q_row_g = __hsub2(as_h2(lo), k1024);
-    const __half2 q_row_g8 = __hfma2(as_h2(hi), k1_16, km64);
-    a[2 * half] = as_u32(__hfma2(q_row_g, s_lo, nzs_lo));
-    a[2 * half + 1] = as_u32(__hfma2(q_row_g8, s_hi, nzs_hi));
-    word >>= 8;
-  }
-}
-
-__device__ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using namespace w4a16;
 
 struct GemmArgs {
   const __half* x;
@@ -176,8 +133,8 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
       const __half s0 = sc[row], s8 = sc[row + 8], z0 = sc[C::kBlockN + row], z8 = sc[C::kBlockN + row + 8];
       s_lo[i] = __half2half2(s0);
       s_hi[i] = __half2half2(s8);
-      nzs_lo[i] = __half2half2(__hneg(__hmul(z0, s0)));
-      nzs_hi[i] = __half2half2(__hneg(__hmul(z8, s8)));
+      nzs_lo[i] = neg_zero_scale(z0, s0);
+      nzs_hi[i] = neg_zero_scale(z8, s8);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -335,12 +292,41 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
   launch_maybe_pdl("gemm_w4a16", p.pdl, gemm_w4a16_kernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
 }
 
+// From this many tokens the large-M kernel (gemm_w4a16_large_sm80.cu) runs: it dequantizes each
+// weight chunk once per block instead of once per warp and its mma covers 16 tokens, not 8. Below,
+// the tiles of this kernel plus split-K fill the SMs better than 64-token blocks without split-K.
+constexpr int64_t kLargeMinTokens = 128;
+
+struct KernelChoice {
+  bool large;
+  W4A16LargeTile tile;
+};
+
+// LOWBIT_W4A16_KERNEL (read per call, for tests and benchmarks) overrides the choice by m: "small"
+// (this kernel), "large" (its automatic tile), "large:64x128", "large:128x128", "large:128x256".
+KernelChoice pick_kernel(int64_t m) {
+  const char* force = std::getenv("LOWBIT_W4A16_KERNEL");
+  if (force == nullptr || *force == '\0') return {m >= kLargeMinTokens, W4A16LargeTile::automatic};
+  if (std::strcmp(force, "small") == 0) return {false, W4A16LargeTile::automatic};
+  if (std::strcmp(force, "large") == 0) return {true, W4A16LargeTile::automatic};
+  if (std::strcmp(force, "large:64x128") == 0) return {true, W4A16LargeTile::m64n128};
+  if (std::strcmp(force, "large:128x128") == 0) return {true, W4A16LargeTile::m128n128};
+  if (std::strcmp(force, "large:128x256") == 0) return {true, W4A16LargeTile::m128n256};
+  LOWBIT_CHECK(false, "gemm_w4a16: LOWBIT_W4A16_KERNEL must be small, large, large:64x128, large:128x128 or "
+               "large:128x256, got '", force, "'");
+  return {false, W4A16LargeTile::automatic};
+}
+
 }  // namespace
 
 // Split-K: fill one wave of resident blocks when the (n, m) tiles alone do not (every block is then
 // resident from the start and they finish together), with at least 4 chunks per split and the f32
 // partials (8 bytes per split and output, written then read) below the weight bytes n*k/2.
+// The large-M kernel has its own rule (split only below one block per SM).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
+  const KernelChoice choice = pick_kernel(m);
+  if (choice.large)
+    return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
   const ShapeInfo info = prepare(shape_for(m), device);
   const int64_t k_chunks = k / kChunkK;
   const int64_t tiles = ((n + info.block_n - 1) / info.block_n) * ((m + info.block_m - 1) / info.block_m);
@@ -391,10 +377,15 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  const KernelChoice choice = pick_kernel(m);
+  const W4A16LargeTile large_tile =
+      choice.large ? gemm_w4a16_large_tile(m, n, choice.tile, dev) : W4A16LargeTile::automatic;
   const Shape shape = shape_for(m);
-  prepare(shape, dev);
+  if (!choice.large) prepare(shape, dev);
   const int k_chunks = static_cast<int>(k / kChunkK);
-  int split = split_k > 0 ? std::min(split_k, k_chunks) : gemm_w4a16_pick_split(m, n, k, dev);
+  int split = split_k > 0            ? std::min(split_k, k_chunks)
+              : choice.large         ? gemm_w4a16_large_pick_split(m, n, k, large_tile, dev)
+                                     : gemm_w4a16_pick_split(m, n, k, dev);
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
   LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
@@ -407,6 +398,14 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
     check_dtype(ws, ScalarType::f32, op, "workspace");
     LOWBIT_CHECK(ws.is_contiguous() && ws.numel() >= need, op, ": argument 'workspace' needs ", need,
                  " contiguous f32 elements, got ", ws.str());
+  }
+  if (choice.large) {
+    const W4A16LargeArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
+                           w.zeros.data<__half>(), y.data<__half>(), y.stride(0),
+                           split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m), static_cast<int>(n),
+                           static_cast<int>(k), w.group, static_cast<int>(npad), per};
+    gemm_w4a16_large(p, large_tile, split, stream);
+    return;
   }
   GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
              y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),

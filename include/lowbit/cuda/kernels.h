@@ -17,6 +17,8 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // y[m, n] = x[m, k] · Wᵀ, W a w4 weight packed by pack_sm80 and moved to the device; x, y f16 with
 // unit stride in the last dim. split_k = 0 picks the split itself; a split > 1 needs an f32
 // workspace of gemm_w4a16_workspace_elems(m, n, split) elements (allocated here when undefined).
+// From 128 tokens a large-M kernel runs (its pick_split splits only when the tiles leave SMs idle);
+// LOWBIT_W4A16_KERNEL=small|large|large:64x128|large:128x128|large:128x256 overrides (read per call).
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream);
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device);

@@ -1,0 +1,66 @@
+// Device helpers shared by the W4A16 GEMM kernels (gemm_w4a16_sm80.cu, gemm_w4a16_large_sm80.cu): the
+// packed-layout constants of pack_sm80, cp.async, the u4 -> f16 dequant and mma.sync m16n8k16. One
+// copy so that both kernels dequantize bit-identically (w = q*s - z*s in f16).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace lowbit::cuda::w4a16 {
+
+constexpr int kChunkK = 64;  // k per packed chunk
+constexpr int kTileN = 16;   // weight rows per packed tile
+constexpr int kChunkBytes = 512;
+
+__device__ inline void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+
+template <int kLut>
+__device__ inline uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm volatile("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(kLut));
+  return r;
+}
+
+__device__ inline uint32_t as_u32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ inline __half2 as_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// 8 nibbles -> 4 f16x2 A-fragment registers (order documented in pack_sm80.cpp), then
+// w = q*s + (-z*s) with the scale of row g for a0/a2 and of row g+8 for a1/a3.
+__device__ inline void dequant_word(uint32_t word, __half2 s_lo, __half2 nzs_lo, __half2 s_hi, __half2 nzs_hi,
+                                    uint32_t (&a)[4]) {
+  constexpr uint32_t kLowMask = 0x000f000f, kHighMask = 0x00f000f0, kExp = 0x64006400;  // 0x6400 = 1024.0
+  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;                                         // (a & b) | c
+  const __half2 k1024 = as_h2(0x64006400), k1_16 = as_h2(0x2c002c00), km64 = as_h2(0xd400d400);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t lo = lop3<kAndOr>(word, kLowMask, kExp);   // (1024 + n_i, 1024 + n_{i+4})
+    const uint32_t hi = lop3<kAndOr>(word, kHighMask, kExp);  // (1024 + 16 n_{i+1}, ...)
+    const __half2 q_row_g = __hsub2(as_h2(lo), k1024);
+    const __half2 q_row_g8 = __hfma2(as_h2(hi), k1_16, km64);
+    a[2 * half] = as_u32(__hfma2(q_row_g, s_lo, nzs_lo));
+    a[2 * half + 1] = as_u32(__hfma2(q_row_g8, s_hi, nzs_hi));
+    word >>= 8;
+  }
+}
+
+// -(z*s) rounded as the kernels use it: the product rounds to f16 once, then w = fma(q, s, -(z*s)).
+__device__ inline __half2 neg_zero_scale(__half z, __half s) { return __half2half2(__hneg(__hmul(z, s))); }
+
+__device__ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace lowbit::cuda::w4a16
