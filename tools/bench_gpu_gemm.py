@@ -1,5 +1,6 @@
 """W4A16 / W8A8 / FP8 GEMMs vs peers on Llama-3-8B (or, with --llama70b, 70B) layer shapes (random weights;
-cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep.
+cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep; --ms=256,1024 limits the
+token counts.
 From M=64 the W4A16 rows also time each W4A16 kernel forced (LOWBIT_W4A16_KERNEL=small / large:<tile>).
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
@@ -267,6 +268,8 @@ def split_sweep(l2):
 
 
 def main():
+    ms_flag = [a for a in sys.argv[1:] if a.startswith("--ms=")]  # e.g. --ms=256,1024: only these M
+    ms = [int(v) for v in ms_flag[0][5:].split(",")] if ms_flag else MS
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     out = args[0] if args else "bench_gemm.json"
     meta = device_meta()
@@ -276,7 +279,7 @@ def main():
     shapes = SHAPES_70B if "--llama70b" in sys.argv else SHAPES
     meta["shapes"] = "Llama-3-70B" if "--llama70b" in sys.argv else "Llama-3-8B"
     for name, (n, k) in shapes.items():
-        for m in MS:
+        for m in ms:
             if "--fp8-only" in sys.argv:
                 r = bench_fp8_only(name, n, k, m, meta["l2_bytes"])
                 rows.append(r)
