@@ -55,6 +55,10 @@ if has sanitize; then
   echo "== compute-sanitizer (small kernel tests)"
   sanitize memcheck memcheck_w4a16 240 tests_py/test_gpu_w4a16.py \
     "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
+  sanitize memcheck memcheck_w4a16_large 240 tests_py/test_gpu_w4a16.py "large_small_m or large_strided_x or \
+large_default_dispatch or (large_split_k and 2-large) or 272-576-128-3-129 or 17-4160-128-1-129"
+  sanitize racecheck racecheck_w4a16_large 240 tests_py/test_gpu_w4a16.py "(large_small_m and 5-large) or \
+(large_split_k and 3-large)"
   sanitize memcheck memcheck_w8a8 200 tests_py/test_gpu_w8a8.py "bit_exact and (3-130 or 17 or 1-8)"
   sanitize racecheck racecheck_w8a8 200 tests_py/test_gpu_w8a8.py "int32 and 130-200"
   sanitize memcheck memcheck_fp8 200 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200) or \
