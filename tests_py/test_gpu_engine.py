@@ -154,6 +154,27 @@ def test_decode_graphs_agree_with_eager_steps(recipe):
     assert same >= 3
 
 
+@pytest.mark.parametrize("recipe", ["w8a8kv8", "wfp8a8kv8"])
+def test_fused_norm_quantize_gives_the_unfused_bytes(monkeypatch, recipe):
+    """W8A8 / FP8: the pre-norms of qkv and gate_up quantize their own output (rms_norm_quantize +
+    linear_quantized). The codes and scales are those the separate quantizer makes of the f16 normed
+    rows, so prefill logits (chunked: q_len < kv_len) and graph-replayed greedy decoding must match the
+    unfused path exactly (LOWBIT_FUSED_NORM_QUANT=0)."""
+    model = random_llama(recipe, "cuda", "f16", seed=9)
+    ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(2)).tolist()
+    prompts = [ids[:40], ids[:9], ids]
+    runs = []
+    for fused in ("1", "0"):
+        monkeypatch.setenv("LOWBIT_FUSED_NORM_QUANT", fused)
+        logits = torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(ids)).clone()
+        events = run_events(_core.Engine(model, max_batch_tokens=256, cuda_graphs=True), prompts, 12,
+                            dict(temperature=0.0))
+        runs.append((logits, events))
+    assert not torch.isnan(runs[0][0]).any()
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
+
+
 def test_decode_graphs_mixed_greedy_and_host_sampled_rows():
     """One decode batch with device-greedy rows and rows the host samples (temperature, penalties,
     top logprobs, min_tokens with a stop id): the host rows read the graph's logits. Each seeded

@@ -7,6 +7,7 @@
 
 #include "cuda/float_io.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/quantize_code.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
@@ -25,6 +26,17 @@ __device__ float block_sum(float v) {
   __syncthreads();
   float s = lane < kThreads / 32 ? partial[lane] : 0.f;
   return warp_sum(s);
+}
+
+// Block-wide max; every thread gets the result.
+__device__ float block_max(float v) {
+  __shared__ float partial[kThreads / 32];
+  v = warp_max(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  return warp_max(lane < kThreads / 32 ? partial[lane] : 0.f);
 }
 
 // rsqrt(mean(v^2) + eps) over the row, with the square sum accumulated in f32 per thread and the
@@ -55,8 +67,20 @@ __device__ __forceinline__ float round_to(float v) {
   return load_f32(&r);
 }
 
-template <bool kAdd, typename T, typename W>
-__global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, Rows w, float eps, Rows out) {
+// Where a norm that quantizes its output puts it: codes [rows, ldq] and one f32 scale per row.
+struct QuantOut {
+  uint8_t* q;
+  int64_t ldq;
+  float* scales;
+};
+enum class NormOut { rows, int8, e4m3 };
+
+// kOut = rows: `out` gets the normed row. Otherwise the normed row, rounded to T exactly as `out` would
+// hold it, is quantized per token as quantize_per_token_{s8,e4m3} would quantize that `out` (same
+// scale and codes), so the linear after it reads codes without a separate quantize kernel.
+template <bool kAdd, typename T, typename W, NormOut kOut = NormOut::rows>
+__global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, Rows w, float eps, Rows out,
+                                                             QuantOut qout = {}) {
   pdl_allow_dependents();  // the GEMM that reads `out` may launch and prefetch its weights meanwhile
   const int64_t r = blockIdx.x;
   const T* xr = static_cast<const T*>(x.base) + r * x.stride;
@@ -84,11 +108,30 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
     }
   }
   const float inv = inv_rms(ss, cols, eps);
-  T* orow = static_cast<T*>(out.base) + r * out.stride;
+  if constexpr (kOut == NormOut::rows) {
+    T* orow = static_cast<T*>(out.base) + r * out.stride;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    if (i < cols) store_f32(orow + i, v[j] * inv * wv[j]);
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < cols) store_f32(orow + i, v[j] * inv * wv[j]);
+    }
+  } else {
+    constexpr bool kFp8 = kOut == NormOut::e4m3;
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      v[j] = round_to<T>(v[j] * inv * wv[j]);  // the value `out` would hold
+      if (threadIdx.x + j * kThreads < cols) amax = fmaxf(amax, fabsf(v[j]));
+    }
+    amax = block_max(amax);
+    const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+    if (threadIdx.x == 0) qout.scales[r] = s;
+    uint8_t* qrow = qout.q + r * qout.ldq;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < cols) qrow[i] = static_cast<uint8_t>(quantize_code<kFp8>(__fdiv_rn(v[j], s)));
+    }
   }
 }
 
@@ -109,6 +152,17 @@ bool launch_typed_norm(const Rows& res, const Rows& x, const Rows& w, float eps,
       norm_rows_kernel<kAdd, T, T><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
   });
   return true;
+}
+
+// The norm that quantizes its output: f16 rows (the GPU linears' activations) and an f16 or f32 weight.
+template <bool kAdd, NormOut kOut>
+void launch_norm_quantize(const Rows& res, const Rows& x, const Rows& w, float eps, const QuantOut& q,
+                          cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(x.rows);
+  if (w.dtype == ScalarType::f32)
+    norm_rows_kernel<kAdd, __half, float, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+  else
+    norm_rows_kernel<kAdd, __half, __half, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
 }
 
 // Other dtype mixes, and rows wider than kMaxRegisterCols: the row is streamed twice (sum of squares,
@@ -216,6 +270,31 @@ void add_rms_norm(const Rows& residual, const Rows& x, const Rows& weight, float
   if (!launch_typed_norm<true>(residual, x, weight, eps, out, stream))
     add_rms_norm_wide_kernel<<<grid_of(x.rows, "add_rms_norm"), kThreads, 0, stream>>>(residual, x, weight, eps, out);
   LOWBIT_CUDA_CHECK_LAUNCH("add_rms_norm");
+}
+
+void norm_quantize(const Rows& residual, const Rows& x, const Rows& weight, float eps, void* q, int64_t ldq,
+                   ScalarType q_type, float* scales, cudaStream_t stream) {
+  constexpr const char* op = "norm_quantize";
+  const Rows& rows = x.base ? x : residual;
+  if (rows.rows == 0 || rows.cols == 0) return;
+  grid_of(rows.rows, op);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, rows.cols <= kMaxRegisterCols && rows.dtype == ScalarType::f16 &&
+                        residual.dtype == ScalarType::f16 &&
+                        (weight.dtype == ScalarType::f16 || weight.dtype == ScalarType::f32),
+                    op, ": needs f16 rows of at most ", kMaxRegisterCols, " columns and an f16/f32 weight, got ",
+                    rows.cols, " columns of ", name_of(rows.dtype), ", weight ", name_of(weight.dtype));
+  LOWBIT_CHECK_TYPE(q_type == ScalarType::s8 || q_type == ScalarType::e4m3, op, ": codes must be s8 or e4m3, got ",
+                    name_of(q_type));
+  const QuantOut qo{static_cast<uint8_t*>(q), ldq, scales};
+  const bool fp8 = q_type == ScalarType::e4m3;
+  if (x.base) {  // residual += x, then norm the residual
+    if (fp8) launch_norm_quantize<true, NormOut::e4m3>(residual, x, weight, eps, qo, stream);
+    else launch_norm_quantize<true, NormOut::int8>(residual, x, weight, eps, qo, stream);
+  } else {  // norm `residual` as it is
+    if (fp8) launch_norm_quantize<false, NormOut::e4m3>(Rows{}, residual, weight, eps, qo, stream);
+    else launch_norm_quantize<false, NormOut::int8>(Rows{}, residual, weight, eps, qo, stream);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream) {

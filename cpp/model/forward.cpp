@@ -2,9 +2,10 @@
 //   embedding -> per layer: rms_norm, qkv linear (+bias), rope and kv_write (one fused op on the
 //   GPU), paged_attention, o linear, add_rms_norm, gate_up linear, silu_mul, down linear -> final
 //   add_rms_norm -> lm_head on the rows that need logits. Residual adds are fused into the next norm
-//   (add_rms_norm).
+//   (add_rms_norm); with W8A8 / FP8 on the GPU the norm also quantizes the next linear's input.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "lowbit/model/model.h"
@@ -89,6 +90,15 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
   ops::linear_fmpq(a, w, bias, y);
 }
 
+// W8A8 / FP8 on the GPU: the pre-norms of qkv and gate_up emit the linear's per-token codes themselves (one
+// kernel instead of a norm and a quantizer, the same bytes); LOWBIT_FUSED_NORM_QUANT=0 keeps them apart.
+static bool fuse_norm_quantize(const Device& dev, ops::LinearActivation act) {
+  if (!dev.is_cuda()) return false;
+  if (act != ops::LinearActivation::int8_per_token && act != ops::LinearActivation::fp8_per_token) return false;
+  const char* env = std::getenv("LOWBIT_FUSED_NORM_QUANT");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
 void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops::AttentionMeta& attn, int64_t T,
                            KVCache& cache, ModelWorkspace& ws) const {
   const int64_t D = cfg_.head_dim;
@@ -105,14 +115,29 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
   const float eps = cfg_.rms_norm_eps;
   const float scale = 1.f / std::sqrt(float(D));
   const Tensor no_bias;
+  const bool fuse_quant = fuse_norm_quantize(device_, linear_activation());
+  const ScalarType code_type =
+      linear_activation() == ops::LinearActivation::fp8_per_token ? ScalarType::e4m3 : ScalarType::s8;
+  // residual (+= added, when defined) -> norm -> linear into y.
+  auto norm_then_linear = [&](const Tensor& added, const Tensor& norm_w, const LinearInput& in, const PackedWeight& w,
+                              const Tensor& bias, Tensor& y) {
+    if (fuse_quant && !in.perm.defined()) {
+      Tensor codes = Tensor::empty({T, residual.size(1)}, code_type, device_);
+      Tensor scales = Tensor::empty({T}, ScalarType::f32, device_);
+      ops::rms_norm_quantize(residual, added, norm_w, eps, codes, scales);
+      ops::linear_quantized(codes, scales, w, bias, y);
+      return;
+    }
+    if (added.defined())
+      ops::add_rms_norm(residual, added, norm_w, eps, normed);
+    else
+      ops::rms_norm(residual, norm_w, eps, normed);
+    run_linear(normed, in, w, bias, y, ws);
+  };
   ops::embedding(ids, embed_table_, residual);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
-    if (l == 0)
-      ops::rms_norm(residual, L.input_norm, eps, normed);
-    else
-      ops::add_rms_norm(residual, hidden, L.input_norm, eps, normed);
-    run_linear(normed, L.qkv_in, L.qkv, L.qkv_bias, qkv, ws);
+    norm_then_linear(l == 0 ? Tensor() : hidden, L.input_norm, L.qkv_in, L.qkv, L.qkv_bias, qkv);
     if (device_.is_cuda()) {
       ops::rope_kv_write(q, k, v, positions, rope, cache, l, attn);  // one kernel, same bytes as the two below
     } else {
@@ -121,8 +146,7 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
     }
     ops::paged_attention(q, cache, l, attn, scale, attn_heads);
     run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
-    ops::add_rms_norm(residual, hidden, L.post_norm, eps, normed);
-    run_linear(normed, L.gate_up_in, L.gate_up, no_bias, gate_up, ws);
+    norm_then_linear(hidden, L.post_norm, L.gate_up_in, L.gate_up, no_bias, gate_up);
     ops::silu_mul(gate_up, act);
     run_linear(act, L.down_in, L.down, no_bias, hidden, ws);
   }

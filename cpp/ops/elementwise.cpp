@@ -99,6 +99,40 @@ void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float
 #endif
 }
 
+void rms_norm_quantize(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& q,
+                       Tensor& scales) {
+  constexpr const char* op = "rms_norm_quantize";
+  check_float(residual, op, "residual");
+  if (x.defined()) {
+    check_float(x, op, "x");
+    check_same_rows(residual, "residual", x, "x", op);
+  }
+  check_defined(q, op, "q");
+  LOWBIT_CHECK_TYPE(q.dtype() == ScalarType::s8 || q.dtype() == ScalarType::e4m3, op,
+                    ": argument 'q' must be s8 or e4m3, got ", name_of(q.dtype()));
+  check_dim(residual, 2, op, "residual");
+  check_shape(q, residual.shape(), op, "q");
+  LOWBIT_CHECK(q.stride(1) == 1 || q.size(1) <= 1, op, ": argument 'q' must be contiguous in its last dimension");
+  check_defined(scales, op, "scales");
+  check_dtype(scales, ScalarType::f32, op, "scales");
+  check_shape(scales, {residual.size(0)}, op, "scales");
+  check_contiguous(scales, op, "scales");
+  check_norm_weight(weight, residual.size(-1), op);
+  LOWBIT_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  const Device dev =
+      op_device(op, {{"residual", &residual}, {"x", &x}, {"weight", &weight}, {"q", &q}, {"scales", &scales}});
+  if (dev.is_cpu())
+    LOWBIT_NOT_SUPPORTED(op, ": runs on the GPU only (on the CPU, rms_norm and the linear's own quantizer)");
+#ifdef LOWBIT_WITH_CUDA
+  const cpu::RowView rv = rows_of(residual, op, "residual"), wv = rows_of(weight, op, "weight");
+  const cuda::Rows xr = x.defined() ? gpu_rows(rows_of(x, op, "x")) : cuda::Rows{};
+  cuda::norm_quantize(gpu_rows(rv), xr, gpu_rows(wv), eps, q.data_ptr(), q.stride(0), q.dtype(),
+                      scales.data<float>(), cuda::current_stream());
+#else
+  no_cuda_kernel(op);
+#endif
+}
+
 void silu_mul(const Tensor& gate_up, Tensor& out) {
   constexpr const char* op = "silu_mul";
   check_float(gate_up, op, "gate_up");

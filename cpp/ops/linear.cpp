@@ -33,6 +33,13 @@ void check_float_2d(const Tensor& t, const char* arg) {
 }
 
 #ifdef LOWBIT_WITH_CUDA
+// y[r, :] += bias on the GPU (the quantized GEMMs' epilogues do not take a bias).
+void add_bias_cuda(const Tensor& bias, Tensor& y) {
+  const cuda::Rows yr{y.data_ptr(), y.dtype(), y.size(0), y.size(1), y.stride(0)};
+  const cuda::Rows br{const_cast<void*>(bias.data_ptr()), bias.dtype(), 1, bias.size(0), bias.size(0)};
+  cuda::add_bias(yr, br, cuda::current_stream());
+}
+
 // GPU linears (weights packed for sm80, see ops.h): f16 x f16 on tensor cores, W4A16 (u4 groups,
 // f16 activations), W8A8 (per-token int8 activations quantized here, s8 x s8 -> int32 -> f16).
 // Bias (f16) is fused into the f16 GEMM and added by a row kernel after the quantized ones.
@@ -67,11 +74,7 @@ void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Ten
                          act_name(act), " (GPU linears: f16 and w4 with act=float, w8 with act=int8_per_token, e4m3 ",
                          "with act=fp8_per_token)");
   }
-  if (bias.defined()) {
-    const cuda::Rows yr{y.data_ptr(), y.dtype(), y.size(0), y.size(1), y.stride(0)};
-    const cuda::Rows br{const_cast<void*>(bias.data_ptr()), bias.dtype(), 1, bias.size(0), bias.size(0)};
-    cuda::add_bias(yr, br, cuda::current_stream());
-  }
+  if (bias.defined()) add_bias_cuda(bias, y);
 }
 #endif
 
@@ -130,6 +133,39 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
   }
   if (x.size(0) == 0) return;  // no tokens
   cpu::linear_cpu(x, w, bias, y, act);
+}
+
+void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight& w, const Tensor& bias, Tensor& y) {
+  constexpr const char* op = "linear_quantized";
+  check_defined(q, op, "q");
+  check_dim(q, 2, op, "q");
+  LOWBIT_CHECK(q.size(1) == w.k, op, ": argument 'q' ", shape_str(q.shape()), " must have k = ", w.k,
+               " features (the weight is [n=", w.n, ", k=", w.k, "])");
+  check_defined(y, op, "y");
+  check_shape(y, {q.size(0), w.n}, op, "y");
+  check_defined(w.data, op, "w.data");
+  const Device dev = op_device(op, {{"q", &q}, {"scales", &scales}, {"y", &y}, {"w.data", &w.data}, {"bias", &bias}});
+  if (!dev.is_cuda())
+    LOWBIT_NOT_SUPPORTED(op, ": runs on the GPU only (on the CPU, linear quantizes its activations itself)");
+#ifdef LOWBIT_WITH_CUDA
+  LOWBIT_CHECK(w.target == PackTarget::sm80, op, ": the weight was packed for ", name_of(w.target),
+               " but the GPU linear needs a weight packed for sm80");
+  check_dtype(y, ScalarType::f16, op, "y");
+  if (bias.defined()) {
+    check_dtype(bias, ScalarType::f16, op, "bias");
+    check_shape(bias, {w.n}, op, "bias");
+  }
+  if (q.size(0) == 0) return;
+  if (q.dtype() == ScalarType::s8 && w.format == WeightFormat::w8) {
+    cuda::gemm_w8a8(q, scales, w.data, w.scales, y, cuda::current_stream());
+  } else if (q.dtype() == ScalarType::e4m3 && w.format == WeightFormat::e4m3) {
+    cuda::gemm_fp8(q, scales, w.data, w.scales, y, cuda::current_stream());
+  } else {
+    LOWBIT_NOT_SUPPORTED(op, ": ", name_of(q.dtype()), " activations with a ", cpu::format_label(w.format),
+                         " weight (s8 goes with w8, e4m3 with e4m3)");
+  }
+  if (bias.defined()) add_bias_cuda(bias, y);
+#endif
 }
 
 void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y) {

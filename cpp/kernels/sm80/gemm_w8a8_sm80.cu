@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/quantize_code.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 
@@ -164,13 +165,6 @@ __global__ void __launch_bounds__(kThreads) gemm_w8a8_kernel(W8A8Args p) {
       }
 }
 
-// One code of the per-token quantizers (int8: rint, clamped to +-127; e4m3: nearest even, saturated).
-template <bool kFp8>
-__device__ inline uint32_t quantize_code(float v) {
-  if constexpr (kFp8) return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-  else return static_cast<uint32_t>(max(-127, min(127, __float2int_rn(v)))) & 0xFF;
-}
-
 // Per row, s = max|x| / qmax (s = 1 for an all-zero row), computed in f32. int8: q = rint(x / s) with
 // qmax 127; fp8: q = e4m3(x / s) rounded to nearest even, saturated, with qmax 448 (the largest e4m3).
 template <bool kFp8>
@@ -186,7 +180,7 @@ __global__ void quantize_per_token_kernel(const __half* __restrict__ x, int64_t 
   __syncthreads();
   amax = 0.f;
   for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = amax > 0.f ? __fdiv_rn(amax, kFp8 ? 448.f : 127.f) : 1.f;
+  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
   if (threadIdx.x == 0) scales[row] = s;
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     const float v = __fdiv_rn(__half2float(xr[i]), s);
@@ -226,7 +220,7 @@ __global__ void __launch_bounds__(256) quantize_per_token_vec_kernel(const __hal
   amax = 0.f;
 #pragma unroll
   for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = amax > 0.f ? __fdiv_rn(amax, kFp8 ? 448.f : 127.f) : 1.f;
+  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
   if (threadIdx.x == 0) scales[row] = s;
   uint2* qr = reinterpret_cast<uint2*>(q + row * ldq);
 #pragma unroll

@@ -24,6 +24,12 @@ void rms_norm(const Rows& x, const Rows& weight, float eps, const Rows& out, cud
 // residual += x (rounded to residual's dtype); out = rms_norm(residual) * weight.
 void add_rms_norm(const Rows& residual, const Rows& x, const Rows& weight, float eps, const Rows& out,
                   cudaStream_t stream);
+// The pre-norm of a W8A8 / FP8 linear with its activation quantizer fused: with x (x.base set),
+// residual += x first; then the normed rows (f16, as rms_norm would write them) become per-token
+// codes (s8 or e4m3, [rows, ldq]) and f32 scales, the bytes quantize_per_token_{s8,e4m3} would make
+// of them. The normed rows themselves are not written.
+void norm_quantize(const Rows& residual, const Rows& x, const Rows& weight, float eps, void* q, int64_t ldq,
+                   ScalarType q_type, float* scales, cudaStream_t stream);
 // out[r, i] = silu(gu[r, i]) * gu[r, I + i] with I = out.cols.
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
 // out[r] = table[ids[r]] for device ids (s32); an id outside [0, table.rows) gives a NaN row (the

@@ -23,6 +23,9 @@ enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed, fp8
 // act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
             LinearActivation act = LinearActivation::float16);
+// y = linear of activations already quantized per token (GPU only): q s8 with a w8 weight or e4m3
+// with an e4m3 weight, [m, k], scales f32 [m] (rms_norm_quantize makes them); bias and y f16.
+void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight& w, const Tensor& bias, Tensor& y);
 // COMET W4Ax: x quantized by quantize_fmpq (s8 [m, k] with int4 or int8 values per 128-channel block,
 // scales f32 [m, ceil(k / 128)]); w a qoq/liquid/w8 weight (s8 per group). Each block's s8 x s8 sum is
 // exact in int32; y[m, n] = channel_scale[n] * sum_b scale[m, b] * acc_b[m, n] (+ bias), y f32/f16/bf16.
@@ -32,6 +35,12 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 // residual += x; out = rms_norm(residual) * weight   (the fused pre-norm of the next block)
 void add_rms_norm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+// The pre-norm of a W8A8 / FP8 linear with the activation quantizer fused (GPU only): residual += x
+// when x is defined, then q (s8 or e4m3 [T, H]) and scales (f32 [T]) are the per-token codes of
+// rms_norm(residual) * weight as linear(act=int8/fp8_per_token) would make them from the f16 normed
+// rows; residual, x and weight as for add_rms_norm, f16 rows.
+void rms_norm_quantize(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& q,
+                       Tensor& scales);
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]  for gu = [gate | up] of shape [T, 2I]
 void silu_mul(const Tensor& gate_up, Tensor& out);
 void embedding(const Tensor& ids /*s32 [T]*/, const Tensor& table /*[V, H]*/, Tensor& out /*[T, H]*/);
