@@ -260,9 +260,9 @@ F16MmaPlan gemm_f16_mma_plan(int64_t m, int64_t n, int64_t k, int device) {
   if (blocks < sms)
     split = std::min<int64_t>({(sms + blocks - 1) / blocks, k_chunks / 4, 8, k / (16 * std::max<int64_t>(m, 1))});
   split = std::max<int64_t>(split, 1);
-  const int64_t per = (k_chunks + split - 1) / split;  // no empty split
+  const int64_t per = std::max<int64_t>(1, (k_chunks + split - 1) / split);  // no empty split
   plan.chunks_per_split = static_cast<int>(per);
-  plan.split = static_cast<int>((k_chunks + per - 1) / per);
+  plan.split = static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));  // k = 0: one (empty) split
   return plan;
 }
 
