@@ -202,8 +202,8 @@ void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, c
     kernel = m == 1 ? F16Kernel::gemv : aligned ? F16Kernel::mma : m <= kGemvMaxM ? F16Kernel::gemv : F16Kernel::wmma;
   if (kernel == F16Kernel::mma && !aligned) kernel = F16Kernel::wmma;  // cp.async needs 16-byte rows
   if (kernel == F16Kernel::mma) {
-    int device = 0;
-    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&device));
+    const int device = x.device().index;  // current for the smem attribute and launch, as gemm_w4a16 does
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
     const F16MmaPlan plan = gemm_f16_mma_plan(m, n, k, device);
     if (plan.ok) {
       LOWBIT_CHECK(n <= 65535LL * 128, op, ": n = ", n, " needs too many column tiles");
