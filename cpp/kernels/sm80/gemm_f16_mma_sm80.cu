@@ -10,11 +10,13 @@
 // the caller guarantees 16-byte aligned row starts (ld % 8 == 0, aligned base), and gemm_f16 falls
 // back to the wmma kernel otherwise.
 //
-// Tiles (tokens x weight rows, warp tile, stages, dynamic smem; registers: see gemm_f16_sm80.cu notes
-// or ptxas -v, no spills):
-//    32 x 128 (16 x 32), 4 stages,  92,160 B   m <= 32: the weight streams once, little wasted mma
-//    64 x 128 (32 x 32), 4 stages, 110,592 B   m <= 64, and larger m when 128-token blocks are too few
-//   128 x 128 (64 x 32), 3 stages, 110,592 B   large m; 2 blocks per SM on sm_90 (and sm_80)
+// Tiles (tokens x weight rows, warp tile, stages, dynamic smem, ptxas registers sm_90 / sm_80, no spills;
+// all fit 2 blocks per SM on sm_80/sm_90; sm_86/89 (99 KB per block) take only the 32-token tile and
+// gemm_f16 falls back to wmma for the others):
+//    32 x 128 (16 x 32), 4 stages,  92,160 B,  70 / 68 regs   m <= 32: weight streams once, little waste
+//    64 x 128 (32 x 32), 4 stages, 110,592 B,  93 / 93 regs   m <= 64, and larger m when 128-token
+//                                                              blocks are fewer than the SMs
+//   128 x 128 (64 x 32), 3 stages, 110,592 B, 125 / 128 regs  large m
 // For m <= 64 the kernel is bandwidth-bound and n / 128 blocks are too few (Llama-3-8B o/down:
 // 32 blocks on 132 SMs), so split-K raises the block count to about one per SM: f32 partials, summed
 // (with the bias) in a fixed order by a second kernel, deterministic. The partials (8 bytes per
