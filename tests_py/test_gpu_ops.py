@@ -352,8 +352,9 @@ def test_w4a16_linear_matches_cpu(m, n, k):
     close(y, ref, "f16")
 
 
-# m <= 16 runs the f16 GEMV (one warp per column), larger m the tiled wmma kernel; k = 100 (rows not 16-byte
-# aligned) takes the scalar paths, the strided x (row stride 104) the vector ones, n = 49 leaves partial tiles.
+# Default dispatch: m = 1 runs the f16 GEMV, m >= 2 the mma kernel where rows are 16-byte aligned, else the GEMV
+# (m <= 16) or the wmma kernel; k = 100 (rows not 16-byte aligned) takes those fallbacks, the strided x (row
+# stride 104) the aligned ones, n = 49 leaves partial tiles. Each kernel forced: test_gpu_f16_gemm.py.
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 70])
 @pytest.mark.parametrize("n,k,x_stride", [(576, 576, 576), (49, 100, 100), (1536, 96, 104)])
 def test_f16_linear_matches_float64(m, n, k, x_stride):

@@ -1,6 +1,8 @@
 """W4A16 / W8A8 / FP8 GEMMs vs peers on Llama-3-8B (or, with --llama70b, 70B) layer shapes (random weights;
 cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep; --ms=256,1024 limits the
 token counts.
+--f16-only: lowbit's f16 GEMM (the w16a16 linear: default dispatch and each kernel forced through
+LOWBIT_F16_GEMM_KERNEL=gemv|wmma|mma) vs cuBLAS fp16.
 From M=64 the W4A16 rows also time each W4A16 kernel forced (LOWBIT_W4A16_KERNEL=small / large:<tile>).
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
@@ -14,7 +16,7 @@ import torch
 import lowbit
 from lowbit import _core
 
-from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
+from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, kernel_times, write_json
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # --llama70b: the same four linears of Llama-3-70B (hidden 8192, 64 q / 8 kv heads of 128, intermediate 28672).
@@ -246,6 +248,66 @@ def bench_w8a8_only(name, n, k, m, l2):
     return row
 
 
+F16_KERNELS = ["mma", "wmma", "gemv"]
+
+
+def profiled_us(fns, reps=10):
+    """Device microseconds per call, summed over every kernel the calls launch (the GEMM and, with
+    split-K, its sum kernel). The f16 GEMM is reached only through lowbit's linear op, which launches on
+    lowbit's current stream (the legacy default stream from Python: no stream scope is exposed), and a
+    torch graph capture refuses such launches; the profiler's device times leave out the host overhead
+    that eager timing would add."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for f in fns:
+                f()
+        torch.cuda.synchronize()
+    total = sum(t for name, (t, _) in kernel_times(prof).items() if not name.startswith("Memcpy"))
+    if total <= 0:
+        raise RuntimeError("no kernel in the profile")
+    return total / (reps * len(fns))
+
+
+def f16_setup(n, k, copies, m):
+    """lowbit.linear calls y = x · wᵀ over `copies` f16 weights packed for sm80 (lowbit tensors made once)."""
+    g = torch.Generator().manual_seed(n + k)
+    qw = _core.quantize_weight((torch.randn(n, k, generator=g) * 0.02), "f16", GROUP)
+    ws = [_core.pack_weight(qw, "sm80", "cuda") for _ in range(copies)]
+    x = torch.randn(m, k, device="cuda").half()
+    y = torch.empty(m, n, device="cuda").half()
+    lx, ly = lowbit.from_dlpack(x), lowbit.from_dlpack(y)
+    return [lambda w=w: _core.linear(lx, w, None, ly) for w in ws]
+
+
+def bench_f16_only(name, n, k, m, l2):
+    """--f16-only: lowbit's f16 GEMM (default dispatch as lowbit_f16_us, each kernel forced as
+    lowbit_f16_<kernel>_us; the GEMV forced only up to 64 tokens, it runs 16-row slices) vs cuBLAS fp16."""
+    row, _ = cublas_baseline(name, n, k, m, l2)
+    row["f16_bytes"] = n * k * 2
+    fns = f16_setup(n, k, copies_for(n * k * 2, l2), m)
+    before = os.environ.pop("LOWBIT_F16_GEMM_KERNEL", None)
+    try:
+        row["lowbit_f16_us"] = profiled_us(fns)
+        for kernel in F16_KERNELS:
+            if kernel == "gemv" and m > 64:
+                continue
+            os.environ["LOWBIT_F16_GEMM_KERNEL"] = kernel  # read per call
+            try:
+                row[f"lowbit_f16_{kernel}_us"] = profiled_us(fns)
+            except Exception as e:  # noqa: BLE001 - record why
+                row[f"lowbit_f16_{kernel}_error"] = str(e).splitlines()[0][:160]
+    finally:
+        os.environ.pop("LOWBIT_F16_GEMM_KERNEL", None)
+        if before is not None:
+            os.environ["LOWBIT_F16_GEMM_KERNEL"] = before
+    del fns
+    row["f16_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_f16_us"]
+    return row
+
+
 def split_sweep(l2):
     """W4A16 time per split-K choice for decode shapes: the data behind pick_split."""
     rows = []
@@ -280,6 +342,16 @@ def main():
     meta["shapes"] = "Llama-3-70B" if "--llama70b" in sys.argv else "Llama-3-8B"
     for name, (n, k) in shapes.items():
         for m in ms:
+            if "--f16-only" in sys.argv:
+                r = bench_f16_only(name, n, k, m, meta["l2_bytes"])
+                r["f16_bytes_floor_us"] = r["f16_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)
+                rows.append(r)
+                forced = "  ".join(f"{kern} {r[f'lowbit_f16_{kern}_us']:8.1f}" for kern in F16_KERNELS
+                                   if f"lowbit_f16_{kern}_us" in r)
+                print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f} us  f16 {r['lowbit_f16_us']:8.1f} us "
+                      f"({r['f16_bytes'] / (r['lowbit_f16_us'] * 1e3):6.0f} GB/s, floor {r['f16_bytes_floor_us']:7.1f})"
+                      f"  x{r['f16_speedup_vs_cublas']:.2f}  {forced}", flush=True)
+                continue
             if "--fp8-only" in sys.argv:
                 r = bench_fp8_only(name, n, k, m, meta["l2_bytes"])
                 rows.append(r)

@@ -1,14 +1,27 @@
-// Plain f16 GEMM on tensor cores for w16a16: y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias), f32 accumulation.
-// A 64 x 64 output tile per block of 4 warps (each 32 x 32 = 2 x 2 wmma 16x16x16 fragments), k in
-// steps of 32 through shared memory; tiles are zero-filled past m, n and k, so any shape works.
-// A straightforward kernel (no cp.async pipeline): correct for every shape, and fast enough that the
-// 16-bit recipe runs on the GPU; the quantized recipes have their own tuned kernels.
-// Decode (m <= 16) takes a GEMV instead: a 64-column tile would leave most SMs idle when n is small
-// (SmolLM2's n = 576 gives 9 blocks) and reads each weight row once per tile anyway; one warp per
-// output column streams its weight row once for all m rows.
+// Plain f16 GEMM for w16a16: y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias), f32 accumulation. Three kernels:
+//  - mma (gemm_f16_mma_sm80.cu): mma.sync with a cp.async ring, the default for every m >= 2 whose x and
+//    w rows start 16-byte aligned (row stride % 8 == 0, aligned base): any m, n, k otherwise.
+//  - GEMV (here): m == 1, one warp per output column streaming its weight row once (~80% of the
+//    weight-bandwidth floor at batch 1). Its cost is NOT flat in m: per 16-byte weight load each lane
+//    re-loads m 16-byte x vectors (every one of the n warps reads all of x: m times the weight bytes
+//    through L1/L2) and issues 8m FFMA + 8m f16->f32 conversions, so from m ~ 4 the SM issue rate and
+//    L1 bandwidth, not DRAM, set its speed (41.8 ms for the 8B step at batch 16 against 7.7 at 1).
+//    The mma kernel reads x once per block from smem and does 16 x 8 x 16 MACs per instruction, so it
+//    stays on the bandwidth floor up to m = 64; the GEMV is kept only for m == 1 (where the mma
+//    kernel's 32-token tile would waste 31/32 of its mma and add a split-K pass) and as the m <= 16
+//    fallback for misaligned rows.
+//  - wmma (here): 64 x 64 tiles, 4 warps, synchronous loads, element-wise edges: the fallback for
+//    misaligned rows (k % 8 != 0 contiguous, odd strides) at m > 16.
+// LOWBIT_F16_GEMM_KERNEL=gemv|wmma|mma (read per call; tests and benchmarks) forces one; forced gemv
+// runs 16-row slices for larger m, forced mma on misaligned rows takes the wmma kernel.
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/sm80/gemm_f16_mma_sm80.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
@@ -36,10 +49,10 @@ __device__ __forceinline__ void load_tile(__half (*dst)[kLd], const __half* src,
     const int gr = row0 + r, gk = k0 + kc;
     __half* d = &dst[r][kc];
     if (gr < rows && vec && gk + 8 <= k) {
-      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src + gr * ld + gk);
+      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src + static_cast<int64_t>(gr) * ld + gk);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) d[e] = gr < rows && gk + e < k ? src[gr * ld + gk + e] : __float2half(0.f);
+      for (int e = 0; e < 8; ++e) d[e] = gr < rows && gk + e < k ? src[static_cast<int64_t>(gr) * ld + gk + e] : __float2half(0.f);
     }
   }
 }
@@ -89,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) gemm_f16_kernel(F16GemmArgs p) {
     if (gr >= p.m || gc >= p.n) continue;
     float v = smem.c[r][c];
     if (p.bias) v += __half2float(p.bias[gc]);
-    p.y[gr * p.ldy + gc] = __float2half_rn(v);
+    p.y[static_cast<int64_t>(gr) * p.ldy + gc] = __float2half_rn(v);
   }
 }
 
@@ -137,6 +150,32 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_f16_kernel(F16GemmArgs p
   }
 }
 
+enum class F16Kernel { automatic, gemv, wmma, mma };
+
+// LOWBIT_F16_GEMM_KERNEL (read per call, for tests and benchmarks): gemv, wmma or mma; unset or empty =
+// automatic.
+F16Kernel forced_kernel() {
+  const char* force = std::getenv("LOWBIT_F16_GEMM_KERNEL");
+  if (force == nullptr || *force == '\0') return F16Kernel::automatic;
+  if (std::strcmp(force, "gemv") == 0) return F16Kernel::gemv;
+  if (std::strcmp(force, "wmma") == 0) return F16Kernel::wmma;
+  if (std::strcmp(force, "mma") == 0) return F16Kernel::mma;
+  LOWBIT_CHECK(false, "gemm_f16: LOWBIT_F16_GEMM_KERNEL must be gemv, wmma or mma, got '", force, "'");
+  return F16Kernel::automatic;
+}
+
+void launch_gemv(const F16GemmArgs& p, cudaStream_t stream, const char* op) {
+  // The GEMV holds kGemvMaxM rows of accumulators: larger m (forced) runs in row slices.
+  for (int r0 = 0; r0 < p.m; r0 += kGemvMaxM) {
+    F16GemmArgs s = p;
+    s.x = p.x + static_cast<int64_t>(r0) * p.ldx;
+    s.y = p.y + static_cast<int64_t>(r0) * p.ldy;
+    s.m = std::min(kGemvMaxM, p.m - r0);
+    gemv_f16_kernel<<<static_cast<unsigned>((p.n + kGemvWarps - 1) / kGemvWarps), 32 * kGemvWarps, 0, stream>>>(s);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
 }  // namespace
 
 void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream) {
@@ -157,9 +196,28 @@ void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, c
   p.k = static_cast<int>(k);
   p.x_vec = p.ldx % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   p.w_vec = p.ldw % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
-  if (m <= kGemvMaxM) {
-    gemv_f16_kernel<<<static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps), 32 * kGemvWarps, 0, stream>>>(p);
-    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  F16Kernel kernel = forced_kernel();
+  const bool aligned = p.x_vec && p.w_vec;
+  if (kernel == F16Kernel::automatic)
+    kernel = m == 1 ? F16Kernel::gemv : aligned ? F16Kernel::mma : m <= kGemvMaxM ? F16Kernel::gemv : F16Kernel::wmma;
+  if (kernel == F16Kernel::mma && !aligned) kernel = F16Kernel::wmma;  // cp.async needs 16-byte rows
+  if (kernel == F16Kernel::mma) {
+    const int device = x.device().index;  // current for the smem attribute and launch, as gemm_w4a16 does
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+    const F16MmaPlan plan = gemm_f16_mma_plan(m, n, k, device);
+    if (plan.ok) {
+      LOWBIT_CHECK(n <= 65535LL * 128, op, ": n = ", n, " needs too many column tiles");
+      Tensor ws;
+      if (plan.split > 1) ws = Tensor::empty({plan.split * m * n}, ScalarType::f32, x.device());
+      const F16MmaArgs a{p.x, p.ldx, p.w, p.ldw, p.bias, p.y, p.ldy, plan.split > 1 ? ws.data<float>() : nullptr,
+                         p.m, p.n, p.k, plan.chunks_per_split};
+      gemm_f16_mma(a, plan, stream);
+      return;
+    }
+    kernel = F16Kernel::wmma;  // the tile does not fit this device's shared memory
+  }
+  if (kernel == F16Kernel::gemv) {
+    launch_gemv(p, stream, op);
     return;
   }
   const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));

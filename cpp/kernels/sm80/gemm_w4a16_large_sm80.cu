@@ -70,14 +70,6 @@ struct LargeCfg {
                 "tile shape");
 };
 
-__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
 // Copies (or zero-fills) the x tile, packed chunk kc and its scales|zeros into one stage.
 template <class C>
 __device__ inline void load_stage(const W4A16LargeArgs& p, uint8_t* st, int kc, int m0, int n0) {

@@ -1,6 +1,7 @@
 // Device helpers shared by the W4A16 GEMM kernels (gemm_w4a16_sm80.cu, gemm_w4a16_large_sm80.cu): the
-// packed-layout constants of pack_sm80, cp.async, the u4 -> f16 dequant and mma.sync m16n8k16. One
-// copy so that both kernels dequantize bit-identically (w = q*s - z*s in f16).
+// packed-layout constants of pack_sm80, cp.async, the u4 -> f16 dequant, ldmatrix and mma.sync
+// m16n8k16. One copy so that both kernels dequantize bit-identically (w = q*s - z*s in f16). The f16
+// GEMM (gemm_f16_mma_sm80.cu) uses the cp.async / ldmatrix / mma pieces.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -21,6 +22,21 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;"
 template <int kPending>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+
+// 16-byte copy that reads only src_bytes (0..16) and zero-fills the rest: k tails and rows past the
+// matrix edge (src_bytes = 0 reads nothing; gmem must still be a valid address).
+__device__ inline void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+
+__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
 }
 
 template <int kLut>
