@@ -37,7 +37,7 @@ python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available
 if has tests; then
   echo "== tests"
   python3 -m pytest tests_py/test_gpu_core.py tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py \
-    tests_py/test_gpu_fp8.py tests_py/test_gpu_attention.py \
+    tests_py/test_gpu_fp8.py tests_py/test_gpu_attention.py tests_py/test_gpu_f16_gemm.py \
     tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q -rfE --maxfail=30 \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -3
   # Failures with their messages on stdout: a device run may bring back only a few files.
@@ -59,6 +59,10 @@ if has sanitize; then
 large_default_dispatch or (large_split_k and 2-large) or 272-576-128-3-129 or 17-4160-128-1-129"
   sanitize racecheck racecheck_w4a16_large 240 tests_py/test_gpu_w4a16.py "(large_small_m and 5-large) or \
 (large_split_k and 3-large)"
+  sanitize memcheck memcheck_f16_gemm 200 tests_py/test_gpu_f16_gemm.py "(forced and (2-200-72 or 17-200-576 or \
+65-8-16 or 7-1000-72 or 300-8-4100)) or (mma_matches_wmma and (2-200-576 or 1030)) or (default_dispatch and 65) or override"
+  sanitize racecheck racecheck_f16_gemm 200 tests_py/test_gpu_f16_gemm.py "forced and (2-200-72-mma or 65-8-16-mma or \
+300-1000-576-mma or 17-200-576-mma)"
   sanitize memcheck memcheck_w8a8 200 tests_py/test_gpu_w8a8.py "bit_exact and (3-130 or 17 or 1-8)"
   sanitize racecheck racecheck_w8a8 200 tests_py/test_gpu_w8a8.py "int32 and 130-200"
   sanitize memcheck memcheck_fp8 200 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200) or \
