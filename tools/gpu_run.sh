@@ -3,7 +3,8 @@
 # compute-sanitizer memcheck/racecheck on small kernel tests), run the benchmarks.
 # Results (JSON, logs) go to $OUT (default ./gpu_out); a short table is printed last.
 #   usage: tools/gpu_run.sh [steps]   steps: comma list of tests,sanitize,bench (default all three),
-#          engine (only the forward-pass op and model/engine tests, with a short memcheck), profile
+#          engine (only the forward-pass op and model/engine tests, with a short memcheck), profile,
+#          llama8b (the Llama-3-8B-shaped end-to-end benchmark, ~7 min)
 #   An incoming PYTHONPATH (e.g. where extra wheels were unpacked) is kept after the build's own paths.
 set -uo pipefail
 STEPS=${1:-tests,sanitize,bench}
@@ -113,3 +114,9 @@ if has bench; then
   python3 tools/bench_gpu_gemm.py "$OUT/bench_gemm.json" --sweep 2>&1 | tee "$OUT/bench_gemm.log"
   python3 tools/bench_gpu_attention.py "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
 fi
+if has llama8b; then
+  echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"
+  timeout 560 python3 tools/bench_gpu_llama8b.py "$OUT/llama8b.json" --deadline 540 2>&1 | tail -20
+fi
+# The short table last: tests, sanitizers and the targets from whatever this run produced.
+python3 tools/gpu_summary.py "$OUT"

@@ -1,0 +1,49 @@
+"""tools/gpu_summary.py (the table a GPU run ends with) on a hand-made output folder: targets are judged
+from the benchmark figures, sanitizer logs by their summary lines, missing files are skipped."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_summary.py"
+
+
+def run(folder):
+    return subprocess.run([sys.executable, str(TOOL), str(folder)], capture_output=True, text=True, check=True).stdout
+
+
+def row(text, start):
+    lines = [ln for ln in text.splitlines() if ln.startswith(start)]
+    assert len(lines) == 1, text
+    return [c.strip() for c in lines[0].split("|")]
+
+
+def test_targets_hit_and_miss(tmp_path):
+    gemm = [{"shape": s, "m": m, "speedup_vs_cublas": x, "w8a8_speedup_vs_cublas": y}
+            for s, m, x, y in [("gate_up", 1, 2.9, 1.7), ("down", 1, 2.6, 1.2), ("gate_up", 16, 2.1, 1.8),
+                               ("down", 16, 2.7, 1.2), ("gate_up", 256, 0.4, 1.45), ("down", 1024, 0.4, 1.3)]]
+    (tmp_path / "bench_gemm.json").write_text(json.dumps({"gemm": gemm}))
+    attn = [{"batch": 64, "seq_len": 8192, "speedup_u8_vs_sdpa": 1.59, "speedup_u4_vs_sdpa": 2.7},
+            {"batch": 1, "seq_len": 8192, "speedup_u8_vs_sdpa": 9.0, "speedup_u4_vs_sdpa": 9.0}]
+    (tmp_path / "bench_attention.json").write_text(json.dumps({"attention": attn}))
+    floor = [{"engine": "lowbit", "recipe": "w4a16kv8", "measured_decode_tok_s": 330.0, "fraction_of_floor": 0.55},
+             {"engine": "torch_compile", "recipe": "f16", "measured_decode_tok_s": 150.0, "fraction_of_floor": 0.9}]
+    (tmp_path / "llama8b.json").write_text(json.dumps({"floor": floor}))
+    (tmp_path / "pytest.log").write_text("....\n12 passed, 3 skipped in 4.0s\n")
+    (tmp_path / "memcheck_a.log").write_text("========= ERROR SUMMARY: 0 errors\n")
+    (tmp_path / "racecheck_b.log").write_text("========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n")
+    out = run(tmp_path)
+    assert row(out, "W4A16 M=1 ")[1:] == ["2.90x / 2.60x", "hit"]
+    assert row(out, "W4A16 M=16 ")[1:] == ["2.10x / 2.70x", "miss"]  # the worse of the two decides
+    assert row(out, "W8A8")[1:] == ["1.30x .. 1.45x", "miss"]  # only M >= 256 counts
+    assert row(out, "kv8 decode")[1:] == ["1.59x", "miss"]
+    assert row(out, "kv4 decode")[1:] == ["2.70x", "hit"]
+    assert row(out, "8B w4a16kv8 batch-1 decode >=")[1:] == ["330.0 tok/s = 55%", "hit"]
+    assert row(out, "8B w4a16kv8 batch-1 decode faster")[1:] == ["2.20x", "hit"]
+    assert row(out, "GPU tests")[1].startswith("12 passed, 3 skipped")
+    assert row(out, "compute-sanitizer memcheck_a")[1] == "clean"
+    assert row(out, "compute-sanitizer racecheck_b")[1] == "FINDINGS or not finished"
+
+
+def test_empty_folder_says_nothing_ran(tmp_path):
+    assert "(no benchmark results in this run)" in run(tmp_path)

@@ -1,0 +1,105 @@
+"""The short table a GPU run ends with: tests, sanitizers and the issue's benchmark targets, read from the files
+tools/gpu_run.sh leaves in its output folder (missing files are reported as not run).
+  python3 tools/gpu_summary.py OUT_DIR
+"""
+import json
+import os
+import re
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def pytest_line(path):
+    """The pytest summary line ("N passed, M skipped ..."), or None."""
+    try:
+        with open(path) as f:
+            lines = [ln.strip() for ln in f if re.search(r"\d+ (passed|failed|error)", ln)]
+        return lines[-1].strip("= ") if lines else None
+    except OSError:
+        return None
+
+
+def gemm_targets(gemm):
+    """(target, measured, hit) rows from bench_gpu_gemm.py's default mode."""
+    rows = []
+    by = {(r["shape"], r["m"]): r for r in gemm.get("gemm", [])}
+    for m in (1, 16):
+        got = [by.get((s, m), {}).get("speedup_vs_cublas") for s in ("gate_up", "down")]
+        if all(g is not None for g in got):
+            rows.append((f"W4A16 M={m} >= 2.5x cuBLAS fp16 (gate_up / down)", " / ".join(f"{g:.2f}x" for g in got),
+                         min(got) >= 2.5))
+    w8 = [r.get("w8a8_speedup_vs_cublas") for r in gemm.get("gemm", []) if r["m"] >= 256]
+    w8 = [x for x in w8 if x is not None]
+    if w8:
+        rows.append(("W8A8 (+quantizer) M>=256 >= 1.4x cuBLAS fp16", f"{min(w8):.2f}x .. {max(w8):.2f}x", min(w8) >= 1.4))
+    return rows
+
+
+def attention_targets(attn):
+    rows = []
+    for r in attn.get("attention", []):
+        if r.get("batch") == 64 and r.get("seq_len") == 8192:
+            for kind, want in (("u8", 1.6), ("u4", 2.5)):
+                got = r.get(f"speedup_{kind}_vs_sdpa")
+                if got is not None:
+                    rows.append((f"kv{8 if kind == 'u8' else 4} decode attention B=64 L=8K >= {want}x SDPA",
+                                 f"{got:.2f}x", got >= want))
+    return rows
+
+
+def llama8b_targets(run):
+    """Batch-1 w4a16kv8 decode against its bytes floor and against the torch.compile baseline (bench_gpu_llama8b.py)."""
+    rows = []
+    floor = {(f["engine"], f["recipe"]): f for f in run.get("floor", [])}
+    ours = floor.get(("lowbit", "w4a16kv8"))
+    if ours:
+        rows.append(("8B w4a16kv8 batch-1 decode >= 50% of its bytes floor",
+                     f"{ours['measured_decode_tok_s']:.1f} tok/s = {ours['fraction_of_floor']:.0%}",
+                     ours["fraction_of_floor"] >= 0.5))
+    torch_b1 = floor.get(("torch_compile", "f16"))
+    if ours and torch_b1:
+        ratio = ours["measured_decode_tok_s"] / torch_b1["measured_decode_tok_s"]
+        rows.append(("8B w4a16kv8 batch-1 decode faster than torch.compile", f"{ratio:.2f}x", ratio > 1))
+    return rows
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "gpu_out"
+    print("\n== summary")
+    print(f"{'item':58s} | {'result':28s} | target")
+    print("-" * 100)
+    for name, log in (("GPU tests", "pytest.log"), ("forward-pass and engine tests", "pytest_engine.log")):
+        line = pytest_line(os.path.join(out, log))
+        if line is not None:
+            print(f"{name:58s} | {line[:28]:28s} |")
+    sanitizers = sorted(f[:-4] for f in os.listdir(out) if re.match(r"(memcheck|racecheck|synccheck)_.*\.log$", f)) \
+        if os.path.isdir(out) else []
+    for name in sanitizers:
+        text = open(os.path.join(out, name + ".log"), errors="replace").read()
+        clean = re.search(r"ERROR SUMMARY: 0 errors|0 hazards displayed", text) is not None
+        print(f"{'compute-sanitizer ' + name:58s} | {'clean' if clean else 'FINDINGS or not finished':28s} |")
+    rows = []
+    gemm = load(os.path.join(out, "bench_gemm.json"))
+    if gemm:
+        rows += gemm_targets(gemm)
+    attn = load(os.path.join(out, "bench_attention.json"))
+    if attn:
+        rows += attention_targets(attn)
+    run = load(os.path.join(out, "llama8b.json"))
+    if run:
+        rows += llama8b_targets(run)
+    for name, got, hit in rows:
+        print(f"{name:58s} | {got:28s} | {'hit' if hit else 'miss'}")
+    if not rows:
+        print("(no benchmark results in this run)")
+
+
+if __name__ == "__main__":
+    main()
