@@ -31,6 +31,10 @@
 // (1.7 waves of 128x128). The 128x256 tile halves smem reads per mma and may do better at
 // M >= 1024 if 8 warps per SM hide the latency (the bench times each tile). Closing the rest of the
 // gap on Hopper needs a wgmma (sm_90a) W4A16 kernel.
+// Measured (H100, eb5d682, bench/results/h100-2026-11-23-w4a16-large.json): M=1024 gate_up 786 us,
+// down 389, o 116, qkv 183 (128x128); M=256 o 55.7 (64x128), qkv 76.2, down 145.5, gate_up 240.1: the
+// smem-bound estimate was optimistic, and only o at M=256 gained much over the decode kernel (75.6).
+// The 128x256 tile was slower everywhere.
 //
 // Split-K (f32 partials summed in a fixed order) only where the (m, n) blocks leave SMs idle.
 #include <cuda_fp16.h>
