@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import lowbit
 from lowbit import _core
 
-from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, kernel_times, write_json
+from bench_gpu_common import (copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, profiled_kernel_us,
+                              write_json)
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIGS = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 8192)]
@@ -85,21 +86,6 @@ def bench(b, length, l2, meta, split_sweep=False):
     return row
 
 
-def profiled_us(fn, reps, name_part=""):
-    """Device microseconds per call of the kernels whose names contain name_part (all when empty)."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    per = kernel_times(prof)
-    total = sum(t for name, (t, _) in per.items() if name_part in name and not name.startswith("Memcpy"))
-    if total <= 0:
-        raise RuntimeError(f"no kernel named like {name_part!r} in the profile: {sorted(per)}")
-    return total / reps
-
-
 def bench_prefill(length):
     """One fresh prompt of `length` tokens: lowbit's paged prefill (f16/u8/u4 KV) vs causal SDPA."""
     flops = 4 * HQ * D * length * (length + 1) / 2
@@ -108,7 +94,7 @@ def bench_prefill(length):
     k = torch.randn(length, HKV, D, device="cuda").half()
     v = torch.randn(length, HKV, D, device="cuda").half()
     qs, ks, vs = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))  # [1, H, L, D]
-    row["sdpa_fp16_us"] = profiled_us(
+    row["sdpa_fp16_us"] = profiled_kernel_us(
         lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True), PREFILL_REPS)
     row["sdpa_tflops"] = flops / (row["sdpa_fp16_us"] * 1e6)
     del qs, ks, vs
@@ -120,7 +106,7 @@ def bench_prefill(length):
     for kv in ["f16", "u8", "u4"]:
         cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, meta)
-        t = profiled_us(lambda: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out), PREFILL_REPS,
+        t = profiled_kernel_us(lambda: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out), PREFILL_REPS,
                         "prefill_attention")
         row[f"lowbit_{kv}_us"] = t
         row[f"lowbit_{kv}_tflops"] = flops / (t * 1e6)

@@ -49,6 +49,28 @@ def kernel_times(prof):
     return per
 
 
+def profiled_kernel_us(fns, reps, name_part="", warmup=1):
+    """Device microseconds per call from the torch profiler's kernel records, for launches a CUDA-graph
+    capture refuses (lowbit ops on their own stream, ops that upload metadata per call). fns: one callable
+    or a list (each call counts once); every call runs `warmup` times, then `reps` times under the profiler.
+    Sums the kernels whose names contain name_part (all when empty), copies left out."""
+    fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+    for _ in range(warmup):
+        for f in fns:
+            f()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for f in fns:
+                f()
+        torch.cuda.synchronize()
+    per = kernel_times(prof)
+    total = sum(t for name, (t, _) in per.items() if name_part in name and not name.startswith("Memcpy"))
+    if total <= 0:
+        raise RuntimeError(f"no kernel named like {name_part!r} in the profile: {sorted(per)}")
+    return total / (reps * len(fns))
+
+
 def copy_bandwidth_gbs(nbytes=2 << 30):
     """Device-to-device copy, bytes read + written per second (the memory roofline we compare to)."""
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()

@@ -16,7 +16,8 @@ import torch
 import lowbit
 from lowbit import _core
 
-from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, kernel_times, write_json
+from bench_gpu_common import (copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, profiled_kernel_us,
+                              write_json)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # --llama70b: the same four linears of Llama-3-70B (hidden 8192, 64 q / 8 kv heads of 128, intermediate 28672).
@@ -249,26 +250,10 @@ def bench_w8a8_only(name, n, k, m, l2):
 
 
 F16_KERNELS = ["mma", "wmma", "gemv"]
-
-
-def profiled_us(fns, reps=10):
-    """Device microseconds per call, summed over every kernel the calls launch (the GEMM and, with
-    split-K, its sum kernel). The f16 GEMM is reached only through lowbit's linear op, which launches on
-    lowbit's current stream (the legacy default stream from Python: no stream scope is exposed), and a
-    torch graph capture refuses such launches; the profiler's device times leave out the host overhead
-    that eager timing would add."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            for f in fns:
-                f()
-        torch.cuda.synchronize()
-    total = sum(t for name, (t, _) in kernel_times(prof).items() if not name.startswith("Memcpy"))
-    if total <= 0:
-        raise RuntimeError("no kernel in the profile")
-    return total / (reps * len(fns))
+# The f16 GEMM is reached only through lowbit's linear op, which launches on lowbit's current stream (the
+# legacy default stream from Python: no stream scope is exposed), and a torch graph capture refuses such
+# launches: it is timed by the profiler's device times (the GEMM and, with split-K, its sum kernel).
+F16_REPS = 10
 
 
 def f16_setup(n, k, copies, m):
@@ -290,13 +275,13 @@ def bench_f16_only(name, n, k, m, l2):
     fns = f16_setup(n, k, copies_for(n * k * 2, l2), m)
     before = os.environ.pop("LOWBIT_F16_GEMM_KERNEL", None)
     try:
-        row["lowbit_f16_us"] = profiled_us(fns)
+        row["lowbit_f16_us"] = profiled_kernel_us(fns, F16_REPS)
         for kernel in F16_KERNELS:
             if kernel == "gemv" and m > 64:
                 continue
             os.environ["LOWBIT_F16_GEMM_KERNEL"] = kernel  # read per call
             try:
-                row[f"lowbit_f16_{kernel}_us"] = profiled_us(fns)
+                row[f"lowbit_f16_{kernel}_us"] = profiled_kernel_us(fns, F16_REPS)
             except Exception as e:  # noqa: BLE001 - record why
                 row[f"lowbit_f16_{kernel}_error"] = str(e).splitlines()[0][:160]
     finally:

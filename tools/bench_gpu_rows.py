@@ -11,7 +11,7 @@ import torch
 import lowbit  # noqa: F401
 from lowbit import _core as lb
 
-from bench_gpu_common import kernel_times
+from bench_gpu_common import profiled_kernel_us
 
 CASES = [(1, 576), (1, 4096), (1, 8192), (64, 4096), (512, 4096)]
 REPS = 50
@@ -19,15 +19,7 @@ REPS = 50
 
 def kernel_us(fn):
     """Mean device microseconds per call of fn, summed over the kernels it launches."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPS):
-            fn()
-        torch.cuda.synchronize()
-    per = kernel_times(prof)
-    return sum(v[0] for v in per.values()) / REPS, {k: v[0] / REPS for k, v in per.items()}
+    return profiled_kernel_us(fn, REPS, warmup=3)
 
 
 def main():
@@ -40,13 +32,13 @@ def main():
             w = (torch.rand(h, device="cuda") + 0.5).to(wdt)
             o = torch.empty_like(x)
             r = {"rows": t, "cols": h, "weight": str(wdt).split(".")[-1]}
-            r["lowbit_rms_norm_us"], _ = kernel_us(lambda: lb.rms_norm(x, w, 1e-5, o))
-            r["lowbit_add_rms_norm_us"], _ = kernel_us(lambda: lb.add_rms_norm(res, x, w, 1e-5, o))
-            r["torch_rms_norm_us"], _ = kernel_us(lambda: torch.nn.functional.rms_norm(x, (h,), w.half(), 1e-5))
+            r["lowbit_rms_norm_us"] = kernel_us(lambda: lb.rms_norm(x, w, 1e-5, o))
+            r["lowbit_add_rms_norm_us"] = kernel_us(lambda: lb.add_rms_norm(res, x, w, 1e-5, o))
+            r["torch_rms_norm_us"] = kernel_us(lambda: torch.nn.functional.rms_norm(x, (h,), w.half(), 1e-5))
             gu = torch.randn(t, 3 * h, device="cuda").half()
             act = torch.empty(t, gu.shape[1] // 2, device="cuda").half()
-            r["lowbit_silu_mul_us"], _ = kernel_us(lambda: lb.silu_mul(gu, act))
-            r["torch_silu_mul_us"], _ = kernel_us(
+            r["lowbit_silu_mul_us"] = kernel_us(lambda: lb.silu_mul(gu, act))
+            r["torch_silu_mul_us"] = kernel_us(
                 lambda: torch.nn.functional.silu(gu[:, :act.shape[1]]) * gu[:, act.shape[1]:])
             rows.append(r)
             print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
