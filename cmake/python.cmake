@@ -9,6 +9,17 @@ find_package(nanobind CONFIG REQUIRED)
 file(GLOB _bind_src CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/bindings/*.cpp)
 nanobind_add_module(_core NB_STATIC STABLE_ABI ${_bind_src})
 target_link_libraries(_core PRIVATE lowbit)
+# Export nothing but PyInit__core. The extension links static archives (lowbit's areas, nanobind, the static CUDA
+# runtime) and, with some toolchains, a static copy of libstdc++. Without this, all of their symbols are exported,
+# and libstdc++'s STB_GNU_UNIQUE symbols (locale facet ids, among others) are unified process-wide with those of the
+# shared libstdc++ that torch loads: the two C++ runtimes then share half of their state, and formatting the
+# message of the first C++ exception segfaulted (docs/gpu_notes.md, "C++ exceptions crashed once torch was loaded").
+# tests_py/test_extension_exports.py checks the exported symbol table of the installed extension.
+if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  target_link_options(_core PRIVATE "LINKER:--exclude-libs,ALL"
+                      "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/python_exports.map")
+  set_property(TARGET _core APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/python_exports.map)
+endif()
 target_include_directories(_core PRIVATE ${PROJECT_SOURCE_DIR})
 # Developers point LOWBIT_DEV_BUILD at this folder to import a build-tree extension.
 set_target_properties(_core PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/python_ext)

@@ -30,8 +30,12 @@ def test_targets_hit_and_miss(tmp_path):
              {"engine": "torch_compile", "recipe": "f16", "measured_decode_tok_s": 150.0, "fraction_of_floor": 0.9}]
     (tmp_path / "llama8b.json").write_text(json.dumps({"floor": floor}))
     (tmp_path / "pytest.log").write_text("....\n12 passed, 3 skipped in 4.0s\n")
-    (tmp_path / "memcheck_a.log").write_text("========= ERROR SUMMARY: 0 errors\n")
-    (tmp_path / "racecheck_b.log").write_text("========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n")
+    (tmp_path / "memcheck_a.log").write_text("...\n5 passed, 40 deselected in 9.1s\n========= ERROR SUMMARY: 0 errors\n")
+    (tmp_path / "racecheck_b.log").write_text("3 passed in 2.0s\n"
+                                              "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n")
+    (tmp_path / "synccheck_c.log").write_text("1 failed, 2 passed in 2.0s\n========= ERROR SUMMARY: 0 errors\n")
+    (tmp_path / "synccheck_d.log").write_text("no tests ran, 40 deselected in 1.0s\n========= ERROR SUMMARY: 0 errors\n")
+    (tmp_path / "memcheck_e.log").write_text("collected 40 items\n")  # killed by its timeout
     out = run(tmp_path)
     assert row(out, "W4A16 M=1 ")[1:] == ["2.90x / 2.60x", "hit"]
     assert row(out, "W4A16 M=16 ")[1:] == ["2.10x / 2.70x", "miss"]  # the worse of the two decides
@@ -41,8 +45,12 @@ def test_targets_hit_and_miss(tmp_path):
     assert row(out, "8B w4a16kv8 batch-1 decode >=")[1:] == ["330.0 tok/s = 55%", "hit"]
     assert row(out, "8B w4a16kv8 batch-1 decode faster")[1:] == ["2.20x", "hit"]
     assert row(out, "GPU tests")[1].startswith("12 passed, 3 skipped")
-    assert row(out, "compute-sanitizer memcheck_a")[1] == "clean"
-    assert row(out, "compute-sanitizer racecheck_b")[1] == "FINDINGS or not finished"
+    assert row(out, "compute-sanitizer memcheck_a")[1] == "0 findings (5 tests)"
+    assert row(out, "compute-sanitizer racecheck_b")[1] == "2 findings (3 tests)"
+    assert row(out, "compute-sanitizer synccheck_c")[1] == "0 findings, tests failed"
+    assert row(out, "compute-sanitizer synccheck_d")[1] == "0 findings, no test passed"
+    assert row(out, "compute-sanitizer memcheck_e")[1] == "not finished"
+    assert row(out, "compute-sanitizer, all runs")[1] == "2 findings in 5 runs, 1 not finished"
 
 
 def test_empty_folder_says_nothing_ran(tmp_path):

@@ -3,11 +3,16 @@
 # install lowbit as users do, reproduce, list which shared objects the throw path binds to
 # (LD_DEBUG=bindings), take a native backtrace (cuda-gdb runs host-only programs too), then
 # relink with --exclude-libs over each group of static archives to find the one whose exports clash.
-#   usage: tools/gpu_diag_exceptions.sh        (results under $OUT, default ./gpu_out)
+#   usage: tools/gpu_diag_exceptions.sh [bisect]   (results under $OUT, default ./gpu_out)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-REPO=$PWD
+# A copy of the tree without the export restriction of cmake/python.cmake (the version script and
+# --exclude-libs): the build as it was when the crash was found.
+REPO=/tmp/lowbit-unrestricted; rm -rf $REPO; mkdir -p $REPO
+tar -C "$PWD" --exclude=./build --exclude=./.git -cf - . | tar -C $REPO -xf -
+sed -i '/^if(CMAKE_SYSTEM_NAME STREQUAL "Linux")/,/^endif()/d' $REPO/cmake/python.cmake
+FIXED=$PWD
 THROW='import torch; from lowbit import _core; _core.parse_recipe("w9a9")'
 
 echo "== environment"
@@ -30,7 +35,17 @@ echo "== install as users do (pip install --no-build-isolation --no-deps .)"
 start=$(date +%s); install "" base; echo "build $(( $(date +%s) - start )) s"
 SO=$(python3 -c "import importlib.util as u; print(u.find_spec('lowbit._core').origin)")
 echo "extension: $SO"
-echo "exported (defined) dynamic symbols: $(nm -D --defined-only "$SO" | wc -l)"
+echo "exported (defined) dynamic symbols: $(nm -D --defined-only "$SO" | wc -l)," \
+     "of them STB_GNU_UNIQUE: $(readelf -W --dyn-syms "$SO" | grep -c ' UNIQUE ')"
+echo "NEEDED: $(readelf -d "$SO" | grep NEEDED | sed -E 's/.*\[(.*)\]/\1/' | tr '\n' ' ')"
+echo "-- how the C++ runtime was linked"
+g++ --version | head -1
+for f in libstdc++.so libstdc++.a; do p=$(g++ -print-file-name=$f); echo "$f -> $p $(ls -la "$p" 2>&1 | cut -c1-160)"; done
+BUILD=$(ls -d "$REPO"/build/cp3* | head -1)
+awk '/^build python_ext\/_core/{f=1} f&&/LINK_(FLAGS|LIBRARIES|PATH)/{print substr($0,1,900)} f&&/TARGET_FILE/{exit}' "$BUILD/build.ninja"
+grep -E "CMAKE_(CXX|CUDA)_IMPLICIT_LINK_(LIBRARIES|DIRECTORIES)|CMAKE_CUDA_HOST_IMPLICIT" "$BUILD"/CMakeFiles/*/CMake*Compiler.cmake
+echo "-- which file the linker takes for -lstdc++ (relink with --verbose)"
+(cd "$BUILD" && rm -f python_ext/_core*.so && ninja -v python_ext/_core.cpython-312-x86_64-linux-gnu.so 2>&1 | grep -E "^\[.*\] .*-o python_ext/_core" | head -1 | cut -c1-1500)
 nm -D --defined-only "$SO" | awk '{print $3}' | c++filt | sed -E 's/\(.*//; s/<.*//' | awk -F'::' '{print $1"::"$2}' \
   | sort | uniq -c | sort -rn | head -12
 (cd /tmp && timeout 60 python3 -c 'from lowbit import _core; _core.parse_recipe("w9a9")' > /tmp/t0.log 2>&1); echo "without torch: rc=$? $(tail -1 /tmp/t0.log | cut -c1-60)"
@@ -66,6 +81,11 @@ echo "== native backtrace (cuda-gdb, host code)"
 (cd /tmp && timeout 180 cuda-gdb -batch -ex run -ex bt -ex "info symbol \$pc" --args python3 -c "$THROW" 2>&1 \
   | grep -vE "^\[(New|Thread|Detaching)|^warning:" | tail -40)
 
+echo "== the tree as it is (export restriction in place)"
+(cd "$FIXED" && python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip_fixed.log" 2>&1) || tail -20 "$OUT/pip_fixed.log"
+echo "exported: $(nm -D --defined-only "$SO" | awk '{print $3}' | tr '\n' ' ')"
+try_throw "with the version script and --exclude-libs,ALL"
+[ "${1:-}" = bisect ] || exit 0
 echo "== which static archives clash: relink with --exclude-libs per group"
 BUILD=$(ls -d "$REPO"/build/cp3* | head -1)
 ARCH_LOWBIT=$(cd "$BUILD" && ls liblowbit_*.a 2>/dev/null | tr '\n' ':' | sed 's/:$//')

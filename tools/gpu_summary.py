@@ -26,6 +26,39 @@ def pytest_line(path):
         return None
 
 
+def sanitizer_findings(text):
+    """(findings, verdict) of one compute-sanitizer log: memcheck and synccheck end with "ERROR SUMMARY: N errors",
+    racecheck with "RACECHECK SUMMARY: N hazards displayed"; a log with neither did not finish. Tests that failed or
+    a -k expression that selected nothing make the run prove nothing, and say so."""
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
+    tests = [ln.strip("= ") for ln in text.splitlines()
+             if "SUMMARY:" not in ln and re.search(r"\d+ (passed|failed|error|deselected)|no tests ran", ln)]
+    summary = tests[-1] if tests else ""
+    if m is None:
+        return None, "not finished"
+    findings = int(m.group(1))
+    if not re.search(r"\d+ passed", summary):
+        return findings, f"{findings} findings, no test passed"
+    if re.search(r"\d+ (failed|error)", summary):
+        return findings, f"{findings} findings, tests failed"
+    passed = re.search(r"(\d+) passed", summary).group(1)
+    return findings, f"{findings} findings ({passed} tests)"
+
+
+def sanitizer_rows(out):
+    names = sorted(f[:-4] for f in os.listdir(out) if re.match(r"(memcheck|racecheck|synccheck)_.*\.log$", f)) \
+        if os.path.isdir(out) else []
+    total, unfinished = 0, 0
+    for name in names:
+        findings, verdict = sanitizer_findings(open(os.path.join(out, name + ".log"), errors="replace").read())
+        total += findings or 0
+        unfinished += findings is None
+        print(f"{'compute-sanitizer ' + name:58s} | {verdict:28s} |")
+    if names:
+        verdict = f"{total} findings in {len(names)} runs" + (f", {unfinished} not finished" if unfinished else "")
+        print(f"{'compute-sanitizer, all runs':58s} | {verdict:28s} | 0 findings")
+
+
 def gemm_targets(gemm):
     """(target, measured, hit) rows from bench_gpu_gemm.py's default mode."""
     rows = []
@@ -79,12 +112,7 @@ def main():
         line = pytest_line(os.path.join(out, log))
         if line is not None:
             print(f"{name:58s} | {line[:28]:28s} |")
-    sanitizers = sorted(f[:-4] for f in os.listdir(out) if re.match(r"(memcheck|racecheck|synccheck)_.*\.log$", f)) \
-        if os.path.isdir(out) else []
-    for name in sanitizers:
-        text = open(os.path.join(out, name + ".log"), errors="replace").read()
-        clean = re.search(r"ERROR SUMMARY: 0 errors|0 hazards displayed", text) is not None
-        print(f"{'compute-sanitizer ' + name:58s} | {'clean' if clean else 'FINDINGS or not finished':28s} |")
+    sanitizer_rows(out)
     rows = []
     gemm = load(os.path.join(out, "bench_gemm.json"))
     if gemm:
