@@ -348,11 +348,12 @@ def worker(args):
         sys.exit(1)
 
 
-def run_child(args, part, tmp):
-    """Runs one part in a child process, echoing its output; returns its JSON (with an error on failure)."""
+def run_child(args, part, tmp, script=__file__):
+    """Runs one part in a child process (`script --worker part`), echoing its output; returns its JSON (with an
+    error on failure)."""
     if os.path.exists(tmp):
         os.remove(tmp)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", part, "--worker-out", tmp] + args.passthrough
+    cmd = [sys.executable, os.path.abspath(script), "--worker", part, "--worker-out", tmp] + args.passthrough
     print(f"== {part}", flush=True)
     tail = collections.deque(maxlen=15)
     t0 = time.perf_counter()

@@ -99,22 +99,26 @@ class StaticLlama:
         gate, up = F.linear(rms_norm(x, n2, s.eps), wgu).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, wd)
 
-    def _forward(self, ids, pos, layer_fn, decode):
-        """ids [B, T] -> greedy next ids [B] (logits of the last position only)."""
+    def _forward(self, ids, pos, layer_fn, decode, rows=slice(None)):
+        """ids [B, T] -> greedy next ids [B] (logits of the last position only); `rows`: the cache rows of ids."""
         mask = (torch.arange(self.max_len, device=self.device) <= pos).unsqueeze(0) if decode else None
         x = F.embedding(ids, self.embed)
         cos, sin = self.cos[pos], self.sin[pos]
         for i, layer in enumerate(self.layers):
-            x = layer_fn(x, cos, sin, pos, mask, self.k_cache[i], self.v_cache[i], *layer)
+            x = layer_fn(x, cos, sin, pos, mask, self.k_cache[i][rows], self.v_cache[i][rows], *layer)
         logits = F.linear(rms_norm(x[:, -1], self.norm, self.s.eps), self.lm_head)
         return logits.argmax(-1)
 
     @torch.no_grad()
-    def prefill(self, prompt_ids):
+    def prefill(self, prompt_ids, rows=None):
         """prompt_ids [B, T] (the batch this cache was built for): fills positions 0..T-1, returns the first
-        generated ids and leaves the decode state at position T. Eager: at B x 512 tokens the GEMMs dominate."""
-        T = prompt_ids.shape[1]
-        nxt = self._forward(prompt_ids, torch.arange(T, device=self.device), self._layer, False)
+        generated ids and leaves the decode state at position T. Eager: at B x 512 tokens the GEMMs dominate.
+        rows: sequences per forward (all at once by default), which bounds the activations of large batches."""
+        B, T = prompt_ids.shape
+        rows = rows or B
+        pos = torch.arange(T, device=self.device)
+        nxt = torch.cat([self._forward(prompt_ids[b:b + rows], pos, self._layer, False, slice(b, b + rows))
+                         for b in range(0, B, rows)])
         self.ids.copy_(nxt)
         self.pos.fill_(T)
         self.history[:, T] = nxt
