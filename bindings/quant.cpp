@@ -168,12 +168,18 @@ void bind_quant(nb::module_& m) {
         d["weight_bits"] = r.weight_bits;
         d["group"] = r.group;
         d["activation"] = std::string(name_of(r.activation));
+        d["activation_bits"] = activation_bits(r.activation);
+        d["variant"] = std::string(variant_of(r));
         d["k_bits"] = static_cast<int>(r.k_bits);
         d["v_bits"] = static_cast<int>(r.v_bits);
         d["has_kv2"] = r.has_kv2();
         return d;
       },
-      nb::arg("text"), "Parses a recipe such as 'w4a8kv4' into a dict (text is the normalised spelling)");
+      nb::arg("text"),
+      "Parses a recipe such as 'w4a8kv4' into a dict: text (the canonical spelling), weight_format, weight_bits, "
+      "group, activation, activation_bits, variant ('qoq'/'liquid' for w4a8, else ''), k_bits, v_bits, has_kv2. "
+      "The one recipe parser: lowbit.quantize.recipes.parse_recipe wraps it. Bad recipes raise ValueError "
+      "naming the recipe and the position.");
 }
 
 }  // namespace lowbit::bindings

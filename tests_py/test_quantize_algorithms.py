@@ -159,10 +159,14 @@ def test_kv_quant_modes():
 
 
 def test_recipe_and_pair_errors():
-    with pytest.raises(RecipeError, match="unknown recipe 'w5a8'"):
+    # the C++ parser's messages (test_recipes.py checks the whole table)
+    with pytest.raises(RecipeError, match="bad recipe 'w5a8': weight bits must be 16, 8, 4 or fp8 at position 2"):
         parse_recipe("w5a8")
-    with pytest.raises(RecipeError, match="-liquid variant applies to w4a8 only"):
+    with pytest.raises(RecipeError, match="bad recipe 'w4a16-liquid': '-qoq' / '-liquid' select the W4A8 weight "
+                                          "format and need w4a8 at position 12"):
         parse_recipe("w4a16-liquid")
+    with pytest.raises(RecipeError, match="writes fp8 weights for 16-bit activations only"):
+        check_pair("rtn", parse_recipe("wfp8a8"))
     with pytest.raises(RecipeError, match=r"algorithm 'gptq' does not handle recipe 'w8a8'.*pairs that exist: rtn"):
         check_pair("gptq", parse_recipe("w8a8"))
     with pytest.raises(RecipeError, match="unknown algorithm 'foo'; known: rtn, awq"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lowbit.quantize import MANIFEST, load_quantized_dir  # noqa: E402
-from lowbit.quantize import api, cli, pipeline  # noqa: E402
+from lowbit.quantize import api, cli, parse_recipe, pipeline  # noqa: E402
 from lowbit.quantize.testing import random_tokens, tiny_llama  # noqa: E402
 
 
@@ -31,7 +31,9 @@ def test_directory_roundtrip(tmp_path, calib, recipe, algo, opts):
                                          progress=False, loaded=lm, **opts)
     assert (out / MANIFEST).is_file() and (out / "tokenizer.json").is_file()
     loaded, fields, mf = load_quantized_dir(out)
-    assert mf["recipe"] == recipe and mf["algorithm"] == algo and mf["format_version"] == 1
+    # the manifest holds the canonical spelling (the C++ parser's): "w4a8g64-liquid" is written "w4a8-liquid"
+    assert mf["recipe"] == parse_recipe(recipe).text and mf["algorithm"] == algo and mf["format_version"] == 1
+    assert mf["recipe"] == {"w4a8g64-liquid": "w4a8-liquid"}.get(recipe, recipe)
     # + lm_head (the engine's RTN) under weight-only recipes; activation-quantized recipes keep it in float
     head = 1 if "a16" in recipe else 0
     expect_q = 0 if recipe.startswith("w16") else 7 * lm.config.num_layers + head
@@ -91,7 +93,9 @@ def test_cli_reports_errors(tmp_path, calib, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "algorithm 'gptq' does not handle recipe 'w8a8'" in err and "smoothquant: w8a8" in err
     rc = cli.main(["--recipe", "w9a8", "--algo", "rtn", "--out", str(tmp_path / "o"), "--calib", str(calib)])
-    assert rc == 2 and "unknown recipe 'w9a8'" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the C++ parser's message, naming the recipe and the position
+    assert rc == 2 and "lowbit quantize: error: parse_recipe: bad recipe 'w9a8': weight bits must be" in err
+    assert "at position 2" in err
 
 
 def test_load_rejects_non_quantized_dir(tmp_path):

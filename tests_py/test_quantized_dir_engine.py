@@ -13,7 +13,7 @@ from lowbit.info import format_info, model_info  # noqa: E402
 from lowbit.llm import LLM  # noqa: E402
 from lowbit.model_loading import core_config, core_quantized_weight  # noqa: E402
 from lowbit.models import load_model_source  # noqa: E402
-from lowbit.quantize import api  # noqa: E402
+from lowbit.quantize import api, parse_recipe  # noqa: E402
 from lowbit.quantize.testing import random_tokens, tiny_llama  # noqa: E402
 
 # hidden 256 gives FMPQ two 128-channel blocks; intermediate 352 = 2 * 128 + 96 gives short last groups/blocks.
@@ -74,7 +74,7 @@ def fake_quant_logits_f64(model, ids):
 def test_engine_matches_fake_quant_model(tmp_path, calib, recipe, algo, opts, rounded):
     out = quantized_dir(tmp_path, calib, recipe, algo, **opts)
     llm = LLM(out, progress=False)
-    assert llm.recipe == recipe
+    assert llm.recipe == parse_recipe(recipe).text  # the manifest's canonical spelling
     ref_model, _ = api.fake_quant_model(out)
     seqs = [random_tokens(1, 24, seed=s) for s in range(8)]
     errs = sorted(rel(engine_logits(llm, ids[0].tolist()), fake_quant_logits_f64(ref_model, ids)) for ids in seqs)
@@ -133,6 +133,7 @@ def test_fmpq_permutation_is_applied(tmp_path, calib):
 def test_recipe_comes_from_the_manifest(tmp_path, calib):
     out = quantized_dir(tmp_path, calib, "w4a8kv4", "rtn")
     assert LLM(out, recipe="w4a8g128kv4", progress=False).recipe == "w4a8kv4"  # the same recipe, spelled out
+    assert LLM(out, recipe=" W4A8K4V4-qoq ", progress=False).recipe == "w4a8kv4"  # case, spaces, -qoq, k4v4
     with pytest.raises(ValueError, match="quantized for recipe 'w4a8kv4' \\(algorithm rtn\\).*'w4a16'"):
         LLM(out, recipe="w4a16", progress=False)
     with pytest.raises(ValueError, match="quantized for recipe 'w4a8kv4'.*'w16a16'"):

@@ -168,7 +168,7 @@ def main() -> int:
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": commit(), "model": path.name, "machine": machine(), "prompt_tokens": ARGS.prompt_tokens,
               "new_tokens": ARGS.new_tokens, "repeats": ARGS.repeats, "results": []}
-    from lowbit.models.gguf_loader import read_gguf_metadata
+    from lowbit.gguf_reader import read_gguf_metadata
     vocab = len(read_gguf_metadata(path)["tokenizer.ggml.tokens"])
     prompt = bench_prompt(vocab, ARGS.prompt_tokens)
     runs = [(f"lowbit {r}", lambda r=r: bench_lowbit(path, r, prompt)) for r in ARGS.recipes.split(",") if r]

@@ -54,6 +54,22 @@ const char* name_of(ActivationMode a) {
   return "?";
 }
 
+int activation_bits(ActivationMode a) {
+  switch (a) {
+    case ActivationMode::float16: return 16;
+    case ActivationMode::int8_per_token:
+    case ActivationMode::fp8_per_token: return 8;
+    case ActivationMode::fmpq_mixed: return 4;
+  }
+  return 16;
+}
+
+const char* variant_of(const Recipe& r) {
+  if (r.weight == WeightFormat::liquid) return "liquid";
+  if (r.weight == WeightFormat::qoq && r.activation == ActivationMode::int8_per_token) return "qoq";
+  return "";
+}
+
 Recipe parse_recipe(const std::string& text) {
   Cursor c{text, {}};
   size_t b = text.find_first_not_of(" \t\n"), e = text.find_last_not_of(" \t\n");
@@ -121,10 +137,7 @@ Recipe parse_recipe(const std::string& text) {
 std::string to_string(const Recipe& r) {
   std::string s = "w";
   s += r.weight == WeightFormat::e4m3 ? "fp8" : std::to_string(r.weight_bits);
-  const int abits = r.activation == ActivationMode::fmpq_mixed                                               ? 4
-                    : r.activation == ActivationMode::int8_per_token || r.activation == ActivationMode::fp8_per_token ? 8
-                                                                                                                      : 16;
-  s += "a" + std::to_string(abits);
+  s += "a" + std::to_string(activation_bits(r.activation));
   const int default_group = r.weight == WeightFormat::liquid ? 64 : 128;
   if (is_group_wise(r.weight) && r.group != default_group) s += "g" + std::to_string(r.group);
   if (r.k_bits == r.v_bits) {

@@ -37,21 +37,12 @@ def resolve_recipe(loaded: LoadedModel, recipe: str | None) -> str:
     manifest = getattr(loaded, "manifest", None)
     if manifest is None:
         return recipe or "w16a16"
+    from .quantize.recipes import same_recipe
     own = manifest["recipe"]
-    if recipe is not None and not _same_recipe(recipe, own):
+    if recipe is not None and not same_recipe(recipe, own):
         raise ValueError(f"{loaded.source} was quantized for recipe {own!r} (algorithm {manifest['algorithm']}); "
                          f"it cannot run as {recipe!r}: omit the recipe or pass {own!r}")
     return own
-
-
-def _same_recipe(a: str, b: str) -> bool:
-    from .quantize.recipes import RecipeError, parse_recipe
-    try:
-        sa, sb = parse_recipe(a), parse_recipe(b)
-    except RecipeError:
-        return False
-    return (sa.weight_format, sa.group, sa.act, sa.k_bits, sa.v_bits) == \
-        (sb.weight_format, sb.group, sb.act, sb.k_bits, sb.v_bits)
 
 
 def check_engine_can_run(loaded: LoadedModel) -> None:

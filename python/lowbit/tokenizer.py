@@ -20,6 +20,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
 from . import tokenizer_spm
+from .gguf_reader import read_gguf_metadata  # imports gguf only when a file is read
 
 # llama.cpp token types (tokenizer.ggml.token_type).
 _CONTROL, _USER_DEFINED = 3, 4
@@ -95,7 +96,7 @@ class Tokenizer:
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any], source: str = "GGUF") -> "Tokenizer":
-        """Build from GGUF key/values (as returned by lowbit.models.gguf_loader.read_gguf_metadata)."""
+        """Build from GGUF key/values (as returned by lowbit.gguf_reader.read_gguf_metadata)."""
         model = meta.get("tokenizer.ggml.model")
         if model is None or "tokenizer.ggml.tokens" not in meta:
             raise ValueError(f"{source}: no tokenizer in the GGUF metadata (tokenizer.ggml.model/tokens missing)")
@@ -124,7 +125,6 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
-        from .models.gguf_loader import read_gguf_metadata  # lazy: keep tokenizer importable without gguf
         return cls.from_gguf_metadata(read_gguf_metadata(path), source=str(path))
 
     @classmethod

@@ -21,6 +21,7 @@ namespace lowbit {
 enum class ActivationMode : uint8_t { float16, int8_per_token, fmpq_mixed, fp8_per_token };
 enum class KVBits : uint8_t { kv16 = 16, kv8 = 8, kv4 = 4, kv2 = 2 };
 const char* name_of(ActivationMode a);  // "float16", "int8_per_token", "fmpq_mixed", "fp8_per_token"
+int activation_bits(ActivationMode a);   // the "a" of the spelling: 16 (float16), 8 (int8/fp8 per token), 4 (fmpq)
 
 struct Recipe {
   std::string text;                      // normalised spelling (to_string)
@@ -35,5 +36,8 @@ Recipe parse_recipe(const std::string& text);  // throws naming the bad part and
 // Canonical spelling: defaults left out (g128 for w4/qoq, g64 for liquid, kv16), "kv8" when K and V
 // agree, "-liquid" for LiquidQuant. parse_recipe(to_string(r)) == r.
 std::string to_string(const Recipe& r);
+// The W4A8 weight format that the "-{qoq|liquid}" suffix selects: "qoq" (also when no suffix is given) or
+// "liquid" for w4a8 recipes; "" for every other pair (they take no suffix).
+const char* variant_of(const Recipe& r);
 
 }  // namespace lowbit

@@ -1,7 +1,8 @@
 """Load a llama.cpp GGUF file into float32 numpy tensors with HF names and layouts.
 
-Dequantization is gguf-py's (`gguf.quants.dequantize`). llama.cpp stores Llama q/k rows permuted for
-its interleaved rope; we undo that so every tensor matches what transformers loads from the same file.
+The file is opened by lowbit.gguf_reader (shared with the tokenizer). Dequantization is gguf-py's
+(`gguf.quants.dequantize`). llama.cpp stores Llama q/k rows permuted for its interleaved rope; we undo that so
+every tensor matches what transformers loads from the same file.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..gguf_reader import gguf_metadata, open_gguf, read_gguf_metadata  # noqa: F401 (read_gguf_metadata: kept here)
 from ..tokenizer import Tokenizer
 from .config import ConfigError, ModelConfig
 from .loaded import LoadedModel
@@ -45,33 +47,6 @@ _ROPE_FREQS = "rope_freqs.weight"
 # llama.cpp general.sampling.* keys -> generation config names.
 _SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                   "penalty_repeat": "repetition_penalty"}
-
-
-def _open_reader(path: Path):
-    import gguf
-
-    if not path.exists():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    if not path.is_file():
-        raise ValueError(f"{path} is not a file (expected a .gguf file)")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (first bytes {magic!r}, expected b'GGUF')")
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # gguf-py surfaces truncation as reshape/index errors
-        raise ValueError(f"{path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from e
-
-
-def _metadata(reader) -> dict[str, Any]:
-    # GGUF.* entries are header bookkeeping (version, counts), not metadata.
-    return {key: fld.contents() for key, fld in reader.fields.items() if not key.startswith("GGUF.")}
-
-
-def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """All key/values of a GGUF file as Python values (strings, numbers, lists)."""
-    return _metadata(_open_reader(Path(path)))
 
 
 def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -210,8 +185,8 @@ def _dequantize(t, path: Path) -> np.ndarray:
 def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
     """Read a GGUF checkpoint: config, float32 HF-layout tensors, tokenizer, chat template."""
     path = Path(path)
-    reader = _open_reader(path)
-    meta = _metadata(reader)
+    reader = open_gguf(path)
+    meta = gguf_metadata(reader)
     by_name = {t.name: t for t in reader.tensors}
     rope_freqs = _dequantize(by_name[_ROPE_FREQS], path).astype(np.float64) if _ROPE_FREQS in by_name else None
     config = _config_from_meta(meta, set(by_name), rope_freqs, path)

@@ -6,7 +6,7 @@
 Calibration runs a torch (CPU) Llama; the C++ engine never links torch. See docs/quantization.md.
 """
 from .export import MANIFEST, load_quantized_dir
-from .recipes import ALGORITHMS, RecipeError, parse_recipe, supported_pairs
+from .recipes import ALGORITHMS, RecipeError, RecipeSpec, parse_recipe, same_recipe, supported_pairs
 
 
 def quantize(*args, **kwargs):
@@ -14,5 +14,5 @@ def quantize(*args, **kwargs):
     return _q(*args, **kwargs)
 
 
-__all__ = ["ALGORITHMS", "MANIFEST", "RecipeError", "load_quantized_dir", "parse_recipe", "quantize",
-           "supported_pairs"]
+__all__ = ["ALGORITHMS", "MANIFEST", "RecipeError", "RecipeSpec", "load_quantized_dir", "parse_recipe", "quantize",
+           "same_recipe", "supported_pairs"]

@@ -1,20 +1,18 @@
 """Recipes (what precision) and algorithms (how to get there), and which pairs exist.
 
-Recipe grammar (mirrors include/lowbit/quant/recipe.h):
-    w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k{..}v{..}] [-{qoq|liquid}]
+Recipe strings are parsed by the C++ parser only (`lowbit._core.parse_recipe`, include/lowbit/quant/recipe.h,
+grammar in docs/formats.md); `parse_recipe` here wraps its result into a `RecipeSpec` and its errors into
+`RecipeError` with the C++ message unchanged. There is no second grammar in Python: without the extension
+(LOWBIT_NO_CORE=1 or a broken build) parsing a recipe is an error that says so.
+
 w4a8 stores the QoQ format (g128) unless "-liquid" (LiquidQuant, g64); w4a4 is COMET's mixed W4A4/W4A8 (FMPQ)
-activations with QoQ-format g128 weights (u4 holding s8 per group: what the engine's int32 FMPQ GEMM reads, as
-include/lowbit/quant/recipe.h maps w4a4).
+activations with QoQ-format g128 weights (u4 holding s8 per group: what the engine's int32 FMPQ GEMM reads).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-_RECIPE_RE = re.compile(r"^w(16|8|4|fp8)a(16|8|4)(?:g(32|64|128))?(?:kv(16|8|4|2)|k(16|8|4|2)v(16|8|4|2))?"
-                        r"(?:-(qoq|liquid))?$")
-
-# algorithm -> recipes it handles (by weight/activation part) and a one-line description
+# algorithm -> recipes it handles (by weight/activation part, RecipeSpec.wa_key) and a one-line description
 ALGORITHMS = {
     "rtn": ("w8a16 w8a8 w4a16 w4a8 w4a8-liquid wfp8a16 w16a16",
             "round-to-nearest (every format; w4a4 needs fmpq's activation block maps)"),
@@ -26,6 +24,9 @@ ALGORITHMS = {
     "fmpq": ("w4a4", "COMET FMPQ: outlier channels permuted into int8 blocks, the rest int4"),
 }
 
+# The C++ activation mode -> the fake quantizer's name (torch_model.FakeQuant.act_quant, manifest "activation").
+_ACT_QUANT = {"float16": None, "int8_per_token": "int8", "fmpq_mixed": "fmpq", "fp8_per_token": "fp8"}
+
 
 class RecipeError(ValueError):
     pass
@@ -33,59 +34,64 @@ class RecipeError(ValueError):
 
 @dataclass(frozen=True)
 class RecipeSpec:
-    text: str
-    weight_format: str | None  # None = float (16-bit part means the compute dtype)
-    weight_bits: int
-    group: int
-    act: str | None            # None | "int8" | "fmpq"
+    """A parsed recipe: the C++ `Recipe` fields (see `_core.parse_recipe`), as Python reads them."""
+    text: str                  # canonical spelling (C++ to_string): "w4a16g128" -> "w4a16", "w4a8-qoq" -> "w4a8"
+    weight_format: str | None  # None = float (the 16-bit part means the compute dtype; C++ says "f32")
+    weight_bits: int           # 16, 8 (w8 and fp8) or 4
+    group: int                 # group size of group-wise formats (defaults filled in), else 0
+    activation: str            # C++ ActivationMode name: float16 | int8_per_token | fmpq_mixed | fp8_per_token
+    activation_bits: int       # 16, 8 or 4
+    variant: str               # w4a8 weight format chosen by the -qoq/-liquid suffix ("qoq", "liquid"), else ""
     k_bits: int
     v_bits: int
+    has_kv2: bool
+
+    @classmethod
+    def from_core(cls, d: dict) -> "RecipeSpec":
+        fmt = None if d["weight_bits"] == 16 else d["weight_format"]
+        return cls(d["text"], fmt, d["weight_bits"], d["group"], d["activation"], d["activation_bits"],
+                   d["variant"], d["k_bits"], d["v_bits"], d["has_kv2"])
+
+    @property
+    def act(self) -> str | None:
+        """The fake activation quantizer: None (float) | "int8" | "fmpq" | "fp8"."""
+        return _ACT_QUANT[self.activation]
 
     @property
     def wa_key(self) -> str:
         """The weight/activation part used to look up algorithm support (e.g. w4a8, w4a8-liquid)."""
-        w = {"e4m3": "wfp8"}.get(self.weight_format or "", f"w{self.weight_bits}")
-        a = {None: "a16", "int8": "a8", "fmpq": "a4"}[self.act]
-        return w + a + ("-liquid" if self.weight_format == "liquid" else "")
+        w = "wfp8" if self.weight_format == "e4m3" else f"w{self.weight_bits}"
+        return f"{w}a{self.activation_bits}" + ("-liquid" if self.variant == "liquid" else "")
+
+
+def _core_parse():
+    try:
+        from .. import _core
+    except ImportError as e:
+        raise RecipeError(f"parsing a recipe needs lowbit's C++ extension (lowbit._core), which did not import "
+                          f"({e}); recipes have one parser, in C++. Unset LOWBIT_NO_CORE / reinstall lowbit") from None
+    return _core.parse_recipe
 
 
 def parse_recipe(text: str) -> RecipeSpec:
-    m = _RECIPE_RE.match(text.strip().lower())
-    if not m:
-        raise RecipeError(f"unknown recipe {text!r}; grammar: w{{16|8|4|fp8}}a{{16|8|4}}[g{{32|64|128}}]"
-                          "[kv{16|8|4|2}|k{..}v{..}][-qoq|-liquid], e.g. w4a16, w8a8, w4a8kv4, w4a8g64kv4-liquid, "
-                          "w4a4kv4, w16a16kv4")
-    w, a, g, kv, k, v, variant = m.groups()
-    k_bits = int(kv or k or 16)
-    v_bits = int(kv or v or 16)
-    act = {"16": None, "8": "int8", "4": "fmpq"}[a]
-    if w == "16":
-        if act is not None or g or variant:
-            raise RecipeError(f"recipe {text!r}: 16-bit weights take no activation quantization, group or variant")
-        fmt, bits, group = None, 16, 0
-    elif w == "fp8":
-        fmt, bits, group = "e4m3", 8, 0
-    elif w == "8":
-        fmt, bits, group = "w8", 8, 0
-    else:
-        bits = 4
-        if act is None:
-            fmt, group = "w4", int(g or 128)
-        elif act == "int8":
-            fmt = "liquid" if variant == "liquid" else "qoq"
-            group = int(g or (64 if fmt == "liquid" else 128))
-        else:  # a4: the engine's FMPQ GEMM (ops::linear_fmpq) multiplies s8 activations by s8-per-group weights
-            fmt, group = "qoq", int(g or 128)
-    if variant and not (bits == 4 and act == "int8"):
-        raise RecipeError(f"recipe {text!r}: the -{variant} variant applies to w4a8 only")
-    if g and bits != 4:
-        raise RecipeError(f"recipe {text!r}: a group size applies to 4-bit weights only")
-    if fmt in ("w8", "e4m3") and act == "fmpq":
-        raise RecipeError(f"recipe {text!r}: a4 (FMPQ) needs 4-bit weights")
-    if fmt == "e4m3" and act is not None:
-        raise RecipeError(f"recipe {text!r}: `lowbit quantize` writes fp8 weights for 16-bit activations only (wfp8a16); "
-                          "wfp8a8 (per-token fp8 activations) needs no calibration: load the model with that recipe")
-    return RecipeSpec(text.strip().lower(), fmt, bits, group, act, k_bits, v_bits)
+    """Parses `text` with the C++ parser; a bad recipe raises RecipeError (a ValueError) with its message, which
+    names the recipe, the bad part and its position, and lists valid recipes."""
+    if not isinstance(text, str):
+        raise RecipeError(f"a recipe is a string such as 'w4a16kv8', got {type(text).__name__} {text!r}")
+    parse = _core_parse()
+    try:
+        d = parse(text)
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
+    return RecipeSpec.from_core(d)
+
+
+def same_recipe(a: str, b: str) -> bool:
+    """Whether two spellings mean the same recipe (e.g. "w4a16g128kv8" and "W4A16k8v8"); False when either is bad."""
+    try:
+        return parse_recipe(a).text == parse_recipe(b).text
+    except RecipeError:
+        return False
 
 
 def supported_pairs() -> str:
@@ -93,8 +99,13 @@ def supported_pairs() -> str:
 
 
 def check_pair(algo: str, spec: RecipeSpec) -> None:
+    """Whether `lowbit quantize` can produce `spec` with `algo` (a quantize-time rule, not grammar)."""
     if algo not in ALGORITHMS:
         raise RecipeError(f"unknown algorithm {algo!r}; known: {', '.join(ALGORITHMS)} (pairs: {supported_pairs()})")
+    if spec.weight_format == "e4m3" and spec.act is not None:
+        raise RecipeError(f"recipe {spec.text!r}: `lowbit quantize` writes fp8 weights for 16-bit activations only "
+                          "(wfp8a16); wfp8a8 (per-token fp8 activations) needs no calibration: load the model with "
+                          "that recipe")
     if spec.wa_key not in ALGORITHMS[algo][0].split():
         raise RecipeError(f"algorithm {algo!r} does not handle recipe {spec.text!r} ({spec.wa_key}); "
                           f"pairs that exist: {supported_pairs()}")
