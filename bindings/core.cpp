@@ -36,7 +36,13 @@ void versioned_capsule_destructor(PyObject* cap) {
 // Consumers that pass max_version >= (1, 0) get the versioned (writable) form; others the legacy one.
 bool wants_versioned(nb::handle max_version) {
   if (max_version.is_none()) return false;
-  return nb::cast<int>(max_version[0]) >= 1;
+  int major = 0;
+  const bool ok = nb::isinstance<nb::tuple>(max_version) && nb::len(max_version) == 2 &&
+                  nb::try_cast<int>(max_version[0], major);
+  if (!ok)
+    LOWBIT_FAIL(ErrorKind::kType, "__dlpack__: argument 'max_version' must be None or a (major, minor) tuple of ints, "
+                "got ", nb::repr(max_version).c_str());
+  return major >= 1;
 }
 
 nb::object to_versioned_capsule(const Tensor& t) {
@@ -74,6 +80,9 @@ Tensor tensor_from_python(nb::handle obj, const char* arg) {
     cap = nb::borrow(obj);
   } else if (nb::hasattr(obj, "__dlpack__")) {
     cap = obj.attr("__dlpack__")();
+    if (!PyCapsule_CheckExact(cap.ptr()))
+      LOWBIT_FAIL(ErrorKind::kType, "argument '", arg, "': ", nb::type_name(obj.type()).c_str(),
+                  ".__dlpack__() returned ", nb::type_name(cap.type()).c_str(), ", not a DLPack capsule");
   } else {
     LOWBIT_FAIL(ErrorKind::kType, "argument '", arg, "': expected a lowbit.Tensor or an object supporting DLPack "
                 "(torch.Tensor, numpy.ndarray), got ", nb::type_name(obj.type()).c_str());
@@ -84,7 +93,11 @@ Tensor tensor_from_python(nb::handle obj, const char* arg) {
     LOWBIT_FAIL(ErrorKind::kType, "argument '", arg, "': DLPack capsule was already consumed or is versioned");
   }
   PyCapsule_SetName(cap.ptr(), "used_dltensor");
-  return from_dlpack(m);
+  try {
+    return from_dlpack(m);
+  } catch (const Error& e) {  // e.g. an unsupported dtype: say which argument carried it
+    throw Error(e.kind(), std::string("argument '") + arg + "': " + e.what());
+  }
 }
 
 void bind_core(nb::module_& m) {

@@ -93,6 +93,7 @@ void bind_cuda(nb::module_& m) {
         QuantizedWeight w;
         w.format = WeightFormat::w4;
         w.q = as_u4(tensor_from_python(q, "q"), "pack_w4_sm80", "q");
+        check_dim(w.q, 2, "pack_w4_sm80", "q");
         w.n = w.q.size(0);
         w.k = w.q.size(1);
         w.group = group;

@@ -32,9 +32,10 @@ ops::LinearActivation activation_from_name(const std::string& s) {
 
 Tensor optional_tensor(nb::handle obj, const char* arg) { return obj.is_none() ? Tensor() : tensor_from_python(obj, arg); }
 
-// `out` as given, or a new CPU tensor of the shape and dtype the op produces.
-Tensor output(nb::handle obj, const Shape& shape, ScalarType dtype, const char* arg = "out") {
-  return obj.is_none() ? Tensor::empty(shape, dtype) : tensor_from_python(obj, arg);
+// `out` as given, or a new tensor of the shape and dtype the op produces on the device of its input
+// (a CPU default would refuse GPU inputs by naming an 'out' the caller never passed).
+Tensor output(nb::handle obj, const Shape& shape, ScalarType dtype, const Device& device, const char* arg = "out") {
+  return obj.is_none() ? Tensor::empty(shape, dtype, device) : tensor_from_python(obj, arg);
 }
 
 nb::object result(nb::handle given, const Tensor& made) { return given.is_none() ? nb::cast(made) : nb::borrow(given); }
@@ -45,6 +46,7 @@ Tensor logits_row(nb::handle obj, const char* op) {
   check_dtype(t, ScalarType::f32, op, "logits");
   check_dim(t, 1, op, "logits");
   check_contiguous(t, op, "logits");
+  LOWBIT_CHECK(t.size(0) > 0, op, ": argument 'logits' is empty (a vocabulary of 0 tokens)");
   if (!t.device().is_cpu())
     LOWBIT_NOT_SUPPORTED(op, ": argument 'logits' is on ", t.device().str(), "; sampling runs on CPU logits");
   return t;
@@ -66,7 +68,7 @@ void bind_ops(nb::module_& m) {
       "linear",
       [](nb::handle x, const PackedWeight& w, nb::handle bias, nb::handle out, const std::string& act) {
         const Tensor xt = tensor_from_python(x, "x");
-        Tensor y = output(out, {xt.dim() == 2 ? xt.size(0) : 0, w.n}, xt.dtype());
+        Tensor y = output(out, {xt.dim() == 2 ? xt.size(0) : 0, w.n}, xt.dtype(), xt.device());
         ops::linear(xt, w, optional_tensor(bias, "bias"), y, activation_from_name(act));
         return result(out, y);
       },
@@ -81,7 +83,7 @@ void bind_ops(nb::module_& m) {
         FmpqActivation x;
         x.q = tensor_from_python(q, "q");
         x.scales = tensor_from_python(scales, "scales");
-        Tensor y = output(out, {x.q.dim() == 2 ? x.q.size(0) : 0, w.n}, ScalarType::f32);
+        Tensor y = output(out, {x.q.dim() == 2 ? x.q.size(0) : 0, w.n}, ScalarType::f32, x.q.device());
         ops::linear_fmpq(x, w, optional_tensor(bias, "bias"), y);
         return result(out, y);
       },
@@ -92,7 +94,7 @@ void bind_ops(nb::module_& m) {
       "rms_norm",
       [](nb::handle x, nb::handle weight, float eps, nb::handle out) {
         const Tensor xt = tensor_from_python(x, "x");
-        Tensor o = output(out, xt.shape(), xt.dtype());
+        Tensor o = output(out, xt.shape(), xt.dtype(), xt.device());
         ops::rms_norm(xt, tensor_from_python(weight, "weight"), eps, o);
         return result(out, o);
       },
@@ -102,7 +104,7 @@ void bind_ops(nb::module_& m) {
       "add_rms_norm",
       [](nb::handle residual, nb::handle x, nb::handle weight, float eps, nb::handle out) {
         Tensor r = tensor_from_python(residual, "residual");
-        Tensor o = output(out, r.shape(), r.dtype());
+        Tensor o = output(out, r.shape(), r.dtype(), r.device());
         ops::add_rms_norm(r, tensor_from_python(x, "x"), tensor_from_python(weight, "weight"), eps, o);
         return result(out, o);
       },
@@ -114,7 +116,7 @@ void bind_ops(nb::module_& m) {
         const Tensor g = tensor_from_python(gate_up, "gate_up");
         Shape s = g.shape();
         if (!s.empty()) s.back() /= 2;
-        Tensor o = output(out, s, g.dtype());
+        Tensor o = output(out, s, g.dtype(), g.device());
         ops::silu_mul(g, o);
         return result(out, o);
       },
@@ -123,7 +125,7 @@ void bind_ops(nb::module_& m) {
       "embedding",
       [](nb::handle ids, nb::handle table, nb::handle out) {
         const Tensor i = tensor_from_python(ids, "ids"), t = tensor_from_python(table, "table");
-        Tensor o = output(out, {i.dim() ? i.size(0) : 0, t.dim() == 2 ? t.size(1) : 0}, t.dtype());
+        Tensor o = output(out, {i.dim() ? i.size(0) : 0, t.dim() == 2 ? t.size(1) : 0}, t.dtype(), t.device());
         ops::embedding(i, t, o);
         return result(out, o);
       },
@@ -132,7 +134,7 @@ void bind_ops(nb::module_& m) {
       "softmax",
       [](nb::handle x, nb::handle out) {
         const Tensor xt = tensor_from_python(x, "x");
-        Tensor o = output(out, xt.shape(), ScalarType::f32);
+        Tensor o = output(out, xt.shape(), ScalarType::f32, xt.device());
         ops::softmax(xt, o);
         return result(out, o);
       },

@@ -53,7 +53,10 @@ Tensor block_bits_arg(nb::handle obj) {
   const size_t count = nb::len(obj);
   Tensor t = Tensor::empty({static_cast<int64_t>(count)}, ScalarType::u8);
   for (size_t i = 0; i < count; ++i) {
-    const int v = nb::cast<int>(obj[i]);
+    int v = 0;
+    if (!nb::try_cast<int>(obj[i], v))
+      LOWBIT_FAIL(ErrorKind::kType, "quantize_fmpq: argument 'block_bits' must hold ints (4 or 8), got ",
+                  nb::type_name(obj[i].type()).c_str(), " for block ", i);
     LOWBIT_CHECK(v == 4 || v == 8, "quantize_fmpq: argument 'block_bits' must hold 4 or 8 per block, got ", v,
                  " for block ", i);
     t.data<uint8_t>()[i] = static_cast<uint8_t>(v);

@@ -1,5 +1,6 @@
 #include "lowbit/core/tensor.h"
 
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 
@@ -36,9 +37,18 @@ Shape Tensor::contiguous_strides(const Shape& shape) {
 }
 
 Tensor Tensor::empty(const Shape& shape, ScalarType dtype, const Device& device) {
-  int64_t n = 1;
+  // elements * bits must fit in int64 (bytes_for): a wrapped count would allocate too few bytes.
+  constexpr int64_t kMaxElements = INT64_MAX / 64;
+  bool has_zero = false;
   for (int64_t d : shape) {
     LOWBIT_CHECK(d >= 0, "Tensor::empty: negative dimension in shape ", shape_str(shape));
+    has_zero = has_zero || d == 0;
+  }
+  int64_t n = has_zero ? 0 : 1;
+  for (int64_t d : shape) {
+    if (has_zero) break;
+    LOWBIT_CHECK(n <= kMaxElements / d, "Tensor::empty: shape ", shape_str(shape), " of ", name_of(dtype),
+                 " has more elements than a tensor can hold (2^57)");
     n *= d;
   }
   if (is_sub_byte(dtype) && !shape.empty())

@@ -2,6 +2,7 @@
 #include "lowbit/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 
@@ -108,12 +109,19 @@ void Engine::validate_request(int64_t id, const std::vector<int32_t>& prompt, co
   LOWBIT_CHECK(need <= alloc_->num_blocks(), "add_request: prompt length (", prompt.size(), ") + max_tokens (",
                o.max_tokens, ") needs ", need, " KV blocks but the whole cache has ", alloc_->num_blocks(),
                " (raise kv_cache_bytes)");
-  LOWBIT_CHECK(o.temperature >= 0.f, "add_request: argument 'temperature' must be >= 0, got ", o.temperature);
+  // Every value the sampler refuses is refused here: an error inside step() would hit the request at
+  // every step, and the engine would serve nobody.
+  LOWBIT_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.f,
+               "add_request: argument 'temperature' must be finite and >= 0, got ", o.temperature);
   LOWBIT_CHECK(o.top_p > 0.f && o.top_p <= 1.f, "add_request: argument 'top_p' must be in (0, 1], got ", o.top_p);
   LOWBIT_CHECK(o.top_k >= 0, "add_request: argument 'top_k' must be >= 0, got ", o.top_k);
   LOWBIT_CHECK(o.min_p >= 0.f && o.min_p <= 1.f, "add_request: argument 'min_p' must be in [0, 1], got ", o.min_p);
-  LOWBIT_CHECK(o.repetition_penalty > 0.f, "add_request: argument 'repetition_penalty' must be > 0, got ",
-               o.repetition_penalty);
+  LOWBIT_CHECK(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0.f,
+               "add_request: argument 'repetition_penalty' must be finite and > 0, got ", o.repetition_penalty);
+  LOWBIT_CHECK(std::isfinite(o.presence_penalty), "add_request: argument 'presence_penalty' must be finite, got ",
+               o.presence_penalty);
+  LOWBIT_CHECK(std::isfinite(o.frequency_penalty), "add_request: argument 'frequency_penalty' must be finite, got ",
+               o.frequency_penalty);
   LOWBIT_CHECK(o.min_tokens >= 0, "add_request: argument 'min_tokens' must be >= 0, got ", o.min_tokens);
   LOWBIT_CHECK(o.logprobs >= 0 && o.logprobs <= mc.vocab_size, "add_request: argument 'logprobs' must be in [0, ",
                mc.vocab_size, "], got ", o.logprobs);

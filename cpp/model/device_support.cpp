@@ -49,8 +49,8 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
   }
   if (!w16 && !w4a16 && !w8a8 && !fp8)
     LOWBIT_NOT_SUPPORTED("Model: recipe '", recipe.text, "' (", name_of(recipe.weight), " weights, ",
-                         name_of(recipe.activation), " activations) has no GPU kernel for ", arch,
-                         " (sm80 kernel family); ", available, ". Use device='cpu' for it.");
+                         name_of(recipe.activation), " activations) has no GPU kernel for ", arch, " on ",
+                         device.str(), " (sm80 kernel family); ", available, ". Use device='cpu' for it.");
   if (w4a16)
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, recipe.group % 64 == 0, "Model: recipe '", recipe.text, "': group ",
                       recipe.group, " has no W4A16 GPU kernel for ", arch, " (groups must be multiples of 64)");

@@ -13,7 +13,7 @@ namespace {
 Tensor float_activation(const Tensor& x, const char* op) {
   check_defined(x, op, "x");
   check_dim(x, 2, op, "x");
-  LOWBIT_CHECK(x.device().is_cpu(), op, ": argument 'x' must be on the CPU, got ", x.device().str());
+  LOWBIT_CHECK_TYPE(x.device().is_cpu(), op, ": argument 'x' must be on the CPU, got ", x.device().str());
   LOWBIT_CHECK_TYPE(x.dtype() == ScalarType::f32 || x.dtype() == ScalarType::f16 || x.dtype() == ScalarType::bf16,
                     op, ": argument 'x' must be f32, f16 or bf16, got ", name_of(x.dtype()));
   const Tensor c = x.contiguous();
@@ -45,7 +45,7 @@ void prepare_output(Tensor& t, const Shape& shape, ScalarType dtype, const char*
   check_dtype(t, dtype, op, arg);
   check_shape(t, shape, op, arg);
   check_contiguous(t, op, arg);
-  LOWBIT_CHECK(t.device().is_cpu(), op, ": argument '", arg, "' must be on the CPU, got ", t.device().str());
+  LOWBIT_CHECK_TYPE(t.device().is_cpu(), op, ": argument '", arg, "' must be on the CPU, got ", t.device().str());
 }
 
 // Symmetric quantization of x[0, len) with qmax levels each side; returns the scale.
@@ -82,8 +82,8 @@ void quantize_fmpq(const Tensor& x, const Tensor& block_bits, FmpqActivation& ou
   check_defined(block_bits, kOp, "block_bits");
   check_dtype(block_bits, ScalarType::u8, kOp, "block_bits");
   check_shape(block_bits, {blocks}, kOp, "block_bits");
-  LOWBIT_CHECK(block_bits.device().is_cpu(), kOp, ": argument 'block_bits' must be on the CPU, got ",
-               block_bits.device().str());
+  LOWBIT_CHECK_TYPE(block_bits.device().is_cpu(), kOp, ": argument 'block_bits' must be on the CPU, got ",
+                    block_bits.device().str());
   const Tensor bits = block_bits.contiguous().clone();
   const uint8_t* bp = bits.data<uint8_t>();
   for (int64_t b = 0; b < blocks; ++b)

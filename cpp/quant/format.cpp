@@ -67,7 +67,7 @@ ScalarType element_type_of(WeightFormat f) {
 Tensor pack_u4_values(const Tensor& values, const char* op, const char* arg) {
   check_defined(values, op, arg);
   check_dtype(values, ScalarType::u8, op, arg);
-  LOWBIT_CHECK(values.device().is_cpu(), op, ": argument '", arg, "' must be on the CPU, got ", values.device().str());
+  LOWBIT_CHECK_TYPE(values.device().is_cpu(), op, ": argument '", arg, "' must be on the CPU, got ", values.device().str());
   const Tensor v = values.contiguous();
   const int64_t count = v.numel();
   const uint8_t* src = v.data<uint8_t>();
@@ -89,8 +89,8 @@ Tensor pack_u4_values(const Tensor& values, const char* op, const char* arg) {
 Tensor unpack_u4_values(const Tensor& packed) {
   check_defined(packed, "unpack_u4_values", "packed");
   check_dtype(packed, ScalarType::u4, "unpack_u4_values", "packed");
-  LOWBIT_CHECK(packed.device().is_cpu(), "unpack_u4_values: argument 'packed' must be on the CPU, got ",
-               packed.device().str());
+  LOWBIT_CHECK_TYPE(packed.device().is_cpu(), "unpack_u4_values: argument 'packed' must be on the CPU, got ",
+                    packed.device().str());
   const Tensor p = packed.contiguous();
   Tensor out = Tensor::empty(p.shape(), ScalarType::u8);
   const uint8_t* src = p.data<uint8_t>();

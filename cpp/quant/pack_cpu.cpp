@@ -40,7 +40,7 @@ inline void set_u4(uint8_t* q, int64_t e, uint8_t v) {
 void check_quantized(const QuantizedWeight& w) {
   LOWBIT_CHECK(w.n > 0 && w.k > 0, kOp, ": weight must have n > 0 and k > 0, got n=", w.n, " k=", w.k);
   check_defined(w.q, kOp, "q");
-  LOWBIT_CHECK(w.q.device().is_cpu(), kOp, ": argument 'q' must be on the CPU, got ", w.q.device().str());
+  LOWBIT_CHECK_TYPE(w.q.device().is_cpu(), kOp, ": argument 'q' must be on the CPU, got ", w.q.device().str());
   check_dtype(w.q, element_type(w.format), kOp, "q");
   check_shape(w.q, {w.n, w.k}, kOp, "q");
   const int64_t G = w.num_groups();

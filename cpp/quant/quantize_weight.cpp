@@ -34,7 +34,7 @@ float channel_scale(const float* row, int64_t k, float qmax) {
 Tensor float_weight(const Tensor& w, float* amax) {
   check_defined(w, kOp, "w");
   check_dim(w, 2, kOp, "w");
-  LOWBIT_CHECK(w.device().is_cpu(), kOp, ": argument 'w' must be on the CPU, got ", w.device().str());
+  LOWBIT_CHECK_TYPE(w.device().is_cpu(), kOp, ": argument 'w' must be on the CPU, got ", w.device().str());
   LOWBIT_CHECK_TYPE(w.dtype() == ScalarType::f32 || w.dtype() == ScalarType::f16 || w.dtype() == ScalarType::bf16,
                     kOp, ": argument 'w' must be f32, f16 or bf16, got ", name_of(w.dtype()));
   LOWBIT_CHECK(w.size(0) > 0 && w.size(1) > 0, kOp, ": argument 'w' must be non-empty, got shape ",

@@ -9,7 +9,7 @@ namespace {
 
 void check_host_tensor(const Tensor& t, ScalarType dtype, const Shape& shape, const char* op, const char* arg) {
   check_dtype(t, dtype, op, arg);
-  LOWBIT_CHECK(t.device().is_cpu(), op, ": argument '", arg, "' must be on the CPU, got ", t.device().str());
+  LOWBIT_CHECK_TYPE(t.device().is_cpu(), op, ": argument '", arg, "' must be on the CPU, got ", t.device().str());
   check_shape(t, shape, op, arg);
 }
 
@@ -174,7 +174,7 @@ void validate_quantized_weight(const QuantizedWeight& w, const char* op) {
   LOWBIT_CHECK(w.format == WeightFormat::w4 || !w.symmetric, op, ": 'symmetric' applies to w4 only, got it set for ",
                name_of(w.format));
   check_defined(w.q, op, "q");
-  LOWBIT_CHECK(w.q.device().is_cpu(), op, ": argument 'q' must be on the CPU, got ", w.q.device().str());
+  LOWBIT_CHECK_TYPE(w.q.device().is_cpu(), op, ": argument 'q' must be on the CPU, got ", w.q.device().str());
   check_dtype(w.q, element_type_of(w.format), op, "q");
   check_shape(w.q, {w.n, w.k}, op, "q");
   const int64_t groups = is_group_wise(w.format) ? w.num_groups() : 0;

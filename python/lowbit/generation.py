@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,20 +45,26 @@ class GenerationConfig:
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
 
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool):
+                raise TypeError(f"GenerationConfig: {name} must be a number, got {value!r}")
         if not is_int(self.max_tokens) or self.max_tokens <= 0:
             fail("max_tokens", "a positive integer")
         if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             fail("min_tokens", f"an integer in [0, max_tokens={self.max_tokens}]")
         if not self.temperature >= 0:
             fail("temperature", ">= 0 (0 = greedy)")
+        if not math.isfinite(self.temperature):
+            fail("temperature", "finite (0 = greedy)")
         if not is_int(self.top_k) or self.top_k < 0:
             fail("top_k", "an integer >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
             fail("top_p", "in (0, 1]")
         if not 0 <= self.min_p <= 1:
             fail("min_p", "in [0, 1]")
-        if not self.repetition_penalty > 0:
-            fail("repetition_penalty", "> 0 (1 = off)")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            fail("repetition_penalty", "finite and > 0 (1 = off)")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 fail(name, "in [-2, 2]")

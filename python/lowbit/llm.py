@@ -80,7 +80,11 @@ class LLM:
                 raise ValueError(f"{where}: empty prompt")
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=config.add_special_tokens)
         else:
-            text, ids = None, list(prompt)
+            try:
+                text, ids = None, list(prompt)
+            except TypeError:
+                raise TypeError(f"{where}: expected str, bytes or a list of int token ids, "
+                                f"got {type(prompt).__name__}") from None
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise TypeError(f"{where}: expected str, bytes or a list of int token ids")
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
@@ -97,7 +101,11 @@ class LLM:
     def _normalize_prompts(self, prompts: Any) -> list[Prompt]:
         if isinstance(prompts, (str, bytes, bytearray)):
             return [prompts]
-        prompts = list(prompts)
+        try:
+            prompts = list(prompts)
+        except TypeError:
+            raise TypeError(f"generate: expected a prompt (str, bytes, token ids) or a list of prompts, "
+                            f"got {type(prompts).__name__}") from None
         if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
             return [prompts]  # one prompt given as token ids
         if not prompts:

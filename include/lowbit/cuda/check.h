@@ -1,5 +1,7 @@
 // Every CUDA runtime call and every kernel launch is checked; a failure becomes a lowbit::Error
-// (RuntimeError in Python) that names the op and the CUDA error string.
+// that names the op and the CUDA error string: MemoryError in Python when CUDA ran out of memory,
+// RuntimeError otherwise. The error is also cleared from cudaGetLastError (a non-sticky one, such
+// as out of memory, would otherwise fail the next launch check of a correct call).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -9,9 +11,13 @@
 #define LOWBIT_CUDA_CHECK(op, call)                                                              \
   do {                                                                                           \
     const cudaError_t lowbit_err_ = (call);                                                      \
-    if (lowbit_err_ != cudaSuccess)                                                              \
-      LOWBIT_FAIL(::lowbit::ErrorKind::kRuntime, op, ": ", #call, " failed: ",                    \
-                  cudaGetErrorName(lowbit_err_), " (", cudaGetErrorString(lowbit_err_), ")");     \
+    if (lowbit_err_ != cudaSuccess) {                                                            \
+      (void)cudaGetLastError();                                                                  \
+      LOWBIT_FAIL(lowbit_err_ == cudaErrorMemoryAllocation ? ::lowbit::ErrorKind::kOutOfMemory   \
+                                                           : ::lowbit::ErrorKind::kRuntime,      \
+                  op, ": ", #call, " failed: ", cudaGetErrorName(lowbit_err_), " (",             \
+                  cudaGetErrorString(lowbit_err_), ")");                                         \
+    }                                                                                            \
   } while (0)
 
 // After each <<<...>>>: catches bad launch configurations at once (asynchronous faults surface at

@@ -86,16 +86,23 @@ class KVCache {
  public:
   explicit KVCache(const KVCacheConfig& cfg);  // validates cfg; allocates zeroed blocks on cfg.device
   const KVCacheConfig& config() const { return cfg_; }
-  const Tensor& k_data(int layer) const { return k_data_.at(layer); }
-  const Tensor& v_data(int layer) const { return v_data_.at(layer); }
-  const Tensor& k_params(int layer) const { return k_params_.at(layer); }  // undefined for float K
-  const Tensor& v_params(int layer) const { return v_params_.at(layer); }
+  const Tensor& k_data(int layer) const { return layer_tensor(k_data_, layer, "k_data"); }
+  const Tensor& v_data(int layer) const { return layer_tensor(v_data_, layer, "v_data"); }
+  const Tensor& k_params(int layer) const { return layer_tensor(k_params_, layer, "k_params"); }  // undefined for float K
+  const Tensor& v_params(int layer) const { return layer_tensor(v_params_, layer, "v_params"); }
   void copy_block(int32_t src, int32_t dst);  // every layer, K and V, data and params (copy-on-write)
   // Bytes one token costs across all layers (data + params), for sizing the pool.
   static int64_t bytes_per_token(const KVCacheConfig& cfg);
   int64_t total_bytes() const;
 
  private:
+  // A lowbit::Error naming the method and the layer (std::vector::at's message names neither).
+  const Tensor& layer_tensor(const std::vector<Tensor>& list, int layer, const char* what) const {
+    LOWBIT_CHECK_KIND(ErrorKind::kIndex, layer >= 0 && layer < cfg_.num_layers, "KVCache.", what,
+                      ": argument 'layer' = ", layer, " out of range [0, ", cfg_.num_layers, ")");
+    return list[static_cast<size_t>(layer)];
+  }
+
   KVCacheConfig cfg_;
   std::vector<Tensor> k_data_, v_data_, k_params_, v_params_;
 };
