@@ -40,6 +40,8 @@ bool mma_tile_fits(const GemmDesc& d) {
 
 Fit gemv_can_run(const GemmDesc& d, std::string* why) {
   if (!f16_gemm(d, why)) return Fit::no;
+  if (d.m != MBucket::m1 && d.m != MBucket::m16)
+    return slow(why, "one warp per output column re-reads the weight every 16 rows: slow past 16 tokens");
   return fits(why, "one warp per output column, <= 16 rows per pass");
 }
 int gemv_rank(const GemmDesc& d) { return d.m == MBucket::m1 ? 3 : d.m == MBucket::m16 ? 1 : -1; }
