@@ -12,8 +12,8 @@
 //    fallback for misaligned rows.
 //  - wmma (here): 64 x 64 tiles, 4 warps, synchronous loads, element-wise edges: the fallback for
 //    misaligned rows (k % 8 != 0 contiguous, odd strides) at m > 16.
-// LOWBIT_F16_GEMM_KERNEL=gemv|wmma|mma (read per call; tests and benchmarks) forces one; forced gemv
-// runs 16-row slices for larger m, forced mma on misaligned rows takes the wmma kernel.
+// F16GemmKernel::gemv|wmma|mma (a plan names one; kernel_overrides force one) picks it; a named gemv
+// runs 16-row slices for larger m; a named mma on misaligned rows throws NotSupported.
 #include <cuda_fp16.h>
 #include <mma.h>
 

@@ -3,7 +3,7 @@
 //
 // Yᵀ = W · Xᵀ: the weight is the A operand (16 rows x 16 k per mma) and 8 tokens form the B operand,
 // so decode (M = 1..16) wastes no tensor-core rows on padding tokens. One kernel template serves
-// M < kLargeMinTokens (and any M under LOWBIT_W4A16_KERNEL=small); larger M goes to the large-M
+// M < kLargeMinTokens (and any M when W4A16Kernel::small is named); larger M goes to the large-M
 // kernel (gemm_w4a16_large_sm80.cu). A block owns kBlockN weight rows x kBlockM tokens x a k-range
 // (split-K across blocks).
 //
