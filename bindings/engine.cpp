@@ -1,6 +1,7 @@
 // Model + Engine bindings (the contract in docs/embedding.md and python/lowbit): ModelConfig,
 // Model, Engine, TokenEvent. step() and logits() release the GIL.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -104,6 +105,30 @@ void bind_engine(nb::module_& m) {
             self.set_fmpq_block_bits(name, tensor_from_python(bits, "block_bits"));
           },
           nb::arg("name"), nb::arg("block_bits"), "a4 recipes: uint8 [ceil(k/128)] of 4 or 8, per input block")
+      .def(
+          "set_kernel_options",
+          [](Model& self, const std::map<std::string, std::string>& overrides, bool strict) {
+            self.set_kernel_options(kernels::KernelOptions{overrides, strict});
+          },
+          nb::arg("overrides") = std::map<std::string, std::string>{}, nb::arg("strict") = false,
+          "Kernel overrides and strict mode, before finalize() (which resolves the plans with them)")
+      .def(
+          "plan",
+          [](const Model& self) {
+            nb::list out;
+            for (const kernels::PlanLine& l : self.plan()) {
+              nb::dict d;
+              d["role"] = l.role;
+              d["desc"] = l.desc;
+              d["kernel"] = l.kernel;
+              d["why"] = l.why;
+              d["fallback"] = l.fallback;
+              out.append(d);
+            }
+            return out;
+          },
+          "The execution plan: one dict (role, desc, kernel, why, fallback) per linear role and token bucket and "
+          "per attention phase")
       .def("finalize", &Model::finalize)
       .def_prop_ro("finalized", &Model::finalized)
       .def_prop_ro("config", &Model::config)

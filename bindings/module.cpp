@@ -31,5 +31,6 @@ NB_MODULE(_core, m) {
   lowbit::bindings::bind_ops(m);
   lowbit::bindings::bind_attention(m);
   lowbit::bindings::bind_engine(m);
+  lowbit::bindings::bind_kernels(m);
   lowbit::bindings::bind_cuda(m);
 }

@@ -8,9 +8,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "lowbit/cuda/check.h"
 
 namespace lowbit::cuda {
@@ -27,13 +24,9 @@ __device__ __forceinline__ void pdl_wait_for_producers() {
 #endif
 }
 
-// Whether launches on `device` use programmatic dependent launch: sm_90+ unless LOWBIT_PDL=0 (read per
-// call so a benchmark can compare both in one process).
-inline bool pdl_enabled(int device) {
-  const char* env = std::getenv("LOWBIT_PDL");
-  if (env && std::strcmp(env, "0") == 0) return false;
-  return compute_capability_major(device) >= 9;
-}
+// Whether `device` has programmatic dependent launch (sm_90+); whether a launch uses it is the
+// caller's option (KernelTuning::pdl, kernel_overrides {"pdl": "off"}).
+inline bool pdl_supported(int device) { return compute_capability_major(device) >= 9; }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent when `pdl`.
 template <typename... Params, typename... Args>

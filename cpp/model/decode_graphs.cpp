@@ -131,7 +131,7 @@ void Model::decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWo
   attn.block_tables = m.slice(0, 6 * rows, 6 * rows + rows * width).view({rows, width});
   forward_layers(ids, positions, attn, rows, cache, ws);
   Tensor logits = ws.logits_compute.slice(0, 0, rows);
-  ops::linear(ws.normed.slice(0, 0, rows), lm_head_, Tensor(), logits, ops::LinearActivation::float16);
+  ops::linear(ws.normed.slice(0, 0, rows), lm_head_, Tensor(), logits, plans_.lm_head);
   const auto* params = static_cast<const double*>(g.params_device.data_ptr());
   cuda::sample_rows(cuda::Rows{logits.data_ptr(), logits.dtype(), rows, logits.size(1), logits.stride(0)}, params,
                     g.tokens_device.data<int32_t>(), g.logprobs_device.data<float>(), cuda::current_stream());

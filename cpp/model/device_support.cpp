@@ -1,6 +1,8 @@
 // GPU support of the model: recipe coverage, device packing, per-step copies (device_support.h).
 #include "model/device_support.h"
 
+#include "lowbit/kernels/registry.h"
+
 #ifdef LOWBIT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -13,47 +15,30 @@
 #include <string>
 
 namespace lowbit::model_detail {
-namespace {
-
-// Compute capability as 10 * major + minor (0 without CUDA).
-int capability_of(const Device& device) {
-#ifdef LOWBIT_WITH_CUDA
-  int major = 0, minor = 0;
-  LOWBIT_CUDA_CHECK("Model", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index));
-  LOWBIT_CUDA_CHECK("Model", cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index));
-  return 10 * major + minor;
-#else
-  return 0;
-#endif
-}
-
-}  // namespace
-
-void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device) {
+void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device, const ModelConfig& cfg) {
   if (device.is_cpu()) return;
-  const int cap = capability_of(device);
+  const int cap = kernels::compute_capability(device);
   const std::string arch = "sm_" + std::to_string(cap);
-  const char* available =
-      "GPU recipes: w16a16, w4a16 (g64/g128), w8a8, wfp8a8 (sm_89+), each with kv16/kv8/kv4 or k{16,8,4}v{16,8,4}";
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cap >= 80, "Model: device ", device.str(),
                     " is ", arch, "; the GPU kernels need sm_80 or newer");
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, dtype == ScalarType::f16, "Model: on ", device.str(), " (", arch,
                     ") the GPU kernels compute in f16; dtype ", name_of(dtype), " has none: pass dtype='f16'");
-  const bool w16 = recipe.weight_bits == 16;
-  const bool w4a16 = recipe.weight == WeightFormat::w4 && recipe.activation == ActivationMode::float16;
-  const bool w8a8 = recipe.weight == WeightFormat::w8 && recipe.activation == ActivationMode::int8_per_token;
-  const bool fp8 = recipe.weight == WeightFormat::e4m3 && recipe.activation == ActivationMode::fp8_per_token;
-  if (fp8) {
-    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cap >= 89, "Model: recipe '", recipe.text, "' needs fp8 tensor cores ",
-                      "(sm_89 or newer); device ", device.str(), " is ", arch, ". ", available);
-  }
-  if (!w16 && !w4a16 && !w8a8 && !fp8)
+  // The registry answers for the recipe's linears (finalize plans every shape; this fails before any
+  // weight is uploaded).
+  kernels::GemmDesc d;
+  d.device = DeviceKind::cuda;
+  d.sm = cap;
+  d.act = recipe.activation;
+  d.x_type = d.y_type = ScalarType::f16;
+  d.weight = recipe.weight_bits == 16 ? WeightFormat::f16 : recipe.weight;
+  d.packed = PackTarget::sm80;
+  d.group = recipe.group;
+  d.n = d.k = cfg.hidden_size;
+  const kernels::GemmSelection s = kernels::try_select_gemm(d);
+  if (s.kernel == nullptr)
     LOWBIT_NOT_SUPPORTED("Model: recipe '", recipe.text, "' (", name_of(recipe.weight), " weights, ",
                          name_of(recipe.activation), " activations) has no GPU kernel for ", arch, " on ",
-                         device.str(), " (sm80 kernel family); ", available, ". Use device='cpu' for it.");
-  if (w4a16)
-    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, recipe.group % 64 == 0, "Model: recipe '", recipe.text, "': group ",
-                      recipe.group, " has no W4A16 GPU kernel for ", arch, " (groups must be multiples of 64)");
+                         device.str(), ": ", s.reasons(), ". Use device='cpu' for it.");
 }
 
 PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {

@@ -9,10 +9,9 @@
 
 namespace lowbit::model_detail {
 
-// Throws NotSupported naming the recipe (or dtype) and the device's arch unless the GPU kernels
-// cover it: compute dtype f16; w16a16, w4a16 (g64/g128), w8a8, wfp8a8 (sm_89+);
-// KV 16/8/4 bits.
-void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device);
+// Throws NotSupported naming the recipe (or dtype), the device's arch and every GEMM kernel's reason
+// unless a registered GPU kernel runs the recipe's linears (compute dtype f16).
+void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device, const ModelConfig& cfg);
 // A linear packed for the sm80 kernel family on `device`: f16 as is ([n, k]), w8 as s8 [n, k] and
 // e4m3 as e4m3 [n, k] with f32 scales [n] (k a multiple of 64), w4 through pack_sm80.
 PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device);

@@ -5,7 +5,6 @@
 //   (add_rms_norm); with W8A8 / FP8 on the GPU the norm also quantizes the next linear's input.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "lowbit/model/model.h"
@@ -68,7 +67,7 @@ static void gather_channels(const Tensor& x, const Tensor& perm, Tensor& out) {
 }
 
 void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
-                       ModelWorkspace& ws) const {
+                       const kernels::LinearPlan& plan, ModelWorkspace& ws) const {
   const int64_t T = x.size(0), k = x.size(1);
   Tensor input = x;
   if (in.perm.defined()) {
@@ -76,7 +75,7 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
     gather_channels(x, in.perm, input);
   }
   if (recipe_.activation != ActivationMode::fmpq_mixed) {
-    ops::linear(input, w, bias, y, linear_activation());
+    ops::linear(input, w, bias, y, plan);
     return;
   }
   if (!in.block_bits.defined())
@@ -87,16 +86,7 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
   a.q = ws.fmpq.q.slice(0, 0, T * k).view({T, k});
   a.scales = ws.fmpq.scales.slice(0, 0, T * in.block_bits.numel()).view({T, in.block_bits.numel()});
   quantize_fmpq(input, in.block_bits, a);
-  ops::linear_fmpq(a, w, bias, y);
-}
-
-// W8A8 / FP8 on the GPU: the pre-norms of qkv and gate_up emit the linear's per-token codes themselves (one
-// kernel instead of a norm and a quantizer, the same bytes); LOWBIT_FUSED_NORM_QUANT=0 keeps them apart.
-static bool fuse_norm_quantize(const Device& dev, ops::LinearActivation act) {
-  if (!dev.is_cuda()) return false;
-  if (act != ops::LinearActivation::int8_per_token && act != ops::LinearActivation::fp8_per_token) return false;
-  const char* env = std::getenv("LOWBIT_FUSED_NORM_QUANT");
-  return env == nullptr || std::strcmp(env, "0") != 0;
+  ops::linear_fmpq(a, w, bias, y, plan);
 }
 
 void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops::AttentionMeta& attn, int64_t T,
@@ -115,40 +105,39 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
   const float eps = cfg_.rms_norm_eps;
   const float scale = 1.f / std::sqrt(float(D));
   const Tensor no_bias;
-  const bool fuse_quant = fuse_norm_quantize(device_, linear_activation());
-  const ScalarType code_type =
-      linear_activation() == ops::LinearActivation::fp8_per_token ? ScalarType::e4m3 : ScalarType::s8;
-  // residual (+= added, when defined) -> norm -> linear into y.
+  const ScalarType code_type = recipe_.activation == ActivationMode::fp8_per_token ? ScalarType::e4m3 : ScalarType::s8;
+  // residual (+= added, when defined) -> norm -> linear into y. A plan with fused_norm_quant (W8A8 /
+  // FP8 on the GPU) has the norm emit the linear's per-token codes (one kernel, the same bytes).
   auto norm_then_linear = [&](const Tensor& added, const Tensor& norm_w, const LinearInput& in, const PackedWeight& w,
-                              const Tensor& bias, Tensor& y) {
-    if (fuse_quant && !in.perm.defined()) {
+                              const Tensor& bias, const kernels::LinearPlan& plan, Tensor& y) {
+    if (plan.fused_norm_quant) {
       Tensor codes = Tensor::empty({T, residual.size(1)}, code_type, device_);
       Tensor scales = Tensor::empty({T}, ScalarType::f32, device_);
       ops::rms_norm_quantize(residual, added, norm_w, eps, codes, scales);
-      ops::linear_quantized(codes, scales, w, bias, y);
+      ops::linear_quantized(codes, scales, w, bias, y, plan);
       return;
     }
     if (added.defined())
       ops::add_rms_norm(residual, added, norm_w, eps, normed);
     else
       ops::rms_norm(residual, norm_w, eps, normed);
-    run_linear(normed, in, w, bias, y, ws);
+    run_linear(normed, in, w, bias, y, plan, ws);
   };
   ops::embedding(ids, embed_table_, residual);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
-    norm_then_linear(l == 0 ? Tensor() : hidden, L.input_norm, L.qkv_in, L.qkv, L.qkv_bias, qkv);
+    norm_then_linear(l == 0 ? Tensor() : hidden, L.input_norm, L.qkv_in, L.qkv, L.qkv_bias, plans_.qkv, qkv);
     if (device_.is_cuda()) {
       ops::rope_kv_write(q, k, v, positions, rope, cache, l, attn);  // one kernel, same bytes as the two below
     } else {
       ops::rope(q, k, positions, rope);
       ops::kv_write(cache, l, k, v, attn);
     }
-    ops::paged_attention(q, cache, l, attn, scale, attn_heads);
-    run_linear(attn_out, L.o_in, L.o, no_bias, hidden, ws);
-    norm_then_linear(hidden, L.post_norm, L.gate_up_in, L.gate_up, no_bias, gate_up);
+    ops::paged_attention(q, cache, l, attn, scale, attn_heads, plans_.attention);
+    run_linear(attn_out, L.o_in, L.o, no_bias, hidden, plans_.o, ws);
+    norm_then_linear(hidden, L.post_norm, L.gate_up_in, L.gate_up, no_bias, plans_.gate_up, gate_up);
     ops::silu_mul(gate_up, act);
-    run_linear(act, L.down_in, L.down, no_bias, hidden, ws);
+    run_linear(act, L.down_in, L.down, no_bias, hidden, plans_.down, ws);
   }
   ops::add_rms_norm(residual, hidden, final_norm_, eps, normed);
 }
@@ -188,7 +177,7 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
     ops::embedding(logit_row_ids, normed, rows);  // a row gather
   Tensor logits_c = ws.logits_compute.slice(0, 0, R);
   // lm_head always takes float activations (see head_format_ in the constructor).
-  ops::linear(rows, lm_head_, no_bias, logits_c, ops::LinearActivation::float16);
+  ops::linear(rows, lm_head_, no_bias, logits_c, plans_.lm_head);
   if (!device_.is_cpu()) {
     model_detail::download_logits(logits_c, ws.logits_device.slice(0, 0, R), logits);  // the step's one sync
   } else if (logits_c.data_ptr() != logits.data_ptr()) {

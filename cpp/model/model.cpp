@@ -2,6 +2,7 @@
 // q|k|v and gate|up fusion and packing at finalize().
 #include "lowbit/model/model.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -100,7 +101,7 @@ Model::Model(const ModelConfig& config, const std::string& recipe, const std::st
   LOWBIT_CHECK_TYPE(dtype_ == ScalarType::f32 || dtype_ == ScalarType::f16 || dtype_ == ScalarType::bf16,
                     "Model: argument 'dtype' must be f32, f16 or bf16, got ", dtype);
   require_device(device_, "Model");
-  model_detail::check_device_recipe(recipe_, dtype_, device_);  // no GPU kernel: fail at load, never fall back
+  model_detail::check_device_recipe(recipe_, dtype_, device_, cfg_);  // no GPU kernel: fail at load, never fall back
   const WeightFormat float_format = dtype_ == ScalarType::f32   ? WeightFormat::f32
                                     : dtype_ == ScalarType::f16 ? WeightFormat::f16
                                                                 : WeightFormat::bf16;
@@ -145,16 +146,6 @@ int64_t Model::kv_bytes_per_token() const { return KVCache::bytes_per_token(kv_c
 
 void Model::check_not_finalized(const char* op) const {
   LOWBIT_CHECK(!finalized_, op, ": the model is already finalized");
-}
-
-ops::LinearActivation Model::linear_activation() const {
-  switch (recipe_.activation) {
-    case ActivationMode::float16: return ops::LinearActivation::float16;
-    case ActivationMode::int8_per_token: return ops::LinearActivation::int8_per_token;
-    case ActivationMode::fmpq_mixed: return ops::LinearActivation::fmpq_mixed;
-    case ActivationMode::fp8_per_token: return ops::LinearActivation::fp8_per_token;
-  }
-  return ops::LinearActivation::float16;
 }
 
 // Expected shape of every accepted name; an empty shape means "not a weight of this model".
@@ -369,6 +360,7 @@ void Model::finalize() {
   staged_float_.clear();
   staged_perm_.clear();
   staged_block_bits_.clear();
+  resolve_plans();
   finalized_ = true;
 }
 
@@ -379,18 +371,30 @@ Model::Info Model::info() const {
   i.device = device_.str();
   i.parameter_bytes = parameter_bytes_;
   i.kv_bytes_per_token = kv_bytes_per_token();
-  const char* act = recipe_.activation == ActivationMode::float16          ? "a16"
-                    : recipe_.activation == ActivationMode::int8_per_token ? "a8 per-token int8"
-                    : recipe_.activation == ActivationMode::fp8_per_token  ? "a8 per-token fp8 e4m3"
-                                                                           : "a4 fmpq mixed";
-  i.kernels.push_back(std::string("linear: ") + name_of(weight_format_) + " weights packed for " +
-                      name_of(pack_target_) + ", " + act + " activations");
-  i.kernels.push_back(std::string("lm_head: ") + name_of(head_format_) + " weights, float activations");
-  i.kernels.push_back(std::string("paged_attention: K ") + name_of(k_cache_type()) + ", V " +
-                      name_of(v_cache_type()) + ", head_dim " + std::to_string(cfg_.head_dim));
-  if (!device_.is_cpu())
-    i.kernels.push_back("gpu: gemm_f16/gemm_w4a16/gemm_w8a8/gemm_fp8 (sm80 family; gemm_w8a8 and gemm_fp8 on sm_90 "
-                        "run the wgmma kernel), decode_attention_sm80 for decode steps, prefill_attention_sm80 otherwise");
+  // The kernels the plan runs, one line per role: "linear.qkv: gemm_w4a16_sm80 (m1, m2-16, m17-127),
+  // gemm_w4a16_large_sm80 (m128+)", "attention.decode: decode_attention_sm80".
+  std::vector<std::pair<std::string, std::vector<std::string>>> roles;  // role -> "kernel (buckets)"
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> by_role;  // role -> (kernel, bucket)
+  for (const kernels::PlanLine& line : plan_lines_) {
+    const std::string role = line.role.substr(0, line.role.find(' '));
+    const std::string bucket = line.role.size() > role.size() ? line.role.substr(role.size() + 1) : "";
+    if (!by_role.count(role)) roles.push_back({role, {}});
+    by_role[role].push_back({line.kernel + (line.fallback ? " [slow fallback]" : ""), bucket});
+  }
+  for (const auto& [role, unused] : roles) {
+    std::string text = role + ": ";
+    std::vector<std::pair<std::string, std::string>> entries = by_role[role];
+    std::vector<std::string> done;
+    for (const auto& [kernel, bucket] : entries) {
+      if (std::find(done.begin(), done.end(), kernel) != done.end()) continue;
+      done.push_back(kernel);
+      std::string buckets;
+      for (const auto& [k2, b2] : entries)
+        if (k2 == kernel && !b2.empty()) buckets += (buckets.empty() ? "" : ", ") + b2;
+      text += (done.size() > 1 ? "; " : "") + kernel + (buckets.empty() || entries.size() == 1 ? "" : " (" + buckets + ")");
+    }
+    i.kernels.push_back(text);
+  }
   return i;
 }
 

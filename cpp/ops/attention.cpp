@@ -1,10 +1,12 @@
-// ops::kv_write and ops::paged_attention: argument checks, then the kernel for the tensors' device.
+// ops::kv_write and ops::paged_attention: argument checks, then the kernel: for attention the plan's
+// for the step's phase, or (unplanned calls) the registry's choice for the call's descriptor.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/kv_quant_cpu.h"
 #include "kernels/cpu/rope_cpu.h"
+#include "lowbit/kernels/registry.h"
 #include "lowbit/ops/ops.h"
 #include "ops/op_checks.h"
 #include "ops/op_device.h"
@@ -95,41 +97,58 @@ Tensor device_seq_info(const AttentionMeta& meta, const Device& dev, const char*
   return host.to(dev);
 }
 
-// Decode steps (one query per sequence, rows in sequence order) take the tensor-core decode kernel
-// when it covers the shapes and types; everything else takes the general prefill kernel.
-void paged_attention_cuda(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
-                          Tensor& out) {
-  constexpr const char* op = "paged_attention";
-  const KVCacheConfig& cfg = cache.config();
-  LOWBIT_CHECK(meta.block_tables.is_contiguous(), op, ": meta.block_tables must be contiguous on the GPU");
-  const int64_t n = int64_t(meta.q_len.size());
-  if (n == 0) return;
-  int32_t max_q = 0, max_kv = 0;
-  bool rows_in_order = true;
-  for (int64_t s = 0; s < n; ++s) {
-    max_q = std::max(max_q, meta.q_len[size_t(s)]);
-    max_kv = std::max(max_kv, meta.kv_len[size_t(s)]);
-    rows_in_order = rows_in_order && meta.q_start[size_t(s)] == s && meta.q_len[size_t(s)] == 1;
-  }
-  const Tensor seq_info = device_seq_info(meta, q.device(), op);
-  auto decode_type = [](ScalarType t) { return t == ScalarType::f16 || t == ScalarType::u8 || t == ScalarType::u4; };
-  const int group = int(q.size(1) / cfg.num_kv_heads);
-  const bool decode = rows_in_order && q.dtype() == ScalarType::f16 && out.dtype() == ScalarType::f16 &&
-                      decode_type(cfg.k_type) && decode_type(cfg.v_type) && (cfg.head_dim == 64 || cfg.head_dim == 128) &&
-                      group <= 8;
-  if (decode) {
-    Tensor o = out.slice(0, 0, n);
-    cuda::decode_attention(q.slice(0, 0, n), cache.k_data(layer), cache.v_data(layer), cache.k_params(layer),
-                           cache.v_params(layer), meta.block_tables, seq_info.select(0, 2), max_kv, scale, o, 0,
-                           cuda::current_stream());
-    return;
-  }
-  cuda::prefill_attention(q, cache.k_data(layer), cache.v_data(layer), cache.k_params(layer), cache.v_params(layer),
-                          meta.block_tables, seq_info, max_q, scale, out, cuda::current_stream());
-}
 #endif
 
+// What a step's attention looks like: its longest query run and context, and whether it is a decode
+// step (every sequence one query, rows in sequence order), which picks the plan's decode kernel.
+struct StepShape {
+  int32_t max_q = 0, max_kv = 0;
+  bool decode = true;
+};
+StepShape step_shape(const AttentionMeta& meta) {
+  StepShape s;
+  for (size_t i = 0; i < meta.q_len.size(); ++i) {
+    s.max_q = std::max(s.max_q, meta.q_len[i]);
+    s.max_kv = std::max(s.max_kv, meta.kv_len[i]);
+    s.decode = s.decode && meta.q_start[i] == int32_t(i) && meta.q_len[i] == 1;
+  }
+  return s;
+}
+
+// Runs `kernel` (the plan's, or the registry's choice) on checked arguments.
+void run_attention(const kernels::AttnKernel* kernel, const Tensor& q, const KVCache& cache, int layer,
+                   const AttentionMeta& meta, float scale, Tensor& out, const Device& dev, const StepShape& shape) {
+  constexpr const char* op = "paged_attention";
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, kernel != nullptr && kernel->launch != nullptr, op, ": kernel ",
+                    kernel ? kernel->name : "(none)", " is not built into this library");
+  Tensor seq_info;
+  if (dev.is_cuda()) {
+    LOWBIT_CHECK(meta.block_tables.is_contiguous(), op, ": meta.block_tables must be contiguous on the GPU");
+    if (meta.q_len.empty()) return;
+#ifdef LOWBIT_WITH_CUDA
+    seq_info = device_seq_info(meta, dev, op);
+#endif
+  }
+  kernel->launch(kernels::AttnArgs{q, cache, layer, meta, seq_info, shape.max_q, shape.max_kv, scale, out});
+}
+
 }  // namespace
+
+kernels::AttnDesc describe_attention(const Tensor& q, const Tensor& out, const KVCache& cache, bool decode) {
+  const KVCacheConfig& cfg = cache.config();
+  kernels::AttnDesc d;
+  d.device = q.device().kind;
+  d.sm = kernels::compute_capability(q.device());
+  d.phase = decode ? kernels::AttnPhase::decode : kernels::AttnPhase::prefill;
+  d.head_dim = int(cfg.head_dim);
+  d.q_type = q.dtype();
+  d.out_type = out.dtype();
+  d.k_type = cfg.k_type;
+  d.v_type = cfg.v_type;
+  d.gqa_group = int(q.size(1) / cfg.num_kv_heads);
+  d.block_size = cfg.block_size;
+  return d;
+}
 
 Device check_kv_write_args(const char* op, const KVCache& cache, int layer, const Tensor& k, const Tensor& v,
                            const AttentionMeta& meta) {
@@ -185,8 +204,11 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 #endif
 }
 
-void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
-                     Tensor& out) {
+namespace {
+
+// Every check of paged_attention; returns the operands' device.
+Device check_attention_args(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
+                            Tensor& out) {
   constexpr const char* op = "paged_attention";
   const KVCacheConfig& cfg = cache.config();
   check_layer(cache, layer, op);
@@ -201,10 +223,25 @@ void paged_attention(const Tensor& q, const KVCache& cache, int layer, const Att
   const Device dev = op_device(op, {{"q", &q}, {"out", &out}, {"meta.block_tables", &meta.block_tables}});
   check_cache_device(dev, cfg, op);
   check_meta(meta, q.size(0), cfg, op);
-  if (dev.is_cpu()) return cpu::paged_attention_cpu(q, cache, layer, meta, scale, out);
-#ifdef LOWBIT_WITH_CUDA
-  paged_attention_cuda(q, cache, layer, meta, scale, out);
-#endif
+  return dev;
+}
+
+}  // namespace
+
+void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
+                     Tensor& out) {
+  const Device dev = check_attention_args(q, cache, layer, meta, scale, out);
+  const StepShape shape = step_shape(meta);
+  const kernels::AttnSelection s =
+      kernels::select_attention(describe_attention(q, out, cache, shape.decode), "", false, "paged_attention");
+  run_attention(s.kernel, q, cache, layer, meta, scale, out, dev, shape);
+}
+
+void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
+                     Tensor& out, const kernels::AttentionPlan& plan) {
+  const Device dev = check_attention_args(q, cache, layer, meta, scale, out);
+  const StepShape shape = step_shape(meta);
+  run_attention(shape.decode ? plan.decode : plan.prefill, q, cache, layer, meta, scale, out, dev, shape);
 }
 
 }  // namespace lowbit::ops

@@ -1,14 +1,13 @@
-// ops::linear: argument checks (op, argument, expected vs actual), then the kernel for the device,
-// weight format and activation mode.
+// ops::linear: argument checks (op, argument, expected vs actual), then the kernel: the plan's for
+// the token bucket, or (unplanned calls) the registry's choice for the call's descriptor.
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/cpu/gemm_cpu.h"
 #include "kernels/cpu/gemm_layout_cpu.h"
+#include "lowbit/kernels/registry.h"
 #include "lowbit/ops/ops.h"
 #include "ops/op_device.h"
-#ifdef LOWBIT_WITH_CUDA
-#include "lowbit/cuda/forward_kernels.h"
-#include "lowbit/cuda/stream.h"
-#include "lowbit/cuda/kernels.h"
-#endif
 
 namespace lowbit::ops {
 namespace {
@@ -32,18 +31,14 @@ void check_float_2d(const Tensor& t, const char* arg) {
   check_dim(t, 2, kOp, arg);
 }
 
-#ifdef LOWBIT_WITH_CUDA
-// y[r, :] += bias on the GPU (the quantized GEMMs' epilogues do not take a bias).
-void add_bias_cuda(const Tensor& bias, Tensor& y) {
-  const cuda::Rows yr{y.data_ptr(), y.dtype(), y.size(0), y.size(1), y.stride(0)};
-  const cuda::Rows br{const_cast<void*>(bias.data_ptr()), bias.dtype(), 1, bias.size(0), bias.size(0)};
-  cuda::add_bias(yr, br, cuda::current_stream());
+// Whether x's rows are 16-byte aligned (start and row stride), as cp.async kernels need.
+bool aligned_rows(const Tensor& x) {
+  const int64_t bytes = x.nbytes() / std::max<int64_t>(1, x.numel());
+  return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && (x.stride(0) * bytes) % 16 == 0;
 }
 
-// GPU linears (weights packed for sm80, see ops.h): f16 x f16 on tensor cores, W4A16 (u4 groups,
-// f16 activations), W8A8 (per-token int8 activations quantized here, s8 x s8 -> int32 -> f16).
-// Bias (f16) is fused into the f16 GEMM and added by a row kernel after the quantized ones.
-void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act) {
+// The GPU's own argument rules (the kernels compute in f16).
+void check_gpu_linear(const Tensor& x, const PackedWeight& w, const Tensor& bias) {
   LOWBIT_CHECK(w.target == PackTarget::sm80, kOp, ": the weight was packed for ", name_of(w.target),
                " but the GPU linear needs a weight packed for sm80 (Model does this at finalize)");
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, x.dtype() == ScalarType::f16, kOp,
@@ -51,32 +46,40 @@ void linear_cuda(const Tensor& x, const PackedWeight& w, const Tensor& bias, Ten
   if (bias.defined())
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, bias.dtype() == ScalarType::f16, kOp,
                       ": GPU linears take an f16 bias, got ", name_of(bias.dtype()));
-  const Tensor no_bias;
-  if (act == LinearActivation::float16 && w.format == WeightFormat::f16) {
-    check_dtype(w.data, ScalarType::f16, kOp, "w.data");
-    check_shape(w.data, {w.n, w.k}, kOp, "w.data");
-    return cuda::gemm_f16(x, w.data, bias, y, cuda::current_stream());
-  }
-  if (act == LinearActivation::float16 && w.format == WeightFormat::w4) {
-    cuda::gemm_w4a16(x, w, y, 0, no_bias, cuda::current_stream());
-  } else if (act == LinearActivation::int8_per_token && w.format == WeightFormat::w8) {
-    Tensor xq = Tensor::empty({x.size(0), x.size(1)}, ScalarType::s8, x.device());
-    Tensor xs = Tensor::empty({x.size(0)}, ScalarType::f32, x.device());
-    cuda::quantize_per_token_s8(x, xq, xs, cuda::current_stream());
-    cuda::gemm_w8a8(xq, xs, w.data, w.scales, y, cuda::current_stream());
-  } else if (act == LinearActivation::fp8_per_token && w.format == WeightFormat::e4m3) {
-    Tensor xq = Tensor::empty({x.size(0), x.size(1)}, ScalarType::e4m3, x.device());
-    Tensor xs = Tensor::empty({x.size(0)}, ScalarType::f32, x.device());
-    cuda::quantize_per_token_e4m3(x, xq, xs, cuda::current_stream());
-    cuda::gemm_fp8(xq, xs, w.data, w.scales, y, cuda::current_stream());
-  } else {
-    LOWBIT_NOT_SUPPORTED(kOp, ": no sm80 GPU kernel for ", cpu::format_label(w.format), " weights with act=",
-                         act_name(act), " (GPU linears: f16 and w4 with act=float, w8 with act=int8_per_token, e4m3 ",
-                         "with act=fp8_per_token)");
-  }
-  if (bias.defined()) add_bias_cuda(bias, y);
 }
-#endif
+
+// The CPU's rules on the activation mode, with a hint for each.
+void check_cpu_linear(const PackedWeight& w, LinearActivation act) {
+  LOWBIT_CHECK(w.target == PackTarget::cpu, kOp, ": the weight was packed for target code ", static_cast<int>(w.target),
+               "; the CPU linear needs pack_weight(..., PackTarget::cpu, ...)");
+  switch (act) {
+    case LinearActivation::float16: break;
+    case LinearActivation::int8_per_token:
+      if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
+        LOWBIT_NOT_SUPPORTED(kOp, ": act=int8_per_token needs a w8, qoq or liquid weight, got ",
+                             cpu::format_label(w.format), " (use act=float for it)");
+      break;
+    case LinearActivation::fp8_per_token:
+      if (w.format != WeightFormat::e4m3)
+        LOWBIT_NOT_SUPPORTED(kOp, ": act=fp8_per_token needs an e4m3 weight, got ", cpu::format_label(w.format),
+                             " (use act=float for it)");
+      break;
+    case LinearActivation::fmpq_mixed:
+      LOWBIT_NOT_SUPPORTED(kOp, ": act=", act_name(act),
+                           " (COMET mixed int4/int8 activations) needs the layer's block precision map: quantize x "
+                           "with quantize_fmpq and call linear_fmpq; linear itself offers act=float for every "
+                           "format and act=int8_per_token for w8/qoq/liquid");
+  }
+}
+
+// Runs `kernel` (the plan's, or the registry's choice).
+void launch(const kernels::GemmKernel* kernel, const Tensor& x, const Tensor& x_scales, const PackedWeight& w,
+            const Tensor& bias, Tensor& y, LinearActivation act, const kernels::KernelTuning& tuning) {
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, kernel != nullptr && kernel->launch != nullptr, kOp, ": kernel ",
+                    kernel ? kernel->name : "(none)", " is not built into this library");
+  kernel->launch(kernels::GemmArgs{x, x_scales, w, bias, y, act, tuning});
+}
+
 
 }  // namespace
 
@@ -104,35 +107,22 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
   const Device dev = op_device(kOp, {{"x", &x}, {"y", &y}, {"w.data", &w.data}, {"bias", &bias}});
   if (dev.is_cuda() && act == LinearActivation::fmpq_mixed)
     LOWBIT_NOT_SUPPORTED(kOp, ": act=fmpq (COMET mixed int4/int8 activations) has no GPU kernel");
-  if (dev.is_cuda()) {
-#ifdef LOWBIT_WITH_CUDA
-    if (x.size(0) == 0) return;
-    return linear_cuda(x, w, bias, y, act);
-#endif
-  }
-  LOWBIT_CHECK(w.target == PackTarget::cpu, kOp, ": the weight was packed for target code ", static_cast<int>(w.target),
-               "; the CPU linear needs pack_weight(..., PackTarget::cpu, ...)");
-
-  switch (act) {
-    case LinearActivation::float16: break;
-    case LinearActivation::int8_per_token:
-      if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
-        LOWBIT_NOT_SUPPORTED(kOp, ": act=int8_per_token needs a w8, qoq or liquid weight, got ",
-                             cpu::format_label(w.format), " (use act=float for it)");
-      break;
-    case LinearActivation::fp8_per_token:
-      if (w.format != WeightFormat::e4m3)
-        LOWBIT_NOT_SUPPORTED(kOp, ": act=fp8_per_token needs an e4m3 weight, got ", cpu::format_label(w.format),
-                             " (use act=float for it)");
-      break;
-    case LinearActivation::fmpq_mixed:
-      LOWBIT_NOT_SUPPORTED(kOp, ": act=", act_name(act),
-                           " (COMET mixed int4/int8 activations) needs the layer's block precision map: quantize x "
-                           "with quantize_fmpq and call linear_fmpq; linear itself offers act=float for every "
-                           "format and act=int8_per_token for w8/qoq/liquid");
-  }
+  if (dev.is_cuda())
+    check_gpu_linear(x, w, bias);
+  else
+    check_cpu_linear(w, act);
   if (x.size(0) == 0) return;  // no tokens
-  cpu::linear_cpu(x, w, bias, y, act);
+  const kernels::GemmDesc desc = kernels::describe_gemm(dev, act, x.dtype(), y.dtype(), w, x.size(0), aligned_rows(x));
+  launch(kernels::select_gemm(desc, "", false, kOp).kernel, x, Tensor(), w, bias, y, act, {});
+}
+
+void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, const kernels::LinearPlan& plan) {
+  check_float_2d(x, "x");
+  check_float_2d(y, "y");
+  LOWBIT_CHECK(x.size(1) == w.k && y.size(0) == x.size(0) && y.size(1) == w.n, kOp, ": x ", shape_str(x.shape()),
+               " and y ", shape_str(y.shape()), " do not match the weight [n=", w.n, ", k=", w.k, "]");
+  if (x.size(0) == 0) return;
+  launch(plan.kernel_for(x.size(0)), x, Tensor(), w, bias, y, plan.act, plan.tuning);
 }
 
 void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight& w, const Tensor& bias, Tensor& y) {
@@ -156,16 +146,24 @@ void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight&
     check_shape(bias, {w.n}, op, "bias");
   }
   if (q.size(0) == 0) return;
-  if (q.dtype() == ScalarType::s8 && w.format == WeightFormat::w8) {
-    cuda::gemm_w8a8(q, scales, w.data, w.scales, y, cuda::current_stream());
-  } else if (q.dtype() == ScalarType::e4m3 && w.format == WeightFormat::e4m3) {
-    cuda::gemm_fp8(q, scales, w.data, w.scales, y, cuda::current_stream());
-  } else {
+  const LinearActivation act =
+      q.dtype() == ScalarType::e4m3 ? LinearActivation::fp8_per_token : LinearActivation::int8_per_token;
+  if ((q.dtype() != ScalarType::s8 || w.format != WeightFormat::w8) &&
+      (q.dtype() != ScalarType::e4m3 || w.format != WeightFormat::e4m3))
     LOWBIT_NOT_SUPPORTED(op, ": ", name_of(q.dtype()), " activations with a ", cpu::format_label(w.format),
                          " weight (s8 goes with w8, e4m3 with e4m3)");
-  }
-  if (bias.defined()) add_bias_cuda(bias, y);
+  const kernels::GemmDesc desc = kernels::describe_gemm(dev, act, q.dtype(), y.dtype(), w, q.size(0), true);
+  launch(kernels::select_gemm(desc, "", false, op).kernel, q, scales, w, bias, y, act, {});
 #endif
+}
+
+void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                      const kernels::LinearPlan& plan) {
+  LOWBIT_CHECK(q.dim() == 2 && q.size(1) == w.k && y.size(0) == q.size(0) && y.size(1) == w.n, "linear_quantized: q ",
+               shape_str(q.shape()), " and y ", shape_str(y.shape()), " do not match the weight [n=", w.n, ", k=",
+               w.k, "]");
+  if (q.size(0) == 0) return;
+  launch(plan.kernel_for(q.size(0)), q, scales, w, bias, y, plan.act, plan.tuning);
 }
 
 void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y) {
@@ -200,7 +198,17 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
     LOWBIT_NOT_SUPPORTED(op, ": FMPQ activations need a weight with s8 values (qoq, liquid or w8), got ",
                          cpu::format_label(w.format));
   if (m == 0) return;
-  cpu::linear_fmpq_cpu(x, w, bias, y);
+  const kernels::GemmDesc desc =
+      kernels::describe_gemm(dev, LinearActivation::fmpq_mixed, x.q.dtype(), y.dtype(), w, m, true);
+  launch(kernels::select_gemm(desc, "", false, op).kernel, x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, {});
+}
+
+void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                 const kernels::LinearPlan& plan) {
+  LOWBIT_CHECK(x.q.dim() == 2 && x.q.size(1) == w.k && y.size(0) == x.q.size(0), "linear_fmpq: x.q ",
+               shape_str(x.q.shape()), " does not match the weight [n=", w.n, ", k=", w.k, "]");
+  if (x.q.size(0) == 0) return;
+  launch(plan.kernel_for(x.q.size(0)), x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, plan.tuning);
 }
 
 }  // namespace lowbit::ops

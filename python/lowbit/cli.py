@@ -18,6 +18,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: run decode steps without CUDA graphs")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--quiet", action="store_true", help="no load progress on stderr")
+    p.add_argument("--kernel", action="append", default=[], metavar="ROLE=KERNEL",
+                   help="kernel override, e.g. linear.qkv=gemm_w4a16_sm80 or pdl=off (repeatable; see "
+                        "docs/architecture.md)")
+    p.add_argument("--strict", action="store_true", help="refuse slow fallback kernels (an error at load)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -64,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = verbs.add_parser("info", help="model, recipe, memory per weight group and KV token, kernels")
     _add_model_args(i)
+    i.add_argument("--plan", action="store_true", help="print the execution plan: per linear role and token "
+                   "bucket, and per attention phase, the kernel and why")
 
     if _quantize_main() is not None:
         verbs.add_parser("quantize", help="quantize a checkpoint into a lowbit directory (see lowbit quantize -h)",
@@ -79,11 +85,22 @@ def _quantize_main():
     return main
 
 
+def _kernel_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"--kernel must be ROLE=KERNEL or KNOB=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
 def _load(args):
     from .llm import LLM
     return LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
                progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
-               cuda_graphs=not args.no_cuda_graphs)
+               cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
+               strict=args.strict)
 
 
 def _sampling(args):
@@ -168,8 +185,11 @@ def cmd_bench(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .info import format_info
-    print(format_info(_load(args).info()))
+    from .info import format_info, format_plan
+    llm = _load(args)
+    print(format_info(llm.info()))
+    if args.plan:
+        print(format_plan(llm.model.plan()))
     return 0
 
 

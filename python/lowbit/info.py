@@ -44,6 +44,7 @@ def model_info(llm) -> dict[str, Any]:
         "parameter_bytes": dict(core["parameter_bytes"]),
         "kv_bytes_per_token": core["kv_bytes_per_token"],
         "kernels": list(core["kernels"]),
+        "plan": list(llm.model.plan()),
         "engine": dict(llm.engine.stats()),
         "cuda_build": bool(_core.has_cuda_build()),
         "cuda_available": bool(_core.cuda_available()),
@@ -88,4 +89,17 @@ def format_info(info: dict[str, Any]) -> str:
     lines.append("kernels     " + (", ".join(info["kernels"]) or "-"))
     lines.append(f"cuda        build {'yes' if info['cuda_build'] else 'no'}, "
                  f"device {'available' if info['cuda_available'] else 'not available'}")
+    return "\n".join(lines)
+
+
+def format_plan(plan: list[dict[str, Any]]) -> str:
+    """`lowbit info --plan`: one line per linear role and token bucket and per attention phase: the kernel, its
+    descriptor, and why it was chosen (forced, best ranked fit, or a slow fallback with what could not run)."""
+    lines = ["plan"]
+    width = max((len(p["role"]) for p in plan), default=0)
+    for p in plan:
+        mark = "  [SLOW FALLBACK]" if p["fallback"] else ""
+        lines.append(f"  {p['role']:<{width}}  {p['kernel']}{mark}")
+        lines.append(f"  {'':<{width}}    {p['desc']}")
+        lines.append(f"  {'':<{width}}    why: {p['why']}")
     return "\n".join(lines)

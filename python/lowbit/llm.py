@@ -27,7 +27,8 @@ class LLM:
                  dtype: str | None = None, max_batch_tokens: int = 2048, max_seqs: int = 64,
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
                  progress: bool = True, step_thread: bool = False, gpu_memory_fraction: float = 0.9,
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, kernel_overrides: dict[str, str] | None = None,
+                 strict: bool = False) -> None:
         from . import _core
         from .model_loading import build_model, resolve_recipe
         from .models import load_model_source
@@ -52,7 +53,10 @@ class LLM:
         self.tokenizer = loaded.tokenizer
         self.generation_defaults = dict(loaded.generation_defaults)
         self.recipe, self.device, self.dtype = recipe, device, dtype
-        self.model = build_model(loaded, recipe, device, dtype, progress)
+        if kernel_overrides is not None and not isinstance(kernel_overrides, dict):
+            raise ValueError(f"LLM: kernel_overrides must be a dict of str to str, got {kernel_overrides!r}")
+        self.model = build_model(loaded, recipe, device, dtype, progress, kernel_overrides=kernel_overrides,
+                                 strict=strict)
         self.num_parameters = loaded.num_parameters()
         del loaded  # float tensors are no longer needed: the C++ model holds packed copies
         self.engine = _core.Engine(self.model, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,

@@ -81,13 +81,16 @@ def _upload(model, loaded: LoadedModel, names: list[str], recipe: str, device: s
             print(f"\rlowbit: packing weights ({recipe}, {device}) {i}/{total}", end="", file=sys.stderr, flush=True)
 
 
-def build_model(loaded: LoadedModel, recipe: str, device: str, dtype: str, progress: bool = True):
+def build_model(loaded: LoadedModel, recipe: str, device: str, dtype: str, progress: bool = True,
+                kernel_overrides: dict[str, str] | None = None, strict: bool = False):
     """Upload every tensor and finalize; progress goes to stderr. Float linears are quantized per the recipe in
     C++; a quantized directory's fields (a QuantizedCheckpoint) are uploaded as they are, with their input
-    permutations and FMPQ block maps."""
+    permutations and FMPQ block maps. kernel_overrides / strict go to Model.set_kernel_options: finalize resolves
+    the execution plan with them (a forced kernel that cannot run, or a fallback under strict, raises there)."""
     from . import _core
     check_engine_can_run(loaded)
     model = _core.Model(core_config(loaded.config), recipe, device, dtype)
+    model.set_kernel_options({str(k): str(v) for k, v in (kernel_overrides or {}).items()}, bool(strict))
     names = list(loaded.tensors)
     if loaded.config.tie_word_embeddings:
         names = [n for n in names if n != "lm_head.weight"]

@@ -12,8 +12,8 @@
 //    fallback for misaligned rows.
 //  - wmma (here): 64 x 64 tiles, 4 warps, synchronous loads, element-wise edges: the fallback for
 //    misaligned rows (k % 8 != 0 contiguous, odd strides) at m > 16.
-// LOWBIT_F16_GEMM_KERNEL=gemv|wmma|mma (read per call; tests and benchmarks) forces one; forced gemv
-// runs 16-row slices for larger m, forced mma on misaligned rows takes the wmma kernel.
+// F16GemmKernel::gemv|wmma|mma (a plan names one; kernel_overrides force one) picks it; a named gemv
+// runs 16-row slices for larger m; a named mma on misaligned rows throws NotSupported.
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -150,20 +150,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_f16_kernel(F16GemmArgs p
   }
 }
 
-enum class F16Kernel { automatic, gemv, wmma, mma };
-
-// LOWBIT_F16_GEMM_KERNEL (read per call, for tests and benchmarks): gemv, wmma or mma; unset or empty =
-// automatic.
-F16Kernel forced_kernel() {
-  const char* force = std::getenv("LOWBIT_F16_GEMM_KERNEL");
-  if (force == nullptr || *force == '\0') return F16Kernel::automatic;
-  if (std::strcmp(force, "gemv") == 0) return F16Kernel::gemv;
-  if (std::strcmp(force, "wmma") == 0) return F16Kernel::wmma;
-  if (std::strcmp(force, "mma") == 0) return F16Kernel::mma;
-  LOWBIT_CHECK(false, "gemm_f16: LOWBIT_F16_GEMM_KERNEL must be gemv, wmma or mma, got '", force, "'");
-  return F16Kernel::automatic;
-}
-
 void launch_gemv(const F16GemmArgs& p, cudaStream_t stream, const char* op) {
   // The GEMV holds kGemvMaxM rows of accumulators: larger m (forced) runs in row slices.
   for (int r0 = 0; r0 < p.m; r0 += kGemvMaxM) {
@@ -178,7 +164,8 @@ void launch_gemv(const F16GemmArgs& p, cudaStream_t stream, const char* op) {
 
 }  // namespace
 
-void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream) {
+void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream,
+              F16GemmKernel kernel) {
   const char* op = "gemm_f16";
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   LOWBIT_CHECK(m < (1LL << 31) && n < (1LL << 31) && k < (1LL << 31), op, ": problem too large");
@@ -196,12 +183,17 @@ void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, c
   p.k = static_cast<int>(k);
   p.x_vec = p.ldx % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
   p.w_vec = p.ldw % 8 == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
-  F16Kernel kernel = forced_kernel();
   const bool aligned = p.x_vec && p.w_vec;
-  if (kernel == F16Kernel::automatic)
-    kernel = m == 1 ? F16Kernel::gemv : aligned ? F16Kernel::mma : m <= kGemvMaxM ? F16Kernel::gemv : F16Kernel::wmma;
-  if (kernel == F16Kernel::mma && !aligned) kernel = F16Kernel::wmma;  // cp.async needs 16-byte rows
-  if (kernel == F16Kernel::mma) {
+  const bool automatic = kernel == F16GemmKernel::automatic;
+  if (automatic)
+    kernel = m == 1 ? F16GemmKernel::gemv
+             : aligned ? F16GemmKernel::mma
+             : m <= kGemvMaxM ? F16GemmKernel::gemv
+                              : F16GemmKernel::wmma;
+  if (kernel == F16GemmKernel::mma) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, aligned, op,
+                      ": the mma kernel needs 16-byte aligned rows (cp.async): row strides multiples of 8 and "
+                      "aligned starts");
     const int device = x.device().index;  // current for the smem attribute and launch, as gemm_w4a16 does
     LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
     const F16MmaPlan plan = gemm_f16_mma_plan(m, n, k, device);
@@ -214,9 +206,13 @@ void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, c
       gemm_f16_mma(a, plan, stream);
       return;
     }
-    kernel = F16Kernel::wmma;  // the tile does not fit this device's shared memory
+    // The op-level automatic choice takes wmma when the tile does not fit this device's shared memory;
+    // a named mma (a plan's) must not change kernels behind the plan's back.
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, automatic, op, ": the mma tile for m = ", m,
+                      " does not fit this device's shared memory");
+    kernel = F16GemmKernel::wmma;
   }
-  if (kernel == F16Kernel::gemv) {
+  if (kernel == F16GemmKernel::gemv) {
     launch_gemv(p, stream, op);
     return;
   }

@@ -18,7 +18,7 @@
 // Tiles (tokens x weight rows, warp tile, dynamic smem, ptxas sm_90 registers, no spills):
 //   128 x 128 (64 x 32 per warp): 110,592 B, 127 regs -> 2 blocks/SM on sm_90 (default from 128 tokens)
 //    64 x 128 (32 x 32):           73,728 B, 100 regs (when 128-token blocks would not fill the SMs)
-//   128 x 256 (64 x 64):          147,456 B, 234 regs, 1 block/SM (LOWBIT_W4A16_KERNEL=large:128x256)
+//   128 x 256 (64 x 64):          147,456 B, 234 regs, 1 block/SM (kernel_overrides w4a16_large_tile=128x256)
 //
 // Prediction (H100 SXM, not measured: written without a GPU). The old kernel already runs M=1024 at
 // ~290 TFLOPS (gate_up: 240 GFLOP in 809 us); cuBLAS's 309 us is ~780 TFLOPS, i.e. wgmma, which

@@ -3,7 +3,7 @@
 //
 // Yᵀ = W · Xᵀ: the weight is the A operand (16 rows x 16 k per mma) and 8 tokens form the B operand,
 // so decode (M = 1..16) wastes no tensor-core rows on padding tokens. One kernel template serves
-// M < kLargeMinTokens (and any M under LOWBIT_W4A16_KERNEL=small); larger M goes to the large-M
+// M < kLargeMinTokens (and any M when W4A16Kernel::small is named); larger M goes to the large-M
 // kernel (gemm_w4a16_large_sm80.cu). A block owns kBlockN weight rows x kBlockM tokens x a k-range
 // (split-K across blocks).
 //
@@ -302,19 +302,20 @@ struct KernelChoice {
   W4A16LargeTile tile;
 };
 
-// LOWBIT_W4A16_KERNEL (read per call, for tests and benchmarks) overrides the choice by m: "small"
-// (this kernel), "large" (its automatic tile), "large:64x128", "large:128x128", "large:128x256".
-KernelChoice pick_kernel(int64_t m) {
-  const char* force = std::getenv("LOWBIT_W4A16_KERNEL");
-  if (force == nullptr || *force == '\0') return {m >= kLargeMinTokens, W4A16LargeTile::automatic};
-  if (std::strcmp(force, "small") == 0) return {false, W4A16LargeTile::automatic};
-  if (std::strcmp(force, "large") == 0) return {true, W4A16LargeTile::automatic};
-  if (std::strcmp(force, "large:64x128") == 0) return {true, W4A16LargeTile::m64n128};
-  if (std::strcmp(force, "large:128x128") == 0) return {true, W4A16LargeTile::m128n128};
-  if (std::strcmp(force, "large:128x256") == 0) return {true, W4A16LargeTile::m128n256};
-  LOWBIT_CHECK(false, "gemm_w4a16: LOWBIT_W4A16_KERNEL must be small, large, large:64x128, large:128x128 or "
-               "large:128x256, got '", force, "'");
-  return {false, W4A16LargeTile::automatic};
+// The kernel the caller named (a plan names it; the op-level API may leave it automatic: large from
+// kLargeMinTokens tokens) and the large kernel's tile (W4A16Options::large_tile).
+KernelChoice pick_kernel(int64_t m, const W4A16Options& o) {
+  const bool large = o.kernel == W4A16Kernel::automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large;
+  W4A16LargeTile tile = W4A16LargeTile::automatic;
+  switch (o.large_tile) {
+    case 0: break;
+    case 64128: tile = W4A16LargeTile::m64n128; break;
+    case 128128: tile = W4A16LargeTile::m128n128; break;
+    case 128256: tile = W4A16LargeTile::m128n256; break;
+    default:
+      LOWBIT_CHECK(false, "gemm_w4a16: large_tile must be 0, 64128, 128128 or 128256, got ", o.large_tile);
+  }
+  return {large, tile};
 }
 
 }  // namespace
@@ -323,8 +324,8 @@ KernelChoice pick_kernel(int64_t m) {
 // resident from the start and they finish together), with at least 4 chunks per split and the f32
 // partials (8 bytes per split and output, written then read) below the weight bytes n*k/2.
 // The large-M kernel has its own rule (split only below one block per SM).
-int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
-  const KernelChoice choice = pick_kernel(m);
+int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
+  const KernelChoice choice = pick_kernel(m, options);
   if (choice.large)
     return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
   const ShapeInfo info = prepare(shape_for(m), device);
@@ -342,7 +343,7 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device) {
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) { return split_k > 1 ? split_k * m * n : 0; }
 
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
-                cudaStream_t stream) {
+                cudaStream_t stream, const W4A16Options& options) {
   const char* op = "gemm_w4a16";
   LOWBIT_CHECK(w.format == WeightFormat::w4 && w.target == PackTarget::sm80, op,
                ": argument 'w' must be a w4 weight packed for sm80 (pack_sm80)");
@@ -377,7 +378,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  const KernelChoice choice = pick_kernel(m);
+  const KernelChoice choice = pick_kernel(m, options);
   const W4A16LargeTile large_tile =
       choice.large ? gemm_w4a16_large_tile(m, n, choice.tile, dev) : W4A16LargeTile::automatic;
   const Shape shape = shape_for(m);
@@ -385,7 +386,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   const int k_chunks = static_cast<int>(k / kChunkK);
   int split = split_k > 0            ? std::min(split_k, k_chunks)
               : choice.large         ? gemm_w4a16_large_pick_split(m, n, k, large_tile, dev)
-                                     : gemm_w4a16_pick_split(m, n, k, dev);
+                                     : gemm_w4a16_pick_split(m, n, k, dev, options);
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
   LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
@@ -409,7 +410,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   }
   GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
              y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per, pdl_enabled(dev)};
+             static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per, options.pdl && pdl_supported(dev)};
   switch (shape) {
     case Shape::m8: launch<CfgM8>(p, split, stream); break;
     case Shape::m16: launch<CfgM16>(p, split, stream); break;

@@ -2,7 +2,7 @@
 // activation scale x per-channel weight scale, applied in the epilogue): int8 (SmoothQuant W8A8,
 // mma.sync m16n8k32 s8 x s8 -> s32) and fp8 e4m3 (mma.sync m16n8k32 e4m3 x e4m3 -> f32, sm_89+; the
 // 8-bit fragments have the same layout, so one kernel template serves both). On sm_90 both GEMMs run
-// the wgmma/TMA kernel of cpp/kernels/sm90/gemm_w8a8_sm90.cu instead (see pick_kernel).
+// the wgmma/TMA kernel of cpp/kernels/sm90/gemm_w8a8_sm90.cu instead (see pick_kernel; Gemm8Options names it).
 //
 // Tiles: 128x128 outputs per block of 8 warps (2 x 4, 64x32 per warp), k in steps of 64 bytes,
 // three cp.async stages in shared memory (rows padded to 80 bytes so ldmatrix is conflict-free).
@@ -24,9 +24,9 @@ namespace lowbit::cuda {
 namespace detail {  // cpp/kernels/sm90/gemm_w8a8_sm90.cu (wgmma + TMA, built for sm_90a)
 bool gemm_w8a8_sm90_usable(const char* op, int device);
 void gemm_w8a8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
-                    bool raw, int m, int n, int k, int split_k, cudaStream_t stream);
+                    bool raw, int m, int n, int k, const Gemm8Options& o, cudaStream_t stream);
 void gemm_fp8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
-                   bool raw, int m, int n, int k, int split_k, cudaStream_t stream);
+                   bool raw, int m, int n, int k, const Gemm8Options& o, cudaStream_t stream);
 }  // namespace detail
 namespace {
 
@@ -312,21 +312,15 @@ void launch_gemm8(const char* op, const Tensor& xq, const Tensor& x_scale, const
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
-// Which kernel an 8-bit GEMM runs. On sm_90 the wgmma kernel runs unless LOWBIT_W8A8_KERNEL (read
-// by gemm_w8a8 and gemm_fp8 alike) says otherwise: "sm80" forces the mma.sync kernel, "sm90" or
-// "sm90:S" (S = split-K cluster size 1/2/4/8) forces the Hopper one (tests, benchmarks).
-struct KernelChoice {
-  bool sm90;
-  int split;  // 0: the sm90 kernel picks its split
-};
-KernelChoice pick_kernel(const char* op, int device, int64_t k) {
-  const char* force = std::getenv("LOWBIT_W8A8_KERNEL");
-  const bool force80 = force != nullptr && std::strcmp(force, "sm80") == 0;
-  const bool force90 = force != nullptr && std::strncmp(force, "sm90", 4) == 0;
-  const bool usable90 = !force80 && k > 0 && detail::gemm_w8a8_sm90_usable(op, device);
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !force90 || usable90, op,
-                    ": LOWBIT_W8A8_KERNEL=sm90 needs an sm_90 device and k > 0");
-  return {usable90, usable90 && force90 && force[4] == ':' ? std::atoi(force + 5) : 0};
+// Which kernel an 8-bit GEMM runs: the one Gemm8Options names (a plan always names one), or for the
+// op-level `automatic` the wgmma kernel where it can run (sm_90 with the 90a image) and mma.sync
+// elsewhere. A named sm90 kernel that cannot run is an error, never a quiet sm80 run.
+bool use_sm90(const char* op, int device, int64_t k, const Gemm8Options& o) {
+  if (o.kernel == Gemm8Kernel::sm80) return false;
+  const bool usable90 = k > 0 && detail::gemm_w8a8_sm90_usable(op, device);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, o.kernel != Gemm8Kernel::sm90 || usable90, op,
+                    ": the sm90 (wgmma) kernel needs an sm_90 device and k > 0");
+  return usable90;
 }
 
 // Compute capability 8.9 or newer (e4m3 tensor-core instructions).
@@ -377,17 +371,16 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
 }
 
 void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
-               cudaStream_t stream) {
+               cudaStream_t stream, const Gemm8Options& options) {
   const char* op = "gemm_w8a8";
   const bool raw = check_gemm8_args(op, xq, x_scale, wq, w_scale, y, ScalarType::s8, ScalarType::s32);
   const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
   if (m == 0 || n == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(xq.device().index));
-  const KernelChoice kernel = pick_kernel(op, xq.device().index, k);
-  if (kernel.sm90) {
+  if (use_sm90(op, xq.device().index, k, options)) {
     detail::gemm_w8a8_sm90(xq.data<int8_t>(), wq.data<int8_t>(), raw ? nullptr : x_scale.data<float>(),
                            raw ? nullptr : w_scale.data<float>(), y.data_ptr(), y.stride(0), raw, static_cast<int>(m),
-                           static_cast<int>(n), static_cast<int>(k), kernel.split, stream);
+                           static_cast<int>(n), static_cast<int>(k), options, stream);
     return;
   }
   launch_gemm8<int>(op, xq, x_scale, wq, w_scale, y, raw, stream);
@@ -400,7 +393,7 @@ void quantize_per_token_e4m3(const Tensor& x, Tensor& q, Tensor& scales, cudaStr
 }
 
 void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
-              cudaStream_t stream) {
+              cudaStream_t stream, const Gemm8Options& options) {
   const char* op = "gemm_fp8";
   const bool raw = check_gemm8_args(op, xq, x_scale, wq, w_scale, y, ScalarType::e4m3, ScalarType::f32);
   const int64_t m = xq.size(0), k = xq.size(1), n = wq.size(0);
@@ -409,11 +402,10 @@ void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const T
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, has_fp8_mma(dev), op,
                     ": fp8 e4m3 tensor-core GEMMs need compute capability 8.9 or newer (Ada, Hopper)");
-  const KernelChoice kernel = pick_kernel(op, dev, k);
-  if (kernel.sm90) {  // the e4m3 codes travel as bytes; the kernel reads them as e4m3
+  if (use_sm90(op, dev, k, options)) {  // the e4m3 codes travel as bytes; the kernel reads them as e4m3
     detail::gemm_fp8_sm90(static_cast<const int8_t*>(xq.data_ptr()), static_cast<const int8_t*>(wq.data_ptr()),
                           raw ? nullptr : x_scale.data<float>(), raw ? nullptr : w_scale.data<float>(), y.data_ptr(),
-                          y.stride(0), raw, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), kernel.split,
+                          y.stride(0), raw, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), options,
                           stream);
     return;
   }

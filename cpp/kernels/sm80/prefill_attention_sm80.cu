@@ -115,14 +115,17 @@ KvSide side_of(const Tensor& data, const Tensor& params) {
 
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                       float scale, Tensor& out, cudaStream_t stream) {
+                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel) {
   const char* op = "prefill_attention";
   const int64_t d = q.size(2);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, d > 0 && d <= kMaxDim, op, ": head_dim ", d,
                     " has no kernel (at most ", kMaxDim, ")");
   const int64_t num_seqs = block_tables.size(0);
   if (num_seqs == 0 || max_q_len <= 0) return;
-  if (prefill_attention_tc_supported(q, k_data, v_data, out))
+  // A named tensor_core kernel that cannot run throws inside prefill_attention_tc (never a quiet warp run).
+  const bool tc = kernel == PrefillKernel::tensor_core ||
+                  (kernel == PrefillKernel::automatic && prefill_attention_tc_supported(q, k_data, v_data, out));
+  if (tc)
     return prefill_attention_tc(q, k_data, v_data, k_params, v_params, block_tables, seq_info, max_q_len, scale, out,
                                 stream);
   PrefillArgs a{};

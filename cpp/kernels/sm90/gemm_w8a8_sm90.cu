@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernels.h"
 
 namespace lowbit::cuda::detail {
 namespace {
@@ -519,12 +520,11 @@ void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs,
 
 template <typename Acc, bool kRaw, bool kPromote>
 void dispatch_m(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
-                int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
+                int64_t ldy, int m, int n, int k, int forced_split, bool pairs, cudaStream_t stream) {
   constexpr int kWide = kPromote ? 128 : 256;  // B tile for m > 64 (see kPromote)
-  // Multicast pairs only with LOWBIT_W8A8_SM90_PAIRS=1: measured slower on the H100 (int8 gate_up
-  // m=1024 351 vs 260 us, m=256 111 vs 87 us), kept for further work and tested.
-  const char* pairs_env = std::getenv("LOWBIT_W8A8_SM90_PAIRS");
-  const bool no_pairs = pairs_env == nullptr || std::strcmp(pairs_env, "1") != 0;
+  // Multicast pairs only when asked (Gemm8Options::sm90_pairs): measured slower on the H100 (int8
+  // gate_up m=1024 351 vs 260 us, m=256 111 vs 87 us), kept for further work and tested.
+  const bool no_pairs = !pairs;
   if (m <= 32) {
     launch<Acc, 32, true, kRaw, false, kPromote>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
   } else if (m <= 64) {
@@ -538,30 +538,30 @@ void dispatch_m(const char* op, const int8_t* xq, const int8_t* wq, const float*
 
 template <typename Acc, bool kRaw>
 void dispatch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
-              int64_t ldy, int m, int n, int k, int forced_split, cudaStream_t stream) {
+              int64_t ldy, int m, int n, int k, const Gemm8Options& o, cudaStream_t stream) {
   if constexpr (std::is_same_v<Acc, float>) {
-    // fp8 promotes its sums to f32 every stage unless LOWBIT_FP8_SM90_FAST_ACCUM=1 (the tensor cores'
-    // own accumulation throughout, 128 x 256 tiles like int8: for measuring what promotion costs).
-    const char* fast_env = std::getenv("LOWBIT_FP8_SM90_FAST_ACCUM");
-    if (fast_env == nullptr || std::strcmp(fast_env, "1") != 0) {
-      dispatch_m<Acc, kRaw, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+    // fp8 promotes its sums to f32 every stage unless fp8_fast_accum (the tensor cores' own
+    // accumulation throughout, 128 x 256 tiles like int8: for measuring what promotion costs).
+    if (!o.fp8_fast_accum) {
+      dispatch_m<Acc, kRaw, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, o.sm90_split, o.sm90_pairs, stream);
       return;
     }
   }
-  dispatch_m<Acc, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, forced_split, stream);
+  dispatch_m<Acc, kRaw, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, o.sm90_split, o.sm90_pairs, stream);
 }
 
 // y[m, n] = xq · wqᵀ (raw accumulators, else f16 scaled); arguments already checked by the caller.
-// split_k = 0 picks the cluster split itself; 1, 2, 4 or 8 forces it (tests).
+// o.sm90_split = 0 picks the cluster split itself; 1, 2, 4 or 8 forces it (tests).
 template <typename Acc>
 void run(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
-         bool raw, int m, int n, int k, int split_k, cudaStream_t stream) {
+         bool raw, int m, int n, int k, const Gemm8Options& o, cudaStream_t stream) {
+  const int split_k = o.sm90_split;
   LOWBIT_CHECK(split_k == 0 || split_k == 1 || split_k == 2 || split_k == 4 || split_k == 8, op,
                ": split must be 0, 1, 2, 4 or 8, got ", split_k);
   if (raw) {
-    dispatch<Acc, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, split_k, stream);
+    dispatch<Acc, true>(op, xq, wq, xs, ws, y, ldy, m, n, k, o, stream);
   } else {
-    dispatch<Acc, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, split_k, stream);
+    dispatch<Acc, false>(op, xq, wq, xs, ws, y, ldy, m, n, k, o, stream);
   }
 }
 
@@ -591,14 +591,14 @@ bool gemm_w8a8_sm90_usable(const char* op, int device) {
 
 // s8 x s8: y s32 when raw.
 void gemm_w8a8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
-                    bool raw, int m, int n, int k, int split_k, cudaStream_t stream) {
-  run<int>("gemm_w8a8", xq, wq, xs, ws, y, ldy, raw, m, n, k, split_k, stream);
+                    bool raw, int m, int n, int k, const Gemm8Options& o, cudaStream_t stream) {
+  run<int>("gemm_w8a8", xq, wq, xs, ws, y, ldy, raw, m, n, k, o, stream);
 }
 
 // e4m3 x e4m3 (xq, wq are the e4m3 bytes): y f32 when raw.
 void gemm_fp8_sm90(const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y, int64_t ldy,
-                   bool raw, int m, int n, int k, int split_k, cudaStream_t stream) {
-  run<float>("gemm_fp8", xq, wq, xs, ws, y, ldy, raw, m, n, k, split_k, stream);
+                   bool raw, int m, int n, int k, const Gemm8Options& o, cudaStream_t stream) {
+  run<float>("gemm_fp8", xq, wq, xs, ws, y, ldy, raw, m, n, k, o, stream);
 }
 
 }  // namespace lowbit::cuda::detail

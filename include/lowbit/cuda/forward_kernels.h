@@ -70,16 +70,24 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // Causal paged attention for any q_len (prefill, chunked prefill, mixed batches): seq_info is s32
 // [3, num_seqs] = (q_start, q_len, kv_len) rows on the device, block_tables s32 [num_seqs, max_blocks];
 // q and out [T, Hq, D] f32/f16/bf16 with strided rows; K/V of any type kv_write writes.
-// max_q_len bounds every q_len (it sizes the grid). f16 q/out with head_dim 64/128 and f16/u8/u4
-// caches take a tensor-core kernel (64-row query tiles, P and dequantized K/V in f16, f32 softmax and
-// accumulation); the rest one warp per (query token, head) in f32. Online softmax in f32 either way;
-// rows of out outside every sequence are left untouched.
+// max_q_len bounds every q_len (it sizes the grid). Two kernels: tensor_core (f16 q/out with aligned
+// rows, head_dim 64/128, f16/u8/u4 caches: 64-row query tiles, P and dequantized K/V in f16) and warp
+// (one warp per (query token, head) in f32, head_dim <= 256); f32 online softmax either way. A kernel
+// that cannot run its operands throws NotSupported; `automatic` takes tensor_core where it can run
+// (the op-level API; plans name the kernel). Rows of out outside every sequence are left untouched.
+enum class PrefillKernel : uint8_t { automatic, tensor_core, warp };
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                       float scale, Tensor& out, cudaStream_t stream);
+                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel = PrefillKernel::automatic);
 
 // y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]) with x, w, y f16 (bias f16 or undefined), last dims
-// contiguous; f32 accumulation on tensor cores (wmma 16x16x16), any m, n, k.
-void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream);
+// contiguous; f32 accumulation. Kernels: gemv (one warp per output column, 16 rows per pass), mma
+// (mma.sync + cp.async, needs 16-byte aligned rows and a tile that fits the device's shared memory)
+// and wmma (any alignment). A forced kernel that cannot run throws NotSupported; `automatic` (the
+// op-level API; plans name the kernel) takes gemv for m = 1, mma where it runs, else gemv up to 16
+// rows and wmma beyond.
+enum class F16GemmKernel : uint8_t { automatic, gemv, wmma, mma };
+void gemm_f16(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream,
+              F16GemmKernel kernel = F16GemmKernel::automatic);
 
 }  // namespace lowbit::cuda

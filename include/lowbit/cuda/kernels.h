@@ -17,42 +17,62 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // y[m, n] = x[m, k] · Wᵀ, W a w4 weight packed by pack_sm80 and moved to the device; x, y f16 with
 // unit stride in the last dim. split_k = 0 picks the split itself; a split > 1 needs an f32
 // workspace of gemm_w4a16_workspace_elems(m, n, split) elements (allocated here when undefined).
-// From 128 tokens a large-M kernel runs (its pick_split splits only when the tiles leave SMs idle);
-// LOWBIT_W4A16_KERNEL=small|large|large:64x128|large:128x128|large:128x256 overrides (read per call).
+// Two kernels: small (8..64-token tiles, split-K to fill the SMs) and large (64/128-token tiles, its
+// pick_split splits only when the tiles leave SMs idle); `automatic` (the op-level API; plans name
+// the kernel) takes large from 128 tokens. large_tile: 0 automatic, or 64128 / 128128 / 128256 (m x n).
+// pdl: programmatic dependent launch of the small kernel where the device has it (sm_90+).
+enum class W4A16Kernel : uint8_t { automatic, small, large };
+struct W4A16Options {
+  W4A16Kernel kernel = W4A16Kernel::automatic;
+  int large_tile = 0;
+  bool pdl = true;
+};
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
-                cudaStream_t stream);
-int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device);
+                cudaStream_t stream, const W4A16Options& options = {});
+int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
 // Per-token symmetric int8 activations: q = rint(x / s), s[m] = max|x[m, :]| / 127 (1 for a zero
 // row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].
 void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream);
 
+// Which 8-bit GEMM runs and its knobs: sm80 (mma.sync) or sm90 (wgmma + TMA, sm_90 only; a forced
+// sm90 elsewhere throws NotSupported); `automatic` (the op-level API; plans name the kernel) takes
+// sm90 on sm_90. sm90_split: 0 automatic, else the split-K cluster size 1/2/4/8; sm90_pairs:
+// multicast weight tiles to pairs of A tiles (measured slower on the H100, kept for further work);
+// fp8_fast_accum: the fp8 wgmma kernel keeps the tensor cores' own sums (no per-stage promotion).
+enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90 };
+struct Gemm8Options {
+  Gemm8Kernel kernel = Gemm8Kernel::automatic;
+  int sm90_split = 0;
+  bool sm90_pairs = false;
+  bool fp8_fast_accum = false;
+};
+
 // W8A8: y[m, n] = (xq · wqᵀ)[m, n] * x_scale[m] * w_scale[n] with s8 xq [m, k], wq [n, k] (k a
 // multiple of 64), f32 scales, y f16; with an s32 y the raw int32 accumulators are written
-// (scales ignored), which the tests compare bit-exactly. On sm_90 it runs the wgmma kernel unless
-// LOWBIT_W8A8_KERNEL=sm80 ("sm90[:S]" forces it, with split-K cluster size S).
+// (scales ignored), which the tests compare bit-exactly.
 void gemm_w8a8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
-               cudaStream_t stream);
+               cudaStream_t stream, const Gemm8Options& options = {});
 
 // FP8 W8A8 (compute capability 8.9+, NotSupported below): per-token e4m3 activations, s[m] =
 // max|x[m, :]| / 448 (1 for a zero row), q = e4m3(x / s) rounded to nearest even and saturated;
 // x f16 [m, k], q e4m3 [m, k], scales f32 [m].
 void quantize_per_token_e4m3(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream);
 // y[m, n] = (xq · wqᵀ)[m, n] * x_scale[m] * w_scale[n] with e4m3 xq [m, k], wq [n, k] (k a multiple
-// of 64) on e4m3 tensor cores with f32 accumulators, y f16; with an f32 y the raw accumulators. On
-// sm_90 it runs the wgmma kernel (LOWBIT_W8A8_KERNEL picks a kernel, as for gemm_w8a8), which adds
-// each 128-k stage's tensor-core sum into f32 registers (LOWBIT_FP8_SM90_FAST_ACCUM=1: no promotion).
+// of 64) on e4m3 tensor cores with f32 accumulators, y f16; with an f32 y the raw accumulators. The
+// sm90 kernel adds each 128-k stage's tensor-core sum into f32 registers (unless fp8_fast_accum).
 // Products of e4m3 values are exact; the sums are not bit-reproducible across kernels or split-K.
 void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const Tensor& w_scale, Tensor& y,
-              cudaStream_t stream);
+              cudaStream_t stream, const Gemm8Options& options = {});
 
 // Decode attention (one query token per sequence) over the paged KV cache of one layer
 // (include/lowbit/kv/kv_cache.h layout): q f16 [B, Hq, D]; k_data/v_data [blocks, Hkv, block_size, D]
 // of f16, u8 or u4; k_params/v_params f32 [blocks, Hkv, block_size, 2]
 // (scale, zero) for u8/u4; block_tables s32 [B, max_blocks]; seq_lens s32 [B] (on the device);
 // max_seq_len >= every seq_len (decides the split-KV grid, so it is graph-capture friendly);
-// out f16 [B, Hq, D]. split_tokens = 0 picks the split size itself. D in {64, 128}, Hq/Hkv <= 8.
+// out f16 [B, Hq, D]. split_tokens = 0 picks the split size itself. D in {64, 128}, Hq/Hkv <= 8
+// (registered as decode_attention_sm80; other shapes throw NotSupported).
 // K and V types may differ (e.g. u8 K with u4 V).
 void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                       const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_lens,

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/kernels/options.h"
+#include "lowbit/kernels/plan.h"
 #include "lowbit/kv/kv_cache.h"
 #include "lowbit/model/config.h"
 #include "lowbit/ops/ops.h"
@@ -91,7 +93,12 @@ class Model {
   // (permuted) input, u8 [ceil(k / 128)] of 4 or 8 (quantize_fmpq). Shared inputs must share the map.
   // A forward without maps fails with NotSupported (round-to-nearest weights carry none).
   void set_fmpq_block_bits(const std::string& name, const Tensor& block_bits);
-  // Throws listing every missing weight; fuses and packs. No set_weight afterwards.
+  // Kernel overrides and strict mode (kernels/options.h), before finalize(): validated here, applied
+  // when finalize() resolves the plans. A forced kernel that cannot run fails finalize() with the
+  // reason; with strict, so does a plan that would take a slow fallback kernel.
+  void set_kernel_options(const kernels::KernelOptions& options);
+  // Throws listing every missing weight; fuses and packs; resolves the execution plans (one kernel per
+  // linear role and token bucket, one attention kernel per phase). No set_weight afterwards.
   void finalize();
   bool finalized() const { return finalized_; }
 
@@ -113,6 +120,9 @@ class Model {
     std::vector<std::string> kernels;
   };
   Info info() const;
+  // The execution plan, one line per (linear role, token bucket) and attention phase: descriptor,
+  // kernel, and why (`lowbit info --plan`). Empty before finalize().
+  const std::vector<kernels::PlanLine>& plan() const { return plan_lines_; }
 
   ModelWorkspace make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
   // Runs the batch; KV of the new tokens is written into `cache` at attn.slot_mapping. Returns a
@@ -149,16 +159,20 @@ class Model {
   void check_not_finalized(const char* op) const;
   Tensor to_compute(const Tensor& host_f32) const;  // host f32 -> compute dtype on the device
   PackedWeight pack(const QuantizedWeight& w) const;
-  ops::LinearActivation linear_activation() const;
   // The common input of the linears `suffixes` of layer l (their staged perms / block maps must agree).
   LinearInput shared_input(int l, const std::vector<const char*>& suffixes, const char* what) const;
-  // y = linear(x[:, perm]) with the recipe's activations (FMPQ: quantize_fmpq by the block map).
+  // y = linear(x[:, perm]) by `plan` (FMPQ: quantize_fmpq by the block map first).
   void run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
-                  ModelWorkspace& ws) const;
+                  const kernels::LinearPlan& plan, ModelWorkspace& ws) const;
   // The layers and the final norm for T tokens whose ids/positions/metadata are on the model's
   // device (host for the CPU): leaves the normed final hidden states in ws.normed[0, T).
   void forward_layers(const Tensor& ids, const Tensor& positions, const ops::AttentionMeta& attn, int64_t T,
                       KVCache& cache, ModelWorkspace& ws) const;
+  // Planning (model/plan.cpp): called by finalize().
+  void resolve_plans();
+  kernels::LinearPlan plan_linear(const std::string& role, const PackedWeight& w, ActivationMode act,
+                                  bool codes_input);
+  kernels::AttentionPlan plan_attention();
   // One decode graph's body: ws.decode_graphs' device metadata for `rows` sequences -> logits and
   // sampled tokens on the device (model/decode_graphs.cpp).
   void decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWorkspace& ws) const;
@@ -183,6 +197,14 @@ class Model {
   PackedWeight lm_head_;
   std::vector<Layer> layers_;
   std::map<std::string, int64_t> parameter_bytes_;
+
+  // Kernel options (set_kernel_options) and the plans finalize() resolves from them.
+  kernels::ParsedKernelOptions kernel_options_;
+  struct Plans {
+    kernels::LinearPlan qkv, o, gate_up, down, lm_head;
+    kernels::AttentionPlan attention;
+  } plans_;
+  std::vector<kernels::PlanLine> plan_lines_;
 };
 
 }  // namespace lowbit

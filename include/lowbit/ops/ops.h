@@ -4,9 +4,12 @@
 #include <vector>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/kernels/plan.h"
+#include "lowbit/kv/attention_meta.h"
 #include "lowbit/kv/kv_cache.h"
 #include "lowbit/quant/activation.h"
 #include "lowbit/quant/pack.h"
+#include "lowbit/quant/recipe.h"
 
 namespace lowbit::ops {
 
@@ -19,13 +22,21 @@ namespace lowbit::ops {
 // (pack_sm80 layout) take act=float, w8 weights (data = s8 [n, k], scales f32 [n]) take
 // act=int8_per_token, e4m3 weights (data = e4m3 [n, k], scales f32 [n]) take act=fp8_per_token
 // (compute capability 8.9+); other combinations are NotSupported.
-enum class LinearActivation : uint8_t { float16, int8_per_token, fmpq_mixed, fp8_per_token };
+// One activation-mode enum for the whole library: the recipe's (quant/recipe.h).
+using LinearActivation = ActivationMode;
 // act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
             LinearActivation act = LinearActivation::float16);
 // y = linear of activations already quantized per token (GPU only): q s8 with a w8 weight or e4m3
 // with an e4m3 weight, [m, k], scales f32 [m] (rms_norm_quantize makes them); bias and y f16.
 void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight& w, const Tensor& bias, Tensor& y);
+// The same ops run by a plan (Model resolves one per linear at load): the kernel of x's M bucket,
+// no registry lookup. The unplanned forms above look the kernel up per call (kernels/registry.h).
+void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, const kernels::LinearPlan& plan);
+void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                      const kernels::LinearPlan& plan);
+void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                 const kernels::LinearPlan& plan);
 // COMET W4Ax: x quantized by quantize_fmpq (s8 [m, k] with int4 or int8 values per 128-channel block,
 // scales f32 [m, ceil(k / 128)]); w a qoq/liquid/w8 weight (s8 per group). Each block's s8 x s8 sum is
 // exact in int32; y[m, n] = channel_scale[n] * sum_b scale[m, b] * acc_b[m, n] (+ bias), y f32/f16/bf16.
@@ -61,19 +72,8 @@ struct RopeConfig {
 void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg);
 
 // ---- paged attention (ops/attention.cpp) -------------------------------------------------------
-// One forward step's sequences. Tokens of sequence i are rows [q_start[i], q_start[i] + q_len[i])
-// of q; the sequence holds kv_len[i] tokens in the cache including these new ones, so query j of
-// the sequence sits at position kv_len[i] - q_len[i] + j and attends causally to positions <= it.
-// Decode is q_len = 1; prefill and chunked prefill are q_len > 1; one batch may mix both.
-struct AttentionMeta {
-  std::vector<int32_t> q_start, q_len, kv_len;  // host copies, one entry per sequence
-  Tensor block_tables;  // s32 [num_seqs, max_blocks] (padded with -1), on the KV device
-  Tensor slot_mapping;  // s32 [T]: cache slot of each new token, on the KV device
-  int32_t max_q_len = 0, max_kv_len = 0;
-  // GPU only, optional: s32 [3, num_seqs] = (q_start, q_len, kv_len) rows on the KV device, uploaded
-  // once per step by the model; when undefined, paged_attention uploads them itself (one sync copy).
-  Tensor seq_info;
-};
+// One forward step's sequences (query rows, KV lengths, block tables, slots).
+using AttentionMeta = lowbit::AttentionMeta;  // lowbit/kv/attention_meta.h
 // Device placement: every tensor operand of an op (and the KV cache) must be on one device; CPU
 // operands run the CPU kernels, CUDA operands the GPU kernels on the default stream (asynchronous:
 // results are ready after the next synchronizing copy). On the GPU the host cannot read
@@ -92,6 +92,12 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // rows of out outside every sequence are left untouched. f32 accumulation.
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                      Tensor& out);
+// The attention descriptor of a call (decode: every sequence one query, rows in sequence order).
+kernels::AttnDesc describe_attention(const Tensor& q, const Tensor& out, const KVCache& cache, bool decode);
+// The same with the plan's kernels: plan.decode for decode steps (every sequence one query, rows in
+// sequence order), plan.prefill otherwise. The unplanned form looks them up per call.
+void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
+                     Tensor& out, const kernels::AttentionPlan& plan);
 
 // ---- sampling (ops/sampling.cpp) ---------------------------------------------------------------
 struct SamplingParams {

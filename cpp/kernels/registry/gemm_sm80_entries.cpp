@@ -1,0 +1,201 @@
+// The mma.sync GEMM kernels (cpp/kernels/sm80/gemm_*_sm80.cu, sm_80 and newer) in the GEMM registry.
+// Their can_run is plain C++ so that a CPU-only build still knows them (docs/support.md); the
+// launches exist only in CUDA builds. GPU linears compute in f16 and take the bias in f16.
+#include "kernels/registry/registration.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/kernels.h"
+#include "lowbit/cuda/stream.h"
+#endif
+
+namespace lowbit::kernels {
+
+// Shared by the sm90 entries (gemm_sm90_entries.cpp).
+bool gpu_gemm_common(const GemmDesc& d, std::string* why, int min_sm) {
+  if (!on_device(DeviceKind::cuda, d.device, why)) return false;
+  if (d.sm < min_sm) return refuse(why, "needs sm_" + std::to_string(min_sm) + " or newer"), false;
+  if (d.packed != PackTarget::sm80) return refuse(why, "needs a weight packed for sm80"), false;
+  if (d.y_type != ScalarType::f16) return refuse(why, "writes f16 rows"), false;
+  return true;
+}
+
+// Shared-memory opt-in per block by compute capability: sm_86/89 offer 99 KB, sm_80/87 163 KB, sm_90 227 KB.
+int smem_optin_kb(int sm) { return sm == 86 || sm == 89 ? 99 : sm >= 90 ? 227 : 163; }
+
+namespace {
+
+bool f16_gemm(const GemmDesc& d, std::string* why) {
+  if (!gpu_gemm_common(d, why, 80)) return false;
+  if (d.act != ActivationMode::float16) return refuse(why, "float activations only"), false;
+  if (d.x_type != ScalarType::f16) return refuse(why, "needs f16 activations"), false;
+  if (d.weight != WeightFormat::f16) return refuse(why, std::string("needs f16 weights, got ") + name_of(d.weight)), false;
+  return true;
+}
+
+// The f16 mma tiles: 32 tokens (92 KB of shared memory) up to m = 32, 64/128 tokens (110 KB) beyond.
+bool mma_tile_fits(const GemmDesc& d) {
+  const bool small_tile = d.m == MBucket::m1 || d.m == MBucket::m16;
+  return smem_optin_kb(d.sm) >= (small_tile ? 90 : 108);
+}
+
+Fit gemv_can_run(const GemmDesc& d, std::string* why) {
+  if (!f16_gemm(d, why)) return Fit::no;
+  if (d.m != MBucket::m1 && d.m != MBucket::m16)
+    return slow(why, "one warp per output column re-reads the weight every 16 rows: slow past 16 tokens");
+  return fits(why, "one warp per output column, <= 16 rows per pass");
+}
+int gemv_rank(const GemmDesc& d) { return d.m == MBucket::m1 ? 3 : d.m == MBucket::m16 ? 1 : -1; }
+
+Fit mma_can_run(const GemmDesc& d, std::string* why) {
+  if (!f16_gemm(d, why)) return Fit::no;
+  if (!d.aligned_rows) return refuse(why, "cp.async needs 16-byte aligned rows (k % 8 == 0)");
+  if (!mma_tile_fits(d))
+    return refuse(why, "its " + std::string(name_of(d.m)) + " tile needs 110 KB of shared memory, " +
+                           arch_name(d.device, d.sm) + " offers " + std::to_string(smem_optin_kb(d.sm)) + " KB");
+  return fits(why, "mma.sync m16n8k16, cp.async pipeline, split-K for small m");
+}
+int mma_rank(const GemmDesc&) { return 2; }
+
+Fit wmma_can_run(const GemmDesc& d, std::string* why) {
+  if (!f16_gemm(d, why)) return Fit::no;
+  if (d.m != MBucket::m1 && d.m != MBucket::m16 && (!d.aligned_rows || !mma_tile_fits(d)))
+    return slow(why, "wmma 16x16x16 without a cp.async pipeline: the mma kernel cannot run this shape");
+  return fits(why, "wmma 16x16x16, any alignment");
+}
+int wmma_rank(const GemmDesc&) { return 0; }
+
+Fit w4a16_can_run(const GemmDesc& d, std::string* why) {
+  if (!gpu_gemm_common(d, why, 80)) return Fit::no;
+  if (d.act != ActivationMode::float16) return refuse(why, "float activations only");
+  if (d.x_type != ScalarType::f16) return refuse(why, "needs f16 activations");
+  if (d.weight != WeightFormat::w4) return refuse(why, std::string("needs w4 weights, got ") + name_of(d.weight));
+  if (d.group % 64 != 0)
+    return refuse(why, "group " + std::to_string(d.group) + " has no W4A16 GPU kernel (groups must be multiples of 64)");
+  if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
+  return fits(why);
+}
+Fit w4a16_small_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = w4a16_can_run(d, why);
+  if (f == Fit::yes && why) *why = "8..64-token tiles, dequantize per warp, split-K to fill the SMs";
+  return f;
+}
+Fit w4a16_large_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = w4a16_can_run(d, why);
+  if (f == Fit::yes && why) *why = "64/128-token tiles, dequantize once per block";
+  return f;
+}
+// From 128 tokens the large-M kernel wins (it dequantizes each weight chunk once per block).
+int w4a16_small_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 1 : 2; }
+int w4a16_large_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 2 : 0; }
+
+}  // namespace
+
+// 8-bit GEMMs (s8 x s8 W8A8, e4m3 x e4m3 FP8): the activations arrive as f16 rows (the launch
+// quantizes them per token) or as codes with f32 scales (the fused norm made them).
+Fit gemm8_can_run(const GemmDesc& d, std::string* why, int min_sm, bool fp8) {
+  if (!gpu_gemm_common(d, why, min_sm)) return Fit::no;
+  const ActivationMode act = fp8 ? ActivationMode::fp8_per_token : ActivationMode::int8_per_token;
+  const WeightFormat wf = fp8 ? WeightFormat::e4m3 : WeightFormat::w8;
+  const ScalarType codes = fp8 ? ScalarType::e4m3 : ScalarType::s8;
+  if (d.act != act) return refuse(why, std::string(name_of(act)) + " activations only");
+  if (d.weight != wf) return refuse(why, std::string("needs ") + name_of(wf) + " weights, got " + name_of(d.weight));
+  if (d.x_type != ScalarType::f16 && d.x_type != codes)
+    return refuse(why, std::string("needs f16 rows or ") + name_of(codes) + " codes");
+  if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got " + std::to_string(d.k));
+  return fits(why);
+}
+
+#ifdef LOWBIT_WITH_CUDA
+namespace {
+
+void add_bias(const GemmArgs& a) {
+  if (!a.bias.defined()) return;
+  Tensor& y = a.y;
+  cuda::add_bias(cuda::Rows{y.data_ptr(), y.dtype(), y.size(0), y.size(1), y.stride(0)},
+                 cuda::Rows{const_cast<void*>(a.bias.data_ptr()), a.bias.dtype(), 1, a.bias.size(0), a.bias.size(0)},
+                 cuda::current_stream());
+}
+
+template <cuda::F16GemmKernel K>
+void launch_f16(const GemmArgs& a) {
+  cuda::gemm_f16(a.x, a.w.data, a.bias, a.y, cuda::current_stream(), K);
+}
+
+template <cuda::W4A16Kernel K>
+void launch_w4a16(const GemmArgs& a) {
+  cuda::W4A16Options o;
+  o.kernel = K;
+  o.large_tile = a.tuning.w4a16_large_tile;
+  o.pdl = a.tuning.pdl;
+  cuda::gemm_w4a16(a.x, a.w, a.y, 0, Tensor(), cuda::current_stream(), o);
+  add_bias(a);
+}
+
+}  // namespace
+
+// Runs an 8-bit GEMM on `kernel`, quantizing f16 rows per token first when x is not codes yet.
+void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8) {
+  cuda::Gemm8Options o;
+  o.kernel = kernel;
+  o.sm90_split = a.tuning.sm90_split;
+  o.sm90_pairs = a.tuning.sm90_pairs;
+  o.fp8_fast_accum = a.tuning.fp8_fast_accum;
+  const cudaStream_t stream = cuda::current_stream();
+  Tensor xq = a.x, xs = a.x_scales;
+  if (a.x.dtype() == ScalarType::f16) {
+    xq = Tensor::empty({a.x.size(0), a.x.size(1)}, fp8 ? ScalarType::e4m3 : ScalarType::s8, a.x.device());
+    xs = Tensor::empty({a.x.size(0)}, ScalarType::f32, a.x.device());
+    if (fp8)
+      cuda::quantize_per_token_e4m3(a.x, xq, xs, stream);
+    else
+      cuda::quantize_per_token_s8(a.x, xq, xs, stream);
+  }
+  if (fp8)
+    cuda::gemm_fp8(xq, xs, a.w.data, a.w.scales, a.y, stream, o);
+  else
+    cuda::gemm_w8a8(xq, xs, a.w.data, a.w.scales, a.y, stream, o);
+  add_bias(a);
+}
+
+namespace {
+void launch_w8a8_sm80(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, false); }
+void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
+}  // namespace
+#define LOWBIT_GPU_LAUNCH(f) f
+#else
+#define LOWBIT_GPU_LAUNCH(f) nullptr
+#endif
+
+namespace {
+Fit w8a8_sm80_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = gemm8_can_run(d, why, 80, false);
+  if (f == Fit::yes && why) *why = "s8 mma.sync, int32 accumulators, per-token x per-channel scales";
+  return f;
+}
+Fit fp8_sm89_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = gemm8_can_run(d, why, 89, true);
+  if (f == Fit::yes && why) *why = "e4m3 mma.sync, f32 accumulators";
+  return f;
+}
+int rank_one(const GemmDesc&) { return 1; }
+}  // namespace
+
+void register_gemm_sm80(std::vector<GemmKernel>& out) {
+  out.push_back({"gemm_f16_gemv_sm80", "f16 x f16 GEMV: one warp per output column (decode)", gemv_can_run, gemv_rank,
+                 LOWBIT_GPU_LAUNCH((launch_f16<cuda::F16GemmKernel::gemv>))});
+  out.push_back({"gemm_f16_mma_sm80", "f16 x f16 mma.sync with a cp.async pipeline and split-K", mma_can_run, mma_rank,
+                 LOWBIT_GPU_LAUNCH((launch_f16<cuda::F16GemmKernel::mma>))});
+  out.push_back({"gemm_f16_wmma_sm80", "f16 x f16 wmma, any alignment (slow path)", wmma_can_run, wmma_rank,
+                 LOWBIT_GPU_LAUNCH((launch_f16<cuda::F16GemmKernel::wmma>))});
+  out.push_back({"gemm_w4a16_sm80", "W4A16 (u4 groups, f16 activations), small-M tiles with split-K",
+                 w4a16_small_can_run, w4a16_small_rank,
+                 LOWBIT_GPU_LAUNCH((launch_w4a16<cuda::W4A16Kernel::small>))});
+  out.push_back({"gemm_w4a16_large_sm80", "W4A16, large-M tiles (prefill)", w4a16_large_can_run, w4a16_large_rank,
+                 LOWBIT_GPU_LAUNCH((launch_w4a16<cuda::W4A16Kernel::large>))});
+  out.push_back({"gemm_w8a8_sm80", "W8A8 s8 x s8 mma.sync, per-token activations", w8a8_sm80_can_run, rank_one,
+                 LOWBIT_GPU_LAUNCH(launch_w8a8_sm80)});
+  out.push_back({"gemm_fp8_sm89", "FP8 e4m3 x e4m3 mma.sync (sm_89+), per-token activations", fp8_sm89_can_run,
+                 rank_one, LOWBIT_GPU_LAUNCH(launch_fp8_sm89)});
+}
+
+}  // namespace lowbit::kernels

@@ -1,0 +1,70 @@
+// The one reader of user kernel options (include/lowbit/kernels/options.h): strings in, a validated
+// ParsedKernelOptions out, once at model load.
+#include <cstdlib>
+#include <set>
+
+#include "lowbit/core/error.h"
+#include "lowbit/kernels/options.h"
+
+namespace lowbit::kernels {
+namespace {
+
+const std::set<std::string>& forced_roles() {
+  static const std::set<std::string> roles = {"linear",      "linear.qkv",     "linear.o",         "linear.gate_up",
+                                              "linear.down", "linear.lm_head", "attention",        "attention.prefill",
+                                              "attention.decode"};
+  return roles;
+}
+
+bool on_off(const std::string& key, const std::string& v) {
+  if (v == "on" || v == "1" || v == "true") return true;
+  if (v == "off" || v == "0" || v == "false") return false;
+  LOWBIT_CHECK_KIND(ErrorKind::kValue, false, "kernel_overrides['", key, "'] must be on or off, got '", v, "'");
+  return false;
+}
+
+}  // namespace
+
+std::string ParsedKernelOptions::forced_for(const std::string& role) const {
+  auto it = forced.find(role);
+  if (it != forced.end()) return it->second;
+  const std::string family = role.substr(0, role.find('.'));
+  it = forced.find(family);
+  return it != forced.end() ? it->second : std::string();
+}
+
+ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
+  ParsedKernelOptions p;
+  p.strict = options.strict;
+  KernelTuning& t = p.tuning;
+  for (const auto& [key, value] : options.overrides) {
+    if (forced_roles().count(key)) {
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, !value.empty(), "kernel_overrides['", key, "'] must name a kernel");
+      p.forced[key] = value;
+    } else if (key == "fused_norm_quant") {
+      t.fused_norm_quant = on_off(key, value);
+    } else if (key == "pdl") {
+      t.pdl = on_off(key, value);
+    } else if (key == "sm90_pairs") {
+      t.sm90_pairs = on_off(key, value);
+    } else if (key == "fp8_fast_accum") {
+      t.fp8_fast_accum = on_off(key, value);
+    } else if (key == "w4a16_large_tile") {
+      t.w4a16_large_tile = value == "auto" ? 0 : value == "64x128" ? 64128 : value == "128x128" ? 128128
+                           : value == "128x256" ? 128256 : -1;
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, t.w4a16_large_tile >= 0, "kernel_overrides['w4a16_large_tile'] must be ",
+                        "auto, 64x128, 128x128 or 128x256, got '", value, "'");
+    } else if (key == "sm90_split") {
+      t.sm90_split = value == "0" ? 0 : value == "1" ? 1 : value == "2" ? 2 : value == "4" ? 4 : value == "8" ? 8 : -1;
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, t.sm90_split >= 0, "kernel_overrides['sm90_split'] must be 0, 1, 2, 4 ",
+                        "or 8, got '", value, "'");
+    } else {
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, false, "kernel_overrides: unknown key '", key, "'; forced kernels: ",
+                        "linear, linear.{qkv,o,gate_up,down,lm_head}, attention, attention.{prefill,decode}; ",
+                        "tuning: fused_norm_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, fp8_fast_accum");
+    }
+  }
+  return p;
+}
+
+}  // namespace lowbit::kernels

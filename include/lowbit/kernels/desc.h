@@ -1,0 +1,74 @@
+// Kernel descriptors: what a GEMM or an attention call asks of a kernel, as plain data (trivially
+// copyable). The registries (registry.h) match a descriptor against every kernel's can_run;
+// to_string() is the key used in logs, errors, `lowbit info --plan`, docs/support.md and tests.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "lowbit/core/device.h"
+#include "lowbit/core/dtype.h"
+#include "lowbit/quant/format.h"
+#include "lowbit/quant/pack.h"
+#include "lowbit/quant/recipe.h"
+
+namespace lowbit::kernels {
+
+// Token-count buckets. A plan holds one kernel per bucket, so a step picks its kernel with two
+// compares: 1 (decode of one sequence) | 2..16 | 17..127 | >= 128 (prefill-sized).
+enum class MBucket : uint8_t { m1, m16, m127, m_large };
+constexpr int kNumMBuckets = 4;
+inline MBucket m_bucket_of(int64_t m) {
+  return m <= 1 ? MBucket::m1 : m <= 16 ? MBucket::m16 : m < 128 ? MBucket::m127 : MBucket::m_large;
+}
+const char* name_of(MBucket b);  // "m1", "m2-16", "m17-127", "m128+"
+
+struct GemmDesc {
+  DeviceKind device = DeviceKind::cpu;
+  int sm = 0;  // compute capability 10 * major + minor; 0 on the CPU
+  ActivationMode act = ActivationMode::float16;  // how the activations enter the GEMM
+  ScalarType x_type = ScalarType::f32;  // f32/f16/bf16 rows, or s8/e4m3 codes the caller quantized
+  ScalarType y_type = ScalarType::f32;
+  WeightFormat weight = WeightFormat::f16;
+  PackTarget packed = PackTarget::cpu;
+  int group = 0;  // weight group size (0: per channel / none)
+  int64_t n = 0, k = 0;
+  MBucket m = MBucket::m1;
+  bool aligned_rows = true;  // x rows start 16-byte aligned with a row stride that keeps them so
+  std::string to_string() const;  // "gemm cuda sm_90 w4 g128 act=float16 x=f16 y=f16 n=4096 k=4096 m1"
+};
+
+enum class AttnPhase : uint8_t { prefill, decode };
+const char* name_of(AttnPhase p);  // "prefill", "decode"
+
+// K/V are quantized per token per head (kv_cache.h); the granularity is a field so that a second
+// scheme (per-channel K) can be described without changing the registry.
+enum class KvGranularity : uint8_t { per_token_head };
+const char* name_of(KvGranularity g);
+
+struct AttnDesc {
+  DeviceKind device = DeviceKind::cpu;
+  int sm = 0;
+  AttnPhase phase = AttnPhase::prefill;
+  int head_dim = 0;
+  ScalarType q_type = ScalarType::f32, out_type = ScalarType::f32;
+  ScalarType k_type = ScalarType::f32, v_type = ScalarType::f32;
+  KvGranularity kv_granularity = KvGranularity::per_token_head;
+  int gqa_group = 1;   // query heads per KV head
+  int block_size = 16; // tokens per paged KV block
+  std::string to_string() const;  // "attention decode cuda sm_90 d128 q=f16 k=u8 v=u4 gqa4 block16"
+};
+
+static_assert(std::is_trivially_copyable_v<GemmDesc> && std::is_trivially_copyable_v<AttnDesc>);
+
+// The descriptor of y[m, n] = x[m, k] · Wᵀ for a packed weight on `device` (weights of 16-bit floats
+// count as f16 on the GPU, where they are packed so).
+GemmDesc describe_gemm(const Device& device, ActivationMode act, ScalarType x_type, ScalarType y_type,
+                       const PackedWeight& w, int64_t m, bool aligned_rows);
+
+// "sm_90" / "cpu": the device part of the keys.
+std::string arch_name(DeviceKind device, int sm);
+// 10 * major + minor of a CUDA device (cached per device), 0 for the CPU or a build without CUDA.
+int compute_capability(const Device& device);
+
+}  // namespace lowbit::kernels

@@ -1,0 +1,45 @@
+// Kernel options of a model, fixed at load: user overrides (forced kernels, tuning knobs) and the
+// strict switch. The one place that turns user strings into kernel choices; nothing here is read
+// per step, and no kernel reads the environment.
+#pragma once
+#include <map>
+#include <string>
+
+namespace lowbit::kernels {
+
+// What a user passes (Python: lowbit.LLM(..., kernel_overrides={...}, strict=True)).
+// Keys (docs/architecture.md lists them with their values):
+//   forced kernels  "linear", "linear.qkv", "linear.o", "linear.gate_up", "linear.down",
+//                   "linear.lm_head", "attention", "attention.prefill", "attention.decode"
+//                   -> a registered kernel name; one that cannot run is an error, never ignored.
+//   tuning          "fused_norm_quant" on|off, "pdl" on|off, "w4a16_large_tile" auto|64x128|128x128|128x256,
+//                   "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off, "fp8_fast_accum" on|off
+// strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
+struct KernelOptions {
+  std::map<std::string, std::string> overrides;
+  bool strict = false;
+};
+
+// Knobs inside a kernel (not which kernel runs): parsed once from the overrides, passed by value
+// into the launches, so a captured CUDA graph holds exactly what the plan says.
+struct KernelTuning {
+  bool fused_norm_quant = true;  // W8A8 / FP8 on the GPU: the pre-norm emits the next GEMM's codes
+  bool pdl = true;               // sm_90+: programmatic dependent launch of the W4A16 kernel
+  int w4a16_large_tile = 0;      // 0 automatic, else 64128, 128128 or 128256 (m x n)
+  int sm90_split = 0;            // wgmma 8-bit GEMMs: 0 automatic, else the split-K cluster size 1/2/4/8
+  bool sm90_pairs = false;       // wgmma 8-bit GEMMs: multicast weight tiles to pairs of A tiles
+  bool fp8_fast_accum = false;   // wgmma fp8: no per-stage promotion of the sums to f32
+};
+
+// The forced kernel names by role and the tuning, validated (unknown keys and bad values throw a
+// ValueError listing what is accepted).
+struct ParsedKernelOptions {
+  std::map<std::string, std::string> forced;  // role ("linear.qkv", "attention.decode", ...) -> kernel
+  KernelTuning tuning;
+  bool strict = false;
+  // The forced kernel for a role ("linear.qkv" falls back to "linear"), or "" when none.
+  std::string forced_for(const std::string& role) const;
+};
+ParsedKernelOptions parse_kernel_options(const KernelOptions& options);
+
+}  // namespace lowbit::kernels

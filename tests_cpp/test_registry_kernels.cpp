@@ -1,0 +1,254 @@
+// The kernel registries (include/lowbit/kernels/registry.h) and the model's plans: every registered
+// CPU GEMM against a float64 reference on odd shapes, which kernel a descriptor gets (CPU and GPU
+// descriptors: the choice is plain C++, so it is checked here without a GPU), and the loud errors:
+// a miss lists every candidate, a forced kernel that cannot run says why, strict refuses fallbacks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+#include <string>
+
+#include "lowbit/kernels/registry.h"
+#include "lowbit/model/model.h"
+#include "lowbit/ops/ops.h"
+#include "lowbit/quant/format.h"
+#include "test_model_reference.h"
+
+using namespace lowbit;
+using namespace lowbit::kernels;
+using namespace lowbit::testing_ref;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+GemmDesc gpu_gemm(int sm, ActivationMode act, WeightFormat w, int group, int64_t m) {
+  GemmDesc d;
+  d.device = DeviceKind::cuda;
+  d.sm = sm;
+  d.act = act;
+  d.x_type = d.y_type = ScalarType::f16;
+  d.weight = w;
+  d.packed = PackTarget::sm80;
+  d.group = group;
+  d.n = d.k = 4096;
+  d.m = m_bucket_of(m);
+  return d;
+}
+
+AttnDesc gpu_attention(AttnPhase phase, int head_dim, ScalarType k, ScalarType v, int group) {
+  AttnDesc d;
+  d.device = DeviceKind::cuda;
+  d.sm = 90;
+  d.phase = phase;
+  d.head_dim = head_dim;
+  d.q_type = d.out_type = ScalarType::f16;
+  d.k_type = k;
+  d.v_type = v;
+  d.gqa_group = group;
+  return d;
+}
+
+}  // namespace
+
+TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
+  std::set<std::string> names;
+  for (const GemmKernel& k : gemm_kernels()) {
+    EXPECT_TRUE(names.insert(k.name).second) << k.name;
+    EXPECT_GT(std::string(k.summary).size(), 10u) << k.name;
+  }
+  for (const AttnKernel& k : attention_kernels()) {
+    EXPECT_TRUE(names.insert(k.name).second) << k.name;
+    EXPECT_GT(std::string(k.summary).size(), 10u) << k.name;
+  }
+  for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
+                        "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
+                        "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80"})
+    EXPECT_TRUE(names.count(n)) << n;
+}
+
+// ops::linear on the CPU (the registry's kernel for the call) against float64 on odd shapes and tails.
+TEST(Registry, CpuGemmSweepAgainstFloat64) {
+  std::mt19937 rng(7);
+  struct Case {
+    WeightFormat format;
+    int group;
+    ActivationMode act;
+    const char* kernel;
+  };
+  const Case cases[] = {{WeightFormat::f32, 0, ActivationMode::float16, "gemm_f32act_cpu"},
+                        {WeightFormat::f16, 0, ActivationMode::float16, "gemm_f32act_cpu"},
+                        {WeightFormat::w8, 0, ActivationMode::float16, "gemm_f32act_cpu"},
+                        {WeightFormat::e4m3, 0, ActivationMode::float16, "gemm_f32act_cpu"},
+                        {WeightFormat::w4, 32, ActivationMode::float16, "gemm_f32act_cpu"},
+                        {WeightFormat::w8, 0, ActivationMode::int8_per_token, "gemm_s8act_cpu"}};
+  for (const Case& c : cases) {
+    for (int64_t m : {1, 3, 17, 130}) {
+      for (int64_t n : {1, 7, 33}) {
+        for (int64_t k : {32, 96}) {
+          const Tensor wf = random_tensor({n, k}, rng, -1.f, 1.f);
+          const QuantizedWeight qw = quantize_weight(wf, c.format, c.group);
+          const PackedWeight pw = pack_weight(qw, PackTarget::cpu, Device::cpu());
+          const Tensor wd = dequantize_weight(qw).contiguous();
+          const Tensor x = random_tensor({m, k}, rng, -1.f, 1.f);
+          Tensor y = Tensor::empty({m, n}, ScalarType::f32);
+          const GemmDesc desc = describe_gemm(Device::cpu(), c.act, ScalarType::f32, ScalarType::f32, pw, m, true);
+          ASSERT_STREQ(select_gemm(desc).kernel->name, c.kernel) << desc.to_string();
+          ops::linear(x, pw, Tensor(), y, c.act);
+          const float* xp = x.data<float>();
+          const float* wp = wd.data<float>();
+          for (int64_t i = 0; i < m; ++i) {
+            // int8 activations: the reference quantizes x per token as the kernel does, in double.
+            double s = 1.0;
+            if (c.act == ActivationMode::int8_per_token) {
+              double mx = 0;
+              for (int64_t j = 0; j < k; ++j) mx = std::max(mx, std::fabs(double(xp[i * k + j])));
+              s = mx > 0 ? float(mx) / 127.f : 1.0;
+            }
+            for (int64_t o = 0; o < n; ++o) {
+              double ref = 0, mag = 0;
+              for (int64_t j = 0; j < k; ++j) {
+                double xv = xp[i * k + j];
+                if (c.act == ActivationMode::int8_per_token) xv = std::nearbyint(xv / s) * s;
+                ref += xv * wp[o * k + j];
+                mag += std::fabs(xv * wp[o * k + j]);
+              }
+              EXPECT_NEAR(y.data<float>()[i * n + o], ref, 1e-5 * mag + 1e-6)
+                  << c.kernel << " " << name_of(c.format) << " m=" << m << " n=" << n << " k=" << k;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Registry, GpuGemmChoicesByDescriptor) {
+  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1)).kernel->name,
+               "gemm_w4a16_sm80");
+  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 300)).kernel->name,
+               "gemm_w4a16_large_sm80");
+  EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::int8_per_token, WeightFormat::w8, 0, 8)).kernel->name,
+               "gemm_w8a8_sm80");
+  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, WeightFormat::w8, 0, 8)).kernel->name,
+               "gemm_w8a8_sm90");
+  EXPECT_STREQ(select_gemm(gpu_gemm(89, ActivationMode::fp8_per_token, WeightFormat::e4m3, 0, 8)).kernel->name,
+               "gemm_fp8_sm89");
+  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::f16, 0, 1)).kernel->name,
+               "gemm_f16_gemv_sm80");
+  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::f16, 0, 512)).kernel->name,
+               "gemm_f16_mma_sm80");
+  // Unaligned rows past 16 tokens: wmma, named as the slow fallback it is.
+  GemmDesc unaligned = gpu_gemm(90, ActivationMode::float16, WeightFormat::f16, 0, 512);
+  unaligned.aligned_rows = false;
+  const GemmSelection s = select_gemm(unaligned);
+  EXPECT_STREQ(s.kernel->name, "gemm_f16_wmma_sm80");
+  EXPECT_TRUE(s.fallback);
+  EXPECT_NE(s.why_chosen().find("cp.async needs 16-byte aligned rows"), std::string::npos) << s.why_chosen();
+  // sm_86 (99 KB of shared memory): the 110 KB mma tiles do not fit.
+  EXPECT_STREQ(select_gemm(gpu_gemm(86, ActivationMode::float16, WeightFormat::f16, 0, 512)).kernel->name,
+               "gemm_f16_wmma_sm80");
+}
+
+TEST(Registry, AttentionChoicesByDescriptor) {
+  const AttnSelection d = select_attention(gpu_attention(AttnPhase::decode, 64, ScalarType::u8, ScalarType::u4, 3));
+  EXPECT_STREQ(d.kernel->name, "decode_attention_sm80");
+  EXPECT_FALSE(d.fallback);
+  EXPECT_STREQ(select_attention(gpu_attention(AttnPhase::prefill, 128, ScalarType::f16, ScalarType::f16, 4)).kernel->name,
+               "prefill_attention_tc_sm80");
+  // Today's gaps are named fallbacks, never silent: head_dim 96, GQA 16.
+  const AttnSelection d96 = select_attention(gpu_attention(AttnPhase::decode, 96, ScalarType::f16, ScalarType::f16, 1));
+  EXPECT_STREQ(d96.kernel->name, "prefill_attention_sm80");
+  EXPECT_TRUE(d96.fallback);
+  const AttnSelection g16 =
+      select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 16));
+  EXPECT_STREQ(g16.kernel->name, "prefill_attention_tc_sm80");
+  EXPECT_TRUE(g16.fallback);
+  EXPECT_NE(g16.why_chosen().find("GQA groups up to 8"), std::string::npos) << g16.why_chosen();
+  AttnDesc cpu;
+  cpu.head_dim = 80;
+  cpu.gqa_group = 16;
+  EXPECT_STREQ(select_attention(cpu).kernel->name, "paged_attention_cpu");
+}
+
+TEST(Registry, MissListsEveryCandidatesReason) {
+  const std::string msg = error_of([] {
+    select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, WeightFormat::w4, 128, 1), "", false, "Model");
+  });
+  EXPECT_NE(msg.find("no kernel for gemm sm_90 w4 g128 act=int8_per_token"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gemm_w4a16_sm80: float activations only"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gemm_w8a8_sm90: needs w8 weights, got w4"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("gemm_f32act_cpu"), std::string::npos) << "CPU kernels were never candidates: " << msg;
+}
+
+TEST(Registry, ForcedKernelThatCannotRunRaisesWithItsReason) {
+  const GemmDesc d = gpu_gemm(80, ActivationMode::int8_per_token, WeightFormat::w8, 0, 8);
+  const std::string msg = error_of([&] { select_gemm(d, "gemm_w8a8_sm90", false, "Model: linear.qkv"); });
+  EXPECT_NE(msg.find("forced kernel gemm_w8a8_sm90 cannot run"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("need sm_90"), std::string::npos) << msg;
+  const std::string unknown = error_of([&] { select_gemm(d, "gemm_nope", false, "x"); });
+  EXPECT_NE(unknown.find("'gemm_nope' is not registered"), std::string::npos) << unknown;
+  const GemmSelection forced = select_gemm(d, "gemm_w8a8_sm80");
+  EXPECT_TRUE(forced.forced);
+  EXPECT_STREQ(forced.kernel->name, "gemm_w8a8_sm80");
+}
+
+TEST(Registry, StrictRefusesFallbacks) {
+  const AttnDesc d = gpu_attention(AttnPhase::decode, 96, ScalarType::f16, ScalarType::f16, 1);
+  const std::string msg = error_of([&] { select_attention(d, "", true, "Model: attention.decode"); });
+  EXPECT_NE(msg.find("strict"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("prefill_attention_sm80"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("head_dim 64 and 128, not 96"), std::string::npos) << msg;
+}
+
+TEST(Registry, KernelOptionsAreValidated) {
+  EXPECT_NE(error_of([] { parse_kernel_options({{{"lienar", "x"}}, false}); }).find("unknown key 'lienar'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_kernel_options({{{"pdl", "maybe"}}, false}); }).find("on or off"), std::string::npos);
+  const ParsedKernelOptions p =
+      parse_kernel_options({{{"linear", "gemm_f32act_cpu"}, {"linear.o", "gemm_s8act_cpu"}, {"pdl", "off"}}, true});
+  EXPECT_EQ(p.forced_for("linear.qkv"), "gemm_f32act_cpu");
+  EXPECT_EQ(p.forced_for("linear.o"), "gemm_s8act_cpu");
+  EXPECT_EQ(p.forced_for("attention.decode"), "");
+  EXPECT_FALSE(p.tuning.pdl);
+  EXPECT_TRUE(p.strict);
+}
+
+TEST(Registry, ModelPlanNamesTheKernelsAndHonoursOverrides) {
+  const ModelConfig c = tiny_config();
+  const Weights w = random_weights(c, 3);
+  Model m(c, "w8a8", "cpu", "f32");
+  load(m, w);
+  ASSERT_FALSE(m.plan().empty());
+  for (const PlanLine& l : m.plan()) {
+    if (l.role.rfind("linear.lm_head", 0) == 0)
+      EXPECT_EQ(l.kernel, "gemm_f32act_cpu") << l.role;
+    else if (l.role.rfind("linear.", 0) == 0)
+      EXPECT_EQ(l.kernel, "gemm_s8act_cpu") << l.role;
+    else
+      EXPECT_EQ(l.kernel, "paged_attention_cpu") << l.role;
+    EXPECT_FALSE(l.fallback);
+  }
+  bool named = false;
+  for (const std::string& k : m.info().kernels) named = named || k.find("gemm_s8act_cpu") != std::string::npos;
+  EXPECT_TRUE(named);
+
+  Model forced(c, "w16a16", "cpu", "f32");
+  forced.set_kernel_options({{{"linear.o", "gemm_s8act_cpu"}}, false});
+  const std::string msg = error_of([&] { load(forced, w); });
+  EXPECT_NE(msg.find("Model: linear.o: forced kernel gemm_s8act_cpu cannot run"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("int8_per_token activations only"), std::string::npos) << msg;
+
+  Model strict(c, "w16a16", "cpu", "f32");
+  strict.set_kernel_options({{}, true});
+  load(strict, w);  // the CPU has no fallbacks
+  EXPECT_FALSE(strict.plan().empty());
+}

@@ -1,0 +1,108 @@
+"""Kernel registries and execution plans from Python: `_core.kernels` lookups (which kernel a descriptor gets, the
+miss that lists every candidate's reason, forced and strict errors), `lowbit.LLM(kernel_overrides=..., strict=...)`,
+`Model.plan()` and `lowbit info --plan`. The GPU descriptors are answered by plain C++, so they are checked here on
+any machine; the GPU plan of a real model is checked where a GPU is present."""
+import subprocess
+import sys
+
+import pytest
+
+import lowbit
+from lowbit import _core
+from test_llm import tiny_tensors
+from test_models_loader import _tiny_config, make_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    config = _tiny_config()
+    return make_gguf(tmp_path_factory.mktemp("tiny_registry") / "tiny.gguf", config, tiny_tensors(config))
+
+
+def test_every_kernel_is_listed_once():
+    names = [k["name"] for k in _core.kernels.gemm_kernels() + _core.kernels.attention_kernels()]
+    assert len(names) == len(set(names))
+    assert {"gemm_f32act_cpu", "gemm_w4a16_sm80", "gemm_w8a8_sm90", "decode_attention_sm80",
+            "paged_attention_cpu"} <= set(names)
+    cpu = {k["name"]: k["built"] for k in _core.kernels.gemm_kernels()}
+    assert cpu["gemm_f32act_cpu"]  # CPU kernels are in every build
+
+
+@pytest.mark.parametrize("m,expected", [(1, "gemm_w4a16_sm80"), (16, "gemm_w4a16_sm80"), (100, "gemm_w4a16_sm80"),
+                                        (128, "gemm_w4a16_large_sm80"), (4096, "gemm_w4a16_large_sm80")])
+def test_w4a16_kernel_by_token_bucket(m, expected):
+    r = _core.kernels.select_gemm(device="cuda", sm=90, act="float16", x="f16", y="f16", weight="w4", packed="sm80",
+                                  group=128, n=4096, k=4096, m=m)
+    assert r["kernel"] == expected and not r["fallback"], r
+
+
+def test_decode_attention_kernel_and_named_fallbacks():
+    ok = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=64, q="f16", k="u8", v="u4",
+                                        gqa=3)
+    assert ok["kernel"] == "decode_attention_sm80" and not ok["fallback"]
+    slow = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=96, q="f16", k="f16",
+                                          v="f16")
+    assert slow["kernel"] == "prefill_attention_sm80" and slow["fallback"]
+    assert "head_dim 64 and 128, not 96" in slow["why"]
+
+
+def test_miss_lists_every_candidate():
+    r = _core.kernels.select_gemm(device="cuda", sm=90, act="int8_per_token", x="f16", y="f16", weight="w4",
+                                  packed="sm80", group=128, n=4096, k=4096)
+    assert r["kernel"] is None
+    assert "gemm_w4a16_sm80: float activations only" in r["reasons"]
+    assert "gemm_w8a8_sm90: needs w8 weights, got w4" in r["reasons"]
+
+
+def test_forced_kernel_that_cannot_run_raises_with_the_reason():
+    with pytest.raises(NotImplementedError, match="forced kernel gemm_w8a8_sm90 cannot run .*need sm_90"):
+        _core.kernels.select_gemm(device="cuda", sm=80, act="int8_per_token", x="f16", y="f16", weight="w8",
+                                  packed="sm80", forced="gemm_w8a8_sm90")
+    with pytest.raises(NotImplementedError, match="strict: .* would take the slow fallback prefill_attention_sm80"):
+        _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=96, q="f16", k="f16", v="f16",
+                                       strict=True)
+
+
+def test_llm_plan_names_the_kernels(tiny_path):
+    llm = lowbit.LLM(str(tiny_path), progress=False)
+    plan = llm.model.plan()
+    roles = {p["role"]: p["kernel"] for p in plan}
+    assert roles["linear.qkv m1"] == "gemm_f32act_cpu"
+    assert roles["attention.decode"] == roles["attention.prefill"] == "paged_attention_cpu"
+    assert not any(p["fallback"] for p in plan)
+    info = llm.info()
+    assert any("gemm_f32act_cpu" in k for k in info["kernels"]) and info["plan"] == plan
+
+
+def test_llm_kernel_overrides_and_strict(tiny_path):
+    with pytest.raises(NotImplementedError, match="linear.down: forced kernel gemm_s8act_cpu cannot run"):
+        lowbit.LLM(str(tiny_path), progress=False, kernel_overrides={"linear.down": "gemm_s8act_cpu"})
+    with pytest.raises(ValueError, match="unknown key 'lienar'"):
+        lowbit.LLM(str(tiny_path), progress=False, kernel_overrides={"lienar": "gemm_f32act_cpu"})
+    with pytest.raises(ValueError, match="'gemm_nope' is not registered"):
+        lowbit.LLM(str(tiny_path), progress=False, kernel_overrides={"linear": "gemm_nope"})
+    llm = lowbit.LLM(str(tiny_path), recipe="w8a8", progress=False, strict=True,
+                     kernel_overrides={"linear.lm_head": "gemm_f32act_cpu", "attention": "paged_attention_cpu"})
+    kernels = {p["role"].split(" ")[0]: p["kernel"] for p in llm.model.plan()}
+    assert kernels["linear.qkv"] == "gemm_s8act_cpu" and kernels["linear.lm_head"] == "gemm_f32act_cpu"
+    out = llm.generate("hi", lowbit.GenerationConfig(max_tokens=3, ignore_eos=True))
+    assert len(out[0].token_ids) == 3
+
+
+def test_cli_info_plan(tiny_path):
+    r = subprocess.run([sys.executable, "-m", "lowbit", "info", "--model", str(tiny_path), "--quiet", "--plan"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "plan" in r.stdout and "linear.qkv m1" in r.stdout and "paged_attention_cpu" in r.stdout
+    assert "why: best ranked fit" in r.stdout
+
+
+@pytest.mark.skipif(not _core.cuda_available(), reason="needs a CUDA device")
+def test_gpu_plan_of_a_decoder(tiny_path):
+    llm = lowbit.LLM(str(tiny_path), recipe="w16a16", device="cuda", progress=False)
+    roles = {p["role"]: p for p in llm.model.plan()}
+    assert roles["linear.qkv m1"]["kernel"] == "gemm_f16_gemv_sm80"
+    assert roles["attention.decode"]["kernel"] in ("decode_attention_sm80", "prefill_attention_tc_sm80",
+                                                   "prefill_attention_sm80")
+    # A decode kernel that cannot serve this model's shape is a named fallback, never silent.
+    assert roles["attention.decode"]["fallback"] == (roles["attention.decode"]["kernel"] != "decode_attention_sm80")
