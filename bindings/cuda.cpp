@@ -55,6 +55,41 @@ PackedWeight packed_from_parts(nb::handle data, nb::handle scales, nb::handle ze
 
 #ifdef LOWBIT_WITH_CUDA
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// The raw GEMM ops take the kernel by a short name (tests and benchmarks compare kernels this way;
+// models name theirs through plans). "" = the op's automatic choice.
+cuda::W4A16Options w4a16_options(const std::string& kernel) {
+  cuda::W4A16Options o;
+  if (kernel.empty()) return o;
+  o.kernel = cuda::W4A16Kernel::large;
+  if (kernel == "small") o.kernel = cuda::W4A16Kernel::small;
+  else if (kernel == "large:64x128") o.large_tile = 64128;
+  else if (kernel == "large:128x128") o.large_tile = 128128;
+  else if (kernel == "large:128x256") o.large_tile = 128256;
+  else
+    LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
+                 "'large:128x128' or 'large:128x256', got '", kernel, "'");
+  return o;
+}
+
+cuda::Gemm8Options gemm8_options(const char* op, const std::string& kernel, bool sm90_pairs, bool fp8_fast_accum) {
+  cuda::Gemm8Options o;
+  o.sm90_pairs = sm90_pairs;
+  o.fp8_fast_accum = fp8_fast_accum;
+  if (kernel == "sm80") {
+    o.kernel = cuda::Gemm8Kernel::sm80;
+  } else if (kernel == "sm90" || kernel.rfind("sm90:", 0) == 0) {
+    o.kernel = cuda::Gemm8Kernel::sm90;
+    const std::string split = kernel.size() > 5 ? kernel.substr(5) : "0";
+    LOWBIT_CHECK(split == "0" || split == "1" || split == "2" || split == "4" || split == "8", op,
+                 ": argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8, got '", kernel, "'");
+    o.sm90_split = std::stoi(split);
+  } else {
+    LOWBIT_CHECK(kernel.empty(), op, ": argument 'kernel' must be '', 'sm80', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8), "
+                 "got '", kernel, "'");
+  }
+  return o;
+}
 #else
 [[noreturn]] void no_cuda(const char* op) {
   LOWBIT_NOT_SUPPORTED(op, ": this lowbit build has no CUDA support (rebuild with LOWBIT_CUDA=ON)");
@@ -132,29 +167,32 @@ void bind_cuda(nb::module_& m) {
   m.def(
       "gemm_w4a16",
       [](nb::handle x, nb::handle data, nb::handle scales, nb::handle zeros, int64_t n, int64_t k, int group,
-         nb::handle y, int split_k, nb::handle workspace, uintptr_t stream) {
+         nb::handle y, int split_k, nb::handle workspace, uintptr_t stream, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
+        const cuda::W4A16Options options = w4a16_options(kernel);
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_w4a16(tensor_from_python(x, "x"), packed_from_parts(data, scales, zeros, n, k, group, false), out,
-                         split_k, optional_tensor(workspace, "workspace"), as_stream(stream));
+                         split_k, optional_tensor(workspace, "workspace"), as_stream(stream), options);
 #else
         no_cuda("gemm_w4a16");
 #endif
       },
       nb::arg("x"), nb::arg("data"), nb::arg("scales"), nb::arg("zeros"), nb::arg("n"), nb::arg("k"),
       nb::arg("group"), nb::arg("y"), nb::arg("split_k") = 0, nb::arg("workspace").none() = nb::none(),
-      nb::arg("stream") = 0, "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device)");
+      nb::arg("stream") = 0, nb::arg("kernel") = "",
+      "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device). kernel: '' (small below 128 "
+      "tokens, else large), 'small', 'large', 'large:64x128', 'large:128x128' or 'large:128x256'");
 
   m.def(
       "gemm_w4a16_pick_split",
-      [](int64_t m, int64_t n, int64_t k, int device) {
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
-        return cuda::gemm_w4a16_pick_split(m, n, k, device);
+        return cuda::gemm_w4a16_pick_split(m, n, k, device, w4a16_options(kernel));
 #else
         no_cuda("gemm_w4a16_pick_split");
 #endif
       },
-      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0);
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "");
 
   m.def(
       "quantize_per_token_s8",
@@ -170,18 +208,22 @@ void bind_cuda(nb::module_& m) {
       "GPU: per-token symmetric int8 quantization of f16 activations (q s8 [m, k], scales f32 [m])");
   m.def(
       "gemm_w8a8",
-      [](nb::handle xq, nb::handle x_scale, nb::handle wq, nb::handle w_scale, nb::handle y, uintptr_t stream) {
+      [](nb::handle xq, nb::handle x_scale, nb::handle wq, nb::handle w_scale, nb::handle y, uintptr_t stream,
+         const std::string& kernel, bool sm90_pairs) {
 #ifdef LOWBIT_WITH_CUDA
+        const cuda::Gemm8Options options = gemm8_options("gemm_w8a8", kernel, sm90_pairs, false);
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_w8a8(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), tensor_from_python(wq, "wq"),
-                        optional_tensor(w_scale, "w_scale"), out, as_stream(stream));
+                        optional_tensor(w_scale, "w_scale"), out, as_stream(stream), options);
 #else
         no_cuda("gemm_w8a8");
 #endif
       },
       nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("wq"), nb::arg("w_scale").none(), nb::arg("y"),
-      nb::arg("stream") = 0,
-      "GPU: y = (xq · wqᵀ) * x_scale[m] * w_scale[n] (f16 y), or the raw int32 accumulators (s32 y)");
+      nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("sm90_pairs") = false,
+      "GPU: y = (xq · wqᵀ) * x_scale[m] * w_scale[n] (f16 y), or the raw int32 accumulators (s32 y). kernel: '' "
+      "(wgmma on sm_90, else mma.sync), 'sm80', 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8); "
+      "sm90_pairs: multicast weight tiles to pairs of A tiles");
 
   m.def(
       "quantize_per_token_e4m3",
@@ -197,19 +239,22 @@ void bind_cuda(nb::module_& m) {
       "GPU: per-token e4m3 quantization of f16 activations (q e4m3 or its uint8 bytes [m, k], scales f32 [m])");
   m.def(
       "gemm_fp8",
-      [](nb::handle xq, nb::handle x_scale, nb::handle wq, nb::handle w_scale, nb::handle y, uintptr_t stream) {
+      [](nb::handle xq, nb::handle x_scale, nb::handle wq, nb::handle w_scale, nb::handle y, uintptr_t stream,
+         const std::string& kernel, bool sm90_pairs, bool fast_accum) {
 #ifdef LOWBIT_WITH_CUDA
+        const cuda::Gemm8Options options = gemm8_options("gemm_fp8", kernel, sm90_pairs, fast_accum);
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_fp8(as_e4m3(xq, "gemm_fp8", "xq"), optional_tensor(x_scale, "x_scale"), as_e4m3(wq, "gemm_fp8", "wq"),
-                       optional_tensor(w_scale, "w_scale"), out, as_stream(stream));
+                       optional_tensor(w_scale, "w_scale"), out, as_stream(stream), options);
 #else
         no_cuda("gemm_fp8");
 #endif
       },
       nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("wq"), nb::arg("w_scale").none(), nb::arg("y"),
-      nb::arg("stream") = 0,
+      nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("sm90_pairs") = false, nb::arg("fast_accum") = false,
       "GPU (sm_89+): y = (xq · wqᵀ) * x_scale[m] * w_scale[n] on e4m3 tensor cores (f16 y), or the raw f32 "
-      "accumulators (f32 y); xq/wq e4m3 or uint8 bytes");
+      "accumulators (f32 y); xq/wq e4m3 or uint8 bytes. kernel and sm90_pairs as gemm_w8a8; fast_accum: the "
+      "sm90 kernel keeps the tensor cores' own sums (no per-stage f32 promotion)");
 
   m.def(
       "decode_attention",

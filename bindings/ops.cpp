@@ -66,17 +66,20 @@ ops::SamplingParams sampling_params(float temperature, int top_k, float top_p, f
 void bind_ops(nb::module_& m) {
   m.def(
       "linear",
-      [](nb::handle x, const PackedWeight& w, nb::handle bias, nb::handle out, const std::string& act) {
+      [](nb::handle x, const PackedWeight& w, nb::handle bias, nb::handle out, const std::string& act,
+         const std::string& kernel) {
         const Tensor xt = tensor_from_python(x, "x");
         Tensor y = output(out, {xt.dim() == 2 ? xt.size(0) : 0, w.n}, xt.dtype(), xt.device());
-        ops::linear(xt, w, optional_tensor(bias, "bias"), y, activation_from_name(act));
+        ops::linear(xt, w, optional_tensor(bias, "bias"), y, activation_from_name(act), kernel);
         return result(out, y);
       },
       nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::arg("out") = nb::none(),
-      nb::arg("act") = "float",
+      nb::arg("act") = "float", nb::arg("kernel") = "",
       "y[m, n] = x[m, k] @ W.T (+ bias). x: f32/f16/bf16; w: a PackedWeight (pack_weight(..., 'cpu')); act: "
       "'float' (dequantize weights, f32 accumulate), 'int8_per_token' (w8/qoq/liquid: exact int32 s8 x s8) or "
-      "'fp8_per_token' (e4m3: per-token e4m3 activations, f32 sums of exact products).");
+      "'fp8_per_token' (e4m3: per-token e4m3 activations, f32 sums of exact products). kernel: a registered "
+      "GEMM kernel name to force (lowbit._core.kernels.gemm_kernels() lists them; one that cannot run raises with its reason), "
+      "'' for the registry's choice.");
   m.def(
       "linear_fmpq",
       [](nb::handle q, nb::handle scales, const PackedWeight& w, nb::handle bias, nb::handle out) {

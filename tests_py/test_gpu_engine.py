@@ -19,7 +19,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=320, layers=2, heads=8, kv_heads=2,
-                 head_dim=128, max_pos=512):
+                 head_dim=128, max_pos=512, kernel_overrides=None):
     cfg = _core.ModelConfig()
     cfg.arch = "llama"
     cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size = vocab, hidden, inter
@@ -33,6 +33,8 @@ def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=32
         return (torch.rand(shape, generator=g) * 2 - 1) * a
 
     m = _core.Model(cfg, recipe, device, dtype)
+    if kernel_overrides:
+        m.set_kernel_options(kernel_overrides, False)
     m.set_weight("model.embed_tokens.weight", u(vocab, hidden, a=1.0))
     m.set_weight("model.norm.weight", 0.8 + 0.4 * torch.rand(hidden, generator=g))
     q, kv = heads * head_dim, kv_heads * head_dim
@@ -155,17 +157,16 @@ def test_decode_graphs_agree_with_eager_steps(recipe):
 
 
 @pytest.mark.parametrize("recipe", ["w8a8kv8", "wfp8a8kv8"])
-def test_fused_norm_quantize_gives_the_unfused_bytes(monkeypatch, recipe):
+def test_fused_norm_quantize_gives_the_unfused_bytes(recipe):
     """W8A8 / FP8: the pre-norms of qkv and gate_up quantize their own output (rms_norm_quantize +
     linear_quantized). The codes and scales are those the separate quantizer makes of the f16 normed
     rows, so prefill logits (chunked: q_len < kv_len) and graph-replayed greedy decoding must match the
-    unfused path exactly (LOWBIT_FUSED_NORM_QUANT=0)."""
-    model = random_llama(recipe, "cuda", "f16", seed=9)
+    unfused path exactly (kernel_overrides fused_norm_quant=off)."""
     ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(2)).tolist()
     prompts = [ids[:40], ids[:9], ids]
     runs = []
-    for fused in ("1", "0"):
-        monkeypatch.setenv("LOWBIT_FUSED_NORM_QUANT", fused)
+    for fused in ("on", "off"):
+        model = random_llama(recipe, "cuda", "f16", seed=9, kernel_overrides={"fused_norm_quant": fused})
         logits = torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(ids)).clone()
         events = run_events(_core.Engine(model, max_batch_tokens=256, cuda_graphs=True), prompts, 12,
                             dict(temperature=0.0))

@@ -1,5 +1,5 @@
-"""GPU f16 GEMM (w16a16 linear, cpp/kernels/sm80/gemm_f16_sm80.cu + gemm_f16_mma_sm80.cu): every kernel,
-forced through LOWBIT_F16_GEMM_KERNEL (read per call), against a float64 reference on odd shapes.
+"""GPU f16 GEMM (w16a16 linear, cpp/kernels/sm80/gemm_f16_sm80.cu + gemm_f16_mma_sm80.cu): every registered
+kernel, forced through linear(..., kernel=name), against a float64 reference on odd shapes.
 
 Tolerance: x and w are f16 (exact in float64), the kernels accumulate in f32 (relative error ~sqrt(k)
 2^-24, negligible) and round each output to f16 once (<= 2^-11 = 4.9e-4 relative). So the relative
@@ -14,7 +14,7 @@ from lowbit import _core as lb
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 
-KERNELS = ["mma", "wmma", "gemv"]
+KERNELS = ["gemm_f16_mma_sm80", "gemm_f16_wmma_sm80", "gemm_f16_gemv_sm80"]
 REL_TOL, ROW_TOL = 2e-3, 8e-3
 
 
@@ -35,20 +35,13 @@ def strided_x(m, k, ld, seed):
     return rnd((m, ld), seed).cuda()[:, :k]
 
 
-def run(monkeypatch, kernel, x, packed, n, bias=None, y_pad=0):
-    """y = linear(x, w) (+ bias) with LOWBIT_F16_GEMM_KERNEL=kernel ("" = default dispatch) into a
-    NaN-poisoned y of row stride n + y_pad; checks that the padding columns stay untouched."""
-    if kernel:
-        monkeypatch.setenv("LOWBIT_F16_GEMM_KERNEL", kernel)
-    else:
-        monkeypatch.delenv("LOWBIT_F16_GEMM_KERNEL", raising=False)
+def run(kernel, x, packed, n, bias=None, y_pad=0):
+    """y = linear(x, w) (+ bias) with the kernel forced ("" = the registry's choice) into a NaN-poisoned y
+    of row stride n + y_pad; checks that the padding columns stay untouched."""
     m = x.shape[0]
     y_full = torch.full((m, n + y_pad), float("nan"), dtype=torch.float16, device="cuda")
     y = y_full[:, :n]
-    if bias is None:
-        lb.linear(x, packed, out=y)
-    else:
-        lb.linear(x, packed, bias, y)
+    lb.linear(x, packed, bias, y, kernel=kernel)
     torch.cuda.synchronize()
     assert torch.isnan(y_full[:, n:]).all(), "wrote past n"
     return y.double()
@@ -64,53 +57,70 @@ def check(y, ref, what):
 
 # m: 2 (smallest mma m), around the 16-row GEMV slice, the 32/64-token tiles and one past them, several
 # 128-token tiles with a partial one; n: < one n8 tile, partial 128-row blocks, 4104 = 32 blocks + 8;
-# k: < one 64-k chunk, a chunk + a partial one, 9 chunks, and 4100 (k % 8 != 0: the contiguous rows
-# are not 16-byte aligned, so mma falls back to wmma; with 8-aligned strides small k runs split-K).
+# k: < one 64-k chunk, a chunk + a partial one, 9 chunks, and 4100 (k % 8 != 0: the rows are not 16-byte
+# aligned, so mma cannot run and says so; with 8-aligned strides small k runs split-K).
 # Each case runs x contiguous, with row stride k + 8, and with an odd row stride (k + 3: misaligned),
 # with and without bias, into y of even (f16x2 stores) and odd (scalar stores) row stride.
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("k", [16, 72, 576, 4100])
 @pytest.mark.parametrize("n", [8, 200, 1000, 4104])
 @pytest.mark.parametrize("m", [2, 7, 16, 17, 64, 65, 300, 1030])
-def test_f16_gemm_forced_matches_float64(monkeypatch, kernel, m, n, k):
+def test_f16_gemm_forced_matches_float64(kernel, m, n, k):
     packed, w64 = f16_weight(n, k, seed=m + n + k)
     bias = rnd((n,), seed=n + 1).cuda()
     for ld in (k, k + 8, k + 3):
         x = strided_x(m, k, ld, seed=m + ld)
         ref = x.double() @ w64.T
+        if kernel == "gemm_f16_mma_sm80" and (ld % 8 or k % 8):  # a forced kernel that cannot run raises
+            with pytest.raises(NotImplementedError, match="forced kernel gemm_f16_mma_sm80 cannot run.*aligned"):
+                run(kernel, x, packed, n)
+            continue
         for with_bias, y_pad in ((False, 0), (True, 3)):
-            y = run(monkeypatch, kernel, x, packed, n, bias if with_bias else None, y_pad)
+            y = run(kernel, x, packed, n, bias if with_bias else None, y_pad)
             check(y, ref + bias.double() if with_bias else ref,
                   f"{kernel} m={m} n={n} k={k} ld={ld} bias={with_bias}")
 
 
 @pytest.mark.parametrize("m,n,k", [(2, 200, 576), (16, 4104, 576), (17, 1000, 72), (64, 4104, 4104),
                                    (65, 200, 1000), (300, 1000, 576), (1030, 4104, 576)])
-def test_f16_gemm_mma_matches_wmma(monkeypatch, m, n, k):
+def test_f16_gemm_mma_matches_wmma(m, n, k):
     """Both tensor-core kernels round the same f32-accumulated sums once: they agree to ~2 f16 ulp, and a
     wrong tile, split or tail in one of them shows as a large difference."""
     packed, w64 = f16_weight(n, k, seed=7 * m + n)
     bias = rnd((n,), seed=3).cuda()
     x = strided_x(m, k, k + 8, seed=m)
-    y_mma = run(monkeypatch, "mma", x, packed, n, bias)
-    y_wmma = run(monkeypatch, "wmma", x, packed, n, bias)
+    y_mma = run("gemm_f16_mma_sm80", x, packed, n, bias)
+    y_wmma = run("gemm_f16_wmma_sm80", x, packed, n, bias)
     check(y_mma, x.double() @ w64.T + bias.double(), "mma")
     check(y_mma, y_wmma, "mma vs wmma")
 
 
 @pytest.mark.parametrize("m", [1, 2, 16, 33, 64, 65, 300])
-def test_f16_gemm_default_dispatch(monkeypatch, m):
+def test_f16_gemm_default_dispatch(m):
     """Without the override (GEMV at m = 1, mma from m = 2, split-K for few blocks) on a Llama-like
     shape (n = 4096 gives 32 column blocks: split-K at small m)."""
     n, k = 4096, 1024
     packed, w64 = f16_weight(n, k, seed=m)
     bias = rnd((n,), seed=5).cuda()
     x = strided_x(m, k, k, seed=m + 1)
-    check(run(monkeypatch, "", x, packed, n, bias), x.double() @ w64.T + bias.double(), f"default m={m}")
+    check(run("", x, packed, n, bias), x.double() @ w64.T + bias.double(), f"default m={m}")
 
 
-def test_f16_gemm_kernel_override_is_checked(monkeypatch):
+@pytest.mark.parametrize("m", [2, 40])
+def test_f16_gemm_default_dispatch_misaligned_weight_rows(m):
+    """k % 8 != 0 with x rows 16-byte aligned (stride k + 4): the weight rows are not, so the registry
+    must not pick the cp.async kernel."""
+    n, k = 200, 4100
+    packed, w64 = f16_weight(n, k, seed=m)
+    x = strided_x(m, k, k + 4, seed=m + 2)
+    check(run("", x, packed, n), x.double() @ w64.T, f"default m={m} k={k}")
+
+
+def test_f16_gemm_kernel_override_is_checked():
     packed, _ = f16_weight(64, 64, seed=1)
-    monkeypatch.setenv("LOWBIT_F16_GEMM_KERNEL", "cublas")
-    with pytest.raises(ValueError, match="LOWBIT_F16_GEMM_KERNEL must be gemv, wmma or mma"):
-        lb.linear(strided_x(4, 64, 64, seed=2), packed, out=torch.empty(4, 64, dtype=torch.float16, device="cuda"))
+    with pytest.raises(ValueError, match="forced kernel 'cublas' is not registered; kernels: .*gemm_f16_mma_sm80"):
+        lb.linear(strided_x(4, 64, 64, seed=2), packed, out=torch.empty(4, 64, dtype=torch.float16, device="cuda"),
+                  kernel="cublas")
+    with pytest.raises(NotImplementedError, match="forced kernel gemm_w4a16_sm80 cannot run.*w4"):
+        lb.linear(strided_x(4, 64, 64, seed=2), packed, out=torch.empty(4, 64, dtype=torch.float16, device="cuda"),
+                  kernel="gemm_w4a16_sm80")

@@ -65,23 +65,18 @@ def _is_sm90():
     return lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-# Both fp8 GEMM kernels, forced through LOWBIT_W8A8_KERNEL (it picks the kernel of gemm_w8a8 and gemm_fp8):
+# Both fp8 GEMM kernels, forced through gemm_fp8(..., kernel=) (the spelling of gemm_w8a8's):
 # the sm80 mma.sync kernel and, on sm_90, the wgmma/TMA kernel (swapped operands for m <= 64, 128 x 128
 # tiles above, split-K clusters; "sm90:S" forces split S). The wgmma kernel adds each 128-k stage's sum
-# into f32 accumulators (promotion); "sm90-fast" is its opt-in variant without (LOWBIT_FP8_SM90_FAST_ACCUM=1,
+# into f32 accumulators (promotion); "sm90-fast" is its opt-in variant without (fast_accum=True,
 # 128 x 256 tiles like int8).
 needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="needs sm_90")
 PATHS = ["sm80", pytest.param("sm90", marks=needs_sm90), pytest.param("sm90-fast", marks=needs_sm90)]
 
 
-def _use_path(monkeypatch, path):
-    """path: sm80, sm90 or sm90:S, each optionally with -fast."""
-    kernel, fast = path.split("-")[0], path.endswith("-fast")
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", kernel)
-    if fast:
-        monkeypatch.setenv("LOWBIT_FP8_SM90_FAST_ACCUM", "1")
-    else:
-        monkeypatch.delenv("LOWBIT_FP8_SM90_FAST_ACCUM", raising=False)
+def _path_args(path, sm90_pairs=False):
+    """gemm_fp8's kernel arguments for path: sm80, sm90 or sm90:S, each optionally with -fast."""
+    return dict(kernel=path.split("-")[0], fast_accum=path.endswith("-fast"), sm90_pairs=sm90_pairs)
 
 # m from 1 to 1100 (each side of the swap at 32/64 and of the 128-row tile), odd n, k multiples of 64 (the
 # API's k granularity); k % 128 == 64 leaves half of the last 128-byte block to the wgmma kernel's zero fill.
@@ -97,11 +92,11 @@ def _small_int_e4m3(shape, seed, hi):
     return torch.randint(-hi, hi + 1, shape, generator=g).float().to(torch.float8_e4m3fn)
 
 
-def _gemm_raw(xq, wq, pad):
+def _gemm_raw(xq, wq, pad, path_args):
     """Raw f32 GEMM into a NaN-poisoned [m, n + pad] buffer (y = its first n columns); returns the buffer."""
     m, n = xq.shape[0], wq.shape[0]
     buf = torch.full((m, n + pad), float("nan"), device="cuda")
-    _core.gemm_fp8(xq.view(torch.uint8).cuda(), None, wq.view(torch.uint8).cuda(), None, buf[:, :n])
+    _core.gemm_fp8(xq.view(torch.uint8).cuda(), None, wq.view(torch.uint8).cuda(), None, buf[:, :n], **path_args)
     torch.cuda.synchronize()
     return buf.cpu()
 
@@ -128,12 +123,11 @@ def _check_sums(got, xq, wq, what, bound):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("pad", [0, 3])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_gemm_fp8_paths_exact_on_small_integers(monkeypatch, path, pad, m, n, k):
+def test_gemm_fp8_paths_exact_on_small_integers(path, pad, m, n, k):
     # |x| <= 2, |w| <= 1: every partial sum is an integer below 2 * 4160 < 2^14, exact on any accumulator
     # with 14 or more significant bits, so the result must equal the float64 one bit for bit.
-    _use_path(monkeypatch, path)
     xq, wq = _small_int_e4m3((m, k), m + n + k + pad, 2), _small_int_e4m3((n, k), k + 1, 1)
-    buf = _gemm_raw(xq, wq, pad)
+    buf = _gemm_raw(xq, wq, pad, _path_args(path))
     assert torch.equal(buf[:, :n].double(), xq.double() @ wq.double().T)
     assert torch.isnan(buf[:, n:]).all()  # nothing written past n (odd row stride when pad = 3)
 
@@ -141,31 +135,30 @@ def test_gemm_fp8_paths_exact_on_small_integers(monkeypatch, path, pad, m, n, k)
 @needs_fp8
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_gemm_fp8_paths_raw_sums_match_float64(monkeypatch, path, m, n, k):
-    _use_path(monkeypatch, path)
+def test_gemm_fp8_paths_raw_sums_match_float64(path, m, n, k):
     xq, wq = random_e4m3((m, k), m + n), random_e4m3((n, k), k + 1)
-    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"{path} m={m} n={n} k={k}", _sum_bound(path))
+    _check_sums(_gemm_raw(xq, wq, 0, _path_args(path)), xq, wq, f"{path} m={m} n={n} k={k}", _sum_bound(path))
 
 
 @needs_sm90
 @pytest.mark.parametrize("accum", ["promoted", "fast"])
 @pytest.mark.parametrize("split", [1, 2, 4, 8])
 @pytest.mark.parametrize("m,n,k", SPLIT_SHAPES)
-def test_gemm_fp8_sm90_split_k(monkeypatch, accum, split, m, n, k):
+def test_gemm_fp8_sm90_split_k(accum, split, m, n, k):
     # Split-K sums the clusters' f32 partials through DSMEM: exact on small integers, and within the
     # accumulation bound on random e4m3 values (not bit-identical to split 1).
-    _use_path(monkeypatch, f"sm90:{split}" + ("-fast" if accum == "fast" else ""))
+    args = _path_args(f"sm90:{split}" + ("-fast" if accum == "fast" else ""))
     xq, wq = _small_int_e4m3((m, k), split + m, 2), _small_int_e4m3((n, k), n + k, 1)
-    buf = _gemm_raw(xq, wq, 1)
+    buf = _gemm_raw(xq, wq, 1, args)
     assert torch.equal(buf[:, :n].double(), xq.double() @ wq.double().T)
     assert torch.isnan(buf[:, n:]).all()
     xq, wq = random_e4m3((m, k), split + m + 1), random_e4m3((n, k), n + k + 1)
-    _check_sums(_gemm_raw(xq, wq, 0), xq, wq, f"sm90:{split} {accum} m={m} n={n} k={k}", _sum_bound("sm90"))
+    _check_sums(_gemm_raw(xq, wq, 0, args), xq, wq, f"sm90:{split} {accum} m={m} n={n} k={k}", _sum_bound("sm90"))
 
 
 @needs_sm90
 @pytest.mark.parametrize("m,n", [(2, 3), (130, 129)])
-def test_gemm_fp8_sm90_promotion(monkeypatch, m, n):
+def test_gemm_fp8_sm90_promotion(m, n):
     # 448 * 448 = 200704, then products of 1 with a 0 in every k32 step (each step adds 31): every partial
     # sum is an integer below 2^24 (exact in f32) but above 2^17, where a 14-bit accumulator steps by 16.
     # With promotion only the first 128-k stage's sum goes through the tensor cores' rounding: its first
@@ -173,13 +166,12 @@ def test_gemm_fp8_sm90_promotion(monkeypatch, m, n):
     # of its 3 further steps may lose up to 31 more, so the error stays below 128 whatever k is;
     # accumulating all 130 steps in the tensor cores could lose up to ~16-31 per step (2000-4000 here).
     # (A first bound of 64 ignored the in-instruction loss and failed on an H100; 128 passed there.)
-    _use_path(monkeypatch, "sm90")
     k = 4160
     xq, wq = torch.ones(m, k), torch.ones(n, k)
     xq[:, 0], wq[:, 0] = 448, 448
     xq[:, 1::32] = 0
     xq, wq = xq.to(torch.float8_e4m3fn), wq.to(torch.float8_e4m3fn)
-    err = (_gemm_raw(xq, wq, 0).double() - xq.double() @ wq.double().T).abs().max().item()
+    err = (_gemm_raw(xq, wq, 0, _path_args("sm90")).double() - xq.double() @ wq.double().T).abs().max().item()
     assert err < 128, f"promoted fp8 sum off by {err}"
 
 
@@ -187,18 +179,18 @@ def test_gemm_fp8_sm90_promotion(monkeypatch, m, n):
 @pytest.mark.parametrize("accum", ["promoted", "fast"])
 @pytest.mark.parametrize("split", [0, 2])
 @pytest.mark.parametrize("m,n,k", [(129, 1000, 320), (300, 520, 4160)])
-def test_gemm_fp8_sm90_pairs(monkeypatch, accum, split, m, n, k):
-    _use_path(monkeypatch, (f"sm90:{split}" if split else "sm90") + ("-fast" if accum == "fast" else ""))
-    monkeypatch.setenv("LOWBIT_W8A8_SM90_PAIRS", "1")  # m > 128 with the (opt-in) multicast pairs
+def test_gemm_fp8_sm90_pairs(accum, split, m, n, k):
+    # m > 128 with the (opt-in) multicast pairs
+    args = _path_args((f"sm90:{split}" if split else "sm90") + ("-fast" if accum == "fast" else ""), sm90_pairs=True)
     xq, wq = _small_int_e4m3((m, k), split + m, 2), _small_int_e4m3((n, k), n + k, 1)
-    assert torch.equal(_gemm_raw(xq, wq, 0).double(), xq.double() @ wq.double().T)
+    assert torch.equal(_gemm_raw(xq, wq, 0, args).double(), xq.double() @ wq.double().T)
 
 
 @needs_fp8
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m,n,k", [(1, 576, 576), (7, 1536, 576), (64, 576, 1536), (65, 257, 1088),
                                    (300, 130, 192), (1100, 136, 640)])
-def test_gemm_fp8_scaled_f16_and_the_linear_op(monkeypatch, path, m, n, k):
+def test_gemm_fp8_scaled_f16_and_the_linear_op(path, m, n, k):
     g = torch.Generator().manual_seed(m + n + k)
     x = (torch.randn(m, k, generator=g) * 2).half()
     w = torch.randn(n, k, generator=g) * 0.05
@@ -209,8 +201,7 @@ def test_gemm_fp8_scaled_f16_and_the_linear_op(monkeypatch, path, m, n, k):
     wq = torch.from_dlpack(qw.q).view(torch.uint8)  # e4m3 codes (torch float8_e4m3fn) as bytes
     sw = torch.from_dlpack(qw.scales).clone()
     y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-    _use_path(monkeypatch, path)
-    _core.gemm_fp8(q, sx, wq.cuda(), sw.cuda(), y)
+    _core.gemm_fp8(q, sx, wq.cuda(), sw.cuda(), y, **_path_args(path))
     torch.cuda.synchronize()
     xq_ref, sx_ref = reference_quantize(x)
     wq8 = wq.view(torch.float8_e4m3fn).double()
@@ -225,18 +216,15 @@ def test_gemm_fp8_scaled_f16_and_the_linear_op(monkeypatch, path, m, n, k):
 
 
 @needs_fp8
-def test_gemm_fp8_bad_kernel_override(monkeypatch):
+def test_gemm_fp8_bad_kernel_override():
     xq = torch.zeros(4, 64, dtype=torch.uint8, device="cuda")
     wq = torch.zeros(8, 64, dtype=torch.uint8, device="cuda")
     y = torch.empty(4, 8, device="cuda")
-    if _is_sm90():
-        monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm90:3")
-        with pytest.raises(ValueError, match="gemm_fp8: split must be 0, 1, 2, 4 or 8, got 3"):
-            _core.gemm_fp8(xq, None, wq, None, y)
-    else:
-        monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm90")
-        with pytest.raises(NotImplementedError, match="gemm_fp8: LOWBIT_W8A8_KERNEL=sm90 needs an sm_90 device"):
-            _core.gemm_fp8(xq, None, wq, None, y)
+    with pytest.raises(ValueError, match="gemm_fp8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8"):
+        _core.gemm_fp8(xq, None, wq, None, y, kernel="sm90:3")
+    if not _is_sm90():
+        with pytest.raises(NotImplementedError, match="gemm_fp8: the sm90 \\(wgmma\\) kernel needs an sm_90 device"):
+            _core.gemm_fp8(xq, None, wq, None, y, kernel="sm90")
 
 
 def test_gemm_fp8_bad_inputs():

@@ -113,7 +113,7 @@ def test_gemm_w4a16_bad_inputs():
         _core.gemm_w4a16(torch.randn(2, 128, device="cuda").half(), data, ps, pz, 32, 128, 64, y[:, :16])
 
 
-# ---- large-M kernel (gemm_w4a16_large_sm80.cu), forced through LOWBIT_W4A16_KERNEL (read per call) ----
+# ---- large-M kernel (gemm_w4a16_large_sm80.cu), forced through gemm_w4a16(..., kernel=) ----
 LARGE_TILES = ["large:64x128", "large:128x128", "large:128x256"]
 
 
@@ -126,14 +126,13 @@ def w4_problem(m, n, k, group, seed):
     return x, packed, x.double() @ w.T, x.double().abs() @ w.abs().T
 
 
-def gemm_forced(monkeypatch, kernel, x, packed, n, k, group, y_pad=0, split_k=0):
-    """y = x · Wᵀ with LOWBIT_W4A16_KERNEL=kernel into a NaN-poisoned y whose row stride is n + y_pad;
+def gemm_forced(kernel, x, packed, n, k, group, y_pad=0, split_k=0):
+    """y = x · Wᵀ with the kernel forced ("" = automatic) into a NaN-poisoned y whose row stride is n + y_pad;
     checks the padding columns were not written."""
-    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", kernel)
     m = x.shape[0]
     y_full = torch.full((m, n + y_pad), float("nan"), dtype=torch.float16, device="cuda")
     y = y_full[:, :n]
-    _core.gemm_w4a16(x.cuda(), *packed, n, k, group, y, split_k=split_k)
+    _core.gemm_w4a16(x.cuda(), *packed, n, k, group, y, split_k=split_k, kernel=kernel)
     torch.cuda.synchronize()
     assert torch.isnan(y_full[:, n:]).all(), "wrote past n"
     return y.cpu().double()
@@ -157,13 +156,13 @@ def check_same_weights(y, y_small, ref_abs):
 @pytest.mark.parametrize("m", [128, 129, 300, 1000])
 @pytest.mark.parametrize("n,k,group,y_pad", [(272, 128, 64, 0), (272, 576, 128, 3), (4112, 576, 64, 2),
                                              (17, 4160, 128, 1), (272, 4160, 64, 0), (4112, 4160, 128, 0)])
-def test_gemm_w4a16_large_matches_float64_and_small(monkeypatch, m, n, k, group, y_pad):
+def test_gemm_w4a16_large_matches_float64_and_small(m, n, k, group, y_pad):
     x, packed, ref, ref_abs = w4_problem(m, n, k, group, seed=m + n + k + group)
-    y_small = gemm_forced(monkeypatch, "small", x, packed, n, k, group, y_pad)
+    y_small = gemm_forced("small", x, packed, n, k, group, y_pad)
     check(y_small, ref)
     for tile in ["large"] + LARGE_TILES:
         try:
-            y = gemm_forced(monkeypatch, tile, x, packed, n, k, group, y_pad)
+            y = gemm_forced(tile, x, packed, n, k, group, y_pad)
         except NotImplementedError as e:  # a tile bigger than this GPU's shared memory (sm_86/89)
             assert "shared memory" in str(e) and tile != "large:64x128"
             continue
@@ -171,28 +170,26 @@ def test_gemm_w4a16_large_matches_float64_and_small(monkeypatch, m, n, k, group,
         check_same_weights(y, y_small, ref_abs)
 
 
-def test_gemm_w4a16_large_default_dispatch(monkeypatch):
-    """Without the override, m >= 128 runs the large kernel: no split once its 128x128 tiles fill the
+def test_gemm_w4a16_large_default_dispatch():
+    """Without a kernel named, m >= 128 runs the large kernel: no split once its 128x128 tiles fill the
     SMs (256 blocks here), and the result is right with or without an explicit split."""
-    monkeypatch.delenv("LOWBIT_W4A16_KERNEL", raising=False)
     assert _core.gemm_w4a16_pick_split(1000, 4096, 4096) == 1
     x, packed, ref, _ = w4_problem(300, 272, 576, 64, seed=3)
     for split_k in (0, 1, 5):
-        check(gemm_forced(monkeypatch, "", x, packed, 272, 576, 64, split_k=split_k), ref)
+        check(gemm_forced("", x, packed, 272, 576, 64, split_k=split_k), ref)
 
 
 # Split-K in the large kernel (picked when the tiles leave SMs idle, or asked for): every f32 partial
 # must be written (NaN-poisoned workspace) and summed; uneven splits (65 chunks over 2, 3, 7).
 @pytest.mark.parametrize("tile", ["large"] + LARGE_TILES)
 @pytest.mark.parametrize("split_k", [0, 2, 3, 7])
-def test_gemm_w4a16_large_split_k(monkeypatch, tile, split_k):
+def test_gemm_w4a16_large_split_k(tile, split_k):
     m, n, k, group = 300, 272, 4160, 128
     x, packed, ref, _ = w4_problem(m, n, k, group, seed=split_k + 40)
-    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", tile)
     ws = torch.full((8 * m * n,), float("nan"), device="cuda")
     y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
     try:
-        _core.gemm_w4a16(x.cuda(), *packed, n, k, group, y, split_k=split_k, workspace=ws)
+        _core.gemm_w4a16(x.cuda(), *packed, n, k, group, y, split_k=split_k, workspace=ws, kernel=tile)
     except NotImplementedError as e:  # a tile bigger than this GPU's shared memory (sm_86/89)
         assert "shared memory" in str(e) and tile != "large:64x128"
         pytest.skip(str(e))
@@ -202,28 +199,26 @@ def test_gemm_w4a16_large_split_k(monkeypatch, tile, split_k):
 
 @pytest.mark.parametrize("tile", LARGE_TILES)
 @pytest.mark.parametrize("m", [1, 5, 64])
-def test_gemm_w4a16_large_small_m(monkeypatch, tile, m):
+def test_gemm_w4a16_large_small_m(tile, m):
     """Forced at a few tokens: one partial tile, most rows zero-filled."""
     x, packed, ref, _ = w4_problem(m, 400, 640, 128, seed=m)
-    check(gemm_forced(monkeypatch, tile, x, packed, 400, 640, 128, y_pad=1), ref)
+    check(gemm_forced(tile, x, packed, 400, 640, 128, y_pad=1), ref)
 
 
-def test_gemm_w4a16_large_strided_x(monkeypatch):
+def test_gemm_w4a16_large_strided_x():
     q, s, z = random_w4(272, 576, 64, 9)
     packed = tuple(torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, 64))
     x_full = torch.randn(200, 584, generator=torch.Generator().manual_seed(10)).half()
     ref = x_full[:, :576].double() @ reference_weight(q, s, z, 576, 64).T
     for tile in LARGE_TILES:
-        monkeypatch.setenv("LOWBIT_W4A16_KERNEL", tile)
         y = torch.full((200, 272), float("nan"), dtype=torch.float16, device="cuda")
-        _core.gemm_w4a16(x_full.cuda()[:, :576], *packed, 272, 576, 64, y)
+        _core.gemm_w4a16(x_full.cuda()[:, :576], *packed, 272, 576, 64, y, kernel=tile)
         torch.cuda.synchronize()
         check(y.cpu().double(), ref)
 
 
-def test_gemm_w4a16_bad_kernel_override(monkeypatch):
-    monkeypatch.setenv("LOWBIT_W4A16_KERNEL", "huge")
+def test_gemm_w4a16_bad_kernel_override():
     x, packed, _, _ = w4_problem(2, 32, 128, 64, seed=1)
     y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
-    with pytest.raises(ValueError, match="LOWBIT_W4A16_KERNEL"):
-        _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y)
+    with pytest.raises(ValueError, match="gemm_w4a16: argument 'kernel' must be .*got 'huge'"):
+        _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="huge")

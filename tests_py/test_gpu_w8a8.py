@@ -78,7 +78,7 @@ def test_gemm_w8a8_bad_inputs():
                         torch.empty(4, 8, dtype=torch.int32, device="cuda"))
 
 
-# Both GEMM kernels, forced through LOWBIT_W8A8_KERNEL: the sm80 mma.sync kernel and, on sm_90, the
+# Both GEMM kernels, forced through gemm_w8a8(..., kernel=): the sm80 mma.sync kernel and, on sm_90, the
 # wgmma/TMA kernel (swapped operands for m <= 64, split-K clusters). "sm90:S" forces split S.
 def _is_sm90():
     return lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -93,14 +93,14 @@ SHAPES = [(1, 8, 64), (1, 257, 4160), (2, 130, 576), (7, 33, 1024), (16, 513, 19
           (256, 384, 4096), (300, 520, 4160), (1100, 300, 576)]
 
 
-def _run_raw(m, n, k, pad, seed):
+def _run_raw(m, n, k, pad, seed, kernel="", sm90_pairs=False):
     """Raw s32 GEMM into a poisoned [m, n + pad] buffer (y = its first n columns); returns y, buffer, ref."""
     g = torch.Generator().manual_seed(seed)
     xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
     wq = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
     buf = torch.full((m, n + pad), -7, dtype=torch.int32, device="cuda")
     y = buf[:, :n]
-    _core.gemm_w8a8(xq.cuda(), None, wq.cuda(), None, y)
+    _core.gemm_w8a8(xq.cuda(), None, wq.cuda(), None, y, kernel=kernel, sm90_pairs=sm90_pairs)
     torch.cuda.synchronize()
     return buf.cpu(), xq.long() @ wq.long().T
 
@@ -108,9 +108,8 @@ def _run_raw(m, n, k, pad, seed):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("pad", [0, 3])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_gemm_w8a8_paths_int32_bit_exact(monkeypatch, path, pad, m, n, k):
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", path)
-    buf, ref = _run_raw(m, n, k, pad, seed=m * 7 + n + k + pad)
+def test_gemm_w8a8_paths_int32_bit_exact(path, pad, m, n, k):
+    buf, ref = _run_raw(m, n, k, pad, seed=m * 7 + n + k + pad, kernel=path)
     assert torch.equal(buf[:, :n].long(), ref)
     assert (buf[:, n:] == -7).all()  # nothing written past n (odd row stride when pad = 3)
 
@@ -118,9 +117,8 @@ def test_gemm_w8a8_paths_int32_bit_exact(monkeypatch, path, pad, m, n, k):
 @pytest.mark.skipif(not _is_sm90(), reason="needs sm_90")
 @pytest.mark.parametrize("split", [1, 2, 4, 8])
 @pytest.mark.parametrize("m,n,k", [(5, 300, 1088), (40, 1000, 4160), (65, 520, 1088), (300, 257, 2112)])
-def test_gemm_w8a8_sm90_split_k_bit_exact(monkeypatch, split, m, n, k):
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", f"sm90:{split}")
-    buf, ref = _run_raw(m, n, k, 1, seed=split + m + n + k)
+def test_gemm_w8a8_sm90_split_k_bit_exact(split, m, n, k):
+    buf, ref = _run_raw(m, n, k, 1, seed=split + m + n + k, kernel=f"sm90:{split}")
     assert torch.equal(buf[:, :n].long(), ref)
     assert (buf[:, n:] == -7).all()
 
@@ -128,17 +126,17 @@ def test_gemm_w8a8_sm90_split_k_bit_exact(monkeypatch, split, m, n, k):
 @pytest.mark.skipif(not _is_sm90(), reason="needs sm_90")
 @pytest.mark.parametrize("split", [0, 2])
 @pytest.mark.parametrize("m,n,k", [(129, 1000, 320), (300, 520, 4160), (1100, 300, 576)])
-def test_gemm_w8a8_sm90_pairs_bit_exact(monkeypatch, split, m, n, k):
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", f"sm90:{split}" if split else "sm90")
-    monkeypatch.setenv("LOWBIT_W8A8_SM90_PAIRS", "1")  # m > 128 with the (opt-in) multicast pairs
-    buf, ref = _run_raw(m, n, k, 0, seed=split + m + n + k)
+def test_gemm_w8a8_sm90_pairs_bit_exact(split, m, n, k):
+    # m > 128 with the (opt-in) multicast pairs
+    buf, ref = _run_raw(m, n, k, 0, seed=split + m + n + k, kernel=f"sm90:{split}" if split else "sm90",
+                        sm90_pairs=True)
     assert torch.equal(buf.long(), ref)
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("m,n,k", [(1, 4099, 4096), (16, 130, 576), (64, 257, 1024), (300, 256, 2048),
                                    (1100, 136, 640)])
-def test_gemm_w8a8_paths_scaled_f16(monkeypatch, path, m, n, k):
+def test_gemm_w8a8_paths_scaled_f16(path, m, n, k):
     g = torch.Generator().manual_seed(m * 5 + n + k)
     x = torch.randn(m, k, generator=g).half()
     wq = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
@@ -148,11 +146,9 @@ def test_gemm_w8a8_paths_scaled_f16(monkeypatch, path, m, n, k):
     _core.quantize_per_token_s8(x.cuda(), xq, x_scale)
     wq = wq.cuda()
     y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", path)
-    _core.gemm_w8a8(xq, x_scale, wq, w_scale, y)
-    monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm80")
+    _core.gemm_w8a8(xq, x_scale, wq, w_scale, y, kernel=path)
     y80 = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-    _core.gemm_w8a8(xq, x_scale, wq, w_scale, y80)
+    _core.gemm_w8a8(xq, x_scale, wq, w_scale, y80, kernel="sm80")
     torch.cuda.synchronize()
     ref = (xq.cpu().double() @ wq.cpu().double().T) * x_scale.cpu().double()[:, None] * w_scale.cpu().double()[None, :]
     got = y.cpu().double()
@@ -161,15 +157,14 @@ def test_gemm_w8a8_paths_scaled_f16(monkeypatch, path, m, n, k):
     assert torch.equal(y.cpu(), y80.cpu())  # same f32 epilogue expression in both kernels
 
 
-def test_gemm_w8a8_bad_kernel_override(monkeypatch):
+def test_gemm_w8a8_bad_kernel_override():
     xq = torch.ones(4, 64, dtype=torch.int8, device="cuda")
     wq = torch.ones(8, 64, dtype=torch.int8, device="cuda")
     y = torch.empty(4, 8, dtype=torch.int32, device="cuda")
-    if _is_sm90():
-        monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm90:3")
-        with pytest.raises(ValueError, match="split must be 0, 1, 2, 4 or 8, got 3"):
-            _core.gemm_w8a8(xq, None, wq, None, y)
-    else:
-        monkeypatch.setenv("LOWBIT_W8A8_KERNEL", "sm90")
+    with pytest.raises(ValueError, match="gemm_w8a8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8"):
+        _core.gemm_w8a8(xq, None, wq, None, y, kernel="sm90:3")
+    with pytest.raises(ValueError, match="gemm_w8a8: argument 'kernel' must be '', 'sm80', 'sm90'"):
+        _core.gemm_w8a8(xq, None, wq, None, y, kernel="cutlass")
+    if not _is_sm90():
         with pytest.raises(NotImplementedError, match="needs an sm_90 device"):
-            _core.gemm_w8a8(xq, None, wq, None, y)
+            _core.gemm_w8a8(xq, None, wq, None, y, kernel="sm90")

@@ -1,14 +1,13 @@
 """W4A16 / W8A8 / FP8 GEMMs vs peers on Llama-3-8B (or, with --llama70b, 70B) layer shapes (random weights;
 cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep; --ms=256,1024 limits the
 token counts.
---f16-only: lowbit's f16 GEMM (the w16a16 linear: default dispatch and each kernel forced through
-LOWBIT_F16_GEMM_KERNEL=gemv|wmma|mma) vs cuBLAS fp16.
-From M=64 the W4A16 rows also time each W4A16 kernel forced (LOWBIT_W4A16_KERNEL=small / large:<tile>).
+--f16-only: lowbit's f16 GEMM (the w16a16 linear: default dispatch and each registered f16 kernel forced
+through linear(..., kernel=gemm_f16_{gemv,wmma,mma}_sm80)) vs cuBLAS fp16.
+From M=64 the W4A16 rows also time each W4A16 kernel forced (gemm_w4a16(..., kernel=small / large:<tile>)).
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
 int8 (torch._int_mm), fp8 (torch._scaled_mm). Writes JSON (argv[1]) and prints a table.
 """
-import os
 import sys
 
 import torch
@@ -26,13 +25,13 @@ MS = [1, 16, 64, 256, 1024]
 GROUP = 128
 
 
-def ours_setup(n, k, copies, m, split=None):
+def ours_setup(n, k, copies, m, split=None, kernel=""):
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
     s = (torch.rand(n, k // GROUP) * 0.02 + 0.002).half()
     z = (torch.rand(n, k // GROUP) * 15).half()
     data, ps, pz = (torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, GROUP))
     ws = [(data.clone(), ps.clone(), pz.clone()) for _ in range(copies)]
-    split = _core.gemm_w4a16_pick_split(m, n, k) if split is None else split
+    split = _core.gemm_w4a16_pick_split(m, n, k, kernel=kernel) if split is None else split
     x = torch.randn(m, k, device="cuda").half()
     y = torch.empty(m, n, device="cuda").half()
     work = torch.empty(max(1, split * m * n), device="cuda")
@@ -43,7 +42,7 @@ def ours_setup(n, k, copies, m, split=None):
 
     def make(w):
         return lambda: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, GROUP, ly, split, lwork,
-                                        stream().cuda_stream)
+                                        stream().cuda_stream, kernel=kernel)
     return [make(w) for w in lws], split
 
 
@@ -105,23 +104,18 @@ W4A16_KERNELS = ["small", "large:64x128", "large:128x128", "large:128x256"]
 
 
 def w4a16_forced_times(row, n, k, m, copies):
-    """From 64 tokens: the W4A16 time with each kernel / large-M tile forced through LOWBIT_W4A16_KERNEL,
+    """From 64 tokens: the W4A16 time with each kernel / large-M tile forced (gemm_w4a16's kernel argument),
     as row["lowbit_w4a16_<kernel>_us"] (e.g. lowbit_w4a16_large:128x128_us). The default dispatch (the
     lowbit_w4a16_us column) runs the large kernel with its automatic tile from 128 tokens, "small" below."""
     if m < 64:
         return
-    before = os.environ.pop("LOWBIT_W4A16_KERNEL", None)
     for kernel in W4A16_KERNELS:
-        os.environ["LOWBIT_W4A16_KERNEL"] = kernel  # read per call, also by pick_split in ours_setup
         try:
-            fns, _ = ours_setup(n, k, copies, m)
+            fns, _ = ours_setup(n, k, copies, m, kernel=kernel)
             row[f"lowbit_w4a16_{kernel}_us"] = graph_time_us(fns)
             del fns
         except Exception as e:  # noqa: BLE001 - record why (e.g. a tile over the GPU's shared memory)
             row[f"lowbit_w4a16_{kernel}_error"] = str(e).splitlines()[0][:160]
-    del os.environ["LOWBIT_W4A16_KERNEL"]
-    if before is not None:
-        os.environ["LOWBIT_W4A16_KERNEL"] = before
 
 
 def w4a16_forced_str(row):
@@ -161,8 +155,8 @@ def w8a8_and_int8_peers(row, x, n, k, m, l2):
         [lambda w=w: (_core.quantize_per_token_s8(lx, lxi8, lxs, cs().cuda_stream),
                       _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream)) for w in lw8])
     row["w8a8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w8a8_with_quant_us"]
-    forced_kernel_times(row, "lowbit_w8a8",
-                        [lambda w=w: _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream) for w in lw8])
+    forced_kernel_times(row, "lowbit_w8a8", lambda kernel: [
+        lambda w=w: _core.gemm_w8a8(lxi8, lxs, w, lws8, ly16, cs().cuda_stream, kernel=kernel) for w in lw8])
     del w8, lw8
     try:
         if m > 16:
@@ -176,17 +170,15 @@ def w8a8_and_int8_peers(row, x, n, k, m, l2):
     fp8_peers(row, x, n, k, m, l2)
 
 
-def forced_kernel_times(row, prefix, fns):
-    """Times fns with each 8-bit GEMM kernel forced through LOWBIT_W8A8_KERNEL (the default dispatch picks
-    per device): row[f"{prefix}_sm80_us"] and row[f"{prefix}_sm90_us"], or *_error when one cannot run."""
+def forced_kernel_times(row, prefix, make_fns):
+    """Times make_fns(kernel) with each 8-bit GEMM kernel forced (the ops' kernel argument; the default
+    dispatch picks per device): row[f"{prefix}_sm80_us"] and row[f"{prefix}_sm90_us"], or *_error when one
+    cannot run."""
     for path in ("sm80", "sm90"):
-        os.environ["LOWBIT_W8A8_KERNEL"] = path
         try:
-            row[f"{prefix}_{path}_us"] = graph_time_us(fns)
+            row[f"{prefix}_{path}_us"] = graph_time_us(make_fns(path))
         except Exception as e:  # noqa: BLE001 - e.g. sm90 on a non-Hopper GPU
             row[f"{prefix}_{path}_error"] = str(e).splitlines()[0][:160]
-        finally:
-            del os.environ["LOWBIT_W8A8_KERNEL"]
 
 
 def fp8_peers(row, x, n, k, m, l2):
@@ -209,14 +201,12 @@ def fp8_peers(row, x, n, k, m, l2):
             [lambda w=w: (_core.quantize_per_token_e4m3(lx, lxq, lxs, cs().cuda_stream),
                           _core.gemm_fp8(lxq, lxs, w, lwsf, ly16, cs().cuda_stream)) for w in lwf])
         row["fp8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_fp8_with_quant_us"]
-        fns = [lambda w=w: _core.gemm_fp8(lxq, lxs, w, lwsf, ly16, cs().cuda_stream) for w in lwf]
-        forced_kernel_times(row, "lowbit_fp8", fns)
+        def fp8_fns(kernel, fast_accum=False):
+            return [lambda w=w: _core.gemm_fp8(lxq, lxs, w, lwsf, ly16, cs().cuda_stream, kernel=kernel,
+                                               fast_accum=fast_accum) for w in lwf]
+        forced_kernel_times(row, "lowbit_fp8", fp8_fns)
         if "lowbit_fp8_sm90_us" in row:  # without promotion to f32 per 128-k stage (opt-in)
-            os.environ["LOWBIT_FP8_SM90_FAST_ACCUM"] = "1"
-            try:
-                row["lowbit_fp8_sm90_fast_accum_us"] = graph_time_us(fns)
-            finally:
-                del os.environ["LOWBIT_FP8_SM90_FAST_ACCUM"]
+            row["lowbit_fp8_sm90_fast_accum_us"] = graph_time_us(fp8_fns("sm90", fast_accum=True))
         del wf8, lwf
     except Exception as e:  # noqa: BLE001 - e.g. a GPU without fp8 tensor cores
         row["lowbit_fp8_error"] = str(e).splitlines()[0][:160]
@@ -256,15 +246,16 @@ F16_KERNELS = ["mma", "wmma", "gemv"]
 F16_REPS = 10
 
 
-def f16_setup(n, k, copies, m):
-    """lowbit.linear calls y = x · wᵀ over `copies` f16 weights packed for sm80 (lowbit tensors made once)."""
+def f16_setup(n, k, copies, m, kernel=""):
+    """lowbit.linear calls y = x · wᵀ over `copies` f16 weights packed for sm80 (lowbit tensors made once),
+    with a registered f16 kernel forced ("" = the registry's choice)."""
     g = torch.Generator().manual_seed(n + k)
     qw = _core.quantize_weight((torch.randn(n, k, generator=g) * 0.02), "f16", GROUP)
     ws = [_core.pack_weight(qw, "sm80", "cuda") for _ in range(copies)]
     x = torch.randn(m, k, device="cuda").half()
     y = torch.empty(m, n, device="cuda").half()
     lx, ly = lowbit.from_dlpack(x), lowbit.from_dlpack(y)
-    return [lambda w=w: _core.linear(lx, w, None, ly) for w in ws]
+    return [lambda w=w: _core.linear(lx, w, None, ly, kernel=kernel) for w in ws]
 
 
 def bench_f16_only(name, n, k, m, l2):
@@ -272,23 +263,16 @@ def bench_f16_only(name, n, k, m, l2):
     lowbit_f16_<kernel>_us; the GEMV forced only up to 64 tokens, it runs 16-row slices) vs cuBLAS fp16."""
     row, _ = cublas_baseline(name, n, k, m, l2)
     row["f16_bytes"] = n * k * 2
-    fns = f16_setup(n, k, copies_for(n * k * 2, l2), m)
-    before = os.environ.pop("LOWBIT_F16_GEMM_KERNEL", None)
-    try:
-        row["lowbit_f16_us"] = profiled_kernel_us(fns, F16_REPS)
-        for kernel in F16_KERNELS:
-            if kernel == "gemv" and m > 64:
-                continue
-            os.environ["LOWBIT_F16_GEMM_KERNEL"] = kernel  # read per call
-            try:
-                row[f"lowbit_f16_{kernel}_us"] = profiled_kernel_us(fns, F16_REPS)
-            except Exception as e:  # noqa: BLE001 - record why
-                row[f"lowbit_f16_{kernel}_error"] = str(e).splitlines()[0][:160]
-    finally:
-        os.environ.pop("LOWBIT_F16_GEMM_KERNEL", None)
-        if before is not None:
-            os.environ["LOWBIT_F16_GEMM_KERNEL"] = before
-    del fns
+    copies = copies_for(n * k * 2, l2)
+    row["lowbit_f16_us"] = profiled_kernel_us(f16_setup(n, k, copies, m), F16_REPS)
+    for kernel in F16_KERNELS:
+        if kernel == "gemv" and m > 64:
+            continue
+        try:
+            row[f"lowbit_f16_{kernel}_us"] = profiled_kernel_us(
+                f16_setup(n, k, copies, m, kernel=f"gemm_f16_{kernel}_sm80"), F16_REPS)
+        except Exception as e:  # noqa: BLE001 - record why
+            row[f"lowbit_f16_{kernel}_error"] = str(e).splitlines()[0][:160]
     row["f16_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_f16_us"]
     return row
 

@@ -83,7 +83,8 @@ void launch(const kernels::GemmKernel* kernel, const Tensor& x, const Tensor& x_
 
 }  // namespace
 
-void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act) {
+void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, LinearActivation act,
+            const std::string& kernel) {
   check_float_2d(x, "x");
   check_float_2d(y, "y");
   LOWBIT_CHECK_TYPE(y.dtype() == x.dtype(), kOp, ": argument 'y' must have the dtype of 'x' (", name_of(x.dtype()),
@@ -112,8 +113,10 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
   else
     check_cpu_linear(w, act);
   if (x.size(0) == 0) return;  // no tokens
-  const kernels::GemmDesc desc = kernels::describe_gemm(dev, act, x.dtype(), y.dtype(), w, x.size(0), aligned_rows(x));
-  launch(kernels::select_gemm(desc, "", false, kOp).kernel, x, Tensor(), w, bias, y, act, {});
+  // cp.async kernels read 16-byte rows of x and, for f16 weights, of W (k % 8 != 0 breaks those).
+  const bool aligned = aligned_rows(x) && (w.format != WeightFormat::f16 || aligned_rows(w.data));
+  const kernels::GemmDesc desc = kernels::describe_gemm(dev, act, x.dtype(), y.dtype(), w, x.size(0), aligned);
+  launch(kernels::select_gemm(desc, kernel, false, kOp).kernel, x, Tensor(), w, bias, y, act, {});
 }
 
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, const kernels::LinearPlan& plan) {

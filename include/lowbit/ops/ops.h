@@ -1,6 +1,7 @@
 // Op entry points: check arguments (naming op, argument, expected vs actual), pick a kernel for the
 // tensors' device and formats, run it. Outputs are caller-allocated. Activations are [tokens, features].
 #pragma once
+#include <string>
 #include <vector>
 
 #include "lowbit/core/tensor.h"
@@ -25,8 +26,10 @@ namespace lowbit::ops {
 // One activation-mode enum for the whole library: the recipe's (quant/recipe.h).
 using LinearActivation = ActivationMode;
 // act = fmpq_mixed needs the layer's block precision map, so it is served by linear_fmpq instead.
+// `kernel` forces a registered GEMM kernel by name ("" = the registry's choice); one that cannot run
+// throws NotSupported with its reason (tests and benchmarks compare kernels this way).
 void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
-            LinearActivation act = LinearActivation::float16);
+            LinearActivation act = LinearActivation::float16, const std::string& kernel = "");
 // y = linear of activations already quantized per token (GPU only): q s8 with a w8 weight or e4m3
 // with an e4m3 weight, [m, k], scales f32 [m] (rms_norm_quantize makes them); bias and y f16.
 void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight& w, const Tensor& bias, Tensor& y);
