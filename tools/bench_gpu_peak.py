@@ -85,10 +85,15 @@ def lowbit_fits(model, batch):
 
 
 def lowbit_profile(model, batch, shape, steps=4):
-    """One eager decode step at `batch` (contexts just past the prompt), kernel by kernel."""
+    """Eager decode steps with all `batch` requests decoding (contexts just past the prompt), kernel by kernel.
+    Prefill is chunked (max_batch_tokens), so the first requests decode while later ones still prefill: their
+    max_tokens must outlast the whole prefill, or they finish before the profiled steps (which then see a
+    few rows, not `batch`). The requests are aborted afterwards."""
     eng = lowbit_engine(model, batch, graphs=False)
-    for i, p in enumerate(prompt_batch(batch, shape.vocab).tolist()):
-        eng.add_request(900000 + i, p, temperature=0.0, max_tokens=steps + 4)
+    ids = [900000 + i for i in range(batch)]
+    prefill_steps = -(-batch * PROMPT // 8192)  # lowbit_engine's max_batch_tokens
+    for rid, p in zip(ids, prompt_batch(batch, shape.vocab).tolist()):
+        eng.add_request(rid, p, temperature=0.0, max_tokens=min(NEW, prefill_steps + steps + 8))
     first = set()
     while len(first) < batch:  # prefill (chunked by max_batch_tokens) until every request has a token
         first.update(ev.request_id for ev in eng.step() if ev.token >= 0)
@@ -96,8 +101,11 @@ def lowbit_profile(model, batch, shape, steps=4):
     sync()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            eng.step()
+            made = sum(ev.token >= 0 for ev in eng.step())
+            assert made == batch, f"profiled step made {made} tokens, not {batch}"
         sync()
+    for rid in ids:
+        eng.abort(rid)
     while eng.has_unfinished():
         eng.step()
     del eng
@@ -345,7 +353,8 @@ def main():
     meta.update({"protocol": f"random prompts of {PROMPT} tokens, {NEW} new tokens each (greedy, no EOS), the "
                              "largest batch that fits; decode tok/s = tokens after every first token / that time",
                  "model": harness.dataclasses.asdict(harness.shape_of(args)), "prompt_tokens": PROMPT,
-                 "new_tokens": NEW, "fixed_batches": args.fixed, "ladder": args.ladder, "repeats": args.repeats})
+                 "new_tokens": NEW, "fixed_batches": args.fixed, "ladder": args.ladder, "repeats": args.repeats,
+                 "timing": "wall time around synchronised loops per request batch (prefill phase, decode phase)"})
     todo = []
     for p in (p for p in args.parts.split(",") if p):
         todo += [f"lowbit:{r}" for r in args.recipes.split(",") if r] if p == "lowbit" else [p]
