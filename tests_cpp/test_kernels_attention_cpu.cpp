@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 
+#include "lowbit/ops/ops.h"
 #include "kernels/cpu/attention_cpu.h"
 
 using namespace lowbit;

@@ -8,8 +8,9 @@
 #include <random>
 #include <vector>
 
+#include "lowbit/ops/ops.h"
 #include "kernels/cpu/gemm_cpu.h"
-#include "kernels/cpu/gemm_layout_cpu.h"
+#include "quant/pack_cpu_layout.h"
 #include "lowbit/quant/pack.h"
 
 using namespace lowbit;

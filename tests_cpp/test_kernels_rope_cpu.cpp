@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "lowbit/ops/ops.h"
 #include "kernels/cpu/rope_cpu.h"
 
 using namespace lowbit;

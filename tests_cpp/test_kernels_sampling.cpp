@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "lowbit/ops/ops.h"
 #include "kernels/cpu/sampling_cpu.h"
 
 using namespace lowbit;

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/gemm_cpu.h"
-#include "kernels/cpu/gemm_layout_cpu.h"
+#include "quant/pack_cpu_layout.h"
 #include "lowbit/kernels/registry.h"
 #include "lowbit/ops/ops.h"
 #include "ops/op_device.h"

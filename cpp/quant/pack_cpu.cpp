@@ -1,10 +1,10 @@
 // CPU packing: QuantizedWeight -> the tile/k-pair layout the AVX2 GEMM kernels read. The layout is
-// documented in kernels/cpu/gemm_layout_cpu.h; unpack_cpu inverts it bit-exactly.
+// documented in quant/pack_cpu_layout.h; unpack_cpu inverts it bit-exactly.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/gemm_layout_cpu.h"
+#include "quant/pack_cpu_layout.h"
 #include "lowbit/quant/pack.h"
 
 namespace lowbit {

@@ -64,7 +64,7 @@ struct Scratch {
 struct Context {
   const Tensor& q;
   Tensor& out;
-  const ops::AttentionMeta& meta;
+  const AttentionMeta& meta;
   float scale;
   int64_t Hq, Hkv, G, D, bs;
   ScalarType k_type, v_type;
@@ -174,7 +174,7 @@ void merge_parts(const Context& c, const WorkItem& w, int64_t count, Partials& p
 
 }  // namespace
 
-void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const ops::AttentionMeta& meta, float scale,
+void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                          Tensor& out, int64_t max_keys_per_item) {
   const KVCacheConfig& cfg = cache.config();
   const Tensor& kp = cache.k_params(layer);

@@ -2,7 +2,7 @@
 #pragma once
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/kv_cache.h"
-#include "lowbit/ops/ops.h"
+#include "lowbit/kv/attention_meta.h"
 
 namespace lowbit::cpu {
 
@@ -10,7 +10,7 @@ namespace lowbit::cpu {
 // query heads h*G .. h*G+G-1 sharing KV head h (G = Hq / Hkv). Arguments are validated by
 // ops::paged_attention. max_keys_per_item > 0 forces split-KV parts of at most that many keys
 // (rounded up to whole blocks; tests use it); 0 splits only when there are too few items for the threads.
-void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const ops::AttentionMeta& meta, float scale,
+void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                          Tensor& out, int64_t max_keys_per_item = 0);
 
 }  // namespace lowbit::cpu

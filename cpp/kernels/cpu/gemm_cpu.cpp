@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_cpu.h"
-#include "kernels/cpu/gemm_layout_cpu.h"
+#include "quant/pack_cpu_layout.h"
 
 namespace lowbit::cpu {
 namespace {
@@ -99,21 +99,21 @@ static void quantize_rows_e4m3(float* x, int64_t ldx, int64_t m, int64_t k, floa
   }
 }
 
-void linear_cpu(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, ops::LinearActivation act) {
+void linear_cpu(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, ActivationMode act) {
   const int64_t m = x.size(0), k = w.k, n = w.n, ldx = 2 * num_k_pairs(k);
   const bool y_direct = y.dtype() == ScalarType::f32 && y.stride(1) == 1;
   std::vector<float> y_buf(y_direct ? 0 : m * n);
   float* yf = y_direct ? y.data<float>() : y_buf.data();
   const int64_t ldy = y_direct ? y.stride(0) : n;
 
-  if (act == ops::LinearActivation::float16) {
+  if (act == ActivationMode::float16) {
     if (x.dtype() == ScalarType::f32 && x.stride(1) == 1 && k % 2 == 0) {
       gemm_f32act_cpu(x.data<float>(), x.stride(0), m, w, yf, ldy);
     } else {
       const std::vector<float> xf = padded_f32_rows(x, ldx);
       gemm_f32act_cpu(xf.data(), ldx, m, w, yf, ldy);
     }
-  } else if (act == ops::LinearActivation::fp8_per_token) {
+  } else if (act == ActivationMode::fp8_per_token) {
     // y = s_x[token] * (the e4m3 GEMM of x's e4m3 codes): products of two e4m3 values are exact, so
     // only f32 summation order separates this from the GPU.
     std::vector<float> xf = padded_f32_rows(x, ldx);

@@ -1,9 +1,9 @@
-// CPU GEMM for every weight format over the packed layout of gemm_layout_cpu.h (AVX2 + FMA).
+// CPU GEMM for every weight format over the packed layout of quant/pack_cpu_layout.h (AVX2 + FMA).
 // y[m, n] = x[m, k] · Wᵀ. Rows of x are padded to an even length (2 * num_k_pairs(k)) with zeros.
 #pragma once
 #include <cstdint>
 
-#include "lowbit/ops/ops.h"
+#include "lowbit/quant/recipe.h"
 #include "lowbit/quant/activation.h"
 #include "lowbit/quant/pack.h"
 
@@ -33,7 +33,7 @@ void quantize_rows_s8(const float* x, int64_t ldx, int64_t m, int64_t k, int16_t
 
 // The whole CPU linear (arguments already validated by ops::linear): converts x, runs the kernel,
 // applies activation/channel scales and bias, writes y in its dtype.
-void linear_cpu(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, ops::LinearActivation act);
+void linear_cpu(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& y, ActivationMode act);
 
 // COMET W4Ax on FMPQ activations (validated by ops::linear_fmpq): y = cs[n] * sum_b s_x[m, b] * acc_b.
 constexpr int64_t kFmpqBlockK = 128;  // COMET §3.2: channel blocks of 128

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_cpu.h"
-#include "kernels/cpu/gemm_layout_cpu.h"
+#include "quant/pack_cpu_layout.h"
 #include "kernels/cpu/gemm_microkernel_avx2.h"
 #include "kernels/cpu/gemm_unpack_avx2.h"
 

@@ -1,5 +1,5 @@
 // Decode (m <= 4) for qoq/liquid weights with float activations. The s8 weight of a group is
-// q*s + add (integers, gemm_layout_cpu.h), so per group and row
+// q*s + add (integers, quant/pack_cpu_layout.h), so per group and row
 //   sum_k (q*s + add) * x = s * sum_k q*x + add * sum_k x,
 // and the kernel only accumulates q*x: each k quad is one 16-byte load spread into 32 nibble bytes,
 // then per k one byte shuffle puts rows 0..7 into int32 lanes for the conversion and FMA.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_cpu.h"
-#include "kernels/cpu/gemm_layout_cpu.h"
+#include "quant/pack_cpu_layout.h"
 
 namespace lowbit::cpu {
 namespace {

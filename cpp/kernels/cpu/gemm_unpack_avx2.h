@@ -1,5 +1,5 @@
 // AVX2 helpers that turn one (tile, k pair) block of the packed layout into 16 weights in lane order
-// e = row * 2 + kk (see gemm_layout_cpu.h).
+// e = row * 2 + kk (see quant/pack_cpu_layout.h).
 #pragma once
 #include <immintrin.h>
 
@@ -7,7 +7,7 @@
 
 namespace lowbit::cpu {
 
-// One (tile, k quad) block of qoq/liquid u4 (16 bytes, gemm_layout_cpu.h) -> the 16 u4 values of
+// One (tile, k quad) block of qoq/liquid u4 (16 bytes, quant/pack_cpu_layout.h) -> the 16 u4 values of
 // k pair h (0 or 1) of the quad, as bytes in pair order e = row * 2 + kk.
 inline __m128i unpack_u4_pair_from_quad(const uint8_t* quad, int h) {
   // pshufb controls per h: rows 0..3 come from the low nibbles, rows 4..7 from the high ones;
@@ -25,7 +25,7 @@ inline __m128i unpack_u4_pair_from_quad(const uint8_t* quad, int h) {
 }
 
 // k pair kp of a qoq/liquid tile (data of the tile) -> s8 weights as int16 lanes in pair order:
-// sext8(q * mul + add). QoQ: mul = s, add = -z*s. Liquid: mul = s, add = a - 128 (gemm_layout_cpu.h).
+// sext8(q * mul + add). QoQ: mul = s, add = -z*s. Liquid: mul = s, add = a - 128 (quant/pack_cpu_layout.h).
 inline __m256i u4_to_s8_lanes(const uint8_t* tile_data, int64_t kp, __m256i mul, __m256i add) {
   const __m256i q = _mm256_cvtepu8_epi16(unpack_u4_pair_from_quad(tile_data + (kp / 2) * 16, static_cast<int>(kp % 2)));
   const __m256i v = _mm256_add_epi16(_mm256_mullo_epi16(q, mul), add);

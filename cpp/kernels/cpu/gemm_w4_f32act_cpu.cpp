@@ -3,7 +3,7 @@
 //
 // Unpacking is two instructions per k and tile: a broadcast 32-bit load of the tile's 8 nibbles,
 // AND with the lane masks 0xF << 4r, and an int -> f32 conversion that yields q * 16^r (layout in
-// gemm_layout_cpu.h). Decode (m <= 4) accumulates v * x per group and folds the group's scale and
+// quant/pack_cpu_layout.h). Decode (m <= 4) accumulates v * x per group and folds the group's scale and
 // zero in at its end: sum_k (q - z) s x = s * sum_k q x - z s * sum_k x, with sum_k x computed once per
 // call. Prefill (m > 4) dequantizes each 16-channel panel once into a per-thread f32 buffer
 // (w = v * mul + add, exactly (q - z) * s rounded once) and runs the token rows over it.
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_cpu.h"
-#include "kernels/cpu/gemm_layout_cpu.h"
+#include "quant/pack_cpu_layout.h"
 #include "kernels/cpu/gemm_microkernel_avx2.h"
 
 namespace lowbit::cpu {

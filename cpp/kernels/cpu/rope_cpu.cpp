@@ -9,7 +9,7 @@
 
 namespace lowbit::cpu {
 
-std::vector<double> rope_inv_freq(const ops::RopeConfig& cfg, int rotary_dim) {
+std::vector<double> rope_inv_freq(const RopeConfig& cfg, int rotary_dim) {
   const int half = rotary_dim / 2;
   std::vector<double> inv(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i) inv[i] = std::pow(static_cast<double>(cfg.theta), -2.0 * i / rotary_dim);
@@ -59,7 +59,7 @@ void rotate_heads(Tensor& x, int64_t t, const float* cos_t, const float* sin_t, 
 
 }  // namespace
 
-void rope_cpu(Tensor& q, Tensor& k, const Tensor& positions, const ops::RopeConfig& cfg) {
+void rope_cpu(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg) {
   const Tensor& any = q.defined() ? q : k;
   const int64_t T = any.size(0);
   const int64_t D = any.size(2);

@@ -61,7 +61,7 @@ double log_sum_exp(const float* logits, int64_t vocab, float* max_out) {
 }  // namespace
 
 void apply_penalties_cpu(float* logits, int64_t vocab, const std::vector<int32_t>& history,
-                         const ops::SamplingParams& p) {
+                         const SamplingParams& p) {
   std::unordered_map<int32_t, int> counts;
   for (int32_t t : history) ++counts[t];
   for (const auto& [token, count] : counts) {
@@ -71,7 +71,7 @@ void apply_penalties_cpu(float* logits, int64_t vocab, const std::vector<int32_t
   }
 }
 
-int32_t sample_token_cpu(const float* logits, int64_t vocab, const ops::SamplingParams& p, double uniform) {
+int32_t sample_token_cpu(const float* logits, int64_t vocab, const SamplingParams& p, double uniform) {
   if (p.temperature == 0.f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
 
   RankedCandidates cand(logits, vocab, 1.f / p.temperature);

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/core/rope_config.h"
+#include "lowbit/core/sampling_params.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/kernels/plan.h"
 #include "lowbit/kv/attention_meta.h"
@@ -60,16 +62,7 @@ void silu_mul(const Tensor& gate_up, Tensor& out);
 void embedding(const Tensor& ids /*s32 [T]*/, const Tensor& table /*[V, H]*/, Tensor& out /*[T, H]*/);
 void softmax(const Tensor& x, Tensor& out);  // over the last dim, f32
 
-struct RopeConfig {
-  float theta = 10000.f;
-  int rotary_dim = 0;     // 0 = head_dim
-  bool neox = true;       // true: pairs (i, i + d/2) as HF rotate_half; false: GPT-J pairs (2i, 2i+1)
-  // Llama-3 frequency scaling (type "llama3"); factor 1 = none. Linear scaling divides positions.
-  bool llama3 = false;
-  float factor = 1.f, low_freq_factor = 1.f, high_freq_factor = 4.f;
-  int original_max_position = 8192;
-  float linear_factor = 1.f;
-};
+using RopeConfig = lowbit::RopeConfig;  // lowbit/core/rope_config.h
 // Rotates q [T, Hq, D] and k [T, Hkv, D] in place at positions (s32 [T]). f32/f16/bf16; rows may be
 // strided views (last dim contiguous); either q or k may be undefined. Angles are computed in f64.
 void rope(Tensor& q, Tensor& k, const Tensor& positions, const RopeConfig& cfg);
@@ -103,13 +96,7 @@ void paged_attention(const Tensor& q, const KVCache& cache, int layer, const Att
                      Tensor& out, const kernels::AttentionPlan& plan);
 
 // ---- sampling (ops/sampling.cpp) ---------------------------------------------------------------
-struct SamplingParams {
-  float temperature = 1.f;  // 0 = greedy
-  int top_k = 0;            // 0 = off
-  float top_p = 1.f;
-  float min_p = 0.f;
-  float repetition_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
-};
+using SamplingParams = lowbit::SamplingParams;  // lowbit/core/sampling_params.h
 // Applies penalties to one row of f32 logits in place, given the tokens generated/seen so far.
 void apply_penalties(float* logits, int64_t vocab, const std::vector<int32_t>& history, const SamplingParams& p);
 // Picks a token from one row of f32 logits; `uniform` is a U[0,1) draw (ignored when greedy).
