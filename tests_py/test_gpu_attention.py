@@ -63,7 +63,9 @@ def reference(q, seq_k, seq_v, scale):
 
 
 @pytest.mark.parametrize("kv", ["f16", "u8", "u4", "u8/u4", "f16/u8", "u4/f16"])
-@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128), (8, 1, 128), (4, 4, 64)])
+# GQA groups 12 and 16 run as slices of 8 heads (two blocks per kv head); head_dim 256 has its own instances.
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128), (8, 1, 128), (4, 4, 64), (24, 2, 64), (16, 1, 128),
+                                      (32, 2, 128), (8, 2, 256), (16, 1, 256)])
 @pytest.mark.parametrize("lens,split", [([1], 0), ([17, 5, 300], 0), ([1000, 33], 64), ([700], 512), ([2049, 1], 0)])
 def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
     k, v, kp, vp, table, seq_k, seq_v = make_cache(kv, lens, hkv, d, 16, seed=sum(lens) + hq + d)
@@ -115,6 +117,9 @@ def test_decode_attention_bad_inputs():
         _core.decode_attention(q, k, v, kp, vp, table, lens, 999, 1.0, out, kv_dtype="u8")
     with pytest.raises(TypeError, match="'q' must have dtype f16"):
         _core.decode_attention(q.float(), k, v, kp, vp, table, lens, 20, 1.0, out, kv_dtype="u8")
+    with pytest.raises(NotImplementedError, match="GQA group of 17 query heads per kv head has no kernel \\(at most 16\\)"):
+        _core.decode_attention(torch.randn(1, 34, 64, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
+                               torch.empty(1, 34, 64, device="cuda").half(), kv_dtype="u8")
     with pytest.raises(ValueError, match="multiple of kv heads"):
         _core.decode_attention(torch.randn(1, 3, 64, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
                                torch.empty(1, 3, 64, device="cuda").half(), kv_dtype="u8")

@@ -116,6 +116,21 @@ def test_random_llama_batched_greedy_decode_agrees_with_cpu(recipe):
     assert greedy_margin_violations(_core.Engine(cpu), prompts, gpu_tokens, 0.1) == []
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 1, 64), (24, 2, 128), (8, 2, 256)])
+def test_decode_kernel_serves_gqa16_and_head256_end_to_end(heads, kv_heads, head_dim):
+    """GQA groups of 12-16 and head_dim 256 decode on the tensor-core kernel (the plan says so, no
+    fallback), and the greedy tokens agree with the CPU engine (same margin as above)."""
+    shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, seed=5)
+    gpu = random_llama("w4a16kv8", "cuda", "f16", **shape)
+    decode = next(p for p in gpu.plan() if p["role"] == "attention.decode")
+    assert decode["kernel"] == "decode_attention_sm80" and not decode["fallback"], decode
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 17, 40)]
+    gpu_tokens = run_greedy(_core.Engine(gpu, max_batch_tokens=64), prompts, 16)
+    cpu = random_llama("w4a16kv8", "cpu", "f32", **shape)
+    assert greedy_margin_violations(_core.Engine(cpu), prompts, gpu_tokens, 0.1) == []
+
+
 # ---- CUDA-graph decode steps ----------------------------------------------------------------------
 def run_events(eng, prompts, max_tokens, opts):
     """(token, logprob) per request, every request added at once; opts: one dict for all or one per request."""

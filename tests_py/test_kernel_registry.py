@@ -43,7 +43,26 @@ def test_decode_attention_kernel_and_named_fallbacks():
     slow = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=96, q="f16", k="f16",
                                           v="f16")
     assert slow["kernel"] == "prefill_attention_sm80" and slow["fallback"]
-    assert "head_dim 64 and 128, not 96" in slow["why"]
+    assert "head_dim 64, 128, 256, not 96" in slow["why"]
+
+
+@pytest.mark.parametrize("head_dim,gqa", [(64, 16), (128, 12), (256, 1), (256, 16), (128, 9)])
+def test_decode_kernel_serves_gqa_up_to_16_and_head_dim_256(head_dim, gqa):
+    for k, v in (("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4")):
+        r = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=head_dim, q="f16", k=k, v=v,
+                                           gqa=gqa)
+        assert r["kernel"] == "decode_attention_sm80" and not r["fallback"], r
+
+
+def test_decode_past_its_instances_is_a_named_fallback():
+    over = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=128, q="f16", k="u8", v="u8",
+                                          gqa=17)
+    assert over["fallback"] and "GQA groups up to 16" in over["why"]
+    # Prefill on tensor cores has head_dim 64 and 128; 256 takes the warp-per-query kernel, named as such.
+    pre = _core.kernels.select_attention(device="cuda", sm=90, phase="prefill", head_dim=256, q="f16", k="f16",
+                                         v="f16")
+    assert pre["kernel"] == "prefill_attention_sm80" and pre["fallback"]
+    assert "head_dim 64, 128, not 256" in pre["why"]
 
 
 def test_miss_lists_every_candidate():

@@ -1,8 +1,9 @@
 // Decode attention over the paged KV cache (one query token per sequence), K/V in f16, u8 or u4
 // with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h), on tensor cores.
 //
-// Grid (sequence, kv head, split). The query heads of one GQA group (<= 8) are the n8 side of
-// mma.sync m16n8k16, so each K/V byte is read once for the whole group:
+// Grid (sequence, kv head x head slice, split). The query heads of one GQA group (<= 8) are the n8 side
+// of mma.sync m16n8k16, so each K/V byte is read once for the whole group; a group of 9-16 heads runs
+// as two slices of 8 (two blocks per kv head, each reading the K/V once):
 //   scores  Sᵀ[16 tokens, 8 heads] = K[16 tokens, D] · Qᵀ[D, 8 heads]   (K is the A operand)
 //   output  Oᵀ[D, 8 heads]        += Vᵀ[D, 16 tokens] · P'ᵀ[16 tokens, 8 heads]
 // Integer K/V are fed to the tensor cores as exact f16 integers (magic-number conversion) and
@@ -20,6 +21,7 @@
 #include <algorithm>
 
 #include "cuda/pdl.cuh"
+#include "kernels/sm80/kv_type.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 
@@ -27,12 +29,9 @@ namespace lowbit::cuda {
 namespace {
 
 constexpr int kWarps = 4, kThreads = kWarps * 32, kTile = 16;
+constexpr int kMaxGroup = 16;  // query heads per kv head: slices of 8 (the mma's n)
 constexpr int kMinSplitTokens = 512;  // the split-size heuristic's floor for long contexts (see decode_attention)
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m) underflows to 0
-enum class KvType { f16, u8, u4 };
-
-template <KvType T>
-constexpr int kv_bits() { return T == KvType::f16 ? 16 : T == KvType::u8 ? 8 : 4; }
 
 __device__ inline uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
@@ -138,6 +137,7 @@ struct AttnArgs {
   float* part_stats;  // [B, Hq, splits, 2] = (max, sum)
   int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h;
   int hq, hkv, group, block_size, max_blocks, split_tokens;
+  int slices;             // blocks per kv head: ceil(group / 8), each serving 8 of its query heads
   int block_shift;        // log2(block_size) when it is a power of two, else -1 (division)
   bool tile_in_one_page;  // block_size and split_tokens are multiples of 16: a tile never straddles pages
   float scale;
@@ -168,7 +168,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8];
   __shared__ float warp_o[kWarps][8][D];
 
-  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int b = blockIdx.x, kvh = blockIdx.y / p.slices, split = blockIdx.z;
+  const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
+  const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = p.seq_lens[b];
   const int start = split * p.split_tokens, end = min(start + p.split_tokens, len);
@@ -181,8 +183,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   uint32_t qf[kSteps][2];
   float qpart = 0.f, qlo_part = 0.f;  // Σq over this lane's dims; over those paired with lo registers
   {
-    const bool live = g < p.group;
-    const __half* qh = p.q + b * p.q_stride_b + (kvh * p.group + (live ? g : 0)) * p.q_stride_h + kv_dims;
+    const bool live = g < heads;
+    const __half* qh = p.q + b * p.q_stride_b + (head0 + (live ? g : 0)) * p.q_stride_h + kv_dims;
     const __half zero = __float2half(0.f);
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
@@ -415,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   }
   __syncthreads();
   const int num_splits = gridDim.z;
-  for (int idx = threadIdx.x; idx < p.group * D; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < heads * D; idx += kThreads) {
     const int h = idx / D, d = idx % D;
     float mx = warp_m[0][h];
 #pragma unroll
@@ -427,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
       o += e * warp_o[w][h][d];
       l += e * warp_l[w][h];
     }
-    const int head = kvh * p.group + h;
+    const int head = head0 + h;
     if (num_splits == 1) {
       p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(l > 0.f ? o / l : 0.f);
     } else {
@@ -462,21 +464,20 @@ __global__ void combine_splits_kernel(const float* __restrict__ part_out, const 
 }
 
 KvType kv_type_of(const Tensor& t, const char* op, const char* arg) {
-  switch (t.dtype()) {
-    case ScalarType::f16: return KvType::f16;
-    case ScalarType::u8: return KvType::u8;
-    case ScalarType::u4: return KvType::u4;
-    default:
-      LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' must be f16, u8 or u4, got ", name_of(t.dtype()));
-  }
+  KvType kt = KvType::f16;
+  if (!lowbit::cuda::kv_type_of(t.dtype(), kt))
+    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' must be f16, u8 or u4, got ", name_of(t.dtype()));
+  return kt;
 }
 
 // head_dim 128 is built for 3 resident blocks per SM: with 4 (128 registers) the f16 and u8 kernels
-// spill; measured on an H100 at B=64 L=8K, 3 is as fast or faster for every KV type.
+// spill; measured on an H100 at B=64 L=8K, 3 is as fast or faster for every KV type. head_dim 256
+// holds twice the fragments per lane: 1 block per SM (255 registers) keeps them in registers.
 template <KvType KT, KvType VT>
 void launch_types(const AttnArgs& p, int d, dim3 grid, cudaStream_t stream) {
   if (d == 64) decode_attention_kernel<KT, VT, 64, 4><<<grid, kThreads, 0, stream>>>(p);
-  else decode_attention_kernel<KT, VT, 128, 3><<<grid, kThreads, 0, stream>>>(p);
+  else if (d == 128) decode_attention_kernel<KT, VT, 128, 3><<<grid, kThreads, 0, stream>>>(p);
+  else decode_attention_kernel<KT, VT, 256, 1><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <KvType KT>
@@ -499,8 +500,8 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   check_dim(q, 3, op, "q");
   LOWBIT_CHECK(q.stride(2) == 1, op, ": argument 'q' needs unit stride in the last dim");
   const int64_t batch = q.size(0), hq = q.size(1), d = q.size(2);
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, d == 64 || d == 128, op, ": head_dim ", d,
-                    " has no kernel (supported: 64, 128)");
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, d == 64 || d == 128 || d == 256, op, ": head_dim ", d,
+                    " has no kernel (supported: 64, 128, 256)");
   check_same_device(k_data, q, op, "k_data");
   check_same_device(v_data, q, op, "v_data");
   check_dim(k_data, 4, op, "k_data");
@@ -523,8 +524,8 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     check_contiguous(v_params, op, "v_params");
   }
   LOWBIT_CHECK(hkv > 0 && hq % hkv == 0, op, ": q heads (", hq, ") must be a multiple of kv heads (", hkv, ")");
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, hq / hkv <= 8, op, ": GQA group of ", hq / hkv,
-                    " query heads per kv head has no kernel (at most 8)");
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, hq / hkv <= kMaxGroup, op, ": GQA group of ", hq / hkv,
+                    " query heads per kv head has no kernel (at most ", kMaxGroup, ")");
   check_same_device(block_tables, q, op, "block_tables");
   check_dtype(block_tables, ScalarType::s32, op, "block_tables");
   check_dim(block_tables, 2, op, "block_tables");
@@ -553,7 +554,8 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     // --split-sweep): B=64 L=8K is fastest at 4096 tokens per split, 1x128K at 2048, 1x8K at 256-512,
     // while a short context (L ~ 500, batch 1) wants splits of 64.
     const int64_t want = 4LL * multiprocessor_count(dev);
-    const int64_t splits_wanted = std::max<int64_t>(1, (want + batch * hkv - 1) / (batch * hkv));
+    const int64_t blocks_per_split = batch * hkv * ((hq / hkv + 7) / 8);  // (sequence, kv head, slice)
+    const int64_t splits_wanted = std::max<int64_t>(1, (want + blocks_per_split - 1) / blocks_per_split);
     const int64_t floor_tokens = std::clamp<int64_t>((max_seq_len + 15) / 16, 64, kMinSplitTokens);
     const int64_t per_split = std::max<int64_t>((max_seq_len + splits_wanted - 1) / splits_wanted, floor_tokens);
     split_tokens = static_cast<int>((std::min<int64_t>(per_split, max_seq_len + kTile) + kTile - 1) / kTile * kTile);
@@ -576,6 +578,7 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.hq = static_cast<int>(hq);
   p.hkv = static_cast<int>(hkv);
   p.group = static_cast<int>(hq / hkv);
+  p.slices = (p.group + 7) / 8;
   p.block_size = static_cast<int>(bs);
   p.block_shift = -1;
   for (int sh = 0; sh < 31; ++sh)
@@ -591,7 +594,7 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     p.part_out = part_out.data<float>();
     p.part_stats = part_stats.data<float>();
   }
-  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(hkv), static_cast<unsigned>(splits));
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(hkv * p.slices), static_cast<unsigned>(splits));
   switch (kt) {
     case KvType::f16: launch_k<KvType::f16>(p, vt, static_cast<int>(d), grid, stream); break;
     case KvType::u8: launch_k<KvType::u8>(p, vt, static_cast<int>(d), grid, stream); break;

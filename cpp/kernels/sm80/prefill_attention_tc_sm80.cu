@@ -15,6 +15,7 @@
 // and at the end O / l is stored as f16. Query rows past q_len compute on zeros and are not stored.
 #include <cuda_fp16.h>
 
+#include "kernels/sm80/kv_type.cuh"
 #include "kernels/sm80/prefill_attention_tc.h"
 #include "lowbit/cuda/check.h"
 
@@ -30,7 +31,6 @@ constexpr int min_blocks() { return D == 64 ? 4 : 3; }
 constexpr int kPad = 8;              // halves per smem row: rows start 4 banks apart, ldmatrix conflict free
 constexpr float kNoScore = -1e30f;   // finite "minus infinity": exp2(kNoScore - m) underflows to 0
 constexpr float kLog2e = 1.4426950408889634f;
-enum class KvType { f16, u8, u4 };
 
 struct TcArgs {
   const __half* q;
@@ -351,14 +351,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
     for (int nd = 0; nd < kDimTiles; ++nd)
       *reinterpret_cast<uint32_t*>(p + 8 * nd) = pack_half2(o[nd][2] * inv_hi, o[nd][3] * inv_hi);
   }
-}
-
-bool kv_type_of(ScalarType s, KvType& t) {
-  if (s == ScalarType::f16) t = KvType::f16;
-  else if (s == ScalarType::u8) t = KvType::u8;
-  else if (s == ScalarType::u4) t = KvType::u4;
-  else return false;
-  return true;
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
