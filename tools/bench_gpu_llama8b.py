@@ -39,7 +39,8 @@ import torch
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
-from llama_random import LLAMA3_8B, LlamaShape, quantize_w4, quantize_w8, weight, weight_names  # noqa: E402
+from llama_random import (LLAMA3_8B, LlamaShape, quantize_e4m3, quantize_w4, quantize_w8, weight,  # noqa: E402
+                          weight_names)
 
 PROMPT, NEW = 512, 128
 FIRST_TOKENS = 16  # tokens of request 0 kept per run: the engines compute the same model, so they should agree
@@ -126,6 +127,9 @@ def lowbit_model(shape, recipe, device, dtype):
         elif f == "w8":
             q, s = quantize_w8(w)
             qw = _core.QuantizedWeight("w8", q.cpu(), s.cpu())
+        elif f == "e4m3":
+            q, s = quantize_e4m3(w)
+            qw = _core.QuantizedWeight("e4m3", q.cpu(), s.cpu())
         else:
             qw = _core.QuantizedWeight(f, w.to(getattr(torch, {"f16": "float16", "f32": "float32"}[f])).cpu())
         m.set_quantized_weight(name, qw)

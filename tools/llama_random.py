@@ -84,3 +84,13 @@ def quantize_w8(w):
     s = torch.where(s == 0, torch.ones_like(s), s)
     q = torch.clamp(torch.round(wf / s.unsqueeze(-1)), -127, 127)
     return q.to(torch.int8), s
+
+
+def quantize_e4m3(w):
+    """Per-channel e4m3 (docs/formats.md, e4m3): q float8_e4m3fn [n, k] as its uint8 bits, scales f32 [n] =
+    max|w| / 448 (1 for a zero row)."""
+    wf = w.float()
+    s = wf.abs().amax(-1) / 448
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    q = (wf / s.unsqueeze(-1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q.view(torch.uint8), s
