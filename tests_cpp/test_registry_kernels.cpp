@@ -164,15 +164,24 @@ TEST(Registry, AttentionChoicesByDescriptor) {
   EXPECT_FALSE(d.fallback);
   EXPECT_STREQ(select_attention(gpu_attention(AttnPhase::prefill, 128, ScalarType::f16, ScalarType::f16, 4)).kernel->name,
                "prefill_attention_tc_sm80");
-  // Today's gaps are named fallbacks, never silent: head_dim 96, GQA 16.
+  // GQA 16 decodes on tensor cores (two slices of 8 heads); head_dim 256 too.
+  const AttnSelection g16 =
+      select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 16));
+  EXPECT_STREQ(g16.kernel->name, "decode_attention_sm80");
+  EXPECT_FALSE(g16.fallback);
+  EXPECT_NE(g16.why_chosen().find("two slices of 8 heads"), std::string::npos) << g16.why_chosen();
+  EXPECT_STREQ(select_attention(gpu_attention(AttnPhase::decode, 256, ScalarType::u4, ScalarType::u4, 4)).kernel->name,
+               "decode_attention_sm80");
+  // Today's gaps are named fallbacks, never silent: head_dim 96, GQA 17.
   const AttnSelection d96 = select_attention(gpu_attention(AttnPhase::decode, 96, ScalarType::f16, ScalarType::f16, 1));
   EXPECT_STREQ(d96.kernel->name, "prefill_attention_sm80");
   EXPECT_TRUE(d96.fallback);
-  const AttnSelection g16 =
-      select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 16));
-  EXPECT_STREQ(g16.kernel->name, "prefill_attention_tc_sm80");
-  EXPECT_TRUE(g16.fallback);
-  EXPECT_NE(g16.why_chosen().find("GQA groups up to 8"), std::string::npos) << g16.why_chosen();
+  EXPECT_NE(d96.why_chosen().find("head_dim 64, 128, 256, not 96"), std::string::npos) << d96.why_chosen();
+  const AttnSelection g17 =
+      select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 17));
+  EXPECT_STREQ(g17.kernel->name, "prefill_attention_tc_sm80");
+  EXPECT_TRUE(g17.fallback);
+  EXPECT_NE(g17.why_chosen().find("GQA groups up to 16"), std::string::npos) << g17.why_chosen();
   AttnDesc cpu;
   cpu.head_dim = 80;
   cpu.gqa_group = 16;
@@ -206,7 +215,7 @@ TEST(Registry, StrictRefusesFallbacks) {
   const std::string msg = error_of([&] { select_attention(d, "", true, "Model: attention.decode"); });
   EXPECT_NE(msg.find("strict"), std::string::npos) << msg;
   EXPECT_NE(msg.find("prefill_attention_sm80"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("head_dim 64 and 128, not 96"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("head_dim 64, 128, 256, not 96"), std::string::npos) << msg;
 }
 
 TEST(Registry, KernelOptionsAreValidated) {
