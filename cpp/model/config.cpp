@@ -27,8 +27,8 @@ void ModelConfig::validate() const {
                rope_factor);
 }
 
-ops::RopeConfig ModelConfig::rope_config() const {
-  ops::RopeConfig r;
+RopeConfig ModelConfig::rope_config() const {
+  RopeConfig r;
   r.theta = rope_theta;
   r.rotary_dim = head_dim;
   r.neox = rope_neox;

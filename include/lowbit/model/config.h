@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "lowbit/ops/ops.h"
+#include "lowbit/core/rope_config.h"
 
 namespace lowbit {
 
@@ -35,7 +35,7 @@ struct ModelConfig {
 
   // Throws ValueError naming the first bad field and its value.
   void validate() const;
-  ops::RopeConfig rope_config() const;
+  RopeConfig rope_config() const;
 };
 
 }  // namespace lowbit
