@@ -472,7 +472,8 @@ KvType kv_type_of(const Tensor& t, const char* op, const char* arg) {
 
 // head_dim 128 is built for 3 resident blocks per SM: with 4 (128 registers) the f16 and u8 kernels
 // spill; measured on an H100 at B=64 L=8K, 3 is as fast or faster for every KV type. head_dim 256
-// holds twice the fragments per lane: 1 block per SM (255 registers) keeps them in registers.
+// holds twice the fragments per lane: a budget of 1 block per SM (up to 255 registers; 202-255 used on
+// sm_90 without spills, 4 bytes spilled for f16 K and V on sm_80) keeps them in registers.
 template <KvType KT, KvType VT>
 void launch_types(const AttnArgs& p, int d, dim3 grid, cudaStream_t stream) {
   if (d == 64) decode_attention_kernel<KT, VT, 64, 4><<<grid, kThreads, 0, stream>>>(p);
