@@ -115,16 +115,19 @@ void bind_attention(nb::module_& m) {
 
   m.def(
       "paged_attention",
-      [](nb::handle q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale, nb::handle out) {
+      [](nb::handle q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale, nb::handle out,
+         const std::string& kernel) {
         Tensor qt = tensor_from_python(q, "q");
         Tensor ot = out.is_none() ? Tensor::empty(qt.shape(), qt.dtype(), qt.device()) : tensor_from_python(out, "out");
-        ops::paged_attention(qt, cache, layer, meta, scale, ot);
+        ops::paged_attention(qt, cache, layer, meta, scale, ot, kernel);
         return out.is_none() ? nb::cast(ot) : nb::borrow(out);
       },
       nb::arg("q"), nb::arg("cache"), nb::arg("layer"), nb::arg("meta"), nb::arg("scale"),
-      nb::arg("out") = nb::none(),
+      nb::arg("out") = nb::none(), nb::arg("kernel") = "",
       "out[T, Hq, D] = causal softmax(q kᵀ * scale) v over the paged cache (GQA when Hq > Hkv). "
-      "Returns out (allocated like q when None).");
+      "Returns out (allocated like q when None). kernel: a registered attention kernel to force "
+      "(lowbit._core.kernels.attention_kernels() lists them; one that cannot run raises with its reason), '' for "
+      "the registry's choice.");
 }
 
 }  // namespace lowbit::bindings

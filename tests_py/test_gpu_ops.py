@@ -19,6 +19,12 @@ DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 RTOL = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}
 
 
+def sm():
+    """This GPU's compute capability as the registry spells it (90 for sm_90)."""
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor
+
+
 def rnd(shape, dtype, seed, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g) * scale).to(DT[dtype] if isinstance(dtype, str) else dtype)
@@ -232,10 +238,10 @@ def test_rope_kv_write_gpu_errors():
         lb.rope_kv_write(None, x, x, pos, big, 0, meta)
 
 
-def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16, gap=0):
+def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16, gap=0, kernel=""):
     """Fills twin caches through kv_write with the same random K/V, returns the outputs of
     paged_attention on both devices (GPU output poisoned first, with a spare NaN row at the end and
-    `gap` NaN rows before each sequence's rows)."""
+    `gap` NaN rows before each sequence's rows); `kernel` forces the GPU's attention kernel."""
     g = torch.Generator().manual_seed(seed)
     n = len(lens_q)
     blocks_per = [math.ceil(L / bs) for L in lens_kv]
@@ -266,7 +272,7 @@ def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16, gap
     out_c = torch.full_like(q, float("nan"))
     out_g = nan_like(q)
     lb.paged_attention(q, cpu, 0, meta_c, 1 / math.sqrt(d), out_c)
-    lb.paged_attention(q.cuda(), gpu, 0, meta_g, 1 / math.sqrt(d), out_g)
+    lb.paged_attention(q.cuda(), gpu, 0, meta_g, 1 / math.sqrt(d), out_g, kernel=kernel)
     return out_g.cpu(), out_c
 
 
@@ -331,11 +337,21 @@ def test_prefill_tc_llama_heads_long_chunk(kv):
 
 
 @pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4")])
-@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128)])
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128), (16, 1, 128), (8, 2, 256)])
 def test_decode_step_takes_the_decode_kernel_and_matches_cpu(kv, hq, hkv, d):
+    """A decode step (one query per sequence) is the registry's decode kernel: it is what the lookup picks
+    for this descriptor, and forced by name it runs (a kernel that cannot run raises) and matches the CPU."""
+    picked = lb.kernels.select_attention(device="cuda", sm=sm(), phase="decode", head_dim=d, q="f16", k=kv[0],
+                                         v=kv[1], gqa=hq // hkv)
+    assert picked["kernel"] == "decode_attention_sm80" and not picked["fallback"], picked
     lens_kv = [1, 16, 17, 300, 45]
-    out_g, out_c = attention_case([1] * 5, lens_kv, hq, hkv, d, *kv, "f16", seed=d + hq)
+    out_g, out_c = attention_case([1] * 5, lens_kv, hq, hkv, d, *kv, "f16", seed=d + hq, kernel="decode_attention_sm80")
     close(out_g[:-1], out_c[:-1], "f16", atol_scale=1.0)
+
+
+def test_forcing_the_decode_kernel_on_a_prefill_step_names_the_reason():
+    with pytest.raises(NotImplementedError, match="forced kernel decode_attention_sm80 cannot run .*decode steps only"):
+        attention_case([5, 1], [29, 17], 8, 2, 64, "u8", "u8", "f16", seed=1, kernel="decode_attention_sm80")
 
 
 # ---- linear -----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import lowbit
 from lowbit import _core
@@ -125,3 +126,23 @@ def test_gpu_plan_of_a_decoder(tiny_path):
                                                    "prefill_attention_sm80")
     # A decode kernel that cannot serve this model's shape is a named fallback, never silent.
     assert roles["attention.decode"]["fallback"] == (roles["attention.decode"]["kernel"] != "decode_attention_sm80")
+
+
+def test_paged_attention_forced_kernel_on_the_cpu():
+    """paged_attention(kernel=...) runs the named kernel or says why not: the CPU kernel by name gives the
+    automatic result bit for bit; a GPU kernel named for CPU tensors is refused with its reason."""
+    g = torch.Generator().manual_seed(0)
+    cache = _core.KVCache(1, 2, 64, 4, 16, "f32", "f32", "cpu")
+    k, v = torch.randn(20, 2, 64, generator=g), torch.randn(20, 2, 64, generator=g)
+    table = torch.tensor([[2, 0]], dtype=torch.int32)
+    slots = torch.tensor([32 + i if i < 16 else i - 16 for i in range(20)], dtype=torch.int32)
+    _core.kv_write(cache, 0, k, v, _core.AttentionMeta([0], [20], [20], table, slots))
+    q = torch.randn(20, 8, 64, generator=g)
+    meta = _core.AttentionMeta([0], [20], [20], table, slots)
+    auto = torch.from_dlpack(_core.paged_attention(q, cache, 0, meta, 0.125)).clone()
+    named = torch.from_dlpack(_core.paged_attention(q, cache, 0, meta, 0.125, kernel="paged_attention_cpu"))
+    assert not torch.isnan(auto).any() and torch.equal(auto, named)
+    with pytest.raises(NotImplementedError, match="forced kernel decode_attention_sm80 cannot run"):
+        _core.paged_attention(q, cache, 0, meta, 0.125, kernel="decode_attention_sm80")
+    with pytest.raises(ValueError, match="forced kernel 'flash' is not registered"):
+        _core.paged_attention(q, cache, 0, meta, 0.125, kernel="flash")

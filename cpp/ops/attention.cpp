@@ -229,11 +229,11 @@ Device check_attention_args(const Tensor& q, const KVCache& cache, int layer, co
 }  // namespace
 
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
-                     Tensor& out) {
+                     Tensor& out, const std::string& kernel) {
   const Device dev = check_attention_args(q, cache, layer, meta, scale, out);
   const StepShape shape = step_shape(meta);
   const kernels::AttnSelection s =
-      kernels::select_attention(describe_attention(q, out, cache, shape.decode), "", false, "paged_attention");
+      kernels::select_attention(describe_attention(q, out, cache, shape.decode), kernel, false, "paged_attention");
   run_attention(s.kernel, q, cache, layer, meta, scale, out, dev, shape);
 }
 
