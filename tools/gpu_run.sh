@@ -127,5 +127,5 @@ if has llama8b; then
 fi
 # The short table last: tests, sanitizer findings and the targets from whatever this run produced.
 python3 "$REPO/tools/gpu_summary.py" "$OUT"
-# A lent device sends back only a few files: the logs travel as one archive (the JSONs stay beside it).
+# Remote runs may bring back only a few files: the logs travel as one archive (the JSONs stay beside it).
 (cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log)
