@@ -5,8 +5,8 @@
 #   the Llama-3-8B-shaped decode step (tools/profile_gpu_step.py: graphs on, eager, kernels alone) and the
 #   8B end-to-end decode/prefill (tools/bench_gpu_llama8b.py, lowbit parts only).
 #   usage: bash tools/gpu_before_after.sh BEFORE.tar BEFORE_COMMIT [recipes] [step batches] [8B batches]
-# The builds stay in /tmp/lowbit-ba (a second call on the same machine reuses them: one recipe per call fits the
-# device's per-call limit). Results: $OUT/before_after.json (both sides' figures) and a table on stdout.
+# The builds stay in /tmp/lowbit-ba (a second run on the same machine reuses them, so one recipe per run keeps
+# each run short). Results: $OUT/before_after.json (both sides' figures) and a table on stdout.
 set -uo pipefail
 BEFORE_TAR=$1
 BEFORE_COMMIT=$2
