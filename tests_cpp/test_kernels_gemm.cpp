@@ -203,7 +203,7 @@ TEST(PackCpu, RoundTripsBitExactlyForEveryFormat) {
       if (is_u4(f) && c.k % 2) continue;  // u4 rows fill whole bytes
       for (bool sym : {false, true}) {
         if (sym && f != WeightFormat::w4) continue;
-        SCOPED_TRACE(std::string(cpu::format_label(f)) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k));
+        SCOPED_TRACE(std::string(name_of(f)) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k));
         const QuantizedWeight w = random_weight(f, c.n, c.k, c.group, sym);
         const PackedWeight p = pack_cpu(w);
         EXPECT_EQ(p.target, PackTarget::cpu);
@@ -226,7 +226,7 @@ TEST(GemmCpu, FloatActivationsMatchFloat64ForEveryFormat) {
     for (const Case& c : kCases)
       for (ScalarType dt : {ScalarType::f32, ScalarType::f16, ScalarType::bf16}) {
         if (is_u4(f) && c.k % 2) continue;
-        SCOPED_TRACE(std::string(cpu::format_label(f)) + " " + name_of(dt) + " m=" + std::to_string(c.m) +
+        SCOPED_TRACE(std::string(name_of(f)) + " " + name_of(dt) + " m=" + std::to_string(c.m) +
                      " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k));
         const QuantizedWeight w = random_weight(f, c.n, c.k, c.group, c.m == 3);
         const PackedWeight p = pack_cpu(w);
@@ -262,7 +262,7 @@ TEST(GemmCpu, Int8ActivationsAccumulateExactlyInInt32) {
   for (WeightFormat f : {WeightFormat::w8, WeightFormat::qoq, WeightFormat::liquid})
     for (const Case& c : kCases) {
       if (is_u4(f) && c.k % 2) continue;
-      SCOPED_TRACE(std::string(cpu::format_label(f)) + " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+      SCOPED_TRACE(std::string(name_of(f)) + " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
                    " k=" + std::to_string(c.k));
       const QuantizedWeight w = random_weight(f, c.n, c.k, c.group);
       const PackedWeight p = pack_cpu(w);
@@ -330,7 +330,7 @@ TEST(GemmCpu, Int8LinearAppliesTokenAndChannelScales) {
         const double ref = double(acc) * sx[i] * sw + bias.data<float>()[r];
         const double got = out.y.data<float>()[i * (n + 3) + r];
         EXPECT_NEAR(got, ref, 4e-7 * (std::fabs(double(acc) * sx[i] * sw) + std::fabs(ref)) + 1e-30)
-            << cpu::format_label(f) << " row " << i << " col " << r;
+            << name_of(f) << " row " << i << " col " << r;
       }
   }
 }
@@ -379,7 +379,7 @@ TEST(GemmCpu, FmpqBlocksAccumulateExactlyPerBlock) {
   const Case cases[] = {{1, 13, 300, 64}, {3, 24, 128, 32}, {6, 9, 258, 128}, {2, 40, 70, 64}};
   for (WeightFormat f : {WeightFormat::w8, WeightFormat::qoq, WeightFormat::liquid})
     for (const Case& c : cases) {
-      SCOPED_TRACE(std::string(cpu::format_label(f)) + " m=" + std::to_string(c.m) + " k=" + std::to_string(c.k));
+      SCOPED_TRACE(std::string(name_of(f)) + " m=" + std::to_string(c.m) + " k=" + std::to_string(c.k));
       const QuantizedWeight w = random_weight(f, c.n, c.k, c.group);
       const PackedWeight p = pack_cpu(w);
       const int64_t ldx = 2 * cpu::num_k_pairs(c.k), blocks = (c.k + 127) / 128;

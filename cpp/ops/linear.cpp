@@ -57,11 +57,11 @@ void check_cpu_linear(const PackedWeight& w, LinearActivation act) {
     case LinearActivation::int8_per_token:
       if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
         LOWBIT_NOT_SUPPORTED(kOp, ": act=int8_per_token needs a w8, qoq or liquid weight, got ",
-                             cpu::format_label(w.format), " (use act=float for it)");
+                             name_of(w.format), " (use act=float for it)");
       break;
     case LinearActivation::fp8_per_token:
       if (w.format != WeightFormat::e4m3)
-        LOWBIT_NOT_SUPPORTED(kOp, ": act=fp8_per_token needs an e4m3 weight, got ", cpu::format_label(w.format),
+        LOWBIT_NOT_SUPPORTED(kOp, ": act=fp8_per_token needs an e4m3 weight, got ", name_of(w.format),
                              " (use act=float for it)");
       break;
     case LinearActivation::fmpq_mixed:
@@ -153,7 +153,7 @@ void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight&
       q.dtype() == ScalarType::e4m3 ? LinearActivation::fp8_per_token : LinearActivation::int8_per_token;
   if ((q.dtype() != ScalarType::s8 || w.format != WeightFormat::w8) &&
       (q.dtype() != ScalarType::e4m3 || w.format != WeightFormat::e4m3))
-    LOWBIT_NOT_SUPPORTED(op, ": ", name_of(q.dtype()), " activations with a ", cpu::format_label(w.format),
+    LOWBIT_NOT_SUPPORTED(op, ": ", name_of(q.dtype()), " activations with a ", name_of(w.format),
                          " weight (s8 goes with w8, e4m3 with e4m3)");
   const kernels::GemmDesc desc = kernels::describe_gemm(dev, act, q.dtype(), y.dtype(), w, q.size(0), true);
   launch(kernels::select_gemm(desc, "", false, op).kernel, q, scales, w, bias, y, act, {});
@@ -199,7 +199,7 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
                "; the CPU kernel needs pack_weight(..., PackTarget::cpu, ...)");
   if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
     LOWBIT_NOT_SUPPORTED(op, ": FMPQ activations need a weight with s8 values (qoq, liquid or w8), got ",
-                         cpu::format_label(w.format));
+                         name_of(w.format));
   if (m == 0) return;
   const kernels::GemmDesc desc =
       kernels::describe_gemm(dev, LinearActivation::fmpq_mixed, x.q.dtype(), y.dtype(), w, m, true);

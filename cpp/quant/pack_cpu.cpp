@@ -54,7 +54,7 @@ void check_quantized(const QuantizedWeight& w) {
     case WeightFormat::qoq:
     case WeightFormat::liquid: {
       const int multiple = w.format == WeightFormat::w4 ? 2 : 4;  // k pairs / k quads must not straddle groups
-      LOWBIT_CHECK(w.group > 0 && w.group % multiple == 0, kOp, ": group size of ", cpu::format_label(w.format),
+      LOWBIT_CHECK(w.group > 0 && w.group % multiple == 0, kOp, ": group size of ", name_of(w.format),
                    " must be a positive multiple of ", multiple, ", got ", w.group);
       const ScalarType pt = w.format == WeightFormat::w4 ? ScalarType::f16 : ScalarType::u8;
       check_defined(w.scales, kOp, "scales");
@@ -195,7 +195,7 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
         // the GPU's 8-bit reconstruction only when q*s + add never leaves the s8 range.
         for (int64_t c = g * w.group; c < std::min(k, (g + 1) * w.group); ++c) {
           const int v = get_u4(s, r * k + c) * scale + add;
-          LOWBIT_CHECK(v >= -128 && v <= 127, kOp, ": ", cpu::format_label(w.format), " weight (row ", r, ", k ", c,
+          LOWBIT_CHECK(v >= -128 && v <= 127, kOp, ": ", name_of(w.format), " weight (row ", r, ", k ", c,
                        ") reconstructs to ", v, ", outside the s8 range [-128, 127] (q=", int(get_u4(s, r * k + c)),
                        " scale=", scale, qoq ? " zero=" : " offset=", offset, ")");
         }

@@ -55,19 +55,4 @@ constexpr int kU4AuxBytes = 128;  // qoq/liquid aux bytes per (tile, group)
 constexpr int64_t kParallelMacs = int64_t(1) << 17;
 inline bool worth_parallel(int64_t m, int64_t n, int64_t k) { return m * n * k >= kParallelMacs; }
 
-// Format names for error messages (kept here so the CPU kernels do not depend on format.cpp).
-inline const char* format_label(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::f32: return "f32";
-    case WeightFormat::f16: return "f16";
-    case WeightFormat::bf16: return "bf16";
-    case WeightFormat::w8: return "w8";
-    case WeightFormat::w4: return "w4";
-    case WeightFormat::qoq: return "qoq";
-    case WeightFormat::liquid: return "liquid";
-    case WeightFormat::e4m3: return "e4m3";
-  }
-  return "unknown";
-}
-
 }  // namespace lowbit::cpu

@@ -283,7 +283,7 @@ void gemm_s8act_cpu(const int16_t* xq, int64_t ldx, int64_t m, const PackedWeigh
       break;
     default:
       LOWBIT_NOT_SUPPORTED("gemm_s8act_cpu: int8 activations need a w8, qoq or liquid weight, got ",
-                           format_label(w.format));
+                           name_of(w.format));
   }
 }
 
@@ -308,7 +308,7 @@ void gemm_s8act_blocked_cpu(const int16_t* xq, int64_t ldx, int64_t m, const Pac
       break;
     default:
       LOWBIT_NOT_SUPPORTED("gemm_s8act_blocked_cpu: int8 activations need a w8, qoq or liquid weight, got ",
-                           format_label(w.format));
+                           name_of(w.format));
   }
 }
 
