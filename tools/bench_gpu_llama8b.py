@@ -277,9 +277,10 @@ def part_hf(args, shape, out):
 
 
 # ---------------------------------------------------------------------------------------------- torch.compile
-def part_torch(args, shape, out):
+def torch_static_model(args, shape, part):
+    """The torch.compile static-cache baseline (f16 on the GPU, f32 on the CPU) and its device; records the torch
+    version and the load time in part."""
     from llama_torch_static import StaticLlama
-    part = Part(out, "torch_compile", "f16")
     part.d["version"] = torch.__version__
     dev = "cuda" if cuda() else "cpu"
     dt = torch.float16 if cuda() else torch.float32
@@ -287,6 +288,12 @@ def part_torch(args, shape, out):
     model = StaticLlama(shape, dev, dt, compile_layer=not args.no_compile)
     sync()
     part.d["load_s"] = round(time.perf_counter() - t, 2)
+    return model, dev
+
+
+def part_torch(args, shape, out):
+    part = Part(out, "torch_compile", "f16")
+    model, dev = torch_static_model(args, shape, part)
     part.d["weight_bytes_per_token"] = model.weight_bytes() + 2 * shape.hidden
     part.d["kv_bytes_per_token"] = shape.layers * 2 * shape.kv_size * 2
     part.d["method"] = ("one decoder layer torch.compile'd (inductor, fullgraph, static shapes), the whole decode "

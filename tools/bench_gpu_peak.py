@@ -21,6 +21,7 @@ Per engine, in its own child process (bench_gpu_llama8b's driver: clean memory f
 """
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -67,6 +68,46 @@ def breakdown(prof, steps):
     out["top_kernels"] = [{"kernel": k[:100], "us_per_step": round(v[0] / steps, 1), "class": kernel_class(k)}
                           for k, v in rows[:10]]
     return out
+
+
+def ladder_fits(part, ladder, fits):
+    """fits(batch) -> (ok, why) per rung until one does not fit; records part.d["fits"] and returns the rungs
+    that fit, largest first (the peak search's candidates)."""
+    found = {}
+    for b in ladder:
+        ok, why = fits(b)
+        found[b] = ok or why
+        if not ok:
+            break
+    part.d["fits"] = {str(b): v for b, v in found.items()}
+    return sorted((b for b, v in found.items() if v is True), reverse=True)
+
+
+def run_batches(part, engine, recipe, fixed, candidates, run, after_error, after_each):
+    """The fixed batches, then the peak: the largest candidate whose run succeeds (a failure is recorded and the
+    next lower rung tried). run(batch) -> the runs to summarize; after_error() frees what a failed run left;
+    after_each() records memory. Returns the peak batch (None when no candidate ran)."""
+    peak = None
+    for b in list(fixed) + ["peak"]:
+        for batch in (candidates if b == "peak" else [b]):
+            try:
+                case = summarize(engine, recipe, batch, run(batch))
+                case["peak_search"] = b == "peak"
+                part.d["cases"].append(case)
+                print(json.dumps({k: v for k, v in case.items() if k != "runs"}), flush=True)
+                if b == "peak":
+                    peak = batch
+                break
+            except Exception as e:  # noqa: BLE001 - recorded; the peak search tries the next lower rung
+                part.d["cases"].append({"engine": engine, "recipe": recipe, "batch": batch, "error": repr(e)[:300],
+                                        "peak_search": b == "peak"})
+                traceback.print_exc()
+                after_error()
+            finally:
+                after_each()
+                part.save()
+    part.d["peak_batch"] = peak
+    return peak
 
 
 # ---------------------------------------------------------------------------------------------- lowbit
@@ -123,48 +164,29 @@ def part_lowbit(args, shape, out, recipe):
     part.d["kv_bytes_per_token"] = model.info()["kv_bytes_per_token"]
     part.sample_memory()
     part.save()
-    fits = {}
-    for b in args.ladder:
-        ok, why = lowbit_fits(model, b)
-        fits[b] = ok or why
-        if not ok:
-            break
-    part.d["fits"] = {str(b): v for b, v in fits.items()}
-    candidates = sorted((b for b, v in fits.items() if v is True), reverse=True)
+    candidates = ladder_fits(part, args.ladder, lambda b: lowbit_fits(model, b))
     print(f"lowbit {recipe}: loaded in {part.d['load_s']} s; fits: {part.d['fits']}", flush=True)
     eng = lowbit_engine(model, 8)
     harness.lowbit_run(eng, prompt_batch(8, shape.vocab).tolist(), 4, 0)  # kernels loaded, graphs captured
     del eng
-    rid = 100
-    peak = None
-    for b in list(args.fixed) + ["peak"]:
-        for batch in (candidates if b == "peak" else [b]):
-            try:
-                eng = lowbit_engine(model, batch)
-                prompts = prompt_batch(batch, shape.vocab).tolist()
-                runs = []
-                for _ in range(args.repeats):
-                    runs.append(harness.lowbit_run(eng, prompts, NEW, rid))
-                    rid += batch
-                    part.sample_memory()
-                del eng
-                case = summarize("lowbit", recipe, batch, runs)
-                case["peak_search"] = b == "peak"
-                part.d["cases"].append(case)
-                print(json.dumps({k: v for k, v in case.items() if k != "runs"}), flush=True)
-                if b == "peak":
-                    peak = batch
-                break
-            except Exception as e:  # noqa: BLE001 - recorded; the peak search tries the next lower rung
-                eng = None
-                part.d["cases"].append({"engine": "lowbit", "recipe": recipe, "batch": batch, "error": repr(e)[:300],
-                                        "peak_search": b == "peak"})
-                traceback.print_exc()
-                gc.collect()
-            finally:
-                part.d["memory"]["allocator"] = dict(_core.allocator_stats(device)) if device == "cuda" else {}
-                part.save()
-    part.d["peak_batch"] = peak
+    request_ids = itertools.count(100, 1 << 20)  # a block of ids per run
+
+    def run(batch):
+        eng = lowbit_engine(model, batch)
+        try:
+            prompts = prompt_batch(batch, shape.vocab).tolist()
+            runs = []
+            for _ in range(args.repeats):
+                runs.append(harness.lowbit_run(eng, prompts, NEW, next(request_ids)))
+                part.sample_memory()
+            return runs
+        finally:
+            del eng  # before the next batch's pool is allocated, also when this one failed
+
+    def record_allocator():
+        part.d["memory"]["allocator"] = dict(_core.allocator_stats(device)) if device == "cuda" else {}
+
+    peak = run_batches(part, "lowbit", recipe, args.fixed, candidates, run, gc.collect, record_allocator)
     if peak and cuda() and not args.no_profile:
         try:
             part.d["step_breakdown"] = {"batch": peak, **lowbit_profile(model, peak, shape)}
@@ -215,54 +237,30 @@ def torch_fits(model, batch):
 
 
 def part_torch(args, shape, out):
-    from llama_torch_static import StaticLlama
     part = Part(out, "torch_compile", "f16")
-    part.d["version"] = torch.__version__
-    dev = "cuda" if cuda() else "cpu"
-    dt = torch.float16 if cuda() else torch.float32
-    t = time.perf_counter()
-    model = StaticLlama(shape, dev, dt, compile_layer=not args.no_compile)
-    sync()
-    part.d["load_s"] = round(time.perf_counter() - t, 2)
+    model, dev = harness.torch_static_model(args, shape, part)
     part.d["method"] = ("one decoder layer torch.compile'd (inductor, fullgraph, static shapes), the whole decode "
                         "step captured in one CUDA graph; prefill eager with flash SDPA, "
                         f"{args_rows(256)} sequences per forward; argmax on the GPU")
     part.sample_memory()
     part.save()
-    fits = {}
-    for b in args.ladder:
-        ok, why = torch_fits(model, b)
-        fits[b] = ok or why
-        if not ok:
-            break
-    part.d["fits"] = {str(b): v for b, v in fits.items()}
-    candidates = sorted((b for b, v in fits.items() if v is True), reverse=True)
-    peak = None
-    for b in list(args.fixed) + ["peak"]:
-        for batch in (candidates if b == "peak" else [b]):
-            try:
-                ids = prompt_batch(batch, shape.vocab).to(dev)
-                runs = torch_case(model, batch, ids, args.repeats)
-                part.sample_memory()
-                case = summarize("torch_compile", "f16", batch, runs)
-                case["peak_search"] = b == "peak"
-                part.d["cases"].append(case)
-                print(json.dumps({k: v for k, v in case.items() if k != "runs"}), flush=True)
-                if b == "peak":
-                    peak = batch
-                break
-            except Exception as e:  # noqa: BLE001
-                part.d["cases"].append({"engine": "torch_compile", "recipe": "f16", "batch": batch,
-                                        "error": repr(e)[:300], "peak_search": b == "peak"})
-                traceback.print_exc()
-                model.k_cache = model.v_cache = model.graph = None
-                if cuda():
-                    torch.cuda.empty_cache()
-            finally:
-                if cuda():
-                    part.d["memory"]["torch_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
-                part.save()
-    part.d["peak_batch"] = peak
+    candidates = ladder_fits(part, args.ladder, lambda b: torch_fits(model, b))
+
+    def run(batch):
+        runs = torch_case(model, batch, prompt_batch(batch, shape.vocab).to(dev), args.repeats)
+        part.sample_memory()
+        return runs
+
+    def free_cache():
+        model.k_cache = model.v_cache = model.graph = None
+        if cuda():
+            torch.cuda.empty_cache()
+
+    def record_reserved():
+        if cuda():
+            part.d["memory"]["torch_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+
+    peak = run_batches(part, "torch_compile", "f16", args.fixed, candidates, run, free_cache, record_reserved)
     if peak and cuda() and not args.no_profile and model.k_cache is not None:
         model.prefill(prompt_batch(peak, shape.vocab).to(dev), rows=args_rows(peak))
         sync()
