@@ -226,6 +226,24 @@ void bind_cuda(nb::module_& m) {
       "sm90_pairs: multicast weight tiles to pairs of A tiles");
 
   m.def(
+      "gemm_w4a8",
+      [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        cuda::W4A8Options options;
+        options.split_k = split_k;
+        Tensor out = tensor_from_python(y, "y");
+        cuda::gemm_w4a8(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
+                        options);
+#else
+        no_cuda("gemm_w4a8");
+#endif
+      },
+      nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("w"), nb::arg("y"), nb::arg("split_k") = 0,
+      nb::arg("stream") = 0,
+      "GPU: y = (xq · Wᵀ) * x_scale[m] * channel_scale[n] for a qoq/liquid PackedWeight packed for sm80 on the "
+      "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). split_k 0 = automatic");
+
+  m.def(
       "quantize_per_token_e4m3",
       [](nb::handle x, nb::handle q, nb::handle scales, uintptr_t stream) {
 #ifdef LOWBIT_WITH_CUDA

@@ -598,6 +598,13 @@ def ok():
     case("gemm_w8a8", "C.gemm_w8a8(torch.zeros(2, 64, dtype=torch.int8), None, torch.zeros(16, 64, dtype=torch.int8), "
          "None, torch.empty(2, 16, dtype=i32))", "NotImplementedError", "gemm_w8a8", "no CUDA support",
          when="cpu_build"),
+    case("gemm_w4a8", "C.gemm_w4a8(torch.zeros(2, 64, dtype=torch.int8), None, "
+         "C.pack_weight(C.quantize_weight(torch.ones(16, 64), 'qoq', 64)), torch.empty(2, 16, dtype=i32))",
+         "NotImplementedError", "gemm_w4a8", "no CUDA support", when="cpu_build"),
+    case("gemm_w4a8_cpu_packed_weight", "C.gemm_w4a8(torch.zeros(2, 64, dtype=torch.int8, device='cuda'), None, "
+         "C.pack_weight(C.quantize_weight(torch.ones(16, 64), 'qoq', 64)), torch.empty(2, 16, dtype=i32, "
+         "device='cuda'))", "ValueError", "gemm_w4a8", "'w' must be a qoq or liquid weight packed for sm80",
+         when="gpu"),
     case("quantize_per_token_e4m3", "C.quantize_per_token_e4m3(torch.zeros(2, 64, dtype=f16), "
          "torch.empty(2, 64, dtype=u8), torch.empty(2))", "NotImplementedError", "quantize_per_token_e4m3",
          "no CUDA support", when="cpu_build"),
@@ -694,10 +701,12 @@ def big_model(vocab, hidden):
     m.finalize()
     return m
 """, (
-    case("llm_w4a8kv4_has_no_gpu_kernel", "lowbit.LLM(PATH, recipe='w4a8kv4', device='cuda', progress=False)",
-         "NotImplementedError", "'w4a8kv4'", "cuda:0", "no GPU kernel", when="gpu"),
-    case("model_w4a8kv4_has_no_gpu_kernel", "C.Model(CFG, 'w4a8kv4', 'cuda', 'f16')", "NotImplementedError",
-         "'w4a8kv4'", "cuda:0", when="gpu"),
+    case("llm_w4a4kv4_has_no_gpu_kernel", "lowbit.LLM(PATH, recipe='w4a4kv4', device='cuda', progress=False)",
+         "NotImplementedError", "'w4a4kv4'", "cuda:0", "no GPU kernel", when="gpu"),
+    case("model_w4a4kv4_has_no_gpu_kernel", "C.Model(CFG, 'w4a4kv4', 'cuda', 'f16')", "NotImplementedError",
+         "'w4a4kv4'", "cuda:0", when="gpu"),
+    case("model_w4a8g32_has_no_gpu_kernel", "C.Model(CFG, 'w4a8g32kv4', 'cuda', 'f16')", "NotImplementedError",
+         "'w4a8g32kv4'", "group 32 has no W4A8 GPU kernel", when="gpu"),
     case("model_f32_on_gpu", "C.Model(CFG, 'w16a16', 'cuda', 'f32')", "NotImplementedError", "dtype f32", "f16",
          when="gpu"),
     case("model_on_missing_gpu", "C.Model(CFG, 'w16a16', 'cuda:99', 'f16')", "ValueError", "cuda:99",

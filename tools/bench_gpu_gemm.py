@@ -1,6 +1,8 @@
 """W4A16 / W8A8 / FP8 GEMMs vs peers on Llama-3-8B (or, with --llama70b, 70B) layer shapes (random weights;
 cost does not depend on values). Modes: default (everything), --w4a16-only, --w8a8-only, --fp8-only, --sweep; --ms=256,1024 limits the
 token counts.
+--w4a8-only: lowbit W4A8 (QoQ g128 and LiquidQuant g64 weights, the GEMM alone and with the per-token int8
+quantizer) vs cuBLAS fp16, lowbit W4A16 and W8A8, torch._scaled_mm fp8.
 --f16-only: lowbit's f16 GEMM (the w16a16 linear: default dispatch and each registered f16 kernel forced
 through linear(..., kernel=gemm_f16_{gemv,wmma,mma}_sm80)) vs cuBLAS fp16.
 From M=64 the W4A16 rows also time each W4A16 kernel forced (gemm_w4a16(..., kernel=small / large:<tile>)).
@@ -239,6 +241,53 @@ def bench_w8a8_only(name, n, k, m, l2):
     return row
 
 
+def random_two_level(fmt, n, k, group, seed):
+    """A valid qoq / liquid QuantizedWeight with random fields (cost does not depend on values; quantizing
+    a float weight this size takes longer than the benchmark)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = (k + group - 1) // group
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    s = torch.randint(1, 9, (n, groups), dtype=torch.uint8, generator=g)
+    if fmt == "qoq":  # zero points with z*s <= 128 and q*s - z*s inside s8
+        z = torch.minimum(torch.randint(0, 16, (n, groups), generator=g), 128 // s.long()).to(torch.uint8)
+    else:  # offsets a = 128 + min with q*s + a <= 255
+        z = (128 - torch.randint(0, 120, (n, groups), generator=g)).clamp(max=255 - 15 * s.long()).to(torch.uint8)
+    cs = torch.rand(n, generator=g) * 1e-3 + 1e-4
+    return _core.QuantizedWeight(fmt, q, s, z, cs, group)
+
+
+def w4a8_peers(row, x, n, k, m, l2):
+    """lowbit W4A8 for both weight formats: the GEMM on int8 codes, and with the quantizer in front."""
+    xi8 = torch.empty(m, k, dtype=torch.int8, device="cuda")
+    xs = torch.empty(m, device="cuda")
+    y16 = torch.empty(m, n, device="cuda").half()
+    lx, lxi8, lxs, ly16 = (lowbit.from_dlpack(t) for t in (x, xi8, xs, y16))
+    _core.quantize_per_token_s8(lx, lxi8, lxs)
+    cs = torch.cuda.current_stream
+    for fmt, group in (("qoq", 128), ("liquid", 64)):
+        groups = (k + group - 1) // group
+        copies = copies_for(n * k // 2 + 2 * n * groups, l2)
+        ws = [_core.pack_weight(random_two_level(fmt, n, k, group, i), "sm80", "cuda:0") for i in range(copies)]
+        row[f"lowbit_w4a8_{fmt}_us"] = graph_time_us(
+            [lambda w=w: _core.gemm_w4a8(lxi8, lxs, w, ly16, 0, cs().cuda_stream) for w in ws])
+        row[f"lowbit_w4a8_{fmt}_with_quant_us"] = graph_time_us(
+            [lambda w=w: (_core.quantize_per_token_s8(lx, lxi8, lxs, cs().cuda_stream),
+                          _core.gemm_w4a8(lxi8, lxs, w, ly16, 0, cs().cuda_stream)) for w in ws])
+        del ws
+    row["w4a8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a8_liquid_with_quant_us"]
+
+
+def bench_w4a8_only(name, n, k, m, l2):
+    """--w4a8-only: W4A8 (both formats) vs cuBLAS fp16, lowbit W4A16 and W8A8, torch._scaled_mm fp8."""
+    row, x = cublas_baseline(name, n, k, m, l2)
+    w4a8_peers(row, x, n, k, m, l2)
+    fns, split = ours_setup(n, k, copies_for(n * k // 2, l2), m)
+    row["lowbit_w4a16_us"] = graph_time_us(fns)
+    del fns
+    w8a8_and_int8_peers(row, x, n, k, m, l2)
+    return row
+
+
 F16_KERNELS = ["mma", "wmma", "gemv"]
 # The f16 GEMM is reached only through lowbit's linear op, which launches on lowbit's current stream (the
 # legacy default stream from Python: no stream scope is exposed), and a torch graph capture refuses such
@@ -331,6 +380,16 @@ def main():
                       f"+quant {r.get('lowbit_fp8_with_quant_us', float('nan')):7.1f}, "
                       f"x{r.get('fp8_speedup_vs_cublas', float('nan')):.2f})  _scaled_mm "
                       f"{r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}  {r.get('lowbit_fp8_error', '')}", flush=True)
+                continue
+            if "--w4a8-only" in sys.argv:
+                r = bench_w4a8_only(name, n, k, m, meta["l2_bytes"])
+                r["w4_bytes_floor_us"] = (n * k // 2) / (meta["copy_bandwidth_gbs"] * 1e3)
+                rows.append(r)
+                print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f}  w4a8 qoq {r['lowbit_w4a8_qoq_us']:7.1f} "
+                      f"liquid {r['lowbit_w4a8_liquid_us']:7.1f} (+quant {r['lowbit_w4a8_liquid_with_quant_us']:7.1f}, "
+                      f"x{r['w4a8_speedup_vs_cublas']:.2f}, floor {r['w4_bytes_floor_us']:6.1f})  "
+                      f"w4a16 {r['lowbit_w4a16_us']:7.1f}  w8a8 {r['lowbit_w8a8_us']:7.1f}  "
+                      f"fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}", flush=True)
                 continue
             if "--w8a8-only" in sys.argv:
                 r = bench_w8a8_only(name, n, k, m, meta["l2_bytes"])

@@ -8,6 +8,7 @@
 #     tests     every GPU test file (tests_py/test_gpu_*.py), the error-path and extension-export tests
 #     sanitize  memcheck, racecheck and synccheck per kernel family (small cases, several tools at once)
 #     bench     GEMM sweep and attention benchmarks
+#     w4a8      the W4A8 GEMMs (QoQ, LiquidQuant) vs cuBLAS fp16, lowbit W4A16/W8A8 and torch fp8 on 8B shapes
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
@@ -71,6 +72,7 @@ SANITIZE_CASES=(
   "decode_attention|test_gpu_attention.py|lens1-0-9-3-64 or lens3-64-32-8-128 or lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8 or lens1-0-16-1-256-u8 or lens2-64-32-2-128-u4"
   "prefill_attention_tc|test_gpu_ops.py|(prefill_tc_tile_edges and chunked and 4-1-64 and (u8-u4 or f16-f16)) or (prefill_tc_tile_edges and fresh and 8-2-128 and u4-u8 and 24)"
   "rows_rope_kv_sampling|test_gpu_ops.py|(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100) or (rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)) or (sample_rows_picks and f16)"
+  "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129)) or adversarial or (scaled and liquid)"
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
 )
 if has sanitize; then
@@ -120,6 +122,10 @@ if has bench; then
   echo "== benchmarks"
   python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_gemm.json" --sweep 2>&1 | tee "$OUT/bench_gemm.log"
   python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
+fi
+if has w4a8; then
+  echo "== W4A8 GEMMs on Llama-3-8B shapes"
+  python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_w4a8.json" --w4a8-only 2>&1 | tee "$OUT/bench_w4a8.log"
 fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"

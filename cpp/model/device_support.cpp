@@ -42,7 +42,9 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
 }
 
 PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {
-  if (w.format == WeightFormat::w4 || w.format == WeightFormat::f16) return pack_weight(w, PackTarget::sm80, device);
+  if (w.format == WeightFormat::w4 || w.format == WeightFormat::f16 || w.format == WeightFormat::qoq ||
+      w.format == WeightFormat::liquid)
+    return pack_weight(w, PackTarget::sm80, device);
   PackedWeight p = packed_header(w, PackTarget::sm80);
   if (w.format == WeightFormat::w8 || w.format == WeightFormat::e4m3) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, w.k % 64 == 0, "Model: ", name_of(w.format), " weight with k = ", w.k,

@@ -151,10 +151,11 @@ void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight&
   if (q.size(0) == 0) return;
   const LinearActivation act =
       q.dtype() == ScalarType::e4m3 ? LinearActivation::fp8_per_token : LinearActivation::int8_per_token;
-  if ((q.dtype() != ScalarType::s8 || w.format != WeightFormat::w8) &&
-      (q.dtype() != ScalarType::e4m3 || w.format != WeightFormat::e4m3))
+  const bool s8_weight =
+      w.format == WeightFormat::w8 || w.format == WeightFormat::qoq || w.format == WeightFormat::liquid;
+  if ((q.dtype() != ScalarType::s8 || !s8_weight) && (q.dtype() != ScalarType::e4m3 || w.format != WeightFormat::e4m3))
     LOWBIT_NOT_SUPPORTED(op, ": ", name_of(q.dtype()), " activations with a ", name_of(w.format),
-                         " weight (s8 goes with w8, e4m3 with e4m3)");
+                         " weight (s8 goes with w8, qoq or liquid, e4m3 with e4m3)");
   const kernels::GemmDesc desc = kernels::describe_gemm(dev, act, q.dtype(), y.dtype(), w, q.size(0), true);
   launch(kernels::select_gemm(desc, "", false, op).kernel, q, scales, w, bias, y, act, {});
 #endif

@@ -1,4 +1,4 @@
-// sm80-family (mma.sync) packing of group-wise u4 weights (WeightFormat::w4), done once on the host
+// sm80-family (mma.sync) packing of group-wise u4 weights (WeightFormat::w4; qoq/liquid: pack_sm80_w4a8.cpp), done once on the host
 // at load time so that the W4A16 kernel (cpp/kernels/sm80/gemm_w4a16_sm80.cu) reads each warp's
 // operands with one 16-byte load per lane and dequantizes them straight into mma fragments
 // (TurboMind §4.1: offline layout in MMA order, 16-byte loads, lop3 u4->f16).
@@ -64,7 +64,7 @@ void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
 }
 
 void check_w4_for_sm80(const QuantizedWeight& w) {
-  LOWBIT_CHECK(w.format == WeightFormat::w4, "pack_sm80: only w4 and f16 weights have an sm80 layout, got format code ",
+  LOWBIT_CHECK(w.format == WeightFormat::w4, "pack_sm80: only w4, qoq, liquid and f16 weights have an sm80 layout, got format code ",
                static_cast<int>(w.format));
   LOWBIT_CHECK(w.k % kChunkK == 0, "pack_sm80: k must be a multiple of ", kChunkK, ", got k=", w.k);
   LOWBIT_CHECK(w.group >= kChunkK && w.group % kChunkK == 0, "pack_sm80: group must be a multiple of ", kChunkK,
@@ -88,6 +88,7 @@ PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
     p.data = w.q.contiguous().to(device);
     return p;
   }
+  if (w.format == WeightFormat::qoq || w.format == WeightFormat::liquid) return pack_sm80_w4a8(w, device);
   check_w4_for_sm80(w);
   const Tensor q = w.q.to(Device::cpu()).contiguous();
   const Tensor s = w.scales.to(Device::cpu()).contiguous();
@@ -132,6 +133,7 @@ QuantizedWeight unpack_sm80(const PackedWeight& p) {
     w.q = p.data.to(Device::cpu()).contiguous();
     return w;
   }
+  if (p.format == WeightFormat::qoq || p.format == WeightFormat::liquid) return unpack_sm80_w4a8(p);
   LOWBIT_CHECK(p.format == WeightFormat::w4 && p.target == PackTarget::sm80, "unpack_sm80: expected a w4 weight "
                "packed for sm80, got format code ", static_cast<int>(p.format), " target code ",
                static_cast<int>(p.target));

@@ -2,6 +2,8 @@
 // Their can_run is plain C++ so that a CPU-only build still knows them (docs/support.md); the
 // launches exist only in CUDA builds. GPU linears compute in f16 and take the bias in f16.
 #include "kernels/registry/registration.h"
+
+#include <utility>
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
 #include "lowbit/cuda/kernels.h"
@@ -133,6 +135,19 @@ void launch_w4a16(const GemmArgs& a) {
 
 }  // namespace
 
+// The activations as 8-bit codes and per-token scales: f16 rows are quantized here; codes the fused
+// norm made pass through.
+std::pair<Tensor, Tensor> codes_of(const GemmArgs& a, bool fp8, cudaStream_t stream) {
+  if (a.x.dtype() != ScalarType::f16) return {a.x, a.x_scales};
+  Tensor xq = Tensor::empty({a.x.size(0), a.x.size(1)}, fp8 ? ScalarType::e4m3 : ScalarType::s8, a.x.device());
+  Tensor xs = Tensor::empty({a.x.size(0)}, ScalarType::f32, a.x.device());
+  if (fp8)
+    cuda::quantize_per_token_e4m3(a.x, xq, xs, stream);
+  else
+    cuda::quantize_per_token_s8(a.x, xq, xs, stream);
+  return {xq, xs};
+}
+
 // Runs an 8-bit GEMM on `kernel`, quantizing f16 rows per token first when x is not codes yet.
 void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8) {
   cuda::Gemm8Options o;
@@ -141,15 +156,7 @@ void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8) {
   o.sm90_pairs = a.tuning.sm90_pairs;
   o.fp8_fast_accum = a.tuning.fp8_fast_accum;
   const cudaStream_t stream = cuda::current_stream();
-  Tensor xq = a.x, xs = a.x_scales;
-  if (a.x.dtype() == ScalarType::f16) {
-    xq = Tensor::empty({a.x.size(0), a.x.size(1)}, fp8 ? ScalarType::e4m3 : ScalarType::s8, a.x.device());
-    xs = Tensor::empty({a.x.size(0)}, ScalarType::f32, a.x.device());
-    if (fp8)
-      cuda::quantize_per_token_e4m3(a.x, xq, xs, stream);
-    else
-      cuda::quantize_per_token_s8(a.x, xq, xs, stream);
-  }
+  const auto [xq, xs] = codes_of(a, fp8, stream);
   if (fp8)
     cuda::gemm_fp8(xq, xs, a.w.data, a.w.scales, a.y, stream, o);
   else
@@ -159,6 +166,14 @@ void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8) {
 
 namespace {
 void launch_w8a8_sm80(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, false); }
+void launch_w4a8_sm80(const GemmArgs& a) {
+  const cudaStream_t stream = cuda::current_stream();
+  const auto [xq, xs] = codes_of(a, false, stream);
+  cuda::W4A8Options o;
+  o.pdl = a.tuning.pdl;
+  cuda::gemm_w4a8(xq, xs, a.w, a.y, stream, o);
+  add_bias(a);
+}
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
 }  // namespace
 #define LOWBIT_GPU_LAUNCH(f) f
@@ -178,6 +193,18 @@ Fit fp8_sm89_can_run(const GemmDesc& d, std::string* why) {
   return f;
 }
 int rank_one(const GemmDesc&) { return 1; }
+
+Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
+  if (!gpu_gemm_common(d, why, 80)) return Fit::no;
+  if (d.act != ActivationMode::int8_per_token) return refuse(why, "int8_per_token activations only");
+  if (d.weight != WeightFormat::qoq && d.weight != WeightFormat::liquid)
+    return refuse(why, std::string("needs qoq or liquid weights, got ") + name_of(d.weight));
+  if (d.x_type != ScalarType::f16 && d.x_type != ScalarType::s8) return refuse(why, "needs f16 rows or s8 codes");
+  if (d.group % 64 != 0)
+    return refuse(why, "group " + std::to_string(d.group) + " has no W4A8 GPU kernel (groups must be multiples of 64)");
+  if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
+  return fits(why, "u4 -> s8 in registers ((q*s + a) ^ 0x80 per byte), s8 mma.sync, int32 accumulators, split-K");
+}
 }  // namespace
 
 void register_gemm_sm80(std::vector<GemmKernel>& out) {
@@ -194,6 +221,8 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  LOWBIT_GPU_LAUNCH((launch_w4a16<cuda::W4A16Kernel::large>))});
   out.push_back({"gemm_w8a8_sm80", "W8A8 s8 x s8 mma.sync, per-token activations", w8a8_sm80_can_run, rank_one,
                  LOWBIT_GPU_LAUNCH(launch_w8a8_sm80)});
+  out.push_back({"gemm_w4a8_sm80", "W4A8 QoQ / LiquidQuant u4 weights x s8 per-token activations, mma.sync",
+                 w4a8_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w4a8_sm80)});
   out.push_back({"gemm_fp8_sm89", "FP8 e4m3 x e4m3 mma.sync (sm_89+), per-token activations", fp8_sm89_can_run,
                  rank_one, LOWBIT_GPU_LAUNCH(launch_fp8_sm89)});
 }

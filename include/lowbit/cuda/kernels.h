@@ -32,6 +32,19 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
+// W4A8 over two-level weights (qoq / liquid packed by pack_sm80, on the device): y[m, n] =
+// (xq · Wᵀ)[m, n] * x_scale[m] * channel_scale[n], W the s8 weights (q*s + a) XOR 0x80 per group
+// (pack_sm80_w4a8.cpp), s8 xq [m, k] (16-byte aligned rows), f16 y; with an s32 y the raw int32
+// accumulators are written (x_scale ignored). mma.sync m16n8k32 on sm_80 and newer; split_k 0 picks
+// the split (int32 partials, allocated here); pdl as in W4A16Options.
+struct W4A8Options {
+  int split_k = 0;
+  bool pdl = true;
+};
+void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
+               const W4A8Options& options = {});
+int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device);
+
 // Per-token symmetric int8 activations: q = rint(x / s), s[m] = max|x[m, :]| / 127 (1 for a zero
 // row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].
 void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream);

@@ -37,5 +37,7 @@ PackedWeight pack_cpu(const QuantizedWeight& w);
 QuantizedWeight unpack_cpu(const PackedWeight& p);
 PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device);
 QuantizedWeight unpack_sm80(const PackedWeight& p);
+PackedWeight pack_sm80_w4a8(const QuantizedWeight& w, const Device& device);  // qoq / liquid (pack_sm80 routes here)
+QuantizedWeight unpack_sm80_w4a8(const PackedWeight& p);
 
 }  // namespace lowbit

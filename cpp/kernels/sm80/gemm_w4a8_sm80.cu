@@ -1,0 +1,398 @@
+// W4A8 GEMM for the sm80 family (mma.sync m16n8k32 s8 x s8 -> s32, sm_80 and newer) over the
+// two-level weights of QServe's QoQ and LiquidGEMM's LiquidQuant, packed by pack_sm80_w4a8
+// (cpp/quant/pack_sm80_w4a8.cpp documents the layout and why one dequant serves both formats).
+//
+// Yᵀ = W · Xᵀ as in the W4A16 kernel (gemm_w4a16_sm80.cu, whose pipeline this follows): the weight
+// is the A operand (16 rows x 32 k per mma), 8 tokens form B, a block owns kBlockN weight rows x
+// kBlockM tokens x a k-range (split-K across blocks), and every operand streams through a
+// multi-stage cp.async ring. Dequant happens in registers, straight into the A fragment: four u4
+// codes per byte-lane word become four s8 weights with one IMAD and one XOR, (q*s + a) ^ 0x80808080
+// (LiquidGEMM §5.1; no byte carries because q*s + a <= 255), and each dequantized fragment feeds all
+// of the warp's 8-token tiles. Products and sums stay in int32 for the whole k (exact), so split-K
+// partials are int32 too and the per-token x per-channel scales apply once, at the end.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "cuda/pdl.cuh"
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernels.h"
+#include "kernels/sm80/w4a16_common_sm80.cuh"
+
+namespace lowbit::cuda {
+namespace {
+
+using w4a16::cp_async16;
+using w4a16::cp_async_commit;
+using w4a16::cp_async_wait;
+using w4a16::kChunkBytes;
+using w4a16::kChunkK;
+using w4a16::kTileN;
+
+struct W4A8Args {
+  const int8_t* x;  // s8 [m, k], row stride ldx
+  int64_t ldx;
+  const float* x_scale;  // [m]; unused for raw output
+  const uint8_t* w;      // packed tiles
+  const uint8_t* steps;  // [G, npad]
+  const uint8_t* offsets;
+  const float* channel_scale;  // [npad]
+  void* y;                     // f16 scaled, or s32 raw accumulators
+  int64_t ldy;
+  int32_t* partial;  // [split, m, n] when split > 1
+  int m, n, k, group, npad, chunks_per_split;
+  bool raw, pdl;
+};
+
+// Block shape as in gemm_w4a16_sm80.cu: kWarpsN x kWarpsM warps, each owning kTilesN 16-row weight
+// tiles x kTilesM 8-token tiles; kChunks 64-k chunks per stage, kStages stages.
+template <int kWarpsN_, int kWarpsM_, int kTilesN_, int kTilesM_, int kChunks_, int kStages_, int kMinBlocks_>
+struct Cfg {
+  static constexpr int kWarpsN = kWarpsN_, kWarpsM = kWarpsM_, kTilesN = kTilesN_, kTilesM = kTilesM_;
+  static constexpr int kChunks = kChunks_, kStages = kStages_, kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = 32 * kWarpsN * kWarpsM;
+  static constexpr int kBlockN = kTileN * kTilesN * kWarpsN, kBlockM = 8 * kTilesM * kWarpsM;
+  static constexpr int kBlockTiles = kBlockN / kTileN;
+  static constexpr int kWBytes = kBlockTiles * kChunks * kChunkBytes;
+  static constexpr int kPBytes = kChunks * 2 * kBlockN;  // [chunk][step | offset][kBlockN] u8
+  // Activations chunk-major, [chunk][token][64 bytes]: lanes (g, t) read 16 bytes at token g, byte
+  // 16t, so each 8-lane phase covers 128 consecutive bytes (no bank conflicts, no padding).
+  static constexpr int kXBytes = kChunks * kBlockM * kChunkK;
+  static constexpr int kStageBytes = kWBytes + kPBytes + kXBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kBlockN % 16 == 0, "parameter rows are copied in 16-byte units");
+};
+
+template <class C>
+__device__ inline void load_stage(const W4A8Args& p, uint8_t* stage, int kc0, int kc_end, int n0, int m0) {
+  const int tid = threadIdx.x, k_chunks = p.k / kChunkK, n_tiles = (p.n + kTileN - 1) / kTileN;
+  constexpr int kWUnits = C::kBlockTiles * C::kChunks * 32;  // 16-byte units
+#pragma unroll
+  for (int u0 = 0; u0 < kWUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (kWUnits % C::kThreads != 0 && u >= kWUnits) break;
+    const int tile = u / (C::kChunks * 32), rest = u % (C::kChunks * 32);
+    const int nt = n0 / kTileN + tile;
+    if (nt < n_tiles && kc0 + rest / 32 < kc_end)
+      cp_async16(stage + u * 16, p.w + (static_cast<int64_t>(nt) * k_chunks + kc0) * kChunkBytes + rest * 16);
+  }
+  constexpr int kRowUnits = C::kBlockN / 16;
+  constexpr int kPUnits = C::kChunks * 2 * kRowUnits;
+#pragma unroll
+  for (int u0 = 0; u0 < kPUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (u >= kPUnits) break;
+    const int c = u / (2 * kRowUnits), which = (u / kRowUnits) % 2, off = (u % kRowUnits) * 16;
+    const int kc = kc0 + c;
+    if (kc < kc_end && n0 + off < p.npad) {
+      const uint8_t* src = (which ? p.offsets : p.steps) + static_cast<int64_t>(kc * kChunkK / p.group) * p.npad + n0 + off;
+      cp_async16(stage + C::kWBytes + u * 16, src);
+    }
+  }
+  constexpr int kXUnits = C::kChunks * C::kBlockM * (kChunkK / 16);
+  uint8_t* x_base = stage + C::kWBytes + C::kPBytes;
+#pragma unroll
+  for (int u0 = 0; u0 < kXUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (kXUnits % C::kThreads != 0 && u >= kXUnits) break;
+    const int c = u / (C::kBlockM * 4), r = (u / 4) % C::kBlockM, q = u % 4;
+    if (m0 + r < p.m && kc0 + c < kc_end)
+      cp_async16(x_base + u * 16, p.x + (m0 + r) * p.ldx + (kc0 + c) * kChunkK + q * 16);
+  }
+}
+
+__device__ inline void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four u4 codes, one per byte, to four s8 weights: (q*s + a) XOR 0x80 per byte. `offset4` is a
+// replicated into every byte; q*s <= 240 and q*s + a <= 255 keep each byte's sum inside its byte.
+__device__ inline uint32_t dequant_bytes(uint32_t codes, uint32_t step, uint32_t offset4) {
+  return (codes * step + offset4) ^ 0x80808080u;
+}
+
+// One warp's share of a stage: per chunk and k32 step, each weight tile is dequantized once into
+// its A fragment and multiplied into all of the warp's 8-token tiles.
+template <class C>
+__device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_n, int warp_m,
+                                     int (&acc)[C::kTilesN][C::kTilesM][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint4* ws = reinterpret_cast<const uint4*>(stage);
+  const uint8_t* ps = stage + C::kWBytes;
+  const uint8_t* xs = stage + C::kWBytes + C::kPBytes;
+#pragma unroll
+  for (int c = 0; c < C::kChunks; ++c) {
+    if (c >= chunks) break;
+    uint4 wv[C::kTilesN];
+    uint32_t s_g[C::kTilesN], s_g8[C::kTilesN], a_g[C::kTilesN], a_g8[C::kTilesN];
+#pragma unroll
+    for (int i = 0; i < C::kTilesN; ++i) {
+      const int tile = warp_n * C::kTilesN + i, row = tile * kTileN + g;
+      wv[i] = ws[(tile * C::kChunks + c) * 32 + lane];
+      const uint8_t* pc = ps + c * 2 * C::kBlockN;
+      s_g[i] = pc[row];
+      s_g8[i] = pc[row + 8];
+      a_g[i] = pc[C::kBlockN + row] * 0x01010101u;
+      a_g8[i] = pc[C::kBlockN + row + 8] * 0x01010101u;
+    }
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      // Lane (g, t) holds actual k [16t + 8 step, + 8) of token g: b0 = the first four, b1 the rest.
+      uint2 xv[C::kTilesM];
+#pragma unroll
+      for (int j = 0; j < C::kTilesM; ++j) {
+        const int r = (warp_m * C::kTilesM + j) * 8 + g;
+        xv[j] = *reinterpret_cast<const uint2*>(xs + (c * C::kBlockM + r) * kChunkK + 16 * t + 8 * step);
+      }
+#pragma unroll
+      for (int i = 0; i < C::kTilesN; ++i) {
+        const uint32_t w_g = step ? wv[i].z : wv[i].x, w_g8 = step ? wv[i].w : wv[i].y;
+        const uint32_t a[4] = {dequant_bytes(w_g & 0x0f0f0f0fu, s_g[i], a_g[i]),
+                               dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8[i], a_g8[i]),
+                               dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g[i], a_g[i]),
+                               dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8[i], a_g8[i])};
+#pragma unroll
+        for (int j = 0; j < C::kTilesM; ++j) mma_s8_16832(acc[i][j], a, xv[j].x, xv[j].y);
+      }
+    }
+  }
+}
+
+__device__ inline void store_output(const W4A8Args& p, int token, int col, int v) {
+  if (p.raw)
+    static_cast<int32_t*>(p.y)[token * p.ldy + col] = v;
+  else
+    static_cast<__half*>(p.y)[token * p.ldy + col] =
+        __float2half_rn(static_cast<float>(v) * p.x_scale[token] * p.channel_scale[col]);
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a8_kernel(W4A8Args p) {
+  extern __shared__ uint4 smem_u4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp_n = warp % C::kWarpsN, warp_m = warp / C::kWarpsN;
+  const int m0 = blockIdx.x * C::kBlockM, n0 = blockIdx.y * C::kBlockN;
+  const int k_chunks = p.k / kChunkK;
+  const int kc_begin = blockIdx.z * p.chunks_per_split;
+  const int kc_end = min(kc_begin + p.chunks_per_split, k_chunks);
+  const int iters = kc_end > kc_begin ? (kc_end - kc_begin + C::kChunks - 1) / C::kChunks : 0;
+  const bool active = n0 + warp_n * C::kTilesN * kTileN < p.n && m0 + warp_m * C::kTilesM * 8 < p.m;
+  if (p.pdl) {
+    // The packed weights do not depend on the kernel before this one (cuda/pdl.cuh): pull this
+    // block's first stages into L2 while it finishes, then wait for x.
+    const int chunks = min((C::kStages - 1) * C::kChunks, kc_end - kc_begin);
+    const int lines = chunks * (kChunkBytes / 128), n_tiles = (p.n + kTileN - 1) / kTileN;
+    for (int u = threadIdx.x; u < C::kBlockTiles * lines; u += C::kThreads) {
+      const int nt = n0 / kTileN + u / lines;
+      if (nt < n_tiles) {
+        const uint8_t* line = p.w + (static_cast<int64_t>(nt) * k_chunks + kc_begin) * kChunkBytes + (u % lines) * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+      }
+    }
+    pdl_wait_for_producers();
+  }
+
+  int acc[C::kTilesN][C::kTilesM][4] = {};
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < iters) load_stage<C>(p, smem + s * C::kStageBytes, kc_begin + s * C::kChunks, kc_end, n0, m0);
+    cp_async_commit();  // one group per stage, empty or not, so the wait count below is uniform
+  }
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    const int next = it + C::kStages - 1;
+    if (next < iters)
+      load_stage<C>(p, smem + (next % C::kStages) * C::kStageBytes, kc_begin + next * C::kChunks, kc_end, n0, m0);
+    cp_async_commit();
+    const int kc0 = kc_begin + it * C::kChunks;
+    if (active) compute_stage<C>(smem + (it % C::kStages) * C::kStageBytes, kc_end - kc0, warp_n, warp_m, acc);
+  }
+  cp_async_wait<0>();
+
+  // acc[i][j]: c0,c1 = weight row g, tokens 2t, 2t+1; c2,c3 = weight row g+8, same tokens.
+#pragma unroll
+  for (int i = 0; i < C::kTilesN; ++i)
+#pragma unroll
+    for (int j = 0; j < C::kTilesM; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int token = m0 + (warp_m * C::kTilesM + j) * 8 + 2 * t + (c & 1);
+        const int col = n0 + (warp_n * C::kTilesN + i) * kTileN + g + (c >> 1) * 8;
+        if (token >= p.m || col >= p.n) continue;
+        if (gridDim.z == 1)
+          store_output(p, token, col, acc[i][j][c]);
+        else
+          p.partial[(static_cast<int64_t>(blockIdx.z) * p.m + token) * p.n + col] = acc[i][j][c];
+      }
+}
+
+// Sums the int32 split-K partials (exact in any order) and applies the scales.
+__global__ void sum_partials_kernel(W4A8Args p, int split) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(p.m) * p.n) return;
+  int s = 0;
+  for (int z = 0; z < split; ++z) s += p.partial[z * static_cast<int64_t>(p.m) * p.n + i];
+  store_output(p, static_cast<int>(i / p.n), static_cast<int>(i % p.n), s);
+}
+
+// Shapes by token count, as the W4A16 kernel's: decode (<= 16 tokens) 8 warps x one 16-row tile,
+// 128 weight rows per block, two chunks per stage; up to 64 tokens, up to 8 token tiles per warp;
+// more tokens, 128 x 128 blocks of 2 x 8 tiles per warp.
+using CfgM8 = Cfg<8, 1, 1, 1, 2, 4, 4>;
+using CfgM16 = Cfg<8, 1, 1, 2, 2, 4, 4>;
+using CfgM32 = Cfg<8, 1, 1, 4, 2, 4, 2>;
+using CfgM64 = Cfg<8, 1, 1, 8, 2, 4, 2>;
+using CfgLarge = Cfg<4, 2, 2, 8, 2, 4, 1>;
+
+enum class Shape { m8, m16, m32, m64, large };
+Shape shape_for(int64_t m) {
+  return m <= 8 ? Shape::m8 : m <= 16 ? Shape::m16 : m <= 32 ? Shape::m32 : m <= 64 ? Shape::m64 : Shape::large;
+}
+
+struct ShapeInfo {
+  int block_n, block_m, blocks_per_sm;
+};
+
+// Raises the kernel's dynamic shared-memory limit (once per device) and reports its occupancy.
+template <class C>
+ShapeInfo prepare(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;  // blocks per SM, 0 = not yet prepared
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1, 0);
+  if (cache[device] == 0) {
+    const char* op = "gemm_w4a8";
+    int previous = 0;
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&previous));
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w4a8_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               C::kSmemBytes));
+    int blocks = 0;
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_w4a8_kernel<C>, C::kThreads,
+                                                                        C::kSmemBytes));
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(previous));
+    LOWBIT_CHECK(blocks > 0, op, ": the kernel for this token count does not fit on device ", device);
+    cache[device] = blocks;
+  }
+  return {C::kBlockN, C::kBlockM, cache[device]};
+}
+
+ShapeInfo prepare(Shape s, int device) {
+  switch (s) {
+    case Shape::m8: return prepare<CfgM8>(device);
+    case Shape::m16: return prepare<CfgM16>(device);
+    case Shape::m32: return prepare<CfgM32>(device);
+    case Shape::m64: return prepare<CfgM64>(device);
+    default: return prepare<CfgLarge>(device);
+  }
+}
+
+template <class C>
+void launch(const W4A8Args& p, int split, cudaStream_t stream) {
+  const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
+  launch_maybe_pdl("gemm_w4a8", p.pdl, gemm_w4a8_kernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
+}
+
+}  // namespace
+
+// Split-K as the W4A16 kernel picks it: fill one wave of resident blocks when the (n, m) tiles
+// alone do not, with at least 4 chunks per split and the int32 partials (8 bytes per split and
+// output, written then read) below the weight bytes n*k/2.
+int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device) {
+  const ShapeInfo info = prepare(shape_for(m), device);
+  const int64_t k_chunks = k / kChunkK;
+  const int64_t tiles = ((n + info.block_n - 1) / info.block_n) * ((m + info.block_m - 1) / info.block_m);
+  const int64_t slots = static_cast<int64_t>(info.blocks_per_sm) * multiprocessor_count(device);
+  int64_t split = std::max<int64_t>(1, slots / std::max<int64_t>(tiles, 1));
+  split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * std::max<int64_t>(m, 1))));
+  split = std::min<int64_t>(split, std::max<int64_t>(1, k_chunks / 4));
+  split = std::min<int64_t>(split, 64);
+  const int64_t per = (k_chunks + split - 1) / split;
+  return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
+}
+
+void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
+               const W4A8Options& options) {
+  const char* op = "gemm_w4a8";
+  LOWBIT_CHECK((w.format == WeightFormat::qoq || w.format == WeightFormat::liquid) && w.target == PackTarget::sm80,
+               op, ": argument 'w' must be a qoq or liquid weight packed for sm80 (pack_sm80), got ",
+               name_of(w.format), " for ", name_of(w.target));
+  check_cuda_tensor(xq, op, "xq");
+  check_dtype(xq, ScalarType::s8, op, "xq");
+  check_dim(xq, 2, op, "xq");
+  const int64_t m = xq.size(0), n = w.n, k = w.k;
+  LOWBIT_CHECK(xq.size(1) == k, op, ": argument 'xq' has ", xq.size(1), " features but the weight expects k=", k);
+  LOWBIT_CHECK(xq.stride(1) == 1 && xq.stride(0) % 16 == 0 && reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0,
+               op, ": argument 'xq' needs unit stride in the last dim, a row stride divisible by 16 and a 16-byte "
+               "aligned start, got strides ", shape_str(xq.strides()));
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, k % kChunkK == 0 && w.group % kChunkK == 0, op,
+                    ": the packed weight needs k and group multiples of ", kChunkK, ", got k=", k, " group=", w.group);
+  const int64_t groups = (k + w.group - 1) / w.group, npad = (n + kTileN - 1) / kTileN * kTileN;
+  check_shape(w.data, {(n + kTileN - 1) / kTileN, (k / kChunkK) * kChunkBytes}, op, "w.data");
+  check_shape(w.scales, {groups, npad}, op, "w.scales");
+  check_shape(w.zeros, {groups, npad}, op, "w.zeros");
+  check_shape(w.channel_scales, {npad}, op, "w.channel_scales");
+  check_dtype(w.scales, ScalarType::u8, op, "w.scales");
+  check_dtype(w.zeros, ScalarType::u8, op, "w.zeros");
+  check_dtype(w.channel_scales, ScalarType::f32, op, "w.channel_scales");
+  for (const Tensor* t : {&w.data, &w.scales, &w.zeros, &w.channel_scales}) {
+    check_same_device(*t, xq, op, "w");
+    LOWBIT_CHECK(t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op,
+                 ": the packed weight's data, scales, zeros and channel_scales must be contiguous with 16-byte "
+                 "aligned starts");
+  }
+  check_same_device(y, xq, op, "y");
+  const bool raw = y.dtype() == ScalarType::s32;
+  LOWBIT_CHECK_KIND(ErrorKind::kType, raw || y.dtype() == ScalarType::f16, op,
+                    ": argument 'y' must be f16 (scaled) or s32 (raw accumulators), got ", name_of(y.dtype()));
+  check_shape(y, {m, n}, op, "y");
+  LOWBIT_CHECK(y.stride(1) == 1, op, ": argument 'y' needs unit stride in the last dim");
+  if (!raw) {
+    check_defined(x_scale, op, "x_scale");
+    check_same_device(x_scale, xq, op, "x_scale");
+    check_dtype(x_scale, ScalarType::f32, op, "x_scale");
+    check_shape(x_scale, {m}, op, "x_scale");
+    check_contiguous(x_scale, op, "x_scale");
+  }
+  LOWBIT_CHECK(m <= (1LL << 30) && n * k < (1LL << 40) && n <= (1LL << 22), op, ": problem too large");
+  if (m == 0 || n == 0) return;
+
+  const int dev = xq.device().index;
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  const Shape shape = shape_for(m);
+  prepare(shape, dev);
+  const int k_chunks = static_cast<int>(k / kChunkK);
+  int split = options.split_k > 0 ? std::min(options.split_k, k_chunks) : gemm_w4a8_pick_split(m, n, k, dev);
+  const int per = (k_chunks + split - 1) / split;
+  split = (k_chunks + per - 1) / per;
+  LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
+  Tensor partial;
+  if (split > 1) partial = Tensor::empty({split * m * n}, ScalarType::s32, xq.device());
+
+  W4A8Args p{xq.data<int8_t>(), xq.stride(0), raw ? nullptr : x_scale.data<float>(), w.data.data<uint8_t>(),
+             w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(), w.channel_scales.data<float>(), y.data_ptr(),
+             y.stride(0), split > 1 ? partial.data<int32_t>() : nullptr, static_cast<int>(m), static_cast<int>(n),
+             static_cast<int>(k), w.group, static_cast<int>(npad), per, raw, options.pdl && pdl_supported(dev)};
+  switch (shape) {
+    case Shape::m8: launch<CfgM8>(p, split, stream); break;
+    case Shape::m16: launch<CfgM16>(p, split, stream); break;
+    case Shape::m32: launch<CfgM32>(p, split, stream); break;
+    case Shape::m64: launch<CfgM64>(p, split, stream); break;
+    default: launch<CfgLarge>(p, split, stream); break;
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  if (split > 1) {
+    const int64_t total = m * n;
+    sum_partials_kernel<<<(total + 255) / 256, 256, 0, stream>>>(p, split);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,182 @@
+// sm80-family packing of the two-level W4A8 weights (WeightFormat::qoq and ::liquid) for the W4A8
+// GEMM (cpp/kernels/sm80/gemm_w4a8_sm80.cu), done once on the host at load time.
+//
+// The kernel computes Yᵀ = W · Xᵀ with the weight as the A operand of mma.sync m16n8k32 s8 (16 weight
+// rows x 32 k) and 8 tokens as B, as the W4A16 kernel does (pack_sm80.cpp). The same per-warp
+// fragment is what an sm_90 wgmma with a register A operand takes, so one layout can feed both.
+// The 64 k of a chunk are permuted so that lane (g = lane/4, t = lane%4) owns actual k
+// [16t, 16t + 16): its activations are one 16-byte load per token. In k32 step j (0, 1) the A
+// fragment columns 4t..4t+3 hold actual k 16t+8j+0..3 and columns 16+4t..16+4t+3 hold 16t+8j+4..7.
+//
+// data   : u8 [ceil(n/16), k/64 * 512]. For n-tile nt, chunk kc and lane, the 16 bytes at
+//          ((nt*(k/64) + kc)*32 + lane)*16 are four 32-bit words: word 2j + h (step j, h = 0 for row g,
+//          1 for row g+8, rows relative to 16*nt). Byte b of a word holds two nibbles: the low one is
+//          actual k 16t+8j+b, the high one k 16t+8j+4+b (k relative to 64*kc). So
+//          (word & 0x0f0f0f0f) and ((word >> 4) & 0x0f0f0f0f) are the u4 codes of fragment registers
+//          a0/a2 (row g) or a1/a3 (row g+8), one code per byte.
+// scales : u8 [G, npad] group steps s (group-major, so a block reads its rows' steps contiguously).
+// zeros  : u8 [G, npad] offsets a, so that the s8 weight is (q*s + a) XOR 0x80 computed on bytes
+//          (LiquidGEMM §5.1: one IMAD and one XOR per four weights; no byte ever carries, since
+//          q*s + a <= 255). liquid stores a as it is. QoQ's s8 = q*s - z*s (QServe §3.1) is the same
+//          byte with a = 128 - z*s, exact whenever z*s <= 128, which QoQ's own quantizer guarantees
+//          (z*s <= -min + s/2 <= 119 + 8); given parameters with a larger z*s are refused.
+// channel_scales: f32 [npad], the level-1 per-channel scale (0 on padding rows).
+// Rows past n are zero-padded with s = 0 and a = 128, i.e. s8 weight 0. k and the group must be
+// multiples of 64 (the last group may be short: k = 576 with g128).
+#include <cstring>
+
+#include "lowbit/quant/pack.h"
+
+namespace lowbit {
+namespace {
+
+constexpr int kTileN = 16, kChunkK = 64, kChunkBytes = 512;
+
+inline uint8_t get_u4(const uint8_t* q, int64_t row, int64_t col, int64_t k) {
+  const int64_t e = row * k + col;
+  return (q[e >> 1] >> ((e & 1) * 4)) & 0xF;
+}
+inline void set_u4(uint8_t* q, int64_t row, int64_t col, int64_t k, uint8_t v) {
+  const int64_t e = row * k + col;
+  const int shift = (e & 1) * 4;
+  q[e >> 1] = static_cast<uint8_t>((q[e >> 1] & ~(0xF << shift)) | ((v & 0xF) << shift));
+}
+
+// Calls fn(byte_offset_of_word, nibble, row, col) for every weight of the packed layout.
+template <typename Fn>
+void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
+  const int64_t n_tiles = (n + kTileN - 1) / kTileN, k_chunks = k / kChunkK;
+  for (int64_t nt = 0; nt < n_tiles; ++nt)
+    for (int64_t kc = 0; kc < k_chunks; ++kc)
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        for (int word = 0; word < 4; ++word) {
+          const int step = word / 2, h = word % 2;
+          const int64_t offset = ((nt * k_chunks + kc) * 32 + lane) * 16 + 4 * word;
+          for (int i = 0; i < 8; ++i) {
+            const int byte = i / 2, high = i % 2;
+            const int64_t row = nt * kTileN + g + 8 * h;
+            const int64_t col = kc * kChunkK + 16 * t + 8 * step + 4 * high + byte;
+            fn(offset, i, row, col);
+          }
+        }
+      }
+}
+
+// Nibble i of a word sits at bit 4i: byte i/2, low nibble for even i.
+inline int nibble_shift(int i) { return 4 * i; }
+
+void check_two_level_for_sm80(const QuantizedWeight& w) {
+  LOWBIT_CHECK(w.k % kChunkK == 0, "pack_sm80: ", name_of(w.format), " weight needs k a multiple of ", kChunkK,
+               ", got k=", w.k);
+  LOWBIT_CHECK(w.group >= kChunkK && w.group % kChunkK == 0, "pack_sm80: ", name_of(w.format),
+               " weight needs a group that is a multiple of ", kChunkK, " (g64, g128), got ", w.group);
+  check_dtype(w.q, ScalarType::u4, "pack_sm80", "q");
+  check_shape(w.q, {w.n, w.k}, "pack_sm80", "q");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&w.scales, "scales"}, {&w.zeros, "zeros"}}) {
+    check_dtype(*t, ScalarType::u8, "pack_sm80", name);
+    check_shape(*t, {w.n, w.num_groups()}, "pack_sm80", name);
+  }
+  check_dtype(w.channel_scales, ScalarType::f32, "pack_sm80", "channel_scales");
+  check_shape(w.channel_scales, {w.n}, "pack_sm80", "channel_scales");
+}
+
+}  // namespace
+
+PackedWeight pack_sm80_w4a8(const QuantizedWeight& w, const Device& device) {
+  LOWBIT_CHECK(w.format == WeightFormat::qoq || w.format == WeightFormat::liquid,
+               "pack_sm80_w4a8: expected a qoq or liquid weight, got ", name_of(w.format));
+  check_two_level_for_sm80(w);
+  const bool qoq = w.format == WeightFormat::qoq;
+  const Tensor q = w.q.to(Device::cpu()).contiguous();
+  const Tensor s = w.scales.to(Device::cpu()).contiguous();
+  const Tensor z = w.zeros.to(Device::cpu()).contiguous();
+  const Tensor cs = w.channel_scales.to(Device::cpu()).contiguous();
+  const int64_t n = w.n, k = w.k, groups = w.num_groups();
+  const int64_t n_tiles = (n + kTileN - 1) / kTileN, npad = n_tiles * kTileN;
+
+  Tensor data = Tensor::zeros({n_tiles, (k / kChunkK) * kChunkBytes}, ScalarType::u8);
+  const uint8_t* qp = q.data<uint8_t>();
+  uint8_t* dp = data.data<uint8_t>();
+  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
+    if (row >= n) return;  // padding rows stay 0
+    uint32_t v;
+    std::memcpy(&v, dp + word, 4);
+    v |= static_cast<uint32_t>(get_u4(qp, row, col, k)) << nibble_shift(i);
+    std::memcpy(dp + word, &v, 4);
+  });
+
+  Tensor steps = Tensor::zeros({groups, npad}, ScalarType::u8);
+  Tensor offsets = Tensor::empty({groups, npad}, ScalarType::u8);
+  offsets.fill_bytes_(128);
+  Tensor channel = Tensor::zeros({npad}, ScalarType::f32);
+  const uint8_t* sp = s.data<uint8_t>();
+  const uint8_t* zp = z.data<uint8_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    channel.data<float>()[r] = cs.data<float>()[r];
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int step = sp[r * groups + gi], zero = zp[r * groups + gi];
+      int offset = zero;
+      if (qoq) {
+        offset = 128 - zero * step;
+        LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, offset >= 0, "pack_sm80: qoq weight row ", r, " group ", gi,
+                          " has z*s = ", zero, "*", step, " = ", zero * step,
+                          " > 128, which the GPU's (q*s + 128 - z*s) XOR 0x80 byte dequant cannot hold; "
+                          "requantize it with lowbit's QoQ quantizer or run it on device='cpu'");
+      }
+      steps.data<uint8_t>()[gi * npad + r] = static_cast<uint8_t>(step);
+      offsets.data<uint8_t>()[gi * npad + r] = static_cast<uint8_t>(offset);
+    }
+  }
+
+  PackedWeight p = packed_header(w, PackTarget::sm80);
+  p.data = data.to(device);
+  p.scales = steps.to(device);
+  p.zeros = offsets.to(device);
+  p.channel_scales = channel.to(device);
+  return p;
+}
+
+QuantizedWeight unpack_sm80_w4a8(const PackedWeight& p) {
+  LOWBIT_CHECK((p.format == WeightFormat::qoq || p.format == WeightFormat::liquid) && p.target == PackTarget::sm80,
+               "unpack_sm80_w4a8: expected a qoq or liquid weight packed for sm80, got ", name_of(p.format), " for ",
+               name_of(p.target));
+  const int64_t n = p.n, k = p.k;
+  QuantizedWeight w = unpacked_header(p);
+  const int64_t groups = w.num_groups(), n_tiles = (n + kTileN - 1) / kTileN, npad = n_tiles * kTileN;
+  check_shape(p.data, {n_tiles, (k / kChunkK) * kChunkBytes}, "unpack_sm80_w4a8", "data");
+  check_shape(p.scales, {groups, npad}, "unpack_sm80_w4a8", "scales");
+  check_shape(p.zeros, {groups, npad}, "unpack_sm80_w4a8", "zeros");
+  check_shape(p.channel_scales, {npad}, "unpack_sm80_w4a8", "channel_scales");
+
+  const Tensor data = p.data.to(Device::cpu()).contiguous();
+  const uint8_t* dp = data.data<uint8_t>();
+  w.q = Tensor::zeros({n, k}, ScalarType::u4);
+  uint8_t* qp = w.q.data<uint8_t>();
+  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
+    if (row >= n) return;
+    uint32_t v;
+    std::memcpy(&v, dp + word, 4);
+    set_u4(qp, row, col, k, static_cast<uint8_t>((v >> nibble_shift(i)) & 0xF));
+  });
+
+  const Tensor s = p.scales.to(Device::cpu()).contiguous();
+  const Tensor a = p.zeros.to(Device::cpu()).contiguous();
+  const Tensor cs = p.channel_scales.to(Device::cpu()).contiguous();
+  w.scales = Tensor::empty({n, groups}, ScalarType::u8);
+  w.zeros = Tensor::empty({n, groups}, ScalarType::u8);
+  w.channel_scales = Tensor::empty({n}, ScalarType::f32);
+  for (int64_t r = 0; r < n; ++r) {
+    w.channel_scales.data<float>()[r] = cs.data<float>()[r];
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      const int step = s.data<uint8_t>()[gi * npad + r], offset = a.data<uint8_t>()[gi * npad + r];
+      w.scales.data<uint8_t>()[r * groups + gi] = static_cast<uint8_t>(step);
+      // qoq: a = 128 - z*s, so z = (128 - a) / s exactly.
+      w.zeros.data<uint8_t>()[r * groups + gi] =
+          static_cast<uint8_t>(p.format == WeightFormat::qoq ? (128 - offset) / step : offset);
+    }
+  }
+  return w;
+}
+
+}  // namespace lowbit
