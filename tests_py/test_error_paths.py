@@ -63,7 +63,15 @@ for c in cases:
 ns = {"torch": torch, "np": np, "lowbit": lowbit, "C": C, "GPU": GPU, "WORKDIR": spec["workdir"],
       "cuda_labelled": cuda_labelled}
 if any(applies[c["when"]] for c in cases):
-    exec(spec["prelude"], ns)
+    try:
+        exec(spec["prelude"], ns)
+    except BaseException as e:  # pytest.importorskip in a prelude: an optional module is missing here
+        if type(e).__name__ != "Skipped":
+            raise
+        for c in cases:
+            if applies[c["when"]]:
+                emit(id=c["id"], skip=f"the area's prelude skipped: {e}")
+        sys.exit(0)
 for c in cases:
     if not applies[c["when"]]:
         continue
@@ -187,6 +195,16 @@ def test_case_ids_are_unique_per_area():
 
 
 # ---- the runner itself: a crash and a hang are reported by name, and the cases after them still run
+def test_runner_skips_an_area_whose_prelude_lacks_an_optional_module(workdir):
+    area = Area("needs_missing", "import pytest\npytest.importorskip('no_such_module_for_lowbit')", (
+        case("one", "raise ValueError('x')", "ValueError"),
+        case("gpu_only", "raise ValueError('x')", "ValueError", when="gpu"),
+    ))
+    res = run_area(area, workdir)
+    assert "no_such_module_for_lowbit" in res["one"]["skip"]
+    assert "skip" in res["gpu_only"] and "died" not in res["one"]
+
+
 def test_runner_names_the_signal_and_runs_the_cases_after_a_crash(workdir):
     area = Area("selftest", "def ok(): pass", (
         case("before", "raise ValueError('before')", "ValueError", "before"),
