@@ -227,10 +227,14 @@ void bind_cuda(nb::module_& m) {
 
   m.def(
       "gemm_w4a8",
-      [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream) {
+      [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
+         const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
+        const cuda::Gemm8Options choice = gemm8_options("gemm_w4a8", kernel, false, false);
         cuda::W4A8Options options;
         options.split_k = split_k;
+        options.kernel = choice.kernel;
+        options.sm90_split = choice.sm90_split;
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_w4a8(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
                         options);
@@ -239,9 +243,10 @@ void bind_cuda(nb::module_& m) {
 #endif
       },
       nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("w"), nb::arg("y"), nb::arg("split_k") = 0,
-      nb::arg("stream") = 0,
+      nb::arg("stream") = 0, nb::arg("kernel") = "",
       "GPU: y = (xq · Wᵀ) * x_scale[m] * channel_scale[n] for a qoq/liquid PackedWeight packed for sm80 on the "
-      "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). split_k 0 = automatic");
+      "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (wgmma on sm_90 from "
+      "128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8)");
 
   m.def(
       "quantize_per_token_e4m3",

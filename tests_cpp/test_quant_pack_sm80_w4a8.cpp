@@ -62,8 +62,9 @@ TEST_P(PackSm80W4A8, RoundTripsBitExactly) {
 
 // What the kernel does with lane (g, t)'s four words of a chunk: word 2j + h (row g + 8h, k32 step j),
 // low nibbles -> register a_h, high nibbles -> a_{h+2}, each byte (code*s + a) ^ 0x80 with its row's
-// group step s and offset a. Byte b of a0/a1 is mma column 4t+b (actual k 16t+8j+b), of a2/a3 column
-// 16+4t+b (actual k 16t+8j+4+b). Every byte must be the s8 weight at that (row, k); padding rows 0.
+// group step s and offset a. Byte b of a0/a1 is fragment column 4t+b of k32 step j, of a2/a3 column
+// 16+4t+b (the mma.sync m16n8k32 and wgmma m64nNk32 A layout), with no k permutation: actual k
+// 32j + column. Every byte must be the s8 weight at that (row, k); padding rows 0.
 TEST_P(PackSm80W4A8, KernelDequantGivesTheS8WeightsInMmaOrder) {
   const Case c = GetParam();
   const QuantizedWeight w = quantize_weight(random_weight(c.n, c.k, 11 + c.n + c.k * 5), c.format, c.group);
@@ -86,7 +87,7 @@ TEST_P(PackSm80W4A8, KernelDequantGivesTheS8WeightsInMmaOrder) {
           for (int hi = 0; hi < 2; ++hi)
             for (int b = 0; b < 4; ++b) {
               const int got = static_cast<int8_t>(regs[hi] >> (8 * b));
-              const int64_t col = kc * 64 + 16 * t + 8 * j + 4 * hi + b;
+              const int64_t col = kc * 64 + 32 * j + (hi ? 16 + 4 * t + b : 4 * t + b);
               const int want = row < c.n ? s8_reference(w, row, col) : 0;
               ASSERT_EQ(got, want) << "row " << row << " k " << col << " lane " << lane << " word " << word_i;
               ++checked;

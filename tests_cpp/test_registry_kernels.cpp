@@ -71,6 +71,7 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
   }
   for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
                         "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
+                        "gemm_w4a8_sm80", "gemm_w4a8_sm90",
                         "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80"})
     EXPECT_TRUE(names.count(n)) << n;
 }
@@ -142,6 +143,21 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
                "gemm_w8a8_sm90");
   EXPECT_STREQ(select_gemm(gpu_gemm(89, ActivationMode::fp8_per_token, WeightFormat::e4m3, 0, 8)).kernel->name,
                "gemm_fp8_sm89");
+  // W4A8: the mma.sync kernel below 128 tokens and on sm_80/89, the wgmma kernel from 128 tokens on sm_90.
+  for (const WeightFormat f : {WeightFormat::qoq, WeightFormat::liquid}) {
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 1)).kernel->name, "gemm_w4a8_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 127)).kernel->name,
+                 "gemm_w4a8_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 128)).kernel->name,
+                 "gemm_w4a8_sm90");
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 64, 1024)).kernel->name,
+                 "gemm_w4a8_sm90");
+    EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::int8_per_token, f, 128, 1024)).kernel->name,
+                 "gemm_w4a8_sm80");
+  }
+  const std::string w4a8_g32 = error_of(
+      [&] { select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, WeightFormat::qoq, 32, 512)); });
+  EXPECT_NE(w4a8_g32.find("gemm_w4a8_sm90: group 32 has no W4A8 GPU kernel"), std::string::npos) << w4a8_g32;
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::f16, 0, 1)).kernel->name,
                "gemm_f16_gemv_sm80");
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::f16, 0, 512)).kernel->name,

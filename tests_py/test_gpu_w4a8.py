@@ -8,6 +8,11 @@ import lowbit
 from lowbit import _core
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
+# Every kernel choice of gemm_w4a8 that runs here: the mma.sync kernel with split-K 0 (automatic), 1, 3;
+# on sm_90 the wgmma kernel with cluster split-K 0 (automatic), 1, 2, 4, 8.
+KERNELS = [("sm80", 0), ("sm80", 1), ("sm80", 3)] + (
+    [("sm90", 0), ("sm90:1", 0), ("sm90:2", 0), ("sm90:4", 0), ("sm90:8", 0)] if SM90 else [])
 
 
 def two_level_weight(fmt, n, k, group, seed, edge=False):
@@ -29,8 +34,11 @@ def s8_weights(qw):
     return q * s - z * s if qw.format == "qoq" else q * s + z - 128
 
 
+# (k % 128 == 64 leaves the wgmma kernel a one-chunk last stage; n % 128 != 0 a partial weight tile;
+# m past 128 and 256 partial token tiles.)
 CASES = [("qoq", 1, 16, 64, 64), ("liquid", 7, 130, 576, 64), ("qoq", 65, 200, 576, 128), ("liquid", 300, 96, 1024, 64),
-         ("qoq", 16, 4096, 4096, 128), ("liquid", 33, 256, 192, 64), ("qoq", 129, 48, 128, 64)]
+         ("qoq", 16, 4096, 4096, 128), ("liquid", 33, 256, 192, 64), ("qoq", 129, 48, 128, 64),
+         ("liquid", 128, 136, 320, 64), ("qoq", 257, 520, 704, 128), ("liquid", 600, 1000, 1088, 64)]
 
 
 @pytest.mark.parametrize("fmt,m,n,k,group", CASES)
@@ -40,11 +48,27 @@ def test_gemm_w4a8_int32_bit_exact(fmt, m, n, k, group):
     g = torch.Generator().manual_seed(m + n)
     xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
     ref = xq.long() @ s8_weights(qw).T
-    for split in (0, 1, 3):
+    for kernel, split in KERNELS:
         y = torch.full((m, n), -7, dtype=torch.int32, device="cuda")  # poisoned
-        _core.gemm_w4a8(xq.cuda(), None, pw, y, split_k=split)
+        _core.gemm_w4a8(xq.cuda(), None, pw, y, split_k=split, kernel=kernel)
         torch.cuda.synchronize()
-        assert torch.equal(y.cpu().long(), ref), f"split_k={split}"
+        assert torch.equal(y.cpu().long(), ref), f"kernel={kernel} split_k={split}"
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+def test_gemm_w4a8_sm90_strided_rows_and_automatic_choice():
+    """Activation rows further apart than k (a TMA row stride), and the op-level automatic choice (the
+    wgmma kernel from 128 tokens): both bit-exact."""
+    m, n, k = 384, 256, 512
+    qw = two_level_weight("liquid", n, k, 128, seed=9)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    wide = torch.randint(-127, 128, (m, k + 64), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    ref = wide[:, :k].long() @ s8_weights(qw).T
+    for kernel in ("sm90", ""):
+        y = torch.full((m, n), -7, dtype=torch.int32, device="cuda")
+        _core.gemm_w4a8(wide.cuda()[:, :k], None, pw, y, kernel=kernel)
+        torch.cuda.synchronize()
+        assert torch.equal(y.cpu().long(), ref), kernel
 
 
 @pytest.mark.parametrize("fmt", ["qoq", "liquid"])
@@ -54,10 +78,11 @@ def test_gemm_w4a8_adversarial_groups_do_not_overflow(fmt):
     pw = _core.pack_weight(qw, "sm80", "cuda:0")
     xq = torch.randint(-127, 128, (5, 256), dtype=torch.int8, generator=torch.Generator().manual_seed(2))
     xq[0] = 127  # the largest |sum| per row
-    y = torch.full((5, 64), -7, dtype=torch.int32, device="cuda")
-    _core.gemm_w4a8(xq.cuda(), None, pw, y)
-    torch.cuda.synchronize()
-    assert torch.equal(y.cpu().long(), xq.long() @ s8_weights(qw).T)
+    for kernel in ["sm80"] + (["sm90"] if SM90 else []):
+        y = torch.full((5, 64), -7, dtype=torch.int32, device="cuda")
+        _core.gemm_w4a8(xq.cuda(), None, pw, y, kernel=kernel)
+        torch.cuda.synchronize()
+        assert torch.equal(y.cpu().long(), xq.long() @ s8_weights(qw).T), kernel
 
 
 @pytest.mark.parametrize("fmt,m,n,k,group", [("qoq", 1, 64, 128, 128), ("liquid", 17, 130, 576, 64),
@@ -69,22 +94,24 @@ def test_gemm_w4a8_scaled_f16(fmt, m, n, k, group):
     xq = torch.empty(m, k, dtype=torch.int8, device="cuda")
     xs = torch.empty(m, device="cuda")
     _core.quantize_per_token_s8(x.cuda(), xq, xs)
-    y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-    _core.gemm_w4a8(xq, xs, pw, y)
-    torch.cuda.synchronize()
     cs = torch.from_dlpack(qw.channel_scales).double()
     ref = (xq.cpu().double() @ s8_weights(qw).double().T) * xs.cpu().double()[:, None] * cs[None, :]
-    got = y.cpu().double()
-    assert not torch.isnan(got).any()
-    assert (got - ref).norm() / ref.norm() < 1e-3  # f16 output rounding only
+    for kernel in ["sm80"] + (["sm90", "sm90:2"] if SM90 else []):
+        y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+        _core.gemm_w4a8(xq, xs, pw, y, kernel=kernel)
+        torch.cuda.synchronize()
+        got = y.cpu().double()
+        assert not torch.isnan(got).any(), kernel
+        assert (got - ref).norm() / ref.norm() < 1e-3, kernel  # f16 output rounding only
 
 
-@pytest.mark.parametrize("fmt", ["qoq", "liquid"])
-def test_linear_w4a8_through_the_registry_matches_the_cpu_op(fmt):
-    """ops.linear with act=int8_per_token on the GPU (the registry picks gemm_w4a8_sm80) vs the CPU op
-    on the same quantized weight: both quantize the same activations per token, so they differ only
-    by f16 vs f32 rounding of the output and the odd int8 code that flips at a rounding boundary."""
-    m, n, k = 23, 136, 320
+@pytest.mark.parametrize("fmt,m", [("qoq", 23), ("liquid", 23), ("qoq", 300), ("liquid", 130)])
+def test_linear_w4a8_through_the_registry_matches_the_cpu_op(fmt, m):
+    """ops.linear with act=int8_per_token on the GPU (the registry picks gemm_w4a8_sm80, or from 128
+    tokens on sm_90 gemm_w4a8_sm90) vs the CPU op on the same quantized weight: both quantize the same
+    activations per token, so they differ only by f16 vs f32 rounding of the output and the odd int8
+    code that flips at a rounding boundary."""
+    n, k = 136, 320
     qw = two_level_weight(fmt, n, k, 64, seed=3)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))
     bias = torch.randn(n, generator=torch.Generator().manual_seed(5))
@@ -117,6 +144,16 @@ def test_gemm_w4a8_bad_inputs():
     with pytest.raises(ValueError, match="'w' must be a qoq or liquid weight packed for sm80"):
         _core.gemm_w4a8(torch.zeros(4, 128, dtype=torch.int8, device="cuda"), None, w4,
                         torch.empty(4, 16, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="'kernel' must be '', 'sm80', 'sm90'"):
+        _core.gemm_w4a8(torch.zeros(4, 128, dtype=torch.int8, device="cuda"), None, pw,
+                        torch.empty(4, 16, dtype=torch.int32, device="cuda"), kernel="sm100")
+    with pytest.raises(ValueError, match="the split in 'sm90:S' must be 1, 2, 4 or 8"):
+        _core.gemm_w4a8(torch.zeros(4, 128, dtype=torch.int8, device="cuda"), None, pw,
+                        torch.empty(4, 16, dtype=torch.int32, device="cuda"), kernel="sm90:3")
+    if not SM90:
+        with pytest.raises(NotImplementedError, match="sm90 kernel needs an sm_90 device"):
+            _core.gemm_w4a8(torch.zeros(4, 128, dtype=torch.int8, device="cuda"), None, pw,
+                            torch.empty(4, 16, dtype=torch.int32, device="cuda"), kernel="sm90")
 
 
 @pytest.mark.parametrize("recipe,algo,opts", [("w4a8kv4", "qoq", {}), ("w4a8g64-liquid", "liquid", {"alpha": 0.5})])
@@ -133,11 +170,14 @@ def test_quantized_directory_runs_on_the_gpu_like_the_cpu(tmp_path, recipe, algo
     out = tmp_path / recipe
     api.quantize(None, recipe, algo, out, calib=[calib], num_sequences=4, seq_len=48, progress=False,
                  loaded=tiny_llama(seed=3, hidden=256, intermediate=320, heads=4, kv_heads=2, layers=2), **opts)
-    ids = torch.randint(0, 256, (61,), generator=torch.Generator().manual_seed(1)).tolist()
+    # 161 tokens: the prefill runs the m128+ plan (the wgmma kernel on sm_90).
+    ids = torch.randint(0, 256, (161,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = torch.from_dlpack(LLM(out, device="cpu", progress=False).engine.logits(ids)).double()
     gpu = LLM(out, device="cuda", progress=False)
-    gate_up = [p for p in gpu.model.plan() if p["role"].startswith("linear.gate_up")]
-    assert gate_up and all(p["kernel"] == "gemm_w4a8_sm80" for p in gate_up), gate_up
+    gate_up = {p["role"]: p["kernel"] for p in gpu.model.plan() if p["role"].startswith("linear.gate_up")}
+    large = "gemm_w4a8_sm90" if SM90 else "gemm_w4a8_sm80"
+    assert gate_up and all(k == (large if r.endswith("m128+") else "gemm_w4a8_sm80") for r, k in gate_up.items()), \
+        gate_up
     got = torch.from_dlpack(gpu.engine.logits(ids)).double()
     assert torch.isfinite(got).all()
     err = float((got - ref).norm() / ref.norm())

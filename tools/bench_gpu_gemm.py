@@ -273,6 +273,10 @@ def w4a8_peers(row, x, n, k, m, l2):
         row[f"lowbit_w4a8_{fmt}_with_quant_us"] = graph_time_us(
             [lambda w=w: (_core.quantize_per_token_s8(lx, lxi8, lxs, cs().cuda_stream),
                           _core.gemm_w4a8(lxi8, lxs, w, ly16, 0, cs().cuda_stream)) for w in ws])
+        # Each kernel forced (the default above is the op's automatic choice: wgmma from 128 tokens on sm_90).
+        for kernel in ["sm80"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0) else []):
+            row[f"lowbit_w4a8_{fmt}_{kernel}_us"] = graph_time_us(
+                [lambda w=w: _core.gemm_w4a8(lxi8, lxs, w, ly16, 0, cs().cuda_stream, kernel) for w in ws])
         del ws
     row["w4a8_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a8_liquid_with_quant_us"]
 
@@ -387,7 +391,8 @@ def main():
                 rows.append(r)
                 print(f"{name:8s} m={m:5d} cublas {r['cublas_fp16_us']:8.1f}  w4a8 qoq {r['lowbit_w4a8_qoq_us']:7.1f} "
                       f"liquid {r['lowbit_w4a8_liquid_us']:7.1f} (+quant {r['lowbit_w4a8_liquid_with_quant_us']:7.1f}, "
-                      f"x{r['w4a8_speedup_vs_cublas']:.2f}, floor {r['w4_bytes_floor_us']:6.1f})  "
+                      f"x{r['w4a8_speedup_vs_cublas']:.2f}, floor {r['w4_bytes_floor_us']:6.1f}; sm80 "
+                      f"{r['lowbit_w4a8_liquid_sm80_us']:7.1f} sm90 {r.get('lowbit_w4a8_liquid_sm90_us', float('nan')):7.1f})  "
                       f"w4a16 {r['lowbit_w4a16_us']:7.1f}  w8a8 {r['lowbit_w8a8_us']:7.1f}  "
                       f"fp8 {r.get('torch_scaled_mm_fp8_us', float('nan')):7.1f}", flush=True)
                 continue

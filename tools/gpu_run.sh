@@ -72,7 +72,7 @@ SANITIZE_CASES=(
   "decode_attention|test_gpu_attention.py|lens1-0-9-3-64 or lens3-64-32-8-128 or lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8 or lens1-0-16-1-256-u8 or lens2-64-32-2-128-u4"
   "prefill_attention_tc|test_gpu_ops.py|(prefill_tc_tile_edges and chunked and 4-1-64 and (u8-u4 or f16-f16)) or (prefill_tc_tile_edges and fresh and 8-2-128 and u4-u8 and 24)"
   "rows_rope_kv_sampling|test_gpu_ops.py|(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100) or (rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)) or (sample_rows_picks and f16)"
-  "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129)) or adversarial or (scaled and liquid)"
+  "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129 or liquid-128-136)) or adversarial or (scaled and liquid) or strided"
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
 )
 if has sanitize; then

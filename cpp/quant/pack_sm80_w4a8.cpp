@@ -1,19 +1,19 @@
 // sm80-family packing of the two-level W4A8 weights (WeightFormat::qoq and ::liquid) for the W4A8
 // GEMM (cpp/kernels/sm80/gemm_w4a8_sm80.cu), done once on the host at load time.
 //
-// The kernel computes Yᵀ = W · Xᵀ with the weight as the A operand of mma.sync m16n8k32 s8 (16 weight
-// rows x 32 k) and 8 tokens as B, as the W4A16 kernel does (pack_sm80.cpp). The same per-warp
-// fragment is what an sm_90 wgmma with a register A operand takes, so one layout can feed both.
-// The 64 k of a chunk are permuted so that lane (g = lane/4, t = lane%4) owns actual k
-// [16t, 16t + 16): its activations are one 16-byte load per token. In k32 step j (0, 1) the A
-// fragment columns 4t..4t+3 hold actual k 16t+8j+0..3 and columns 16+4t..16+4t+3 hold 16t+8j+4..7.
+// Both W4A8 kernels take the weight as the A operand in registers, dequantized there: mma.sync
+// m16n8k32 s8 (cpp/kernels/sm80/gemm_w4a8_sm80.cu, 16 weight rows x 32 k) and sm_90's wgmma
+// m64nNk32 with a register A (cpp/kernels/sm90/gemm_w4a8_sm90.cu), whose per-warp fragment is the
+// same. The k order is the fragment's own (no permutation), because wgmma reads the activations
+// from shared memory in plain k order: in k32 step j (0, 1) of a 64-k chunk, lane (g = lane/4,
+// t = lane%4) holds columns 4t..4t+3 (actual k 32j+4t+0..3) and 16+4t..16+4t+3 (32j+16+4t+0..3).
 //
 // data   : u8 [ceil(n/16), k/64 * 512]. For n-tile nt, chunk kc and lane, the 16 bytes at
 //          ((nt*(k/64) + kc)*32 + lane)*16 are four 32-bit words: word 2j + h (step j, h = 0 for row g,
 //          1 for row g+8, rows relative to 16*nt). Byte b of a word holds two nibbles: the low one is
-//          actual k 16t+8j+b, the high one k 16t+8j+4+b (k relative to 64*kc). So
-//          (word & 0x0f0f0f0f) and ((word >> 4) & 0x0f0f0f0f) are the u4 codes of fragment registers
-//          a0/a2 (row g) or a1/a3 (row g+8), one code per byte.
+//          k 32j+4t+b, the high one k 32j+16+4t+b (k relative to 64*kc). So (word & 0x0f0f0f0f) and
+//          ((word >> 4) & 0x0f0f0f0f) are the u4 codes of fragment registers a0/a2 (row g) or a1/a3
+//          (row g+8), one code per byte: one 16-byte load per lane and chunk.
 // scales : u8 [G, npad] group steps s (group-major, so a block reads its rows' steps contiguously).
 // zeros  : u8 [G, npad] offsets a, so that the s8 weight is (q*s + a) XOR 0x80 computed on bytes
 //          (LiquidGEMM §5.1: one IMAD and one XOR per four weights; no byte ever carries, since
@@ -56,7 +56,7 @@ void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
           for (int i = 0; i < 8; ++i) {
             const int byte = i / 2, high = i % 2;
             const int64_t row = nt * kTileN + g + 8 * h;
-            const int64_t col = kc * kChunkK + 16 * t + 8 * step + 4 * high + byte;
+            const int64_t col = kc * kChunkK + 32 * step + 16 * high + 4 * t + byte;
             fn(offset, i, row, col);
           }
         }

@@ -164,16 +164,21 @@ void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8) {
   add_bias(a);
 }
 
-namespace {
-void launch_w8a8_sm80(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, false); }
-void launch_w4a8_sm80(const GemmArgs& a) {
+// Runs the W4A8 GEMM on `kernel`, quantizing f16 rows per token first when x is not codes yet.
+void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel) {
   const cudaStream_t stream = cuda::current_stream();
   const auto [xq, xs] = codes_of(a, false, stream);
   cuda::W4A8Options o;
+  o.kernel = kernel;
   o.pdl = a.tuning.pdl;
+  o.sm90_split = a.tuning.sm90_split;
   cuda::gemm_w4a8(xq, xs, a.w, a.y, stream, o);
   add_bias(a);
 }
+
+namespace {
+void launch_w8a8_sm80(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, false); }
+void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
 }  // namespace
 #define LOWBIT_GPU_LAUNCH(f) f
@@ -194,8 +199,11 @@ Fit fp8_sm89_can_run(const GemmDesc& d, std::string* why) {
 }
 int rank_one(const GemmDesc&) { return 1; }
 
-Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
-  if (!gpu_gemm_common(d, why, 80)) return Fit::no;
+}  // namespace
+
+// W4A8 over two-level weights (both kernels read pack_sm80_w4a8's layout).
+Fit w4a8_can_run(const GemmDesc& d, std::string* why, int min_sm) {
+  if (!gpu_gemm_common(d, why, min_sm)) return Fit::no;
   if (d.act != ActivationMode::int8_per_token) return refuse(why, "int8_per_token activations only");
   if (d.weight != WeightFormat::qoq && d.weight != WeightFormat::liquid)
     return refuse(why, std::string("needs qoq or liquid weights, got ") + name_of(d.weight));
@@ -203,7 +211,14 @@ Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
   if (d.group % 64 != 0)
     return refuse(why, "group " + std::to_string(d.group) + " has no W4A8 GPU kernel (groups must be multiples of 64)");
   if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
-  return fits(why, "u4 -> s8 in registers ((q*s + a) ^ 0x80 per byte), s8 mma.sync, int32 accumulators, split-K");
+  return fits(why);
+}
+
+namespace {
+Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = w4a8_can_run(d, why, 80);
+  if (f == Fit::yes && why) *why = "u4 -> s8 in registers ((q*s + a) ^ 0x80 per byte), s8 mma.sync, int32 accumulators, split-K";
+  return f;
 }
 }  // namespace
 

@@ -1,5 +1,5 @@
-// The wgmma/TMA GEMM kernels (cpp/kernels/sm90/gemm_w8a8_sm90.cu, built for sm_90a only) in the
-// GEMM registry: preferred over their mma.sync twins on sm_90.
+// The wgmma/TMA GEMM kernels (cpp/kernels/sm90/, built for sm_90a only) in the GEMM registry:
+// preferred over their mma.sync twins on sm_90 (W4A8 from 128 tokens on).
 #include "kernels/registry/registration.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/kernels.h"
@@ -7,9 +7,12 @@
 
 namespace lowbit::kernels {
 
-Fit gemm8_can_run(const GemmDesc& d, std::string* why, int min_sm, bool fp8);  // gemm_sm80_entries.cpp
+// gemm_sm80_entries.cpp: the checks and launches these kernels share with their mma.sync twins.
+Fit gemm8_can_run(const GemmDesc& d, std::string* why, int min_sm, bool fp8);
+Fit w4a8_can_run(const GemmDesc& d, std::string* why, int min_sm);
 #ifdef LOWBIT_WITH_CUDA
-void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8);  // gemm_sm80_entries.cpp
+void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8);
+void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel);
 #endif
 
 namespace {
@@ -26,9 +29,21 @@ Fit w8a8_can_run(const GemmDesc& d, std::string* why) { return sm90_can_run(d, w
 Fit fp8_can_run(const GemmDesc& d, std::string* why) { return sm90_can_run(d, why, true); }
 int rank_two(const GemmDesc&) { return 2; }
 
+Fit w4a8_sm90_can_run(const GemmDesc& d, std::string* why) {
+  if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)
+    return refuse(why, "wgmma/TMA need sm_90 exactly (built as sm_90a), got " + arch_name(d.device, d.sm));
+  const Fit f = w4a8_can_run(d, why, 90);
+  if (f == Fit::yes && why)
+    *why = "u4 -> s8 in registers as the wgmma A operand, s8 activations by TMA, split-K clusters";
+  return f;
+}
+// From 128 tokens on (a 128/256-token tile per dequantized fragment); below, the mma.sync kernel.
+int w4a8_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 2 : 0; }
+
 #ifdef LOWBIT_WITH_CUDA
 void launch_w8a8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, false); }
 void launch_fp8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, true); }
+void launch_w4a8_sm90(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm90); }
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
 #define LOWBIT_GPU_LAUNCH(f) nullptr
@@ -41,6 +56,8 @@ void register_gemm_sm90(std::vector<GemmKernel>& out) {
                  LOWBIT_GPU_LAUNCH(launch_w8a8)});
   out.push_back({"gemm_fp8_sm90", "FP8 e4m3 wgmma + TMA (sm_90a), per-token activations", fp8_can_run, rank_two,
                  LOWBIT_GPU_LAUNCH(launch_fp8)});
+  out.push_back({"gemm_w4a8_sm90", "W4A8 QoQ / LiquidQuant: register-dequantized u4 weights x s8 activations, wgmma + "
+                 "TMA (sm_90a)", w4a8_sm90_can_run, w4a8_sm90_rank, LOWBIT_GPU_LAUNCH(launch_w4a8_sm90)});
 }
 
 }  // namespace lowbit::kernels

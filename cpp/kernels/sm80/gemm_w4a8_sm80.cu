@@ -20,6 +20,7 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
+#include "kernels/sm90/gemm_w4a8_sm90.h"
 
 namespace lowbit::cuda {
 namespace {
@@ -57,13 +58,18 @@ struct Cfg {
   static constexpr int kBlockTiles = kBlockN / kTileN;
   static constexpr int kWBytes = kBlockTiles * kChunks * kChunkBytes;
   static constexpr int kPBytes = kChunks * 2 * kBlockN;  // [chunk][step | offset][kBlockN] u8
-  // Activations chunk-major, [chunk][token][64 bytes]: lanes (g, t) read 16 bytes at token g, byte
-  // 16t, so each 8-lane phase covers 128 consecutive bytes (no bank conflicts, no padding).
+  // Activations chunk-major, [chunk][token][64 bytes], the 16-byte units of token r's row stored in
+  // order q ^ x_swizzle(r) (see there).
   static constexpr int kXBytes = kChunks * kBlockM * kChunkK;
   static constexpr int kStageBytes = kWBytes + kPBytes + kXBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static_assert(kBlockN % 16 == 0, "parameter rows are copied in 16-byte units");
 };
+
+// Lane (g, t) reads 4 bytes at k 32j + 4t (+16) of token g: without a swizzle tokens g and g+2 (64-byte
+// rows) hit the same banks. XOR-ing the 16-byte unit index with (r >> 1) & 3 spreads the 8 tokens'
+// reads over all 32 banks.
+__device__ inline int x_swizzle(int r) { return (r >> 1) & 3; }
 
 template <class C>
 __device__ inline void load_stage(const W4A8Args& p, uint8_t* stage, int kc0, int kc_end, int n0, int m0) {
@@ -99,7 +105,7 @@ __device__ inline void load_stage(const W4A8Args& p, uint8_t* stage, int kc0, in
     if (kXUnits % C::kThreads != 0 && u >= kXUnits) break;
     const int c = u / (C::kBlockM * 4), r = (u / 4) % C::kBlockM, q = u % 4;
     if (m0 + r < p.m && kc0 + c < kc_end)
-      cp_async16(x_base + u * 16, p.x + (m0 + r) * p.ldx + (kc0 + c) * kChunkK + q * 16);
+      cp_async16(x_base + (u ^ x_swizzle(r)) * 16, p.x + (m0 + r) * p.ldx + (kc0 + c) * kChunkK + q * 16);
   }
 }
 
@@ -142,12 +148,14 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
     }
 #pragma unroll
     for (int step = 0; step < 2; ++step) {
-      // Lane (g, t) holds actual k [16t + 8 step, + 8) of token g: b0 = the first four, b1 the rest.
+      // The B fragment of token g: b0 = k 32 step + 4t + 0..3 (16-byte unit 2 step), b1 = 16 further.
       uint2 xv[C::kTilesM];
 #pragma unroll
       for (int j = 0; j < C::kTilesM; ++j) {
         const int r = (warp_m * C::kTilesM + j) * 8 + g;
-        xv[j] = *reinterpret_cast<const uint2*>(xs + (c * C::kBlockM + r) * kChunkK + 16 * t + 8 * step);
+        const uint8_t* row = xs + (c * C::kBlockM + r) * kChunkK + 4 * t;
+        xv[j].x = *reinterpret_cast<const uint32_t*>(row + 16 * ((2 * step) ^ x_swizzle(r)));
+        xv[j].y = *reinterpret_cast<const uint32_t*>(row + 16 * ((2 * step + 1) ^ x_swizzle(r)));
       }
 #pragma unroll
       for (int i = 0; i < C::kTilesN; ++i) {
@@ -366,6 +374,21 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  // The wgmma kernel from 128 tokens on (one dequantized fragment feeds 128-256 tokens); below, the
+  // mma.sync kernel's small tiles and split-K fill the GPU better.
+  const bool sm90 = options.kernel == Gemm8Kernel::sm90 ||
+                    (options.kernel == Gemm8Kernel::automatic && m >= 128 && detail::gemm_w4a8_sm90_usable(dev));
+  if (sm90) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a8_sm90_usable(dev), op,
+                      ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
+                      ")");
+    const detail::W4A8Problem problem{xq.data<int8_t>(), xq.stride(0), raw ? nullptr : x_scale.data<float>(),
+                                      w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
+                                      w.channel_scales.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
+                                      static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), raw};
+    detail::gemm_w4a8_sm90(problem, options.sm90_split, stream);
+    return;
+  }
   const Shape shape = shape_for(m);
   prepare(shape, dev);
   const int k_chunks = static_cast<int>(k / kChunkK);

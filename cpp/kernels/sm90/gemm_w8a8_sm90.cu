@@ -26,11 +26,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/sm90/sm90_common.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 
 namespace lowbit::cuda::detail {
 namespace {
+
+using namespace sm90;  // mbarrier, TMA and wgmma primitives; TMA maps; the split-K pick
 
 constexpr int kBM = 128;  // A rows per CTA: two consumer warpgroups of 64
 constexpr int kBK = 128;  // k bytes per stage (one swizzled 128-byte row)
@@ -57,78 +60,7 @@ struct Sm90Args {
   bool vec_ok;           // y pairs (n, n+1) may be stored as one 4/8-byte vector
 };
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LOWBIT_SM90_DEVICE 1
-#endif
-
 #ifdef LOWBIT_SM90_DEVICE
-__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ inline void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ inline void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ inline void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-// Arrive on the barrier at the same smem offset in cluster CTA `cta` (multicast partner).
-__device__ inline void mbar_arrive_cluster(uint64_t* bar, int cta) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(cta)
-      : "memory");
-}
-__device__ inline void mbar_wait(uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_LOOP:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_LOOP;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-// 2-D tile load (coordinates: k byte, row) completing on `bar` with the tile's byte count.
-__device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c_k, int c_row, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c_k), "r"(c_row), "r"(smem_u32(bar))
-      : "memory");
-}
-// Same, written to the same smem offset in every cluster CTA of `mask` (each one's `bar` gets the bytes).
-__device__ inline void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c_k, int c_row, uint64_t* bar,
-                                             uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c_k), "r"(c_row), "r"(smem_u32(bar)), "h"(mask)
-      : "memory");
-}
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ inline void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Keeps the compiler from touching accumulators across the asynchronous wgmma window.
-template <int R>
-__device__ inline void fence_regs(int (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-template <int R>
-__device__ inline void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ inline uint64_t smem_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
-         (1ull << 62);
-}
 
 // The accumulator operands of one wgmma: C is the constraint ("+r" s32, "+f" f32).
 #define LOWBIT_ACC8(C, d, i) \
@@ -424,50 +356,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiled encode_tiled() {
-  static EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    return (e == cudaSuccess && q == cudaDriverEntryPointSuccess) ? reinterpret_cast<EncodeTiled>(f) : nullptr;
-  }();
-  return fn;
-}
-
-// Row-major 8-bit [rows, k] (s8 or e4m3 bytes) as 128-byte x box_rows boxes, 128B swizzle, zero fill out of bounds.
-CUtensorMap make_map(const char* op, const int8_t* base, int rows, int k, int box_rows) {
-  const EncodeTiled fn = encode_tiled();
-  LOWBIT_CHECK_KIND(ErrorKind::kRuntime, fn != nullptr, op, ": cuTensorMapEncodeTiled is not available");
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
-  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(base), dims, strides, box,
-                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  LOWBIT_CHECK_KIND(ErrorKind::kRuntime, r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (", static_cast<int>(r),
-                    ") for rows=", rows, " k=", k);
-  return map;
-}
-
-// Split-K factor (cluster size): fewest waves x k blocks per CTA, plus a fixed cost per tile and
-// for the cross-CTA reduction (in units of k blocks; rough).
-int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
-  int best = 1;
-  int64_t best_cost = INT64_MAX;
-  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
-    if (s > k_blocks || slots[i] <= 0) break;
-    const int64_t waves = (static_cast<int64_t>(tiles) * s + slots[i] - 1) / slots[i];
-    const int64_t cost = waves * ((k_blocks + s - 1) / s + 2 + (s > 1 ? 3 : 0));
-    if (cost < best_cost) best_cost = cost, best = s;
-  }
-  return best;
-}
 
 template <typename Acc, int BN, bool kSwap, bool kRaw, bool kMC, bool kPromote>
 void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, const float* ws, void* y,
@@ -506,8 +394,8 @@ void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs,
   int split = forced_split > 0 ? forced_split : pick_split(tiles_a * tiles_b, k_blocks, slots);
   while (split > k_blocks || kCX * split > 8) split /= 2;  // each CTA needs a k block; portable cluster size
 
-  const CUtensorMap map_a = kSwap ? make_map(op, wq, n, k, kBM) : make_map(op, xq, m, k, kBM);
-  const CUtensorMap map_b = kSwap ? make_map(op, xq, m, k, BN) : make_map(op, wq, n, k, kMC ? BN / 2 : BN);
+  const CUtensorMap map_a = kSwap ? make_map(op, wq, n, k, k, kBM) : make_map(op, xq, m, k, k, kBM);
+  const CUtensorMap map_b = kSwap ? make_map(op, xq, m, k, k, BN) : make_map(op, wq, n, k, k, kMC ? BN / 2 : BN);
   const size_t esize = kRaw ? sizeof(Acc) : 2;
   Sm90Args args{xs, ws, y, ldy, rows_a, rows_b, k_blocks, split,
                 reinterpret_cast<uintptr_t>(y) % (2 * esize) == 0 && ldy % 2 == 0};

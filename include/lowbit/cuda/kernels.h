@@ -35,11 +35,19 @@ int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 // W4A8 over two-level weights (qoq / liquid packed by pack_sm80, on the device): y[m, n] =
 // (xq · Wᵀ)[m, n] * x_scale[m] * channel_scale[n], W the s8 weights (q*s + a) XOR 0x80 per group
 // (pack_sm80_w4a8.cpp), s8 xq [m, k] (16-byte aligned rows), f16 y; with an s32 y the raw int32
-// accumulators are written (x_scale ignored). mma.sync m16n8k32 on sm_80 and newer; split_k 0 picks
-// the split (int32 partials, allocated here); pdl as in W4A16Options.
+// accumulators are written (x_scale ignored). Two kernels read the same packed weight: sm80
+// (mma.sync m16n8k32, sm_80 and newer; split_k 0 picks the split, int32 partials allocated here;
+// pdl as in W4A16Options) and sm90 (wgmma with the dequantized weight as a register operand, TMA,
+// sm_90 only: a forced sm90 elsewhere throws NotSupported; sm90_split 0 automatic, else the split-K
+// cluster size 1/2/4/8). `automatic` (the op-level API; plans name the kernel) takes sm90 on sm_90
+// from 128 tokens on.
+// Which 8-bit-activation GEMM kernel runs (W4A8 here, W8A8/FP8 below).
+enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90 };
 struct W4A8Options {
   int split_k = 0;
   bool pdl = true;
+  Gemm8Kernel kernel = Gemm8Kernel::automatic;
+  int sm90_split = 0;
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
@@ -54,7 +62,6 @@ void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStrea
 // sm90 on sm_90. sm90_split: 0 automatic, else the split-K cluster size 1/2/4/8; sm90_pairs:
 // multicast weight tiles to pairs of A tiles (measured slower on the H100, kept for further work);
 // fp8_fast_accum: the fp8 wgmma kernel keeps the tensor cores' own sums (no per-stage promotion).
-enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90 };
 struct Gemm8Options {
   Gemm8Kernel kernel = Gemm8Kernel::automatic;
   int sm90_split = 0;

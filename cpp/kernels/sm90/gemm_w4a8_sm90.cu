@@ -1,0 +1,337 @@
+// W4A8 GEMM for Hopper (sm_90a): wgmma with the weight as a register A operand, dequantized in
+// registers (LiquidGEMM's design, §5), and the s8 activations as the shared-memory B operand.
+//
+// Yᵀ = W · Xᵀ: a CTA owns 128 weight rows (two consumer warpgroups of 64, one wgmma m64 each) x BT
+// tokens (the wgmma n: 128 or 256) x its k range, in stages of 128 k (two packed 64-k chunks). One
+// producer thread fills each stage: the activation tile by TMA (128-byte swizzle, zero fill past m
+// and k, the layout wgmma's descriptor reads), the stage's packed u4 weight tiles and the u8 steps
+// and offsets of its groups by 1-D bulk copies (pack_sm80_w4a8's layout: every 16-row tile's chunks
+// are contiguous). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
+// 16 bytes per chunk into the fragment registers with one IMAD and one XOR per four weights,
+// (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas. Accumulation is int32
+// (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
+// through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end.
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/sm90/gemm_w4a8_sm90.h"
+#include "kernels/sm90/sm90_common.cuh"
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda::detail {
+namespace {
+
+using namespace sm90;
+
+constexpr int kRows = 128;        // weight rows per CTA: two consumer warpgroups of 64
+constexpr int kTiles = kRows / 16;  // packed 16-row tiles per CTA
+constexpr int kBK = 128;          // k per stage: two 64-k chunks
+constexpr int kChunkBytes = 512;  // one packed 16-row x 64-k tile
+constexpr int kThreads = 384;     // warpgroup 0: producer (one thread issues the copies), 1-2: consumers
+constexpr int kConsumerWarps = 8;
+constexpr int kSmemBudget = 215040;
+
+template <int BT>
+struct Config {
+  static constexpr int kXBytes = BT * kBK;                  // activation tile (swizzled, 1024-aligned)
+  static constexpr int kWBytes = kTiles * 2 * kChunkBytes;  // [tile][chunk][lane] 16-byte units
+  static constexpr int kPBytes = 2 * 2 * kRows;             // [chunk][step | offset][row] u8
+  static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
+  static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
+};
+
+struct Args {
+  W4A8Problem p;
+  int k_blocks, k_chunks, split;
+};
+
+#ifdef LOWBIT_SM90_DEVICE
+#define LOWBIT_ACC8(d, i) \
+  "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
+#define LOWBIT_ACC32(d, i) LOWBIT_ACC8(d, i), LOWBIT_ACC8(d, i + 8), LOWBIT_ACC8(d, i + 16), LOWBIT_ACC8(d, i + 24)
+#define LOWBIT_REGS64                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
+  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
+  "%61, %62, %63}"
+#define LOWBIT_REGS128                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
+  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
+  "%61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, " \
+  "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "      \
+  "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "     \
+  "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+// D += A · Bᵀ for one k32 step: A (64 weight rows x 32 k, s8) from the four fragment registers, B
+// (BT tokens x 32 k, s8) from shared memory through descriptor db.
+__device__ inline void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " LOWBIT_REGS64 ", {%64, %65, %66, %67}, %68, p;\n}\n"
+      : LOWBIT_ACC32(d, 0), LOWBIT_ACC32(d, 32)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ inline void wgmma_rs(int (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 " LOWBIT_REGS128
+      ", {%128, %129, %130, %131}, %132, p;\n}\n"
+      : LOWBIT_ACC32(d, 0), LOWBIT_ACC32(d, 32), LOWBIT_ACC32(d, 64), LOWBIT_ACC32(d, 96)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#undef LOWBIT_REGS128
+#undef LOWBIT_REGS64
+#undef LOWBIT_ACC32
+#undef LOWBIT_ACC8
+
+// Four u4 codes, one per byte, to four s8 weights (no byte carries: q*s + a <= 255 by construction).
+__device__ inline uint32_t dequant_bytes(uint32_t codes, uint32_t step, uint32_t offset4) {
+  return (codes * step + offset4) ^ 0x80808080u;
+}
+
+// Writes accumulator v of lane `lane` in consumer warp gw: weight row gw*16 + lane/4 (+8 when
+// v%4 >= 2), token (v/4)*8 + 2*(lane%4) + v%2 (the wgmma accumulator layout).
+__device__ inline void store_acc(const W4A8Problem& p, int n0, int m0, int gw, int lane, int v, int acc) {
+  const int n = n0 + gw * 16 + (lane >> 2) + ((v >> 1) & 1) * 8;
+  const int m = m0 + (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+  if (n >= p.n || m >= p.m) return;
+  if (p.raw)
+    static_cast<int32_t*>(p.y)[m * p.ldy + n] = acc;
+  else
+    static_cast<__half*>(p.y)[m * p.ldy + n] =
+        __float2half_rn(static_cast<float>(acc) * p.x_scale[m] * p.channel_scale[n]);
+}
+
+// The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
+// rows [j, j+1) * 128/split of the tile; slot r of CTA j holds split rank r's partial of that slice as
+// [warp in slice][v/4][lane] int4 (the pipeline smem is idle by then; the producer warpgroup joins
+// the two cluster barriers).
+template <int BT>
+__device__ inline void store_tile(const W4A8Problem& p, uint8_t* smem, int n0, int m0, int gw, int lane, int rank,
+                                  int split, const int (&acc)[BT / 2]) {
+  constexpr int kR = BT / 2;
+  if (split == 1) {
+#pragma unroll
+    for (int v = 0; v < kR; ++v) store_acc(p, n0, m0, gw, lane, v, acc[v]);
+    return;
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int slice_warps = kConsumerWarps / split;
+  constexpr int kWarpAccs = kR * 32;
+  int4* slots = reinterpret_cast<int4*>(smem);
+  cluster.sync();  // every CTA's pipeline smem is idle
+  const int j = gw / slice_warps, lw = gw % slice_warps;
+  int4* dst = cluster.map_shared_rank(slots, j) + ((rank * slice_warps + lw) * kWarpAccs) / 4 + lane;
+#pragma unroll
+  for (int v = 0; v < kR; v += 4) dst[(v / 4) * 32] = int4{acc[v], acc[v + 1], acc[v + 2], acc[v + 3]};
+  cluster.sync();  // all partials have landed
+  const int slice_quads = slice_warps * kWarpAccs / 4;
+  for (int u = gw * 32 + lane; u < slice_quads; u += kConsumerWarps * 32) {
+    int4 sum = slots[u];
+    for (int r = 1; r < split; ++r) {
+      const int4 c = slots[r * slice_quads + u];
+      sum.x += c.x, sum.y += c.y, sum.z += c.z, sum.w += c.w;
+    }
+    const int w = rank * slice_warps + u / (kWarpAccs / 4), v = ((u % (kWarpAccs / 4)) / 32) * 4, ln = u % 32;
+    store_acc(p, n0, m0, w, ln, v, sum.x);
+    store_acc(p, n0, m0, w, ln, v + 1, sum.y);
+    store_acc(p, n0, m0, w, ln, v + 2, sum.z);
+    store_acc(p, n0, m0, w, ln, v + 3, sum.w);
+  }
+}
+#endif  // LOWBIT_SM90_DEVICE
+
+// Grid: x = weight-row tiles of 128, y = token tiles of BT, z = split (one cluster along z).
+template <int BT>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const Args args) {
+#ifdef LOWBIT_SM90_DEVICE
+  using C = Config<BT>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
+  const W4A8Problem& p = args.p;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const int split = args.split, rank = static_cast<int>(blockIdx.z);
+  const int n0 = static_cast<int>(blockIdx.x) * kRows, m0 = static_cast<int>(blockIdx.y) * BT;
+  const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  int acc[kR];
+#pragma unroll
+  for (int i = 0; i < kR; ++i) acc[i] = 0;
+  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
+
+  // The producer warpgroup needs few registers; the consumers' 64 x BT int32 tile needs many.
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {  // producer
+      const int tile0 = n0 / 16, n_tiles = (p.n + 15) / 16;
+      const int tiles = min(kTiles, n_tiles - tile0);
+      const int prow = min(kRows, p.npad - n0);  // param bytes per row range (a multiple of 16)
+      for (int it = 0; it < nk; ++it) {
+        const int s = it % kStages, kb = kb0 + it;
+        const int chunks = min(2, args.k_chunks - 2 * kb);
+        mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+        uint8_t* st = smem + s * kStageBytes;
+        mbar_expect_tx(&full[s], C::kXBytes + tiles * chunks * kChunkBytes + chunks * 2 * prow);
+        tma_load_2d(st, &map_x, kb * kBK, m0, &full[s]);
+        uint8_t* ws = st + C::kXBytes;
+        for (int t = 0; t < tiles; ++t)
+          bulk_load(ws + t * 2 * kChunkBytes,
+                    p.w + (static_cast<int64_t>(tile0 + t) * args.k_chunks + 2 * kb) * kChunkBytes,
+                    chunks * kChunkBytes, &full[s]);
+        uint8_t* ps = ws + C::kWBytes;
+        for (int c = 0; c < chunks; ++c) {
+          const int64_t row0 = static_cast<int64_t>((2 * kb + c) * 64 / p.group) * p.npad + n0;
+          bulk_load(ps + c * 2 * kRows, p.steps + row0, prow, &full[s]);
+          bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, &full[s]);
+        }
+      }
+    }
+    if (split > 1) {  // the two cluster barriers of the consumers' split-K reduction
+      cooperative_groups::this_cluster().sync();
+      cooperative_groups::this_cluster().sync();
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int g = lane >> 2, row = gw * 16 + g;
+    fence_regs(acc);
+    for (int it = 0; it < nk; ++it) {
+      const int s = it % kStages;
+      mbar_wait(&full[s], (it / kStages) & 1);
+      const uint8_t* st = smem + s * kStageBytes;
+      const uint4* ws = reinterpret_cast<const uint4*>(st + C::kXBytes);
+      const uint8_t* ps = st + C::kXBytes + C::kWBytes;
+      uint32_t a[2][2][4];  // [chunk][k32 step] fragment registers
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        // A one-chunk tail stage reads stale smem for chunk 1: its TMA-zeroed activations make it add 0.
+        const uint4 wv = ws[(gw * 2 + c) * 32 + lane];
+        const uint8_t* pc = ps + c * 2 * kRows;
+        const uint32_t s_g = pc[row], s_g8 = pc[row + 8];
+        const uint32_t a_g = pc[kRows + row] * 0x01010101u, a_g8 = pc[kRows + row + 8] * 0x01010101u;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t w_g = j ? wv.z : wv.x, w_g8 = j ? wv.w : wv.y;
+          a[c][j][0] = dequant_bytes(w_g & 0x0f0f0f0fu, s_g, a_g);
+          a[c][j][1] = dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8, a_g8);
+          a[c][j][2] = dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g, a_g);
+          a[c][j][3] = dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8, a_g8);
+        }
+      }
+      const uint64_t db = smem_desc(smem_u32(st));
+      wgmma_fence();
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wgmma_rs(acc, a[c][j], db + 2 * (2 * c + j));  // +32 bytes of k
+      wgmma_commit();
+      // The fragment registers are read asynchronously: this stage's wgmmas finish before the next
+      // stage's dequant overwrites them (the other warpgroup keeps the tensor cores busy meanwhile).
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+    store_tile<BT>(p, smem, n0, m0, gw, lane, rank, split, acc);
+  }
+
+#endif
+}
+
+template <int BT>
+void launch(const W4A8Problem& p, int forced_split, cudaStream_t stream) {
+  const char* op = "gemm_w4a8";
+  auto kernel = gemm_w4a8_sm90_kernel<BT>;
+  constexpr int kSmem = Config<BT>::kSmemBytes;
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int tiles_n = (p.n + kRows - 1) / kRows, tiles_m = (p.m + BT - 1) / BT;
+  const int k_blocks = (p.k + kBK - 1) / kBK;
+
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // CTAs resident at once for split 1, 2, 4, 8 (a cluster of `split` CTAs must fit in one GPC).
+  static std::atomic<int> slot_cache[4] = {};
+  int slots[4];
+  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
+    slots[i] = slot_cache[i].load();
+    if (slots[i] == 0) {
+      cfg.gridDim = dim3(8, 1, s);
+      attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = s;
+      int clusters = 0;
+      LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      slots[i] = std::max(1, clusters) * s;
+      slot_cache[i].store(slots[i]);
+    }
+  }
+  int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_blocks, slots);
+  while (split > k_blocks) split /= 2;  // each CTA needs a k block
+
+  Args args{p, k_blocks, p.k / 64, split};
+  const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(split));
+  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(split);
+  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, map_x, args));
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace
+
+bool gemm_w4a8_sm90_usable(int device) {
+  static std::atomic<int> cache[64] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= 64) return false;
+  int v = cache[device].load();
+  if (v == 0) {
+    const char* op = "gemm_w4a8";
+    int major = 0, minor = 0;
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    bool ok = major == 9 && minor == 0 && encode_tiled() != nullptr;
+    if (ok) {
+      cudaFuncAttributes fa{};
+      ok = cudaFuncGetAttributes(&fa, gemm_w4a8_sm90_kernel<256>) == cudaSuccess;
+      (void)cudaGetLastError();  // a missing image is an answer here, not an error to keep
+    }
+    v = ok ? 1 : 2;
+    cache[device].store(v);
+  }
+  return v == 1;
+}
+
+// 128-token tiles up to 128 tokens, 256 beyond (one dequantized fragment feeds twice the tokens).
+void gemm_w4a8_sm90(const W4A8Problem& p, int split, cudaStream_t stream) {
+  LOWBIT_CHECK(split == 0 || split == 1 || split == 2 || split == 4 || split == 8,
+               "gemm_w4a8: the sm90 split must be 0, 1, 2, 4 or 8, got ", split);
+  if (p.m <= 128)
+    launch<128>(p, split, stream);
+  else
+    launch<256>(p, split, stream);
+}
+
+}  // namespace lowbit::cuda::detail
