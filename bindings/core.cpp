@@ -158,6 +158,18 @@ void bind_core(nb::module_& m) {
     d["num_system_allocs"] = s.num_system_allocs;
     return d;
   }, nb::arg("device") = "cpu");
+  m.def(
+      "empty_cache",
+      [](const std::string& dev) {
+        Allocator& a = allocator_for(Device::parse(dev));
+        const size_t before = a.stats().reserved_bytes;
+        a.empty_cache();
+        return before - a.stats().reserved_bytes;
+      },
+      nb::arg("device") = "cuda",
+      "Returns the device's cached free blocks to the driver (blocks in use stay); the bytes released. lowbit "
+      "keeps freed GPU blocks for reuse, so after an LLM is gone its memory stays reserved until this call or "
+      "until an allocation fails");
 }
 
 }  // namespace lowbit::bindings

@@ -91,6 +91,7 @@ def ok():
     case("dlpack_max_version_empty", "C.empty([2]).__dlpack__(max_version=())", "TypeError", "'max_version'", "()"),
     case("scalar_type_bits_unknown", "C.scalar_type_bits('f13')", "TypeError", "'f13'"),
     case("allocator_stats_bad_device", "C.allocator_stats('tpu')", "ValueError", "'tpu'"),
+    case("empty_cache_bad_device", "C.empty_cache('tpu')", "ValueError", "'tpu'"),
 ))
 
 # ---------------------------------------------------------------- bindings/quant.cpp: formats, quantize, pack
@@ -622,6 +623,8 @@ def ok():
     case("tensor_to_cuda", "C.empty([2]).to('cuda')", ("NotImplementedError", "RuntimeError"), "cuda:0",
          when="no_gpu"),
     case("allocator_stats_cuda", "C.allocator_stats('cuda')", ("NotImplementedError", "RuntimeError"), "cuda:0",
+         when="no_gpu"),
+    case("empty_cache_cuda", "C.empty_cache('cuda')", ("NotImplementedError", "RuntimeError"), "cuda:0",
          when="no_gpu"),
     case("kv_cache_on_cuda", "C.KVCache(1, 1, 64, 4, device='cuda')", ("NotImplementedError", "RuntimeError"),
          "cuda:0", when="no_gpu"),

@@ -109,9 +109,23 @@ def _death(rc, case_timeout):
     return f"exited with status {rc}"
 
 
+def release_gpu_memory():
+    """The children's GPU cases measure free memory: hand back what this process's caches hold (earlier GPU tests
+    in the same pytest run leave freed blocks cached in torch's and lowbit's allocators)."""
+    import gc
+    import torch
+    import lowbit
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if lowbit.cuda_available():
+        lowbit.empty_cache("cuda")
+
+
 def run_area(area, workdir, case_timeout=CASE_TIMEOUT_S):
     """{case id: record} for every case of the area. A child that dies takes the blame for the case it was running
     (record["died"], record["stderr"]); the cases after it run in a fresh child."""
+    release_gpu_memory()
     results, pending = {}, list(area.cases)
     while pending:
         spec = {"prelude": area.prelude, "workdir": str(workdir), "tests_dir": str(TESTS_DIR),

@@ -69,3 +69,16 @@ def test_caching_allocator_reuses_freed_blocks():
     after = lowbit.allocator_stats("cuda")
     assert after["allocated_bytes"] == before["allocated_bytes"]
     assert after["reserved_bytes"] >= after["allocated_bytes"]
+
+
+def test_empty_cache_returns_the_free_blocks_and_keeps_the_live_ones():
+    live = lowbit.from_dlpack(torch.arange(1 << 18, dtype=torch.float32)).to("cuda")  # 1 MiB in use
+    lowbit.empty([3 << 20], "f32", "cuda")  # 12 MiB, freed at once: cached
+    gc.collect()
+    cached = lowbit.allocator_stats("cuda")
+    assert cached["reserved_bytes"] - cached["allocated_bytes"] >= 12 << 20
+    released = lowbit.empty_cache("cuda")
+    after = lowbit.allocator_stats("cuda")
+    assert released >= 12 << 20 and after["reserved_bytes"] == cached["reserved_bytes"] - released
+    assert after["allocated_bytes"] == cached["allocated_bytes"]
+    assert torch.equal(torch.from_dlpack(live.to("cpu")), torch.arange(1 << 18, dtype=torch.float32))

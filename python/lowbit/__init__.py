@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 # LOWBIT_NO_CORE=1 lets the pure-Python parts (loaders, tokenizer) import without the extension.
 if not _os.environ.get("LOWBIT_NO_CORE"):
-    from ._core import Tensor, from_dlpack, empty, cuda_available, cuda_device_count, allocator_stats  # noqa: F401
+    from ._core import Tensor, from_dlpack, empty, cuda_available, cuda_device_count, allocator_stats, empty_cache  # noqa: F401
     from .generation import GenerationConfig  # noqa: F401,E402
     from .outputs import RequestOutput, Timings  # noqa: F401,E402
     from .llm import LLM  # noqa: F401,E402

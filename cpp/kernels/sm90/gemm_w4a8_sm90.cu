@@ -8,7 +8,9 @@
 // and offsets of its groups by 1-D bulk copies (pack_sm80_w4a8's layout: every 16-row tile's chunks
 // are contiguous). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
 // 16 bytes per chunk into the fragment registers with one IMAD and one XOR per four weights,
-// (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas. Accumulation is int32
+// (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas; while they run it dequantizes
+// the next stage into a second fragment set (the dequant hides under the tensor-core work, and the
+// other consumer warpgroup's wgmmas fill the gaps). Accumulation is int32
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
 // through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end.
 #include <cooperative_groups.h>
@@ -108,6 +110,64 @@ __device__ inline void store_acc(const W4A8Problem& p, int n0, int m0, int gw, i
         __float2half_rn(static_cast<float>(acc) * p.x_scale[m] * p.channel_scale[n]);
 }
 
+// Turns a stage's packed weights of consumer warp gw's 16-row tile into wgmma A fragments:
+// a[(2c + j) * 4 + r] is register r of chunk c, k32 step j ((q*s + a) ^ 0x80 on every byte).
+template <class C>
+__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, int chunks, uint32_t (&a)[16]) {
+  const uint4* ws = reinterpret_cast<const uint4*>(st + C::kXBytes);
+  const uint8_t* ps = st + C::kXBytes + C::kWBytes;
+  const int row = gw * 16 + (lane >> 2);
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    if (c >= chunks) {  // a one-chunk tail stage: chunk 1 was not loaded; zero weights add nothing
+#pragma unroll
+      for (int r = 8; r < 16; ++r) a[r] = 0;
+      break;
+    }
+    const uint4 wv = ws[(gw * 2 + c) * 32 + lane];
+    const uint8_t* pc = ps + c * 2 * kRows;
+    const uint32_t s_g = pc[row], s_g8 = pc[row + 8];
+    const uint32_t a_g = pc[kRows + row] * 0x01010101u, a_g8 = pc[kRows + row + 8] * 0x01010101u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t w_g = j ? wv.z : wv.x, w_g8 = j ? wv.w : wv.y;
+      uint32_t* f = a + (2 * c + j) * 4;
+      f[0] = dequant_bytes(w_g & 0x0f0f0f0fu, s_g, a_g);
+      f[1] = dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8, a_g8);
+      f[2] = dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g, a_g);
+      f[3] = dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8, a_g8);
+    }
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_frag(int (&acc)[N], const uint32_t (&a)[16], int i, uint64_t db) {
+  const uint32_t f[4] = {a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]};
+  wgmma_rs(acc, f, db + 2 * i);  // k32 step i of the stage: +32 bytes of k in the swizzled row
+}
+
+// Stage `it` of one consumer warpgroup: issue its wgmmas from `cur`, dequantize stage it+1 into `next`
+// meanwhile, wait for the wgmmas, then release the stage (every consumer thread arrives: each one's
+// shared-memory reads of the stage are ordered before its own arrival).
+template <class C, int N, class StageAt, class ChunksAt>
+__device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16], int it,
+                                              int nk, const StageAt& stage_at, const ChunksAt& chunks_at,
+                                              uint64_t* full, uint64_t* empty, int gw, int lane) {
+  constexpr int kStages = C::kStages;
+  const uint64_t db = smem_desc(smem_u32(stage_at(it)));
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) wgmma_frag(acc, cur, i, db);
+  wgmma_commit();
+  if (it + 1 < nk) {
+    mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
+    dequant_stage<C>(stage_at(it + 1), gw, lane, chunks_at(it + 1), next);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  mbar_arrive(&empty[it % kStages]);
+}
+
 // The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
 // rows [j, j+1) * 128/split of the tile; slot r of CTA j holds split rank r's partial of that slice as
 // [warp in slice][v/4][lane] int4 (the pipeline smem is idle by then; the producer warpgroup joins
@@ -170,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -214,43 +274,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    const int g = lane >> 2, row = gw * 16 + g;
+    // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
+    // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
+    uint32_t fa[16], fb[16];
+    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb0 + it)); };
+    const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
     fence_regs(acc);
-    for (int it = 0; it < nk; ++it) {
-      const int s = it % kStages;
-      mbar_wait(&full[s], (it / kStages) & 1);
-      const uint8_t* st = smem + s * kStageBytes;
-      const uint4* ws = reinterpret_cast<const uint4*>(st + C::kXBytes);
-      const uint8_t* ps = st + C::kXBytes + C::kWBytes;
-      uint32_t a[2][2][4];  // [chunk][k32 step] fragment registers
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        // A one-chunk tail stage reads stale smem for chunk 1: its TMA-zeroed activations make it add 0.
-        const uint4 wv = ws[(gw * 2 + c) * 32 + lane];
-        const uint8_t* pc = ps + c * 2 * kRows;
-        const uint32_t s_g = pc[row], s_g8 = pc[row + 8];
-        const uint32_t a_g = pc[kRows + row] * 0x01010101u, a_g8 = pc[kRows + row + 8] * 0x01010101u;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t w_g = j ? wv.z : wv.x, w_g8 = j ? wv.w : wv.y;
-          a[c][j][0] = dequant_bytes(w_g & 0x0f0f0f0fu, s_g, a_g);
-          a[c][j][1] = dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8, a_g8);
-          a[c][j][2] = dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g, a_g);
-          a[c][j][3] = dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8, a_g8);
-        }
-      }
-      const uint64_t db = smem_desc(smem_u32(st));
-      wgmma_fence();
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wgmma_rs(acc, a[c][j], db + 2 * (2 * c + j));  // +32 bytes of k
-      wgmma_commit();
-      // The fragment registers are read asynchronously: this stage's wgmmas finish before the next
-      // stage's dequant overwrites them (the other warpgroup keeps the tensor cores busy meanwhile).
-      wgmma_wait<0>();
-      fence_regs(acc);
-      if (lane == 0) mbar_arrive(&empty[s]);
+    if (nk > 0) {
+      mbar_wait(&full[0], 0);
+      dequant_stage<C>(stage_at(0), gw, lane, chunks_at(0), fa);
+    }
+    for (int it = 0; it < nk; it += 2) {
+      consumer_step<C>(acc, fa, fb, it, nk, stage_at, chunks_at, full, empty, gw, lane);
+      if (it + 1 >= nk) break;
+      consumer_step<C>(acc, fb, fa, it + 1, nk, stage_at, chunks_at, full, empty, gw, lane);
     }
     store_tile<BT>(p, smem, n0, m0, gw, lane, rank, split, acc);
   }
