@@ -39,7 +39,7 @@ import torch
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
-from llama_random import (LLAMA3_8B, LlamaShape, quantize_e4m3, quantize_w4, quantize_w8, weight,  # noqa: E402
+from llama_random import (LLAMA3_8B, LlamaShape, quantize_e4m3, quantize_two_level, quantize_w4, quantize_w8, weight,  # noqa: E402
                           weight_names)
 
 PROMPT, NEW = 512, 128
@@ -127,6 +127,9 @@ def lowbit_model(shape, recipe, device, dtype):
         elif f == "w8":
             q, s = quantize_w8(w)
             qw = _core.QuantizedWeight("w8", q.cpu(), s.cpu())
+        elif f in ("qoq", "liquid"):
+            q, s, z, cs = quantize_two_level(w, f, r["group"] or 128)
+            qw = _core.QuantizedWeight(f, q.cpu(), s.cpu(), z.cpu(), cs.cpu(), r["group"] or 128)
         elif f == "e4m3":
             q, s = quantize_e4m3(w)
             qw = _core.QuantizedWeight("e4m3", q.cpu(), s.cpu())

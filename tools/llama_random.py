@@ -77,6 +77,28 @@ def quantize_w4(w, group=128):
     return q.to(torch.uint8).view(n, k), scale, zero.half()
 
 
+def quantize_two_level(w, fmt, group=128):
+    """A fast on-device two-level W4A8 quantizer for benchmark weights (not the calibrated lowbit quantizers):
+    level 1 per-channel int8 inside the protective range [-119, 119], level 2 per-group u4 with an integer
+    step s in [1, 16] and, for qoq, a zero z (s8 = (q - z) * s, z * s <= 128) or, for liquid, an offset a
+    (s8 = q * s + a - 128, q * s + a <= 255; a group whose range does not fit loses its top codes).
+    Returns (q uint8 [n, k] one code per byte, steps u8, zeros/offsets u8 [n, k / group], channel scales f32)."""
+    n, k = w.shape
+    assert k % group == 0, f"quantize_two_level: k={k} is not a multiple of group {group}"
+    cs = w.float().abs().amax(-1) / 119
+    cs = torch.where(cs == 0, torch.ones_like(cs), cs)
+    w8 = torch.clamp(torch.round(w.float() / cs.unsqueeze(-1)), -119, 119).view(n, k // group, group)
+    lo, hi = w8.amin(-1), w8.amax(-1)
+    step = torch.clamp(torch.ceil((hi - lo) / 15), 1, 16)
+    if fmt == "qoq":
+        zero = torch.minimum(torch.clamp(torch.round(-lo / step), 0, 15), torch.floor(128 / step))
+        q = torch.clamp(torch.round(w8 / step.unsqueeze(-1)) + zero.unsqueeze(-1), 0, 15)
+    else:
+        zero = torch.minimum(lo + 128, 255 - 15 * step)  # the offset a
+        q = torch.clamp(torch.round((w8 - (zero - 128).unsqueeze(-1)) / step.unsqueeze(-1)), 0, 15)
+    return q.to(torch.uint8).view(n, k), step.to(torch.uint8), zero.to(torch.uint8), cs
+
+
 def quantize_w8(w):
     """Per-channel symmetric int8 (docs/formats.md, w8): q int8 [n, k], scales f32 [n]."""
     wf = w.float()
