@@ -4,8 +4,21 @@
 #   lowbit_kernels_sm90: wgmma / TMA kernels, built only for sm_90a
 set(_cuda_flags --expt-relaxed-constexpr -lineinfo -Xptxas=-warn-spills)
 
+# Sources are globbed per folder, except generated attention instances (<folder>/instances/): those
+# come from the list the generator writes, bounded by LOWBIT_ATTN_ALL_INSTANCES.
 function(lowbit_cuda_lib name folder archs)
   file(GLOB_RECURSE _src CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${folder}/*.cu ${PROJECT_SOURCE_DIR}/${folder}/*.cpp)
+  list(FILTER _src EXCLUDE REGEX "/instances/")
+  set(_instances_dir ${PROJECT_SOURCE_DIR}/${folder}/instances)
+  if(EXISTS ${_instances_dir}/instances.cmake)
+    include(${_instances_dir}/instances.cmake)
+    set(_instances ${LOWBIT_ATTN_DEFAULT_INSTANCES})
+    if(LOWBIT_ATTN_ALL_INSTANCES)
+      list(APPEND _instances ${LOWBIT_ATTN_EXTRA_INSTANCES})
+    endif()
+    list(TRANSFORM _instances PREPEND ${_instances_dir}/)
+    list(APPEND _src ${_instances})
+  endif()
   if(NOT _src)
     set(_src ${PROJECT_SOURCE_DIR}/cmake/empty.cpp)
   endif()

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "kernels/sm80/instances/attention_instance_list.h"
 #include "lowbit/kernels/registry.h"
 #include "lowbit/model/model.h"
 #include "lowbit/ops/ops.h"
@@ -188,11 +189,11 @@ TEST(Registry, AttentionChoicesByDescriptor) {
   EXPECT_NE(g16.why_chosen().find("two slices of 8 heads"), std::string::npos) << g16.why_chosen();
   EXPECT_STREQ(select_attention(gpu_attention(AttnPhase::decode, 256, ScalarType::u4, ScalarType::u4, 4)).kernel->name,
                "decode_attention_sm80");
-  // Today's gaps are named fallbacks, never silent: head_dim 96, GQA 17.
-  const AttnSelection d96 = select_attention(gpu_attention(AttnPhase::decode, 96, ScalarType::f16, ScalarType::f16, 1));
-  EXPECT_STREQ(d96.kernel->name, "prefill_attention_sm80");
-  EXPECT_TRUE(d96.fallback);
-  EXPECT_NE(d96.why_chosen().find("head_dim 64, 128, 256, not 96"), std::string::npos) << d96.why_chosen();
+  // Today's gaps are named fallbacks, never silent: head_dim 72 (no instance), GQA 17.
+  const AttnSelection d72 = select_attention(gpu_attention(AttnPhase::decode, 72, ScalarType::f16, ScalarType::f16, 1));
+  EXPECT_STREQ(d72.kernel->name, "prefill_attention_sm80");
+  EXPECT_TRUE(d72.fallback);
+  EXPECT_NE(d72.why_chosen().find("head_dim 64, 80, 96, 128, 256, not 72"), std::string::npos) << d72.why_chosen();
   const AttnSelection g17 =
       select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 17));
   EXPECT_STREQ(g17.kernel->name, "prefill_attention_tc_sm80");
@@ -227,11 +228,59 @@ TEST(Registry, ForcedKernelThatCannotRunRaisesWithItsReason) {
 }
 
 TEST(Registry, StrictRefusesFallbacks) {
-  const AttnDesc d = gpu_attention(AttnPhase::decode, 96, ScalarType::f16, ScalarType::f16, 1);
+  const AttnDesc d = gpu_attention(AttnPhase::decode, 72, ScalarType::f16, ScalarType::f16, 1);
   const std::string msg = error_of([&] { select_attention(d, "", true, "Model: attention.decode"); });
   EXPECT_NE(msg.find("strict"), std::string::npos) << msg;
   EXPECT_NE(msg.find("prefill_attention_sm80"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("head_dim 64, 128, 256, not 96"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("head_dim 64, 80, 96, 128, 256, not 72"), std::string::npos) << msg;
+}
+
+static bool decode_built(int head_dim, ScalarType k, ScalarType v) {
+  return cuda::instance_state(cuda::kDecodeAttnInstances, head_dim, k, v) == cuda::InstanceState::built;
+}
+
+// Every head dim of the decode kernel, with GQA groups up to 16, decodes on tensor cores on sm_80 and
+// sm_90 where its instance is built; one the build left out is an error naming the CMake option.
+TEST(Registry, DecodeKernelServesEveryHeadDimAndGqaUpTo16) {
+  const ScalarType types[] = {ScalarType::f16, ScalarType::u8, ScalarType::u4};
+  for (int sm : {80, 90})
+    for (int head_dim : {64, 80, 96, 128, 256})
+      for (int group : {1, 8, 12, 16})
+        for (ScalarType k : types)
+          for (ScalarType v : types) {
+            AttnDesc desc = gpu_attention(AttnPhase::decode, head_dim, k, v, group);
+            desc.sm = sm;
+            if (decode_built(head_dim, k, v)) {
+              const AttnSelection s = select_attention(desc);
+              EXPECT_STREQ(s.kernel->name, "decode_attention_sm80") << desc.to_string();
+              EXPECT_FALSE(s.fallback) << desc.to_string();
+            } else {
+              const std::string msg = error_of([&] { select_attention(desc); });
+              EXPECT_NE(msg.find("is not built (configure with -DLOWBIT_ATTN_ALL_INSTANCES=ON)"), std::string::npos)
+                  << msg;
+            }
+          }
+  // The common head dims are in every build; the rare ones exactly when the option is on.
+  for (int head_dim : {64, 128, 256}) EXPECT_TRUE(decode_built(head_dim, ScalarType::u4, ScalarType::f16));
+  for (int head_dim : {80, 96})
+    EXPECT_EQ(decode_built(head_dim, ScalarType::u4, ScalarType::f16), cuda::kAttnAllInstances);
+}
+
+TEST(Registry, InstanceLeftOutOfTheBuildIsANamedErrorNotAFallback) {
+  if (cuda::kAttnAllInstances) GTEST_SKIP() << "built with LOWBIT_ATTN_ALL_INSTANCES=ON: no instance is left out";
+  const AttnDesc d = gpu_attention(AttnPhase::decode, 80, ScalarType::u8, ScalarType::u4, 16);
+  for (bool strict : {false, true}) {
+    const std::string msg = error_of([&] { select_attention(d, "", strict, "Model: attention.decode"); });
+    EXPECT_NE(msg.find("no kernel for attention decode sm_90 d80"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("decode_attention_sm80: the instance for head_dim 80 k=u8 v=u4 is not built (configure with "
+                       "-DLOWBIT_ATTN_ALL_INSTANCES=ON)"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("prefill_attention_sm80: does not stand in"), std::string::npos) << msg;
+  }
+  // Forcing the slow kernel does not get round it either.
+  const std::string forced = error_of([&] { select_attention(d, "prefill_attention_sm80", false, "x"); });
+  EXPECT_NE(forced.find("LOWBIT_ATTN_ALL_INSTANCES"), std::string::npos) << forced;
 }
 
 TEST(Registry, KernelOptionsAreValidated) {

@@ -49,6 +49,13 @@ def make_cache(kv, lens, hkv, d, block_size, seed):
     return k_store, v_store, kp, vp, table.cuda(), seq_k, seq_v
 
 
+def skip_unless_built(d, kt, vt):
+    """head_dim 80 and 96 are compiled only with LOWBIT_ATTN_ALL_INSTANCES=ON (docs/build.md)."""
+    r = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=d, q="f16", k=kt, v=vt)
+    if r["kernel"] != "decode_attention_sm80":
+        pytest.skip(f"decode instance d{d} k={kt} v={vt} not in this build: {r['reasons']}")
+
+
 def reference(q, seq_k, seq_v, scale):
     b, hq, d = q.shape
     out = torch.zeros(b, hq, d, dtype=torch.float64)
@@ -64,10 +71,13 @@ def reference(q, seq_k, seq_v, scale):
 
 @pytest.mark.parametrize("kv", ["f16", "u8", "u4", "u8/u4", "f16/u8", "u4/f16"])
 # GQA groups 12 and 16 run as slices of 8 heads (two blocks per kv head); head_dim 256 has its own instances.
+# head_dim 80 and 96 have lane runs that are not whole 16-byte loads (and an odd u4 K k-step at 80).
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128), (8, 1, 128), (4, 4, 64), (24, 2, 64), (16, 1, 128),
-                                      (32, 2, 128), (8, 2, 256), (16, 1, 256)])
+                                      (32, 2, 128), (8, 2, 256), (16, 1, 256), (12, 1, 80), (32, 2, 80), (9, 3, 80),
+                                      (16, 1, 96), (24, 2, 96), (8, 8, 96)])
 @pytest.mark.parametrize("lens,split", [([1], 0), ([17, 5, 300], 0), ([1000, 33], 64), ([700], 512), ([2049, 1], 0)])
 def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
+    skip_unless_built(d, *(kv.split("/") if "/" in kv else (kv, kv)))
     k, v, kp, vp, table, seq_k, seq_v = make_cache(kv, lens, hkv, d, 16, seed=sum(lens) + hq + d)
     q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(7)).half()
     out = torch.full((len(lens), hq, d), float("nan"), dtype=torch.float16, device="cuda")
@@ -87,13 +97,15 @@ def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
 
 @pytest.mark.parametrize("kv", ["f16", "u4", "u8/u4"])
 @pytest.mark.parametrize("block_size,split", [(8, 0), (16, 40), (32, 100), (1, 0)])
-def test_decode_attention_pages_straddling_tiles(kv, block_size, split):
+@pytest.mark.parametrize("d", [64, 80, 96])
+def test_decode_attention_pages_straddling_tiles(kv, block_size, split, d):
     """Block sizes / splits that are not multiples of 16 take the per-token page lookup."""
-    lens = [77, 300, 5]
-    k, v, kp, vp, table, seq_k, seq_v = make_cache(kv, lens, 2, 64, block_size, seed=block_size + split)
-    q = torch.randn(len(lens), 8, 64, generator=torch.Generator().manual_seed(3)).half()
-    out = torch.full((len(lens), 8, 64), float("nan"), dtype=torch.float16, device="cuda")
     kt, vt = kv.split("/") if "/" in kv else (kv, kv)
+    skip_unless_built(d, kt, vt)
+    lens = [77, 300, 5]
+    k, v, kp, vp, table, seq_k, seq_v = make_cache(kv, lens, 2, d, block_size, seed=block_size + split)
+    q = torch.randn(len(lens), 8, d, generator=torch.Generator().manual_seed(3)).half()
+    out = torch.full((len(lens), 8, d), float("nan"), dtype=torch.float16, device="cuda")
     _core.decode_attention(q.cuda(), k, v, kp, vp, table, torch.tensor(lens, dtype=torch.int32, device="cuda"),
                            max(lens), 0.125, out, kv_dtype=kt, split_tokens=split, v_dtype=vt)
     torch.cuda.synchronize()
@@ -108,9 +120,9 @@ def test_decode_attention_bad_inputs():
     q = torch.randn(1, 4, 64, device="cuda").half()
     out = torch.empty(1, 4, 64, device="cuda").half()
     lens = torch.tensor([20], dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="head_dim 96"):
-        _core.decode_attention(torch.randn(1, 4, 96, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
-                               torch.empty(1, 4, 96, device="cuda").half(), kv_dtype="u8")
+    with pytest.raises(NotImplementedError, match="head_dim 72 has no kernel"):
+        _core.decode_attention(torch.randn(1, 4, 72, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
+                               torch.empty(1, 4, 72, device="cuda").half(), kv_dtype="u8")
     with pytest.raises(ValueError, match="k_params"):
         _core.decode_attention(q, k, v, kp[:1].contiguous(), vp, table, lens, 20, 1.0, out, kv_dtype="u8")
     with pytest.raises(ValueError, match="max_seq_len 999"):
@@ -123,3 +135,14 @@ def test_decode_attention_bad_inputs():
     with pytest.raises(ValueError, match="multiple of kv heads"):
         _core.decode_attention(torch.randn(1, 3, 64, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
                                torch.empty(1, 3, 64, device="cuda").half(), kv_dtype="u8")
+
+
+def test_decode_attention_instance_left_out_names_the_option():
+    r = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=80, q="f16", k="u8", v="u8")
+    if r["kernel"] == "decode_attention_sm80":
+        pytest.skip("built with LOWBIT_ATTN_ALL_INSTANCES=ON: no instance is left out")
+    k, v, kp, vp, table, _, _ = make_cache("u8", [20], 2, 80, 16, seed=1)
+    lens = torch.tensor([20], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="head_dim 80 k=u8 v=u8 is not built .*LOWBIT_ATTN_ALL_INSTANCES=ON"):
+        _core.decode_attention(torch.randn(1, 4, 80, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
+                               torch.empty(1, 4, 80, device="cuda").half(), kv_dtype="u8")

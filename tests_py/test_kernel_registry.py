@@ -41,18 +41,30 @@ def test_decode_attention_kernel_and_named_fallbacks():
     ok = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=64, q="f16", k="u8", v="u4",
                                         gqa=3)
     assert ok["kernel"] == "decode_attention_sm80" and not ok["fallback"]
-    slow = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=96, q="f16", k="f16",
+    slow = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=72, q="f16", k="f16",
                                           v="f16")
     assert slow["kernel"] == "prefill_attention_sm80" and slow["fallback"]
-    assert "head_dim 64, 128, 256, not 96" in slow["why"]
+    assert "head_dim 64, 80, 96, 128, 256, not 72" in slow["why"]
 
 
-@pytest.mark.parametrize("head_dim,gqa", [(64, 16), (128, 12), (256, 1), (256, 16), (128, 9)])
-def test_decode_kernel_serves_gqa_up_to_16_and_head_dim_256(head_dim, gqa):
-    for k, v in (("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4")):
-        r = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=head_dim, q="f16", k=k, v=v,
+@pytest.mark.parametrize("head_dim,gqa", [(64, 16), (128, 12), (256, 1), (256, 16), (128, 9), (80, 16), (96, 12),
+                                         (80, 1), (96, 8)])
+@pytest.mark.parametrize("sm", [80, 90])
+def test_decode_kernel_serves_every_head_dim_and_gqa_up_to_16(head_dim, gqa, sm):
+    """64/128/256 decode on tensor cores in every build; 80/96 where LOWBIT_ATTN_ALL_INSTANCES=ON built them,
+    and otherwise no kernel at all (an error naming the option), never the slow fallback."""
+    rare = head_dim in (80, 96)
+    for k, v in (("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4"), ("u4", "f16"), ("f16", "u8")):
+        r = _core.kernels.select_attention(device="cuda", sm=sm, phase="decode", head_dim=head_dim, q="f16", k=k, v=v,
                                            gqa=gqa)
-        assert r["kernel"] == "decode_attention_sm80" and not r["fallback"], r
+        if r["kernel"] is None and rare:
+            assert f"the instance for head_dim {head_dim} k={k} v={v} is not built (configure with " \
+                   "-DLOWBIT_ATTN_ALL_INSTANCES=ON)" in r["reasons"], r
+            with pytest.raises(NotImplementedError, match="LOWBIT_ATTN_ALL_INSTANCES=ON"):
+                _core.kernels.select_attention(device="cuda", sm=sm, phase="decode", head_dim=head_dim, q="f16", k=k,
+                                               v=v, gqa=gqa, strict=True)
+        else:
+            assert r["kernel"] == "decode_attention_sm80" and not r["fallback"], r
 
 
 def test_decode_past_its_instances_is_a_named_fallback():
@@ -79,7 +91,7 @@ def test_forced_kernel_that_cannot_run_raises_with_the_reason():
         _core.kernels.select_gemm(device="cuda", sm=80, act="int8_per_token", x="f16", y="f16", weight="w8",
                                   packed="sm80", forced="gemm_w8a8_sm90")
     with pytest.raises(NotImplementedError, match="strict: .* would take the slow fallback prefill_attention_sm80"):
-        _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=96, q="f16", k="f16", v="f16",
+        _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=72, q="f16", k="f16", v="f16",
                                        strict=True)
 
 

@@ -1,10 +1,11 @@
 // The sm80-family attention kernels (cpp/kernels/sm80/*attention*.cu) in the attention registry:
 // the split-KV tensor-core decode kernel, the tensor-core prefill kernel, and the warp-per-query
 // kernel that serves whatever the other two cannot (a slow fallback: strict plans refuse it).
-#include <algorithm>
-#include <initializer_list>
+#include <cstddef>
+#include <string>
 
 #include "kernels/registry/registration.h"
+#include "kernels/sm80/instances/attention_instance_list.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
 #include "lowbit/cuda/kernels.h"
@@ -14,28 +15,41 @@
 namespace lowbit::kernels {
 namespace {
 
-// K/V element types of the tensor-core kernels' instances.
-bool tc_kv_type(ScalarType t) { return t == ScalarType::f16 || t == ScalarType::u8 || t == ScalarType::u4; }
-
-// What both tensor-core kernels need: f16 q/out, a head_dim they have instances of, f16/u8/u4 K and V.
-// Head dims whose per-lane K/V runs are not whole 16-, 8- or 4-byte loads (80, 96) have none yet.
-bool tc_common(const AttnDesc& d, std::string* why, std::initializer_list<int> head_dims, const char* listed) {
+// What both tensor-core kernels need: f16 q/out and an instance for (head_dim, K, V). The instances
+// are generated (tools/generate_attention_instances.py); one the build left out is refused with the
+// CMake option that adds it, and warp_can_run does not stand in for it.
+template <size_t N>
+bool tc_common(const AttnDesc& d, std::string* why, const cuda::AttnInstance (&instances)[N]) {
   if (!on_device(DeviceKind::cuda, d.device, why)) return false;
   if (d.sm < 80) return refuse(why, "needs sm_80 or newer"), false;
   if (d.q_type != ScalarType::f16 || d.out_type != ScalarType::f16) return refuse(why, "needs f16 q and out"), false;
-  if (std::find(head_dims.begin(), head_dims.end(), d.head_dim) == head_dims.end())
-    return refuse(why, std::string("has instances for head_dim ") + listed + ", not " + std::to_string(d.head_dim)),
+  const std::string kv = std::string("k=") + name_of(d.k_type) + " v=" + name_of(d.v_type);
+  switch (cuda::instance_state(instances, d.head_dim, d.k_type, d.v_type)) {
+    case cuda::InstanceState::built: return true;
+    case cuda::InstanceState::not_built:
+      return refuse(why, "the instance for head_dim " + std::to_string(d.head_dim) + " " + kv + " is not built (" +
+                             cuda::kAttnAllInstancesHint + ")"),
+             false;
+    case cuda::InstanceState::none: break;
+  }
+  if (cuda::instance_state(instances, d.head_dim, ScalarType::f16, ScalarType::f16) == cuda::InstanceState::none)
+    return refuse(why, "has instances for head_dim " + cuda::head_dims_of(instances) + ", not " +
+                           std::to_string(d.head_dim)),
            false;
-  if (!tc_kv_type(d.k_type) || !tc_kv_type(d.v_type))
-    return refuse(why, std::string("has instances for K/V f16, u8, u4, not k=") + name_of(d.k_type) +
-                           " v=" + name_of(d.v_type)),
-           false;
-  return true;
+  return refuse(why, "has instances for K/V f16, u8, u4, not " + kv), false;
+}
+
+// The phase's tensor-core kernel has an instance for this descriptor that the build left out.
+bool instance_left_out(const AttnDesc& d) {
+  const cuda::InstanceState s =
+      d.phase == AttnPhase::decode ? cuda::instance_state(cuda::kDecodeAttnInstances, d.head_dim, d.k_type, d.v_type)
+                                   : cuda::instance_state(cuda::kPrefillTcInstances, d.head_dim, d.k_type, d.v_type);
+  return s == cuda::InstanceState::not_built;
 }
 
 Fit decode_can_run(const AttnDesc& d, std::string* why) {
   if (d.device == DeviceKind::cuda && d.phase != AttnPhase::decode) return refuse(why, "decode steps only");
-  if (!tc_common(d, why, {64, 128, 256}, "64, 128, 256")) return Fit::no;
+  if (!tc_common(d, why, cuda::kDecodeAttnInstances)) return Fit::no;
   if (d.gqa_group > 16)
     return refuse(why, "GQA groups up to 16 (slices of 8 on the mma's n8 side), got " + std::to_string(d.gqa_group));
   if (d.gqa_group > 8) return fits(why, "split-KV, the GQA group in two slices of 8 heads, K/V read once per slice");
@@ -44,7 +58,7 @@ Fit decode_can_run(const AttnDesc& d, std::string* why) {
 int decode_rank(const AttnDesc&) { return 3; }
 
 Fit prefill_tc_can_run(const AttnDesc& d, std::string* why) {
-  if (!tc_common(d, why, {64, 128}, "64, 128")) return Fit::no;
+  if (!tc_common(d, why, cuda::kPrefillTcInstances)) return Fit::no;
   if (d.phase == AttnPhase::decode) return slow(why, "a prefill kernel serving decode (64-row query tiles, one row used)");
   return fits(why, "64-row query tiles, mma.sync, f32 softmax");
 }
@@ -54,6 +68,9 @@ Fit warp_can_run(const AttnDesc& d, std::string* why) {
   if (!on_device(DeviceKind::cuda, d.device, why)) return Fit::no;
   if (d.sm < 80) return refuse(why, "needs sm_80 or newer");
   if (d.head_dim <= 0 || d.head_dim > 256) return refuse(why, "head_dim 1..256");
+  if (instance_left_out(d))
+    return refuse(why, std::string("does not stand in for a tensor-core instance left out of the build (") +
+                           cuda::kAttnAllInstancesHint + ")");
   return slow(why, "one warp per (query, head) in f32, no tensor cores");
 }
 int warp_rank(const AttnDesc&) { return 1; }
@@ -81,7 +98,7 @@ void launch_prefill(const AttnArgs& a) {
 }  // namespace
 
 void register_attention_sm80(std::vector<AttnKernel>& out) {
-  out.push_back({"decode_attention_sm80", "decode: split-KV tensor cores, f16 q, K/V f16/u8/u4, head_dim 64/128/256, GQA <= 16",
+  out.push_back({"decode_attention_sm80", "decode: split-KV tensor cores, f16 q, K/V f16/u8/u4, head_dim 64/80/96/128/256, GQA <= 16",
                  decode_can_run, decode_rank, LOWBIT_GPU_LAUNCH(launch_decode)});
   out.push_back({"prefill_attention_tc_sm80", "prefill: tensor cores, f16 q, K/V f16/u8/u4, head_dim 64/128",
                  prefill_tc_can_run, prefill_tc_rank,

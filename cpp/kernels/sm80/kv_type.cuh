@@ -1,6 +1,6 @@
-// The K/V element types of the tensor-core attention kernels (decode_attention_sm80.cu and
-// prefill_attention_tc_sm80.cu): one enum, one mapping from the cache's ScalarType, so the two kernels
-// and their registry entries cannot disagree on what an instance means.
+// The K/V element types of the tensor-core attention kernels (decode_attention_sm80.cuh and
+// prefill_attention_tc_sm80.cuh, their generated instances and tables): one enum, one mapping from the
+// cache's ScalarType, so the kernels and their registry entries cannot disagree on what an instance means.
 #pragma once
 #include "lowbit/core/dtype.h"
 

@@ -1,5 +1,5 @@
 // The tensor-core prefill attention kernel (prefill_attention_tc_sm80.cu), for the dispatcher in
-// prefill_attention_sm80.cu: f16 q and out, head_dim 64 or 128, K and V each f16, u8 or u4.
+// prefill_attention_sm80.cu: f16 q and out, K and V each f16, u8 or u4, the head dims of its instances.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -91,9 +91,9 @@ void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const T
 // of f16, u8 or u4; k_params/v_params f32 [blocks, Hkv, block_size, 2]
 // (scale, zero) for u8/u4; block_tables s32 [B, max_blocks]; seq_lens s32 [B] (on the device);
 // max_seq_len >= every seq_len (decides the split-KV grid, so it is graph-capture friendly);
-// out f16 [B, Hq, D]. split_tokens = 0 picks the split size itself. D in {64, 128, 256}, Hq/Hkv <= 16
-// (groups over 8 run as slices of 8 heads, each reading the K/V once; registered as
-// decode_attention_sm80; other shapes throw NotSupported).
+// out f16 [B, Hq, D]. split_tokens = 0 picks the split size itself. D in {64, 80, 96, 128, 256} (80 and
+// 96 only when built with LOWBIT_ATTN_ALL_INSTANCES=ON), Hq/Hkv <= 16 (groups over 8 run as slices of 8
+// heads, each reading the K/V once; registered as decode_attention_sm80; other shapes throw NotSupported).
 // K and V types may differ (e.g. u8 K with u4 V).
 void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                       const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_lens,

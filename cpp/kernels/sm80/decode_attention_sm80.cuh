@@ -1,0 +1,478 @@
+// The decode attention kernel over the paged KV cache (one query token per sequence), K/V in f16, u8 or u4
+// with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h), on tensor cores.
+//
+// Grid (sequence, kv head x head slice, split). The query heads of one GQA group (<= 8) are the n8 side
+// of mma.sync m16n8k16, so each K/V byte is read once for the whole group; a group of 9-16 heads runs
+// as two slices of 8 (two blocks per kv head, each reading the K/V once):
+//   scores  Sᵀ[16 tokens, 8 heads] = K[16 tokens, D] · Qᵀ[D, 8 heads]   (K is the A operand)
+//   output  Oᵀ[D, 8 heads]        += Vᵀ[D, 16 tokens] · P'ᵀ[16 tokens, 8 heads]
+// Integer K/V are fed to the tensor cores as exact f16 integers (magic-number conversion) and
+// their parameters are applied outside: q·(k s + z) = s (q·k) + z Σq, and Σ p (v s + z) =
+// Σ (p s) v + Σ p z, so P' = p * s_v (BitDecoding-style: dequantize in registers, fold scales).
+// The magic numbers are folded too: a code c becomes the exact f16 1024 + c (u4 high nibbles
+// 1024 + 16c) with one lop3/prmt and no subtraction, and the known offsets are removed after the
+// mma, in f32: q·(1024 + c) = q·c + 1024 Σq, and Σ p'(1024 + c) = Σ p' c + 1024 Σ p'.
+// A dot product does not care about the order of its terms, so each lane loads a contiguous run
+// of dims (scores) or of dims for 4 tokens (output), and the query / P' operands use the same
+// order. Each warp keeps its own online softmax over 16-token tiles; the block's 4 warps merge
+// in shared memory; several splits per sequence are merged by a second kernel (flash-decoding).
+//
+// This header holds the kernel template; each instance file compiles one (head_dim, K, V) of it and
+// decode_attention_sm80.cu dispatches through the generated table (decode_attention_launch.h).
+#pragma once
+#include <cuda_fp16.h>
+
+#include "cuda/pdl.cuh"
+#include "kernels/sm80/decode_attention_launch.h"
+#include "kernels/sm80/kv_type.cuh"
+
+namespace lowbit::cuda {
+namespace decode_attn {
+
+constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m) underflows to 0
+
+__device__ inline uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+// A lane's run of bytes (one token's dims) fills whole 32-bit words, little-endian, zero-padded.
+constexpr int words_of(int bytes) { return (bytes + 3) / 4; }
+// Runs start at multiples of their own length from a 16-byte aligned tensor (lane offsets and row
+// strides are multiples of it), so the widest load that divides the length is aligned: 16-byte loads
+// for the power-of-two head dims, narrower ones for head_dim 80 and 96 (u4 K at 80: 10 bytes).
+constexpr int load_width(int bytes) {
+  return bytes % 16 == 0 ? 16 : bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : bytes % 2 == 0 ? 2 : 1;
+}
+
+template <int kBytes>
+__device__ inline void load_bytes(const uint8_t* p, uint32_t (&r)[words_of(kBytes)]) {
+  constexpr int kWidth = load_width(kBytes);
+  if constexpr (kWidth == 16) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      r[4 * i] = v.x; r[4 * i + 1] = v.y; r[4 * i + 2] = v.z; r[4 * i + 3] = v.w;
+    }
+  } else if constexpr (kWidth == 8) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 8; ++i) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      r[2 * i] = v.x; r[2 * i + 1] = v.y;
+    }
+  } else if constexpr (kWidth == 4) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) r[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+  } else {
+#pragma unroll
+    for (int w = 0; w < words_of(kBytes); ++w) r[w] = 0;
+#pragma unroll
+    for (int i = 0; i < kBytes / kWidth; ++i) {
+      const uint32_t v = kWidth == 2 ? uint32_t{__ldg(reinterpret_cast<const unsigned short*>(p) + i)}
+                                     : uint32_t{__ldg(p + i)};
+      r[i * kWidth / 4] |= v << (8 * (i * kWidth % 4));
+    }
+  }
+}
+
+__device__ inline uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+constexpr uint32_t kMagic = 0x64006400;  // f16 pair (1024, 1024)
+// The folded forms used by the kernel: codes plus the magic offset, the offsets removed after the mma.
+__device__ inline uint32_t nibbles_lo_plus_1024(uint32_t w) {  // low nibble of each half's low byte: 1024 + c
+  return lop3_and_or(w, 0x000f000f, kMagic);
+}
+__device__ inline uint32_t nibbles_hi_plus_1024(uint32_t w) {  // its high nibble: 1024 + 16c
+  return lop3_and_or(w, 0x00f000f0, kMagic);
+}
+__device__ inline uint32_t bytes_plus_1024(uint32_t w, uint32_t sel) {  // two bytes: 1024 + c each
+  return __byte_perm(w, 0x64646464, sel);
+}
+
+__device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                           uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Query dims that lane t pairs in k-step j of the score mma (relative to its run of D/4 dims):
+// f16/u8 read dims in order, u4's nibble trick pairs dim s with s + 4 (k-steps 2i and 2i + 1 share
+// word i of the run). An odd last u4 step (head_dim 80) has only its word's low two bytes and pairs
+// dim s with s + 2 instead (k_frag).
+template <KvType KT, int kSteps>
+__device__ inline void q_dims(int j, int& b0_first, int& b0_second, int& b1_first, int& b1_second) {
+  if constexpr (KT == KvType::u4) {
+    if (kSteps % 2 == 1 && j == kSteps - 1) {
+      const int s = 8 * (j >> 1);
+      b0_first = s; b0_second = s + 2; b1_first = s + 1; b1_second = s + 3;
+    } else {
+      const int s = 8 * (j >> 1) + 2 * (j & 1);
+      b0_first = s; b0_second = s + 4; b1_first = s + 1; b1_second = s + 5;
+    }
+  } else {
+    b0_first = 4 * j; b0_second = 4 * j + 1; b1_first = 4 * j + 2; b1_second = 4 * j + 3;
+  }
+}
+
+// K A-fragment registers of k-step j from one token's run of D/4 dims (a0/a2 for row g, a1/a3 g+8).
+// Integer codes come with their magic offsets (lo: 1024 + c; u4 hi: 1024 + 16c), removed after the mma.
+template <KvType KT, int kSteps, int kWords>
+__device__ inline void k_frag(const uint32_t (&w)[kWords], int j, uint32_t& lo, uint32_t& hi) {
+  if constexpr (KT == KvType::f16) {
+    lo = w[2 * j]; hi = w[2 * j + 1];
+  } else if constexpr (KT == KvType::u8) {
+    lo = bytes_plus_1024(w[j], 0x4140); hi = bytes_plus_1024(w[j], 0x4342);
+  } else {
+    // The lop3 masks read bytes 0 and 2: steps 2i / 2i + 1 take word i's bytes (0, 2) / (1, 3); an odd
+    // last step moves byte 1 into byte 2 (see q_dims).
+    const uint32_t word = w[j >> 1];
+    const bool odd_last = kSteps % 2 == 1 && j == kSteps - 1;
+    const uint32_t x = odd_last ? __byte_perm(word, 0, 0x0100) : (j & 1) ? (word >> 8) : word;
+    lo = nibbles_lo_plus_1024(x); hi = nibbles_hi_plus_1024(x);
+  }
+}
+
+// Vᵀ A-fragment registers of m-tile mt (dims 2mt, 2mt+1 of the lane's run) for tokens (a, b); integer
+// codes with their magic offsets as in k_frag (dim0 1024 + c; dim1 1024 + c for u8, 1024 + 16c for u4).
+template <KvType VT, int kWords>
+__device__ inline void v_frag(const uint32_t (&wa)[kWords], const uint32_t (&wb)[kWords], int mt, uint32_t& dim0,
+                              uint32_t& dim1) {
+  if constexpr (VT == KvType::f16) {
+    dim0 = __byte_perm(wa[mt], wb[mt], 0x5410);
+    dim1 = __byte_perm(wa[mt], wb[mt], 0x7632);
+  } else if constexpr (VT == KvType::u8) {
+    const int byte = (2 * mt) & 3;
+    const uint32_t t = __byte_perm(wa[mt >> 1], wb[mt >> 1], byte | (byte + 4) << 4 | (byte + 1) << 8 | (byte + 5) << 12);
+    dim0 = bytes_plus_1024(t, 0x4140);
+    dim1 = bytes_plus_1024(t, 0x4342);
+  } else {
+    const int byte = mt & 3;
+    const uint32_t t = __byte_perm(wa[mt >> 2], wb[mt >> 2], byte | byte << 4 | (byte + 4) << 8 | (byte + 4) << 12);
+    dim0 = nibbles_lo_plus_1024(t);
+    dim1 = nibbles_hi_plus_1024(t);
+  }
+}
+
+// One 16-token tile's operands for one lane: K rows g and g+8 with the (scale, zero) of both K and V
+// (TileK, loaded one tile ahead), and V tokens 4t..4t+3 (TileV, loaded at the top of its own tile:
+// the score and softmax work covers its latency, and the registers of a second V tile are saved).
+template <int kKWords>
+struct TileK {
+  uint32_t kg[kKWords], kg8[kKWords];
+  float2 ksp_g, ksp_g8, vsp_g, vsp_g8;
+};
+template <int kVWords>
+struct TileV {
+  uint32_t v[4][kVWords];
+};
+
+// kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread).
+// D: any multiple of 16 (one k-step of the score mma per 16 dims).
+template <KvType KT, KvType VT, int D, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
+  static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
+  pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
+  constexpr int kKBytes = D / 4 * kv_bits<KT>() / 8;   // a lane's run of D/4 dims of one token
+  constexpr int kVBytes = D / 8 * kv_bits<VT>() / 8;   // a lane's run of D/8 dims of one token
+  constexpr int kKWords = words_of(kKBytes), kVWords = words_of(kVBytes);
+  constexpr int kSteps = D / 16;  // k-steps of the score mma = m-tiles of the output mma
+  __shared__ __align__(16) __half p_tile[kWarps][8][kTile];
+  __shared__ float warp_m[kWarps][8], warp_l[kWarps][8];
+  __shared__ float warp_o[kWarps][8][D];
+
+  const int b = blockIdx.x, kvh = blockIdx.y / p.slices, split = blockIdx.z;
+  const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
+  const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int len = p.seq_lens[b];
+  const int start = split * p.split_tokens, end = min(start + p.split_tokens, len);
+  const int n = max(end - start, 0);
+  const int* pages = p.block_tables + static_cast<int64_t>(b) * p.max_blocks;  // read through L1 per tile
+
+  // Query as the B operand: column g = head g of the group (zero past the group). q stays exact
+  // f16 (the softmax scale is applied to the f32 scores), so K·q has only f32 rounding.
+  const int kv_dims = D / 4 * t;  // this lane's run for scores
+  uint32_t qf[kSteps][2];
+  float qpart = 0.f, qlo_part = 0.f;  // Σq over this lane's dims; over those paired with lo registers
+  {
+    const bool live = g < heads;
+    const __half* qh = p.q + b * p.q_stride_b + (head0 + (live ? g : 0)) * p.q_stride_h + kv_dims;
+    const __half zero = __float2half(0.f);
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j) {
+      int d00, d01, d10, d11;
+      q_dims<KT, kSteps>(j, d00, d01, d10, d11);
+      const __half2 lo = live ? __halves2half2(qh[d00], qh[d01]) : __halves2half2(zero, zero);
+      const __half2 hi = live ? __halves2half2(qh[d10], qh[d11]) : __halves2half2(zero, zero);
+      // u4 K: the lo registers hold 1024 + c and the hi ones 1024 + 16c; q times 16 on the lo side
+      // (exact in f16) puts both on the same 16x scale, undone after the mma.
+      qf[j][0] = h2u(KT == KvType::u4 ? __hmul2(lo, __float2half2_rn(16.f)) : lo);
+      qf[j][1] = h2u(hi);
+      const float2 a = __half22float2(lo), c = __half22float2(hi);
+      qpart += (a.x + a.y) + (c.x + c.y);
+      qlo_part += a.x + a.y;
+    }
+  }
+  qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
+  qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);
+  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 1);
+  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 2);
+  // Σq of the two heads this lane's score/output columns hold (2t, 2t+1).
+  const float qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4), qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
+  // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
+  // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
+  constexpr float k_fold = KT == KvType::u4 ? 16.f : 1.f;
+  float k_offset0 = 0.f, k_offset1 = 0.f;
+  if constexpr (KT != KvType::f16) {
+    const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
+    const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
+    k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
+    k_offset1 = KT == KvType::u8 ? 1024.f * qsum1 : 1024.f * lo1 + 64.f * (qsum1 - lo1);
+  }
+
+  auto row_of = [&](int i) -> int64_t {  // token i of the split -> row in [blocks, Hkv, bs]
+    const int tok = start + i;
+    const int page_idx = p.block_shift >= 0 ? tok >> p.block_shift : tok / p.block_size;
+    const int in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+    const int page = __ldg(pages + page_idx);
+    return (static_cast<int64_t>(page) * p.hkv + kvh) * p.block_size + in_page;
+  };
+
+  // Per head (2t, 2t+1): running max, Σp, Σ p z_v, and Σ p' (the f16 P' the mma saw, for the V offset).
+  float m0 = kNoScore, m1 = kNoScore, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f, w0 = 0.f, w1 = 0.f;
+  float acc[kSteps][4] = {};
+  const int v_dims = D / 8 * g;  // this lane's run for the output
+
+  using KRegs = TileK<kKWords>;
+  using VRegs = TileV<kVWords>;
+  constexpr int kKRow = D * kv_bits<KT>() / 8, kVRow = D * kv_bits<VT>() / 8;  // bytes of one token's row
+  // This lane's byte offsets inside a tile whose 16 rows are consecutive (one page): K rows g and
+  // g + 8 at its run of dims, V rows 4t..4t+3 at its run; fixed for the whole loop.
+  const int k_off = g * kKRow + kv_dims * kv_bits<KT>() / 8;
+  const int v_off = 4 * t * kVRow + v_dims * kv_bits<VT>() / 8;
+  // A whole tile inside one page takes one page lookup, then every address is the tile's first row
+  // plus a lane constant (no per-row index math or bounds checks: most of the loop's integer work).
+  // Otherwise (a partial last tile, or pages not aligned to tiles) rows are looked up one by one and
+  // rows past the split read as zeros with neutral parameters.
+  auto full_tile = [&](int tile) { return p.tile_in_one_page && tile + kTile <= n; };
+  const float2 none = make_float2(1.f, 0.f);
+  auto load_k = [&](int tile, KRegs& r) {
+    r.ksp_g = r.ksp_g8 = r.vsp_g = r.vsp_g8 = none;
+    if (full_tile(tile)) {
+      const int64_t base = row_of(tile);
+      const uint8_t* kt = p.k + base * kKRow + k_off;
+      load_bytes<kKBytes>(kt, r.kg);
+      load_bytes<kKBytes>(kt + 8 * kKRow, r.kg8);
+      if constexpr (KT != KvType::f16) {
+        const float2* kp = reinterpret_cast<const float2*>(p.k_params) + base + g;
+        r.ksp_g = __ldg(kp);
+        r.ksp_g8 = __ldg(kp + 8);
+      }
+      if constexpr (VT != KvType::f16) {
+        const float2* vp = reinterpret_cast<const float2*>(p.v_params) + base + g;
+        r.vsp_g = __ldg(vp);
+        r.vsp_g8 = __ldg(vp + 8);
+      }
+      return;
+    }
+#pragma unroll
+    for (int w = 0; w < kKWords; ++w) r.kg[w] = r.kg8[w] = 0;
+    if (tile + g < n) {
+      const int64_t rg = row_of(tile + g);
+      load_bytes<kKBytes>(p.k + rg * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg);
+      if constexpr (KT != KvType::f16) r.ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg);
+      if constexpr (VT != KvType::f16) r.vsp_g = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg);
+    }
+    if (tile + g + 8 < n) {
+      const int64_t rg8 = row_of(tile + g + 8);
+      load_bytes<kKBytes>(p.k + rg8 * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg8);
+      if constexpr (KT != KvType::f16) r.ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg8);
+      if constexpr (VT != KvType::f16) r.vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg8);
+    }
+  };
+  auto load_v = [&](int tile, VRegs& r) {
+    if (full_tile(tile)) {
+      const uint8_t* vt = p.v + row_of(tile) * kVRow + v_off;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) load_bytes<kVBytes>(vt + u * kVRow, r.v[u]);
+      return;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int w = 0; w < kVWords; ++w) r.v[u][w] = 0;
+      if (tile + 4 * t + u < n)
+        load_bytes<kVBytes>(p.v + row_of(tile + 4 * t + u) * kVRow + v_dims * kv_bits<VT>() / 8, r.v[u]);
+    }
+  };
+
+  // Integer K: the next tile's K is issued before this tile is used (its registers are few); f16
+  // tiles are large enough that occupancy hides the latency instead.
+  constexpr bool kPrefetch = KT != KvType::f16 && VT != KvType::f16;
+  constexpr int kStep = kWarps * kTile;
+  KRegs cur, nxt;
+  VRegs vcur;
+  if (warp * kTile < n) load_k(warp * kTile, cur);
+  for (int tile = warp * kTile; tile < n; tile += kStep) {
+    load_v(tile, vcur);
+    if constexpr (kPrefetch) {
+      if (tile + kStep < n) load_k(tile + kStep, nxt);
+    }
+    const bool ok_g = tile + g < n, ok_g8 = tile + g + 8 < n;
+    const uint32_t(&kg)[kKWords] = cur.kg;
+    const uint32_t(&kg8)[kKWords] = cur.kg8;
+    const float2 ksp_g = cur.ksp_g, ksp_g8 = cur.ksp_g8, vsp_g = cur.vsp_g, vsp_g8 = cur.vsp_g8;
+
+    // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8
+    float s[4] = {};
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j) {
+      uint32_t a0, a2, a1, a3;
+      k_frag<KT, kSteps>(kg, j, a0, a2);
+      k_frag<KT, kSteps>(kg8, j, a1, a3);
+      mma(s, a0, a1, a2, a3, qf[j][0], qf[j][1]);
+    }
+    if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq with q·c = mma / k_fold - k_offset
+      s[0] = ksp_g.x * (s[0] * (1.f / k_fold) - k_offset0) + ksp_g.y * qsum0;
+      s[1] = ksp_g.x * (s[1] * (1.f / k_fold) - k_offset1) + ksp_g.y * qsum1;
+      s[2] = ksp_g8.x * (s[2] * (1.f / k_fold) - k_offset0) + ksp_g8.y * qsum0;
+      s[3] = ksp_g8.x * (s[3] * (1.f / k_fold) - k_offset1) + ksp_g8.y * qsum1;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] *= p.scale;
+    // ---- online softmax for heads 2t, 2t+1 (max over the 16 tokens: lanes with the same t)
+    float t0 = fmaxf(ok_g ? s[0] : kNoScore, ok_g8 ? s[2] : kNoScore);
+    float t1 = fmaxf(ok_g ? s[1] : kNoScore, ok_g8 ? s[3] : kNoScore);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, o));
+      t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, o));
+    }
+    const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+    const float alpha0 = __expf(m0 - n0), alpha1 = __expf(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    const float p0 = ok_g ? __expf(s[0] - n0) : 0.f, p1 = ok_g ? __expf(s[1] - n1) : 0.f;
+    const float p2 = ok_g8 ? __expf(s[2] - n0) : 0.f, p3 = ok_g8 ? __expf(s[3] - n1) : 0.f;
+    l0 = l0 * alpha0 + p0 + p2;
+    l1 = l1 * alpha1 + p1 + p3;
+    z0 = z0 * alpha0 + p0 * vsp_g.y + p2 * vsp_g8.y;
+    z1 = z1 * alpha1 + p1 * vsp_g.y + p3 * vsp_g8.y;
+    // Once the running maxima settle, a tile rarely raises them and every alpha is exactly 1: skip the
+    // accumulator rescale then (a warp-uniform branch; skipping a multiply by 1 changes nothing).
+    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+#pragma unroll
+      for (int mt = 0; mt < kSteps; ++mt) {
+        acc[mt][0] *= alpha0; acc[mt][1] *= alpha1; acc[mt][2] *= alpha0; acc[mt][3] *= alpha1;
+      }
+    }
+    // ---- P' = p * s_v, transposed through shared memory into the B layout (head g, tokens 4t..4t+3)
+    __half(*pt)[kTile] = p_tile[warp];
+    const __half h0 = __float2half_rn(p0 * vsp_g.x), h1 = __float2half_rn(p1 * vsp_g.x);
+    const __half h2 = __float2half_rn(p2 * vsp_g8.x), h3 = __float2half_rn(p3 * vsp_g8.x);
+    pt[2 * t][g] = h0;
+    pt[2 * t + 1][g] = h1;
+    pt[2 * t][g + 8] = h2;
+    pt[2 * t + 1][g + 8] = h3;
+    if constexpr (VT != KvType::f16) {
+      w0 = w0 * alpha0 + (__half2float(h0) + __half2float(h2));
+      w1 = w1 * alpha1 + (__half2float(h1) + __half2float(h3));
+    }
+    __syncwarp();
+    const uint2 pb = *reinterpret_cast<const uint2*>(&pt[g][4 * t]);
+    __syncwarp();
+    // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
+#pragma unroll
+    for (int mt = 0; mt < kSteps; ++mt) {
+      uint32_t a0, a1, a2, a3;
+      v_frag<VT>(vcur.v[0], vcur.v[1], mt, a0, a1);
+      v_frag<VT>(vcur.v[2], vcur.v[3], mt, a2, a3);
+      mma(acc[mt], a0, a1, a2, a3, pb.x, pb.y);
+    }
+    if constexpr (kPrefetch) {
+      cur = nxt;
+    } else if (tile + kStep < n) {
+      load_k(tile + kStep, cur);
+    }
+  }
+
+  // ---- per-warp totals (sum over the lanes sharing t), then merge the warps
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+    z0 += __shfl_xor_sync(0xffffffffu, z0, o);
+    z1 += __shfl_xor_sync(0xffffffffu, z1, o);
+    w0 += __shfl_xor_sync(0xffffffffu, w0, o);
+    w1 += __shfl_xor_sync(0xffffffffu, w1, o);
+  }
+  // Integer V: each dim's accumulator is v_fold * (Σ p' c) + 1024 Σ p' (v_fold 16 for u4's odd dims).
+  const float v_off0 = 1024.f * w0, v_off1 = 1024.f * w1;
+  constexpr float v_fold_odd = VT == KvType::u4 ? 1.f / 16.f : 1.f;
+  if (g == 0) {
+    warp_m[warp][2 * t] = m0; warp_m[warp][2 * t + 1] = m1;
+    warp_l[warp][2 * t] = l0; warp_l[warp][2 * t + 1] = l1;
+  }
+#pragma unroll
+  for (int mt = 0; mt < kSteps; ++mt) {
+    const int d = v_dims + 2 * mt;
+    if constexpr (VT != KvType::f16) {
+      acc[mt][0] -= v_off0;
+      acc[mt][1] -= v_off1;
+      acc[mt][2] = (acc[mt][2] - v_off0) * v_fold_odd;
+      acc[mt][3] = (acc[mt][3] - v_off1) * v_fold_odd;
+    }
+    warp_o[warp][2 * t][d] = acc[mt][0] + z0;
+    warp_o[warp][2 * t + 1][d] = acc[mt][1] + z1;
+    warp_o[warp][2 * t][d + 1] = acc[mt][2] + z0;
+    warp_o[warp][2 * t + 1][d + 1] = acc[mt][3] + z1;
+  }
+  __syncthreads();
+  const int num_splits = gridDim.z;
+  for (int idx = threadIdx.x; idx < heads * D; idx += kThreads) {
+    const int h = idx / D, d = idx % D;
+    float mx = warp_m[0][h];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, warp_m[w][h]);
+    float o = 0.f, l = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float e = __expf(warp_m[w][h] - mx);
+      o += e * warp_o[w][h][d];
+      l += e * warp_l[w][h];
+    }
+    const int head = head0 + h;
+    if (num_splits == 1) {
+      p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(l > 0.f ? o / l : 0.f);
+    } else {
+      const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + split;
+      p.part_out[slot * D + d] = o;
+      if (d == 0) {
+        p.part_stats[slot * 2] = mx;
+        p.part_stats[slot * 2 + 1] = l;
+      }
+    }
+  }
+}
+
+// Resident blocks per SM each head_dim is built for. 128: with 4 (128 registers) the f16 and u8
+// kernels spill; measured on an H100 at B=64 L=8K, 3 is as fast or faster for every KV type. 256 holds
+// twice the fragments per lane: a budget of 1 block per SM (up to 255 registers; 202-255 used on sm_90
+// without spills, 4 bytes spilled for f16 K and V on sm_80) keeps them in registers. 80 and 96 sit
+// between 64 and 128: 108-128 registers on sm_80 and sm_90, no spills, so both run 4 blocks per SM.
+template <int D>
+constexpr int min_blocks() {
+  return D <= 80 ? 4 : D <= 128 ? 3 : 1;
+}
+
+}  // namespace decode_attn
+
+template <int D, KvType KT, KvType VT>
+void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
+  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D>()>
+      <<<grid, decode_attn::kThreads, 0, stream>>>(p);
+}
+
+}  // namespace lowbit::cuda
