@@ -81,9 +81,9 @@ def render() -> str:
                     cells = [attention_cell(core, dev, sm, dtype, phase, d, k, v, g) for g in GQA]
                     lines.append(f"| {d} | {k} / {v} | " + " | ".join(cells) + " |")
     lines += ["", "sm_80, sm_86 and sm_89 attention cells equal the sm_90 ones (the sm80-family kernels serve them all).",
-              "", "These tables are those of a default build. Decode at head_dim 80 and 96 is `decode_attention_sm80` in a "
-              "build configured with `LOWBIT_ATTN_ALL_INSTANCES=ON`; a default build leaves those instances out, and "
-              "using one is an error naming the option, not a fallback (docs/build.md).", ""]
+              "", "These tables are those of a default build (every attention instance). A build configured with "
+              "`LOWBIT_ATTN_ALL_INSTANCES=OFF` leaves decode at head_dim 80 and 96 out, and using one there is an "
+              "error naming the option, not a fallback (docs/build.md).", ""]
     return "\n".join(lines)
 
 

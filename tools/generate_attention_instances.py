@@ -4,8 +4,9 @@
 Each kernel is a template over (head_dim, K type, V type). This script writes one small .cu per
 combination (so instances compile in parallel and a build can leave some out), the launch table each
 dispatcher looks its instance up in, the host-side list the registry answers from, and the CMake
-lists of sources. The default build compiles the full K x V set for the common head dims (every KV
-recipe runs on every such model); LOWBIT_ATTN_ALL_INSTANCES=ON adds the rare head dims.
+lists of sources. Every build compiles the full K x V set for the common head dims (every KV recipe
+runs on every such model); the rare head dims are "extra" instances, built unless a developer
+configures LOWBIT_ATTN_ALL_INSTANCES=OFF for a faster build.
 
 Run it after changing the sets below and commit its output; tests_py/test_attention_instances.py
 fails when the committed files are stale. The output depends on nothing but this file.
@@ -36,7 +37,7 @@ class Kernel:
     table: str          # table variable; its size is <table>Size
     instance_list: str  # host-side list in attention_instance_list.h
     default_dims: tuple[int, ...]
-    extra_dims: tuple[int, ...]  # compiled only with LOWBIT_ATTN_ALL_INSTANCES=ON
+    extra_dims: tuple[int, ...]  # left out by LOWBIT_ATTN_ALL_INSTANCES=OFF
 
 
 KERNELS = [
