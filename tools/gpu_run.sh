@@ -69,7 +69,7 @@ SANITIZE_CASES=(
   "f16_gemm|test_gpu_f16_gemm.py|(forced and (2-200-72 or 17-200-576 or 65-8-16 or 7-1000-72 or 300-8-4100)) or (mma_matches_wmma and (2-200-576 or 1030)) or (default_dispatch and 65) or override"
   "w8a8|test_gpu_w8a8.py|(bit_exact and (3-130 or 17 or 1-8)) or (int32 and 130-200)"
   "fp8|test_gpu_fp8.py|3-130-128 or 1-576-576 or (bit_exact and 5-200) or (small_integers and (65-257-576 or 1-257-4160 or 130-77-256)) or (split_k and (5-300-1088 or 65-520-1088-2)) or (pairs and 129-1000-320)"
-  "decode_attention|test_gpu_attention.py|lens1-0-9-3-64 or lens3-64-32-8-128 or lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8 or lens1-0-16-1-256-u8 or lens2-64-32-2-128-u4"
+  "decode_attention|test_gpu_attention.py|lens1-0-9-3-64 or lens3-64-32-8-128 or lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8 or lens1-0-16-1-256-u8 or lens2-64-32-2-128-u4 or lens0-0-12-1-80-u4 or lens0-0-16-1-96-u8"
   "prefill_attention_tc|test_gpu_ops.py|(prefill_tc_tile_edges and chunked and 4-1-64 and (u8-u4 or f16-f16)) or (prefill_tc_tile_edges and fresh and 8-2-128 and u4-u8 and 24)"
   "rows_rope_kv_sampling|test_gpu_ops.py|(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100) or (rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)) or (sample_rows_picks and f16)"
   "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129 or liquid-128-136)) or adversarial or (scaled and liquid) or strided"
