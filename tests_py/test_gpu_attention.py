@@ -120,7 +120,11 @@ def test_decode_attention_bad_inputs():
     q = torch.randn(1, 4, 64, device="cuda").half()
     out = torch.empty(1, 4, 64, device="cuda").half()
     lens = torch.tensor([20], dtype=torch.int32, device="cuda")
+    k72, v72, kp72, vp72, table72, _, _ = make_cache("u8", [20], 2, 72, 16, seed=1)  # a consistent head_dim-72 cache
     with pytest.raises(NotImplementedError, match="head_dim 72 has no kernel"):
+        _core.decode_attention(torch.randn(1, 4, 72, device="cuda").half(), k72, v72, kp72, vp72, table72, lens, 20,
+                               1.0, torch.empty(1, 4, 72, device="cuda").half(), kv_dtype="u8")
+    with pytest.raises(ValueError, match=r"'k_data' must have shape \[5, 2, 16, 72\]"):  # q and cache disagree
         _core.decode_attention(torch.randn(1, 4, 72, device="cuda").half(), k, v, kp, vp, table, lens, 20, 1.0,
                                torch.empty(1, 4, 72, device="cuda").half(), kv_dtype="u8")
     with pytest.raises(ValueError, match="k_params"):

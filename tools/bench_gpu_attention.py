@@ -2,7 +2,7 @@
 32 query heads, 8 kv heads, head_dim 128. Writes JSON (argv[1]) and prints a table. --split-sweep also
 times each explicit split size (SPLITS).
 
-Prefill (run by default after decode; --prefill runs it alone): one fresh prompt (q_len = kv_len) of
+Prefill (run by default after decode; --prefill runs it alone, --decode skips it): one fresh prompt (q_len = kv_len) of
 PREFILL_LENS tokens through paged_attention (the tensor-core prefill kernel) vs causal SDPA on
 contiguous f16 q/k/v. paged_attention copies its seq_info to the device on each call, so the lowbit
 time is the prefill kernel's own device time from the profiler (the SDPA time is its kernels' too).
@@ -120,6 +120,7 @@ def main():
     out = args[0] if args else "bench_attention.json"
     sweep = "--split-sweep" in sys.argv
     prefill_only = "--prefill" in sys.argv
+    decode_only = "--decode" in sys.argv
     meta = device_meta()
     meta["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
     rows = []
@@ -134,7 +135,7 @@ def main():
             print(f"    {kv} by split_tokens: " + "  ".join(f"{s}: {t:.1f}" for s, t in r[f"lowbit_{kv}_us_by_split"].items()))
         torch.cuda.empty_cache()
     prefill_rows = []
-    for length in PREFILL_LENS:
+    for length in [] if decode_only else PREFILL_LENS:
         r = bench_prefill(length)
         prefill_rows.append(r)
         print(f"prefill L={length:5d}  sdpa {r['sdpa_fp16_us']:9.1f} us ({r['sdpa_tflops']:5.1f} TFLOPS)  " +
