@@ -362,7 +362,10 @@ def main():
     rows = []
     shapes = SHAPES_70B if "--llama70b" in sys.argv else SHAPES
     meta["shapes"] = "Llama-3-70B" if "--llama70b" in sys.argv else "Llama-3-8B"
+    only = [a[9:].split(",") for a in sys.argv[1:] if a.startswith("--shapes=")]  # e.g. --shapes=gate_up
     for name, (n, k) in shapes.items():
+        if only and name not in only[0]:
+            continue
         for m in ms:
             if "--f16-only" in sys.argv:
                 r = bench_f16_only(name, n, k, m, meta["l2_bytes"])

