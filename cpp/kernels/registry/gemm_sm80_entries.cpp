@@ -133,8 +133,6 @@ void launch_w4a16(const GemmArgs& a) {
   add_bias(a);
 }
 
-}  // namespace
-
 // The activations as 8-bit codes and per-token scales: f16 rows are quantized here; codes the fused
 // norm made pass through.
 std::pair<Tensor, Tensor> codes_of(const GemmArgs& a, bool fp8, cudaStream_t stream) {
@@ -147,6 +145,8 @@ std::pair<Tensor, Tensor> codes_of(const GemmArgs& a, bool fp8, cudaStream_t str
     cuda::quantize_per_token_s8(a.x, xq, xs, stream);
   return {xq, xs};
 }
+
+}  // namespace
 
 // Runs an 8-bit GEMM on `kernel`, quantizing f16 rows per token first when x is not codes yet.
 void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8) {
