@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: googletest (tests_cpp/, built here with ctest) and pytest (tests_py/, against the installed
-# lowbit). Installs the test-only dependencies it needs (pytest; HF transformers, and sentencepiece + protobuf for
-# the tokenizer references, as correctness peers; the pinned
-# CPU torch used by the reference implementations). Usage: bash tools/run_tests.sh [extra pytest args]
+# lowbit). Installs the test-only dependencies it needs (pytest; HF transformers as the correctness peer, with
+# sentencepiece + protobuf for the tokenizer references; the pinned CPU torch used by the reference implementations).
+# Usage: bash tools/run_tests.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
