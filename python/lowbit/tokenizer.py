@@ -1,9 +1,11 @@
 """Tokenizer: HF `tokenizers` underneath, built from GGUF metadata or from a tokenizer.json.
 
-The GGUF path rebuilds what transformers' GGUF converter builds (byte-level BPE with the pre-tokenizer
-regex implied by `tokenizer.ggml.pre`; SentencePiece BPE, see tokenizer_spm; control tokens as special
-added tokens), so ids match `AutoTokenizer.from_pretrained(dir, gguf_file=...)` exactly. Chat templates
-render with jinja2 the way transformers renders them.
+The GGUF path rebuilds the model family's own tokenizer.json pipeline (byte-level BPE with the
+normalizer and pre-tokenizer implied by `tokenizer.ggml.pre`; SentencePiece BPE, see tokenizer_spm;
+control tokens as special added tokens), so ids match the model's own tokenizer. transformers' GGUF
+loader differs where it simplifies: it gives every byte-level vocabulary GPT-2's split, and puts
+SentencePiece's prefix space only where a text does not start with one. Chat templates render with
+jinja2 the way transformers renders them.
 """
 from __future__ import annotations
 

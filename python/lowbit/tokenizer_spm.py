@@ -1,7 +1,7 @@
 """SentencePiece-style BPE (GGUF `tokenizer.ggml.model == "llama"`: Llama-2, Mistral, TinyLlama).
 
 A GGUF stores such a vocabulary as pieces + scores + token types, with no merges. We rebuild the
-`tokenizers` pipeline transformers builds for these files, so ids match its GGUF loader exactly:
+`tokenizers` pipeline of Llama-2's own tokenizer.json, so ids match sentencepiece exactly:
 
 - spaces are spelled "▁" and one "▁" goes in front of every run of plain text (SentencePiece's
   dummy prefix, also after a special token) unless the file says `add_space_prefix = false`;
@@ -47,12 +47,11 @@ def build_backend(tokens: Sequence[str], scores: Sequence[float], add_space_pref
     vocab = {t: i for i, t in enumerate(tokens)}
     bpe = BPE(vocab=vocab, merges=merges_from_scores(tokens, scores), fuse_unk=True, byte_fallback=True, dropout=None)
     backend = _HFTokenizer(bpe)
-    spell_spaces = [normalizers.Replace(" ", SPACE)]
-    backend.normalizer = normalizers.Sequence(
-        ([normalizers.Prepend(SPACE)] if add_space_prefix else []) + spell_spaces)
+    prefix = [normalizers.Prepend(SPACE)] if add_space_prefix else []
+    backend.normalizer = normalizers.Sequence(prefix + [normalizers.Replace(" ", SPACE)])
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
-        steps.append(decoders.Strip(content=" ", left=1, right=0))  # the space the pre-tokenizer added
+        steps.append(decoders.Strip(content=" ", left=1, right=0))  # the space the normalizer added
     backend.decoder = decoders.Sequence(steps)
     return backend
 
