@@ -89,8 +89,10 @@ def test_greedy_64_tokens_identical_on_every_prompt(llm, hf, prompt_ids):
 
 
 def test_perplexity_matches_reference_figures(llm, capsys, monkeypatch):
-    """HF float32, first 4096 tokens of gpl-3.txt, non-overlapping windows: 21.24 (1024) and 24.92 (512), from
-    ../shared/data/README.md; f32 agrees far better than the required 0.1% (observed < 1e-6 relative)."""
+    """HF float32, first 4096 tokens of gpl-3.txt, non-overlapping windows: 21.49 (1024) and 24.97 (512).
+    ../shared/data/README.md's 21.24 / 24.92 used transformers' GGUF tokenizer, which does not split digits
+    the way SmolLM2's own tokenizer does; test_perplexity_equals_transformers_computed_here checks these
+    figures' tokens against transformers' logits. f32 agrees far better than the required 0.1%."""
     text = shared("eval/gpl-3.txt")
     seen = []
     monkeypatch.setattr(cli, "_load", lambda args: seen.append(args) or llm)
@@ -98,8 +100,8 @@ def test_perplexity_matches_reference_figures(llm, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 0 and seen[0].recipe == "w16a16" and seen[0].max_tokens == 4096
     ppl_1024 = float(re.search(r"perplexity ([\d.]+) \(w16a16, window 1024, first 4096 tokens", out).group(1))
-    assert ppl_1024 == pytest.approx(21.24, rel=1e-3)
-    assert llm.perplexity(text.read_text(), window=512) == pytest.approx(24.92, rel=1e-3)
+    assert ppl_1024 == pytest.approx(21.49, rel=1e-3)
+    assert llm.perplexity(text.read_text(), window=512) == pytest.approx(24.97, rel=1e-3)
 
 
 @SLOW

@@ -1,4 +1,8 @@
-"""lowbit.tokenizer against transformers' GGUF tokenizer on the same SmolLM2 file: identical ids."""
+"""lowbit.tokenizer against transformers' GGUF tokenizer on the same SmolLM2 file: identical ids.
+
+transformers' GGUF loader gives every byte-level vocabulary GPT-2's plain split; SmolLM2's own
+tokenizer.json first isolates each numeric character, so the reference gets that pre-tokenizer.
+"""
 import importlib
 import json
 from pathlib import Path
@@ -47,7 +51,12 @@ def tok(gguf_path):
 @pytest.fixture(scope="module")
 def hf_tok(gguf_path):
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    from tokenizers import pre_tokenizers
+    hf = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    return hf
 
 
 def _prompts():

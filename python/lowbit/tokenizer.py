@@ -1,9 +1,11 @@
 """Tokenizer: HF `tokenizers` underneath, built from GGUF metadata or from a tokenizer.json.
 
-The GGUF path rebuilds what transformers' GGUF converter builds (byte-level BPE with the pre-tokenizer
-regex implied by `tokenizer.ggml.pre`; SentencePiece BPE, see tokenizer_spm; control tokens as special
-added tokens), so ids match `AutoTokenizer.from_pretrained(dir, gguf_file=...)` exactly. Chat templates
-render with jinja2 the way transformers renders them.
+The GGUF path rebuilds the model family's own tokenizer.json pipeline (byte-level BPE with the
+normalizer and pre-tokenizer implied by `tokenizer.ggml.pre`; SentencePiece BPE, see tokenizer_spm;
+control tokens as special added tokens), so ids match the model's own tokenizer. transformers' GGUF
+loader differs where it simplifies: it gives every byte-level vocabulary GPT-2's split, and puts
+SentencePiece's prefix space only where a text does not start with one. Chat templates render with
+jinja2 the way transformers renders them.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
@@ -25,8 +27,16 @@ from .gguf_reader import read_gguf_metadata  # imports gguf only when a file is 
 # llama.cpp token types (tokenizer.ggml.token_type).
 _CONTROL, _USER_DEFINED = 3, 4
 
-# `tokenizer.ggml.pre` values whose split is GPT-2's own regex (ByteLevel's built-in one).
-_GPT2_REGEX_PRES = ("default", "gpt-2", "gpt2", "smollm", "starcoder", "refact", "codeshell")
+# Byte-level BPE pre-tokenizers by `tokenizer.ggml.pre`, rebuilt as each model family's tokenizer.json
+# defines them (llama.cpp's converter writes the name, not the regexes).
+
+# GPT-2's own split (ByteLevel's built-in regex).
+_GPT2_PRES = ("default", "gpt-2", "gpt2")
+# StarCoder and its descendants first isolate every numeric character (Digits(individual_digits=True):
+# any Unicode number, so "4 ½" keeps its space apart from "½"), then split as GPT-2 does.
+_DIGIT_PRES = ("smollm", "starcoder", "refact", "codeshell")
+# MPT uses GPT-NeoX's tokenizer: NFC-normalized text, then GPT-2's split.
+_NFC_GPT2_PRES = ("mpt",)
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -36,10 +46,51 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# DeepSeek-LLM: line breaks alone; words of cased letters (Latin, Greek, Cyrillic, Armenian, Georgian,
+# Cherokee, Glagolitic, Coptic, full-width, Deseret, Osage, Old Hungarian, Warang Citi, Adlam, ...)
+# with one leading space; ASCII/full-width punctuation runs; trailing spaces; CJK and Hangul runs; numbers.
+_DEEPSEEK_CASED_RANGES = (
+    (0x41, 0x5A), (0x61, 0x7A), (0xB5, 0xB5), (0xC0, 0xD6), (0xD8, 0xF6), (0xF8, 0x1BA), (0x1BC, 0x1BF),
+    (0x1C4, 0x293), (0x295, 0x2AF), (0x370, 0x373), (0x376, 0x377), (0x37B, 0x37D), (0x37F, 0x37F),
+    (0x386, 0x386), (0x388, 0x38A), (0x38C, 0x38C), (0x38E, 0x3A1), (0x3A3, 0x3F5), (0x3F7, 0x481),
+    (0x48A, 0x52F), (0x531, 0x556), (0x10A0, 0x10C5), (0x13A0, 0x13F5), (0x13F8, 0x13FD), (0x1C90, 0x1CBA),
+    (0x1CBD, 0x1CBF), (0x1D00, 0x1D2B), (0x1D6B, 0x1D77), (0x1D79, 0x1D9A), (0x1E00, 0x1F15), (0x1F18, 0x1F1D),
+    (0x1F20, 0x1F45), (0x1F48, 0x1F4D), (0x1F50, 0x1F57), (0x1F59, 0x1F59), (0x1F5B, 0x1F5B), (0x1F5D, 0x1F5D),
+    (0x1F5F, 0x1F7D), (0x1F80, 0x1FB4), (0x1FB6, 0x1FBC), (0x1FBE, 0x1FBE), (0x1FC2, 0x1FC4), (0x1FC6, 0x1FCC),
+    (0x1FD0, 0x1FD3), (0x1FD6, 0x1FDB), (0x1FE0, 0x1FEC), (0x1FF2, 0x1FF4), (0x1FF6, 0x1FFC), (0x2102, 0x2102),
+    (0x2107, 0x2107), (0x210A, 0x2113), (0x2115, 0x2115), (0x2119, 0x211D), (0x2124, 0x2124), (0x2126, 0x2126),
+    (0x2128, 0x2128), (0x212A, 0x212D), (0x212F, 0x2134), (0x2139, 0x2139), (0x213C, 0x213F), (0x2145, 0x2149),
+    (0x214E, 0x214E), (0x2183, 0x2184), (0x2C00, 0x2C7B), (0x2C7E, 0x2CE4), (0x2CEB, 0x2CEE), (0x2CF2, 0x2CF3),
+    (0xA640, 0xA66D), (0xA680, 0xA69B), (0xA722, 0xA76F), (0xA771, 0xA787), (0xA78B, 0xA78E), (0xAB70, 0xABBF),
+    (0xFB00, 0xFB06), (0xFB13, 0xFB17), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A), (0x10400, 0x1044F),
+    (0x104B0, 0x104D3), (0x104D8, 0x104FB), (0x10C80, 0x10CB2), (0x10CC0, 0x10CF2), (0x118A0, 0x118DF),
+    (0x1E900, 0x1E943),
+)
+_DEEPSEEK_PUNCT_RANGES = ((0x21, 0x2F), (0x3A, 0x7E), (0xFF01, 0xFF0F), (0xFF1A, 0xFF5E), (0x2018, 0x201F),
+                          (0x3000, 0x3002))
+_DEEPSEEK_CJK_RANGES = ((0x4E00, 0x9FA5), (0x0800, 0x4E00), (0xAC00, 0xD7FF))
+
+
+def _char_class(ranges) -> str:
+    """A regex character class from inclusive code-point ranges."""
+    return "[" + "".join(re.escape(chr(lo)) + ("" if lo == hi else "-" + re.escape(chr(hi))) for lo, hi in ranges) + "]"
+
+
+_DEEPSEEK_LLM_SPLITS = (
+    r"[\r\n]",
+    r"\s?" + _char_class(_DEEPSEEK_CASED_RANGES) + "+",
+    r"\s?" + _char_class(_DEEPSEEK_PUNCT_RANGES) + "+",
+    r"\s+$",
+    _char_class(_DEEPSEEK_CJK_RANGES) + "+",
+    r"\p{N}+",
+)
+# Pres whose split is a list of regexes (each isolating its matches) ahead of a regex-free ByteLevel.
 _SPLIT_REGEX_PRES = {
-    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "llama3": (_LLAMA3_SPLIT,), "llama-v3": (_LLAMA3_SPLIT,), "llama-bpe": (_LLAMA3_SPLIT,),
+    "smaug-bpe": (_LLAMA3_SPLIT,), "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,),
+    "deepseek-llm": _DEEPSEEK_LLM_SPLITS,
 }
+_FALCON_PRES = ("falcon",)
 
 
 @lru_cache(maxsize=1)
@@ -61,16 +112,38 @@ def _alphabet_to_byte() -> dict[str, int]:
     return {c: b for b, c in _byte_alphabet().items()}
 
 
+def _byte_level(use_regex: bool = True):
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+
+
+def _falcon_pre_tokenizer():
+    """Falcon: punctuation runs apart, GPT-2's split, then digit runs cut into groups of three."""
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Punctuation(behavior="contiguous"),
+        _byte_level(),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split(Regex("[0-9][0-9][0-9]"), behavior="isolated"),
+    ])
+
+
 def _pre_tokenizer_for(pre: str | None):
-    if pre is None or pre in _GPT2_REGEX_PRES:
-        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    """The pre-tokenizer of a byte-level BPE vocabulary, by its `tokenizer.ggml.pre` name."""
+    if pre is None or pre in _GPT2_PRES or pre in _NFC_GPT2_PRES:
+        return _byte_level()
+    if pre in _DIGIT_PRES:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _byte_level()])
+    if pre in _FALCON_PRES:
+        return _falcon_pre_tokenizer()
     if pre in _SPLIT_REGEX_PRES:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_SPLIT_REGEX_PRES[pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    known = sorted(set(_GPT2_REGEX_PRES) | set(_SPLIT_REGEX_PRES))
+        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _SPLIT_REGEX_PRES[pre]]
+        return pre_tokenizers.Sequence(splits + [_byte_level(use_regex=False)])
+    known = sorted(set(_GPT2_PRES + _DIGIT_PRES + _NFC_GPT2_PRES + _FALCON_PRES) | set(_SPLIT_REGEX_PRES))
     raise ValueError(f"GGUF tokenizer.ggml.pre={pre!r} is not supported; supported: {', '.join(known)}")
+
+
+def _normalizer_for(pre: str | None):
+    """The text normalizer a byte-level vocabulary needs before its pre-tokenizer (most need none)."""
+    return normalizers.NFC() if pre in _NFC_GPT2_PRES else None
 
 
 class Tokenizer:
@@ -349,7 +422,11 @@ def _byte_level_backend(meta: dict[str, Any], tokens: list[str], types: list[int
     bpe = BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], dropout=None,
               continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
     backend = _HFTokenizer(bpe)
-    backend.pre_tokenizer = _pre_tokenizer_for(meta.get("tokenizer.ggml.pre"))
+    pre = meta.get("tokenizer.ggml.pre")
+    backend.pre_tokenizer = _pre_tokenizer_for(pre)
+    normalizer = _normalizer_for(pre)
+    if normalizer is not None:
+        backend.normalizer = normalizer
     backend.decoder = decoders.ByteLevel()
     # Control tokens become special; a "control" token spelled outside the byte alphabet is a
     # llama.cpp mislabel that would grow the vocabulary, so (like transformers) skip it.
@@ -364,9 +441,11 @@ def _byte_level_backend(meta: dict[str, Any], tokens: list[str], types: list[int
     return backend
 
 
-# Architectures whose SentencePiece vocabularies transformers builds differently (Gemma spells space
-# runs as real spaces and ranks merges by position; Phi-3 adds its prefix space in a normalizer).
-_SPM_OTHER_SPACE_RULES = ("gemma", "gemma2", "gemma3", "phi3")
+# Architectures whose SentencePiece vocabularies are built differently (Gemma spells space runs as
+# real spaces and ranks merges by position).
+_SPM_OTHER_SPACE_RULES = ("gemma", "gemma2", "gemma3")
+# Phi-3's tokenizer.json: its control tokens eat the whitespace after them (rstrip), except these.
+_PHI3_NO_RSTRIP = ("<unk>", "<s>", "<|endoftext|>")
 
 
 def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str], types: list[int], source: str) -> _HFTokenizer:
@@ -389,7 +468,10 @@ def _sentencepiece_backend(meta: dict[str, Any], tokens: list[str], types: list[
         if not 0 <= i < len(tokens):
             raise ValueError(f"{source}: special token id {i} is outside the vocabulary of {len(tokens)} tokens")
     if special:
-        backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in sorted(special)])
+        backend.add_special_tokens([
+            AddedToken(tokens[i], normalized=False, special=True,
+                       rstrip=arch == "phi3" and tokens[i] not in _PHI3_NO_RSTRIP)
+            for i in sorted(special)])
     user = [AddedToken(t, normalized=False, special=False)
             for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _USER_DEFINED and i not in special]
     if user:

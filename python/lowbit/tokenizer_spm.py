@@ -1,10 +1,13 @@
 """SentencePiece-style BPE (GGUF `tokenizer.ggml.model == "llama"`: Llama-2, Mistral, TinyLlama).
 
 A GGUF stores such a vocabulary as pieces + scores + token types, with no merges. We rebuild the
-`tokenizers` pipeline transformers builds for these files, so ids match its GGUF loader exactly:
+`tokenizers` pipeline of Llama-2's own tokenizer.json, so ids match sentencepiece exactly:
 
-- words are spelled with "▁" for spaces; one "▁" goes in front of the text (Metaspace, "first"
-  scheme) unless the file says `add_space_prefix = false`, and decoding drops it again;
+- spaces are spelled "▁" and one "▁" goes in front of every run of plain text (SentencePiece's
+  dummy prefix, also after a special token) unless the file says `add_space_prefix = false`;
+  decoding drops it again. This is a normalizer, as in Llama-2's own tokenizer.json: a Metaspace
+  pre-tokenizer would skip the prefix when the text already starts with a space, and " Hello"
+  would lose a space (sentencepiece gives "▁▁Hello");
 - merges are recovered from the scores: every split of a piece into two pieces is a merge, ranked
   by the merged piece's score (higher merges first);
 - characters missing from the vocabulary become their UTF-8 bytes, spelled `<0xNN>` (byte fallback).
@@ -16,7 +19,7 @@ import re
 from typing import Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import decoders, pre_tokenizers
+from tokenizers import decoders, normalizers
 from tokenizers.models import BPE
 
 SPACE = "\u2581"  # SentencePiece's visible space
@@ -44,11 +47,11 @@ def build_backend(tokens: Sequence[str], scores: Sequence[float], add_space_pref
     vocab = {t: i for i, t in enumerate(tokens)}
     bpe = BPE(vocab=vocab, merges=merges_from_scores(tokens, scores), fuse_unk=True, byte_fallback=True, dropout=None)
     backend = _HFTokenizer(bpe)
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement=SPACE, prepend_scheme="first" if add_space_prefix else "never", split=False)
+    prefix = [normalizers.Prepend(SPACE)] if add_space_prefix else []
+    backend.normalizer = normalizers.Sequence(prefix + [normalizers.Replace(" ", SPACE)])
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
-        steps.append(decoders.Strip(content=" ", left=1, right=0))  # the space the pre-tokenizer added
+        steps.append(decoders.Strip(content=" ", left=1, right=0))  # the space the normalizer added
     backend.decoder = decoders.Sequence(steps)
     return backend
 
