@@ -103,8 +103,10 @@ async def run_job(server, job: Job):
     async def events() -> AsyncIterator[str]:
         status = "error"
         try:
-            async for event in _stream(server, job):
-                yield event
+            # aclosing: a disconnect closes the inner stream right away, which aborts its requests
+            async with contextlib.aclosing(_stream(server, job)) as chunks:
+                async for event in chunks:
+                    yield event
             status = "ok"
         finally:  # also when the client disconnected: the stream is cancelled and its requests aborted
             server.release(sequences)
