@@ -65,7 +65,12 @@ class EngineLoop:
                      queue: asyncio.Queue) -> RequestState:
         """Adds a request to the engine; its updates arrive on `queue` (the last one has finish_reason set)."""
         # driver.submit waits for the step thread to take the request: keep that wait off the event loop.
-        state = await asyncio.to_thread(self._driver.submit, text, ids, config)
+        added = asyncio.ensure_future(asyncio.to_thread(self._driver.submit, text, ids, config))
+        try:
+            state = await asyncio.shield(added)
+        except asyncio.CancelledError:  # the client left while the request was being added: abort it once added
+            added.add_done_callback(lambda f: f.cancelled() or f.exception() or self._driver.abort(f.result()))
+            raise
         with self._cond:
             self._watched[state.request_id] = _Watch(state, index, queue)
             self._cond.notify_all()
