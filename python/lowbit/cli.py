@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # reported by the verb's parser: "lowbit generate: error: ..." like every other error
         verb_parser = parser._subparsers._group_actions[0].choices[args.verb]  # noqa: SLF001 - argparse has no API
         verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    handler = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "perplexity": cmd_perplexity, "bench": cmd_bench,
-               "info": cmd_info}[args.verb]
+    handler = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "perplexity": cmd_perplexity,
+               "bench": cmd_bench, "info": cmd_info}[args.verb]
     try:
         return handler(args)
     except (ValueError, TypeError, OSError, NotImplementedError, MemoryError) as e:
