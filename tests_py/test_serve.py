@@ -141,6 +141,10 @@ def test_chat_equals_llm_chat(client, llm):
     assert r.choices[0].message.content == ref.text
     assert r.usage.prompt_tokens == len(llm.chat_ids(messages))
     assert r.usage.completion_tokens == len(ref.token_ids)
+    parts = [{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]
+    r = client.chat.completions.create(model=MODEL, messages=[messages[0], {"role": "user", "content": parts}],
+                                       max_tokens=10, temperature=0)
+    assert r.choices[0].message.content == ref.text  # text content parts are joined
 
 
 def test_chat_max_completion_tokens_and_length(client):
@@ -200,6 +204,10 @@ def test_logprobs(client, llm):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
     assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) == 2 for t in lp.top_logprobs)
     assert "".join(lp.tokens) == r.choices[0].text
+    chunks = list(client.completions.create(model=MODEL, prompt="One, two,", max_tokens=4, temperature=0,
+                                            logprobs=2, stream=True))
+    streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs)
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
                                        temperature=0, logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
@@ -272,6 +280,10 @@ BAD_REQUESTS = [
      "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_p": 2}, "top_p"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 50}, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "model": "gpt-4"}, "model"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi " * 9000}]}, "messages"),
 ]
