@@ -261,6 +261,18 @@ def test_disconnect_mid_stream_frees_kv(server, http, client):
     assert _metric(http, "lowbit_http_requests_in_flight") == 0
 
 
+def test_non_stream_client_that_gives_up_frees_kv(http):
+    idle_used = _metric(http, "lowbit_kv_blocks_used")
+    body = {"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 4000, "temperature": 0,
+            "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        http.post("/v1/completions", json=body, timeout=1.5)
+    deadline = time.monotonic() + 10
+    while _metric(http, "lowbit_kv_blocks_used") != idle_used or _metric(http, "lowbit_requests_running") != 0:
+        assert time.monotonic() < deadline, "the abandoned request's KV blocks were not freed"
+        time.sleep(0.1)
+
+
 # ------------------------------------------------------------------ errors
 LONG_PROMPT = [100] * 8200  # longer than SmolLM2's 8192-token context
 

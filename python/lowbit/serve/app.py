@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import random
 import re
-import secrets
 import time
 from typing import Any, AsyncIterator
 
@@ -19,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generation import GenerationConfig
+from .auth import ApiKeyMiddleware
 from .engine_loop import EngineLoop, Update
 from .metrics import Metrics
 from .handlers import chat_job, completion_job, run_job
@@ -31,10 +31,9 @@ _CONFIG_FIELD = re.compile(r"GenerationConfig: (\w+) must")
 class Server:
     """What the routes share: the model, the engine loop, limits and metrics."""
 
-    def __init__(self, llm, model_name: str, api_key: str | None, max_seqs: int, max_queue: int) -> None:
+    def __init__(self, llm, model_name: str, max_seqs: int, max_queue: int) -> None:
         self.llm = llm
         self.model_name = model_name
-        self.api_key = api_key
         self.capacity = max_seqs + max_queue  # sequences held at once: running in the engine plus waiting
         self.in_flight = 0
         self.metrics = Metrics()
@@ -135,7 +134,7 @@ def _error_response(e: RequestError) -> JSONResponse:
 
 def create_app(llm, model_name: str, api_key: str | None = None, max_seqs: int = 64,
                max_queue: int = 256) -> FastAPI:
-    server = Server(llm, model_name, api_key, max_seqs, max_queue)
+    server = Server(llm, model_name, max_seqs, max_queue)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -167,14 +166,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_seqs: int =
         message = f"{request.method} {request.url.path}: {e.detail}"
         return JSONResponse(error_body(message, kind), status_code=e.status_code)
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if server.api_key is not None and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
-                return JSONResponse(error_body("Missing or invalid API key (Authorization: Bearer <key>)",
-                                               "authentication_error", code="invalid_api_key"), status_code=401)
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     # ------------------------------------------------------------------ plain routes
     @app.get("/health")
@@ -193,11 +186,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_seqs: int =
 
     # ------------------------------------------------------------------ generation routes
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        return await run_job(server, completion_job(server, req))
+    async def completions(req: CompletionRequest, request: Request):
+        return await run_job(server, completion_job(server, req), request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest):
-        return await run_job(server, chat_job(server, req))
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        return await run_job(server, chat_job(server, req), request)
 
     return app

@@ -2,6 +2,7 @@
 as one JSON response or as an SSE stream of OpenAI-format chunks."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -9,11 +10,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..generation import GenerationConfig
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, message_dicts, sampling_overrides
 from .responses import Choice, chat_logprobs, completion_logprobs, envelope, usage
+
+
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+class ClientGone(Exception):
+    pass
 
 
 @dataclass
@@ -85,13 +93,30 @@ def chat_job(server, req: ChatCompletionRequest) -> Job:
                logprobs=req.logprobs, top_logprobs=bool(req.top_logprobs), t_arrival=time.perf_counter())
 
 
-async def run_job(server, job: Job):
+async def _unless_disconnected(request, work) -> Any:
+    """Awaits `work`; cancels it (which aborts its requests) when the client goes away first."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientGone()
+
+
+async def run_job(server, job: Job, request):
     sequences = len(job.prompts) * len(job.configs)
     server.reserve(sequences)  # 503 when the server holds too much already
     endpoint = "chat" if job.chat else "completions"
     if not job.stream:
         try:
-            body = await _complete(server, job)
+            body = await _unless_disconnected(request, _complete(server, job))
+        except ClientGone:
+            server.metrics.requests.labels(endpoint, "disconnected").inc()
+            return Response(status_code=499)  # nobody reads it; keeps the access log honest
         except BaseException:
             server.metrics.requests.labels(endpoint, "error").inc()
             raise
