@@ -5,6 +5,7 @@ bad input (each a clear error, after which the engine keeps serving).
 Two models: a tiny random Llama written as GGUF (fast, near-uniform distributions, so sampling filters are
 visible) and the real SmolLM2-135M-Instruct (text, chat template, stop strings)."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -258,6 +259,22 @@ def test_step_thread_lets_a_stream_overlap_other_requests(tiny_path):
         assert short.num_tokens == 3 and llm.stats()["running"] == 1
         rest = list(long)
         assert rest and llm.stats()["running"] == 0
+
+
+def test_step_thread_frees_an_abandoned_streams_kv(tiny_path):
+    """A stream closed early from the caller's thread while the step thread is mid-step must still be aborted in
+    the engine (it used to stay there, holding its KV blocks, once the step routed its next token)."""
+    with lowbit.LLM(str(tiny_path), progress=False, step_thread=True) as llm:
+        idle = llm.stats()["num_free_blocks"]
+        for i in range(10):
+            stream = llm.stream(ids_of(5, 60 + i), max_tokens=200, ignore_eos=True)
+            for _ in range(3):
+                next(stream)
+            stream.close()
+        deadline = time.monotonic() + 5
+        while (llm.stats()["running"], llm.stats()["num_free_blocks"]) != (0, idle):
+            assert time.monotonic() < deadline, llm.stats()
+            time.sleep(0.02)
 
 
 # ------------------------------------------------------------------ bad input

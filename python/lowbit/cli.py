@@ -1,4 +1,4 @@
-"""`lowbit <verb>`: generate, chat, perplexity, quantize, bench, info."""
+"""`lowbit <verb>`: generate, chat, serve, perplexity, quantize, bench, info."""
 from __future__ import annotations
 
 import argparse
@@ -54,6 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(c)
     _add_sampling_args(c, 256)
     c.add_argument("--system", default=None, help="system message")
+
+    s = verbs.add_parser("serve", help="OpenAI-compatible HTTP server (needs: pip install 'lowbit[serve]'; "
+                         "see docs/serving.md)")
+    _add_model_args(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model name clients send and /v1/models lists (default: the model file's name)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
+    s.add_argument("--max-seqs", type=int, default=64, help="sequences the engine runs at once (default 64)")
+    s.add_argument("--kv-cache-memory", type=int, default=None,
+                   help="KV cache size in bytes (default: the engine's own choice)")
+    s.add_argument("--max-queue", type=int, default=256,
+                   help="sequences that may wait beyond --max-seqs; more get 503 (default 256)")
+    s.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
 
     pp = verbs.add_parser("perplexity", help="perplexity of a text file (non-overlapping windows)")
     _add_model_args(pp)
@@ -155,6 +170,30 @@ def cmd_chat(args, stdin=None, stdout=None) -> int:
             stdout.write("\n")
 
 
+SERVE_EXTRA_HINT = "lowbit serve needs FastAPI, uvicorn and prometheus-client: pip install 'lowbit[serve]'"
+
+
+def cmd_serve(args) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        print(f"lowbit serve: error: {SERVE_EXTRA_HINT} (missing {e.name})", file=sys.stderr)
+        return 2
+    if args.max_seqs < 1 or args.max_queue < 0:
+        raise ValueError(f"--max-seqs must be >= 1 and --max-queue >= 0, got {args.max_seqs} and {args.max_queue}")
+    from .llm import LLM
+    from .serve import serve
+    llm = LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
+              progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
+              cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
+              strict=args.strict, max_seqs=args.max_seqs, kv_cache_memory=args.kv_cache_memory, step_thread=True)
+    serve(llm, host=args.host, port=args.port, model_name=args.served_model_name, api_key=args.api_key,
+          max_seqs=args.max_seqs, max_queue=args.max_queue, log_level=args.log_level)
+    return 0
+
+
 def cmd_perplexity(args) -> int:
     if args.window < 2:
         raise ValueError(f"--window must be >= 2, got {args.window}")
@@ -202,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # reported by the verb's parser: "lowbit generate: error: ..." like every other error
         verb_parser = parser._subparsers._group_actions[0].choices[args.verb]  # noqa: SLF001 - argparse has no API
         verb_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    handler = {"generate": cmd_generate, "chat": cmd_chat, "perplexity": cmd_perplexity, "bench": cmd_bench,
-               "info": cmd_info}[args.verb]
+    handler = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "perplexity": cmd_perplexity,
+               "bench": cmd_bench, "info": cmd_info}[args.verb]
     try:
         return handler(args)
     except (ValueError, TypeError, OSError, NotImplementedError, MemoryError) as e:

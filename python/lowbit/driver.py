@@ -200,6 +200,12 @@ class EngineDriver:
                 state = self._live.get(ev.request_id)
                 if state is None:
                     continue  # the abort event of a request we already closed
+                if state.finished:
+                    # abort() from another thread ended it after this step began: its drop command would find
+                    # it gone from _live and the engine would keep running it, so free it in the engine here.
+                    del self._live[state.request_id]
+                    self.engine.abort(state.request_id)
+                    continue
                 if state.on_event(ev):
                     self.engine.abort(state.request_id)  # a stop string: free its KV now
                 if state.finished:

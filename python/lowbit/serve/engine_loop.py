@@ -1,0 +1,114 @@
+"""EngineLoop: hands the step thread's progress to asyncio without ever blocking either side.
+
+The LLM runs in step-thread mode: its driver owns the engine and steps it on a background thread. Each HTTP
+request submits its prompts here and gets an asyncio.Queue. One "pump" thread waits on the driver's condition
+(notified after every engine step), collects what each watched request produced since last time (text safe to
+stream, new token ids and logprobs, the finish) and posts it to the event loop with call_soon_threadsafe.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..driver import RequestState
+from ..generation import GenerationConfig
+
+
+@dataclass
+class Update:
+    """What one request produced since its previous update."""
+    index: int                        # which choice of the HTTP request
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None  # set on the last update
+    error: BaseException | None = None
+    time: float = 0.0                 # perf_counter when the pump collected it
+
+
+class _Watch:
+    def __init__(self, state: RequestState, index: int, queue: asyncio.Queue) -> None:
+        self.state, self.index, self.queue = state, index, queue
+        self.tokens_seen = 0
+
+    def has_news(self) -> bool:
+        s = self.state
+        return s.finished or s.error is not None or len(s.token_ids) > self.tokens_seen
+
+    def collect(self) -> Update:  # under the driver's lock
+        s = self.state
+        start, end = self.tokens_seen, len(s.token_ids)
+        self.tokens_seen = end
+        return Update(index=self.index, text=s.take_stream_delta(), token_ids=s.token_ids[start:end],
+                      logprobs=s.logprobs[start:end], top_logprobs=s.top_logprobs[start:end],
+                      finish_reason=s.finish_reason if s.finished else None, error=s.error,
+                      time=time.perf_counter())
+
+
+class EngineLoop:
+    def __init__(self, llm, loop: asyncio.AbstractEventLoop) -> None:
+        if not llm._driver.threaded:
+            raise ValueError("EngineLoop needs an LLM created with step_thread=True")
+        self.llm = llm
+        self._driver = llm._driver
+        self._cond = self._driver.locked()
+        self._loop = loop
+        self._watched: dict[int, _Watch] = {}  # guarded by self._cond
+        self._closing = False
+        self._pump = threading.Thread(target=self._run, name="lowbit-serve-pump", daemon=True)
+        self._pump.start()
+
+    async def submit(self, text: str | None, ids: list[int], config: GenerationConfig, index: int,
+                     queue: asyncio.Queue) -> RequestState:
+        """Adds a request to the engine; its updates arrive on `queue` (the last one has finish_reason set)."""
+        # driver.submit waits for the step thread to take the request: keep that wait off the event loop.
+        added = asyncio.ensure_future(asyncio.to_thread(self._driver.submit, text, ids, config))
+        try:
+            state = await asyncio.shield(added)
+        except asyncio.CancelledError:  # the client left while the request was being added: abort it once added
+            added.add_done_callback(lambda f: f.cancelled() or f.exception() or self._driver.abort(f.result()))
+            raise
+        with self._cond:
+            self._watched[state.request_id] = _Watch(state, index, queue)
+            self._cond.notify_all()
+        return state
+
+    def abort(self, state: RequestState) -> None:
+        """Ends a request (no-op once finished) and frees its KV blocks; never blocks."""
+        with self._cond:
+            self._watched.pop(state.request_id, None)
+        self._driver.abort(state)
+
+    async def stats(self) -> dict[str, int]:
+        return await asyncio.to_thread(self.llm.stats)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                # Woken by every engine step; the timeout only bounds how late a close is noticed.
+                self._cond.wait_for(lambda: self._closing or any(w.has_news() for w in self._watched.values()),
+                                    timeout=1.0)
+                if self._closing:
+                    return
+                updates = []
+                for rid, w in list(self._watched.items()):
+                    if w.has_news():
+                        u = w.collect()
+                        updates.append((w.queue, u))
+                        if u.finish_reason is not None or u.error is not None:
+                            del self._watched[rid]
+            for queue, u in updates:
+                try:
+                    self._loop.call_soon_threadsafe(queue.put_nowait, u)
+                except RuntimeError:  # the event loop is closed: the server is shutting down
+                    return
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._pump.join(timeout=5)
+        self.llm.close()
