@@ -102,3 +102,12 @@ def test_workload_helpers():
     assert tool.describe([])["p99_ms"] is None
     with pytest.raises(ValueError):
         tool.build_prompts(0, 1, 8, 9, 100, 200)
+
+
+def test_plot_without_matplotlib_says_so(monkeypatch, tmp_path, capsys):
+    tool = _load_tool()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    runs = [{"request_rate": 1.0, "ttft": {"p50_ms": 1.0, "p99_ms": 2.0}, "tpot": {"p50_ms": 1.0, "p99_ms": 2.0}}]
+    assert tool.plot(runs, str(tmp_path / "rates.png")) is False
+    assert "needs matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "rates.png").exists()
