@@ -370,6 +370,8 @@ def benchmark(args: argparse.Namespace, base_url: str) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    # A SIGTERM to the tool unwinds like Ctrl-C, so a launched server is stopped rather than left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.launch is not None:
         with launched_server(args.launch, args.launch_timeout) as base_url:
             runs = benchmark(args, base_url)
