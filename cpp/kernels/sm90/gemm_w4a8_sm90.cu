@@ -53,30 +53,13 @@ struct Args {
 };
 
 #ifdef LOWBIT_SM90_DEVICE
-#define LOWBIT_ACC8(d, i) \
-  "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
-#define LOWBIT_ACC32(d, i) LOWBIT_ACC8(d, i), LOWBIT_ACC8(d, i + 8), LOWBIT_ACC8(d, i + 16), LOWBIT_ACC8(d, i + 24)
-#define LOWBIT_REGS64                                                                                   \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
-  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
-  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
-  "%61, %62, %63}"
-#define LOWBIT_REGS128                                                                                  \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
-  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
-  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
-  "%61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, " \
-  "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "      \
-  "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "     \
-  "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-
 // D += A · Bᵀ for one k32 step: A (64 weight rows x 32 k, s8) from the four fragment registers, B
 // (BT tokens x 32 k, s8) from shared memory through descriptor db.
 __device__ inline void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " LOWBIT_REGS64 ", {%64, %65, %66, %67}, %68, p;\n}\n"
-      : LOWBIT_ACC32(d, 0), LOWBIT_ACC32(d, 32)
+      : LOWBIT_ACC64("+r", d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 __device__ inline void wgmma_rs(int (&d)[128], const uint32_t (&a)[4], uint64_t db) {
@@ -84,14 +67,9 @@ __device__ inline void wgmma_rs(int (&d)[128], const uint32_t (&a)[4], uint64_t 
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 " LOWBIT_REGS128
       ", {%128, %129, %130, %131}, %132, p;\n}\n"
-      : LOWBIT_ACC32(d, 0), LOWBIT_ACC32(d, 32), LOWBIT_ACC32(d, 64), LOWBIT_ACC32(d, 96)
+      : LOWBIT_ACC128("+r", d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-#undef LOWBIT_REGS128
-#undef LOWBIT_REGS64
-#undef LOWBIT_ACC32
-#undef LOWBIT_ACC8
-
 // Four u4 codes, one per byte, to four s8 weights (no byte carries: q*s + a <= 255 by construction).
 __device__ inline uint32_t dequant_bytes(uint32_t codes, uint32_t step, uint32_t offset4) {
   return (codes * step + offset4) ^ 0x80808080u;

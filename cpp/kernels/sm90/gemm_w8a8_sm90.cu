@@ -62,31 +62,6 @@ struct Sm90Args {
 
 #ifdef LOWBIT_SM90_DEVICE
 
-// The accumulator operands of one wgmma: C is the constraint ("+r" s32, "+f" f32).
-#define LOWBIT_ACC8(C, d, i) \
-  C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
-#define LOWBIT_ACC16(C, d, i) LOWBIT_ACC8(C, d, i), LOWBIT_ACC8(C, d, i + 8)
-#define LOWBIT_ACC32(C, d, i) LOWBIT_ACC16(C, d, i), LOWBIT_ACC16(C, d, i + 16)
-#define LOWBIT_ACC64(C, d) LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32)
-#define LOWBIT_ACC128(C, d) \
-  LOWBIT_ACC32(C, d, 0), LOWBIT_ACC32(C, d, 32), LOWBIT_ACC32(C, d, 64), LOWBIT_ACC32(C, d, 96)
-#define LOWBIT_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-#define LOWBIT_REGS32                                                                   \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define LOWBIT_REGS64                                                                                   \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
-  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
-  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
-  "%61, %62, %63}"
-#define LOWBIT_REGS128                                                                                  \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
-  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, " \
-  "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
-  "%61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, " \
-  "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, "      \
-  "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "     \
-  "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 // D = A · Bᵀ + (scale_d ? D : 0) for one k32 step (operand S becomes the scale-d predicate p).
 // s8 x s8 -> s32 takes no operand scales. e4m3 x e4m3 -> f32 also takes imm-scale-a/b (1: no
 // negation); it has no .satfinite and no transpose immediates (8-bit operands are K-major only).
@@ -128,15 +103,6 @@ __device__ inline void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db, int
 }
 #undef LOWBIT_WGMMA_E4M3
 #undef LOWBIT_WGMMA_S8
-#undef LOWBIT_REGS128
-#undef LOWBIT_REGS64
-#undef LOWBIT_REGS32
-#undef LOWBIT_REGS16
-#undef LOWBIT_ACC128
-#undef LOWBIT_ACC64
-#undef LOWBIT_ACC32
-#undef LOWBIT_ACC16
-#undef LOWBIT_ACC8
 
 // Acc int: s8 operands; Acc float: e4m3 operands (both 8-bit, K-major, same descriptors).
 template <int BN, typename Acc>
