@@ -66,9 +66,14 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
   else if (kernel == "large:64x128") o.large_tile = 64128;
   else if (kernel == "large:128x128") o.large_tile = 128128;
   else if (kernel == "large:128x256") o.large_tile = 128256;
-  else
+  else if (kernel == "sm90") o.kernel = cuda::W4A16Kernel::sm90;
+  else if (kernel == "sm90:1" || kernel == "sm90:2" || kernel == "sm90:4" || kernel == "sm90:8") {
+    o.kernel = cuda::W4A16Kernel::sm90;
+    o.sm90_split = kernel.back() - '0';
+  } else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
-                 "'large:128x128' or 'large:128x256', got '", kernel, "'");
+                 "'large:128x128', 'large:128x256', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster), got '",
+                 kernel, "'");
   return o;
 }
 

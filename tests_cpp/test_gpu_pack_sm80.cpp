@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PackSm80RoundTrip,
 
 // What the kernel does with one 32-bit word: (w & 0x000f000f) | 0x64006400 is the f16 pair
 // (1024 + nibble0, 1024 + nibble4), the 0x00f000f0 mask gives nibbles 1 and 5 (times 16), then the
-// word shifts by 8. Registers a0..a3 of the mma A fragment must come out as documented.
+// word shifts by 8. Registers a0..a3 of the A fragment (natural k order of step j) must come out as documented.
 TEST(PackSm80Layout, FragmentsMatchMmaOrder) {
   const int64_t n = 32, k = 128;
   const QuantizedWeight w = random_w4(n, k, 64, false, 99);
@@ -87,10 +87,10 @@ TEST(PackSm80Layout, FragmentsMatchMmaOrder) {
             word >>= 8;
           }
           const int g = lane / 4, t = lane % 4;
-          const int64_t r0 = nt * 16 + g, k0 = kc * 64 + 16 * t + 4 * j;
-          // a0: row g, (k0, k0+1); a1: row g+8; a2: row g, (k0+2, k0+3); a3: row g+8, (k0+2, k0+3)
+          const int64_t r0 = nt * 16 + g, k0 = kc * 64 + 16 * j + 2 * t;
+          // a0: row g, (k0, k0+1); a1: row g+8; a2: row g, (k0+8, k0+9); a3: row g+8, (k0+8, k0+9)
           const int64_t rows[4] = {r0, r0 + 8, r0, r0 + 8};
-          const int64_t cols[4] = {k0, k0, k0 + 2, k0 + 2};
+          const int64_t cols[4] = {k0, k0, k0 + 8, k0 + 8};
           for (int r = 0; r < 4; ++r) {
             EXPECT_EQ(a[r] & 0xffff, u4_at(w.q, rows[r], cols[r])) << "lane " << lane << " j " << j << " reg " << r;
             EXPECT_EQ(a[r] >> 16, u4_at(w.q, rows[r], cols[r] + 1)) << "lane " << lane << " j " << j << " reg " << r;

@@ -1,4 +1,5 @@
-"""GPU W4A16: dequantize kernel (bit-exact) and the mma.sync GEMM vs a float64 reference."""
+"""GPU W4A16: dequantize kernel (bit-exact), the mma.sync GEMMs (small, large) and the Hopper wgmma GEMM vs a
+float64 reference and against each other (all three dequantize the same packed weight bit-identically)."""
 import pytest
 import torch
 
@@ -6,6 +7,7 @@ import lowbit
 from lowbit import _core
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def random_w4(n, k, group, seed):
@@ -171,8 +173,9 @@ def test_gemm_w4a16_large_matches_float64_and_small(m, n, k, group, y_pad):
 
 
 def test_gemm_w4a16_large_default_dispatch():
-    """Without a kernel named, m >= 128 runs the large kernel: no split once its 128x128 tiles fill the
-    SMs (256 blocks here), and the result is right with or without an explicit split."""
+    """Without a kernel named, m >= 128 runs the wgmma kernel on sm_90 (its split-K is inside a cluster: no
+    partials) and the large kernel elsewhere (no split once its 128x128 tiles fill the SMs: 256 blocks here);
+    the result is right with or without an explicit split."""
     assert _core.gemm_w4a16_pick_split(1000, 4096, 4096) == 1
     x, packed, ref, _ = w4_problem(300, 272, 576, 64, seed=3)
     for split_k in (0, 1, 5):
@@ -222,3 +225,68 @@ def test_gemm_w4a16_bad_kernel_override():
     y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match="gemm_w4a16: argument 'kernel' must be .*got 'huge'"):
         _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="huge")
+
+
+# ---- Hopper wgmma kernel (cpp/kernels/sm90/gemm_w4a16_sm90.cu), forced through gemm_w4a16(..., kernel=) ----
+SM90_KERNELS = ["sm90", "sm90:1", "sm90:2", "sm90:4", "sm90:8"]
+
+
+# m: a single token, partial and full 128-token tiles, 256-token tiles (from 129 tokens) with a partial last
+# one; n: partial 16-row tiles (17, 4103) and partial 128-row CTAs (272); k: one chunk (64), a short last
+# g128 group (576), 65 chunks (uneven split-K ranks); y with a padded row stride (poisoned padding).
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m", [1, 7, 65, 128, 129, 300, 1000])
+@pytest.mark.parametrize("n,k,group,y_pad", [(272, 64, 64, 0), (17, 576, 128, 3), (4103, 576, 64, 1),
+                                             (272, 4160, 128, 0), (1000, 2048, 64, 2)])
+def test_gemm_w4a16_sm90_matches_float64_and_small(m, n, k, group, y_pad):
+    x, packed, ref, ref_abs = w4_problem(m, n, k, group, seed=3 * m + n + k + group)
+    y_small = gemm_forced("small", x, packed, n, k, group, y_pad)
+    check(y_small, ref)
+    for kernel in SM90_KERNELS:
+        y = gemm_forced(kernel, x, packed, n, k, group, y_pad)
+        check(y, ref)
+        check_same_weights(y, y_small, ref_abs)
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m,n,k", [(256, 6144, 4096), (1024, 28672, 4096), (512, 4096, 14336), (130, 1536, 8960)])
+def test_gemm_w4a16_sm90_llama_shapes_and_automatic_choice(m, n, k):
+    """Llama-3-8B / Qwen-7B layer shapes: the automatic choice (sm90 from 128 tokens) equals the forced kernel
+    bit for bit (same kernel, same split: deterministic), and both match float64."""
+    x, packed, ref, _ = w4_problem(m, n, k, 128, seed=m + k)
+    y_auto = gemm_forced("", x, packed, n, k, 128)
+    y_sm90 = gemm_forced("sm90", x, packed, n, k, 128)
+    check(y_auto, ref)
+    assert torch.equal(y_auto, y_sm90)
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+def test_gemm_w4a16_sm90_strided_x_and_repeatable():
+    """x with a padded row stride (TMA reads rows ldx apart); two runs with the same split are bit-identical."""
+    q, s, z = random_w4(272, 576, 64, 19)
+    packed = tuple(torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, 64))
+    x_full = torch.randn(300, 584, generator=torch.Generator().manual_seed(20)).half()
+    ref = x_full[:, :576].double() @ reference_weight(q, s, z, 576, 64).T
+    outs = []
+    for _ in range(2):
+        y = torch.full((300, 272), float("nan"), dtype=torch.float16, device="cuda")
+        _core.gemm_w4a16(x_full.cuda()[:, :576], *packed, 272, 576, 64, y, kernel="sm90:4")
+        torch.cuda.synchronize()
+        outs.append(y.cpu().double())
+        check(outs[-1], ref)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(SM90, reason="checks the refusal on GPUs other than sm_90")
+def test_gemm_w4a16_sm90_refused_elsewhere():
+    x, packed, _, _ = w4_problem(130, 32, 128, 64, seed=2)
+    y = torch.empty(130, 32, dtype=torch.float16, device="cuda")
+    with pytest.raises(NotImplementedError, match="the sm90 kernel needs an sm_90 device"):
+        _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="sm90")
+
+
+def test_gemm_w4a16_bad_sm90_split():
+    x, packed, _, _ = w4_problem(2, 32, 128, 64, seed=1)
+    y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="'sm90' or 'sm90:S'.*got 'sm90:3'"):
+        _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="sm90:3")

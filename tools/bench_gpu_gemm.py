@@ -5,7 +5,7 @@ token counts.
 quantizer) vs cuBLAS fp16, lowbit W4A16 and W8A8, torch._scaled_mm fp8.
 --f16-only: lowbit's f16 GEMM (the w16a16 linear: default dispatch and each registered f16 kernel forced
 through linear(..., kernel=gemm_f16_{gemv,wmma,mma}_sm80)) vs cuBLAS fp16.
-From M=64 the W4A16 rows also time each W4A16 kernel forced (gemm_w4a16(..., kernel=small / large:<tile>)).
+From M=64 the W4A16 rows also time each W4A16 kernel forced (gemm_w4a16(..., kernel=small / large:<tile> / sm90:<split>)).
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
 int8 (torch._int_mm), fp8 (torch._scaled_mm). Writes JSON (argv[1]) and prints a table.
@@ -102,13 +102,15 @@ def int4_peers(row, x, n, k, copies):
         row["gemlite_w4a16_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}"
 
 
-W4A16_KERNELS = ["small", "large:64x128", "large:128x128", "large:128x256"]
+W4A16_KERNELS = ["small", "large", "large:64x128", "large:128x128", "large:128x256", "sm90", "sm90:1", "sm90:2",
+                 "sm90:4"]
 
 
 def w4a16_forced_times(row, n, k, m, copies):
     """From 64 tokens: the W4A16 time with each kernel / large-M tile forced (gemm_w4a16's kernel argument),
     as row["lowbit_w4a16_<kernel>_us"] (e.g. lowbit_w4a16_large:128x128_us). The default dispatch (the
-    lowbit_w4a16_us column) runs the large kernel with its automatic tile from 128 tokens, "small" below."""
+    lowbit_w4a16_us column) runs the wgmma kernel ("sm90") on sm_90, else the large kernel, from 128 tokens,
+    "small" below; on other GPUs the sm90 rows record their refusal."""
     if m < 64:
         return
     for kernel in W4A16_KERNELS:

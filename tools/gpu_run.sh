@@ -9,6 +9,7 @@
 #     sanitize  memcheck, racecheck and synccheck per kernel family (small cases, several tools at once)
 #     bench     GEMM sweep and attention benchmarks
 #     w4a8      the W4A8 GEMMs (QoQ, LiquidQuant) vs cuBLAS fp16, lowbit W4A16/W8A8 and torch fp8 on 8B shapes
+#     w4a16     the W4A16 GEMMs (each kernel forced: small, large tiles, sm90 splits) vs cuBLAS fp16 on 8B shapes
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
@@ -66,6 +67,7 @@ fi
 # Small cases per kernel family: "name|test file|-k expression". Each runs under memcheck, racecheck and synccheck.
 SANITIZE_CASES=(
   "w4a16|test_gpu_w4a16.py|bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3"
+  "w4a16_sm90|test_gpu_w4a16.py|(sm90_matches and (7-272-64 or 129-17-576 or 300-272-4160 or 1-4103-576)) or sm90_strided"
   "w4a16_large|test_gpu_w4a16.py|large_small_m or large_strided_x or large_default_dispatch or (large_split_k and 2-large) or 272-576-128-3-129 or 17-4160-128-1-129"
   "f16_gemm|test_gpu_f16_gemm.py|(forced and (2-200-72 or 17-200-576 or 65-8-16 or 7-1000-72 or 300-8-4100)) or (mma_matches_wmma and (2-200-576 or 1030)) or (default_dispatch and 65) or override"
   "w8a8|test_gpu_w8a8.py|(bit_exact and (3-130 or 17 or 1-8)) or (int32 and 130-200)"
@@ -128,6 +130,11 @@ fi
 if has w4a8; then
   echo "== W4A8 GEMMs on Llama-3-8B shapes"
   python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_w4a8.json" --w4a8-only 2>&1 | tee "$OUT/bench_w4a8.log"
+fi
+if has w4a16; then
+  echo "== W4A16 GEMMs on Llama-3-8B shapes"
+  python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_w4a16.json" --w4a16-only --ms=${W4A16_MS:-1,16,64,128,256,1024} \
+    2>&1 | tee "$OUT/bench_w4a16.log"
 fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"

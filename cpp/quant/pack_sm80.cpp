@@ -3,20 +3,20 @@
 // operands with one 16-byte load per lane and dequantizes them straight into mma fragments
 // (TurboMind §4.1: offline layout in MMA order, 16-byte loads, lop3 u4->f16).
 //
-// The kernel computes Yᵀ = W · Xᵀ with the weight as the mma A operand (m16n8k16: 16 weight rows x
-// 16 k) and the tokens as B, so a decode step of 1..8 tokens fills the n8 side of the instruction.
-// Because a dot product does not care about the order of k, the 64 k of a chunk are permuted so
-// that lane (g = lane/4, t = lane%4) owns actual k in [16t, 16t + 16) of the chunk: its activations
-// are then two contiguous 16-byte loads. In k16 step j (0..3) the fragment columns (2t, 2t+1) hold
-// actual k 16t+4j+{0,1} and columns (2t+8, 2t+9) hold 16t+4j+{2,3}.
+// The kernels compute Yᵀ = W · Xᵀ with the weight as the A operand (mma.sync m16n8k16, or a wgmma
+// m64 A fragment from registers: both give lane (g = lane/4, t = lane%4) of a warp rows g and g+8 of
+// its 16 and, in k16 step j, columns (2t, 2t+1) and (2t+8, 2t+9)). The packed k order is the
+// fragment's own, so the activations are read in their natural order: through ldmatrix (sm80
+// kernels) or a wgmma shared-memory descriptor over a TMA tile (gemm_w4a16_sm90.cu) — the same
+// layout serves every W4A16 kernel, as pack_sm80_w4a8's does for W4A8.
 //
 // data  : u8 [ceil(n/16), k/64 * 512]. For n-tile nt, chunk kc, lane, step j the 32-bit word at byte
 //         ((nt*(k/64) + kc)*32 + lane)*16 + 4j holds 8 nibbles (nibble i at bits 4i..4i+3):
-//           i: 0 -> (row g,   k+0)  1 -> (row g+8, k+0)  2 -> (row g,   k+2)  3 -> (row g+8, k+2)
-//              4 -> (row g,   k+1)  5 -> (row g+8, k+1)  6 -> (row g,   k+3)  7 -> (row g+8, k+3)
-//         with rows relative to 16*nt and k relative to 64*kc + 16t + 4j. The magic-number dequant
+//           i: 0 -> (row g,   k+0)  1 -> (row g+8, k+0)  2 -> (row g,   k+8)  3 -> (row g+8, k+8)
+//              4 -> (row g,   k+1)  5 -> (row g+8, k+1)  6 -> (row g,   k+9)  7 -> (row g+8, k+9)
+//         with rows relative to 16*nt and k relative to 64*kc + 16j + 2t. The magic-number dequant
 //         ((word & 0x000f000f) | 0x64006400, and the 0x00f000f0 mask, then >> 8) yields the fragment
-//         registers (i0,i4) (i1,i5) (i2,i6) (i3,i7) = a0 a1 a2 a3 of the mma A operand.
+//         registers (i0,i4) (i1,i5) (i2,i6) (i3,i7) = a0 a1 a2 a3 of the A operand.
 // scales: f16 [G, npad] (group-major so a block reads its rows' scales contiguously)
 // zeros : f16 [G, npad]; the kernel forms the scaled zero z*s in f16 and computes w = q*s - z*s.
 // Rows past n (npad = 16*ceil(n/16)) are zero-padded. k must be a multiple of 64 and the group a
@@ -30,9 +30,9 @@ namespace {
 
 constexpr int kTileN = 16, kChunkK = 64, kChunkBytes = 512;
 
-// Fragment position of nibble i of a lane's word: (row offset, k offset) inside the 16 x 4 slice.
+// Fragment position of nibble i of a lane's word: row offset in the 16-row tile, k offset from 16j + 2t.
 inline int nibble_row(int i) { return (i & 1) * 8; }
-inline int nibble_k(int i) { return ((i >> 1) & 1) * 2 + (i >> 2); }
+inline int nibble_k(int i) { return ((i >> 1) & 1) * 8 + (i >> 2); }
 
 inline uint8_t get_u4(const uint8_t* q, int64_t row, int64_t col, int64_t k) {
   const int64_t e = row * k + col;
@@ -56,7 +56,7 @@ void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
           const int64_t word = ((nt * k_chunks + kc) * 32 + lane) * 16 + 4 * j;
           for (int i = 0; i < 8; ++i) {
             const int64_t row = nt * kTileN + g + nibble_row(i);
-            const int64_t col = kc * kChunkK + 16 * t + 4 * j + nibble_k(i);
+            const int64_t col = kc * kChunkK + 16 * j + 2 * t + nibble_k(i);
             fn(word, i, row, col);
           }
         }

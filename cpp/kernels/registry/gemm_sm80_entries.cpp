@@ -66,6 +66,10 @@ Fit wmma_can_run(const GemmDesc& d, std::string* why) {
 }
 int wmma_rank(const GemmDesc&) { return 0; }
 
+}  // namespace
+
+// W4A16 (u4 groups x f16 activations): shared by the mma.sync kernels here and the wgmma one
+// (gemm_sm90_entries.cpp), which read the same packed weight.
 Fit w4a16_can_run(const GemmDesc& d, std::string* why) {
   if (!gpu_gemm_common(d, why, 80)) return Fit::no;
   if (d.act != ActivationMode::float16) return refuse(why, "float activations only");
@@ -76,6 +80,9 @@ Fit w4a16_can_run(const GemmDesc& d, std::string* why) {
   if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
   return fits(why);
 }
+
+namespace {
+
 Fit w4a16_small_can_run(const GemmDesc& d, std::string* why) {
   const Fit f = w4a16_can_run(d, why);
   if (f == Fit::yes && why) *why = "8..64-token tiles, dequantize per warp, split-K to fill the SMs";
@@ -123,16 +130,6 @@ void launch_f16(const GemmArgs& a) {
   cuda::gemm_f16(a.x, a.w.data, a.bias, a.y, cuda::current_stream(), K);
 }
 
-template <cuda::W4A16Kernel K>
-void launch_w4a16(const GemmArgs& a) {
-  cuda::W4A16Options o;
-  o.kernel = K;
-  o.large_tile = a.tuning.w4a16_large_tile;
-  o.pdl = a.tuning.pdl;
-  cuda::gemm_w4a16(a.x, a.w, a.y, 0, Tensor(), cuda::current_stream(), o);
-  add_bias(a);
-}
-
 // The activations as 8-bit codes and per-token scales: f16 rows are quantized here; codes the fused
 // norm made pass through.
 std::pair<Tensor, Tensor> codes_of(const GemmArgs& a, bool fp8, cudaStream_t stream) {
@@ -164,6 +161,17 @@ void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8) {
   add_bias(a);
 }
 
+// Runs the W4A16 GEMM on `kernel` (the mma.sync ones here, the wgmma one from gemm_sm90_entries.cpp).
+void launch_w4a16_kernel(const GemmArgs& a, cuda::W4A16Kernel kernel) {
+  cuda::W4A16Options o;
+  o.kernel = kernel;
+  o.large_tile = a.tuning.w4a16_large_tile;
+  o.sm90_split = a.tuning.sm90_split;
+  o.pdl = a.tuning.pdl;
+  cuda::gemm_w4a16(a.x, a.w, a.y, 0, Tensor(), cuda::current_stream(), o);
+  add_bias(a);
+}
+
 // Runs the W4A8 GEMM on `kernel`, quantizing f16 rows per token first when x is not codes yet.
 void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel) {
   const cudaStream_t stream = cuda::current_stream();
@@ -177,6 +185,10 @@ void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel) {
 }
 
 namespace {
+template <cuda::W4A16Kernel K>
+void launch_w4a16(const GemmArgs& a) {
+  launch_w4a16_kernel(a, K);
+}
 void launch_w8a8_sm80(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, false); }
 void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }

@@ -1,5 +1,5 @@
 // The wgmma/TMA GEMM kernels (cpp/kernels/sm90/, built for sm_90a only) in the GEMM registry:
-// preferred over their mma.sync twins on sm_90 (W4A8 from 128 tokens on).
+// preferred over their mma.sync twins on sm_90 (W4A8 and W4A16 from 128 tokens on).
 #include "kernels/registry/registration.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/kernels.h"
@@ -10,9 +10,11 @@ namespace lowbit::kernels {
 // gemm_sm80_entries.cpp: the checks and launches these kernels share with their mma.sync twins.
 Fit gemm8_can_run(const GemmDesc& d, std::string* why, int min_sm, bool fp8);
 Fit w4a8_can_run(const GemmDesc& d, std::string* why, int min_sm);
+Fit w4a16_can_run(const GemmDesc& d, std::string* why);
 #ifdef LOWBIT_WITH_CUDA
 void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8);
 void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel);
+void launch_w4a16_kernel(const GemmArgs& a, cuda::W4A16Kernel kernel);
 #endif
 
 namespace {
@@ -40,10 +42,21 @@ Fit w4a8_sm90_can_run(const GemmDesc& d, std::string* why) {
 // From 128 tokens on (a 128/256-token tile per dequantized fragment); below, the mma.sync kernel.
 int w4a8_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 2 : 0; }
 
+Fit w4a16_sm90_can_run(const GemmDesc& d, std::string* why) {
+  if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)
+    return refuse(why, "wgmma/TMA need sm_90 exactly (built as sm_90a), got " + arch_name(d.device, d.sm));
+  const Fit f = w4a16_can_run(d, why);
+  if (f == Fit::yes && why) *why = "u4 -> f16 in registers as the wgmma A operand, f16 activations by TMA, split-K clusters";
+  return f;
+}
+// From 128 tokens on, above the large mma.sync kernel (rank 2 there); below, the small mma.sync kernel.
+int w4a16_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 3 : 0; }
+
 #ifdef LOWBIT_WITH_CUDA
 void launch_w8a8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, false); }
 void launch_fp8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, true); }
 void launch_w4a8_sm90(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm90); }
+void launch_w4a16_sm90(const GemmArgs& a) { launch_w4a16_kernel(a, cuda::W4A16Kernel::sm90); }
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
 #define LOWBIT_GPU_LAUNCH(f) nullptr
@@ -58,6 +71,8 @@ void register_gemm_sm90(std::vector<GemmKernel>& out) {
                  LOWBIT_GPU_LAUNCH(launch_fp8)});
   out.push_back({"gemm_w4a8_sm90", "W4A8 QoQ / LiquidQuant: register-dequantized u4 weights x s8 activations, wgmma + "
                  "TMA (sm_90a)", w4a8_sm90_can_run, w4a8_sm90_rank, LOWBIT_GPU_LAUNCH(launch_w4a8_sm90)});
+  out.push_back({"gemm_w4a16_sm90", "W4A16: register-dequantized u4 weights x f16 activations, f16 wgmma + TMA (sm_90a)",
+                 w4a16_sm90_can_run, w4a16_sm90_rank, LOWBIT_GPU_LAUNCH(launch_w4a16_sm90)});
 }
 
 }  // namespace lowbit::kernels

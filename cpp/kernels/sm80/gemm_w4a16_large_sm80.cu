@@ -4,21 +4,23 @@
 // The decode kernel (gemm_w4a16_sm80.cu) computes Yᵀ = W·Xᵀ and every warp dequantizes its own weight
 // fragments, so at large M each weight element is dequantized once per 64-token warp tile, and the
 // 8-token B operand gives few tokens per mma. Here, classic orientation Y = X·Wᵀ: tokens are the mma
-// M side (A from the x tile via ldmatrix), weight rows the N side (B via ldmatrix). Per 64-k chunk a
-// block (8 warps, 2 x 4 warp grid) dequantizes its packed weight chunk ONCE into a padded f16 smem
-// tile (each lane: one 16-byte packed load -> two rows x 16 k, with the decode kernel's f16 formula
-// w = q*s - z*s, so both kernels use bit-identical weights), and the warps read it with ldmatrix.
+// M side (A from the x tile via ldmatrix), weight rows the N side. Per 64-k chunk a block (8 warps,
+// 2 x 4 warp grid) dequantizes its packed weight chunk ONCE into smem as ready-made B fragments
+// (each lane: one 16-byte packed load -> four 16-byte fragment stores, with the decode kernel's f16
+// formula w = q*s - z*s, so both kernels use bit-identical weights), and the warps read them back
+// with 16-byte loads.
 //
 // Pipeline: kStages-deep (4) cp.async ring of {x tile, packed chunk, scales|zeros}; per chunk: wait,
 // block barrier (chunk landed; previous chunk's slot and dq free), issue the copy of chunk
 // kc + kStages - 1, dequant, pair barrier (the two warps sharing dq rows), mma. x rows past m and
-// weight tiles past n are zero-filled in smem. Rows padded by 16 bytes (144-byte stride): ldmatrix
-// and the dequant's 16-byte stores hit 8 distinct 4-bank groups per 8-lane phase (conflict-free).
+// weight tiles past n are zero-filled in smem. x rows padded by 16 bytes (144-byte stride): ldmatrix
+// hits 8 distinct 4-bank groups per 8-lane phase; the fragment stores/loads are lane-contiguous
+// (both conflict-free).
 //
 // Tiles (tokens x weight rows, warp tile, dynamic smem, ptxas sm_90 registers, no spills):
-//   128 x 128 (64 x 32 per warp): 110,592 B, 127 regs -> 2 blocks/SM on sm_90 (default from 128 tokens)
-//    64 x 128 (32 x 32):           73,728 B, 100 regs (when 128-token blocks would not fill the SMs)
-//   128 x 256 (64 x 64):          147,456 B, 234 regs, 1 block/SM (kernel_overrides w4a16_large_tile=128x256)
+//   128 x 128 (64 x 32 per warp): 108,544 B, 127 regs -> 2 blocks/SM on sm_90 (default from 128 tokens)
+//    64 x 128 (32 x 32):           71,680 B, 100 regs (when 128-token blocks would not fill the SMs)
+//   128 x 256 (64 x 64):          143,360 B, 234 regs, 1 block/SM (kernel_overrides w4a16_large_tile=128x256)
 //
 // Prediction (H100 SXM, not measured: written without a GPU). The old kernel already runs M=1024 at
 // ~290 TFLOPS (gate_up: 240 GFLOP in 809 us); cuBLAS's 309 us is ~780 TFLOPS, i.e. wgmma, which
@@ -67,7 +69,7 @@ struct LargeCfg {
   static constexpr int kWBytes = kPackedTiles * kChunkBytes;
   static constexpr int kSBytes = 2 * kBlockN * 2;  // [scale | zero][kBlockN] f16 of the chunk's group
   static constexpr int kStageBytes = kXBytes + kWBytes + kSBytes;
-  static constexpr int kDqBytes = kBlockN * kRow * 2;  // dequantized f16 chunk [kBlockN][kRow]
+  static constexpr int kDqBytes = kPackedTiles * 4 * 32 * 16;  // dequantized fragments [tile][step][lane]
   static constexpr int kSmemBytes = kStages * kStageBytes + kDqBytes;
   static_assert(kTilesN % 4 == 0 && kWarpsM == 2 && (kBlockM * 8) % kThreads == 0 &&
                     2 * kBlockN / 8 <= kThreads && kStageBytes % 16 == 0,
@@ -109,15 +111,17 @@ __device__ inline void load_stage(const W4A16LargeArgs& p, uint8_t* st, int kc, 
   }
 }
 
-// Packed chunk -> f16 dq[row][k] in actual k order. Warps (0, wn) and (1, wn) read the same kTilesN*8
-// dq rows, so they dequantize exactly those (kTilesN/4 packed tiles each) and then sync as a pair.
-// Unit (tile, lane (g, t)) holds, per word j, rows g and g+8 at k 16t + 4j + 0..3 (pack_sm80.cpp):
-// 16 contiguous k of two rows per lane.
+// Packed chunk -> dequantized f16 A fragments in smem, dq[tile][step][lane] (16 bytes each). Warps
+// (0, wn) and (1, wn) read the same 16-row tiles, so they dequantize exactly those (kTilesN/4 packed
+// tiles each) and then sync as a pair. pack_sm80's k order is the fragment's, so lane (g, t)'s four
+// registers of step j (rows g, g+8 at k 16j + 2t + {0, 1} and + {8, 9}) are already the mma B
+// fragments of this kernel's orientation for the tile's two n8 halves; each is stored and read back
+// by the same lane position with 16-byte accesses (conflict-free), no ldmatrix needed.
 template <class C>
-__device__ inline void dequant_chunk(const uint8_t* st, __half* dq, int warp_m, int warp_n) {
+__device__ inline void dequant_chunk(const uint8_t* st, uint4* dq, int warp_m, int warp_n) {
   const uint4* packed = reinterpret_cast<const uint4*>(st + C::kXBytes);
   const __half* sc = reinterpret_cast<const __half*>(st + C::kXBytes + C::kWBytes);
-  const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+  const int lane = threadIdx.x & 31, g = lane / 4;
 #pragma unroll
   for (int v = 0; v < C::kTilesN / 4; ++v) {
     const int tile = (warp_n * 2 + warp_m) * (C::kTilesN / 4) + v, row = tile * kTileN + g;
@@ -126,22 +130,12 @@ __device__ inline void dequant_chunk(const uint8_t* st, __half* dq, int warp_m, 
     const __half2 s_lo = __half2half2(s0), s_hi = __half2half2(s8);
     const __half2 nzs_lo = neg_zero_scale(z0, s0), nzs_hi = neg_zero_scale(z8, s8);
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-    uint32_t lo[8], hi[8];  // rows g and g+8, k 16t .. 16t+15 as f16 pairs
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      uint32_t a[4];  // a0 = row g (k+0, k+1), a1 = row g+8 (k+0, k+1), a2/a3 the same at k+2, k+3
+      uint32_t a[4];  // a0 = row g (k lo pair), a1 = row g+8, a2/a3 the same at k hi (+8)
       dequant_word(words[j], s_lo, nzs_lo, s_hi, nzs_hi, a);
-      lo[2 * j] = a[0];
-      lo[2 * j + 1] = a[2];
-      hi[2 * j] = a[1];
-      hi[2 * j + 1] = a[3];
+      dq[(tile * 4 + j) * 32 + lane] = make_uint4(a[0], a[1], a[2], a[3]);
     }
-    __half* d0 = dq + row * kRow + 16 * t;
-    __half* d8 = d0 + 8 * kRow;
-    *reinterpret_cast<uint4*>(d0) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    *reinterpret_cast<uint4*>(d0 + 8) = make_uint4(lo[4], lo[5], lo[6], lo[7]);
-    *reinterpret_cast<uint4*>(d8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    *reinterpret_cast<uint4*>(d8 + 8) = make_uint4(hi[4], hi[5], hi[6], hi[7]);
   }
 }
 
@@ -163,23 +157,23 @@ __device__ inline void pair_barrier(int warp_n) {
 
 // One warp's 64-k chunk: 4 k16 steps of kTilesM x kTilesN mma.
 template <class C>
-__device__ inline void compute_chunk(const __half* xs, const __half* dq, int warp_m, int warp_n,
+__device__ inline void compute_chunk(const __half* xs, const uint4* dq, int warp_m, int warp_n,
                                      float (&acc)[C::kTilesM][C::kTilesN][4]) {
   const int lane = threadIdx.x & 31;
   // A (x, [token][k]): lanes 0-15 address rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8, so the
   // four 8x8 matrices are a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15), a3 (both).
   const uint32_t a_base = smem_addr(xs + (warp_m * C::kTilesM * 16 + (lane & 15)) * kRow + (lane >> 4) * 8);
-  // B (dq, [n][k]): matrix q = lane / 8 covers n 8*(q/2) + 0..7 at k 8*(q%2): r0, r1 = b0, b1 of the
-  // first n8 tile and r2, r3 those of the second.
-  const uint32_t b_base =
-      smem_addr(dq + (warp_n * C::kTilesN * 8 + (lane & 7) + ((lane >> 4) << 3)) * kRow + ((lane >> 3) & 1) * 8);
+  // B: 16-row tile warp_n * kTilesN/2 + jb holds n8 tiles 2jb (rows g: .x = b0, .z = b1) and 2jb + 1
+  // (rows g + 8: .y, .w).
+  const uint4* b_frag = dq + (warp_n * C::kTilesN / 2) * 4 * 32 + lane;
 #pragma unroll
   for (int ks = 0; ks < kChunkK / 16; ++ks) {
     uint32_t b[C::kTilesN][2];
 #pragma unroll
-    for (int jb = 0; jb < C::kTilesN / 2; ++jb)
-      ldmatrix_x4(b_base + (jb * 16 * kRow + ks * 16) * 2, b[2 * jb][0], b[2 * jb][1], b[2 * jb + 1][0],
-                  b[2 * jb + 1][1]);
+    for (int jb = 0; jb < C::kTilesN / 2; ++jb) {
+      const uint4 f = b_frag[(jb * 4 + ks) * 32];
+      b[2 * jb][0] = f.x, b[2 * jb][1] = f.z, b[2 * jb + 1][0] = f.y, b[2 * jb + 1][1] = f.w;
+    }
 #pragma unroll
     for (int i = 0; i < C::kTilesM; ++i) {
       uint32_t a[4];
@@ -195,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, C::kSmemBytes <= 113 * 1024 ? 2 : 1)
     gemm_w4a16_large_kernel(W4A16LargeArgs p) {
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
-  __half* dq = reinterpret_cast<__half*>(smem + kStages * C::kStageBytes);
+  uint4* dq = reinterpret_cast<uint4*>(smem + kStages * C::kStageBytes);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
   // Token blocks vary fastest: blocks resident together share weight chunks in L2 and the whole

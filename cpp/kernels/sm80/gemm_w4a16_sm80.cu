@@ -15,7 +15,7 @@
 // global memory one chunk ahead and stalled on them: 12 cycles per instruction, ~1.4 TB/s).
 // A warp dequantizes each 16x16 weight fragment once (lop3 magic-number u4 -> f16, TurboMind §4.1;
 // w = q*s - z*s as one f16x2 fma) and reuses it for all its 8-token tiles, and reads each lane's
-// activations as 16-byte shared-memory loads (row stride padded by 16 bytes: conflict-free).
+// activations with ldmatrix (row stride padded by 16 bytes: conflict-free).
 // Split-K blocks write f32 partials that a small kernel sums in a fixed order (deterministic).
 // On sm_90 the GEMM is launched as a programmatic dependent of the kernel before it (cuda/pdl.cuh):
 // its blocks start while that kernel (a norm, SiLU·mul or the attention that produces x) is still
@@ -33,6 +33,7 @@
 #include "lowbit/cuda/kernels.h"
 #include "kernels/sm80/gemm_w4a16_large_sm80.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
+#include "kernels/sm90/gemm_w4a16_sm90.h"
 
 namespace lowbit::cuda {
 namespace {
@@ -116,7 +117,7 @@ __device__ inline void load_stage(const GemmArgs& p, uint8_t* stage, int kc0, in
 template <class C>
 __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_n, int warp_m,
                                      float (&acc)[C::kTilesN][C::kTilesM][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int lane = threadIdx.x & 31, g = lane >> 2;
   const uint4* ws = reinterpret_cast<const uint4*>(stage);
   const __half* ss = reinterpret_cast<const __half*>(stage + C::kWBytes);
   const __half* xs = reinterpret_cast<const __half*>(stage + C::kWBytes + C::kSBytes);
@@ -136,27 +137,25 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
       nzs_lo[i] = neg_zero_scale(z0, s0);
       nzs_hi[i] = neg_zero_scale(z8, s8);
     }
+    // Per k16 step: dequantize each weight tile once, then per 8-token tile one ldmatrix.x2 of its B
+    // fragment (lanes 0-7 address k 16*step + 0..7 of the tokens, lanes 8-15 k + 8..15: pack_sm80's
+    // fragment k order is the natural one) feeding all of the warp's weight tiles. Loading B right
+    // before its mma keeps two registers live per token tile instead of a whole chunk's.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // Lane (g, t) holds actual k [16t + 8h, 16t + 8h + 8) of token g: k16 steps 2h and 2h + 1.
-      uint4 xv[C::kTilesM];
+    for (int step = 0; step < 4; ++step) {
+      uint32_t a[C::kTilesN][4];
 #pragma unroll
-      for (int j = 0; j < C::kTilesM; ++j) {
-        const int r = (warp_m * C::kTilesM + j) * 8 + g;
-        xv[j] = *reinterpret_cast<const uint4*>(xs + r * C::kXRow + c * kChunkK + 16 * t + 8 * h);
+      for (int i = 0; i < C::kTilesN; ++i) {
+        const uint32_t word = step == 0 ? wv[i].x : step == 1 ? wv[i].y : step == 2 ? wv[i].z : wv[i].w;
+        dequant_word(word, s_lo[i], nzs_lo[i], s_hi[i], nzs_hi[i], a[i]);
       }
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int step = 2 * h + jj;
+      for (int j = 0; j < C::kTilesM; ++j) {
+        const int r = (warp_m * C::kTilesM + j) * 8 + (lane & 7);
+        uint32_t b0, b1;
+        ldmatrix_x2(smem_addr(xs + r * C::kXRow + c * kChunkK + 16 * step + 8 * ((lane >> 3) & 1)), b0, b1);
 #pragma unroll
-        for (int i = 0; i < C::kTilesN; ++i) {
-          const uint32_t word = step == 0 ? wv[i].x : step == 1 ? wv[i].y : step == 2 ? wv[i].z : wv[i].w;
-          uint32_t a[4];
-          dequant_word(word, s_lo[i], nzs_lo[i], s_hi[i], nzs_hi[i], a);
-#pragma unroll
-          for (int j = 0; j < C::kTilesM; ++j)
-            mma_16816(acc[i][j], a, jj ? xv[j].z : xv[j].x, jj ? xv[j].w : xv[j].y);  // k +{0,1}, +{2,3}
-        }
+        for (int i = 0; i < C::kTilesN; ++i) mma_16816(acc[i][j], a[i], b0, b1);
       }
     }
   }
@@ -298,14 +297,17 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
 constexpr int64_t kLargeMinTokens = 128;
 
 struct KernelChoice {
-  bool large;
+  bool large, sm90;
   W4A16LargeTile tile;
 };
 
-// The kernel the caller named (a plan names it; the op-level API may leave it automatic: large from
-// kLargeMinTokens tokens) and the large kernel's tile (W4A16Options::large_tile).
-KernelChoice pick_kernel(int64_t m, const W4A16Options& o) {
-  const bool large = o.kernel == W4A16Kernel::automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large;
+// The kernel the caller named (a plan names it; the op-level API may leave it automatic: from
+// kLargeMinTokens tokens the wgmma kernel on sm_90, else the large mma.sync kernel) and the large
+// kernel's tile (W4A16Options::large_tile).
+KernelChoice pick_kernel(int64_t m, const W4A16Options& o, int device) {
+  const bool sm90 = o.kernel == W4A16Kernel::sm90 || (o.kernel == W4A16Kernel::automatic && m >= kLargeMinTokens &&
+                                                      detail::gemm_w4a16_sm90_usable(device));
+  const bool large = !sm90 && (o.kernel == W4A16Kernel::automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large);
   W4A16LargeTile tile = W4A16LargeTile::automatic;
   switch (o.large_tile) {
     case 0: break;
@@ -315,7 +317,7 @@ KernelChoice pick_kernel(int64_t m, const W4A16Options& o) {
     default:
       LOWBIT_CHECK(false, "gemm_w4a16: large_tile must be 0, 64128, 128128 or 128256, got ", o.large_tile);
   }
-  return {large, tile};
+  return {large, sm90, tile};
 }
 
 }  // namespace
@@ -323,9 +325,11 @@ KernelChoice pick_kernel(int64_t m, const W4A16Options& o) {
 // Split-K: fill one wave of resident blocks when the (n, m) tiles alone do not (every block is then
 // resident from the start and they finish together), with at least 4 chunks per split and the f32
 // partials (8 bytes per split and output, written then read) below the weight bytes n*k/2.
-// The large-M kernel has its own rule (split only below one block per SM).
+// The large-M kernel has its own rule (split only below one block per SM); the sm90 kernel splits
+// inside a thread-block cluster and needs no partials (1).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
-  const KernelChoice choice = pick_kernel(m, options);
+  const KernelChoice choice = pick_kernel(m, options, device);
+  if (choice.sm90) return 1;
   if (choice.large)
     return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
   const ShapeInfo info = prepare(shape_for(m), device);
@@ -378,7 +382,18 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  const KernelChoice choice = pick_kernel(m, options);
+  const KernelChoice choice = pick_kernel(m, options, dev);
+  if (choice.sm90) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_sm90_usable(dev), op,
+                      ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
+                      " does not qualify); name 'small' or 'large' instead");
+    const int64_t npad_sm90 = (n + kTileN - 1) / kTileN * kTileN;
+    const detail::W4A16Problem problem{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
+                                       w.zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
+                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad_sm90)};
+    detail::gemm_w4a16_sm90(problem, options.sm90_split, stream);
+    return;
+  }
   const W4A16LargeTile large_tile =
       choice.large ? gemm_w4a16_large_tile(m, n, choice.tile, dev) : W4A16LargeTile::automatic;
   const Shape shape = shape_for(m);

@@ -1,4 +1,5 @@
-// Hopper (sm_90a) building blocks shared by the wgmma GEMMs (gemm_w8a8_sm90.cu, gemm_w4a8_sm90.cu):
+// Hopper (sm_90a) building blocks shared by the wgmma GEMMs (gemm_w8a8_sm90.cu, gemm_w4a8_sm90.cu,
+// gemm_w4a16_sm90.cu):
 // mbarrier waits and arrivals, TMA tile loads and bulk copies, the wgmma fence/commit/wait and the
 // K-major 128B-swizzle shared-memory descriptor (device side, compiled only for sm_90a); the TMA map
 // encoder and the split-K cluster size pick (host side).
@@ -134,22 +135,27 @@ inline EncodeTiled encode_tiled() {
   return fn;
 }
 
-// Row-major 8-bit [rows, k] (s8 or e4m3 bytes, rows `ld` bytes apart, ld a multiple of 16) as
-// 128-byte x box_rows boxes, 128B swizzle, zero fill out of bounds.
-inline CUtensorMap make_map(const char* op, const int8_t* base, int rows, int k, int64_t ld, int box_rows) {
+// Row-major [rows, k] of `elem_bytes`-byte elements (rows `ld_bytes` apart, a multiple of 16) as
+// 128-byte x box_rows boxes (the k extent a 128B swizzle row holds), zero fill out of bounds.
+inline CUtensorMap make_map_2d(const char* op, const void* base, CUtensorMapDataType type, int elem_bytes, int rows,
+                               int k, int64_t ld_bytes, int box_rows) {
   const EncodeTiled fn = encode_tiled();
   LOWBIT_CHECK_KIND(ErrorKind::kRuntime, fn != nullptr, op, ": cuTensorMapEncodeTiled is not available");
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
-  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / elem_bytes), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(base), dims, strides, box,
-                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = fn(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   LOWBIT_CHECK_KIND(ErrorKind::kRuntime, r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (", static_cast<int>(r),
                     ") for rows=", rows, " k=", k);
   return map;
+}
+// 8-bit activations (s8 or e4m3 bytes), rows `ld` bytes apart.
+inline CUtensorMap make_map(const char* op, const int8_t* base, int rows, int k, int64_t ld, int box_rows) {
+  return make_map_2d(op, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, k, ld, box_rows);
 }
 
 // Split-K factor (cluster size): fewest waves x k blocks per CTA, plus a fixed cost per tile and

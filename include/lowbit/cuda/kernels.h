@@ -17,14 +17,19 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // y[m, n] = x[m, k] · Wᵀ, W a w4 weight packed by pack_sm80 and moved to the device; x, y f16 with
 // unit stride in the last dim. split_k = 0 picks the split itself; a split > 1 needs an f32
 // workspace of gemm_w4a16_workspace_elems(m, n, split) elements (allocated here when undefined).
-// Two kernels: small (8..64-token tiles, split-K to fill the SMs) and large (64/128-token tiles, its
-// pick_split splits only when the tiles leave SMs idle); `automatic` (the op-level API; plans name
-// the kernel) takes large from 128 tokens. large_tile: 0 automatic, or 64128 / 128128 / 128256 (m x n).
-// pdl: programmatic dependent launch of the small kernel where the device has it (sm_90+).
-enum class W4A16Kernel : uint8_t { automatic, small, large };
+// Three kernels read the same packed weight: small (mma.sync, 8..64-token tiles, split-K to fill the
+// SMs), large (mma.sync, 64/128-token tiles, its pick_split splits only when the tiles leave SMs idle)
+// and sm90 (f16 wgmma with the dequantized weight as a register operand, TMA, 128/256-token tiles,
+// split-K in thread-block clusters; sm_90 only: a forced sm90 elsewhere throws NotSupported).
+// `automatic` (the op-level API; plans name the kernel) takes sm90 on sm_90, else large, from 128
+// tokens. large_tile: 0 automatic, or 64128 / 128128 / 128256 (m x n). sm90_split: 0 automatic, else
+// the cluster size 1/2/4/8. pdl: programmatic dependent launch of the small kernel where the device
+// has it (sm_90+).
+enum class W4A16Kernel : uint8_t { automatic, small, large, sm90 };
 struct W4A16Options {
   W4A16Kernel kernel = W4A16Kernel::automatic;
   int large_tile = 0;
+  int sm90_split = 0;
   bool pdl = true;
 };
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,

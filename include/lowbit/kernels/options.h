@@ -26,7 +26,7 @@ struct KernelTuning {
   bool fused_norm_quant = true;  // W8A8 / FP8 on the GPU: the pre-norm emits the next GEMM's codes
   bool pdl = true;               // sm_90+: programmatic dependent launch of the W4A16 kernel
   int w4a16_large_tile = 0;      // 0 automatic, else 64128, 128128 or 128256 (m x n)
-  int sm90_split = 0;            // wgmma 8-bit GEMMs: 0 automatic, else the split-K cluster size 1/2/4/8
+  int sm90_split = 0;            // wgmma GEMMs: 0 automatic, else the split-K cluster size 1/2/4/8
   bool sm90_pairs = false;       // wgmma 8-bit GEMMs: multicast weight tiles to pairs of A tiles
   bool fp8_fast_accum = false;   // wgmma fp8: no per-stage promotion of the sums to f32
 };

@@ -1,0 +1,328 @@
+// W4A16 GEMM for Hopper (sm_90a): f16 wgmma with the u4 weight dequantized in registers as the A
+// operand and the f16 activations as the shared-memory B operand (gemm_w4a8_sm90.cu's pipeline with
+// the u4 -> f16 dequant of the mma.sync kernels, TurboMind §4.1).
+//
+// Yᵀ = W · Xᵀ: a CTA owns 128 weight rows (two consumer warpgroups of 64, one wgmma m64 each) x BT
+// tokens (the wgmma n: 128 or 256) x its k range, in stages of one 64-k chunk. One producer thread
+// fills each stage: the activation tile by TMA (64 f16 = one 128-byte swizzled row per token, zero
+// fill past m: the layout wgmma's descriptor reads), the chunk's eight packed 16-row weight tiles and
+// its group's f16 scales and zeros by 1-D bulk copies. pack_sm80's k order is the A fragment's, so a
+// consumer lane turns its 16 bytes per chunk into the four k16 steps' fragment registers with the
+// magic-number dequant (w = q*s - z*s in f16, bit-identical to the mma.sync kernels' weights), issues
+// the stage's four m64nBTk16 wgmmas and dequantizes the next stage into a second fragment set while
+// they run. Accumulation is f32; split-K runs as a thread-block cluster along k whose f32 partial
+// tiles are summed through distributed shared memory in a fixed order (deterministic).
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/sm80/w4a16_common_sm80.cuh"
+#include "kernels/sm90/gemm_w4a16_sm90.h"
+#include "kernels/sm90/sm90_common.cuh"
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda::detail {
+namespace {
+
+using namespace sm90;
+
+constexpr int kRows = 128;          // weight rows per CTA: two consumer warpgroups of 64
+constexpr int kTiles = kRows / 16;  // packed 16-row tiles per CTA
+constexpr int kBK = 64;             // k per stage: one packed chunk, one quantization group
+constexpr int kChunkBytes = 512;    // one packed 16-row x 64-k tile
+constexpr int kThreads = 384;       // warpgroup 0: producer (one thread issues the copies), 1-2: consumers
+constexpr int kConsumerWarps = 8;
+constexpr int kSmemBudget = 215040;
+
+template <int BT>
+struct Config {
+  static constexpr int kXBytes = BT * kBK * 2;         // activation tile (swizzled, 1024-aligned)
+  static constexpr int kWBytes = kTiles * kChunkBytes;  // [tile][lane] 16-byte units
+  static constexpr int kPBytes = 2 * kRows * 2;         // [scale | zero][row] f16
+  static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
+  static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
+};
+
+struct Args {
+  W4A16Problem p;
+  int k_chunks, split;
+};
+
+#ifdef LOWBIT_SM90_DEVICE
+// D += A · Bᵀ for one k16 step: A (64 weight rows x 16 k, f16) from the four fragment registers, B
+// (BT tokens x 16 k, f16) from shared memory through descriptor db (K-major, no transpose).
+__device__ inline void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LOWBIT_REGS64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : LOWBIT_ACC64("+f", d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ inline void wgmma_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " LOWBIT_REGS128
+      ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+      : LOWBIT_ACC128("+f", d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// Writes accumulator v of lane `lane` in consumer warp gw: weight row gw*16 + lane/4 (+8 when
+// v%4 >= 2), token (v/4)*8 + 2*(lane%4) + v%2 (the wgmma accumulator layout).
+__device__ inline void store_acc(const W4A16Problem& p, int n0, int m0, int gw, int lane, int v, float acc) {
+  const int n = n0 + gw * 16 + (lane >> 2) + ((v >> 1) & 1) * 8;
+  const int m = m0 + (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+  if (n < p.n && m < p.m) p.y[static_cast<int64_t>(m) * p.ldy + n] = __float2half_rn(acc);
+}
+
+// Turns a stage's packed weights of consumer warp gw's 16-row tile into wgmma A fragments:
+// a[4j + r] is register r of k16 step j.
+template <class C>
+__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, uint32_t (&a)[16]) {
+  const uint4 wv = reinterpret_cast<const uint4*>(st + C::kXBytes)[gw * 32 + lane];
+  const __half* ps = reinterpret_cast<const __half*>(st + C::kXBytes + C::kWBytes);
+  const int row = gw * 16 + (lane >> 2);
+  const __half s0 = ps[row], s8 = ps[row + 8], z0 = ps[kRows + row], z8 = ps[kRows + row + 8];
+  const __half2 s_lo = __half2half2(s0), s_hi = __half2half2(s8);
+  const __half2 nzs_lo = w4a16::neg_zero_scale(z0, s0), nzs_hi = w4a16::neg_zero_scale(z8, s8);
+  const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t f[4];
+    w4a16::dequant_word(words[j], s_lo, nzs_lo, s_hi, nzs_hi, f);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[4 * j + r] = f[r];
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_frag(float (&acc)[N], const uint32_t (&a)[16], int i, uint64_t db) {
+  const uint32_t f[4] = {a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]};
+  wgmma_rs(acc, f, db + 2 * i);  // k16 step i of the stage: +32 bytes of k in the swizzled row
+}
+
+// Stage `it` of one consumer warpgroup: issue its wgmmas from `cur`, dequantize stage it+1 into `next`
+// meanwhile, wait for the wgmmas, then release the stage (every consumer thread arrives: each one's
+// shared-memory reads of the stage are ordered before its own arrival).
+template <class C, int N, class StageAt>
+__device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16],
+                                              int it, int nk, const StageAt& stage_at, uint64_t* full,
+                                              uint64_t* empty, int gw, int lane) {
+  constexpr int kStages = C::kStages;
+  const uint64_t db = smem_desc(smem_u32(stage_at(it)));
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) wgmma_frag(acc, cur, i, db);
+  wgmma_commit();
+  if (it + 1 < nk) {
+    mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
+    dequant_stage<C>(stage_at(it + 1), gw, lane, next);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  mbar_arrive(&empty[it % kStages]);
+}
+
+// The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
+// rows [j, j+1) * 128/split of the tile; slot r of CTA j holds split rank r's partial of that slice as
+// [warp in slice][v/4][lane] float4 (the pipeline smem is idle by then; the producer warpgroup joins
+// the two cluster barriers).
+template <int BT>
+__device__ inline void store_tile(const W4A16Problem& p, uint8_t* smem, int n0, int m0, int gw, int lane, int rank,
+                                  int split, const float (&acc)[BT / 2]) {
+  constexpr int kR = BT / 2;
+  if (split == 1) {
+#pragma unroll
+    for (int v = 0; v < kR; ++v) store_acc(p, n0, m0, gw, lane, v, acc[v]);
+    return;
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int slice_warps = kConsumerWarps / split;
+  constexpr int kWarpAccs = kR * 32;
+  float4* slots = reinterpret_cast<float4*>(smem);
+  cluster.sync();  // every CTA's pipeline smem is idle
+  const int j = gw / slice_warps, lw = gw % slice_warps;
+  float4* dst = cluster.map_shared_rank(slots, j) + ((rank * slice_warps + lw) * kWarpAccs) / 4 + lane;
+#pragma unroll
+  for (int v = 0; v < kR; v += 4) dst[(v / 4) * 32] = make_float4(acc[v], acc[v + 1], acc[v + 2], acc[v + 3]);
+  cluster.sync();  // all partials have landed
+  const int slice_quads = slice_warps * kWarpAccs / 4;
+  for (int u = gw * 32 + lane; u < slice_quads; u += kConsumerWarps * 32) {
+    float4 sum = slots[u];
+    for (int r = 1; r < split; ++r) {  // split rank order: the same sums every run
+      const float4 c = slots[r * slice_quads + u];
+      sum.x += c.x, sum.y += c.y, sum.z += c.z, sum.w += c.w;
+    }
+    const int w = rank * slice_warps + u / (kWarpAccs / 4), v = ((u % (kWarpAccs / 4)) / 32) * 4, ln = u % 32;
+    store_acc(p, n0, m0, w, ln, v, sum.x);
+    store_acc(p, n0, m0, w, ln, v + 1, sum.y);
+    store_acc(p, n0, m0, w, ln, v + 2, sum.z);
+    store_acc(p, n0, m0, w, ln, v + 3, sum.w);
+  }
+}
+#endif  // LOWBIT_SM90_DEVICE
+
+// Grid: x = weight-row tiles of 128, y = token tiles of BT, z = split (one cluster along z).
+template <int BT>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_w4a16_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const Args args) {
+#ifdef LOWBIT_SM90_DEVICE
+  using C = Config<BT>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
+  const W4A16Problem& p = args.p;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const int split = args.split, rank = static_cast<int>(blockIdx.z);
+  const int n0 = static_cast<int>(blockIdx.x) * kRows, m0 = static_cast<int>(blockIdx.y) * BT;
+  const int kc0 = rank * args.k_chunks / split, nk = (rank + 1) * args.k_chunks / split - kc0;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[kR];
+#pragma unroll
+  for (int i = 0; i < kR; ++i) acc[i] = 0.f;
+  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
+
+  // The producer warpgroup needs few registers; the consumers' 64 x BT f32 tile needs many.
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {  // producer
+      const int tile0 = n0 / 16, n_tiles = (p.n + 15) / 16;
+      const int tiles = min(kTiles, n_tiles - tile0);
+      const int prow = min(kRows, p.npad - n0);  // rows of parameters to copy (a multiple of 16)
+      for (int it = 0; it < nk; ++it) {
+        const int s = it % kStages, kc = kc0 + it;
+        mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+        uint8_t* st = smem + s * kStageBytes;
+        mbar_expect_tx(&full[s], C::kXBytes + tiles * kChunkBytes + 2 * prow * 2);
+        tma_load_2d(st, &map_x, kc * kBK, m0, &full[s]);
+        uint8_t* ws = st + C::kXBytes;
+        for (int t = 0; t < tiles; ++t)
+          bulk_load(ws + t * kChunkBytes, p.w + (static_cast<int64_t>(tile0 + t) * args.k_chunks + kc) * kChunkBytes,
+                    kChunkBytes, &full[s]);
+        uint8_t* ps = ws + C::kWBytes;
+        const int64_t row0 = static_cast<int64_t>(kc * kBK / p.group) * p.npad + n0;
+        bulk_load(ps, p.scales + row0, prow * 2, &full[s]);
+        bulk_load(ps + kRows * 2, p.zeros + row0, prow * 2, &full[s]);
+      }
+    }
+    if (split > 1) {  // the two cluster barriers of the consumers' split-K reduction
+      cooperative_groups::this_cluster().sync();
+      cooperative_groups::this_cluster().sync();
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
+    // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
+    uint32_t fa[16], fb[16];
+    const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+    fence_regs(acc);
+    if (nk > 0) {
+      mbar_wait(&full[0], 0);
+      dequant_stage<C>(stage_at(0), gw, lane, fa);
+    }
+    for (int it = 0; it < nk; it += 2) {
+      consumer_step<C>(acc, fa, fb, it, nk, stage_at, full, empty, gw, lane);
+      if (it + 1 >= nk) break;
+      consumer_step<C>(acc, fb, fa, it + 1, nk, stage_at, full, empty, gw, lane);
+    }
+    store_tile<BT>(p, smem, n0, m0, gw, lane, rank, split, acc);
+  }
+#endif
+}
+
+template <int BT>
+void launch(const W4A16Problem& p, int forced_split, cudaStream_t stream) {
+  const char* op = "gemm_w4a16";
+  auto kernel = gemm_w4a16_sm90_kernel<BT>;
+  constexpr int kSmem = Config<BT>::kSmemBytes;
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int tiles_n = (p.n + kRows - 1) / kRows, tiles_m = (p.m + BT - 1) / BT;
+  const int k_chunks = p.k / kBK;
+
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // CTAs resident at once for split 1, 2, 4, 8 (a cluster of `split` CTAs must fit in one GPC).
+  static std::atomic<int> slot_cache[4] = {};
+  int slots[4];
+  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
+    slots[i] = slot_cache[i].load();
+    if (slots[i] == 0) {
+      cfg.gridDim = dim3(8, 1, s);
+      attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = s;
+      int clusters = 0;
+      LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      slots[i] = std::max(1, clusters) * s;
+      slot_cache[i].store(slots[i]);
+    }
+  }
+  int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_chunks, slots);
+  while (split > k_chunks) split /= 2;  // each CTA needs a chunk
+
+  const Args args{p, k_chunks, split};
+  const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(split));
+  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(split);
+  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, map_x, args));
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace
+
+bool gemm_w4a16_sm90_usable(int device) {
+  static std::atomic<int> cache[64] = {};  // 0 unknown, 1 yes, 2 no
+  if (device < 0 || device >= 64) return false;
+  int v = cache[device].load();
+  if (v == 0) {
+    const char* op = "gemm_w4a16";
+    int major = 0, minor = 0;
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    bool ok = major == 9 && minor == 0 && encode_tiled() != nullptr;
+    if (ok) {
+      cudaFuncAttributes fa{};
+      ok = cudaFuncGetAttributes(&fa, gemm_w4a16_sm90_kernel<256>) == cudaSuccess;
+      (void)cudaGetLastError();  // a missing image is an answer here, not an error to keep
+    }
+    v = ok ? 1 : 2;
+    cache[device].store(v);
+  }
+  return v == 1;
+}
+
+// 128-token tiles up to 128 tokens, 256 beyond (one dequantized fragment feeds twice the tokens).
+void gemm_w4a16_sm90(const W4A16Problem& p, int split, cudaStream_t stream) {
+  LOWBIT_CHECK(split == 0 || split == 1 || split == 2 || split == 4 || split == 8,
+               "gemm_w4a16: the sm90 split must be 0, 1, 2, 4 or 8, got ", split);
+  if (p.m <= 128)
+    launch<128>(p, split, stream);
+  else
+    launch<256>(p, split, stream);
+}
+
+}  // namespace lowbit::cuda::detail

@@ -1,0 +1,29 @@
+// The Hopper W4A16 GEMM (gemm_w4a16_sm90.cu, built for sm_90a only), called by cuda::gemm_w4a16
+// (cpp/kernels/sm80/gemm_w4a16_sm80.cu), which checks the arguments and picks the kernel.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lowbit::cuda::detail {
+
+// One checked W4A16 problem, as plain pointers: y[m, n] = x · Wᵀ (f16 out, f32 accumulation), W packed
+// by pack_sm80 (u4 tiles in fragment k order, f16 scales and zeros [groups, npad]).
+struct W4A16Problem {
+  const __half* x;  // [m, k], rows ldx elements apart (a multiple of 8)
+  int64_t ldx;
+  const uint8_t* w;  // [ceil(n/16), k/64 * 512]
+  const __half* scales;
+  const __half* zeros;
+  __half* y;  // [m, n], rows ldy elements apart
+  int64_t ldy;
+  int m, n, k, group, npad;
+};
+
+// True when `device` is sm_90 and this library holds the sm_90a image of the kernel.
+bool gemm_w4a16_sm90_usable(int device);
+// split: 0 picks the split-K cluster size, else 1, 2, 4 or 8.
+void gemm_w4a16_sm90(const W4A16Problem& p, int split, cudaStream_t stream);
+
+}  // namespace lowbit::cuda::detail
