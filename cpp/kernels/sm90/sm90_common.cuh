@@ -53,6 +53,14 @@ __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c_k, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c_k), "r"(c_row), "r"(smem_u32(bar))
       : "memory");
 }
+// 3-D tile load (coordinates c0, c1, c2 in elements of the map's dims) completing on `bar`.
+__device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+}
 // Same, written to the same smem offset in every cluster CTA of `mask` (each one's `bar` gets the bytes).
 __device__ inline void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c_k, int c_row, uint64_t* bar,
                                              uint16_t mask) {
@@ -151,6 +159,29 @@ inline CUtensorMap make_map_2d(const char* op, const void* base, CUtensorMapData
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   LOWBIT_CHECK_KIND(ErrorKind::kRuntime, r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (", static_cast<int>(r),
                     ") for rows=", rows, " k=", k);
+  return map;
+}
+// A packed weight [n_tiles][k_chunks][chunk_bytes] (pack_sm80's tile-major layout) as boxes of
+// `tiles` consecutive 16-row tiles x `chunks` consecutive k chunks, landing in smem as
+// [tile][chunk][chunk_bytes]: one TMA per stage instead of one bulk copy per tile (tiles past the
+// matrix read as zeros).
+inline CUtensorMap make_packed_weight_map(const char* op, const uint8_t* base, int n_tiles, int k_chunks,
+                                          int chunk_bytes, int tiles, int chunks) {
+  const EncodeTiled fn = encode_tiled();
+  LOWBIT_CHECK_KIND(ErrorKind::kRuntime, fn != nullptr, op, ": cuTensorMapEncodeTiled is not available");
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(chunk_bytes / 4), static_cast<cuuint64_t>(k_chunks),
+                              static_cast<cuuint64_t>(n_tiles)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(chunk_bytes),
+                                 static_cast<cuuint64_t>(k_chunks) * static_cast<cuuint64_t>(chunk_bytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(chunk_bytes / 4), static_cast<cuuint32_t>(chunks),
+                             static_cast<cuuint32_t>(tiles)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint8_t*>(base), dims, strides, box,
+                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LOWBIT_CHECK_KIND(ErrorKind::kRuntime, r == CUDA_SUCCESS, op, ": cuTensorMapEncodeTiled failed (", static_cast<int>(r),
+                    ") for the packed weight: tiles=", n_tiles, " chunks=", k_chunks);
   return map;
 }
 // 8-bit activations (s8 or e4m3 bytes), rows `ld` bytes apart.
