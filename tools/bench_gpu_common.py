@@ -96,7 +96,7 @@ def device_meta():
         "multiprocessors": props.multi_processor_count,
         "l2_bytes": getattr(props, "L2_cache_size", 50 << 20),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "commit": commit or os.environ.get("LOWBIT_COMMIT", ""),
+        "commit": os.environ.get("LOWBIT_COMMIT") or commit,  # the caller knows best where the tree was copied
         "torch": torch.__version__,
         "timing": "CUDA graph replay, median of 20 replays, rotating operand copies past 3x L2",
     }

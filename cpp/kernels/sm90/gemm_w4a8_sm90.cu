@@ -4,15 +4,18 @@
 // Yᵀ = W · Xᵀ: a CTA owns 128 weight rows (two consumer warpgroups of 64, one wgmma m64 each) x BT
 // tokens (the wgmma n: 128 or 256) x its k range, in stages of 128 k (two packed 64-k chunks). One
 // producer thread fills each stage: the activation tile by TMA (128-byte swizzle, zero fill past m
-// and k, the layout wgmma's descriptor reads), the stage's packed u4 weight tiles and the u8 steps
-// and offsets of its groups by 1-D bulk copies (pack_sm80_w4a8's layout: every 16-row tile's chunks
-// are contiguous). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
+// and k, the layout wgmma's descriptor reads), the stage's packed u4 weight tiles by one 3-D TMA box
+// over pack_sm80_w4a8's [tile][chunk] layout, and the u8 steps and offsets of its groups by 1-D bulk
+// copies (few copy instructions per stage: one bulk copy per tile made the producer the bottleneck
+// of the W4A16 twin, gemm_w4a16_sm90.cu). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
 // 16 bytes per chunk into the fragment registers with one IMAD and one XOR per four weights,
 // (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas; while they run it dequantizes
 // the next stage into a second fragment set (the dequant hides under the tensor-core work, and the
 // other consumer warpgroup's wgmmas fill the gaps). Accumulation is int32
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
-// through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end.
+// through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end;
+// without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
+// fastest in the grid (CTAs resident together share weight tiles in L2).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -44,12 +47,15 @@ struct Config {
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static constexpr int kOutRow = kRows + 8;  // halves per staged f16 output row (272 bytes: conflict-free)
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
+  static_assert(BT * kOutRow * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
 
 struct Args {
   W4A8Problem p;
   int k_blocks, k_chunks, split;
+  bool vector_y;  // f16 y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
 };
 
 #ifdef LOWBIT_SM90_DEVICE
@@ -150,10 +156,48 @@ __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cu
 // rows [j, j+1) * 128/split of the tile; slot r of CTA j holds split rank r's partial of that slice as
 // [warp in slice][v/4][lane] int4 (the pipeline smem is idle by then; the producer warpgroup joins
 // the two cluster barriers).
+// Barrier of the two consumer warpgroups only (id 1; 0 is __syncthreads').
+__device__ inline void consumer_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+// Split 1, f16 y: the scaled tile goes through shared memory ([token][row], kOutRow halves per token)
+// and out as 16-byte segments of y's rows (scalar at the n edge or when y's rows are not aligned).
 template <int BT>
-__device__ inline void store_tile(const W4A8Problem& p, uint8_t* smem, int n0, int m0, int gw, int lane, int rank,
-                                  int split, const int (&acc)[BT / 2]) {
+__device__ inline void store_tile_staged(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
+                                         int lane, const int (&acc)[BT / 2]) {
+  constexpr int kOutRow = Config<BT>::kOutRow;
+  __half* out = reinterpret_cast<__half*>(smem);
+  consumer_sync();  // both warpgroups' wgmmas have completed: the pipeline smem is free
+  const int r_lo = n0 + gw * 16 + (lane >> 2), r_hi = r_lo + 8;  // channel_scale holds npad rows
+  const float cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f, cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
+#pragma unroll
+  for (int v = 0; v < BT / 2; ++v) {
+    const int row = gw * 16 + (lane >> 2) + ((v >> 1) & 1) * 8, token = (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+    const float xs = m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
+    out[token * kOutRow + row] = __float2half_rn(static_cast<float>(acc[v]) * xs * (((v >> 1) & 1) ? cs_hi : cs_lo));
+  }
+  consumer_sync();
+  for (int u = gw * 32 + lane; u < BT * (kRows / 8); u += kConsumerWarps * 32) {
+    const int token = u / (kRows / 8), col = (u % (kRows / 8)) * 8;
+    const int m = m0 + token, n = n0 + col;
+    if (m >= p.m || n >= p.n) continue;
+    const __half* src = out + token * kOutRow + col;
+    __half* dst = static_cast<__half*>(p.y) + static_cast<int64_t>(m) * p.ldy + n;
+    if (vector_y && n + 8 <= p.n) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && n + e < p.n; ++e) dst[e] = src[e];
+    }
+  }
+}
+
+template <int BT>
+__device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
+                                  int lane, int rank, int split, const int (&acc)[BT / 2]) {
   constexpr int kR = BT / 2;
+  if (split == 1 && !p.raw) {
+    store_tile_staged<BT>(p, vector_y, smem, n0, m0, gw, lane, acc);
+    return;
+  }
   if (split == 1) {
 #pragma unroll
     for (int v = 0; v < kR; ++v) store_acc(p, n0, m0, gw, lane, v, acc[v]);
@@ -186,10 +230,11 @@ __device__ inline void store_tile(const W4A8Problem& p, uint8_t* smem, int n0, i
 }
 #endif  // LOWBIT_SM90_DEVICE
 
-// Grid: x = weight-row tiles of 128, y = token tiles of BT, z = split (one cluster along z).
+// Grid: x = token tiles of BT, y = weight-row tiles of 128, z = split (one cluster along z).
 template <int BT>
 __global__ void __launch_bounds__(kThreads, 1)
-    gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const Args args) {
+    gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                          const Args args) {
 #ifdef LOWBIT_SM90_DEVICE
   using C = Config<BT>;
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
@@ -200,12 +245,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + kStages;
 
   const int split = args.split, rank = static_cast<int>(blockIdx.z);
-  const int n0 = static_cast<int>(blockIdx.x) * kRows, m0 = static_cast<int>(blockIdx.y) * BT;
+  const int m0 = static_cast<int>(blockIdx.x) * BT, n0 = static_cast<int>(blockIdx.y) * kRows;
   const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
@@ -223,21 +269,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (threadIdx.x == 0) {  // producer
-      const int tile0 = n0 / 16, n_tiles = (p.n + 15) / 16;
-      const int tiles = min(kTiles, n_tiles - tile0);
+      const int tile0 = n0 / 16;
       const int prow = min(kRows, p.npad - n0);  // param bytes per row range (a multiple of 16)
       for (int it = 0; it < nk; ++it) {
         const int s = it % kStages, kb = kb0 + it;
         const int chunks = min(2, args.k_chunks - 2 * kb);
         mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
         uint8_t* st = smem + s * kStageBytes;
-        mbar_expect_tx(&full[s], C::kXBytes + tiles * chunks * kChunkBytes + chunks * 2 * prow);
+        // TMA boxes count in full (tiles past n and a chunk past k arrive as zeros).
+        mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + chunks * 2 * prow);
         tma_load_2d(st, &map_x, kb * kBK, m0, &full[s]);
         uint8_t* ws = st + C::kXBytes;
-        for (int t = 0; t < tiles; ++t)
-          bulk_load(ws + t * 2 * kChunkBytes,
-                    p.w + (static_cast<int64_t>(tile0 + t) * args.k_chunks + 2 * kb) * kChunkBytes,
-                    chunks * kChunkBytes, &full[s]);
+        tma_load_3d(ws, &map_w, 0, 2 * kb, tile0, &full[s]);
         uint8_t* ps = ws + C::kWBytes;
         for (int c = 0; c < chunks; ++c) {
           const int64_t row0 = static_cast<int64_t>((2 * kb + c) * 64 / p.group) * p.npad + n0;
@@ -267,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (it + 1 >= nk) break;
       consumer_step<C>(acc, fb, fa, it + 1, nk, stage_at, chunks_at, full, empty, gw, lane);
     }
-    store_tile<BT>(p, smem, n0, m0, gw, lane, rank, split, acc);
+    store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
   }
 
 #endif
@@ -307,12 +350,15 @@ void launch(const W4A8Problem& p, int forced_split, cudaStream_t stream) {
   int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_blocks, slots);
   while (split > k_blocks) split /= 2;  // each CTA needs a k block
 
-  Args args{p, k_blocks, p.k / 64, split};
+  const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
+  const Args args{p, k_blocks, p.k / 64, split, vector_y};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(split));
+  const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
+  LOWBIT_CHECK(tiles_n <= 65535, op, ": n=", p.n, " is too large for the sm90 kernel's grid");
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
   attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = static_cast<unsigned>(split);
-  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, map_x, args));
+  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, map_x, map_w, args));
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
