@@ -73,8 +73,8 @@ void PrefixCacheIndex::check_invariants() const {
                       "PrefixCacheIndex invariant: an uncached block is on the LRU list");
   }
   LOWBIT_CHECK_KIND(ErrorKind::kRuntime, cached == num_cached() && evictable == num_evictable(),
-                    "PrefixCacheIndex invariant: ", cached, " cached / ", evictable, " evictable blocks but the map has ",
-                    num_cached(), " and the LRU list ", num_evictable());
+                    "PrefixCacheIndex invariant: ", cached, " cached / ", evictable,
+                    " evictable blocks but the map has ", num_cached(), " and the LRU list ", num_evictable());
 }
 
 }  // namespace lowbit

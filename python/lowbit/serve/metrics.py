@@ -24,8 +24,8 @@ class _PrefixCacheCollector(Collector):
         yield CounterMetricFamily("lowbit_prefix_cache_queries_tokens",
                                   "Prompt tokens of admitted requests that looked up the prefix cache",
                                   value=s["prefix_cache_query_tokens"])
-        yield CounterMetricFamily("lowbit_prefix_cache_hits_tokens", "Prompt tokens whose KV came from the prefix cache",
-                                  value=s["prefix_cache_hit_tokens"])
+        yield CounterMetricFamily("lowbit_prefix_cache_hits_tokens",
+                                  "Prompt tokens whose KV came from the prefix cache", value=s["prefix_cache_hit_tokens"])
         yield GaugeMetricFamily("lowbit_prefix_cache_hit_rate", "Prefix cache hits / queries in tokens, since start",
                                 value=s["prefix_cache_hit_rate"])
         yield GaugeMetricFamily("lowbit_prefix_cache_blocks", "KV blocks holding cached prefixes (in use or free)",
