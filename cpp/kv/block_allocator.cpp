@@ -154,7 +154,6 @@ PrefixMatch BlockAllocator::match_prefix(const std::vector<int32_t>& tokens) con
 }
 
 int64_t BlockAllocator::adopt_prefix(SeqId seq, const std::vector<int32_t>& tokens, const PrefixMatch& match) {
-  if (!prefix_caching_) return 0;
   Seq& s = get(seq);
   LOWBIT_CHECK(s.tokens == 0, "BlockAllocator.adopt_prefix: argument 'seq' (", seq, ") must be empty, it holds ",
                s.tokens, " tokens");
@@ -165,6 +164,8 @@ int64_t BlockAllocator::adopt_prefix(SeqId seq, const std::vector<int32_t>& toke
   for (size_t i = 0; i < match.blocks.size(); ++i) {
     const int32_t b = match.blocks[i];
     check_block(b, "adopt_prefix");
+    LOWBIT_CHECK_KIND(ErrorKind::kValue, prefix_caching_, "BlockAllocator.adopt_prefix: argument 'match' holds "
+                      "blocks but prefix caching is off");
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, index_.is_cached(b) && index_.key_of(b) == match.keys[i],
                       "BlockAllocator.adopt_prefix: block ", b, " no longer holds the matched prefix (a block was "
                       "allocated between match_prefix and adopt_prefix)");
@@ -173,6 +174,7 @@ int64_t BlockAllocator::adopt_prefix(SeqId seq, const std::vector<int32_t>& toke
     if (refs_[static_cast<size_t>(b)] == 0) index_.remove_evictable(b);
     ++refs_[static_cast<size_t>(b)];
   }
+  if (!prefix_caching_) return 0;
   s.blocks = match.blocks;
   s.keys = match.keys;
   s.tokens = hit;
@@ -182,12 +184,12 @@ int64_t BlockAllocator::adopt_prefix(SeqId seq, const std::vector<int32_t>& toke
 }
 
 void BlockAllocator::cache_computed_blocks(SeqId seq, const std::vector<int32_t>& tokens, int64_t num_computed) {
-  if (!prefix_caching_) return;
   Seq& s = get(seq);
   LOWBIT_CHECK(num_computed >= 0 && num_computed <= s.tokens && num_computed <= int64_t(tokens.size()),
                "BlockAllocator.cache_computed_blocks: argument 'num_computed' (", num_computed,
                ") must be in [0, min(tokens held by sequence ", seq, " (", s.tokens, "), len(tokens) (",
                tokens.size(), "))]");
+  if (!prefix_caching_) return;
   const size_t full = size_t(num_computed / block_size_);
   for (size_t i = s.keys.size(); i < full; ++i) {
     const uint64_t parent = i == 0 ? cache_seed_ : s.keys[i - 1];

@@ -56,7 +56,8 @@ class BlockAllocator {
   // to `copies` as (src_block, dst_block).
   bool append_tokens(SeqId seq, int64_t n, std::vector<std::pair<int32_t, int32_t>>* copies = nullptr);
 
-  // Prefix caching (all no-ops, and matches empty, when it is off).
+  // Prefix caching (arguments are checked either way; with caching off matches are empty and
+  // nothing is cached).
   // The cached blocks holding the longest chain of `tokens`' full blocks, leaving at least the last
   // token out (it must be computed for its logits). Changes nothing.
   PrefixMatch match_prefix(const std::vector<int32_t>& tokens) const;
