@@ -145,11 +145,11 @@ TEST(EnginePrefixCache, TinyPoolEvictsAndPreemptsWithSameTokens) {
   const auto system = random_tokens(13, 200);
   for (int i = 0; i < 10; ++i)
     jobs.push_back({i + 1, concat(i % 3 == 2 ? random_tokens(9, 300 + i) : system, random_tokens(3 + i, 400 + i)),
-                    4 + i % 5, 3 * i});
+                    8 + i % 5, i / 2});
   EngineConfig ec;
   ec.block_size = 4;
   ec.max_batch_tokens = 16;
-  ec.kv_cache_bytes = 12 * 4 * model->kv_bytes_per_token();  // 12 blocks; the largest job needs 8
+  ec.kv_cache_bytes = 12 * 4 * model->kv_bytes_per_token();  // 12 blocks; the largest job needs 10
   ec.prefix_caching = false;
   Engine off(*model, ec);
   ec.prefix_caching = true;
@@ -163,7 +163,7 @@ TEST(EnginePrefixCache, TinyPoolEvictsAndPreemptsWithSameTokens) {
   const EngineStats s = on.stats();
   EXPECT_GT(s.prefix_cache_hit_tokens, 0);
   EXPECT_GT(s.prefix_cache_evictions, 0);
-  EXPECT_GT(s.preemptions + off.stats().preemptions, 0);
+  EXPECT_GT(s.preemptions, 0) << "off: " << off.stats().preemptions;
   EXPECT_EQ(s.num_free_blocks, s.num_blocks);
 }
 
