@@ -23,7 +23,7 @@ def llms():
     return on, off
 
 
-def _same(a, b, atol=1e-3):
+def _same(a, b, atol=1e-5):  # on the CPU they are in fact bit-identical
     assert a.token_ids == b.token_ids, (a.text, b.text)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=atol)
     for ta, tb in zip(a.top_logprobs, b.top_logprobs):
