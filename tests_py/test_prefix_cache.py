@@ -90,7 +90,7 @@ def test_small_pool_evicts_and_keeps_results(llms):
             got = small.generate(prompts, max_tokens=8, logprobs=1)
             want = off.generate(prompts, max_tokens=8, logprobs=1)
             for g, w in zip(got, want):
-                _same(g, w)
+                _same(g, w, atol=1e-4)  # other batches than the big pool's: GEMM rounding differs a little
         st = small.stats()
         assert st["prefix_cache_evictions"] > 0
         assert st["prefix_cache_hit_tokens"] > 0
