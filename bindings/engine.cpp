@@ -41,6 +41,14 @@ nb::dict stats_dict(const Engine& e) {
   d["sessions"] = s.sessions;
   d["prefill_tokens"] = s.prefill_tokens;
   d["generated_tokens"] = s.generated_tokens;
+  d["prefix_caching"] = s.prefix_caching;
+  d["prefix_cache_query_tokens"] = s.prefix_cache_query_tokens;
+  d["prefix_cache_hit_tokens"] = s.prefix_cache_hit_tokens;
+  d["prefix_cache_hit_rate"] = s.prefix_cache_query_tokens > 0
+                                   ? double(s.prefix_cache_hit_tokens) / double(s.prefix_cache_query_tokens)
+                                   : 0.0;
+  d["prefix_cache_blocks"] = s.prefix_cache_blocks;
+  d["prefix_cache_evictions"] = s.prefix_cache_evictions;
   return d;
 }
 
@@ -153,7 +161,8 @@ void bind_engine(nb::module_& m) {
   nb::class_<Engine>(m, "Engine", "Continuous-batching decode engine over one Model")
       .def("__init__",
            [](Engine* self, const Model& model, int64_t max_batch_tokens, int max_seqs, int block_size,
-              int64_t kv_cache_bytes, int num_threads, double gpu_memory_fraction, bool cuda_graphs) {
+              int64_t kv_cache_bytes, int num_threads, double gpu_memory_fraction, bool cuda_graphs,
+              bool prefix_caching) {
              EngineConfig c;
              c.max_batch_tokens = max_batch_tokens;
              c.max_seqs = max_seqs;
@@ -162,11 +171,12 @@ void bind_engine(nb::module_& m) {
              c.num_threads = num_threads;
              c.gpu_memory_fraction = gpu_memory_fraction;
              c.cuda_graphs = cuda_graphs;
+             c.prefix_caching = prefix_caching;
              new (self) Engine(model, c);
            },
            nb::arg("model"), nb::arg("max_batch_tokens") = 2048, nb::arg("max_seqs") = 64, nb::arg("block_size") = 16,
            nb::arg("kv_cache_bytes") = 0, nb::arg("num_threads") = 0, nb::arg("gpu_memory_fraction") = 0.9,
-           nb::arg("cuda_graphs") = true, nb::keep_alive<1, 2>())
+           nb::arg("cuda_graphs") = true, nb::arg("prefix_caching") = true, nb::keep_alive<1, 2>())
       .def(
           "add_request",
           [](Engine& e, int64_t request_id, const std::vector<int32_t>& prompt_ids, float temperature, int top_k,

@@ -33,9 +33,10 @@ nb::object optional_tensor(const Tensor& t) { return t.defined() ? nb::cast(t) :
 
 void bind_kv(nb::module_& m) {
   nb::class_<BlockAllocator>(m, "BlockAllocator",
-                             "Paged KV bookkeeping: free list, per-sequence block tables, shared prefixes "
-                             "(reference counts) with copy-on-write")
-      .def(nb::init<int64_t, int>(), nb::arg("num_blocks"), nb::arg("block_size") = 16)
+                             "Paged KV bookkeeping: free pool, per-sequence block tables, shared prefixes "
+                             "(reference counts) with copy-on-write, optional automatic prefix caching")
+      .def(nb::init<int64_t, int, bool, uint64_t>(), nb::arg("num_blocks"), nb::arg("block_size") = 16,
+           nb::arg("prefix_caching") = false, nb::arg("cache_seed") = 0)
       .def("create_sequence", &BlockAllocator::create_sequence)
       .def("fork", &BlockAllocator::fork, nb::arg("parent"), "New sequence sharing all of parent's blocks")
       .def("free_sequence", &BlockAllocator::free_sequence, nb::arg("seq"))
@@ -58,6 +59,31 @@ void bind_kv(nb::module_& m) {
       .def("has_sequence", &BlockAllocator::has_sequence, nb::arg("seq"))
       .def("ref_count", &BlockAllocator::ref_count, nb::arg("block"))
       .def("check_invariants", &BlockAllocator::check_invariants)
+      .def(
+          "adopt_cached_prefix",
+          [](BlockAllocator& a, SeqId seq, const std::vector<int32_t>& tokens) {
+            return a.adopt_prefix(seq, tokens, a.match_prefix(tokens));
+          },
+          nb::arg("seq"), nb::arg("tokens"),
+          "Gives the empty sequence seq the cached blocks of tokens' longest cached prefix of full blocks "
+          "(never the last token); returns how many tokens it now holds")
+      .def("cache_computed_blocks", &BlockAllocator::cache_computed_blocks, nb::arg("seq"), nb::arg("tokens"),
+           nb::arg("num_computed"), "Registers seq's full blocks among its first num_computed tokens")
+      .def("is_cached", &BlockAllocator::is_cached, nb::arg("block"))
+      .def_prop_ro("prefix_caching", &BlockAllocator::prefix_caching)
+      .def(
+          "prefix_cache_stats",
+          [](const BlockAllocator& a) {
+            const PrefixCacheStats s = a.prefix_cache_stats();
+            nb::dict d;
+            d["query_tokens"] = s.query_tokens;
+            d["hit_tokens"] = s.hit_tokens;
+            d["cached_blocks"] = s.cached_blocks;
+            d["evictable_blocks"] = s.evictable_blocks;
+            d["evictions"] = s.evictions;
+            return d;
+          },
+          "Counters (query_tokens, hit_tokens, evictions) and gauges (cached_blocks, evictable_blocks)")
       .def_prop_ro("num_blocks", &BlockAllocator::num_blocks)
       .def_prop_ro("block_size", &BlockAllocator::block_size)
       .def_prop_ro("num_free_blocks", &BlockAllocator::num_free_blocks)

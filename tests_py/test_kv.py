@@ -83,3 +83,26 @@ def test_cache_config_errors():
     cache = lb.KVCache(1, 1, 64, 4)
     with pytest.raises(IndexError, match="'dst' = 9 out of range"):
         cache.copy_block(0, 9)
+
+
+def test_allocator_prefix_cache_from_python():
+    a = lb.BlockAllocator(num_blocks=6, block_size=4, prefix_caching=True, cache_seed=3)
+    assert a.prefix_caching
+    tokens = list(range(10))
+    s = a.create_sequence()
+    assert a.adopt_cached_prefix(s, tokens) == 0  # nothing cached yet
+    assert a.append_tokens(s, 10) == (True, [])
+    a.cache_computed_blocks(s, tokens, 10)
+    first_blocks = a.block_table(s)[:2]
+    assert [a.is_cached(b) for b in a.block_table(s)] == [True, True, False]
+    a.free_sequence(s)
+    assert a.num_free_blocks == 6  # cached blocks no sequence holds are free
+    t = a.create_sequence()
+    assert a.adopt_cached_prefix(t, tokens[:8] + [99]) == 8
+    assert a.block_table(t) == first_blocks and a.ref_count(first_blocks[0]) == 1
+    assert a.prefix_cache_stats() == {"query_tokens": 19, "hit_tokens": 8, "cached_blocks": 2,
+                                      "evictable_blocks": 0, "evictions": 0}
+    a.check_invariants()
+    with pytest.raises(ValueError, match="num_computed"):
+        a.cache_computed_blocks(t, tokens, 9)
+    assert not lb.BlockAllocator(4, 4).prefix_caching

@@ -273,6 +273,49 @@ def test_non_stream_client_that_gives_up_frees_kv(http):
         time.sleep(0.1)
 
 
+# ------------------------------------------------------------------ prefix caching
+@pytest.fixture(scope="module")
+def llm_no_cache():
+    _default_gguf()
+    return lowbit.LLM(progress=False, prefix_caching=False)
+
+
+def test_prefix_cache_hit_shows_in_metrics(http, client, llm, llm_no_cache):
+    prefix = ("The following is a polite conversation between a museum guide and a visitor about old clocks, "
+              "pendulums, escapements, sundials and water clocks from many centuries and countries. The guide "
+              "has worked at the museum for thirty years and knows the story of every single clock in the hall. ")
+    prompts = [prefix + "The guide says", prefix + "The visitor asks"]
+    ids = [llm.tokenizer.encode(p) for p in prompts]
+    common = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    expect_hit = common // 16 * 16  # the full KV blocks both prompts share
+    assert expect_hit >= 48
+    assert _metric(http, "lowbit_prefix_caching_enabled") == 1
+    texts, hits = [], []
+    for p in prompts:
+        before = _metric(http, "lowbit_prefix_cache_hits_tokens_total")
+        r = client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0)
+        texts.append(r.choices[0].text)
+        hits.append(_metric(http, "lowbit_prefix_cache_hits_tokens_total") - before)
+    assert hits == [0, expect_hit]
+    assert 0 < _metric(http, "lowbit_prefix_cache_hit_rate") <= 1
+    assert _metric(http, "lowbit_prefix_cache_blocks") >= expect_hit // 16
+    assert _metric(http, "lowbit_prefix_cache_queries_tokens_total") >= sum(len(i) for i in ids)
+    _metric(http, "lowbit_prefix_cache_evictions_total")  # present
+    assert texts == [o.text for o in llm_no_cache.generate(prompts, max_tokens=10)]  # same tokens as caching off
+
+
+def test_no_prefix_caching_flag():
+    _default_gguf()
+    with _server_process("--no-prefix-caching") as url:
+        for _ in range(2):
+            r = httpx.post(f"{url}/v1/completions", json={"prompt": "Clocks, clocks and more clocks. " * 8,
+                                                          "max_tokens": 2, "temperature": 0}, timeout=120)
+            assert r.status_code == 200
+        text = httpx.get(f"{url}/metrics").text
+        assert "lowbit_prefix_caching_enabled 0.0" in text
+        assert "lowbit_prefix_cache_hits_tokens_total 0.0" in text
+
+
 # ------------------------------------------------------------------ errors
 LONG_PROMPT = [100] * 8200  # longer than SmolLM2's 8192-token context
 

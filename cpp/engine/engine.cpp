@@ -10,6 +10,7 @@
 #include <omp.h>
 #endif
 
+#include "engine/prefix_cache_seed.h"
 #include "lowbit/core/allocator.h"
 #include "model/device_support.h"
 
@@ -59,7 +60,8 @@ Engine::Engine(const Model& model, const EngineConfig& config)
                  ") is smaller than one KV block (", block_bytes, " bytes)");
   }
   cache_ = std::make_unique<KVCache>(model.kv_cache_config(num_blocks, cfg_.block_size));
-  alloc_ = std::make_unique<BlockAllocator>(num_blocks, cfg_.block_size);
+  alloc_ = std::make_unique<BlockAllocator>(num_blocks, cfg_.block_size, cfg_.prefix_caching,
+                                            engine_detail::prefix_cache_seed(model, cache_->config()));
   scheduler_ = std::make_unique<Scheduler>(*alloc_, cfg_.max_batch_tokens, cfg_.max_seqs,
                                            [this] { return evict_idle_session(); });
   const int64_t max_rows = std::max<int64_t>(cfg_.max_seqs, 1);
@@ -330,6 +332,7 @@ std::vector<TokenEvent> Engine::step() {
   for (const ScheduledChunk& c : chunks) {
     Sequence* seq = c.seq;
     seq->num_computed += c.len;
+    alloc_->cache_computed_blocks(seq->kv, seq->tokens, seq->num_computed);  // blocks this step filled
     prefill_tokens_ += std::max<int64_t>(0, std::min(c.start + c.len, seq->prompt_len) - c.start);
     if (c.sample) to_sample.push_back(seq);  // logits row i belongs to to_sample[i]
   }
@@ -433,6 +436,12 @@ EngineStats Engine::stats() const {
   for (const auto& kv : sessions_) s.sessions += kv.second.kv >= 0;
   s.prefill_tokens = prefill_tokens_;
   s.generated_tokens = generated_tokens_;
+  const PrefixCacheStats pc = alloc_->prefix_cache_stats();
+  s.prefix_caching = alloc_->prefix_caching();
+  s.prefix_cache_query_tokens = pc.query_tokens;
+  s.prefix_cache_hit_tokens = pc.hit_tokens;
+  s.prefix_cache_blocks = pc.cached_blocks;
+  s.prefix_cache_evictions = pc.evictions;
   return s;
 }
 

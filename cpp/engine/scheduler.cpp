@@ -102,14 +102,30 @@ std::vector<ScheduledChunk> Scheduler::schedule(std::vector<std::pair<int32_t, i
     }
   }
 
-  // 3: admit waiting sequences in order while their first chunk fits.
+  // 3: admit waiting sequences in order while their first chunk fits. A sequence without KV starts
+  // from the cached blocks of its prefix (prefix caching) and computes only the rest.
   while (!preempted && !waiting_.empty() && budget > 0 && int64_t(running_.size()) < max_seqs_) {
     Sequence* s = waiting_.front().get();
-    const int64_t len = std::min(s->remaining(), budget);
-    while (blocks_for(*s, len) > alloc_.num_free_blocks() && reclaim_ && reclaim_()) {
+    PrefixMatch hit;
+    int64_t len = 0;
+    // Blocks the admission takes from the free pool; matched again after a reclaim, which may have
+    // released (but not evicted) blocks of the match.
+    auto plan = [&]() -> int64_t {
+      if (s->kv >= 0) {
+        len = std::min(s->remaining(), budget);
+        return alloc_.blocks_needed(s->kv, len);
+      }
+      hit = alloc_.match_prefix(s->tokens);
+      len = std::min(int64_t(s->tokens.size()) - int64_t(hit.blocks.size()) * alloc_.block_size(), budget);
+      return hit.num_evictable + blocks_for(*s, len);  // adopting an unreferenced cached block uses it up too
+    };
+    int64_t need = plan();
+    while (need > alloc_.num_free_blocks() && reclaim_ && reclaim_()) need = plan();
+    if (need > alloc_.num_free_blocks()) break;
+    if (s->kv < 0) {
+      s->kv = alloc_.create_sequence();
+      s->num_computed = alloc_.adopt_prefix(s->kv, s->tokens, hit);
     }
-    if (blocks_for(*s, len) > alloc_.num_free_blocks()) break;
-    if (s->kv < 0) s->kv = alloc_.create_sequence();
     const bool ok = alloc_.append_tokens(s->kv, len, copies);
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, ok, "Scheduler: KV reservation failed after the free-block check");
     s->admit_order = next_admit_++;

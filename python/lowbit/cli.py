@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-seqs", type=int, default=64, help="sequences the engine runs at once (default 64)")
     s.add_argument("--kv-cache-memory", type=int, default=None,
                    help="KV cache size in bytes (default: the engine's own choice)")
+    s.add_argument("--no-prefix-caching", action="store_true",
+                   help="turn off automatic prefix caching (on by default: requests sharing a prompt prefix reuse "
+                        "its KV blocks)")
     s.add_argument("--max-queue", type=int, default=256,
                    help="sequences that may wait beyond --max-seqs; more get 503 (default 256)")
     s.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
@@ -188,7 +191,8 @@ def cmd_serve(args) -> int:
     llm = LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
               progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
               cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
-              strict=args.strict, max_seqs=args.max_seqs, kv_cache_memory=args.kv_cache_memory, step_thread=True)
+              strict=args.strict, max_seqs=args.max_seqs, kv_cache_memory=args.kv_cache_memory, step_thread=True,
+              prefix_caching=not args.no_prefix_caching)
     serve(llm, host=args.host, port=args.port, model_name=args.served_model_name, api_key=args.api_key,
           max_seqs=args.max_seqs, max_queue=args.max_queue, log_level=args.log_level)
     return 0

@@ -28,7 +28,7 @@ class LLM:
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
                  progress: bool = True, step_thread: bool = False, gpu_memory_fraction: float = 0.9,
                  cuda_graphs: bool = True, kernel_overrides: dict[str, str] | None = None,
-                 strict: bool = False) -> None:
+                 strict: bool = False, prefix_caching: bool = True) -> None:
         from . import _core
         from .model_loading import build_model, resolve_recipe
         from .models import load_model_source
@@ -37,6 +37,8 @@ class LLM:
             raise ValueError(f"LLM: kv_cache_memory must be a positive number of bytes or None, got {kv_cache_memory!r}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads <= 0):
             raise ValueError(f"LLM: num_threads must be a positive integer or None, got {num_threads!r}")
+        if not isinstance(prefix_caching, bool):
+            raise ValueError(f"LLM: prefix_caching must be True or False, got {prefix_caching!r}")
         if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
             raise ValueError(f"LLM: gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction!r}")
         try:  # fail fast, before the model is read
@@ -62,7 +64,7 @@ class LLM:
         self.engine = _core.Engine(self.model, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
                                    block_size=block_size, kv_cache_bytes=kv_cache_memory or 0,
                                    num_threads=num_threads or 0, gpu_memory_fraction=float(gpu_memory_fraction),
-                                   cuda_graphs=bool(cuda_graphs))
+                                   cuda_graphs=bool(cuda_graphs), prefix_caching=prefix_caching)
         eos = list(self.config.eos_token_ids) or list(self.tokenizer.eos_token_ids)
         self._driver = EngineDriver(self.engine, self.tokenizer, eos, step_thread=step_thread)
         self._next_session = 0
@@ -197,8 +199,10 @@ class LLM:
         ids = list(prompt_ids)
         return np.from_dlpack(self._driver.call(lambda: self.engine.logits(ids)))
 
-    def stats(self) -> dict[str, int]:
-        """The engine's counters: KV blocks, running/waiting requests, sessions, prefilled and generated tokens."""
+    def stats(self) -> dict[str, int | float | bool]:
+        """The engine's counters: KV blocks, running/waiting requests, sessions, prefilled and generated tokens,
+        and prefix caching (prefix_caching, prefix_cache_query_tokens / _hit_tokens / _hit_rate, _blocks,
+        _evictions; see docs/usage.md)."""
         return dict(self._driver.call(self.engine.stats))
 
     def close(self) -> None:

@@ -29,6 +29,10 @@ struct EngineConfig {
   double gpu_memory_fraction = 0.9;
   bool cuda_graphs = true;          // GPU: decode-only steps replay CUDA graphs (Model::decode_step)
   int num_threads = 0;              // CPU threads for the kernels (0: leave the OpenMP default)
+  // Automatic prefix caching: full KV blocks stay cached (keyed by their tokens' chained hash, the
+  // model, recipe and K/V formats) and a request whose prompt starts with cached blocks computes only
+  // the rest. Outputs are the same either way; false frees a block's KV as soon as no request holds it.
+  bool prefix_caching = true;
 };
 
 struct EngineStats {
@@ -36,8 +40,14 @@ struct EngineStats {
   int block_size = 0;
   int64_t running = 0, waiting = 0, preemptions = 0;
   int64_t sessions = 0;          // sessions holding KV
-  int64_t prefill_tokens = 0;    // prompt positions computed so far (KV reused by a session is not)
+  int64_t prefill_tokens = 0;    // prompt positions computed so far (KV reused by a session or the prefix cache is not)
   int64_t generated_tokens = 0;  // tokens sampled so far
+  // Prefix caching (all 0 when it is off). num_free_blocks counts the evictable cached blocks.
+  bool prefix_caching = false;
+  int64_t prefix_cache_query_tokens = 0;  // tokens of the requests admitted so far (re-admissions too)
+  int64_t prefix_cache_hit_tokens = 0;    // of those, tokens whose KV came from the cache
+  int64_t prefix_cache_blocks = 0;        // blocks cached now (held by requests or evictable)
+  int64_t prefix_cache_evictions = 0;     // cached blocks reused for other tokens so far
 };
 
 class Engine {

@@ -5,7 +5,10 @@
 //   1. running decodes (one token each), oldest admission first;
 //   2. running sequences still in a chunked prefill, as many tokens as the budget leaves;
 //   3. waiting sequences in FIFO order (preempted ones first), prefills chunked to the budget,
-//      admitted only while their first chunk's KV blocks are free.
+//      admitted only while their first chunk's KV blocks are free. With prefix caching on in the
+//      allocator, a sequence without KV first adopts the cached blocks of its prefix and its first
+//      chunk starts after them (a recomputing, preempted sequence finds its own blocks if they
+//      were not evicted meanwhile).
 // When a running sequence cannot get a block, the scheduler first asks the owner to reclaim idle
 // memory (idle sessions), then preempts the most recently admitted running sequence: its blocks are
 // freed and it goes back to the front of the queue to recompute prompt + generated tokens later.
@@ -27,7 +30,7 @@ struct Sequence {
   int64_t prompt_len = 0;
   RequestOptions opts;
   SeqId kv = -1;               // allocator sequence, -1 while it holds no KV
-  int64_t num_computed = 0;    // tokens whose K/V are in the cache
+  int64_t num_computed = 0;    // tokens whose K/V are in the cache (computed or adopted from the prefix cache)
   int64_t admit_order = -1;    // larger = admitted more recently
   int64_t num_generated() const { return int64_t(tokens.size()) - prompt_len; }
   int64_t remaining() const { return int64_t(tokens.size()) - num_computed; }

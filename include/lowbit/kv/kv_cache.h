@@ -1,5 +1,6 @@
-// Paged KV cache: a BlockAllocator does the bookkeeping (free list, per-sequence block tables,
-// reference counts for shared prefixes); a KVCache owns the memory of every layer's blocks.
+// Paged KV cache: a BlockAllocator (block_allocator.h) does the bookkeeping (free pool, per-sequence
+// block tables, reference counts for shared prefixes, prefix caching); a KVCache owns the memory of
+// every layer's blocks.
 //
 // Block data layout, per layer (head-major inside a block so attention reads one head contiguously):
 //   k_data(l): [num_blocks, num_kv_heads, block_size, head_dim] of k_type (u4/u2 packed along head_dim)
@@ -11,11 +12,10 @@
 // q = clamp(round((x - zero) / scale), 0, 2^bits - 1); a constant row stores scale 0 and q 0.
 #pragma once
 #include <cstdint>
-#include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/kv/block_allocator.h"
 
 namespace lowbit {
 
@@ -23,57 +23,6 @@ namespace lowbit {
 // supported by the kernels, rejected with a clear error).
 bool is_quantized_kv_type(ScalarType t);
 void check_kv_type(ScalarType t, const char* what);
-
-using SeqId = int64_t;
-
-class BlockAllocator {
- public:
-  BlockAllocator(int64_t num_blocks, int block_size);
-
-  SeqId create_sequence();
-  // New sequence sharing all of `parent`'s blocks (reference counted, copy-on-write on append).
-  SeqId fork(SeqId parent);
-  void free_sequence(SeqId seq);
-
-  // Blocks needed to append `n` tokens to `seq` (counts a copy-on-write of a shared last block).
-  int64_t blocks_needed(SeqId seq, int64_t n) const;
-  bool can_append(SeqId seq, int64_t n) const { return blocks_needed(seq, n) <= num_free_blocks(); }
-  // Reserves room for `n` more tokens. Returns false (and changes nothing) when the pool is short:
-  // the caller waits or preempts. Copy-on-write block copies the caller must perform are appended
-  // to `copies` as (src_block, dst_block).
-  bool append_tokens(SeqId seq, int64_t n, std::vector<std::pair<int32_t, int32_t>>* copies = nullptr);
-
-  const std::vector<int32_t>& block_table(SeqId seq) const;
-  int64_t num_tokens(SeqId seq) const;
-  int64_t slot_of(SeqId seq, int64_t token_index) const;  // block * block_size + offset
-  bool has_sequence(SeqId seq) const { return seqs_.count(seq) != 0; }
-
-  int64_t num_blocks() const { return num_blocks_; }
-  int block_size() const { return block_size_; }
-  int64_t num_free_blocks() const { return static_cast<int64_t>(free_.size()); }
-  int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
-  int ref_count(int32_t block) const;  // throws IndexError for a block outside [0, num_blocks)
-  int64_t num_used_blocks() const { return num_blocks_ - num_free_blocks(); }
-  // Throws when the free list and reference counts disagree (used by the stress tests).
-  void check_invariants() const;
-
- private:
-  struct Seq {
-    std::vector<int32_t> blocks;
-    int64_t tokens = 0;
-  };
-  const Seq& get(SeqId seq) const;
-  Seq& get(SeqId seq);
-  int32_t take_block();
-  void release_block(int32_t b);
-
-  int64_t num_blocks_;
-  int block_size_;
-  std::vector<int32_t> free_;
-  std::vector<int> refs_;
-  std::unordered_map<SeqId, Seq> seqs_;
-  SeqId next_id_ = 0;
-};
 
 struct KVCacheConfig {
   int num_layers = 0, num_kv_heads = 0, head_dim = 0, block_size = 16;

@@ -2,8 +2,36 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class _PrefixCacheCollector(Collector):
+    """The engine's prefix-cache counters as real prometheus counters: the engine counts, this only reports
+    the values of the last Engine.stats() read (nothing before the first scrape)."""
+
+    def __init__(self) -> None:
+        self.stats: dict | None = None
+
+    def collect(self):
+        s = self.stats
+        if s is None:
+            return
+        yield GaugeMetricFamily("lowbit_prefix_caching_enabled", "1 when automatic prefix caching is on",
+                                value=1 if s["prefix_caching"] else 0)
+        yield CounterMetricFamily("lowbit_prefix_cache_queries_tokens",
+                                  "Prompt tokens of admitted requests that looked up the prefix cache",
+                                  value=s["prefix_cache_query_tokens"])
+        yield CounterMetricFamily("lowbit_prefix_cache_hits_tokens",
+                                  "Prompt tokens whose KV came from the prefix cache", value=s["prefix_cache_hit_tokens"])
+        yield GaugeMetricFamily("lowbit_prefix_cache_hit_rate", "Prefix cache hits / queries in tokens, since start",
+                                value=s["prefix_cache_hit_rate"])
+        yield GaugeMetricFamily("lowbit_prefix_cache_blocks", "KV blocks holding cached prefixes (in use or free)",
+                                value=s["prefix_cache_blocks"])
+        yield CounterMetricFamily("lowbit_prefix_cache_evictions", "Cached KV blocks evicted to hold other tokens",
+                                  value=s["prefix_cache_evictions"])
 
 
 class Metrics:
@@ -13,7 +41,10 @@ class Metrics:
         self.running = Gauge("lowbit_requests_running", "Requests the engine is running", registry=r)
         self.waiting = Gauge("lowbit_requests_waiting", "Requests waiting in the engine's queue", registry=r)
         self.kv_used = Gauge("lowbit_kv_blocks_used", "KV cache blocks in use", registry=r)
-        self.kv_free = Gauge("lowbit_kv_blocks_free", "KV cache blocks free", registry=r)
+        self.kv_free = Gauge("lowbit_kv_blocks_free", "KV cache blocks free (cached blocks no request holds count)",
+                             registry=r)
+        self.prefix_cache = _PrefixCacheCollector()
+        r.register(self.prefix_cache)
         # The HTTP side.
         self.in_flight = Gauge("lowbit_http_requests_in_flight", "Generation requests the server holds", registry=r)
         self.requests = Counter("lowbit_http_requests", "Finished generation requests", ["endpoint", "status"],
@@ -25,9 +56,10 @@ class Metrics:
         self.itl = Histogram("lowbit_inter_token_latency_seconds", "Time between consecutive tokens of a request",
                              buckets=_LATENCY_BUCKETS, registry=r)
 
-    def render(self, stats: dict[str, int]) -> bytes:
+    def render(self, stats: dict) -> bytes:
         self.running.set(stats["running"])
         self.waiting.set(stats["waiting"])
         self.kv_free.set(stats["num_free_blocks"])
         self.kv_used.set(stats["num_blocks"] - stats["num_free_blocks"])
+        self.prefix_cache.stats = stats
         return generate_latest(self.registry)
