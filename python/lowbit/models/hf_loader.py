@@ -88,8 +88,17 @@ def _to_f32(t: np.ndarray, name: str, f: Path) -> np.ndarray:
     return t.astype(np.float32)
 
 
+def _tokenizer(directory: Path, config: ModelConfig) -> Tokenizer:
+    tokenizer = Tokenizer.from_dir(directory, eos_token_ids=config.eos_token_ids)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but config.json "
+                         f"vocab_size is {config.vocab_size}")
+    return tokenizer
+
+
 def load_hf_dir(path: str | Path, progress: bool = True) -> LoadedModel:
-    """Read config.json, safetensors weights, tokenizer and generation config from an HF directory."""
+    """Read config.json, safetensors weights, tokenizer and generation config from an HF directory. A config with a
+    `quantization_config` gives a QuantizedCheckpoint (models/hf_quant)."""
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"model directory not found: {directory}")
@@ -103,13 +112,14 @@ def load_hf_dir(path: str | Path, progress: bool = True) -> LoadedModel:
     if gen_cfg.get("eos_token_id") is not None:
         hf_cfg = dict(hf_cfg, eos_token_id=gen_cfg["eos_token_id"])
     config = ModelConfig.from_hf_config(hf_cfg)
+    gen = {k: gen_cfg[k] for k in _GENERATION_KEYS if k in gen_cfg}
+    if hf_cfg.get("quantization_config") is not None:  # AWQ / GPTQ / compressed-tensors: integers kept as they are
+        from .hf_quant import load_hf_quantized
+        return load_hf_quantized(directory, hf_cfg["quantization_config"], config, _weight_files(directory),
+                                 _tokenizer(directory, config), gen, progress)
 
     tensors = _read_safetensors(_weight_files(directory), expected_shapes(config), progress)
     check_tensors(tensors, config, str(directory))
-    tokenizer = Tokenizer.from_dir(directory, eos_token_ids=config.eos_token_ids)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but config.json "
-                         f"vocab_size is {config.vocab_size}")
-    gen = {k: gen_cfg[k] for k in _GENERATION_KEYS if k in gen_cfg}
+    tokenizer = _tokenizer(directory, config)
     return LoadedModel(config=config, tensors=tensors, tokenizer=tokenizer, chat_template=tokenizer.chat_template,
                        generation_defaults=gen, source=str(directory))
