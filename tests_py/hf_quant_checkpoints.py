@@ -190,6 +190,8 @@ def write_ct(directory: Path, scheme: str, seed=0, quantize_lm_head=False, scale
     tensors, dense = float_part(model, "bf16")
     sd = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[scale_dtype]
     names = modules(model) + (["lm_head"] if quantize_lm_head else [])
+    if quantize_lm_head:
+        tensors.pop("lm_head.weight")  # the float copy; the quantized one is written below
     for m in names:
         n, k = model.tensors[m + ".weight"].shape
         if scheme.startswith("w4"):
@@ -220,8 +222,6 @@ def write_ct(directory: Path, scheme: str, seed=0, quantize_lm_head=False, scale
             tensors[m + ".weight"] = v
             tensors[m + ".weight_scale"] = s
         dense[m + ".weight"] = w
-    if quantize_lm_head:
-        tensors.pop("lm_head.weight")
     bits = 4 if scheme.startswith("w4") else 8
     kind = "float" if scheme.startswith("fp8") else "int"
     strategy = "group" if "group" in scheme else "tensor" if scheme == "fp8_tensor" else "channel"

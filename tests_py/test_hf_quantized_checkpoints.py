@@ -323,3 +323,15 @@ def test_gptq_v1_zero_16_is_rewritten_exactly_or_refused(tmp_path):
     save_file(raw, str(path / "model.safetensors"))
     with pytest.raises(ValueError, match="zero point 16"):
         load_model_source(path, progress=False)
+
+
+def test_info_says_what_was_loaded_and_what_was_quantized_at_load(tmp_path):
+    from lowbit.info import format_info, model_info
+    path, _, _ = ck.write_gptq(tmp_path / "g", sym=False, desc_act=True, fmt="gptq")
+    text = format_info(model_info(lowbit.LLM(str(path), dtype="f32", progress=False)))
+    assert ("checkpoint  gptq: 14 linears loaded as stored (w4 g128 asymmetric; 14 with act-order input "
+            "permutations); quantized at load (round to nearest): lm_head.weight") in text
+    path, _, _ = ck.write_ct(tmp_path / "c", "fp8_channel", quantize_lm_head=True)
+    text = format_info(model_info(lowbit.LLM(str(path), dtype="f32", progress=False)))
+    assert "checkpoint  compressed-tensors: 15 linears loaded as stored (e4m3; 0 with" in text
+    assert "quantized at load (round to nearest): none" in text
