@@ -335,3 +335,17 @@ def test_info_says_what_was_loaded_and_what_was_quantized_at_load(tmp_path):
     text = format_info(model_info(lowbit.LLM(str(path), dtype="f32", progress=False)))
     assert "checkpoint  compressed-tensors: 15 linears loaded as stored (e4m3; 0 with" in text
     assert "quantized at load (round to nearest): none" in text
+
+
+@pytest.mark.parametrize("writer,side", [(lambda p: ck.write_gptq(p, sym=False), "quantize_config.json"),
+                                         (lambda p: ck.write_awq(p), "quant_config.json")])
+def test_side_quantization_config_files(tmp_path, writer, side):
+    """auto-gptq's quantize_config.json / AutoAWQ's quant_config.json beside a config.json without one."""
+    path, model, dense = writer(tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    qc = cfg.pop("quantization_config")
+    qc.pop("quant_method")
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / side).write_text(json.dumps(qc))
+    _, got = engine_logits(path)
+    assert rel(got, reference_logits(model, dense, "w4a16g128")) < TOL
