@@ -349,3 +349,12 @@ def test_side_quantization_config_files(tmp_path, writer, side):
     (path / side).write_text(json.dumps(qc))
     _, got = engine_logits(path)
     assert rel(got, reference_logits(model, dense, "w4a16g128")) < TOL
+
+
+def test_quantize_refuses_an_already_quantized_checkpoint(tmp_path):
+    from lowbit.quantize import api
+    path, _, _ = ck.write_awq(tmp_path / "awq")
+    calib = tmp_path / "calib.txt"
+    calib.write_text("some calibration text " * 20)
+    with pytest.raises(ValueError, match=r"is already quantized \(awq checkpoint, recipe w4a16g128\)"):
+        api.quantize(str(path), "w4a16", "rtn", tmp_path / "out", calib=[calib], progress=False)
