@@ -169,19 +169,24 @@ def write_gptq_w8(directory: Path, seed=0):
 
 
 # ---- compressed-tensors ----------------------------------------------------------------------------------------
-def ct_config(num_bits, kind, strategy, group, symmetric, fmt, ignore=("lm_head",)):
-    """quantization_config as llm-compressor writes it (compressed_tensors.QuantizationConfig fields)."""
+def ct_config(num_bits, kind, strategy, group, symmetric, fmt, ignore=("lm_head",), activations=None):
+    """quantization_config as llm-compressor writes it (compressed_tensors.QuantizationConfig fields);
+    activations "int8" / "fp8": dynamic per-token symmetric input activations (the W8A8 / FP8_DYNAMIC presets)."""
+    inputs = None if activations is None else {
+        "num_bits": 8, "type": "int" if activations == "int8" else "float", "symmetric": True, "strategy": "token",
+        "dynamic": True, "group_size": None, "actorder": None, "observer": None, "observer_kwargs": {},
+        "block_structure": None}
     weights = {"num_bits": num_bits, "type": kind, "symmetric": symmetric, "strategy": strategy,
                "group_size": group if strategy == "group" else None, "dynamic": False, "actorder": None,
                "observer": "minmax", "observer_kwargs": {}, "block_structure": None}
     return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": inputs,
                                           "output_activations": None, "format": fmt}},
             "ignore": list(ignore), "kv_cache_scheme": None, "sparsity_config": {}, "transform_config": {},
             "global_compression_ratio": None, "version": "0.20.0"}
 
 
-def write_ct(directory: Path, scheme: str, seed=0, quantize_lm_head=False, scale_dtype="bf16"):
+def write_ct(directory: Path, scheme: str, seed=0, quantize_lm_head=False, scale_dtype="bf16", activations=None):
     """compressed-tensors' PackedQuantizationCompressor.compress / pack_to_int32: signed values + 2^(bits-1),
     packed along the row (zero points along dim 0); float-quantized stores the fp8 tensor itself.
     scheme: w4_group_sym | w4_group_asym | w4_channel_sym | w8_channel | fp8_channel | fp8_tensor."""
@@ -227,5 +232,5 @@ def write_ct(directory: Path, scheme: str, seed=0, quantize_lm_head=False, scale
     strategy = "group" if "group" in scheme else "tensor" if scheme == "fp8_tensor" else "channel"
     fmt = "float-quantized" if kind == "float" else "pack-quantized"
     qc = ct_config(bits, kind, strategy, 64, not scheme.endswith("_asym"), fmt,
-                   ignore=() if quantize_lm_head else ("lm_head",))
+                   ignore=() if quantize_lm_head else ("lm_head",), activations=activations)
     return save(directory, model, tensors, qc), model, dense

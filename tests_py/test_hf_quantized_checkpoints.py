@@ -358,3 +358,38 @@ def test_quantize_refuses_an_already_quantized_checkpoint(tmp_path):
     calib.write_text("some calibration text " * 20)
     with pytest.raises(ValueError, match=r"is already quantized \(awq checkpoint, recipe w4a16g128\)"):
         api.quantize(str(path), "w4a16", "rtn", tmp_path / "out", calib=[calib], progress=False)
+
+
+@pytest.mark.parametrize("scheme,act,recipe", [("w8_channel", "int8", "w8a8"), ("fp8_channel", "fp8", "wfp8a8")])
+def test_compressed_tensors_dynamic_activations(tmp_path, scheme, act, recipe):
+    """W8A8 (int8) and FP8_DYNAMIC: the file's weights, activations quantized per token at run time. The reference
+    is lowbit's float64 torch model with the same activation rule; where a value sits within f32 noise of a
+    rounding boundary the two may pick neighbouring levels, so most sequences agree to f32 precision and none
+    differs by more than half of what activation quantization itself changes (as in test_quantized_dir_engine)."""
+    from lowbit.quantize.torch_model import FakeQuant, TorchLlama
+    path, model, dense = ck.write_ct(tmp_path / "ct", scheme, activations=act)
+    assert load_model_source(path, progress=False).recipe == recipe
+    llm = lowbit.LLM(str(path), dtype="f32", progress=False)
+    ref = TorchLlama(model.config, dense, FakeQuant(act_quant=act))
+    ref.weights = {k: v.double() for k, v in ref.weights.items()}
+    rng = np.random.default_rng(7)
+    seqs = [rng.integers(0, 256, 24).tolist() for _ in range(8)]
+    errs = sorted(rel(llm.logits(ids), ref.logits(torch.tensor([ids]))[0].numpy()) for ids in seqs)
+    with_act = ref.logits(torch.tensor([seqs[0]]))[0].numpy()
+    ref.fake.act_quant = None
+    effect = rel(ref.logits(torch.tensor([seqs[0]]))[0].numpy(), with_act)
+    assert errs[len(errs) // 2] < 1e-5, errs
+    assert errs[-1] < 0.5 * effect, (errs, effect)
+
+
+def test_static_or_mismatched_activation_schemes_are_refused(tmp_path):
+    path, _, _ = ck.write_ct(tmp_path / "c", "w8_channel", activations="int8")
+    cfg = json.loads((path / "config.json").read_text())
+    group = cfg["quantization_config"]["config_groups"]["group_0"]
+    for change, words in (({"dynamic": False, "strategy": "tensor"}, "input_activations = .*dynamically per token"),
+                          ({"type": "float"}, "w8 weights with fp8_per_token activations")):
+        group2 = dict(group, input_activations=dict(group["input_activations"], **change))
+        qc = dict(cfg["quantization_config"], config_groups={"group_0": group2})
+        (path / "config.json").write_text(json.dumps(dict(cfg, quantization_config=qc)))
+        with pytest.raises(ValueError, match=words):
+            load_model_source(path, progress=False)

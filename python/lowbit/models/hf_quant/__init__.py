@@ -20,7 +20,8 @@ from .common import CheckpointFormatError, RawTensors, check_shared_inputs, line
 __all__ = ["CheckpointFormatError", "load_hf_quantized"]
 
 _READERS = {"awq": awq, "gptq": gptq, "compressed-tensors": compressed_tensors}
-_RECIPES = {"w8": "w8a16", "e4m3": "wfp8a16"}  # w4: w4a16g{group}
+_RECIPES = {("w4", "float16"): "w4a16", ("w8", "float16"): "w8a16", ("e4m3", "float16"): "wfp8a16",
+            ("w8", "int8_per_token"): "w8a8", ("e4m3", "fp8_per_token"): "wfp8a8"}  # w4 gets g{group}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -45,16 +46,18 @@ def load_hf_quantized(directory: Path, qc, config, files: list[Path], tokenizer,
     recipe = _recipe(fields, str(directory))
     requantized = sorted(n for n in expected_shapes(config) if n not in fields and n.endswith("proj.weight"))
     head = "lm_head.weight" if not config.tie_word_embeddings else "model.embed_tokens.weight (tied lm_head)"
+    weight_only = recipe.split("a", 1)[1].startswith("16")
     if "lm_head.weight" not in fields and progress:
-        print(f"lowbit: {directory.name}: {head} is float in the checkpoint; recipe {recipe} quantizes it at load "
-              "(round to nearest, as for every weight-only recipe)", file=sys.stderr)
+        how = ("quantizes it at load (round to nearest, as for every weight-only recipe)" if weight_only else
+               "keeps it in f16 with float activations (as for every activation-quantized recipe)")
+        print(f"lowbit: {directory.name}: {head} is float in the checkpoint; recipe {recipe} {how}", file=sys.stderr)
     if requantized and progress:
         print(f"lowbit: {directory.name}: {len(requantized)} decoder linear(s) are float in the checkpoint "
               f"(e.g. {requantized[0]}); recipe {recipe} quantizes them at load (round to nearest)", file=sys.stderr)
     manifest = {
         "recipe": recipe, "algorithm": f"{method} checkpoint", "checkpoint_format": method,
         "quantization_config": qc, "kv": {"mode": "token", "k_bits": 16, "v_bits": 16},
-        "requantized_at_load": requantized + ([] if "lm_head.weight" in fields else ["lm_head.weight"]),
+        "requantized_at_load": requantized + ([] if "lm_head.weight" in fields or not weight_only else ["lm_head.weight"]),
         "weights": {n: {"format": f.format, "n": f.n, "k": f.k, "group": f.group, "symmetric": f.symmetric,
                         "input_perm": "input_perm" in f.extra} for n, f in fields.items()},
     }
@@ -107,11 +110,18 @@ def _float_tensors(raw, config, fields, source) -> dict[str, np.ndarray]:
 
 
 def _recipe(fields, source) -> str:
-    kinds = {(f.format, f.group) for f in fields.values()}
+    kinds = {(f.format, f.group, f.extra.get("activation", "float16")) for f in fields.values()}
     if not kinds:
         raise CheckpointFormatError(f"{source}: quantization_config is set but no linear is stored quantized")
     if len(kinds) > 1:
-        raise CheckpointFormatError(f"{source}: the checkpoint mixes weight formats {sorted(kinds)}; lowbit runs one "
-                                    "weight format and group size per model")
-    fmt, group = kinds.pop()
-    return f"w4a16g{group}" if fmt == "w4" else _RECIPES[fmt]
+        raise CheckpointFormatError(f"{source}: the checkpoint mixes weight formats / activation schemes "
+                                    f"{sorted(kinds)}; lowbit runs one of each (and one group size) per model")
+    fmt, group, activation = kinds.pop()
+    if (fmt, activation) not in _RECIPES:
+        raise CheckpointFormatError(f"{source}: {fmt} weights with {activation} activations: lowbit's recipes pair "
+                                    "w8 with int8 and e4m3 with fp8 per-token activations (w4 runs with float ones)")
+    recipe = _RECIPES[fmt, activation]
+    if activation != "float16" and "lm_head.weight" in fields:
+        raise CheckpointFormatError(f"{source}: lm_head is quantized together with activations; lowbit keeps lm_head "
+                                    f"in float (f16) with float activations under {recipe}")
+    return f"{recipe}g{group}" if fmt == "w4" else recipe

@@ -1,5 +1,6 @@
 """compressed-tensors checkpoints (llm-compressor's output, read by vLLM): pack-quantized int4/int8,
-naive-/int-quantized int8, float-quantized fp8 e4m3 -> lowbit w4 / w8 / e4m3.
+naive-/int-quantized int8, float-quantized fp8 e4m3 -> lowbit w4 / w8 / e4m3; with dynamic per-token 8-bit
+input activations (the W8A8 and FP8_DYNAMIC presets) -> recipes w8a8 / wfp8a8.
 
 Layout per quantized module `<m>`, as compressed_tensors.compressors.pack_quantized writes it:
   <m>.weight_packed     int32 [n, ceil(k*bits/32)]: each value stored as q + 2^(bits-1) (signed -> unsigned),
@@ -57,11 +58,10 @@ def read_options(qc: dict, where: str) -> dict:
     schemes = []
     for name, scheme in groups.items():
         field = f"quantization_config.config_groups.{name}"
-        for act in ("input_activations", "output_activations"):
-            if scheme.get(act):
-                raise CheckpointFormatError(f"{where}: {field}.{act} is set: lowbit loads weight-only "
-                                            "compressed-tensors schemes (activation quantization is chosen by "
-                                            "lowbit's recipe and has its own rounding rule)")
+        if scheme.get("output_activations"):
+            raise CheckpointFormatError(f"{where}: {field}.output_activations is set: lowbit has no output "
+                                        "quantization")
+        activation = _activation(scheme.get("input_activations"), f"{where}: {field}.input_activations")
         w = scheme.get("weights")
         if not isinstance(w, dict):
             raise CheckpointFormatError(f"{where}: {field}.weights is missing")
@@ -75,8 +75,23 @@ def read_options(qc: dict, where: str) -> dict:
         targets = scheme.get("targets")
         if not targets:
             raise CheckpointFormatError(f"{where}: {field}.targets is missing")
-        schemes.append({"name": field, "targets": list(targets), "format": fmt, **w})
+        schemes.append({"name": field, "targets": list(targets), "format": fmt, "activation": activation, **w})
     return {"schemes": schemes, "ignore": list(qc.get("ignore") or [])}
+
+
+def _activation(a, what: str) -> str:
+    """The engine's activation mode for a scheme's input_activations: none -> float16; dynamic per-token symmetric
+    8-bit -> int8_per_token / fp8_per_token, which lowbit computes at run time as vLLM's kernels do
+    (s = max|x| / 127 for int8, max|x| / 448 for e4m3, per token). Anything else has no lowbit equivalent."""
+    if not a:
+        return "float16"
+    dynamic = a.get("dynamic") in (True, "true")
+    if (a.get("num_bits"), a.get("strategy"), dynamic, a.get("symmetric", True)) != (8, "token", True, True) or \
+            a.get("type") not in ("int", "float"):
+        raise CheckpointFormatError(f"{what} = {a!r}: lowbit quantizes activations dynamically per token, "
+                                    "symmetric, 8-bit (int or fp8); static or other activation schemes have no "
+                                    "lowbit equivalent")
+    return "int8_per_token" if a["type"] == "int" else "fp8_per_token"
 
 
 def scheme_for(module: str, opts: dict, where: str) -> dict | None:
@@ -95,6 +110,12 @@ def read_linear(raw, module: str, config, scheme: dict, where: str) -> QuantFiel
     if strategy not in ("group", "channel", "tensor"):
         raise CheckpointFormatError(f"{what}: weights.strategy = {strategy!r}: lowbit has exact forms for group, "
                                     "channel and tensor strategies only")
+    f = _read_weight(raw, module, n, k, scheme, what, bits, kind, strategy)
+    f.extra["activation"] = scheme["activation"]
+    return f
+
+
+def _read_weight(raw, module, n, k, scheme, what, bits, kind, strategy) -> QuantFields:
     if kind == "float":
         if scheme["format"] != FLOAT or bits != 8:
             raise CheckpointFormatError(f"{what}: float weights of {bits} bits in format {scheme['format']!r}: "
