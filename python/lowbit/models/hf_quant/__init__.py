@@ -43,10 +43,10 @@ def load_hf_quantized(directory: Path, qc, config, files: list[Path], tokenizer,
     fields = _read_linears(raw, reader, method, opts, config, str(directory))
     floats = _float_tensors(raw, config, fields, str(directory))
     check_shared_inputs(fields, config, str(directory))
-    recipe = _recipe(fields, str(directory))
+    recipe, activation = _recipe(fields, str(directory))
+    weight_only = activation == "float16"
     requantized = sorted(n for n in expected_shapes(config) if n not in fields and n.endswith("proj.weight"))
     head = "lm_head.weight" if not config.tie_word_embeddings else "model.embed_tokens.weight (tied lm_head)"
-    weight_only = recipe.split("a", 1)[1].startswith("16")
     if "lm_head.weight" not in fields and progress:
         how = ("quantizes it at load (round to nearest, as for every weight-only recipe)" if weight_only else
                "keeps it in f16 with float activations (as for every activation-quantized recipe)")
@@ -109,7 +109,8 @@ def _float_tensors(raw, config, fields, source) -> dict[str, np.ndarray]:
     return out
 
 
-def _recipe(fields, source) -> str:
+def _recipe(fields, source) -> tuple[str, str]:
+    """(the recipe the fields run as, the engine's activation mode)."""
     kinds = {(f.format, f.group, f.extra.get("activation", "float16")) for f in fields.values()}
     if not kinds:
         raise CheckpointFormatError(f"{source}: quantization_config is set but no linear is stored quantized")
@@ -124,4 +125,4 @@ def _recipe(fields, source) -> str:
     if activation != "float16" and "lm_head.weight" in fields:
         raise CheckpointFormatError(f"{source}: lm_head is quantized together with activations; lowbit keeps lm_head "
                                     f"in float (f16) with float activations under {recipe}")
-    return f"{recipe}g{group}" if fmt == "w4" else recipe
+    return (f"{recipe}g{group}" if fmt == "w4" else recipe), activation
