@@ -19,13 +19,20 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def base_model(seed=0, tie=False):
-    """hidden 256 (head_dim 64), intermediate 384: k = 256 and 384 hold whole groups of 128 (AWQ needs that)."""
+def base_model(seed=0, tie=False, arch="llama"):
+    """hidden 256 (head_dim 64), intermediate 384: k = 256 and 384 hold whole groups of 128 (AWQ needs that).
+    arch "qwen2" adds the q/k/v biases Qwen2 checkpoints keep in float beside the quantized weights."""
     m = tiny_llama(seed, hidden=256, intermediate=384, layers=2, heads=4, kv_heads=2)
+    rng = np.random.default_rng(seed + 100)
     if not tie:
-        rng = np.random.default_rng(seed + 100)
         m.tensors["lm_head.weight"] = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
         m.config = dataclasses.replace(m.config, tie_word_embeddings=False)
+    if arch == "qwen2":
+        m.config = dataclasses.replace(m.config, arch="qwen2", attention_bias=True)
+        for i in range(m.config.num_layers):
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                n = m.tensors[f"model.layers.{i}.self_attn.{proj}.weight"].shape[0]
+                m.tensors[f"model.layers.{i}.self_attn.{proj}.bias"] = rng.uniform(-0.5, 0.5, n).astype(np.float32)
     return m
 
 
@@ -85,10 +92,10 @@ def float_part(model, dtype="f16"):
 
 
 # ---- AutoAWQ (GEMM) -------------------------------------------------------------------------------------------
-def write_awq(directory: Path, seed=0, group=128):
+def write_awq(directory: Path, seed=0, group=128, tie=False, arch="llama"):
     """AutoAWQ's WQLinear_GEMM.from_linear: intweight [k, n] (input rows); word c of a row gets output channel
     8c + AWQ_ORDER[i] at bits 4i; qzeros [k/g, n/8] packed the same way; scales f16 [k/g, n]."""
-    model, rng = base_model(seed), np.random.default_rng(seed + 1)
+    model, rng = base_model(seed, tie, arch), np.random.default_rng(seed + 1)
     tensors, dense = float_part(model)
     for m in modules(model):
         n, k = model.tensors[m + ".weight"].shape

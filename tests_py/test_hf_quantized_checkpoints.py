@@ -30,15 +30,17 @@ def reference_logits(model, dense, recipe, head_in_file=False, ids=IDS):
     """transformers' Llama in float64 with the checkpoint's dense weights. An lm_head the file keeps in float goes
     through the engine's documented round-to-nearest quantization for the recipe (lowbit._core.quantize_weight)."""
     c = model.config
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps,
-        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False))
+    kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+              num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+              rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+              tie_word_embeddings=False)
+    hf = (transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw)) if c.arch == "qwen2" else
+          transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw, head_dim=c.head_dim)))
     sd = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in dense.items()}
-    if not head_in_file:
+    if not head_in_file:  # a tied checkpoint's lm_head is its embedding table
+        head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
         spec = lowbit.quantize.parse_recipe(recipe)
-        qw = _core.quantize_weight(sd["lm_head.weight"].float().contiguous(), spec.weight_format, spec.group, False)
+        qw = _core.quantize_weight(head.float().contiguous(), spec.weight_format, spec.group, False)
         sd["lm_head.weight"] = torch.from_dlpack(_core.dequantize_weight(qw)).clone()
     hf.load_state_dict(sd, strict=True)
     hf = hf.double().eval()
@@ -59,6 +61,13 @@ def engine_logits(path, recipe=None):
 def test_awq_gemm_matches_float_model(tmp_path):
     path, model, dense = ck.write_awq(tmp_path / "awq")
     assert load_model_source(path, progress=False).recipe == "w4a16g128"
+    _, got = engine_logits(path)
+    assert rel(got, reference_logits(model, dense, "w4a16g128")) < TOL
+
+
+@pytest.mark.parametrize("tie,arch", [(True, "llama"), (False, "qwen2")], ids=["tied", "qwen2_bias"])
+def test_awq_tied_embeddings_and_qwen2_biases(tmp_path, tie, arch):
+    path, model, dense = ck.write_awq(tmp_path / "awq", tie=tie, arch=arch)
     _, got = engine_logits(path)
     assert rel(got, reference_logits(model, dense, "w4a16g128")) < TOL
 
