@@ -2,14 +2,15 @@
 # The whole test suite: googletest (tests_cpp/, built here with ctest) and pytest (tests_py/, against the installed
 # lowbit). Installs the test-only dependencies it needs (pytest; HF transformers as the correctness peer, with
 # sentencepiece + protobuf for the tokenizer references; the pinned CPU torch used by the reference implementations;
-# lowbit serve's extra with the openai and httpx clients).
+# lowbit serve's extra with the openai and httpx clients; compressed-tensors for the checkpoint-format cross-checks).
 # Usage: bash tools/run_tests.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
 python -m pip install -q "torch==2.13.0" "pytest>=7" "transformers>=4.46" "accelerate>=0.30" sentencepiece protobuf \
-  fastapi uvicorn prometheus-client openai httpx  # lowbit serve and its test clients
+  fastapi uvicorn prometheus-client openai httpx `# lowbit serve and its test clients` \
+  "compressed-tensors>=0.20"  # cross-checks the HF quantized-checkpoint reader and the compressed-tensors export
 
 echo "=== googletest"
 # The C++ tests need no CUDA kernels (GPU code is compiled by the package build); LOWBIT_TEST_CUDA=ON adds them.

@@ -24,6 +24,19 @@ def quantization_info(source: str) -> dict[str, Any] | None:
     return out
 
 
+def checkpoint_info(manifest: dict | None) -> dict[str, Any] | None:
+    """What an HF quantized checkpoint (AWQ / GPTQ / compressed-tensors) was loaded as; None for other sources."""
+    if not manifest or not manifest.get("checkpoint_format"):
+        return None
+    weights = manifest["weights"].values()
+    kinds = sorted({f"{w['format']}{' g' + str(w['group']) if w['group'] else ''}"
+                    f"{' symmetric' if w['symmetric'] else (' asymmetric' if w['format'] == 'w4' else '')}"
+                    for w in weights})
+    return {"format": manifest["checkpoint_format"], "loaded_as": kinds, "quantized_linears": len(manifest["weights"]),
+            "input_permutations": sum(bool(w["input_perm"]) for w in weights),
+            "requantized_at_load": list(manifest["requantized_at_load"])}
+
+
 def _is_scalar(v) -> bool:
     return isinstance(v, (bool, int, float, str)) or v is None
 
@@ -34,6 +47,7 @@ def model_info(llm) -> dict[str, Any]:
     cfg = llm.config
     return {
         "quantization": quantization_info(llm.source),
+        "checkpoint": checkpoint_info(getattr(llm, "checkpoint_manifest", None)),
         "source": llm.source,
         "arch": cfg.arch,
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "heads": cfg.num_heads,
@@ -77,6 +91,12 @@ def format_info(info: dict[str, Any]) -> str:
             f"{', '.join(cal.get('files', [])) or '?'}"]
         if "fmpq_int8_block_fraction_mean" in q:
             lines.insert(6, f"  fmpq        int8 blocks: {100 * q['fmpq_int8_block_fraction_mean']:.1f}% (mean over linears)")
+    c = info.get("checkpoint")
+    if c:
+        again = c["requantized_at_load"]
+        lines.insert(3, f"checkpoint  {c['format']}: {c['quantized_linears']} linears loaded as stored "
+                        f"({', '.join(c['loaded_as'])}; {c['input_permutations']} with act-order input permutations); "
+                        f"quantized at load (round to nearest): {', '.join(again) if again else 'none'}")
     total = 0
     for group, n in sorted(info["parameter_bytes"].items()):
         lines.append(f"  {group:<18}{_mib(n)}")

@@ -54,6 +54,7 @@ class LLM:
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.generation_defaults = dict(loaded.generation_defaults)
+        self.checkpoint_manifest = getattr(loaded, "manifest", None)  # a quantized checkpoint's (lowbit info)
         self.recipe, self.device, self.dtype = recipe, device, dtype
         if kernel_overrides is not None and not isinstance(kernel_overrides, dict):
             raise ValueError(f"LLM: kernel_overrides must be a dict of str to str, got {kernel_overrides!r}")

@@ -32,13 +32,15 @@ def core_config(cfg: ModelConfig):
 
 
 def resolve_recipe(loaded: LoadedModel, recipe: str | None) -> str:
-    """The recipe to build: a quantized directory's own (an explicit different one is an error), else the given
-    one, else w16a16."""
+    """The recipe to build: a quantized directory's own (an explicit different one is an error; an HF quantized
+    checkpoint also takes one that differs only in the KV cache), else the given one, else w16a16."""
     manifest = getattr(loaded, "manifest", None)
     if manifest is None:
         return recipe or "w16a16"
-    from .quantize.recipes import same_recipe
+    from .quantize.recipes import same_recipe, same_weights
     own = manifest["recipe"]
+    if recipe is not None and manifest.get("checkpoint_format") and same_weights(recipe, own):
+        return recipe  # an HF quantized checkpoint: its weights are fixed, the KV cache is the user's choice
     if recipe is not None and not same_recipe(recipe, own):
         raise ValueError(f"{loaded.source} was quantized for recipe {own!r} (algorithm {manifest['algorithm']}); "
                          f"it cannot run as {recipe!r}: omit the recipe or pass {own!r}")

@@ -88,8 +88,32 @@ def _to_f32(t: np.ndarray, name: str, f: Path) -> np.ndarray:
     return t.astype(np.float32)
 
 
+# Producers that predate transformers' quantization_config save it beside config.json (auto-gptq's
+# quantize_config.json, AutoAWQ's quant_config.json), without quant_method.
+_SIDE_CONFIGS = (("quantize_config.json", "gptq"), ("quant_config.json", "awq"))
+
+
+def _quantization_config(directory: Path, hf_cfg: dict[str, Any]) -> dict[str, Any] | None:
+    if hf_cfg.get("quantization_config") is not None:
+        return hf_cfg["quantization_config"]
+    for name, method in _SIDE_CONFIGS:
+        if (directory / name).is_file():
+            qc = _read_json(directory / name, "quantization config")
+            return {"quant_method": method, **qc} if isinstance(qc, dict) else qc
+    return None
+
+
+def _tokenizer(directory: Path, config: ModelConfig) -> Tokenizer:
+    tokenizer = Tokenizer.from_dir(directory, eos_token_ids=config.eos_token_ids)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but config.json "
+                         f"vocab_size is {config.vocab_size}")
+    return tokenizer
+
+
 def load_hf_dir(path: str | Path, progress: bool = True) -> LoadedModel:
-    """Read config.json, safetensors weights, tokenizer and generation config from an HF directory."""
+    """Read config.json, safetensors weights, tokenizer and generation config from an HF directory. A config with a
+    `quantization_config` gives a QuantizedCheckpoint (models/hf_quant)."""
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"model directory not found: {directory}")
@@ -103,13 +127,15 @@ def load_hf_dir(path: str | Path, progress: bool = True) -> LoadedModel:
     if gen_cfg.get("eos_token_id") is not None:
         hf_cfg = dict(hf_cfg, eos_token_id=gen_cfg["eos_token_id"])
     config = ModelConfig.from_hf_config(hf_cfg)
+    gen = {k: gen_cfg[k] for k in _GENERATION_KEYS if k in gen_cfg}
+    qc = _quantization_config(directory, hf_cfg)
+    if qc is not None:  # AWQ / GPTQ / compressed-tensors: integers kept as they are
+        from .hf_quant import load_hf_quantized
+        return load_hf_quantized(directory, qc, config, _weight_files(directory), _tokenizer(directory, config), gen,
+                                 progress)
 
     tensors = _read_safetensors(_weight_files(directory), expected_shapes(config), progress)
     check_tensors(tensors, config, str(directory))
-    tokenizer = Tokenizer.from_dir(directory, eos_token_ids=config.eos_token_ids)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(f"{directory}: tokenizer has {tokenizer.vocab_size} tokens but config.json "
-                         f"vocab_size is {config.vocab_size}")
-    gen = {k: gen_cfg[k] for k in _GENERATION_KEYS if k in gen_cfg}
+    tokenizer = _tokenizer(directory, config)
     return LoadedModel(config=config, tensors=tensors, tokenizer=tokenizer, chat_template=tokenizer.chat_template,
                        generation_defaults=gen, source=str(directory))

@@ -23,3 +23,19 @@ class LoadedModel:
 
     def num_parameters(self) -> int:
         return sum(int(t.size) for t in self.tensors.values())
+
+
+@dataclass
+class QuantizedCheckpoint(LoadedModel):
+    """A quantized checkpoint as the model loaders return it (a lowbit directory, or an HF AWQ / GPTQ /
+    compressed-tensors one): the float tensors (`tensors`) plus the quantized linears (`fields`, QuantFields by HF
+    name) and the manifest; `recipe` is the one the weights were quantized for."""
+    fields: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def recipe(self) -> str:
+        return self.manifest["recipe"]
+
+    def num_parameters(self) -> int:
+        return super().num_parameters() + sum(f.n * f.k for f in self.fields.values())

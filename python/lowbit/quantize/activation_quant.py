@@ -1,6 +1,8 @@
 """Fake quantization of activations, matching include/lowbit/quant/activation.h.
 
 * per-token int8 (SmoothQuant / QServe W8A8, W4A8): s[m] = max|x[m, :]| / 127 (1 for a zero row), q = round(x / s).
+* per-token e4m3 (wfp8a8): s[m] = max|x[m, :]| / 448 (1 for a zero row), q = e4m3(x / s) rounded to nearest even
+  (the CPU GEMM's rule, cpp/kernels/cpu/gemm_cpu.cpp).
 * COMET FMPQ (002 §3): channels in blocks of 128 (last block short); each block int4 (values in [-8, 7],
   scale max|x| / 7) or int8 (scale max|x| / 127) per token.
 """
@@ -20,6 +22,12 @@ def _sym_fake_quant(x: torch.Tensor, qmax: float, qmin: float) -> torch.Tensor:
 
 def fake_quant_per_token_int8(x: torch.Tensor) -> torch.Tensor:
     return _sym_fake_quant(x, 127.0, -127.0)
+
+
+def fake_quant_per_token_e4m3(x: torch.Tensor) -> torch.Tensor:
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
 
 
 def fake_quant_fmpq(x: torch.Tensor, block_bits: np.ndarray) -> torch.Tensor:

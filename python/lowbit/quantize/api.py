@@ -92,6 +92,10 @@ def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Pa
     if loaded is None:
         from ..models import load_model_source
         loaded = load_model_source(model, progress=progress)
+    if getattr(loaded, "fields", None):
+        raise ValueError(f"lowbit quantize: {loaded.source} is already quantized ({loaded.manifest['algorithm']}, "
+                         f"recipe {loaded.recipe}); quantizing needs a float checkpoint (run it as it is with "
+                         "lowbit.LLM, or start from the float model)")
     check_model(loaded, algo)
     tokens = calibration_tokens(loaded.tokenizer, list(calib), num_sequences, seq_len)
     prog = pipeline.Progress(progress, loaded.config.num_layers)

@@ -1,4 +1,5 @@
-"""`lowbit quantize` / `python -m lowbit.quantize`: float checkpoint -> quantized directory."""
+"""`lowbit quantize` / `python -m lowbit.quantize`: float checkpoint -> quantized directory (lowbit's, or
+compressed-tensors with --export-format compressed-tensors)."""
 from __future__ import annotations
 
 import argparse
@@ -23,6 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=None, help="smoothquant/liquid: fixed α (default: searched)")
     p.add_argument("--outlier-ratio", type=float, default=None, help="fmpq: outlier if max|x| > ratio * median")
     p.add_argument("--smooth-attention", action="store_true", help="apply SmoothAttention (always on for qoq)")
+    p.add_argument("--export-format", default="lowbit", choices=("lowbit", "compressed-tensors"),
+                   help="lowbit: the lowbit directory (safetensors + lowbit_quant.json); compressed-tensors: a "
+                        "pack-quantized / float-quantized checkpoint that vLLM and transformers read (weight-only "
+                        "w4/w8/fp8 recipes), loadable by lowbit too")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
@@ -38,13 +43,26 @@ def main(argv: list[str] | None = None) -> int:
         options["outlier_ratio"] = args.outlier_ratio
     if args.smooth_attention:
         options["smooth_attention"] = True
+    import tempfile
+
     from .api import quantize
+    from .export_compressed_tensors import export_compressed_tensors
+    standard = args.export_format == "compressed-tensors"
     try:
-        path, _, manifest = quantize(args.model, args.recipe, args.algo, args.out, calib=args.calib,
-                                     num_sequences=args.calib_seqs, seq_len=args.calib_len, kv_mode=args.kv_mode,
-                                     progress=not args.quiet, **options)
+        with tempfile.TemporaryDirectory(prefix="lowbit-quantize-") as tmp:
+            # compressed-tensors: quantize into lowbit's directory first, then rewrite its fields in that layout
+            path, _, manifest = quantize(args.model, args.recipe, args.algo, tmp if standard else args.out,
+                                         calib=args.calib, num_sequences=args.calib_seqs, seq_len=args.calib_len,
+                                         kv_mode=args.kv_mode, progress=not args.quiet, **options)
+            if standard:
+                path = export_compressed_tensors(path, args.out)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         print(f"lowbit quantize: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {path} (recipe {manifest['recipe']}, algorithm {manifest['algorithm']})")
+    layout = " as compressed-tensors" if standard else ""
+    print(f"wrote {path}{layout} (recipe {manifest['recipe']}, algorithm {manifest['algorithm']})")
+    kv = manifest["kv"]
+    if standard and (kv["k_bits"] < 16 or kv["v_bits"] < 16):
+        print(f"note: compressed-tensors does not record lowbit's KV cache precision; load with "
+              f"recipe={manifest['recipe']!r} to get it back")
     return 0

@@ -14,12 +14,11 @@ Layout (format_version 1, documented in docs/quantization.md):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..models.loaded import LoadedModel
+from ..models.loaded import LoadedModel, QuantizedCheckpoint  # noqa: F401  (re-exported)
 from .formats import GROUPED, QuantFields, pack_u4, unpack_u4
 
 MANIFEST = "lowbit_quant.json"
@@ -127,21 +126,6 @@ def load_quantized_dir(path: str | Path):
     loaded = LoadedModel(config=config, tensors=floats, tokenizer=tokenizer, chat_template=tokenizer.chat_template,
                          source=str(path))
     return loaded, fields, manifest
-
-
-@dataclass
-class QuantizedCheckpoint(LoadedModel):
-    """A quantized directory as the model loaders return it: the float tensors (`tensors`) plus the quantized
-    linears (`fields`, by HF name) and the manifest; `recipe` is the one the directory was quantized for."""
-    fields: dict = field(default_factory=dict)
-    manifest: dict = field(default_factory=dict)
-
-    @property
-    def recipe(self) -> str:
-        return self.manifest["recipe"]
-
-    def num_parameters(self) -> int:
-        return super().num_parameters() + sum(f.n * f.k for f in self.fields.values())
 
 
 def load_quantized_checkpoint(path: str | Path) -> QuantizedCheckpoint:

@@ -17,33 +17,14 @@ The f16 scale of w4 is rounded to f16 *before* q is computed, so q and the store
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
+
+from ..quant_fields import QuantFields  # noqa: F401  (defined below models/ and quantize/, used by both)
 
 FORMATS = ("w8", "w4", "qoq", "liquid", "e4m3")
 GROUPED = ("w4", "qoq", "liquid")
 PROTECTIVE_MAX = 119  # QServe §3.1: keeps the level-2 dequantized s8 inside [-128, 127]
-
-
-@dataclass
-class QuantFields:
-    """The QuantizedWeight fields of one weight as numpy arrays (q unpacked, one value per element)."""
-    format: str
-    n: int
-    k: int
-    group: int = 0
-    symmetric: bool = False
-    q: np.ndarray | None = None               # s8 (w8) | u8 holding u4 values (w4/qoq/liquid) | u8 e4m3 bits
-    scales: np.ndarray | None = None
-    zeros: np.ndarray | None = None
-    channel_scales: np.ndarray | None = None
-    extra: dict = field(default_factory=dict)  # per-weight metadata for the manifest (not tensors)
-
-    @property
-    def num_groups(self) -> int:
-        return (self.k + self.group - 1) // self.group if self.group else 0
 
 
 def group_slices(k: int, group: int) -> list[slice]:

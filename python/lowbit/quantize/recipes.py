@@ -94,6 +94,17 @@ def same_recipe(a: str, b: str) -> bool:
         return False
 
 
+def same_weights(a: str, b: str) -> bool:
+    """Whether two recipes agree on everything but the KV cache (weights, group, activations); False when either
+    is bad. An HF quantized checkpoint fixes the weights, while the KV precision stays the user's choice."""
+    try:
+        pa, pb = parse_recipe(a), parse_recipe(b)
+    except RecipeError:
+        return False
+    key = lambda p: (p.weight_format, p.weight_bits, p.group, p.activation, p.variant)  # noqa: E731
+    return key(pa) == key(pb)
+
+
 def supported_pairs() -> str:
     return "; ".join(f"{algo}: {recipes}" for algo, (recipes, _) in ALGORITHMS.items())
 
