@@ -304,3 +304,36 @@ def test_smollm2_w4a16kv8_perplexity_gpu_vs_cpu():
     p_gpu = gpu.perplexity(text, window=1024, max_tokens=1024)
     report("smollm2_ppl_w4a16kv8", {"cpu_f32": p_cpu, "gpu_f16": p_gpu})
     assert math.isfinite(p_gpu) and abs(p_gpu - p_cpu) / p_cpu < 0.01
+
+
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "w4a8kv4"])
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_prefix_caching_on_the_gpu_matches_caching_off(recipe, cuda_graphs):
+    """Automatic prefix caching on CUDA: a second request on a 200-token shared prefix adopts its full blocks
+    (the hit count is exact: the shared full blocks), prefills only the rest (its first chunk starts mid-sequence
+    on cached KV), and decodes the same greedy tokens as an engine with caching off, within the summation-order
+    margin, with the same log-probabilities to 1e-2."""
+    model = random_llama(recipe, "cuda", "f16", seed=21)
+    g = torch.Generator().manual_seed(22)
+    prefix = torch.randint(0, 1000, (200,), generator=g).tolist()
+    prompts = [prefix + torch.randint(0, 1000, (n,), generator=g).tolist() for n in (7, 30, 1)]
+    on = _core.Engine(model, max_batch_tokens=512, cuda_graphs=cuda_graphs, prefix_caching=True)
+    off = _core.Engine(model, max_batch_tokens=512, cuda_graphs=cuda_graphs, prefix_caching=False)
+    block = on.stats()["block_size"]
+    got, ref = [], []
+    for i, p in enumerate(prompts):  # one at a time: each later request finds the earlier ones' blocks
+        before = on.stats()
+        got += run_events(on, [p], 12, dict(temperature=0.0))
+        after = on.stats()
+        hits = after["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
+        assert hits == (0 if i == 0 else len(prefix) // block * block), (i, hits)
+        assert after["prefill_tokens"] - before["prefill_tokens"] == len(p) - hits
+        ref += run_events(off, [p], 12, dict(temperature=0.0))
+    assert off.stats()["prefix_cache_hit_tokens"] == 0
+    got_tokens = [[t for t, _ in seq] for seq in got]
+    assert greedy_margin_violations(off, prompts, got_tokens, 0.05) == []
+    for a, b in zip(ref, got):
+        for (ta, la), (tb, lb) in zip(a, b):
+            if ta != tb:
+                break
+            assert abs(la - lb) < 1e-2
