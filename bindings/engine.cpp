@@ -101,6 +101,8 @@ void bind_engine(nb::module_& m) {
           nb::arg("name"), nb::arg("tensor"),
           "Float weight by HF name (any DLPack array); linear weights are quantized per the recipe")
       .def("set_quantized_weight", &Model::set_quantized_weight, nb::arg("name"), nb::arg("weight"))
+      .def("set_head_format", &Model::set_head_format, nb::arg("format"),
+           "lm_head's weight format (f32, f16, bf16, w8, w4) instead of the recipe's rule; before lm_head is given")
       .def(
           "set_input_permutation",
           [](Model& self, const std::string& name, nb::handle perm) {

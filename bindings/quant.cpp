@@ -33,7 +33,7 @@ Tensor weight_values(nb::handle obj, WeightFormat f) {
 }
 
 QuantizedWeight make_quantized_weight(const std::string& format, nb::handle q, nb::handle scales, nb::handle zeros,
-                                      nb::handle channel_scales, int group, bool symmetric) {
+                                      nb::handle channel_scales, int group, bool symmetric, nb::handle mins) {
   QuantizedWeight w;
   w.format = weight_format_from_name(format);
   w.q = weight_values(q, w.format);
@@ -44,6 +44,7 @@ QuantizedWeight make_quantized_weight(const std::string& format, nb::handle q, n
   w.scales = optional_arg(scales, "scales");
   w.zeros = optional_arg(zeros, "zeros");
   w.channel_scales = optional_arg(channel_scales, "channel_scales");
+  w.mins = optional_arg(mins, "mins");
   validate_quantized_weight(w, "QuantizedWeight");
   return w;
 }
@@ -79,15 +80,17 @@ void bind_quant(nb::module_& m) {
                               "An arch-neutral quantized weight W[n, k] (formats and fields: docs/formats.md)")
       .def("__init__",
            [](QuantizedWeight* self, const std::string& format, nb::handle q, nb::handle scales, nb::handle zeros,
-              nb::handle channel_scales, int group, bool symmetric) {
+              nb::handle channel_scales, int group, bool symmetric, nb::handle mins) {
              new (self) QuantizedWeight(make_quantized_weight(format, q, scales, zeros, channel_scales, group,
-                                                              symmetric));
+                                                              symmetric, mins));
            },
            nb::arg("format"), nb::arg("q"), nb::arg("scales") = nb::none(), nb::arg("zeros") = nb::none(),
            nb::arg("channel_scales") = nb::none(), nb::arg("group") = 0, nb::arg("symmetric") = false,
+           nb::arg("mins") = nb::none(),
            "Builds a weight from tensors (copied) and validates every field. q: [n, k]; for w4/qoq/liquid either "
            "a lowbit u4 tensor or uint8 values one per byte (<= 15); for e4m3 float8_e4m3fn or its uint8 bits. "
-           "`group` 0 means the format's default (128; liquid 64); formats without groups ignore it.")
+           "`group` 0 means the format's default (128; liquid 64); formats without groups ignore it. `mins` (w4 "
+           "only, f16 [n, groups], instead of zeros): w = q*s + m, GGUF Q4_1's scale + min (CPU kernels only).")
       .def_prop_ro("format", [](const QuantizedWeight& w) { return std::string(name_of(w.format)); })
       .def_prop_ro("n", [](const QuantizedWeight& w) { return w.n; })
       .def_prop_ro("k", [](const QuantizedWeight& w) { return w.k; })
@@ -105,6 +108,7 @@ void bind_quant(nb::module_& m) {
       .def_prop_ro("scales", [](const QuantizedWeight& w) { return optional_result(w.scales); })
       .def_prop_ro("zeros", [](const QuantizedWeight& w) { return optional_result(w.zeros); })
       .def_prop_ro("channel_scales", [](const QuantizedWeight& w) { return optional_result(w.channel_scales); })
+      .def_prop_ro("mins", [](const QuantizedWeight& w) { return optional_result(w.mins); })
       .def("__repr__", &repr);
 
   nb::class_<PackedWeight>(m, "PackedWeight", "A weight in the layout one kernel family reads")
@@ -118,6 +122,7 @@ void bind_quant(nb::module_& m) {
       .def_prop_ro("scales", [](const PackedWeight& p) { return optional_result(p.scales); })
       .def_prop_ro("zeros", [](const PackedWeight& p) { return optional_result(p.zeros); })
       .def_prop_ro("channel_scales", [](const PackedWeight& p) { return optional_result(p.channel_scales); })
+      .def_prop_ro("mins", [](const PackedWeight& p) { return optional_result(p.mins); })
       .def_prop_ro("aux", [](const PackedWeight& p) { return optional_result(p.aux); });
 
   m.def(

@@ -258,6 +258,55 @@ TEST(GemmCpu, FloatActivationsMatchFloat64ForEveryFormat) {
       }
 }
 
+// w4 with per-group mins (GGUF Q4_1: w = q*s + m): the packed layout round-trips, the float-activation GEMM
+// matches float64 of q*s + m on odd shapes (n tails, a short last group, M on every path), and the GPU packer
+// refuses it by name.
+TEST(GemmCpu, W4WithMinsMatchesFloat64AndRoundTrips) {
+  for (const Case& c : kCases) {
+    if (c.k % 2) continue;
+    SCOPED_TRACE("m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k));
+    QuantizedWeight w = random_weight(WeightFormat::w4, c.n, c.k, c.group, true);  // q and scales only
+    w.symmetric = false;
+    w.mins = Tensor::empty({c.n, w.num_groups()}, ScalarType::f16);
+    for (int64_t i = 0; i < w.mins.numel(); ++i) w.mins.data<uint16_t>()[i] = f32_to_f16_bits(uniform(-1.5f, 0.5f));
+    const bool valid_group = c.group == 32 || c.group == 64 || c.group == 128;  // pack_cpu also takes small ones
+    if (valid_group) validate_quantized_weight(w, "test");
+    const PackedWeight p = pack_cpu(w);
+    const QuantizedWeight u = unpack_cpu(p);
+    expect_same_tensor(u.q, w.q, "q");
+    expect_same_tensor(u.mins, w.mins, "mins");
+    EXPECT_FALSE(u.zeros.defined());
+    const Tensor x = random_activations(c.m, c.k, ScalarType::f32);
+    PoisonedOutput out(c.m, c.n, ScalarType::f32);
+    cpu::linear_cpu(x, p, Tensor(), out.y, ops::LinearActivation::float16);
+    EXPECT_TRUE(out.pad_untouched());
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t r = 0; r < c.n; ++r) {
+        double ref = 0, mag = 0;
+        for (int64_t kk = 0; kk < c.k; ++kk) {
+          const int64_t g = r * w.num_groups() + kk / w.group;
+          const double wt = double(get_u4(w.q, r * c.k + kk)) * f16_bits_to_f32(w.scales.data<uint16_t>()[g]) +
+                            f16_bits_to_f32(w.mins.data<uint16_t>()[g]);
+          ref += double(as_float(x, i * c.k + kk)) * wt;
+          mag += std::fabs(double(as_float(x, i * c.k + kk)) * wt);
+        }
+        EXPECT_NEAR(as_float(out.y.select(0, i), r), ref, 1e-5 * mag + 1e-30) << "row " << i << " col " << r;
+      }
+    if (valid_group) {
+      try {
+        pack_weight(w, PackTarget::sm80, Device::cpu());
+        ADD_FAILURE() << "pack_weight(sm80) accepted a w4 weight with mins";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("per-group mins"), std::string::npos) << e.what();
+      }
+    }
+  }
+  QuantizedWeight bad = random_weight(WeightFormat::w4, 4, 64, 32, false);  // zeros and mins together
+  bad.mins = Tensor::empty({4, 2}, ScalarType::f16);
+  for (int64_t i = 0; i < bad.mins.numel(); ++i) bad.mins.data<uint16_t>()[i] = f32_to_f16_bits(0.25f);
+  EXPECT_THROW(validate_quantized_weight(bad, "test"), Error);
+}
+
 TEST(GemmCpu, Int8ActivationsAccumulateExactlyInInt32) {
   for (WeightFormat f : {WeightFormat::w8, WeightFormat::qoq, WeightFormat::liquid})
     for (const Case& c : kCases) {

@@ -55,7 +55,7 @@ std::string layer_name(int layer, const char* suffix) {
 
 int64_t packed_bytes(const PackedWeight& w) {
   int64_t b = 0;
-  for (const Tensor* t : {&w.data, &w.scales, &w.zeros, &w.channel_scales, &w.aux})
+  for (const Tensor* t : {&w.data, &w.scales, &w.zeros, &w.channel_scales, &w.mins, &w.aux})
     if (t->defined()) b += t->nbytes();
   return b;
 }
@@ -67,10 +67,10 @@ QuantizedWeight fuse(const std::vector<const QuantizedWeight*>& parts, const cha
   out.k = first.k;
   out.group = first.group;
   out.symmetric = first.symmetric;
-  std::vector<Tensor> q, s, z, c;
+  std::vector<Tensor> q, s, z, c, mn;
   for (const QuantizedWeight* p : parts) {
     LOWBIT_CHECK(p->format == first.format && p->group == first.group && p->symmetric == first.symmetric &&
-                     p->k == first.k,
+                     p->k == first.k && p->mins.defined() == first.mins.defined(),
                  "Model.finalize: cannot fuse ", what, ": parts differ in format/group/symmetry/k (", name_of(p->format),
                  " g", p->group, " k", p->k, " vs ", name_of(first.format), " g", first.group, " k", first.k, ")");
     out.n += p->n;
@@ -78,11 +78,13 @@ QuantizedWeight fuse(const std::vector<const QuantizedWeight*>& parts, const cha
     s.push_back(p->scales);
     z.push_back(p->zeros);
     c.push_back(p->channel_scales);
+    mn.push_back(p->mins);
   }
   out.q = concat_rows(q, what);
   out.scales = concat_rows(s, what);
   out.zeros = concat_rows(z, what);
   out.channel_scales = concat_rows(c, what);
+  out.mins = concat_rows(mn, what);
   return out;
 }
 
@@ -202,6 +204,20 @@ void Model::set_quantized_weight(const std::string& name, const QuantizedWeight&
                    ? " for lm_head (activation-quantized recipes keep lm_head in float: pass it to set_weight)"
                    : "");
   stage_linear(name, weight);
+}
+
+void Model::set_head_format(const std::string& format) {
+  constexpr const char* op = "Model.set_head_format";
+  check_not_finalized(op);
+  LOWBIT_CHECK(!staged_linear_.count("lm_head.weight"), op, ": call it before lm_head.weight is given");
+  const WeightFormat f = weight_format_from_name(format);
+  LOWBIT_CHECK(f == WeightFormat::f32 || f == WeightFormat::f16 || f == WeightFormat::bf16 || f == WeightFormat::w8 ||
+                   f == WeightFormat::w4,
+               op, ": lm_head takes f32, f16, bf16, w8 or w4 weights, got '", format, "'");
+  LOWBIT_CHECK(recipe_.activation == ActivationMode::float16 || !(f == WeightFormat::w8 || f == WeightFormat::w4), op,
+               ": recipe ", recipe_.text, " quantizes activations, and lm_head takes float activations: give it a "
+               "float format (f16, bf16, f32), got '", format, "'");
+  head_format_ = f;
 }
 
 void Model::stage_linear(const std::string& name, QuantizedWeight w) { staged_linear_[name] = std::move(w); }

@@ -63,6 +63,18 @@ Tensor dequantize_weight(const QuantizedWeight& w) {
     case WeightFormat::w4: {
       const uint8_t* qp = q.data<uint8_t>();
       const uint16_t* sp = s.data<uint16_t>();
+      if (w.mins.defined()) {  // w = q*s + m, rounded as GGUF's reference does: the product, then the sum
+        const Tensor mc = w.mins.contiguous();
+        const uint16_t* mp = mc.data<uint16_t>();
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t c = 0; c < k; ++c) {
+            const int64_t pi = r * groups + c / w.group;
+            volatile float product = static_cast<float>(u4_at(qp, r * k + c)) * f16_bits_to_f32(sp[pi]);  // no fma
+            o[r * k + c] = product + f16_bits_to_f32(mp[pi]);
+          }
+        break;
+      }
       const uint16_t* zp = w.symmetric ? nullptr : z.data<uint16_t>();
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < n; ++r)

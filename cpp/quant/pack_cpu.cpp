@@ -60,7 +60,10 @@ void check_quantized(const QuantizedWeight& w) {
       check_defined(w.scales, kOp, "scales");
       check_dtype(w.scales, pt, kOp, "scales");
       check_shape(w.scales, {w.n, G}, kOp, "scales");
-      if (w.format != WeightFormat::w4 || !w.symmetric || w.zeros.defined()) {
+      if (w.mins.defined()) {  // w = q*s + m replaces the zero point
+        check_dtype(w.mins, ScalarType::f16, kOp, "mins");
+        check_shape(w.mins, {w.n, G}, kOp, "mins");
+      } else if (w.format != WeightFormat::w4 || !w.symmetric || w.zeros.defined()) {
         check_defined(w.zeros, kOp, "zeros");
         check_dtype(w.zeros, pt, kOp, "zeros");
         check_shape(w.zeros, {w.n, G}, kOp, "zeros");
@@ -161,16 +164,20 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
 
   p.scales = tile_group_params(w.scales, n, G, tiles);
   if (w.zeros.defined()) p.zeros = tile_group_params(w.zeros, n, G, tiles);
+  if (w.mins.defined()) p.mins = tile_group_params(w.mins, n, G, tiles);
   const Tensor sc = w.scales.contiguous();
   const Tensor zr = w.zeros.defined() ? w.zeros.contiguous() : Tensor();
+  const Tensor mn = w.mins.defined() ? w.mins.contiguous() : Tensor();
   if (w.format == WeightFormat::w4) {
     // Per (tile, group): lane r multiplier s_r * 16^-r (the kernel converts nibble r in place, i.e.
     // q * 16^r), then lane r addend -z*s; row 7 is stored q ^ 8 and read as q - 8, so its addend is
-    // (8 - z) * s. All products are exact in f32 (f16 s and z, 4-bit q).
+    // (8 - z) * s. All products are exact in f32 (f16 s and z, 4-bit q). With mins (w = q*s + m) the addend
+    // is m, and m + 8s on row 7.
     p.aux = Tensor::empty({tiles, G, 2 * kTileRows}, ScalarType::f32);
     std::memset(p.aux.data_ptr(), 0, p.aux.nbytes());
     const uint16_t* sb = sc.data<uint16_t>();
     const uint16_t* zb = zr.defined() ? zr.data<uint16_t>() : nullptr;
+    const uint16_t* mb = mn.defined() ? mn.data<uint16_t>() : nullptr;
     float* aux = p.aux.data<float>();
     for (int64_t r = 0; r < n; ++r)
       for (int64_t g = 0; g < G; ++g) {
@@ -179,7 +186,12 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
         const float zero = zb ? f16_bits_to_f32(zb[r * G + g]) : 8.f;
         float* a = aux + ((r / kTileRows) * G + g) * 2 * kTileRows;
         a[lane] = std::ldexp(scale, -4 * lane);
-        a[kTileRows + lane] = lane == kTileRows - 1 ? (8.f - zero) * scale : -(zero * scale);
+        if (mb) {
+          const float mn_v = f16_bits_to_f32(mb[r * G + g]);
+          a[kTileRows + lane] = lane == kTileRows - 1 ? mn_v + 8.f * scale : mn_v;
+        } else {
+          a[kTileRows + lane] = lane == kTileRows - 1 ? (8.f - zero) * scale : -(zero * scale);
+        }
       }
   } else {
     p.channel_scales = pad_channels(w.channel_scales, tiles);
@@ -241,6 +253,7 @@ QuantizedWeight unpack_cpu(const PackedWeight& p) {
     }
   w.scales = untile_group_params(p.scales, n, G);
   if (p.zeros.defined()) w.zeros = untile_group_params(p.zeros, n, G);
+  if (p.mins.defined()) w.mins = untile_group_params(p.mins, n, G);
   if (p.channel_scales.defined()) w.channel_scales = p.channel_scales.slice(0, 0, n).clone();
   return w;
 }

@@ -82,6 +82,9 @@ void check_w4_for_sm80(const QuantizedWeight& w) {
 }  // namespace
 
 PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
+  if (w.mins.defined())
+    LOWBIT_NOT_SUPPORTED("pack_sm80: w4 with per-group mins (w = q*s + m, GGUF Q4_1) has no GPU layout yet; "
+                         "on the GPU such weights are re-quantized by the loader");
   if (w.format == WeightFormat::f16) {
     // gemm_f16 reads HF row-major [n, k] as it is: "packing" is the upload.
     PackedWeight p = packed_header(w, PackTarget::sm80);

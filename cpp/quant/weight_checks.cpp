@@ -178,6 +178,21 @@ void validate_quantized_weight(const QuantizedWeight& w, const char* op) {
   check_dtype(w.q, element_type_of(w.format), op, "q");
   check_shape(w.q, {w.n, w.k}, op, "q");
   const int64_t groups = is_group_wise(w.format) ? w.num_groups() : 0;
+  if (w.mins.defined()) {
+    // w = q*s + m: the min replaces the zero point (GGUF Q4_1); any finite f16 value.
+    LOWBIT_CHECK(w.format == WeightFormat::w4 && !w.symmetric && !w.zeros.defined(), op,
+                 ": argument 'mins' applies to asymmetric w4 without 'zeros' (w = q*s + m), got format ",
+                 name_of(w.format), w.symmetric ? " (symmetric)" : "", w.zeros.defined() ? " with zeros" : "");
+    quant_detail::check_host_tensor(w.mins, ScalarType::f16, {w.n, groups}, op, "mins");
+    const Tensor m = w.mins.contiguous();
+    for (int64_t i = 0; i < m.numel(); ++i) {
+      const float v = f16_bits_to_f32(m.data<uint16_t>()[i]);
+      LOWBIT_CHECK(std::isfinite(v), op, ": argument 'mins' must hold finite f16 values, got ", v, " at row ",
+                   i / groups, " group ", i % groups);
+    }
+    check_weight_params(w.format, w.n, groups, true, {w.scales, Tensor(), Tensor()}, true, op);
+    return;
+  }
   check_weight_params(w.format, w.n, groups, w.symmetric, {w.scales, w.zeros, w.channel_scales}, true, op);
   check_s8_reconstruction(w, op);
 }

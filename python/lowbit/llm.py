@@ -30,7 +30,7 @@ class LLM:
                  cuda_graphs: bool = True, kernel_overrides: dict[str, str] | None = None,
                  strict: bool = False, prefix_caching: bool = True) -> None:
         from . import _core
-        from .model_loading import build_model, resolve_recipe
+        from .model_loading import build_model, resolve_recipe, use_stored_quantization
         from .models import load_model_source
 
         if kv_cache_memory is not None and (not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0):
@@ -49,12 +49,14 @@ class LLM:
             dtype = "f16" if str(device).startswith("cuda") else "f32"
         self._driver: EngineDriver | None = None
         loaded = load_model_source(model, progress=progress)
+        recipe = use_stored_quantization(loaded, recipe, device, progress)  # GGUF Q4_0/Q4_1 kept as stored
         recipe = resolve_recipe(loaded, recipe)  # None: w16a16, or a quantized directory's own
         self.source = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.generation_defaults = dict(loaded.generation_defaults)
         self.checkpoint_manifest = getattr(loaded, "manifest", None)  # a quantized checkpoint's (lowbit info)
+        self.load_note = getattr(loaded, "load_note", None)  # what the loader did with stored quant types
         self.recipe, self.device, self.dtype = recipe, device, dtype
         if kernel_overrides is not None and not isinstance(kernel_overrides, dict):
             raise ValueError(f"LLM: kernel_overrides must be a dict of str to str, got {kernel_overrides!r}")

@@ -47,6 +47,27 @@ def resolve_recipe(loaded: LoadedModel, recipe: str | None) -> str:
     return own
 
 
+def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str, progress: bool = True) -> str | None:
+    """A GGUF file's Q4_0 / Q4_1 linears run as stored when the recipe asks for w4a16 without another group (on
+    the CPU): the recipe becomes w4a16g32 and those weights are uploaded as their quantized fields instead of
+    being re-quantized from their dequantized values (models/gguf_native.choose). Prints what happened once."""
+    from .models import gguf_native
+    native = getattr(loaded, "native_fields", None)
+    if not native:
+        return recipe
+    recipe, chosen, note = gguf_native.choose(native, recipe, device, loaded.source)
+    if chosen:
+        loaded.fields = chosen
+        for name in chosen:
+            loaded.tensors.pop(name, None)
+        loaded.head_format = gguf_native.head_format(loaded.head_type)
+        note += f"; lm_head ({loaded.head_type} in the file) as {loaded.head_format}"
+    loaded.load_note = note
+    if note and progress:
+        print(note, file=sys.stderr, flush=True)
+    return recipe
+
+
 def check_engine_can_run(loaded: LoadedModel) -> None:
     """A quantized directory's options the engine does not implement fail here, by name (never ignored)."""
     manifest = getattr(loaded, "manifest", None)
@@ -63,7 +84,8 @@ def check_engine_can_run(loaded: LoadedModel) -> None:
 def core_quantized_weight(f):
     """A QuantFields (python/lowbit/quantize/formats.py) as the engine's QuantizedWeight."""
     from . import _core
-    return _core.QuantizedWeight(f.format, f.q, f.scales, f.zeros, f.channel_scales, f.group, f.symmetric)
+    return _core.QuantizedWeight(f.format, f.q, f.scales, f.zeros, f.channel_scales, f.group, f.symmetric,
+                                 mins=getattr(f, "mins", None))
 
 
 def _upload(model, loaded: LoadedModel, names: list[str], recipe: str, device: str, progress: bool) -> None:
@@ -93,6 +115,8 @@ def build_model(loaded: LoadedModel, recipe: str, device: str, dtype: str, progr
     check_engine_can_run(loaded)
     model = _core.Model(core_config(loaded.config), recipe, device, dtype)
     model.set_kernel_options({str(k): str(v) for k, v in (kernel_overrides or {}).items()}, bool(strict))
+    if getattr(loaded, "head_format", None):
+        model.set_head_format(loaded.head_format)
     names = list(loaded.tensors)
     if loaded.config.tie_word_embeddings:
         names = [n for n in names if n != "lm_head.weight"]

@@ -21,6 +21,7 @@ class QuantFields:
     scales: np.ndarray | None = None
     zeros: np.ndarray | None = None
     channel_scales: np.ndarray | None = None
+    mins: np.ndarray | None = None            # w4 only: f16 per-group minimum, w = q*s + m (GGUF Q4_1)
     extra: dict = field(default_factory=dict)  # per-weight metadata for the manifest (not tensors)
 
     @property

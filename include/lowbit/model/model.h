@@ -85,6 +85,10 @@ class Model {
   void set_weight(const std::string& name, const Tensor& tensor);
   // A linear weight already quantized (e.g. by AWQ/GPTQ in Python); its format must match the recipe.
   void set_quantized_weight(const std::string& name, const QuantizedWeight& weight);
+  // lm_head's weight format instead of the recipe's rule (float-activation recipes: the recipe's weight format;
+  // activation-quantized ones: f16): f32, f16, bf16, w8 or w4. Before lm_head.weight is given. A GGUF file run
+  // as stored keeps its 8-bit output layer 8-bit this way (the kernel registry must have a kernel for it).
+  void set_head_format(const std::string& format);
   // FMPQ (COMET §3.2) moved the outlier input channels of this linear into its first 128-channel blocks:
   // the forward feeds x[:, perm] to it. perm: s32/s64 [k] on the host, a permutation of 0..k-1. q/k/v
   // and gate/up read one input, so their permutations must be equal (checked by finalize). CPU only.

@@ -35,6 +35,9 @@ struct QuantizedWeight {
   Tensor scales;          // w8/e4m3: f32 [n]; w4: f16 [n, G]; qoq: u8 [n, G]; liquid: u8 step [n, G]
   Tensor zeros;           // w4: f16 [n, G]; qoq: u8 [n, G] (u4 zero value); liquid: u8 offset a [n, G]
   Tensor channel_scales;  // qoq/liquid level-1 per-channel f32 [n]
+  // w4 only, optional: f16 [n, G] per-group minimum m, w = q*s + m (GGUF Q4_1's "scale + min"), used
+  // instead of `zeros` (symmetric false, zeros undefined). CPU kernels only; the GPU packers refuse it.
+  Tensor mins;
   int64_t num_groups() const { return group > 0 ? (k + group - 1) / group : 0; }
 };
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..gguf_reader import gguf_metadata, open_gguf, read_gguf_metadata  # noqa: F401 (read_gguf_metadata: kept here)
 from ..tokenizer import Tokenizer
+from . import gguf_native
 from .config import ConfigError, ModelConfig
 from .loaded import LoadedModel
 from .shapes import check_tensors
@@ -43,6 +44,9 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 # Consumed into the config (llama3 rope scaling), not a weight.
 _ROPE_FREQS = "rope_freqs.weight"
+# The linear layers' weights: the tensors a stored quant type can reach the kernels as is (gguf_native).
+_LINEARS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+            "ffn_up.weight", "ffn_down.weight")
 
 # llama.cpp general.sampling.* keys -> generation config names.
 _SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -165,6 +169,11 @@ def _hf_name(gguf_name: str, num_layers: int, path: Path) -> str:
     raise ValueError(f"{path}: unexpected tensor {gguf_name!r} (not part of a Llama/Qwen2 model)")
 
 
+def _type_name(t) -> str:
+    import gguf
+    return gguf.GGMLQuantizationType(t.tensor_type).name
+
+
 def _dequantize(t, path: Path) -> np.ndarray:
     import gguf
     from gguf.constants import GGML_QUANT_SIZES
@@ -199,15 +208,24 @@ def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
     permuted = meta["general.architecture"] == "llama"
     names = [n for n in by_name if n != _ROPE_FREQS]
     tensors: dict[str, np.ndarray] = {}
+    native: dict = {}
     step = max(1, len(names) // 10)
     for k, gguf_name in enumerate(names):
         hf = _hf_name(gguf_name, config.num_layers, path)
         w = _dequantize(by_name[gguf_name], path)
+        fields = gguf_native.native_fields(by_name[gguf_name], path) if gguf_name.endswith(_LINEARS) else None
+        heads = None
         if permuted and ".attn_q." in gguf_name:
-            w = unpermute_rope_rows(w, config.num_heads)
+            heads = config.num_heads
         elif permuted and ".attn_k." in gguf_name:
-            w = unpermute_rope_rows(w, config.num_kv_heads)
+            heads = config.num_kv_heads
+        if heads is not None:
+            w = unpermute_rope_rows(w, heads)
+            if fields is not None:
+                fields = gguf_native.permute_rows(fields, lambda a, h=heads: unpermute_rope_rows(a, h))
         tensors[hf] = w
+        if fields is not None:
+            native[hf] = fields
         if progress and ((k + 1) % step == 0 or k + 1 == len(names)):
             print(f"\rlowbit: loading {path.name}: {k + 1}/{len(names)} tensors", end="", file=sys.stderr, flush=True)
     if progress:
@@ -216,4 +234,5 @@ def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
     check_tensors(tensors, config, str(path))
     gen = {v: meta[f"general.sampling.{k}"] for k, v in _SAMPLING_KEYS.items() if f"general.sampling.{k}" in meta}
     return LoadedModel(config=config, tensors=tensors, tokenizer=tokenizer,
-                       chat_template=tokenizer.chat_template, generation_defaults=gen, source=str(path))
+                       chat_template=tokenizer.chat_template, generation_defaults=gen, source=str(path),
+                       native_fields=native, head_type=_type_name(by_name.get("output.weight") or by_name["token_embd.weight"]))

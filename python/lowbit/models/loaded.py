@@ -20,9 +20,15 @@ class LoadedModel:
     # Sampling defaults the checkpoint ships (temperature, top_p, ...); empty when it has none.
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    # Quantized linears the file stores in a format lowbit can run as is (GGUF Q4_0 / Q4_1 -> w4 g32), by HF
+    # name; `tensors` holds their exact dequantized values too. models/gguf_native.choose decides which are used.
+    native_fields: dict = field(default_factory=dict)
+    head_type: str = ""  # the GGUF type of the output layer (token_embd when tied), e.g. "Q8_0"; "" elsewhere
+    # The quantized linears uploaded as they are (QuantFields by HF name; their names are not in `tensors`).
+    fields: dict = field(default_factory=dict)
 
     def num_parameters(self) -> int:
-        return sum(int(t.size) for t in self.tensors.values())
+        return sum(int(t.size) for t in self.tensors.values()) + sum(f.n * f.k for f in self.fields.values())
 
 
 @dataclass
@@ -30,12 +36,8 @@ class QuantizedCheckpoint(LoadedModel):
     """A quantized checkpoint as the model loaders return it (a lowbit directory, or an HF AWQ / GPTQ /
     compressed-tensors one): the float tensors (`tensors`) plus the quantized linears (`fields`, QuantFields by HF
     name) and the manifest; `recipe` is the one the weights were quantized for."""
-    fields: dict = field(default_factory=dict)
     manifest: dict = field(default_factory=dict)
 
     @property
     def recipe(self) -> str:
         return self.manifest["recipe"]
-
-    def num_parameters(self) -> int:
-        return super().num_parameters() + sum(f.n * f.k for f in self.fields.values())

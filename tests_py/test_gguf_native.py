@@ -1,0 +1,119 @@
+"""GGUF Q4_0 / Q4_1 linears run as stored (issue: no re-quantization of a 4-bit file): the loader's fields
+dequantize to exactly what gguf-py's reference dequantizer gives, `recipe="w4a16"` keeps the file's g32 grid
+(becoming w4a16g32) on the CPU with the same logits as the exact float weights, while an explicit other group,
+the GPU and mixed files re-quantize and say so. The references are gguf-py and the float model, never the
+quantized path's own output."""
+import numpy as np
+import pytest
+import torch
+
+import lowbit
+from lowbit import _core
+from lowbit.models import gguf_loader, gguf_native
+from test_llm import tiny_tensors
+from test_models_loader import _default_gguf, _tiny_config, make_gguf
+
+gguf = pytest.importorskip("gguf")
+
+LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
+                   "up_proj.weight", "down_proj.weight")
+
+
+def _q4_file(tmp_path, qtype_name, per_name=None):
+    config = _tiny_config()
+    tensors = tiny_tensors(config, seed=3)
+    qtype = getattr(gguf.GGMLQuantizationType, qtype_name)
+    qtypes = {n: qtype for n in tensors if n.endswith(LINEAR_SUFFIXES)}
+    qtypes.update(per_name or {})
+    return make_gguf(tmp_path / f"tiny-{qtype_name}.gguf", config, tensors, qtypes=qtypes)
+
+
+def _dequantized(f):
+    qw = _core.QuantizedWeight("w4", f.q, f.scales, f.zeros, None, f.group, f.symmetric, mins=f.mins)
+    return np.from_dlpack(_core.dequantize_weight(qw))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_stored_fields_dequantize_exactly_as_gguf_does(tmp_path, qtype):
+    loaded = gguf_loader.load_gguf(_q4_file(tmp_path, qtype), progress=False)
+    names = {n for n in loaded.tensors if n.endswith(LINEAR_SUFFIXES)}
+    assert set(loaded.native_fields) == names
+    for name, f in loaded.native_fields.items():
+        assert (f.format, f.group, f.symmetric, f.extra["gguf_type"]) == ("w4", 32, False, qtype)
+        assert (f.mins is not None, f.zeros is not None) == (qtype == "Q4_1", qtype == "Q4_0")
+        # loaded.tensors holds gguf-py's dequantization (q/k rows un-permuted the same way): bit for bit.
+        np.testing.assert_array_equal(_dequantized(f), loaded.tensors[name], err_msg=name)
+
+
+def _logits(llm, ids):
+    return torch.from_dlpack(llm.engine.logits(ids)).double()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_w4a16_keeps_the_files_grid_and_matches_the_float_weights(tmp_path, qtype, capfd):
+    path = _q4_file(tmp_path, qtype)
+    stored = lowbit.LLM(path, recipe="w4a16kv8", progress=True)
+    note = capfd.readouterr().err
+    assert stored.recipe == "w4a16g32kv8", stored.recipe
+    assert "loaded as stored" in note and qtype in note and "no re-quantization" in note
+    exact = lowbit.LLM(path, recipe="w16a16kv8", progress=False)  # f32 weights: gguf's exact values
+    requant = lowbit.LLM(path, recipe="w4a16g128kv8", progress=True)
+    assert "re-quantizes" in capfd.readouterr().err and requant.load_note.startswith("lowbit: ")
+    ids = [5, 80, 33, 120, 7, 250, 64, 9, 199, 31, 2, 77]
+    ref = _logits(exact, ids)
+    err_stored = float((_logits(stored, ids) - ref).norm() / ref.norm())
+    err_requant = float((_logits(requant, ids) - ref).norm() / ref.norm())
+    assert err_stored < 1e-5, err_stored            # same weights, f32 sums in another order
+    assert err_requant > 100 * err_stored, (err_requant, err_stored)  # g128 re-quantization really differs
+    assert stored.num_parameters == exact.num_parameters
+
+
+def test_choose_gpu_mixed_and_other_recipes():
+    def fields(t):
+        f = gguf_native.QuantFields(format="w4", n=2, k=32, group=32, symmetric=t == "Q4_0")
+        f.extra["gguf_type"] = t
+        return f
+    one = {"a": fields("Q4_1"), "b": fields("Q4_1")}
+    assert gguf_native.choose(one, "w4a16", "cpu", "f.gguf")[:2] == ("w4a16g32", one)
+    assert gguf_native.choose(one, "w4a16g32k8v4", "cpu", "f.gguf")[0] == "w4a16g32k8v4"
+    recipe, chosen, note = gguf_native.choose(one, "w4a16", "cuda", "f.gguf")
+    assert (recipe, chosen) == ("w4a16", {}) and "no GPU kernel" in note
+    recipe, chosen, note = gguf_native.choose({"a": fields("Q4_0"), "b": fields("Q4_1")}, "w4a16", "cpu", "f.gguf")
+    assert chosen == {} and "mixes Q4_0/Q4_1" in note
+    for other in ("w8a16", "w16a16", "w4a8kv4", None):
+        assert gguf_native.choose(one, other, "cpu", "f.gguf") == (other, {}, None)
+
+
+def test_mins_field_is_checked_and_cpu_only():
+    rng = np.random.default_rng(1)
+    q = rng.integers(0, 16, (16, 64), dtype=np.uint8)
+    s = (rng.random((16, 2)) * 0.1 + 0.01).astype(np.float16)
+    m = (-rng.random((16, 2)) * 0.5).astype(np.float16)
+    w = _core.QuantizedWeight("w4", q, s, group=32, mins=m)
+    back = _core.unpack_weight(_core.pack_weight(w, "cpu", "cpu"))
+    np.testing.assert_array_equal(np.from_dlpack(back.mins), m)
+    ref = q.astype(np.float32) * np.repeat(s.astype(np.float32), 32, axis=1) + np.repeat(m.astype(np.float32), 32, axis=1)
+    np.testing.assert_array_equal(np.from_dlpack(_core.dequantize_weight(w)), ref)
+    with pytest.raises(ValueError, match="'mins' applies to asymmetric w4 without 'zeros'"):
+        _core.QuantizedWeight("w4", q, s, group=32, symmetric=True, mins=m)
+    with pytest.raises(ValueError, match="mins"):
+        _core.QuantizedWeight("w4", q, s, group=32, mins=m[:, :1])
+    for target in ("sm80", "sm90"):
+        with pytest.raises(NotImplementedError, match="per-group mins .* no GPU layout"):
+            _core.pack_weight(w, target, "cuda:0")
+
+
+def test_smollm2_w4a16_runs_the_q4_1_file_as_stored():
+    """The shipped SmolLM2 file is Q4_1: recipe w4a16 keeps it (w4a16g32) and its log-likelihood of a text equals
+    the exact float weights' within 0.3% (the issue's bound; observed far below)."""
+    path = _default_gguf()
+    stored = lowbit.LLM(path, recipe="w4a16", progress=False)
+    assert stored.recipe == "w4a16g32" and "Q4_1" in stored.load_note
+    exact = lowbit.LLM(path, recipe="w16a16", progress=False)
+    ids = stored.tokenizer.encode("The history of the printing press begins with movable type in East Asia, "
+                                  "and it changed how knowledge spread across Europe in the fifteenth century.")
+    nll = []
+    for llm in (stored, exact):
+        lp = torch.log_softmax(_logits(llm, ids), dim=-1)
+        nll.append(-float(lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean()))
+    assert abs(nll[0] - nll[1]) / nll[1] < 3e-3, nll
