@@ -82,8 +82,14 @@ def test_choose_gpu_mixed_and_other_recipes():
     assert (recipe, chosen) == ("w4a16", {}) and "no GPU kernel" in note
     recipe, chosen, note = choose_stored({"a": fields("Q4_0"), "b": fields("Q4_1")}, "w4a16", "cpu", "f.gguf")
     assert chosen == {} and "mixes Q4_0/Q4_1" in note
-    for other in ("w8a16", "w16a16", "w4a8kv4", None):
-        assert choose_stored(one, other, "cpu", "f.gguf") == (other, {}, None)
+    for other in ("w16a16", None):
+        assert choose_stored(one, other, "cpu", "f.gguf", {"Q4_1": 2}) == (other, {}, None)
+    for other in ("w8a16", "w4a8kv4"):
+        recipe, chosen, note = choose_stored(one, other, "cpu", "f.gguf", {"Q4_1": 2})
+        assert (recipe, chosen) == (other, {}) and "re-quantizes the file's Q4_1 linears" in note
+    # a K-quant file: nothing runs as stored, and a quantizing recipe says what it does to them
+    recipe, chosen, note = choose_stored({}, "w4a16", "cpu", "f.gguf", {"Q6_K": 3, "F32": 1})
+    assert (recipe, chosen) == ("w4a16", {}) and "Q6_K linears (dequantized exactly first) to w4 g128" in note
 
 
 def test_mins_field_is_checked_and_cpu_only():

@@ -48,21 +48,28 @@ def resolve_recipe(loaded: LoadedModel, recipe: str | None) -> str:
     return own
 
 
-def choose_stored(native: dict, recipe: str | None, device: str, source: str):
+def choose_stored(native: dict, recipe: str | None, device: str, source: str, linear_types: dict | None = None):
     """Which recipe to build and which of the file's quantized linears to upload as stored.
 
     Returns (recipe, fields_to_upload, note). A recipe asking for 4-bit weights with float activations and no
     explicit group ("w4a16", "w4a16kv8", ...) on the CPU keeps the file's g32 grid: it becomes "w4a16g32..." and
     every Q4_0 / Q4_1 linear is uploaded as stored. An explicit other group, another format, the GPU, or a file
-    mixing Q4_0 and Q4_1 linears re-quantize from the exact dequantized values, and the note says so."""
-    if not native or recipe is None:
+    mixing Q4_0 and Q4_1 linears re-quantize from the exact dequantized values, and the note says so; so does any
+    other weight-quantizing recipe over a file whose linears are stored quantized (linear_types: GGUF type -> count
+    of the linear weights)."""
+    stored = sorted(t for t in (linear_types or {}) if t not in ("F32", "F16", "BF16"))
+    if (not native and not stored) or recipe is None:
         return recipe, {}, None
     from .models.gguf_native import GROUP
     from .quantize.recipes import parse_recipe
 
     spec = parse_recipe(recipe)
-    if spec.weight_format != "w4" or spec.activation != "float16":
-        return recipe, {}, None
+    if not native or spec.weight_format != "w4" or spec.activation != "float16":
+        if spec.weight_format is None or not stored:  # float weights: the exact dequantized values
+            return recipe, {}, None
+        group = f" g{spec.group}" if spec.group else ""
+        return recipe, {}, (f"lowbit: {source}: recipe {spec.text} re-quantizes the file's {'/'.join(stored)} linears "
+                            f"(dequantized exactly first) to {spec.weight_format}{group}")
     types = sorted({f.extra["gguf_type"] for f in native.values()})
     what = "/".join(types)
     explicit = re.match(r"\s*w4a16g(\d+)", recipe.lower())
@@ -86,10 +93,11 @@ def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str
     the CPU): the recipe becomes w4a16g32 and those weights are uploaded as their quantized fields instead of
     being re-quantized from their dequantized values (choose_stored). Prints what happened once."""
     from .models import gguf_native
-    native = getattr(loaded, "native_fields", None)
-    if not native:
+    native = getattr(loaded, "native_fields", None) or {}
+    linear_types = getattr(loaded, "linear_types", None) or {}
+    if not native and not linear_types:
         return recipe
-    recipe, chosen, note = choose_stored(native, recipe, device, loaded.source)
+    recipe, chosen, note = choose_stored(native, recipe, device, loaded.source, linear_types)
     if chosen:
         loaded.fields = chosen
         for name in chosen:

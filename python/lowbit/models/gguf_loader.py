@@ -209,11 +209,16 @@ def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
     names = [n for n in by_name if n != _ROPE_FREQS]
     tensors: dict[str, np.ndarray] = {}
     native: dict = {}
+    linear_types: dict[str, int] = {}
     step = max(1, len(names) // 10)
     for k, gguf_name in enumerate(names):
         hf = _hf_name(gguf_name, config.num_layers, path)
         w = _dequantize(by_name[gguf_name], path)
-        fields = gguf_native.native_fields(by_name[gguf_name], path) if gguf_name.endswith(_LINEARS) else None
+        fields = None
+        if gguf_name.endswith(_LINEARS):
+            kind = _type_name(by_name[gguf_name])
+            linear_types[kind] = linear_types.get(kind, 0) + 1
+            fields = gguf_native.native_fields(by_name[gguf_name], path)
         heads = None
         if permuted and ".attn_q." in gguf_name:
             heads = config.num_heads
@@ -235,4 +240,4 @@ def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
     gen = {v: meta[f"general.sampling.{k}"] for k, v in _SAMPLING_KEYS.items() if f"general.sampling.{k}" in meta}
     return LoadedModel(config=config, tensors=tensors, tokenizer=tokenizer,
                        chat_template=tokenizer.chat_template, generation_defaults=gen, source=str(path),
-                       native_fields=native, head_type=_type_name(by_name.get("output.weight") or by_name["token_embd.weight"]))
+                       native_fields=native, linear_types=linear_types, head_type=_type_name(by_name.get("output.weight") or by_name["token_embd.weight"]))

@@ -24,6 +24,7 @@ class LoadedModel:
     # name; `tensors` holds their exact dequantized values too. model_loading.choose_stored decides which are used.
     native_fields: dict = field(default_factory=dict)
     head_type: str = ""  # the GGUF type of the output layer (token_embd when tied), e.g. "Q8_0"; "" elsewhere
+    linear_types: dict = field(default_factory=dict)  # GGUF type name -> number of linear weights stored in it
     # The quantized linears uploaded as they are (QuantFields by HF name; their names are not in `tensors`).
     fields: dict = field(default_factory=dict)
 
