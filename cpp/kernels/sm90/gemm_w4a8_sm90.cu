@@ -47,9 +47,8 @@ struct Config {
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
-  static constexpr int kOutRow = kRows + 8;  // halves per staged f16 output row (272 bytes: conflict-free)
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
-  static_assert(BT * kOutRow * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
+  static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
 
 struct Args {
@@ -156,38 +155,17 @@ __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cu
 // rows [j, j+1) * 128/split of the tile; slot r of CTA j holds split rank r's partial of that slice as
 // [warp in slice][v/4][lane] int4 (the pipeline smem is idle by then; the producer warpgroup joins
 // the two cluster barriers).
-// Barrier of the two consumer warpgroups only (id 1; 0 is __syncthreads').
-__device__ inline void consumer_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
-
-// Split 1, f16 y: the scaled tile goes through shared memory ([token][row], kOutRow halves per token)
-// and out as 16-byte segments of y's rows (scalar at the n edge or when y's rows are not aligned).
+// Split 1, f16 y: the scaled tile leaves through shared memory as 16-byte row segments.
 template <int BT>
 __device__ inline void store_tile_staged(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
                                          int lane, const int (&acc)[BT / 2]) {
-  constexpr int kOutRow = Config<BT>::kOutRow;
-  __half* out = reinterpret_cast<__half*>(smem);
-  consumer_sync();  // both warpgroups' wgmmas have completed: the pipeline smem is free
   const int r_lo = n0 + gw * 16 + (lane >> 2), r_hi = r_lo + 8;  // channel_scale holds npad rows
   const float cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f, cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
-#pragma unroll
-  for (int v = 0; v < BT / 2; ++v) {
-    const int row = gw * 16 + (lane >> 2) + ((v >> 1) & 1) * 8, token = (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
-    const float xs = m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
-    out[token * kOutRow + row] = __float2half_rn(static_cast<float>(acc[v]) * xs * (((v >> 1) & 1) ? cs_hi : cs_lo));
-  }
-  consumer_sync();
-  for (int u = gw * 32 + lane; u < BT * (kRows / 8); u += kConsumerWarps * 32) {
-    const int token = u / (kRows / 8), col = (u % (kRows / 8)) * 8;
-    const int m = m0 + token, n = n0 + col;
-    if (m >= p.m || n >= p.n) continue;
-    const __half* src = out + token * kOutRow + col;
-    __half* dst = static_cast<__half*>(p.y) + static_cast<int64_t>(m) * p.ldy + n;
-    if (vector_y && n + 8 <= p.n) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int e = 0; e < 8 && n + e < p.n; ++e) dst[e] = src[e];
-    }
-  }
+  store_rows_through_smem<kRows, BT, kConsumerWarps>(
+      smem, static_cast<__half*>(p.y), p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y, [&](int v, int token) {
+        const float xs = m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
+        return __float2half_rn(static_cast<float>(acc[v]) * xs * (((v >> 1) & 1) ? cs_hi : cs_lo));
+      });
 }
 
 template <int BT>
@@ -203,30 +181,12 @@ __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* 
     for (int v = 0; v < kR; ++v) store_acc(p, n0, m0, gw, lane, v, acc[v]);
     return;
   }
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int slice_warps = kConsumerWarps / split;
-  constexpr int kWarpAccs = kR * 32;
-  int4* slots = reinterpret_cast<int4*>(smem);
-  cluster.sync();  // every CTA's pipeline smem is idle
-  const int j = gw / slice_warps, lw = gw % slice_warps;
-  int4* dst = cluster.map_shared_rank(slots, j) + ((rank * slice_warps + lw) * kWarpAccs) / 4 + lane;
-#pragma unroll
-  for (int v = 0; v < kR; v += 4) dst[(v / 4) * 32] = int4{acc[v], acc[v + 1], acc[v + 2], acc[v + 3]};
-  cluster.sync();  // all partials have landed
-  const int slice_quads = slice_warps * kWarpAccs / 4;
-  for (int u = gw * 32 + lane; u < slice_quads; u += kConsumerWarps * 32) {
-    int4 sum = slots[u];
-    for (int r = 1; r < split; ++r) {
-      const int4 c = slots[r * slice_quads + u];
-      sum.x += c.x, sum.y += c.y, sum.z += c.z, sum.w += c.w;
-    }
-    const int w = rank * slice_warps + u / (kWarpAccs / 4), v = ((u % (kWarpAccs / 4)) / 32) * 4, ln = u % 32;
+  reduce_split_k<kConsumerWarps, int4>(smem, gw, lane, rank, split, acc, [&](int w, int ln, int v, int4 sum) {
     store_acc(p, n0, m0, w, ln, v, sum.x);
     store_acc(p, n0, m0, w, ln, v + 1, sum.y);
     store_acc(p, n0, m0, w, ln, v + 2, sum.z);
     store_acc(p, n0, m0, w, ln, v + 3, sum.w);
-  }
+  });
 }
 #endif  // LOWBIT_SM90_DEVICE
 
@@ -326,27 +286,12 @@ void launch(const W4A8Problem& p, int forced_split, cudaStream_t stream) {
   const int k_blocks = (p.k + kBK - 1) / kBK;
 
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmem;
   cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  // CTAs resident at once for split 1, 2, 4, 8 (a cluster of `split` CTAs must fit in one GPC).
   static std::atomic<int> slot_cache[4] = {};
   int slots[4];
-  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
-    slots[i] = slot_cache[i].load();
-    if (slots[i] == 0) {
-      cfg.gridDim = dim3(8, 1, s);
-      attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = s;
-      int clusters = 0;
-      LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-      slots[i] = std::max(1, clusters) * s;
-      slot_cache[i].store(slots[i]);
-    }
-  }
+  resident_ctas_per_split(op, kernel, cfg, slot_cache, slots);
   int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_blocks, slots);
   while (split > k_blocks) split /= 2;  // each CTA needs a k block
 
@@ -355,9 +300,13 @@ void launch(const W4A8Problem& p, int forced_split, cudaStream_t stream) {
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   LOWBIT_CHECK(tiles_n <= 65535, op, ": n=", p.n, " is too large for the sm90 kernel's grid");
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = static_cast<unsigned>(split);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
   LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, map_x, map_w, args));
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
@@ -365,24 +314,8 @@ void launch(const W4A8Problem& p, int forced_split, cudaStream_t stream) {
 }  // namespace
 
 bool gemm_w4a8_sm90_usable(int device) {
-  static std::atomic<int> cache[64] = {};  // 0 unknown, 1 yes, 2 no
-  if (device < 0 || device >= 64) return false;
-  int v = cache[device].load();
-  if (v == 0) {
-    const char* op = "gemm_w4a8";
-    int major = 0, minor = 0;
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    bool ok = major == 9 && minor == 0 && encode_tiled() != nullptr;
-    if (ok) {
-      cudaFuncAttributes fa{};
-      ok = cudaFuncGetAttributes(&fa, gemm_w4a8_sm90_kernel<256>) == cudaSuccess;
-      (void)cudaGetLastError();  // a missing image is an answer here, not an error to keep
-    }
-    v = ok ? 1 : 2;
-    cache[device].store(v);
-  }
-  return v == 1;
+  static std::atomic<int> cache[64] = {};
+  return kernel_usable_on("gemm_w4a8", device, gemm_w4a8_sm90_kernel<256>, cache);
 }
 
 // 128-token tiles up to 128 tokens, 256 beyond (one dequantized fragment feeds twice the tokens).

@@ -4,9 +4,13 @@
 // K-major 128B-swizzle shared-memory descriptor (device side, compiled only for sm_90a); the TMA map
 // encoder and the split-K cluster size pick (host side).
 #pragma once
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
 #include <cuda.h>  // CUtensorMap (the encode function is fetched through the runtime; no -lcuda)
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "lowbit/cuda/check.h"
@@ -120,6 +124,71 @@ __device__ inline uint64_t smem_desc(uint32_t addr) {
   "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "     \
   "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
+// Barrier of the two consumer warpgroups only (id 1; 0 is __syncthreads').
+__device__ inline void consumer_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+// Unsplit f16 epilogue of the weight-stationary GEMMs: each consumer lane writes its accumulators, as value(v)
+// gives them in f16 (scales applied there), to a [token][row] tile in the idle pipeline smem (kRows + 8 halves per
+// token: conflict-free), then the consumer warps copy y's rows out in 16-byte segments (scalar at the n edge or
+// when y's rows are not 16-byte aligned). Accumulator v of lane `lane` in warp gw is weight row gw*16 + lane/4
+// (+8 when v%4 >= 2) and token (v/4)*8 + 2*(lane%4) + v%2 (the wgmma layout).
+template <int kRows, int kTokens, int kConsumerWarps, class Value>
+__device__ inline void store_rows_through_smem(uint8_t* smem, __half* y, int64_t ldy, int m, int n, int m0, int n0,
+                                               int gw, int lane, bool vector_y, const Value& value) {
+  constexpr int kOutRow = kRows + 8;
+  __half* out = reinterpret_cast<__half*>(smem);
+  consumer_sync();  // both warpgroups' wgmmas have completed: the pipeline smem is free
+#pragma unroll
+  for (int v = 0; v < kTokens / 2; ++v) {
+    const int row = gw * 16 + (lane >> 2) + ((v >> 1) & 1) * 8, token = (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+    out[token * kOutRow + row] = value(v, token);
+  }
+  consumer_sync();
+  for (int u = gw * 32 + lane; u < kTokens * (kRows / 8); u += kConsumerWarps * 32) {
+    const int token = u / (kRows / 8), col = (u % (kRows / 8)) * 8;
+    const int mi = m0 + token, ni = n0 + col;
+    if (mi >= m || ni >= n) continue;
+    const __half* src = out + token * kOutRow + col;
+    __half* dst = y + static_cast<int64_t>(mi) * ldy + ni;
+    if (vector_y && ni + 8 <= n) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && ni + e < n; ++e) dst[e] = src[e];
+    }
+  }
+}
+
+// Split-K epilogue of the weight-stationary GEMMs (gemm_w4a8_sm90.cu, gemm_w4a16_sm90.cu): the `split` CTAs of a
+// cluster along z each hold a partial 128-row x (2 kR)-token tile in kConsumerWarps consumer warps (wgmma
+// accumulator layout, kR values per lane). Split rank j reduces rows [j, j+1) * 128/split: slot r of CTA j
+// receives rank r's partial of that slice as [warp in slice][v/4][lane] quads (the pipeline smem is idle by
+// then), summed in rank order (the same sums every run); store(warp, lane, v, quad) writes accumulators v..v+3
+// of that warp's lane. Consumer threads call it; the producer warpgroup joins its two cluster barriers on its own.
+template <int kConsumerWarps, class Quad, int kR, class Acc, class Store>
+__device__ inline void reduce_split_k(uint8_t* smem, int gw, int lane, int rank, int split, const Acc (&acc)[kR],
+                                      const Store& store) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int slice_warps = kConsumerWarps / split;
+  constexpr int kWarpAccs = kR * 32;
+  Quad* slots = reinterpret_cast<Quad*>(smem);
+  cluster.sync();  // every CTA's pipeline smem is idle
+  const int j = gw / slice_warps, lw = gw % slice_warps;
+  Quad* dst = cluster.map_shared_rank(slots, j) + ((rank * slice_warps + lw) * kWarpAccs) / 4 + lane;
+#pragma unroll
+  for (int v = 0; v < kR; v += 4) dst[(v / 4) * 32] = Quad{acc[v], acc[v + 1], acc[v + 2], acc[v + 3]};
+  cluster.sync();  // all partials have landed
+  const int slice_quads = slice_warps * kWarpAccs / 4;
+  for (int u = gw * 32 + lane; u < slice_quads; u += kConsumerWarps * 32) {
+    Quad sum = slots[u];
+    for (int r = 1; r < split; ++r) {
+      const Quad c = slots[r * slice_quads + u];
+      sum.x += c.x, sum.y += c.y, sum.z += c.z, sum.w += c.w;
+    }
+    store(rank * slice_warps + u / (kWarpAccs / 4), u % 32, ((u % (kWarpAccs / 4)) / 32) * 4, sum);
+  }
+}
+
 // 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) completing on `bar`.
 __device__ inline void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
   asm volatile(
@@ -187,6 +256,50 @@ inline CUtensorMap make_packed_weight_map(const char* op, const uint8_t* base, i
 // 8-bit activations (s8 or e4m3 bytes), rows `ld` bytes apart.
 inline CUtensorMap make_map(const char* op, const int8_t* base, int rows, int k, int64_t ld, int box_rows) {
   return make_map_2d(op, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, k, ld, box_rows);
+}
+
+// CTAs of `kernel` resident at once when launched in clusters of 1, 2, 4 and 8 CTAs along z (a cluster must
+// fit in one GPC), measured once per kernel instantiation into `cache` (cfg: the launch's block size and smem).
+template <class Kernel>
+void resident_ctas_per_split(const char* op, Kernel kernel, cudaLaunchConfig_t cfg, std::atomic<int> (&cache)[4],
+                             int (&slots)[4]) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
+    slots[i] = cache[i].load();
+    if (slots[i] == 0) {
+      cfg.gridDim = dim3(8, 1, s);
+      attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = s;
+      int clusters = 0;
+      LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      slots[i] = std::max(1, clusters) * s;
+      cache[i].store(slots[i]);
+    }
+  }
+}
+
+// Whether `device` is an sm_90 whose driver encodes tensor maps and this library holds the sm_90a image of
+// `kernel` (asked once per device into `cache`: 0 unknown, 1 yes, 2 no).
+template <class Kernel>
+bool kernel_usable_on(const char* op, int device, Kernel kernel, std::atomic<int> (&cache)[64]) {
+  if (device < 0 || device >= 64) return false;
+  int v = cache[device].load();
+  if (v == 0) {
+    int major = 0, minor = 0;
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    bool ok = major == 9 && minor == 0 && encode_tiled() != nullptr;
+    if (ok) {
+      cudaFuncAttributes fa{};
+      ok = cudaFuncGetAttributes(&fa, kernel) == cudaSuccess;
+      (void)cudaGetLastError();  // a missing image is an answer here, not an error to keep
+    }
+    v = ok ? 1 : 2;
+    cache[device].store(v);
+  }
+  return v == 1;
 }
 
 // Split-K factor (cluster size): fewest waves x k blocks per CTA, plus a fixed cost per tile and
