@@ -68,6 +68,8 @@ def test_w4a16_keeps_the_files_grid_and_matches_the_float_weights(tmp_path, qtyp
     assert err_stored < 1e-5, err_stored            # same weights, f32 sums in another order
     assert err_requant > 100 * err_stored, (err_requant, err_stored)  # g128 re-quantization really differs
     assert stored.num_parameters == exact.num_parameters
+    from lowbit.info import format_info, model_info
+    assert f"loaded      {path}: " in format_info(model_info(stored))  # `lowbit info` says what was kept
 
 
 def test_choose_gpu_mixed_and_other_recipes():
