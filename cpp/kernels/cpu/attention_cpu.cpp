@@ -72,9 +72,9 @@ struct Context {
   int64_t Hq, Hkv, G, D, bs;
   ScalarType k_type, v_type;
   bool k_per_channel;
-  const uint8_t *k_base, *v_base;
-  const float *kp_base, *vp_base;
-  int64_t k_row_bytes, v_row_bytes;
+  const uint8_t* v_base;  // K goes through load_k_block_rows (per-channel K and its window)
+  const float* vp_base;
+  int64_t v_row_bytes;
 };
 
 void store_output(const Context& c, const WorkItem& w, int64_t r, const float* row) {
@@ -188,7 +188,6 @@ void merge_parts(const Context& c, const WorkItem& w, int64_t count, Partials& p
 void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                          Tensor& out, int64_t max_keys_per_item) {
   const KVCacheConfig& cfg = cache.config();
-  const Tensor& kp = cache.k_params(layer);
   const Tensor& vp = cache.v_params(layer);
   const Context c{cache,
                   layer,
@@ -204,11 +203,8 @@ void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const
                   cfg.k_type,
                   cfg.v_type,
                   cfg.k_per_channel,
-                  static_cast<const uint8_t*>(cache.k_data(layer).data_ptr()),
                   static_cast<const uint8_t*>(cache.v_data(layer).data_ptr()),
-                  kp.defined() ? kp.data<float>() : nullptr,
                   vp.defined() ? vp.data<float>() : nullptr,
-                  bytes_for(cfg.k_type, cfg.head_dim),
                   bytes_for(cfg.v_type, cfg.head_dim)};
 
   std::vector<WorkItem> items;
