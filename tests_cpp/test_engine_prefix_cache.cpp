@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 
+#include "engine/prefix_cache_seed.h"
 #include "lowbit/engine/engine.h"
 #include "test_model_reference.h"
 
@@ -282,6 +283,47 @@ TEST(EnginePrefixCache, PerChannelKSurvivesPreemptionAndEviction) {
   EXPECT_GT(s.preemptions, 0);
   EXPECT_GT(s.prefix_cache_hit_tokens, 0);
   EXPECT_EQ(s.num_free_blocks, s.num_blocks);
+}
+
+// The prefix cache's root key tells K/V formats and K groups apart (a cached block is only valid under the
+// format and group that wrote it), and is stable for one configuration.
+TEST(EnginePrefixCache, SeedNamesTheKVFormatAndGroup) {
+  std::map<uint64_t, std::string> seen;
+  for (const char* r : {"w16a16", "w16a16kv4", "w16a16kv2", "w16a16k4v2", "w16a16kc4v4", "w16a16kc4g32v4",
+                        "w16a16kc4g128v4", "w16a16kc2v2", "w16a16kc4v2"}) {
+    const auto m = make_model(r);
+    const KVCacheConfig c = m->kv_cache_config(8, m->kv_block_size(16));
+    const uint64_t seed = engine_detail::prefix_cache_seed(*m, c);
+    EXPECT_EQ(seed, engine_detail::prefix_cache_seed(*m, m->kv_cache_config(8, m->kv_block_size(16)))) << r;
+    EXPECT_TRUE(seen.emplace(seed, r).second) << r << " has the seed of " << seen[seed];
+  }
+}
+
+// A session keeps its partly filled last K group (and its f16 window) between turns; the next turn crosses
+// the group boundary and decodes exactly as a fresh request for the whole conversation.
+TEST(EnginePrefixCache, PerChannelKSessionKeepsItsWindowAcrossTurns) {
+  const auto model = make_model("w16a16kc4g32v4");
+  const auto prompt = random_tokens(21, 12);
+  Engine e(*model);
+  RequestOptions o = greedy(5);
+  o.session_id = 3;
+  e.add_request(1, prompt, o);
+  const auto first = run(e)[1];
+  std::vector<int32_t> follow = concat(prompt, first.tokens);
+  follow = concat(follow, random_tokens(10, 13));  // 36 tokens: the continuation fills the first group
+  const int64_t prefill_before = e.stats().prefill_tokens;
+  e.add_request(2, follow, o);
+  const auto second = run(e)[2];
+  EXPECT_EQ(e.stats().prefill_tokens - prefill_before, 10 + 1);  // only the new tokens (and the last sampled one)
+  Engine fresh(*model);
+  fresh.add_request(9, follow, greedy(5));
+  const auto want = run(fresh)[9];
+  ASSERT_EQ(want.tokens.size(), 5u);
+  ASSERT_EQ(first.tokens.size(), 5u);
+  EXPECT_EQ(second.tokens, want.tokens);
+  for (size_t i = 0; i < want.logprobs.size(); ++i) EXPECT_NEAR(second.logprobs[i], want.logprobs[i], 1e-4) << i;
+  e.end_session(3);
+  EXPECT_EQ(e.stats().num_free_blocks, e.stats().num_blocks);
 }
 
 }  // namespace
