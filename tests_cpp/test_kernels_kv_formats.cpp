@@ -215,7 +215,7 @@ class Harness {
   }
   // Runs attention for the last q_len[i] tokens of each sequence; checks against float64 attention.
   void check_attention(const std::vector<const RefSeq*>& seqs, const std::vector<int>& q_lens, int hq,
-                       std::mt19937& rng, double tol) {
+                       std::mt19937& rng, double tol, int64_t max_keys_per_item = 0) {
     const int64_t G = hq / hkv_;
     AttentionMeta meta;
     int64_t T = 0, max_blocks = 1;
@@ -235,11 +235,23 @@ class Harness {
     Tensor out = Tensor::empty({T, hq, D_}, ScalarType::f32);
     out.fill_bytes_(0xff);
     const double scale = 1.0 / std::sqrt(double(D_));
-    cpu::paged_attention_cpu(q, *cache_, kLayer, meta, float(scale), out, /*max_keys_per_item=*/0);
+    cpu::paged_attention_cpu(q, *cache_, kLayer, meta, float(scale), out, max_keys_per_item);
     double worst = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       const RefSeq& s = *seqs[i];
       const int64_t kl = int64_t(s.k.size());
+      // The reference cache of this sequence, decoded once: K as seen by a query at the last position (every
+      // full block quantized), K in f16 (the window view of blocks a query sees before they fill), and V.
+      const int64_t HD = int64_t(hkv_) * D_;
+      std::vector<double> k_last(size_t(kl * HD)), k_win(size_t(kl * HD)), v_ref(size_t(kl * HD));
+      for (int64_t p = 0; p < kl; ++p)
+        for (int hh = 0; hh < hkv_; ++hh)
+          for (int d = 0; d < D_; ++d) {
+            const size_t at = size_t(p * HD + hh * D_ + d);
+            k_last[at] = ref_k(s, kl - 1, p, hh, d);
+            k_win[at] = ref_k(s, /*qpos=*/-1, p, hh, d);  // no block is full at position -1: f16
+            v_ref[at] = ref_v(s, p, hh, d);
+          }
       for (int64_t j = 0; j < q_lens[i]; ++j) {
         const int64_t t = meta.q_start[i] + j, pos = kl - q_lens[i] + j;
         for (int64_t h = 0; h < hq; ++h) {
@@ -247,8 +259,11 @@ class Harness {
           std::vector<double> sc(size_t(pos + 1));
           double mx = -1e300;
           for (int64_t p = 0; p <= pos; ++p) {
+            // Quantized once the key's block was full at the query's position, else the f16 window.
+            const bool quantized = !f_.k_per_channel || (p / bs_ + 1) * bs_ <= pos + 1;
+            const double* kr = (quantized ? k_last.data() : k_win.data()) + p * HD + kvh * D_;
             double dot = 0;
-            for (int d = 0; d < D_; ++d) dot += double(q.data<float>()[(t * hq + h) * D_ + d]) * ref_k(s, pos, p, kvh, d);
+            for (int d = 0; d < D_; ++d) dot += double(q.data<float>()[(t * hq + h) * D_ + d]) * kr[d];
             sc[p] = dot * scale;
             mx = std::max(mx, sc[p]);
           }
@@ -256,7 +271,7 @@ class Harness {
           for (auto& x : sc) l += (x = std::exp(x - mx));
           for (int d = 0; d < D_; ++d) {
             double o = 0;
-            for (int64_t p = 0; p <= pos; ++p) o += sc[p] * ref_v(s, p, kvh, d);
+            for (int64_t p = 0; p <= pos; ++p) o += sc[p] * v_ref[size_t(p * HD + kvh * D_ + d)];
             const double got = out.data<float>()[(t * hq + h) * D_ + d];
             ASSERT_TRUE(std::isfinite(got)) << "row " << t << " head " << h;
             worst = std::max(worst, std::abs(got - o / l));
@@ -340,12 +355,15 @@ TEST_P(KvFormatCases, WindowFillsThenQuantizesExactlyAtTheBlockBoundary) {
 }
 
 // Decode, prefill from scratch, chunked prefill over a written prefix, and single tokens, at lengths
-// around the group/block boundaries, GQA groups 1, 3 and 8, head_dim 64 and 128.
+// around the group/block boundaries, GQA groups 1, 3, 8 and 16, head_dim 64, 128 and 256, and split-KV
+// parts (forced to one block) that start inside a sequence.
 TEST_P(KvFormatCases, AttentionMatchesFloat64AtEveryWindowFill) {
   const Format f = GetParam();
-  for (const auto& [hq, hkv, D, bs] : {std::tuple{3, 3, 64, 16}, std::tuple{9, 3, 64, 32}, std::tuple{8, 1, 128, 16}}) {
+  for (const auto& [hq, hkv, D, bs, split] :
+       {std::tuple{3, 3, 64, 16, 0}, std::tuple{9, 3, 64, 32, 0}, std::tuple{8, 1, 128, 16, 0},
+        std::tuple{16, 1, 256, 16, 0}, std::tuple{6, 2, 64, 16, 16}}) {
     SCOPED_TRACE(std::string(f.name) + " hq " + std::to_string(hq) + " hkv " + std::to_string(hkv) + " D " +
-                 std::to_string(D) + " bs " + std::to_string(bs));
+                 std::to_string(D) + " bs " + std::to_string(bs) + " split " + std::to_string(split));
     Harness hs(f, hkv, D, bs, 40);
     std::mt19937 rng(4 + hq);
     // (prefix written earlier, tokens of this step): decode at 1, bs-1, bs, bs+1, 3bs+5 keys;
@@ -369,7 +387,7 @@ TEST_P(KvFormatCases, AttentionMatchesFloat64AtEveryWindowFill) {
       q_lens.push_back(shape[i].second);
     }
     hs.append_step(step, rng);
-    hs.check_attention(ptrs, q_lens, hq, rng, 2e-5);
+    hs.check_attention(ptrs, q_lens, hq, rng, 2e-5, split);
   }
 }
 
