@@ -290,6 +290,7 @@ class Harness {
   std::unique_ptr<KVCache> cache_;
 };
 
+// The first four quantize K per channel (KvWindowCases runs on those).
 const Format kFormats[] = {
     {ScalarType::u4, ScalarType::u4, true, "kc4v4"},  {ScalarType::u2, ScalarType::u2, true, "kc2v2"},
     {ScalarType::u4, ScalarType::u2, true, "kc4v2"},  {ScalarType::u2, ScalarType::f16, true, "kc2v16"},
@@ -297,13 +298,15 @@ const Format kFormats[] = {
     {ScalarType::u2, ScalarType::u8, false, "k2v8"},
 };
 
+void PrintTo(const Format& f, std::ostream* os) { *os << f.name; }
+
 class KvFormatCases : public ::testing::TestWithParam<Format> {};
+class KvWindowCases : public ::testing::TestWithParam<Format> {};  // per-channel K formats only
 
 // The residual window: rows of a partly filled block stay f16 in the side store, and the token that
 // fills a block quantizes it per channel (bit-exact codes) and drops its window entry.
-TEST_P(KvFormatCases, WindowFillsThenQuantizesExactlyAtTheBlockBoundary) {
+TEST_P(KvWindowCases, WindowFillsThenQuantizesExactlyAtTheBlockBoundary) {
   const Format f = GetParam();
-  if (!f.k_per_channel) GTEST_SKIP() << "per-token K has no window";
   const int hkv = 2, D = 64, bs = 16;
   Harness hs(f, hkv, D, bs, 8);
   std::mt19937 rng(3);
@@ -433,6 +436,8 @@ TEST_P(KvFormatCases, ForkAndReuseAcrossTheBoundary) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, KvFormatCases, ::testing::ValuesIn(kFormats),
+                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(PerChannelK, KvWindowCases, ::testing::ValuesIn(kFormats, kFormats + 4),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(KvFormats, CacheRefusesBadPerChannelConfigsAndGpuFormats) {
