@@ -84,7 +84,7 @@ void bind_kernels(nb::module_& root) {
       "select_attention",
       [](const std::string& device, int sm, const std::string& phase, int head_dim, const std::string& q,
          const std::string& out, const std::string& k, const std::string& v, int gqa, int block_size,
-         const std::string& forced, bool strict) {
+         const std::string& forced, bool strict, bool k_per_channel) {
         AttnDesc d;
         d.device = Device::parse(device).kind;
         d.sm = sm;
@@ -97,6 +97,7 @@ void bind_kernels(nb::module_& root) {
         d.v_type = scalar_type_from_name(v);
         d.gqa_group = gqa;
         d.block_size = block_size;
+        if (k_per_channel) d.kv_granularity = KvGranularity::per_channel_k;
         nb::dict r = forced.empty() && !strict ? selection_dict(try_select_attention(d))
                                                : selection_dict(select_attention(d, forced, strict, "select_attention"));
         r["desc"] = d.to_string();
@@ -105,7 +106,8 @@ void bind_kernels(nb::module_& root) {
       nb::kw_only(), nb::arg("device"), nb::arg("sm") = 0, nb::arg("phase") = "prefill", nb::arg("head_dim") = 64,
       nb::arg("q") = "f32", nb::arg("out") = "", nb::arg("k") = "f32", nb::arg("v") = "f32", nb::arg("gqa") = 1,
       nb::arg("block_size") = 16, nb::arg("forced") = "", nb::arg("strict") = false,
-      "The attention kernel for a descriptor, as select_gemm.");
+      nb::arg("k_per_channel") = false,
+      "The attention kernel for a descriptor, as select_gemm (k_per_channel: K quantized per channel).");
 }
 
 }  // namespace lowbit::bindings

@@ -92,16 +92,22 @@ void bind_kv(nb::module_& m) {
 
   nb::class_<KVCache>(m, "KVCache",
                       "Per-layer paged K/V storage: data [num_blocks, num_kv_heads, block_size, head_dim] "
-                      "(u4 packed two per byte), params f32 [..., 2] = (scale, zero) for u8/u4")
+                      "(u4/u2 packed two/four per byte), params f32 [..., 2] = (scale, zero) for u8/u4/u2; with "
+                      "k_per_channel, K params are [num_blocks, num_kv_heads, 2, head_dim] (scales, zeros per channel "
+                      "of the block) and partly filled blocks keep K in an f16 residual window")
       .def(
           "__init__",
           [](KVCache* self, int num_layers, int num_kv_heads, int head_dim, int64_t num_blocks, int block_size,
-             const std::string& k_type, const std::string& v_type, const std::string& device) {
-            new (self) KVCache(
-                make_config(num_layers, num_kv_heads, head_dim, num_blocks, block_size, k_type, v_type, device));
+             const std::string& k_type, const std::string& v_type, const std::string& device, bool k_per_channel) {
+            KVCacheConfig c =
+                make_config(num_layers, num_kv_heads, head_dim, num_blocks, block_size, k_type, v_type, device);
+            c.k_per_channel = k_per_channel;
+            new (self) KVCache(c);
           },
           nb::arg("num_layers"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("num_blocks"),
-          nb::arg("block_size") = 16, nb::arg("k_type") = "f16", nb::arg("v_type") = "f16", nb::arg("device") = "cpu")
+          nb::arg("block_size") = 16, nb::arg("k_type") = "f16", nb::arg("v_type") = "f16", nb::arg("device") = "cpu",
+          nb::arg("k_per_channel") = false)
+      .def_prop_ro("k_per_channel", [](const KVCache& c) { return c.config().k_per_channel; })
       .def_prop_ro("num_layers", [](const KVCache& c) { return c.config().num_layers; })
       .def_prop_ro("num_kv_heads", [](const KVCache& c) { return c.config().num_kv_heads; })
       .def_prop_ro("head_dim", [](const KVCache& c) { return c.config().head_dim; })

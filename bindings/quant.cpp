@@ -181,11 +181,15 @@ void bind_quant(nb::module_& m) {
         d["k_bits"] = static_cast<int>(r.k_bits);
         d["v_bits"] = static_cast<int>(r.v_bits);
         d["has_kv2"] = r.has_kv2();
+        d["k_per_channel"] = r.k_per_channel;
+        d["k_group"] = r.k_group;
+        d["kv_format"] = kv_format_name(r);
         return d;
       },
       nb::arg("text"),
       "Parses a recipe such as 'w4a8kv4' into a dict: text (the canonical spelling), weight_format, weight_bits, "
-      "group, activation, activation_bits, variant ('qoq'/'liquid' for w4a8, else ''), k_bits, v_bits, has_kv2. "
+      "group, activation, activation_bits, variant ('qoq'/'liquid' for w4a8, else ''), k_bits, v_bits, has_kv2, "
+      "k_per_channel, k_group (tokens per per-channel K group, else 0), kv_format ('kv4', 'k8v4', 'kc4v4', ...). "
       "The one recipe parser: lowbit.quantize.recipes.parse_recipe wraps it. Bad recipes raise ValueError "
       "naming the recipe and the position.");
 }

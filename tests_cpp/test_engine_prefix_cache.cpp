@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 
+#include "engine/prefix_cache_seed.h"
 #include "lowbit/engine/engine.h"
 #include "test_model_reference.h"
 
@@ -206,6 +207,123 @@ TEST(EnginePrefixCache, OffByConfig) {
   EXPECT_EQ(s.prefill_tokens, 80);
   EXPECT_EQ(s.prefix_cache_hit_tokens, 0);
   EXPECT_EQ(s.prefix_cache_blocks, 0);
+}
+
+// Issue 16's formats: per-channel K (the block is the K group, so a cached block is a complete,
+// quantized group) and 2-bit KV. Caching on and off give the same tokens and logprobs, hits come in
+// whole blocks, and a block size asked for is replaced by the K group.
+class PrefixCacheNewFormats : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PrefixCacheNewFormats, OnAndOffAgreeAndHitsAreWholeGroups) {
+  const auto model = make_model(GetParam());
+  const int block = model->kv_block_size(16);
+  const auto jobs = shared_prefix_jobs();
+  EngineConfig off_cfg;
+  off_cfg.prefix_caching = false;
+  off_cfg.max_batch_tokens = 24;  // chunked prefills cut groups at other places than the hits do
+  Engine off(*model, off_cfg);
+  EngineConfig on_cfg = off_cfg;
+  on_cfg.prefix_caching = true;
+  Engine on(*model, on_cfg);
+  const auto want = run_jobs(off, jobs);
+  const auto got = run_jobs(on, jobs);
+  for (const Job& j : jobs) {
+    ASSERT_EQ(got.at(j.id).tokens, want.at(j.id).tokens) << GetParam() << " request " << j.id;
+    for (size_t i = 0; i < want.at(j.id).logprobs.size(); ++i)
+      EXPECT_NEAR(got.at(j.id).logprobs[i], want.at(j.id).logprobs[i], 1e-4) << "request " << j.id << " token " << i;
+  }
+  const EngineStats s = on.stats();
+  EXPECT_EQ(s.block_size, block);
+  // 40-token shared prefix: with 32-token groups requests 2, 3, 6 hit one block each and request 4 (32
+  // tokens) none; with 16-token blocks as for the per-token formats.
+  EXPECT_EQ(s.prefix_cache_hit_tokens, block == 32 ? 3 * 32 : 32 + 32 + 16 + 32);
+  EXPECT_EQ(s.prefill_tokens, total_prompt_tokens(jobs) - s.prefix_cache_hit_tokens);
+  EXPECT_EQ(s.num_free_blocks, s.num_blocks);
+  // And the float model decodes differently: the formats are really in use.
+  const auto plain = make_model("w16a16");
+  Engine f(*plain, off_cfg);
+  const auto fl = run_jobs(f, jobs);
+  double max_diff = 0;
+  for (const Job& j : jobs)
+    for (size_t i = 0; i < std::min(fl.at(j.id).logprobs.size(), want.at(j.id).logprobs.size()); ++i)
+      max_diff = std::max(max_diff, double(std::abs(fl.at(j.id).logprobs[i] - want.at(j.id).logprobs[i])));
+  EXPECT_GT(max_diff, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(KVFormats, PrefixCacheNewFormats,
+                         ::testing::Values("w16a16kc4g32v4", "w16a16kc2g32v2", "w16a16kv2", "w16a16k4v2"));
+
+// Per-channel K under a pool far too small: sequences are preempted (their partial groups and f16
+// windows dropped and recomputed) and forks of cached groups evicted; the tokens match an unconstrained run.
+TEST(EnginePrefixCache, PerChannelKSurvivesPreemptionAndEviction) {
+  const auto model = make_model("w16a16kc4g32v4");
+  std::vector<Job> jobs;
+  const auto system = random_tokens(26, 700);  // prompts of 29..36 tokens: decoding crosses a group
+  for (int i = 0; i < 8; ++i)
+    jobs.push_back({i + 1, concat(i % 3 == 2 ? random_tokens(9, 800 + i) : system, random_tokens(3 + i, 900 + i)),
+                    8 + i % 5, i / 2});
+  EngineConfig big;
+  big.prefix_caching = false;
+  Engine ref(*model, big);
+  const auto want = run_jobs(ref, jobs);
+  EXPECT_EQ(ref.stats().preemptions, 0);
+  EngineConfig ec;
+  ec.max_batch_tokens = 16;
+  ec.kv_cache_bytes = 3 * 32 * model->kv_bytes_per_token();  // 3 blocks of 32; the largest job needs 2
+  ec.prefix_caching = true;
+  Engine on(*model, ec);
+  const auto got = run_jobs(on, jobs);
+  for (const Job& j : jobs) {
+    EXPECT_EQ(got.at(j.id).tokens, want.at(j.id).tokens) << "request " << j.id;
+    for (size_t i = 0; i < want.at(j.id).logprobs.size(); ++i)
+      EXPECT_NEAR(got.at(j.id).logprobs[i], want.at(j.id).logprobs[i], 1e-4) << "request " << j.id << " token " << i;
+  }
+  const EngineStats s = on.stats();
+  EXPECT_EQ(s.block_size, 32);
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.prefix_cache_hit_tokens, 0);
+  EXPECT_EQ(s.num_free_blocks, s.num_blocks);
+}
+
+// The prefix cache's root key tells K/V formats and K groups apart (a cached block is only valid under the
+// format and group that wrote it), and is stable for one configuration.
+TEST(EnginePrefixCache, SeedNamesTheKVFormatAndGroup) {
+  std::map<uint64_t, std::string> seen;
+  for (const char* r : {"w16a16", "w16a16kv4", "w16a16kv2", "w16a16k4v2", "w16a16kc4v4", "w16a16kc4g32v4",
+                        "w16a16kc4g128v4", "w16a16kc2v2", "w16a16kc4v2"}) {
+    const auto m = make_model(r);
+    const KVCacheConfig c = m->kv_cache_config(8, m->kv_block_size(16));
+    const uint64_t seed = engine_detail::prefix_cache_seed(*m, c);
+    EXPECT_EQ(seed, engine_detail::prefix_cache_seed(*m, m->kv_cache_config(8, m->kv_block_size(16)))) << r;
+    EXPECT_TRUE(seen.emplace(seed, r).second) << r << " has the seed of " << seen[seed];
+  }
+}
+
+// A session keeps its partly filled last K group (and its f16 window) between turns; the next turn crosses
+// the group boundary and decodes exactly as a fresh request for the whole conversation.
+TEST(EnginePrefixCache, PerChannelKSessionKeepsItsWindowAcrossTurns) {
+  const auto model = make_model("w16a16kc4g32v4");
+  const auto prompt = random_tokens(21, 12);
+  Engine e(*model);
+  RequestOptions o = greedy(5);
+  o.session_id = 3;
+  e.add_request(1, prompt, o);
+  const auto first = run(e)[1];
+  std::vector<int32_t> follow = concat(prompt, first.tokens);
+  follow = concat(follow, random_tokens(10, 13));  // 36 tokens: the continuation fills the first group
+  const int64_t prefill_before = e.stats().prefill_tokens;
+  e.add_request(2, follow, o);
+  const auto second = run(e)[2];
+  EXPECT_EQ(e.stats().prefill_tokens - prefill_before, 10 + 1);  // only the new tokens (and the last sampled one)
+  Engine fresh(*model);
+  fresh.add_request(9, follow, greedy(5));
+  const auto want = run(fresh)[9];
+  ASSERT_EQ(want.tokens.size(), 5u);
+  ASSERT_EQ(first.tokens.size(), 5u);
+  EXPECT_EQ(second.tokens, want.tokens);
+  for (size_t i = 0; i < want.logprobs.size(); ++i) EXPECT_NEAR(second.logprobs[i], want.logprobs[i], 1e-4) << i;
+  e.end_session(3);
+  EXPECT_EQ(e.stats().num_free_blocks, e.stats().num_blocks);
 }
 
 }  // namespace

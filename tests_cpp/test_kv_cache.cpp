@@ -98,16 +98,17 @@ TEST(KvCache, CopyBlockCopiesEveryLayerDataAndParams) {
 TEST(KvCache, ConfigErrorsNameTheField) {
   ErrorKind kind{};
   auto c = make_config(ScalarType::u2, ScalarType::f16);
+  c.device = Device::cuda(0);  // 2-bit KV is CPU only: refused before any memory is taken
   std::string msg = error_of([&] { KVCache x(c); }, &kind);
   EXPECT_EQ(kind, ErrorKind::kNotSupported);
-  EXPECT_NE(msg.find("k_type u2 (kv2) is not supported"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("K cache format u2 on cuda:0: there is no GPU kernel for it yet"), std::string::npos) << msg;
   c = make_config(ScalarType::f16, ScalarType::e4m3);
   msg = error_of([&] { KVCache x(c); }, &kind);
   EXPECT_EQ(kind, ErrorKind::kType);
-  EXPECT_NE(msg.find("v_type must be one of f32, f16, bf16, u8, u4; got e4m3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("v_type must be one of f32, f16, bf16, u8, u4, u2; got e4m3"), std::string::npos) << msg;
   c = make_config(ScalarType::f16, ScalarType::u4);
   c.head_dim = 63;
-  EXPECT_NE(error_of([&] { KVCache x(c); }).find("even head_dim, got 63"), std::string::npos);
+  EXPECT_NE(error_of([&] { KVCache x(c); }).find("packs 2 values per byte and needs head_dim divisible by 2, got 63"), std::string::npos);
   c = make_config(ScalarType::f16, ScalarType::f16);
   c.num_kv_heads = 0;
   EXPECT_NE(error_of([&] { KVCache x(c); }).find("'num_kv_heads' must be positive, got 0"), std::string::npos);

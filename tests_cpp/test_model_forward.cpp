@@ -226,7 +226,12 @@ TEST(ModelErrors, BadWeightsAndConfigs) {
   ModelConfig bad = c;
   bad.num_kv_heads = 3;
   expect_error([&] { Model x(bad, "w16a16"); }, ErrorKind::kValue, {"num_kv_heads"});
-  expect_error([&] { Model x(c, "w16a16kv2"); }, ErrorKind::kNotSupported, {"2-bit"});
+  // kv2 and per-channel K run on the CPU; Model.kv_cache_config holds the per-channel K block to its group.
+  EXPECT_EQ(Model(c, "w16a16kv2").kv_cache_config(4, 16).k_type, ScalarType::u2);
+  Model kc(c, "w16a16kc4g32v2");
+  EXPECT_EQ(kc.kv_block_size(16), 32);
+  EXPECT_TRUE(kc.kv_cache_config(4, 32).k_per_channel);
+  expect_error([&] { kc.kv_cache_config(4, 16); }, ErrorKind::kValue, {"needs block_size = its K group 32"});
   expect_error([&] { Model x(c, "w16a16", "cpu", "s8"); }, ErrorKind::kType, {"dtype"});
   Model unfinished(c, "w16a16");
   Harness h(unfinished);

@@ -55,7 +55,39 @@ TEST(QuantRecipe, ParsesEveryForm) {
     EXPECT_EQ(again.v_bits, r.v_bits);
   }
   EXPECT_TRUE(parse_recipe("w4a16k2v8").has_kv2());
+  EXPECT_FALSE(parse_recipe("w4a16kv4").k_per_channel);
   EXPECT_FALSE(parse_recipe("w4a16k4v8").has_kv2());
+}
+
+TEST(QuantRecipe, PerChannelKWords) {
+  struct Case {
+    const char* text;
+    int k, v, group;
+    const char* canonical;
+    const char* kv_name;
+  };
+  const Case cases[] = {
+      {"w16a16kc4v4", 4, 4, 64, "w16a16kc4v4", "kc4v4"},
+      {"w16a16kc2v2", 2, 2, 64, "w16a16kc2v2", "kc2v2"},
+      {"w4a16g64kc4g32v2", 4, 2, 32, "w4a16g64kc4g32v2", "kc4g32v2"},
+      {"W4A8KC2G128V8-liquid", 2, 8, 128, "w4a8kc2g128v8-liquid", "kc2g128v8"},
+      {"w16a16kc4g64v16", 4, 16, 64, "w16a16kc4v16", "kc4v16"},
+  };
+  for (const Case& c : cases) {
+    const Recipe r = parse_recipe(c.text);
+    EXPECT_TRUE(r.k_per_channel) << c.text;
+    EXPECT_EQ(static_cast<int>(r.k_bits), c.k) << c.text;
+    EXPECT_EQ(static_cast<int>(r.v_bits), c.v) << c.text;
+    EXPECT_EQ(r.k_group, c.group) << c.text;
+    EXPECT_EQ(r.text, c.canonical) << c.text;
+    EXPECT_EQ(kv_format_name(r), c.kv_name) << c.text;
+    const Recipe again = parse_recipe(r.text);
+    EXPECT_EQ(again.k_per_channel, r.k_per_channel);
+    EXPECT_EQ(again.k_group, r.k_group);
+  }
+  EXPECT_EQ(kv_format_name(parse_recipe("w4a16k8v4")), "k8v4");
+  EXPECT_EQ(kv_format_name(parse_recipe("w4a16kv2")), "kv2");
+  EXPECT_EQ(parse_recipe("w4a16kv2").k_group, 0);
 }
 
 void expect_rejected(const std::string& text, const std::string& why) {
@@ -78,6 +110,11 @@ TEST(QuantRecipe, RejectsBadText) {
   expect_rejected("w4a2", "activation bits");
   expect_rejected("w4", "expected 'a'");
   expect_rejected("w4a16g100", "group size must be 32, 64 or 128");
+  expect_rejected("w16a16kc8v8", "per-channel K ('kc') takes 4 or 2 bits");
+  expect_rejected("w16a16kc16v4", "per-channel K ('kc') takes 4 or 2 bits");
+  expect_rejected("w16a16kc4g16v4", "K group size must be 32, 64 or 128");
+  expect_rejected("w16a16kc4", "expected 'v'");
+  expect_rejected("w16a16kcv4", "k bits must be 16, 8, 4 or 2");
   expect_rejected("w8a16g64", "4-bit weights only");
   expect_rejected("w4a16kv3", "kv bits must be 16, 8, 4 or 2");
   expect_rejected("w4a16k8", "expected 'v'");

@@ -229,8 +229,9 @@ def test_model_errors_and_info():
         fresh.set_weight("model.layers.0.self_attn.q_proj.weight", np.ones((64, 63), np.float32))
     with pytest.raises(ValueError, match="missing.*model.layers.1.mlp.up_proj.weight"):
         fresh.finalize()
-    with pytest.raises(NotImplementedError, match="2-bit"):
-        _core.Model(cfg, "w16a16kv2")
+    assert _core.Model(cfg, "w16a16kv2").info()["recipe"] == "w16a16kv2"  # 2-bit KV runs on the CPU
+    with pytest.raises(ValueError, match="K group size must be 32, 64 or 128"):
+        _core.Model(cfg, "w16a16kc4g8v4")
     with pytest.raises(ValueError, match="finalize"):
         _core.Engine(fresh)
 

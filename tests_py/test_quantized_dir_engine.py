@@ -14,6 +14,7 @@ from lowbit.llm import LLM  # noqa: E402
 from lowbit.model_loading import core_config, core_quantized_weight  # noqa: E402
 from lowbit.models import load_model_source  # noqa: E402
 from lowbit.quantize import api, parse_recipe  # noqa: E402
+from lowbit.quantize.recipes import RecipeError  # noqa: E402
 from lowbit.quantize.testing import random_tokens, tiny_llama  # noqa: E402
 
 # hidden 256 gives FMPQ two 128-channel blocks; intermediate 352 = 2 * 128 + 96 gives short last groups/blocks.
@@ -252,3 +253,29 @@ def test_fmpq_without_block_maps(tiny):
     partial.set_fmpq_block_bits("model.layers.0.mlp.down_proj.weight", np.array([8, 4, 4], np.uint8))
     with pytest.raises(ValueError, match="layer 0: FMPQ block maps were set for some linears but not all"):
         partial.finalize()
+
+
+def test_per_channel_k_recipe_with_smooth_attention_runs_in_the_engine(tmp_path, calib):
+    """`lowbit quantize` for a kc recipe calibrates with per-channel K and folds SmoothAttention into q/k weights
+    (it works for any K format); the engine runs the directory with its per-channel K cache (block = K group)."""
+    outs = {}
+    for sa in (False, True):
+        outs[sa] = tmp_path / f"kc-sa{int(sa)}"
+        _, _, manifest = api.quantize(None, "w4a16kc4g32v4", "rtn", outs[sa], calib=[calib], num_sequences=4,
+                                      seq_len=48, progress=False, loaded=tiny_llama(seed=3, **SHAPE),
+                                      smooth_attention=sa)
+        assert manifest["kv"] == {"k_bits": 4, "v_bits": 4, "mode": "channel"}
+        assert manifest["parameters"].get("smooth_attention", False) is sa
+    llms = {sa: LLM(out, progress=False) for sa, out in outs.items()}
+    ids = random_tokens(1, 40, seed=5)[0].tolist()  # crosses the first 32-token K group
+    logits = {}
+    for sa, llm in llms.items():
+        assert llm.recipe == "w4a16kc4g32v4" and llm.stats()["block_size"] == 32
+        out = llm.generate([ids], max_tokens=4, temperature=0.0, ignore_eos=True)[0]
+        assert len(out.token_ids) == 4
+        logits[sa] = np.asarray(engine_logits(llm, ids), dtype=np.float64)
+        assert np.isfinite(logits[sa]).all()
+    assert not np.array_equal(logits[False], logits[True])  # λ reached the K/Q weights
+    with pytest.raises(RecipeError, match="quantizes K per channel; kv_mode 'token' contradicts it"):
+        api.quantize(None, "w4a16kc4v4", "rtn", tmp_path / "bad", calib=[calib], num_sequences=4, seq_len=48,
+                     kv_mode="token", progress=False, loaded=tiny_llama(seed=3, **SHAPE))

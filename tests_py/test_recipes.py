@@ -31,6 +31,8 @@ TABLE = [
     ("w4a16g32k8v4", "w4a16g32k8v4", "w4", None, "w4a16"),
     ("w4a16kv2", "w4a16kv2", "w4", None, "w4a16"),
     ("w4a16k16v2", "w4a16k16v2", "w4", None, "w4a16"),
+    ("w4a16kc4v4", "w4a16kc4v4", "w4", None, "w4a16"),
+    ("w8a8kc2g32v4", "w8a8kc2g32v4", "w8", "int8", "w8a8"),
     ("w4a8", "w4a8", "qoq", "int8", "w4a8"),
     ("w4a8kv4", "w4a8kv4", "qoq", "int8", "w4a8"),
     ("w4a8-qoq", "w4a8", "qoq", "int8", "w4a8"),
@@ -56,7 +58,7 @@ def test_python_view_equals_the_cpp_fields(text, canon, fmt, act, wa):
     spec = parse_recipe(text)
     assert isinstance(spec, RecipeSpec) and spec.text == core["text"] == canon
     for name in ("text", "weight_bits", "group", "activation", "activation_bits", "variant", "k_bits", "v_bits",
-                 "has_kv2"):
+                 "has_kv2", "k_per_channel", "k_group", "kv_format"):
         assert getattr(spec, name) == core[name], name
     # 16-bit weights mean the compute dtype: C++ says f32, Python None
     assert spec.weight_format == (None if core["weight_bits"] == 16 else core["weight_format"])

@@ -57,13 +57,24 @@ for bits in (8, 4, 2):
             ROWS.append((key, "KV cache only (weights f32)", label, f"w16a16kv{bits}", "rtn",
                          dict(kv_mode=mode, smooth_attention=sa)))
 
+# The engine's per-channel K (KIVI-style, recipe word kc{bits}[g{G}]): K per channel over groups of G tokens (one
+# KV block), the newest < G tokens in f16 (the residual window), V per token. Group-size and SmoothAttention ablation.
+ENGINE_KV = "KV cache in the engine: per-channel K + f16 residual window (weights f32)"
+for word, sa in (("kc4v4", False), ("kc4g32v4", False), ("kc4g128v4", False), ("kc4v4", True), ("kc4v2", False),
+                 ("kc2v2", False), ("kc2g32v2", False), ("kc2g128v2", False), ("kc2g32v2", True), ("kc2g32v4", False)):
+    group = word.split("g")[1].split("v")[0] if "g" in word else "64"
+    ROWS.append((f"{word}{'-sa' if sa else ''}", ENGINE_KV,
+                 f"{word} (K {word[2]}-bit per channel, G {group}; V {word.split('v')[-1]}-bit per token)" +
+                 (" + SmoothAttention" if sa else ""), f"w16a16{word}", "rtn",
+                 dict(kv_mode="channel", smooth_attention=sa)))
+
 QSERVE_TABLE2 = ("QServe Table 2, Llama-3-8B WikiText2: FP16 6.14, W8A8 SmoothQuant 6.28, W4A16 AWQ 6.54, "
                  "W4A8KV4 g128 RTN 7.25 / AWQ 6.94 / QoQ 6.70.")
 
 
 def engine_perplexity(model, text_path, recipe=None):
     """The engine's perplexity of a quantized directory (or of the default model at `recipe`); None when the engine
-    refuses the recipe (NotImplementedError: e.g. per-channel K, kv2), so the row falls back to fake quantization."""
+    refuses the recipe (NotImplementedError), so the row falls back to fake quantization."""
     import lowbit
     try:
         llm = lowbit.LLM(None if model is None else str(model), recipe=recipe, num_threads=1, progress=False)
@@ -74,14 +85,16 @@ def engine_perplexity(model, text_path, recipe=None):
 
 
 def engine_can_run(row) -> bool:
-    """Rows whose recipe and KV mode the engine implements (token-wise KV of 4 bits or more)."""
+    """Rows whose recipe and KV mode the engine implements: per-token KV (16/8/4/2 bits) under a per-token recipe,
+    per-channel K under a kc recipe (its grouped per-channel K with the f16 window, not the fake-quant model's
+    whole-sequence ranges)."""
     _, _, _, recipe, _, options = row
     if recipe is None:
         return True
     from lowbit.quantize.recipes import parse_recipe
     spec = parse_recipe(recipe)
-    kv_ok = options.get("kv_mode", "token") == "token" and min(spec.k_bits, spec.v_bits) >= 4
-    return kv_ok
+    mode = options.get("kv_mode", "token")
+    return (mode == "token" and not spec.k_per_channel) or (mode == "channel" and spec.k_per_channel)
 
 
 def run_row(row, loaded, args):
@@ -147,8 +160,10 @@ def render(results, rows) -> str:
              "\"engine\" rows: `lowbit.LLM(DIR).perplexity` on the directory written by `lowbit quantize` (one "
              "thread). As in the engine, lm_head is quantized round-to-nearest in the recipe's format under "
              "weight-only recipes and kept in f16 (with float activations) under a8/a4 recipes. "
-             "\"torch fake-quant\" rows: the engine cannot run that KV mode (per-channel K, kv2); "
-             "the torch model of `lowbit.quantize` computes them (same weights and fake quantization).", "",
+             "\"torch fake-quant\" rows: the engine cannot run that KV mode (per-channel K with ranges over the whole "
+             "sequence, the fake-quant model's \"channel\" mode); the torch model of `lowbit.quantize` computes them "
+             "(same weights and fake quantization). The engine's own per-channel K (`kc` recipes: groups of G tokens, "
+             "f16 residual window) has its own section.", "",
              "| recipe / algorithm | perplexity | Δ vs f32 | computed by | quantize time (s) | notes |",
              "|---|---:|---:|---|---:|---|"]
     section = None

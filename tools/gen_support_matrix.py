@@ -20,6 +20,9 @@ DEVICES = [("cpu", "cpu", 0, "f32"), ("sm_80", "cuda", 80, "f16"), ("sm_86", "cu
 HEAD_DIMS = [64, 80, 96, 128, 256]
 KV = [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4"), ("u4", "u8")]
 GQA = [1, 4, 8, 16]
+# The KV part of a recipe (docs/recipes.md): per-token K/V at 16/8/4/2 bits, per-channel K (kc) at 4/2 bits.
+KV_FORMATS = ["kv16", "kv8", "kv4", "k8v4", "k4v8", "kv2", "k4v2", "k2v4", "k8v2", "kc4v4", "kc4v2", "kc4v8",
+              "kc2v2", "kc2v4", "kc4g32v4", "kc4g128v4", "kc2g32v2"]
 K = N = 4096  # shapes of a 7-8B layer; every registered kernel's k rule is met by k = 4096
 
 
@@ -46,6 +49,15 @@ def attention_cell(core, device: str, sm: int, dtype: str, phase: str, d: int, k
         k = v = dtype  # the CPU's kv16 cache holds the compute dtype
     return _cell(core.kernels.select_attention(device=device, sm=sm, phase=phase, head_dim=d, q=dtype, k=k, v=v,
                                                gqa=gqa))
+
+
+def kv_format_cell(core, word: str, device: str, sm: int, dtype: str, phase: str) -> str:
+    p = core.parse_recipe("w16a16" + word)
+    types = {16: dtype if device == "cpu" else "f16", 8: "u8", 4: "u4", 2: "u2"}
+    r = core.kernels.select_attention(device=device, sm=sm, phase=phase, head_dim=64, q=dtype,
+                                      k=types[p["k_bits"]], v=types[p["v_bits"]], gqa=4,
+                                      block_size=p["k_group"] or 16, k_per_channel=p["k_per_channel"])
+    return _cell(r)
 
 
 def render() -> str:
@@ -80,6 +92,17 @@ def render() -> str:
                 for k, v in KV:
                     cells = [attention_cell(core, dev, sm, dtype, phase, d, k, v, g) for g in GQA]
                     lines.append(f"| {d} | {k} / {v} | " + " | ".join(cells) + " |")
+    cpu, gpu = DEVICES[0], DEVICES[-1]
+    lines += ["", "## KV cache formats (attention at head_dim 64, GQA 4)", "",
+              "Every KV part of a recipe (docs/recipes.md). `kc` = K per channel over groups of G tokens (the KV "
+              "block), with an f16 residual window; — on the GPU means the recipe is refused at load (no GPU kernel "
+              "yet), never run by a fallback.", "",
+              f"| KV part | {cpu[0]} decode | {cpu[0]} prefill | {gpu[0]} decode | {gpu[0]} prefill |",
+              "|---|---|---|---|---|"]
+    for word in KV_FORMATS:
+        cells = [kv_format_cell(core, word, dev, sm, dtype, phase) for _, dev, sm, dtype in (cpu, gpu)
+                 for phase in ("decode", "prefill")]
+        lines.append(f"| `{word}` | " + " | ".join(cells) + " |")
     lines += ["", "sm_80, sm_86 and sm_89 attention cells equal the sm_90 ones (the sm80-family kernels serve them all).",
               "", "These tables are those of a default build (every attention instance). A build configured with "
               "`LOWBIT_ATTN_ALL_INSTANCES=OFF` leaves decode at head_dim 80 and 96 out, and using one there is an "

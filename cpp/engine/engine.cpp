@@ -31,6 +31,8 @@ Engine::Engine(const Model& model, const EngineConfig& config)
                cfg_.max_batch_tokens);
   LOWBIT_CHECK(cfg_.max_seqs > 0, "Engine: argument 'max_seqs' must be positive, got ", cfg_.max_seqs);
   LOWBIT_CHECK(cfg_.block_size > 0, "Engine: argument 'block_size' must be positive, got ", cfg_.block_size);
+  // Per-channel K quantizes whole blocks: its block is the recipe's K group (engine.h, docs/recipes.md).
+  cfg_.block_size = model.kv_block_size(cfg_.block_size);
   LOWBIT_CHECK(cfg_.kv_cache_bytes >= 0, "Engine: argument 'kv_cache_bytes' must be >= 0, got ", cfg_.kv_cache_bytes);
   LOWBIT_CHECK(cfg_.num_threads >= 0, "Engine: argument 'num_threads' must be >= 0, got ", cfg_.num_threads);
   LOWBIT_CHECK(cfg_.gpu_memory_fraction > 0.0 && cfg_.gpu_memory_fraction <= 1.0,

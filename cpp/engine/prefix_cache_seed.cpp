@@ -33,6 +33,7 @@ uint64_t prefix_cache_seed(const Model& model, const KVCacheConfig& cache) {
   h = hash_string(h, model.device().is_cpu() ? "cpu" : "gpu");
   h = hash_string(h, name_of(cache.k_type));
   h = hash_string(h, name_of(cache.v_type));
+  h = hash_string(h, cache.k_per_channel ? "k per channel" : "k per token");  // the K group is the block size
   h = hash_combine(h, uint64_t(cache.block_size));
   return h;
 }

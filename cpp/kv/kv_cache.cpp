@@ -2,16 +2,22 @@
 // types), laid out as documented in kv_cache.h.
 #include "lowbit/kv/kv_cache.h"
 
+#include <tuple>
+
 namespace lowbit {
 
 bool is_quantized_kv_type(ScalarType t) { return t == ScalarType::u8 || t == ScalarType::u4 || t == ScalarType::u2; }
 
 void check_kv_type(ScalarType t, const char* what) {
-  if (t == ScalarType::u2)
-    LOWBIT_NOT_SUPPORTED("KVCache: ", what, " u2 (kv2) is not supported yet; supported: f32, f16, bf16, u8, u4");
   LOWBIT_CHECK_TYPE(t == ScalarType::f32 || t == ScalarType::f16 || t == ScalarType::bf16 || t == ScalarType::u8 ||
-                        t == ScalarType::u4,
-                    "KVCache: ", what, " must be one of f32, f16, bf16, u8, u4; got ", name_of(t));
+                        t == ScalarType::u4 || t == ScalarType::u2,
+                    "KVCache: ", what, " must be one of f32, f16, bf16, u8, u4, u2; got ", name_of(t));
+}
+
+std::string kv_format_words(ScalarType t, bool per_channel, int group) {
+  std::string s = name_of(t);
+  if (per_channel) s += " per-channel (group " + std::to_string(group) + ")";
+  return s;
 }
 
 namespace {
@@ -24,14 +30,31 @@ void check_config(const KVCacheConfig& c) {
   LOWBIT_CHECK(c.num_blocks > 0, "KVCache: config 'num_blocks' must be positive, got ", c.num_blocks);
   check_kv_type(c.k_type, "k_type");
   check_kv_type(c.v_type, "v_type");
-  LOWBIT_CHECK(!is_sub_byte(c.k_type) || c.head_dim % 2 == 0, "KVCache: k_type ", name_of(c.k_type),
-               " packs two values per byte and needs an even head_dim, got ", c.head_dim);
-  LOWBIT_CHECK(!is_sub_byte(c.v_type) || c.head_dim % 2 == 0, "KVCache: v_type ", name_of(c.v_type),
-               " packs two values per byte and needs an even head_dim, got ", c.head_dim);
+  for (const auto& [t, what] : {std::pair{c.k_type, "k_type"}, std::pair{c.v_type, "v_type"}}) {
+    const int per_byte = is_sub_byte(t) ? 8 / bits_of(t) : 1;
+    LOWBIT_CHECK(c.head_dim % per_byte == 0, "KVCache: ", what, " ", name_of(t), " packs ", per_byte,
+                 " values per byte and needs head_dim divisible by ", per_byte, ", got ", c.head_dim);
+  }
+  if (c.k_per_channel)
+    LOWBIT_CHECK_TYPE(c.k_type == ScalarType::u4 || c.k_type == ScalarType::u2,
+                      "KVCache: per-channel K (k_per_channel) needs k_type u4 or u2, got ", name_of(c.k_type));
+  // No GPU kernel reads 2-bit or per-channel K yet: refuse here, before any memory is taken.
+  if (!c.device.is_cpu()) {
+    for (const auto& [t, pc, what] : {std::tuple{c.k_type, c.k_per_channel, "K"}, std::tuple{c.v_type, false, "V"}})
+      if (t == ScalarType::u2 || pc)
+        LOWBIT_NOT_SUPPORTED("KVCache: ", what, " cache format ", kv_format_words(t, pc, c.block_size), " on ",
+                             c.device.str(), ": there is no GPU kernel for it yet (CPU only); GPU formats: f16, "
+                             "bf16, u8, u4 per token");
+  }
 }
 
-int64_t bytes_per_token_one_side(ScalarType t, const KVCacheConfig& c) {
-  const int64_t params = is_quantized_kv_type(t) ? 2 * static_cast<int64_t>(sizeof(float)) : 0;
+// Per-channel K: a block's (scale, zero) rows cost 2 * head_dim floats, spread over its tokens (rounded
+// up). The f16 residual window lives outside the pool (k_residual_store.h) and is not counted.
+int64_t bytes_per_token_one_side(ScalarType t, bool per_channel, const KVCacheConfig& c) {
+  const int64_t pair = 2 * static_cast<int64_t>(sizeof(float));
+  const int64_t params = !is_quantized_kv_type(t) ? 0
+                         : per_channel            ? (pair * c.head_dim + c.block_size - 1) / c.block_size
+                                                  : pair;
   return static_cast<int64_t>(c.num_kv_heads) * (bytes_for(t, c.head_dim) + params);
 }
 
@@ -41,11 +64,14 @@ KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg) {
   check_config(cfg);
   const Shape data_shape{cfg.num_blocks, cfg.num_kv_heads, cfg.block_size, cfg.head_dim};
   const Shape param_shape{cfg.num_blocks, cfg.num_kv_heads, cfg.block_size, 2};
+  const Shape k_param_shape =
+      cfg.k_per_channel ? Shape{cfg.num_blocks, cfg.num_kv_heads, 2, cfg.head_dim} : param_shape;
   for (int l = 0; l < cfg.num_layers; ++l) {
     k_data_.push_back(Tensor::zeros(data_shape, cfg.k_type, cfg.device));
     v_data_.push_back(Tensor::zeros(data_shape, cfg.v_type, cfg.device));
-    k_params_.push_back(is_quantized_kv_type(cfg.k_type) ? Tensor::zeros(param_shape, ScalarType::f32, cfg.device)
+    k_params_.push_back(is_quantized_kv_type(cfg.k_type) ? Tensor::zeros(k_param_shape, ScalarType::f32, cfg.device)
                                                          : Tensor());
+    if (cfg.k_per_channel) k_residual_.emplace_back(cfg.num_kv_heads, cfg.block_size, cfg.head_dim);
     v_params_.push_back(is_quantized_kv_type(cfg.v_type) ? Tensor::zeros(param_shape, ScalarType::f32, cfg.device)
                                                          : Tensor());
   }
@@ -68,12 +94,26 @@ void KVCache::copy_block(int32_t src, int32_t dst) {
     copy_one(v_data_[l]);
     copy_one(k_params_[l]);
     copy_one(v_params_[l]);
+    if (cfg_.k_per_channel) k_residual_[size_t(l)].copy(src, dst);
   }
+}
+
+KResidualStore& KVCache::k_residual(int layer) {
+  return const_cast<KResidualStore&>(static_cast<const KVCache&>(*this).k_residual(layer));
+}
+
+const KResidualStore& KVCache::k_residual(int layer) const {
+  LOWBIT_CHECK(cfg_.k_per_channel, "KVCache.k_residual: the cache's K is per token (", name_of(cfg_.k_type),
+               "); only per-channel K has a residual window");
+  LOWBIT_CHECK_KIND(ErrorKind::kIndex, layer >= 0 && layer < cfg_.num_layers, "KVCache.k_residual: argument 'layer' = ",
+                    layer, " out of range [0, ", cfg_.num_layers, ")");
+  return k_residual_[size_t(layer)];
 }
 
 int64_t KVCache::bytes_per_token(const KVCacheConfig& cfg) {
   check_config(cfg);
-  return cfg.num_layers * (bytes_per_token_one_side(cfg.k_type, cfg) + bytes_per_token_one_side(cfg.v_type, cfg));
+  return cfg.num_layers * (bytes_per_token_one_side(cfg.k_type, cfg.k_per_channel, cfg) +
+                           bytes_per_token_one_side(cfg.v_type, false, cfg));
 }
 
 int64_t KVCache::total_bytes() const {

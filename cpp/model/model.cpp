@@ -115,7 +115,7 @@ Model::Model(const ModelConfig& config, const std::string& recipe, const std::st
                  : dtype_ == ScalarType::bf16                 ? WeightFormat::bf16
                                                               : WeightFormat::f16;
   pack_target_ = device_.is_cpu() ? PackTarget::cpu : PackTarget::sm80;
-  k_cache_type();  // kv2 -> NotSupported now rather than at the first step
+  k_cache_type();
   v_cache_type();
 }
 
@@ -124,9 +124,9 @@ static ScalarType kv_type_for(KVBits bits, ScalarType compute, const char* which
     case KVBits::kv16: return compute;
     case KVBits::kv8: return ScalarType::u8;
     case KVBits::kv4: return ScalarType::u4;
-    case KVBits::kv2: break;
+    case KVBits::kv2: return ScalarType::u2;  // the CPU only: the GPU refuses it at load (device_support.cpp)
   }
-  LOWBIT_NOT_SUPPORTED("Model: 2-bit ", which, " cache is not supported yet; use kv16, kv8 or kv4");
+  LOWBIT_CHECK(false, "Model: bad ", which, " cache bits ", static_cast<int>(bits));
 }
 ScalarType Model::k_cache_type() const { return kv_type_for(recipe_.k_bits, dtype_, "K"); }
 ScalarType Model::v_cache_type() const { return kv_type_for(recipe_.v_bits, dtype_, "V"); }
@@ -140,11 +140,16 @@ KVCacheConfig Model::kv_cache_config(int64_t num_blocks, int block_size) const {
   c.num_blocks = num_blocks;
   c.k_type = k_cache_type();
   c.v_type = v_cache_type();
+  c.k_per_channel = recipe_.k_per_channel;
+  LOWBIT_CHECK(!c.k_per_channel || block_size == recipe_.k_group, "Model.kv_cache_config: per-channel K (recipe '",
+               recipe_.text, "') needs block_size = its K group ", recipe_.k_group, ", got ", block_size);
   c.device = device_;
   return c;
 }
 
-int64_t Model::kv_bytes_per_token() const { return KVCache::bytes_per_token(kv_cache_config(1, 1)); }
+int Model::kv_block_size(int requested) const { return recipe_.k_per_channel ? recipe_.k_group : requested; }
+
+int64_t Model::kv_bytes_per_token() const { return KVCache::bytes_per_token(kv_cache_config(1, kv_block_size(1))); }
 
 void Model::check_not_finalized(const char* op) const {
   LOWBIT_CHECK(!finalized_, op, ": the model is already finalized");

@@ -145,6 +145,7 @@ kernels::AttnDesc describe_attention(const Tensor& q, const Tensor& out, const K
   d.out_type = out.dtype();
   d.k_type = cfg.k_type;
   d.v_type = cfg.v_type;
+  d.kv_granularity = cfg.k_per_channel ? kernels::KvGranularity::per_channel_k : kernels::KvGranularity::per_token_head;
   d.gqa_group = int(q.size(1) / cfg.num_kv_heads);
   d.block_size = cfg.block_size;
   return d;

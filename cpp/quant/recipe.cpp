@@ -8,8 +8,8 @@ namespace {
 
 constexpr const char* kValidExamples =
     "valid recipes look like w16a16, w8a16, w8a8kv8, w4a16, w4a16g64kv8, w4a8kv4, w4a8k8v4-liquid, w4a4kv4, "
-    "wfp8a16, wfp8a8 (grammar: w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k{16|8|4|2}v{16|8|4|2}] "
-    "[-{qoq|liquid}])";
+    "wfp8a16, wfp8a8 (grammar: w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k[c]{16|8|4|2}[g{32|64|128}]v{16|8|4|2}] "
+    "[-{qoq|liquid}]; per-channel K: kc4v4, kc2v2, kc4g32v2, ...)";
 
 // A cursor over the lower-cased recipe text.
 struct Cursor {
@@ -94,7 +94,16 @@ Recipe parse_recipe(const std::string& text) {
   if (c.eat("kv")) {
     r.k_bits = r.v_bits = kv_bits(c, "kv");
   } else if (c.eat("k")) {
+    r.k_per_channel = c.eat("c");
     r.k_bits = kv_bits(c, "k");
+    if (r.k_per_channel) {
+      if (r.k_bits != KVBits::kv4 && r.k_bits != KVBits::kv2) c.fail("per-channel K ('kc') takes 4 or 2 bits");
+      r.k_group = kDefaultKGroup;
+      if (c.eat("g")) {
+        r.k_group = c.number();
+        if (r.k_group != 32 && r.k_group != 64 && r.k_group != 128) c.fail("K group size must be 32, 64 or 128");
+      }
+    }
     if (!c.eat("v")) c.fail("expected 'v' (value bits) after the k part");
     r.v_bits = kv_bits(c, "v");
   }
@@ -140,13 +149,16 @@ std::string to_string(const Recipe& r) {
   s += "a" + std::to_string(activation_bits(r.activation));
   const int default_group = r.weight == WeightFormat::liquid ? 64 : 128;
   if (is_group_wise(r.weight) && r.group != default_group) s += "g" + std::to_string(r.group);
-  if (r.k_bits == r.v_bits) {
-    if (r.k_bits != KVBits::kv16) s += "kv" + std::to_string(static_cast<int>(r.k_bits));
-  } else {
-    s += "k" + std::to_string(static_cast<int>(r.k_bits)) + "v" + std::to_string(static_cast<int>(r.v_bits));
-  }
+  if (r.k_per_channel || r.k_bits != KVBits::kv16 || r.v_bits != KVBits::kv16) s += kv_format_name(r);
   if (r.weight == WeightFormat::liquid) s += "-liquid";
   return s;
+}
+
+std::string kv_format_name(const Recipe& r) {
+  const std::string kb = std::to_string(static_cast<int>(r.k_bits)), vb = std::to_string(static_cast<int>(r.v_bits));
+  if (r.k_per_channel)
+    return "kc" + kb + (r.k_group != kDefaultKGroup ? "g" + std::to_string(r.k_group) : std::string()) + "v" + vb;
+  return r.k_bits == r.v_bits ? "kv" + kb : "k" + kb + "v" + vb;
 }
 
 }  // namespace lowbit

@@ -116,10 +116,16 @@ def check_engine_can_run(loaded: LoadedModel) -> None:
     if manifest is None:
         return
     kv = manifest["kv"]
-    if (kv["k_bits"] < 16 or kv["v_bits"] < 16) and kv["mode"] != "token":
+    from . import _core
+    per_channel_k = _core.parse_recipe(manifest["recipe"])["k_per_channel"]
+    if (kv["k_bits"] < 16 or kv["v_bits"] < 16) and kv["mode"] == "channel" and not per_channel_k:
         raise NotImplementedError(
-            f"{loaded.source}: kv_mode {kv['mode']!r} ({'per-channel K ranges' if kv['mode'] == 'channel' else 'static calibrated KV ranges'}) "
-            "is not implemented by the engine, whose KV cache quantizes per token and head; re-quantize with "
+            f"{loaded.source}: kv_mode 'channel' (per-channel K ranges) was calibrated for recipe "
+            f"{manifest['recipe']!r}, whose K is per token; re-quantize with a per-channel K recipe (kc4v4, kc2v2, ...) or "
+            "--kv-mode token, or evaluate the directory with lowbit.quantize.api.fake_quant_model")
+    if (kv["k_bits"] < 16 or kv["v_bits"] < 16) and kv["mode"] not in ("token", "channel"):
+        raise NotImplementedError(
+            f"{loaded.source}: kv_mode {kv['mode']!r} (static calibrated KV ranges) is not implemented by the engine, whose KV cache quantizes per token and head; re-quantize with "
             "--kv-mode token, or evaluate the directory with lowbit.quantize.api.fake_quant_model")
 
 

@@ -49,28 +49,32 @@ struct Partials {
 };
 
 struct Scratch {
-  std::vector<float> q, acc, m, l, k, v, s;
+  std::vector<float> q, acc, m, l, k, k_window, v, s;
   void resize(int64_t rows, int64_t bs, int64_t D) {
     q.resize(rows * D);
     acc.resize(rows * D);
     m.resize(rows);
     l.resize(rows);
     k.resize(bs * D);
+    k_window.resize(bs * D);
     v.resize(bs * D);
     s.resize(rows * bs);
   }
 };
 
 struct Context {
+  const KVCache& cache;
+  int layer;
   const Tensor& q;
   Tensor& out;
   const AttentionMeta& meta;
   float scale;
   int64_t Hq, Hkv, G, D, bs;
   ScalarType k_type, v_type;
-  const uint8_t *k_base, *v_base;
-  const float *kp_base, *vp_base;
-  int64_t k_row_bytes, v_row_bytes;
+  bool k_per_channel;
+  const uint8_t* v_base;  // K goes through load_k_block_rows (per-channel K and its window)
+  const float* vp_base;
+  int64_t v_row_bytes;
 };
 
 void store_output(const Context& c, const WorkItem& w, int64_t r, const float* row) {
@@ -107,14 +111,21 @@ void run_item(const Context& c, const WorkItem& w, Scratch& sc, Partials& parts)
     const int64_t key0 = blk * bs;
     const int64_t n = std::min(bs, w.key_end - key0);  // keys of this block any row can see
     const int64_t row0 = (static_cast<int64_t>(table[blk]) * c.Hkv + w.kv_head) * bs;  // first cache row
-    load_kv_rows(c.k_base + row0 * c.k_row_bytes, c.kp_base ? c.kp_base + 2 * row0 : nullptr, c.k_type, n, D,
-                 sc.k.data());
+    // Per-channel K: a query sees the block quantized once the block was full at its own position
+    // (key0 + bs <= pos + 1), else as the f16 residual window, as token-by-token decoding would. A block
+    // filled in this step is read both ways by the step's queries (the window outlives the step).
+    const int64_t block_last = key0 + bs - 1;
+    const bool full = key0 + bs <= kv_len;
+    load_k_block_rows(c.cache, c.layer, table[blk], w.kv_head, n, full, sc.k.data());
+    const bool mixed = c.k_per_channel && full && first_pos < block_last;
+    if (mixed) load_k_block_rows(c.cache, c.layer, table[blk], w.kv_head, n, false, sc.k_window.data());
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t visible = std::min(n, first_pos + r / G - key0 + 1);  // causal: keys <= pos_r
       if (visible <= 0) continue;
       const float* qr = sc.q.data() + r * D;
       float* sr = sc.s.data() + r * bs;
-      simd::dot_rows(qr, sc.k.data(), visible, D, sr);
+      const bool window = mixed && first_pos + r / G < block_last;
+      simd::dot_rows(qr, window ? sc.k_window.data() : sc.k.data(), visible, D, sr);
       float block_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, sr[j]);
       const float m_new = std::max(sc.m[r], block_max);
@@ -177,9 +188,10 @@ void merge_parts(const Context& c, const WorkItem& w, int64_t count, Partials& p
 void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                          Tensor& out, int64_t max_keys_per_item) {
   const KVCacheConfig& cfg = cache.config();
-  const Tensor& kp = cache.k_params(layer);
   const Tensor& vp = cache.v_params(layer);
-  const Context c{q,
+  const Context c{cache,
+                  layer,
+                  q,
                   out,
                   meta,
                   scale,
@@ -190,11 +202,9 @@ void paged_attention_cpu(const Tensor& q, const KVCache& cache, int layer, const
                   cfg.block_size,
                   cfg.k_type,
                   cfg.v_type,
-                  static_cast<const uint8_t*>(cache.k_data(layer).data_ptr()),
+                  cfg.k_per_channel,
                   static_cast<const uint8_t*>(cache.v_data(layer).data_ptr()),
-                  kp.defined() ? kp.data<float>() : nullptr,
                   vp.defined() ? vp.data<float>() : nullptr,
-                  bytes_for(cfg.k_type, cfg.head_dim),
                   bytes_for(cfg.v_type, cfg.head_dim)};
 
   std::vector<WorkItem> items;

@@ -1,4 +1,5 @@
-// Paged attention on the CPU over any K/V cache type (f32/f16/bf16/u8/u4), q/out f32/f16/bf16.
+// Paged attention on the CPU over any K/V cache format (f32/f16/bf16, u8/u4/u2 per token, u4/u2 per-channel K
+// with its f16 residual window), q/out f32/f16/bf16.
 #pragma once
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/kv_cache.h"

@@ -15,6 +15,20 @@
 namespace lowbit::kernels {
 namespace {
 
+// KV formats no GPU kernel reads yet (2-bit, per-channel K: issue 16 runs them on the CPU first): every
+// GPU entry refuses them by name, so dispatch reports it and nothing falls back.
+bool gpu_kv_format_ok(const AttnDesc& d, std::string* why) {
+  if (d.kv_granularity == KvGranularity::per_channel_k)
+    return refuse(why, std::string("has no GPU kernel for per-channel K (k=") + name_of(d.k_type) +
+                           " per_channel_k) yet; it runs on the CPU"),
+           false;
+  if (d.k_type == ScalarType::u2 || d.v_type == ScalarType::u2)
+    return refuse(why, std::string("has no GPU kernel for 2-bit KV (k=") + name_of(d.k_type) + " v=" +
+                           name_of(d.v_type) + ") yet; it runs on the CPU"),
+           false;
+  return true;
+}
+
 // What both tensor-core kernels need: f16 q/out and an instance for (head_dim, K, V). The instances
 // are generated (tools/generate_attention_instances.py); one the build left out is refused with the
 // CMake option that adds it, and warp_can_run does not stand in for it.
@@ -22,6 +36,7 @@ template <size_t N>
 bool tc_common(const AttnDesc& d, std::string* why, const cuda::AttnInstance (&instances)[N]) {
   if (!on_device(DeviceKind::cuda, d.device, why)) return false;
   if (d.sm < 80) return refuse(why, "needs sm_80 or newer"), false;
+  if (!gpu_kv_format_ok(d, why)) return false;
   if (d.q_type != ScalarType::f16 || d.out_type != ScalarType::f16) return refuse(why, "needs f16 q and out"), false;
   const std::string kv = std::string("k=") + name_of(d.k_type) + " v=" + name_of(d.v_type);
   switch (cuda::instance_state(instances, d.head_dim, d.k_type, d.v_type)) {
@@ -68,6 +83,7 @@ Fit warp_can_run(const AttnDesc& d, std::string* why) {
   if (!on_device(DeviceKind::cuda, d.device, why)) return Fit::no;
   if (d.sm < 80) return refuse(why, "needs sm_80 or newer");
   if (d.head_dim <= 0 || d.head_dim > 256) return refuse(why, "head_dim 1..256");
+  if (!gpu_kv_format_ok(d, why)) return Fit::no;
   if (instance_left_out(d))
     return refuse(why, std::string("does not stand in for a tensor-core instance left out of the build (") +
                            cuda::kAttnAllInstancesHint + ")");

@@ -24,7 +24,9 @@ const char* name_of(MBucket b) {
 
 const char* name_of(AttnPhase p) { return p == AttnPhase::decode ? "decode" : "prefill"; }
 
-const char* name_of(KvGranularity g) { return "per_token_head"; }
+const char* name_of(KvGranularity g) {
+  return g == KvGranularity::per_channel_k ? "per_channel_k" : "per_token_head";
+}
 
 std::string arch_name(DeviceKind device, int sm) {
   return device == DeviceKind::cpu ? std::string("cpu") : "sm_" + std::to_string(sm);
@@ -80,6 +82,7 @@ std::string AttnDesc::to_string() const {
     << " q=" << lowbit::name_of(q_type) << " k=" << lowbit::name_of(k_type) << " v=" << lowbit::name_of(v_type)
     << " gqa" << gqa_group << " block" << block_size;
   if (out_type != q_type) s << " out=" << lowbit::name_of(out_type);
+  if (kv_granularity != KvGranularity::per_token_head) s << ' ' << name_of(kv_granularity);
   return s.str();
 }
 

@@ -19,7 +19,7 @@ namespace lowbit {
 struct EngineConfig {
   int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   int max_seqs = 64;                // sequences per step
-  int block_size = 16;              // tokens per KV block
+  int block_size = 16;              // tokens per KV block (per-channel K recipes use their K group instead)
   // KV pool bytes. 0: 512 MiB on the host; on a GPU what gpu_memory_fraction leaves after the weights
   // and workspace. Either way at most max_seqs full-length sequences.
   int64_t kv_cache_bytes = 0;

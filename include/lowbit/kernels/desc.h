@@ -43,7 +43,9 @@ const char* name_of(AttnPhase p);  // "prefill", "decode"
 
 // K/V are quantized per token per head (kv_cache.h); the granularity is a field so that a second
 // scheme (per-channel K) can be described without changing the registry.
-enum class KvGranularity : uint8_t { per_token_head };
+// How K is quantized: per token and head (every format today), or per channel over a block of tokens
+// (KIVI-style, the CPU only so far). V is always per token and head.
+enum class KvGranularity : uint8_t { per_token_head, per_channel_k };
 const char* name_of(KvGranularity g);
 
 struct AttnDesc {

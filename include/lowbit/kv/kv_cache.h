@@ -10,24 +10,39 @@
 // Integer K/V are quantized per token per head, dynamic asymmetric (QServe §4.1): over the head_dim
 // values x of one token and head, zero = min(x), scale = (max(x) - min(x)) / (2^bits - 1),
 // q = clamp(round((x - zero) / scale), 0, 2^bits - 1); a constant row stores scale 0 and q 0.
+//
+// Per-channel K (k_per_channel, KIVI-style, u4 or u2; V stays per token): the K group is exactly one block
+// (block_size = G tokens, the recipe's kc..g{G}), so the paged allocator's unit stays the block and a
+// full block is a complete, final group (prefix caching and forks need nothing new). Then
+//   k_data(l): as above (token rows of packed codes), but the codes are per channel of the block:
+//   k_params(l): f32 [num_blocks, num_kv_heads, 2, head_dim] = row 0 scales, row 1 zeros, one pair per
+//                channel over the block's G tokens (same asymmetric rule along the tokens).
+// A block is quantized when its last token is written; until then its K rows live in f16 in
+// k_residual(l) (k_residual_store.h), the residual window. A query at position t reads key block
+// [b0, b0 + G) quantized when b0 + G <= t + 1, else in f16: what token-by-token decoding would show it,
+// so a sequence of length L decodes over floor(L / G) * G quantized keys and L mod G f16 ones, and
+// chunked prefill and prefix-cache hits give the same results as decoding one token at a time.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/block_allocator.h"
+#include "lowbit/kv/k_residual_store.h"
 
 namespace lowbit {
 
-// K/V element types: f32/f16/bf16 (stored as is), u8 (kv8), u4 (kv4), u2 (kv2, reserved: not yet
-// supported by the kernels, rejected with a clear error).
+// K/V element types: f32/f16/bf16 (stored as is), u8 (kv8), u4 (kv4), u2 (kv2; CPU only).
 bool is_quantized_kv_type(ScalarType t);
 void check_kv_type(ScalarType t, const char* what);
+// "u4", "u4 per-channel (group 64)": the K/V format in words, for errors.
+std::string kv_format_words(ScalarType t, bool per_channel, int group);
 
 struct KVCacheConfig {
   int num_layers = 0, num_kv_heads = 0, head_dim = 0, block_size = 16;
   int64_t num_blocks = 0;
   ScalarType k_type = ScalarType::f32, v_type = ScalarType::f32;
+  bool k_per_channel = false;  // K per channel over each block (group = block_size); k_type u4 or u2
   Device device = Device::cpu();
 };
 
@@ -39,7 +54,11 @@ class KVCache {
   const Tensor& v_data(int layer) const { return layer_tensor(v_data_, layer, "v_data"); }
   const Tensor& k_params(int layer) const { return layer_tensor(k_params_, layer, "k_params"); }  // undefined for float K
   const Tensor& v_params(int layer) const { return layer_tensor(v_params_, layer, "v_params"); }
-  void copy_block(int32_t src, int32_t dst);  // every layer, K and V, data and params (copy-on-write)
+  // The f16 residual window of per-channel K (throws unless config().k_per_channel).
+  KResidualStore& k_residual(int layer);
+  const KResidualStore& k_residual(int layer) const;
+  // Every layer, K and V, data, params and residual rows (copy-on-write).
+  void copy_block(int32_t src, int32_t dst);
   // Bytes one token costs across all layers (data + params), for sizing the pool.
   static int64_t bytes_per_token(const KVCacheConfig& cfg);
   int64_t total_bytes() const;
@@ -54,6 +73,7 @@ class KVCache {
 
   KVCacheConfig cfg_;
   std::vector<Tensor> k_data_, v_data_, k_params_, v_params_;
+  std::vector<KResidualStore> k_residual_;  // per layer when k_per_channel
 };
 
 }  // namespace lowbit

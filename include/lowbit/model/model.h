@@ -113,6 +113,9 @@ class Model {
   ScalarType k_cache_type() const;
   ScalarType v_cache_type() const;
   KVCacheConfig kv_cache_config(int64_t num_blocks, int block_size) const;
+  // The KV block size the engine must use: the recipe's K group for per-channel K (a group is one
+  // block, kv_cache.h), else `requested`.
+  int kv_block_size(int requested) const;
   int64_t kv_bytes_per_token() const;
 
   // Summary for users: recipe, dtype, device, parameter bytes per weight group, kv bytes per token,

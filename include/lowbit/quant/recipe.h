@@ -1,6 +1,10 @@
 // A recipe is the precision plan users type: "w4a16kv8", "w4a8kv4", "w8a8k8v4", "w16a16".
 // Grammar (case-insensitive, surrounding spaces ignored; documented for users in docs/formats.md):
-//   w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k{16|8|4|2}v{16|8|4|2}] [-{qoq|liquid}]
+//   w{16|8|4|fp8} a{16|8|4} [g{32|64|128}] [kv{16|8|4|2} | k[c]{16|8|4|2}[g{32|64|128}]v{16|8|4|2}] [-{qoq|liquid}]
+// KV part: "kv4" = K and V per token at 4 bits; "k8v4" = K and V bits chosen apart, both per token;
+// "kc4v4" = K per channel (KIVI-style, 4 or 2 bits only) in groups of G tokens (default kDefaultKGroup,
+// "kc4g32v4" picks G), V per token. Per-channel K keeps the newest < G tokens of a sequence in f16 (the
+// residual window, include/lowbit/kv/kv_cache.h).
 // Meaning of the weight/activation pair:
 //   w16a16 -> compute dtype weights       w8a16 -> w8, float activations   w8a8 -> w8, per-token s8 (SmoothQuant)
 //   w4a16  -> w4 (AWQ/GPTQ groups, g128)   w4a8  -> qoq g128 ("-liquid": liquid g64), per-token s8 activations
@@ -8,8 +12,8 @@
 //   wfp8a16 -> e4m3 per-channel weights, float activations
 //   wfp8a8 -> e4m3 per-channel weights, per-token e4m3 activations (FP8 W8A8)
 // g{..} applies to 4-bit weights only; "-qoq"/"-liquid" to w4a8 only. Other pairs are rejected.
-// 16-bit parts mean the model's compute dtype (f32/f16/bf16). kv2 parses (k_bits/v_bits = kv2, has_kv2())
-// but no kernel supports it yet: the model/engine reject it with NotSupported.
+// 16-bit parts mean the model's compute dtype (f32/f16/bf16). 2-bit KV and per-channel K run on the CPU
+// engine only: the CUDA engine refuses them (no GPU kernel yet).
 #pragma once
 #include <string>
 
@@ -30,8 +34,13 @@ struct Recipe {
   int group = 0;                            // group size of group-wise weight formats, else 0
   ActivationMode activation = ActivationMode::float16;
   KVBits k_bits = KVBits::kv16, v_bits = KVBits::kv16;
+  bool k_per_channel = false;  // "kc": K quantized per channel over groups of k_group tokens
+  int k_group = 0;             // tokens per K group when k_per_channel (32, 64 or 128), else 0
   bool has_kv2() const { return k_bits == KVBits::kv2 || v_bits == KVBits::kv2; }
 };
+constexpr int kDefaultKGroup = 64;  // per-channel K group: 64 tokens (see docs/recipes.md for the choice)
+// The KV part of the spelling alone: "kv16", "kv4", "k8v4", "kc4v4", "kc2g32v2" (for errors and docs).
+std::string kv_format_name(const Recipe& r);
 Recipe parse_recipe(const std::string& text);  // throws naming the bad part and listing valid recipes
 // Canonical spelling: defaults left out (g128 for w4/qoq, g64 for liquid, kv16), "kv8" when K and V
 // agree, "-liquid" for LiquidQuant. parse_recipe(to_string(r)) == r.

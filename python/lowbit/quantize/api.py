@@ -73,20 +73,27 @@ def _search_smoothquant_alpha(base: TorchLlama, tokens: torch.Tensor, algo_cls, 
 
 def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Path | None = None,
              calib: list[str | Path] | None = None, num_sequences: int = 16, seq_len: int = 256,
-             kv_mode: str = "token", progress: bool = True, loaded=None, **options):
+             kv_mode: str | None = None, progress: bool = True, loaded=None, **options):
     """Quantize a float checkpoint. Returns (out path or None, fake-quantized TorchLlama, manifest).
 
     model: path (.gguf or HF dir) or None for the default model; `loaded` may pass a LoadedModel instead.
     calib: calibration .txt files or folders (required unless the recipe needs no calibration: rtn is still
     calibrated for KV/stat reporting, so pass it). options: act_order (gptq), alpha (smoothquant/liquid; searched
     when absent), outlier_ratio (fmpq), rotate/smooth_attention/reorder (qoq), smooth_attention (any algorithm).
+    kv_mode: the KV fake quantization seen during calibration; None follows the recipe ("channel" for
+    per-channel K recipes such as kc4v4, else "token"). SmoothAttention folds into q/k weights for any K format.
     """
     spec = parse_recipe(recipe)
     check_pair(algo, spec)
     # One thread: on a small shared CPU, OpenMP spin-waiting under contention costs more than it gains.
     torch.set_num_threads(int(os.environ.get("LOWBIT_QUANT_THREADS", "1")))
+    if kv_mode is None:
+        kv_mode = "channel" if spec.k_per_channel else "token"
     if kv_mode not in KV_MODES:
         raise RecipeError(f"lowbit quantize: kv_mode {kv_mode!r} is not one of {KV_MODES}")
+    if spec.k_per_channel and kv_mode != "channel":
+        raise RecipeError(f"lowbit quantize: recipe {spec.text!r} quantizes K per channel; kv_mode {kv_mode!r} "
+                          "contradicts it (omit kv_mode or pass 'channel')")
     if not calib:
         raise ValueError("lowbit quantize: calibration text is required (--calib FILE_OR_DIR)")
     if loaded is None:

@@ -18,8 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calib", nargs="+", required=True, help="calibration .txt files or folders")
     p.add_argument("--calib-seqs", type=int, default=16, help="number of calibration sequences (default 16)")
     p.add_argument("--calib-len", type=int, default=256, help="tokens per calibration sequence (default 256)")
-    p.add_argument("--kv-mode", default="token", choices=("token", "channel", "static"),
-                   help="KV quantization granularity (token = dynamic per token and head, the engine's)")
+    p.add_argument("--kv-mode", default=None, choices=("token", "channel", "static"),
+                   help="KV fake quantization during calibration (default: from the recipe: channel for per-channel "
+                        "K recipes such as kc4v4, else token = dynamic per token and head)")
     p.add_argument("--act-order", action="store_true", help="gptq: quantize columns by decreasing Hessian diag")
     p.add_argument("--alpha", type=float, default=None, help="smoothquant/liquid: fixed α (default: searched)")
     p.add_argument("--outlier-ratio", type=float, default=None, help="fmpq: outlier if max|x| > ratio * median")

@@ -6,7 +6,9 @@ Modes (QServe §3.2 / §4.1; BitDecoding for 2 bits):
   * "channel" keys only: asymmetric per channel of each head, over the tokens of the sequence (KIVI-style).
   * "static"  keys and values: per channel of each head, scales calibrated offline (min/max over calibration
               tokens), values clamped to that range at run time.
-Only "token" runs in the engine today; the others are evaluated here to choose a recipe.
+The engine runs "token" (recipes kv8/kv4/kv2/k8v4...) and its own grouped form of "channel" (recipes kc4v4,
+kc2g32v2...: ranges over groups of G tokens, the newest < G tokens in f16; include/lowbit/kv/kv_cache.h), which
+`lowbit quantize` calibrates with this whole-sequence "channel" mode; "static" is evaluated here only.
 """
 from __future__ import annotations
 

