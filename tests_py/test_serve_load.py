@@ -96,8 +96,8 @@ async def _stream(client, prompt: str, max_tokens: int, leave_after: int | None 
 
 
 def _run_streams(server: str, jobs: list[tuple], watch=None) -> list[tuple[str, float]]:
-    """Runs every (prompt, max_tokens[, leave_after]) job at once through one AsyncOpenAI client; `watch` is
-    called with the event loop's time every 0.2 s while they run (e.g. to sample /metrics)."""
+    """Runs every (prompt, max_tokens[, leave_after]) job at once through one AsyncOpenAI client; `watch()` is
+    called (on a worker thread) every 0.2 s while they run, e.g. to sample /metrics."""
     async def main():
         async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=600) as client:
             tasks = [asyncio.ensure_future(_stream(client, *job)) for job in jobs]
@@ -122,7 +122,7 @@ def test_64_streams_through_a_small_pool_equal_their_own_runs(server, http, llm)
     # a longer run: 16 runs give the references of 64 streams (each prompt with 4 output lengths).
     runs = [llm.generate(p, max_tokens=16, ignore_eos=True)[0].token_ids for p in prompts]
     jobs, refs = [], []
-    for i, (p, ids) in enumerate(zip(prompts, runs)):
+    for p, ids in zip(prompts, runs):
         for n in rng.sample(range(2, 17), 4):
             jobs.append((p, n))
             refs.append(llm.tokenizer.decode(ids[:n], skip_special_tokens=True))  # as the server streams

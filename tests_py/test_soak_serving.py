@@ -46,6 +46,10 @@ def test_short_soak_is_clean(tmp_path):
     idle = r["idle_after"]
     assert idle["lowbit_kv_blocks_used"] == 0 and idle["lowbit_requests_running"] == 0
     assert idle["lowbit_http_requests_in_flight"] == 0
+    server = r["server_counters"]  # the server saw the same requests (and the references before them)
+    assert server['lowbit_http_requests_total{endpoint="completions",status="disconnected"}'] == r["disconnected"]
+    assert server['lowbit_http_requests_total{endpoint="completions",status="ok"}'] == r["ok"] + 6
+    assert server.get('lowbit_http_requests_total{endpoint="completions",status="error"}', 0) == 0
     rss = r["rss"]
     assert 50 < rss["start_mb"] <= rss["max_mb"] and rss["end_mb"] <= rss["max_mb"]
     assert len(rss["samples"]) >= 20  # sampled all along, every 0.5 s

@@ -214,6 +214,10 @@ def metrics(root: str, names: tuple[str, ...]) -> dict[str, float]:
     return values
 
 
+COUNTER_SERIES = ("lowbit_preemptions_total", "lowbit_prefix_cache_hit_rate", "lowbit_prefix_cache_evictions_total",
+                  "lowbit_generation_tokens_total", 'lowbit_http_requests_total{endpoint="completions",status="ok"}',
+                  'lowbit_http_requests_total{endpoint="completions",status="disconnected"}',
+                  'lowbit_http_requests_total{endpoint="completions",status="error"}')
 IDLE_SERIES = ("lowbit_kv_blocks_used", "lowbit_kv_blocks_free", "lowbit_requests_running",
                "lowbit_requests_waiting", "lowbit_http_requests_in_flight")
 
@@ -341,6 +345,7 @@ async def soak(args, root: str, pid: int | None) -> dict[str, Any]:
     report["idle_after"] = end
     report["idle_wait_s"] = idle_wait
     report["returned_to_idle"] = all(end.get(k) == idle.get(k) for k in IDLE_SERIES)
+    report["server_counters"] = metrics(root, COUNTER_SERIES)  # the server's own view of the run (since start)
     report["rss"] = rss_report(sampler, before_load, load_start + args.warmup) if sampler else None
     return report
 
