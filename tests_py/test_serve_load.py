@@ -69,12 +69,13 @@ def _metrics(http) -> dict[str, float]:
 
 def _wait_idle(http, timeout: float = 20) -> dict[str, float]:
     deadline = time.monotonic() + timeout
+    keys = ("lowbit_kv_blocks_used", "lowbit_requests_running", "lowbit_requests_waiting",
+            "lowbit_http_requests_in_flight")
     while True:
         m = _metrics(http)
-        if (m["lowbit_kv_blocks_used"], m["lowbit_requests_running"], m["lowbit_requests_waiting"],
-                m["lowbit_http_requests_in_flight"]) == (0, 0, 0, 0):
+        if all(m[k] == 0 for k in keys):
             return m
-        assert time.monotonic() < deadline, f"the server did not go idle: {m}"
+        assert time.monotonic() < deadline, f"the server did not go idle: { {k: m[k] for k in keys} }"
         time.sleep(0.2)
 
 
