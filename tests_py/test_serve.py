@@ -105,7 +105,8 @@ def test_metrics_lists_engine_and_latency_series(http):
     text = http.get("/metrics").text
     for name in ("lowbit_requests_running", "lowbit_requests_waiting", "lowbit_kv_blocks_used",
                  "lowbit_kv_blocks_free", "lowbit_prompt_tokens_total", "lowbit_generation_tokens_total",
-                 "lowbit_time_to_first_token_seconds_bucket", "lowbit_inter_token_latency_seconds_bucket"):
+                 "lowbit_time_to_first_token_seconds_bucket", "lowbit_inter_token_latency_seconds_bucket",
+                 "lowbit_preemptions_total"):
         assert name in text
 
 

@@ -133,6 +133,9 @@ async def run_job(server, job: Job, request):
                 async for event in chunks:
                     yield event
             status = "ok"
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away mid-stream
+            status = "disconnected"
+            raise
         finally:  # also when the client disconnected: the stream is cancelled and its requests aborted
             server.release(sequences)
             server.metrics.requests.labels(endpoint, status).inc()

@@ -8,9 +8,9 @@ from prometheus_client.registry import Collector
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
-class _PrefixCacheCollector(Collector):
-    """The engine's prefix-cache counters as real prometheus counters: the engine counts, this only reports
-    the values of the last Engine.stats() read (nothing before the first scrape)."""
+class _EngineCountersCollector(Collector):
+    """The engine's own counters (prefix cache, preemptions) as real prometheus counters: the engine counts, this
+    only reports the values of the last Engine.stats() read (nothing before the first scrape)."""
 
     def __init__(self) -> None:
         self.stats: dict | None = None
@@ -32,6 +32,8 @@ class _PrefixCacheCollector(Collector):
                                 value=s["prefix_cache_blocks"])
         yield CounterMetricFamily("lowbit_prefix_cache_evictions", "Cached KV blocks evicted to hold other tokens",
                                   value=s["prefix_cache_evictions"])
+        yield CounterMetricFamily("lowbit_preemptions", "Running requests preempted (KV freed, recomputed later) "
+                                  "because the KV pool ran out", value=s["preemptions"])
 
 
 class Metrics:
@@ -43,8 +45,8 @@ class Metrics:
         self.kv_used = Gauge("lowbit_kv_blocks_used", "KV cache blocks in use", registry=r)
         self.kv_free = Gauge("lowbit_kv_blocks_free", "KV cache blocks free (cached blocks no request holds count)",
                              registry=r)
-        self.prefix_cache = _PrefixCacheCollector()
-        r.register(self.prefix_cache)
+        self.engine_counters = _EngineCountersCollector()
+        r.register(self.engine_counters)
         # The HTTP side.
         self.in_flight = Gauge("lowbit_http_requests_in_flight", "Generation requests the server holds", registry=r)
         self.requests = Counter("lowbit_http_requests", "Finished generation requests", ["endpoint", "status"],
@@ -61,5 +63,5 @@ class Metrics:
         self.waiting.set(stats["waiting"])
         self.kv_free.set(stats["num_free_blocks"])
         self.kv_used.set(stats["num_blocks"] - stats["num_free_blocks"])
-        self.prefix_cache.stats = stats
+        self.engine_counters.stats = stats
         return generate_latest(self.registry)
