@@ -55,7 +55,9 @@ def bench_lowbit(path: Path, recipe: str, prompt: list[int]) -> dict:
     from lowbit.bench import run_bench
 
     start = time.perf_counter()
-    llm = lowbit.LLM(str(path), recipe=recipe, num_threads=ARGS.threads, progress=False)
+    # The runs repeat one prompt: prefix caching would serve it from the cache and the prompt figure would not
+    # be a prefill. It is off here; tools/bench_serving.py measures what caching buys.
+    llm = lowbit.LLM(str(path), recipe=recipe, num_threads=ARGS.threads, progress=False, prefix_caching=False)
     load_s = time.perf_counter() - start
     r = run_bench(llm, prompt_tokens=len(prompt), new_tokens=ARGS.new_tokens, repeats=ARGS.repeats)
     info = llm.info()

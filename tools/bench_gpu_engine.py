@@ -46,7 +46,8 @@ def case(engine, recipe, batch, runs):
 
 def bench_lowbit(results):
     for recipe, graphs in [(r, True) for r in RECIPES] + [(r, False) for r in EAGER_RECIPES]:
-        llm = lowbit.LLM(recipe=recipe, device="cuda", dtype="f16", progress=False, cuda_graphs=graphs)
+        llm = lowbit.LLM(recipe=recipe, device="cuda", dtype="f16", progress=False, cuda_graphs=graphs,
+                         prefix_caching=False)  # repeated prompts must be prefilled, not served from the cache
         prompt = llm.tokenizer.encode(PROMPT)[:8]
         rid = 0
         for batch in BATCHES:

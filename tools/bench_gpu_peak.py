@@ -114,7 +114,9 @@ def run_batches(part, engine, recipe, fixed, candidates, run, after_error, after
 def lowbit_engine(model, batch, graphs=True):
     from lowbit import _core
     kv = model.info()["kv_bytes_per_token"] * batch * (PROMPT + NEW + KV_MARGIN)
-    return _core.Engine(model, max_batch_tokens=8192, max_seqs=batch, kv_cache_bytes=kv, cuda_graphs=graphs)
+    # Repeats reuse the prompts: without prefix caching every run prefills them (the protocol measures prefill).
+    return _core.Engine(model, max_batch_tokens=8192, max_seqs=batch, kv_cache_bytes=kv, cuda_graphs=graphs,
+                        prefix_caching=False)
 
 
 def lowbit_fits(model, batch):
