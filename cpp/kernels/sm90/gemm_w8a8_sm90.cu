@@ -424,23 +424,8 @@ void run(const char* op, const int8_t* xq, const int8_t* wq, const float* xs, co
 // True when this device is sm_90 and the 90a kernels were built into this library (the s8 and
 // e4m3 instantiations live in the same image).
 bool gemm_w8a8_sm90_usable(const char* op, int device) {
-  static std::atomic<int> cache[64] = {};  // 0 unknown, 1 yes, 2 no
-  if (device < 0 || device >= 64) return false;
-  int v = cache[device].load();
-  if (v == 0) {
-    int major = 0, minor = 0;
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    bool ok = major == 9 && minor == 0 && encode_tiled() != nullptr;
-    if (ok) {
-      cudaFuncAttributes fa{};
-      ok = cudaFuncGetAttributes(&fa, gemm_w8a8_sm90_kernel<int, 256, false, false, false, false>) == cudaSuccess;
-      (void)cudaGetLastError();  // a missing image is an answer here, not an error to keep
-    }
-    v = ok ? 1 : 2;
-    cache[device].store(v);
-  }
-  return v == 1;
+  static std::atomic<int> cache[64] = {};
+  return kernel_usable_on(op, device, gemm_w8a8_sm90_kernel<int, 256, false, false, false, false>, cache);
 }
 
 // s8 x s8: y s32 when raw.
