@@ -38,8 +38,9 @@ Tensor optional_tensor(nb::handle obj, const char* arg) {
   return obj.is_none() ? Tensor() : tensor_from_python(obj, arg);
 }
 
+// zeros: the zero points, or the mins of w = q*s + m when `mins` (pack_w4_sm80 returns either in that slot).
 PackedWeight packed_from_parts(nb::handle data, nb::handle scales, nb::handle zeros, int64_t n, int64_t k, int group,
-                               bool symmetric) {
+                               bool symmetric, bool mins = false) {
   PackedWeight p;
   p.format = WeightFormat::w4;
   p.target = PackTarget::sm80;
@@ -49,7 +50,7 @@ PackedWeight packed_from_parts(nb::handle data, nb::handle scales, nb::handle ze
   p.symmetric = symmetric;
   p.data = tensor_from_python(data, "data");
   p.scales = tensor_from_python(scales, "scales");
-  p.zeros = tensor_from_python(zeros, "zeros");
+  (mins ? p.mins : p.zeros) = tensor_from_python(zeros, mins ? "mins" : "zeros");
   return p;
 }
 
@@ -129,7 +130,7 @@ void bind_cuda(nb::module_& m) {
 
   m.def(
       "pack_w4_sm80",
-      [](nb::handle q, nb::handle scales, nb::handle zeros, int group, bool symmetric) {
+      [](nb::handle q, nb::handle scales, nb::handle zeros, int group, bool symmetric, nb::handle mins) {
         QuantizedWeight w;
         w.format = WeightFormat::w4;
         w.q = as_u4(tensor_from_python(q, "q"), "pack_w4_sm80", "q");
@@ -140,12 +141,15 @@ void bind_cuda(nb::module_& m) {
         w.symmetric = symmetric;
         w.scales = tensor_from_python(scales, "scales");
         w.zeros = optional_tensor(zeros, "zeros");
+        w.mins = optional_tensor(mins, "mins");
         const PackedWeight p = pack_sm80(w, Device::cpu());
-        return nb::make_tuple(p.data, p.scales, p.zeros);
+        return nb::make_tuple(p.data, p.scales, w.mins.defined() ? p.mins : p.zeros);
       },
       nb::arg("q"), nb::arg("scales"), nb::arg("zeros").none(), nb::arg("group"), nb::arg("symmetric") = false,
-      "Packs group-wise u4 weights (q: uint8 [n, k/2], two nibbles per byte; scales/zeros f16 [n, groups]) into "
-      "the sm80 W4A16 layout on the host: returns (data, scales, zeros)");
+      nb::arg("mins").none() = nb::none(),
+      "Packs group-wise u4 weights (q: uint8 [n, k/2], two nibbles per byte; scales/zeros f16 [n, groups]; or "
+      "mins f16 [n, groups] for w = q*s + m, with zeros None) into the sm80 W4A16 layout on the host: returns "
+      "(data, scales, zeros or mins)");
   m.def(
       "unpack_w4_sm80",
       [](nb::handle data, nb::handle scales, nb::handle zeros, int64_t n, int64_t k, int group, bool symmetric) {
@@ -172,21 +176,22 @@ void bind_cuda(nb::module_& m) {
   m.def(
       "gemm_w4a16",
       [](nb::handle x, nb::handle data, nb::handle scales, nb::handle zeros, int64_t n, int64_t k, int group,
-         nb::handle y, int split_k, nb::handle workspace, uintptr_t stream, const std::string& kernel) {
+         nb::handle y, int split_k, nb::handle workspace, uintptr_t stream, const std::string& kernel, bool mins) {
 #ifdef LOWBIT_WITH_CUDA
         const cuda::W4A16Options options = w4a16_options(kernel);
         Tensor out = tensor_from_python(y, "y");
-        cuda::gemm_w4a16(tensor_from_python(x, "x"), packed_from_parts(data, scales, zeros, n, k, group, false), out,
-                         split_k, optional_tensor(workspace, "workspace"), as_stream(stream), options);
+        cuda::gemm_w4a16(tensor_from_python(x, "x"), packed_from_parts(data, scales, zeros, n, k, group, false, mins),
+                         out, split_k, optional_tensor(workspace, "workspace"), as_stream(stream), options);
 #else
         no_cuda("gemm_w4a16");
 #endif
       },
       nb::arg("x"), nb::arg("data"), nb::arg("scales"), nb::arg("zeros"), nb::arg("n"), nb::arg("k"),
       nb::arg("group"), nb::arg("y"), nb::arg("split_k") = 0, nb::arg("workspace").none() = nb::none(),
-      nb::arg("stream") = 0, nb::arg("kernel") = "",
-      "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device). kernel: '' (small below 128 "
-      "tokens, else large), 'small', 'large', 'large:64x128', 'large:128x128' or 'large:128x256'");
+      nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("mins") = false,
+      "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device); mins: `zeros` holds the mins "
+      "of w = q*s + m. kernel: '' (small below 128 tokens, else large), 'small', 'large', 'large:64x128', "
+      "'large:128x128' or 'large:128x256'");
 
   m.def(
       "gemm_w4a16_pick_split",

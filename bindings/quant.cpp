@@ -90,7 +90,7 @@ void bind_quant(nb::module_& m) {
            "Builds a weight from tensors (copied) and validates every field. q: [n, k]; for w4/qoq/liquid either "
            "a lowbit u4 tensor or uint8 values one per byte (<= 15); for e4m3 float8_e4m3fn or its uint8 bits. "
            "`group` 0 means the format's default (128; liquid 64); formats without groups ignore it. `mins` (w4 "
-           "only, f16 [n, groups], instead of zeros): w = q*s + m, GGUF Q4_1's scale + min (CPU kernels only).")
+           "only, f16 [n, groups], instead of zeros): w = q*s + m, GGUF Q4_1's scale + min (the CPU and the GPU W4A16 kernels).")
       .def_prop_ro("format", [](const QuantizedWeight& w) { return std::string(name_of(w.format)); })
       .def_prop_ro("n", [](const QuantizedWeight& w) { return w.n; })
       .def_prop_ro("k", [](const QuantizedWeight& w) { return w.k; })

@@ -62,7 +62,9 @@ TEST_P(PackSm80RoundTrip, BitExact) {
 INSTANTIATE_TEST_SUITE_P(Shapes, PackSm80RoundTrip,
                          ::testing::Values(Shape3{16, 64, 64, false}, Shape3{1, 64, 64, false},
                                            Shape3{33, 576, 128, false},  // n tail, short last group
-                                           Shape3{48, 256, 128, true}, Shape3{7, 192, 64, false}));
+                                           Shape3{48, 256, 128, true}, Shape3{7, 192, 64, false},
+                                           Shape3{19, 192, 32, false}, Shape3{16, 128, 32, true},  // g32
+                                           Shape3{17, 640, 96, false}));  // an odd multiple of 32
 
 // What the kernel does with one 32-bit word: (w & 0x000f000f) | 0x64006400 is the f16 pair
 // (1024 + nibble0, 1024 + nibble4), the 0x00f000f0 mask gives nibbles 1 and 5 (times 16), then the
@@ -106,8 +108,8 @@ TEST(PackSm80Errors, RejectsUnsupportedShapes) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("k must be a multiple of 64, got k=96"), std::string::npos) << e.what();
   }
-  QuantizedWeight g32 = random_w4(16, 128, 32, false, 6);
-  EXPECT_THROW(pack_sm80(g32, Device::cpu()), Error);
+  QuantizedWeight g16 = random_w4(16, 128, 16, false, 6);  // groups are multiples of 32 (half a chunk)
+  EXPECT_THROW(pack_sm80(g16, Device::cpu()), Error);
   QuantizedWeight bad = random_w4(16, 128, 64, false, 7);
   bad.scales = Tensor::empty({16, 3}, ScalarType::f16);
   EXPECT_THROW(pack_sm80(bad, Device::cpu()), Error);

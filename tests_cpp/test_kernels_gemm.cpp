@@ -259,8 +259,8 @@ TEST(GemmCpu, FloatActivationsMatchFloat64ForEveryFormat) {
 }
 
 // w4 with per-group mins (GGUF Q4_1: w = q*s + m): the packed layout round-trips, the float-activation GEMM
-// matches float64 of q*s + m on odd shapes (n tails, a short last group, M on every path), and the GPU packer
-// refuses it by name.
+// matches float64 of q*s + m on odd shapes (n tails, a short last group, M on every path), and the GPU layout
+// (pack_sm80 into host memory) round-trips it too.
 TEST(GemmCpu, W4WithMinsMatchesFloat64AndRoundTrips) {
   for (const Case& c : kCases) {
     if (c.k % 2) continue;
@@ -292,14 +292,23 @@ TEST(GemmCpu, W4WithMinsMatchesFloat64AndRoundTrips) {
         }
         EXPECT_NEAR(as_float(out.y.select(0, i), r), ref, 1e-5 * mag + 1e-30) << "row " << i << " col " << r;
       }
-    if (valid_group) {
-      try {
-        pack_weight(w, PackTarget::sm80, Device::cpu());
-        ADD_FAILURE() << "pack_weight(sm80) accepted a w4 weight with mins";
-      } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("per-group mins"), std::string::npos) << e.what();
-      }
+    if (valid_group && c.k % 64 == 0) {
+      const QuantizedWeight g = unpack_sm80(pack_sm80(w, Device::cpu()));
+      expect_same_tensor(g.q, w.q, "q (sm80)");
+      expect_same_tensor(g.scales, w.scales, "scales (sm80)");
+      expect_same_tensor(g.mins, w.mins, "mins (sm80)");
+      EXPECT_FALSE(g.zeros.defined());
     }
+  }
+  {  // g32 with mins in the GPU layout: two groups per 64-k chunk, a 16-row tile tail
+    QuantizedWeight w = random_weight(WeightFormat::w4, 19, 192, 32, true);
+    w.symmetric = false;
+    w.mins = Tensor::empty({19, 6}, ScalarType::f16);
+    for (int64_t i = 0; i < w.mins.numel(); ++i) w.mins.data<uint16_t>()[i] = f32_to_f16_bits(uniform(-1.5f, 0.5f));
+    const QuantizedWeight g = unpack_sm80(pack_sm80(w, Device::cpu()));
+    expect_same_tensor(g.q, w.q, "q (sm80 g32)");
+    expect_same_tensor(g.scales, w.scales, "scales (sm80 g32)");
+    expect_same_tensor(g.mins, w.mins, "mins (sm80 g32)");
   }
   QuantizedWeight bad = random_weight(WeightFormat::w4, 4, 64, 32, false);  // zeros and mins together
   bad.mins = Tensor::empty({4, 2}, ScalarType::f16);

@@ -80,8 +80,7 @@ def test_choose_gpu_mixed_and_other_recipes():
     one = {"a": fields("Q4_1"), "b": fields("Q4_1")}
     assert choose_stored(one, "w4a16", "cpu", "f.gguf")[:2] == ("w4a16g32", one)
     assert choose_stored(one, "w4a16g32k8v4", "cpu", "f.gguf")[0] == "w4a16g32k8v4"
-    recipe, chosen, note = choose_stored(one, "w4a16", "cuda", "f.gguf")
-    assert (recipe, chosen) == ("w4a16", {}) and "no GPU kernel" in note
+    assert choose_stored(one, "w4a16kv8", "cuda", "f.gguf")[:2] == ("w4a16g32kv8", one)  # the GPU keeps g32 too
     recipe, chosen, note = choose_stored({"a": fields("Q4_0"), "b": fields("Q4_1")}, "w4a16", "cpu", "f.gguf")
     assert chosen == {} and "mixes Q4_0/Q4_1" in note
     for other in ("w16a16", None):
@@ -94,7 +93,7 @@ def test_choose_gpu_mixed_and_other_recipes():
     assert (recipe, chosen) == ("w4a16", {}) and "Q6_K linears (dequantized exactly first) to w4 g128" in note
 
 
-def test_mins_field_is_checked_and_cpu_only():
+def test_mins_field_is_checked():
     rng = np.random.default_rng(1)
     q = rng.integers(0, 16, (16, 64), dtype=np.uint8)
     s = (rng.random((16, 2)) * 0.1 + 0.01).astype(np.float16)
@@ -108,9 +107,8 @@ def test_mins_field_is_checked_and_cpu_only():
         _core.QuantizedWeight("w4", q, s, group=32, symmetric=True, mins=m)
     with pytest.raises(ValueError, match="mins"):
         _core.QuantizedWeight("w4", q, s, group=32, mins=m[:, :1])
-    for target in ("sm80", "sm90"):
-        with pytest.raises(NotImplementedError, match="per-group mins .* no GPU layout"):
-            _core.pack_weight(w, target, "cuda:0")
+    with pytest.raises(NotImplementedError, match="no sm90 layout for weight format w4"):
+        _core.pack_weight(w, "sm90", "cuda:0")  # the GPU round trip: tests_py/test_gpu_w4a16.py
 
 
 def test_smollm2_w4a16_runs_the_q4_1_file_as_stored():

@@ -92,8 +92,8 @@ def greedy_margin_violations(cpu_eng, prompts, gpu_tokens, margin):
 TOLERANCE = {"w8a8kv4": 4e-2, "wfp8a8kv8": 8e-2, "w4a8kv8": 4e-2, "w4a8kv4": 4e-2, "w4a8kv4-liquid": 4e-2}
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w8a8kv4", "w16a16kv4", "wfp8a8kv8",
-                                    "w4a8kv8", "w4a8kv4", "w4a8kv4-liquid"])
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w4a16g32kv8", "w8a8kv4", "w16a16kv4",
+                                    "wfp8a8kv8", "w4a8kv8", "w4a8kv4", "w4a8kv4-liquid"])
 def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     cpu = random_llama(recipe, "cpu", "f32")
     gpu = random_llama(recipe, "cuda", "f16")
@@ -234,8 +234,7 @@ def test_gpu_model_info_and_load_errors():
     cfg.num_heads, cfg.num_kv_heads, cfg.head_dim = 1, 1, 64
     for recipe, needle in [("w4a8g32", "recipe 'w4a8g32' .* has no GPU kernel for sm_.*group 32 has no W4A8"),
                            ("wfp8a16", "has no GPU kernel for sm_"),
-                           ("w4a4", "has no GPU kernel"), ("w8a16", "has no GPU kernel"),
-                           ("w4a16g32", "group 32 has no W4A16 GPU kernel")]:
+                           ("w4a4", "has no GPU kernel"), ("w8a16", "has no GPU kernel")]:
         with pytest.raises(NotImplementedError, match=needle):
             _core.Model(cfg, recipe, "cuda", "f16")
     with pytest.raises(NotImplementedError, match="compute in f16; dtype f32 has none: pass dtype='f16'"):
@@ -304,6 +303,26 @@ def test_smollm2_w4a16kv8_perplexity_gpu_vs_cpu():
     p_gpu = gpu.perplexity(text, window=1024, max_tokens=1024)
     report("smollm2_ppl_w4a16kv8", {"cpu_f32": p_cpu, "gpu_f16": p_gpu})
     assert math.isfinite(p_gpu) and abs(p_gpu - p_cpu) / p_cpu < 0.01
+
+
+def test_smollm2_q4_1_file_as_stored_on_the_gpu():
+    """recipe w4a16 keeps the shipped Q4_1 file's weights on the GPU as on the CPU (w4a16g32, the file's scales
+    and mins, no re-quantization): perplexity of the first 1024 tokens of gpl-3.txt within 1% of the CPU's
+    stored run (f16 vs f32 activations) and within 1% of the exact dequantized weights in f16 on the GPU
+    (the issue's bound is 0.3% on the CPU; the GPU adds the f16 rounding of each weight, ~2^-11)."""
+    smollm2_or_skip()
+    path = SHARED / "eval" / "gpl-3.txt"
+    if not path.exists():
+        pytest.skip(f"{path} is missing")
+    text = path.read_text()
+    gpu = lowbit.LLM(recipe="w4a16kv8", device="cuda", dtype="f16", progress=False)
+    assert gpu.recipe == "w4a16g32kv8" and "as stored" in gpu.load_note, gpu.load_note
+    cpu = lowbit.LLM(recipe="w4a16kv8", device="cpu", dtype="f32", progress=False)
+    exact = lowbit.LLM(recipe="w16a16kv8", device="cuda", dtype="f16", progress=False)
+    p_gpu, p_cpu, p_exact = (m.perplexity(text, window=1024, max_tokens=1024) for m in (gpu, cpu, exact))
+    report("smollm2_ppl_q4_1_stored", {"gpu_f16_stored": p_gpu, "cpu_f32_stored": p_cpu, "gpu_f16_exact": p_exact})
+    assert abs(p_gpu - p_cpu) / p_cpu < 0.01
+    assert abs(p_gpu - p_exact) / p_exact < 0.01
 
 
 @pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "w4a8kv4"])

@@ -290,3 +290,84 @@ def test_gemm_w4a16_bad_sm90_split():
     y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match="'sm90' or 'sm90:S'.*got 'sm90:3'"):
         _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="sm90:3")
+
+
+# ---- groups of 32 (GGUF Q4_0 / Q4_1 store them) and weights kept as w = q*s + m (Q4_1's mins) ----
+# A 64-k packed chunk then holds two groups (g32) or, for an odd multiple of 32 (g96), one group in one
+# half and the next in the other: every kernel reads the parameters per half chunk.
+def random_w4_mins(n, k, group, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    groups = (k + group - 1) // group
+    scales = (torch.rand(n, groups, generator=g) * 0.02 + 0.002).half()
+    mins = (-torch.rand(n, groups, generator=g) * 0.15).half()
+    return q, scales, mins
+
+
+def reference_weight_mins(q, scales, mins, k, group):
+    idx = torch.arange(k) // group
+    return unpack_nibbles(q, k).double() * scales.double()[:, idx] + mins.double()[:, idx]
+
+
+def half_chunk_problem(m, n, k, group, with_mins, seed):
+    """(x, packed on the GPU, mins flag, float64 reference y, |x|·|W|ᵀ) for a zero-point or a min weight."""
+    if with_mins:
+        q, s, mn = random_w4_mins(n, k, group, seed)
+        packed = _core.pack_w4_sm80(q, s, None, group, mins=mn)
+        w = reference_weight_mins(q, s, mn, k, group)
+    else:
+        q, s, z = random_w4(n, k, group, seed)
+        packed = _core.pack_w4_sm80(q, s, z, group)
+        w = reference_weight(q, s, z, k, group)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1)).half()
+    return x, tuple(torch.from_dlpack(t).cuda() for t in packed), x.double() @ w.T, x.double().abs() @ w.abs().T
+
+
+def gemm_forced_mins(kernel, x, packed, n, k, group, mins, split_k=0):
+    y_full = torch.full((x.shape[0], n + 1), float("nan"), dtype=torch.float16, device="cuda")
+    y = y_full[:, :n]
+    _core.gemm_w4a16(x.cuda(), *packed, n, k, group, y, split_k=split_k, kernel=kernel, mins=mins)
+    torch.cuda.synchronize()
+    assert torch.isnan(y_full[:, n:]).all(), "wrote past n"
+    return y.cpu().double()
+
+
+# m: decode tiles (1, 9), the small kernel's 64-token tile, the large / wgmma tiles (130, 300); k: one
+# group per half chunk (g32), groups straddling chunks (g96, a short last group at k = 640).
+@pytest.mark.parametrize("with_mins", [False, True])
+@pytest.mark.parametrize("m", [1, 9, 64, 130, 300])
+@pytest.mark.parametrize("n,k,group", [(272, 576, 32), (17, 4160, 32), (4103, 640, 96), (272, 2048, 32)])
+def test_gemm_w4a16_half_chunk_groups_and_mins_every_kernel(with_mins, m, n, k, group):
+    x, packed, ref, ref_abs = half_chunk_problem(m, n, k, group, with_mins, seed=m + n + k + group + with_mins)
+    y_small = gemm_forced_mins("small", x, packed, n, k, group, with_mins)
+    check(y_small, ref)
+    y_split = gemm_forced_mins("small", x, packed, n, k, group, with_mins, split_k=3)
+    check(y_split, ref)
+    kernels = ["large:64x128", "large:128x128"] + (["sm90", "sm90:2", "sm90:8"] if SM90 else [])
+    for kernel in kernels:
+        y = gemm_forced_mins(kernel, x, packed, n, k, group, with_mins)
+        check(y, ref)
+        check_same_weights(y, y_small, ref_abs)
+
+
+def test_gemm_w4a16_mins_are_not_zero_points():
+    """The mins flag changes the math (q*s + m, not (q - z)*s): a min weight read as zeros is far off, so the
+    flag reaches every kernel (a kernel ignoring it would pass only if the two readings agreed)."""
+    x, packed, ref, _ = half_chunk_problem(130, 272, 576, 32, True, seed=7)
+    for kernel in ["small", "large"] + (["sm90"] if SM90 else []):
+        wrong = gemm_forced_mins(kernel, x, packed, 272, 576, 32, False)
+        assert (wrong - ref).norm() / ref.norm() > 0.1, kernel
+        check(gemm_forced_mins(kernel, x, packed, 272, 576, 32, True), ref)
+
+
+def test_pack_sm80_round_trips_mins_and_g32():
+    """QuantizedWeight with mins (GGUF Q4_1) packs for the GPU and unpacks to the same q, scales and mins."""
+    q, s, mn = random_w4_mins(40, 192, 32, 3)
+    w = _core.QuantizedWeight("w4", unpack_nibbles(q, 192).to(torch.uint8).numpy(), s.numpy(), group=32,
+                              mins=mn.numpy())
+    back = _core.unpack_weight(_core.pack_weight(w, "sm80", "cuda:0"))
+    assert back.zeros is None and back.group == 32
+    assert torch.equal(torch.from_dlpack(back.mins), mn)
+    assert torch.equal(torch.from_dlpack(back.scales), s)
+    with pytest.raises(ValueError, match="'mins' .* without 'zeros'"):
+        _core.pack_w4_sm80(q, s, s, 32, mins=mn)

@@ -27,11 +27,13 @@ MS = [1, 16, 64, 256, 1024]
 GROUP = 128
 
 
-def ours_setup(n, k, copies, m, split=None, kernel=""):
+def ours_setup(n, k, copies, m, split=None, kernel="", group=GROUP, mins=False):
+    """lowbit W4A16 calls over `copies` weight copies; mins: the weight is kept as w = q*s + m (GGUF Q4_1)."""
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
-    s = (torch.rand(n, k // GROUP) * 0.02 + 0.002).half()
-    z = (torch.rand(n, k // GROUP) * 15).half()
-    data, ps, pz = (torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, GROUP))
+    s = (torch.rand(n, k // group) * 0.02 + 0.002).half()
+    z = (torch.rand(n, k // group) * 15).half()
+    packed = _core.pack_w4_sm80(q, s, None, group, mins=-z * s) if mins else _core.pack_w4_sm80(q, s, z, group)
+    data, ps, pz = (torch.from_dlpack(t).cuda() for t in packed)
     ws = [(data.clone(), ps.clone(), pz.clone()) for _ in range(copies)]
     split = _core.gemm_w4a16_pick_split(m, n, k, kernel=kernel) if split is None else split
     x = torch.randn(m, k, device="cuda").half()
@@ -43,8 +45,8 @@ def ours_setup(n, k, copies, m, split=None, kernel=""):
     stream = torch.cuda.current_stream
 
     def make(w):
-        return lambda: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, GROUP, ly, split, lwork,
-                                        stream().cuda_stream, kernel=kernel)
+        return lambda: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, group, ly, split, lwork,
+                                        stream().cuda_stream, kernel=kernel, mins=mins)
     return [make(w) for w in lws], split
 
 
@@ -134,6 +136,10 @@ def bench_w4a16_only(name, n, k, m, l2):
     c4 = copies_for(int4_bytes, l2)
     fns, split = ours_setup(n, k, c4, m)
     row["lowbit_w4a16_us"], row["lowbit_split_k"], row["int4_bytes"] = graph_time_us(fns), split, int4_bytes
+    del fns
+    # A GGUF Q4_1 weight as stored: groups of 32 with mins (4x the parameter bytes of g128).
+    fns, _ = ours_setup(n, k, copies_for(n * k // 2 + 2 * n * (k // 32) * 2, l2), m, group=32, mins=True)
+    row["lowbit_w4a16_g32_mins_us"] = graph_time_us(fns)
     del fns
     w4a16_forced_times(row, n, k, m, c4)
     int4_peers(row, x, n, k, c4)
@@ -418,7 +424,7 @@ def main():
                       f"(split {r['lowbit_split_k']}, {r['int4_bytes'] / (r['lowbit_w4a16_us'] * 1e3):6.0f} GB/s)  "
                       f"tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  "
                       f"gemlite {r.get('gemlite_w4a16_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}  "
-                      f"{w4a16_forced_str(r)}", flush=True)
+                      f"g32+mins {r['lowbit_w4a16_g32_mins_us']:8.1f}  {w4a16_forced_str(r)}", flush=True)
                 continue
             r = bench_shape(name, n, k, m, meta["l2_bytes"])
             r["w4_bytes_floor_us"] = r["int4_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)

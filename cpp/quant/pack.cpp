@@ -41,9 +41,6 @@ QuantizedWeight unpacked_header(const PackedWeight& p) {
 
 PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Device& device) {
   validate_quantized_weight(w, "pack_weight");
-  if (w.mins.defined() && target != PackTarget::cpu)
-    LOWBIT_NOT_SUPPORTED("pack_weight: w4 with per-group mins (w = q*s + m, GGUF Q4_1) has no GPU layout yet (target ",
-                         name_of(target), "); pack it for cpu, or re-quantize it to zeros");
   switch (target) {
     case PackTarget::cpu:
       LOWBIT_CHECK(device.is_cpu(), "pack_weight: target cpu packs into host memory, but device ", device.str(),

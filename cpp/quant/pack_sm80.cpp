@@ -19,8 +19,11 @@
 //         registers (i0,i4) (i1,i5) (i2,i6) (i3,i7) = a0 a1 a2 a3 of the A operand.
 // scales: f16 [G, npad] (group-major so a block reads its rows' scales contiguously)
 // zeros : f16 [G, npad]; the kernel forms the scaled zero z*s in f16 and computes w = q*s - z*s.
+// mins  : f16 [G, npad], instead of zeros for weights stored as w = q*s + m (GGUF Q4_1): the kernel
+//         computes w = q*s + m with the file's own m.
 // Rows past n (npad = 16*ceil(n/16)) are zero-padded. k must be a multiple of 64 and the group a
-// multiple of 64 (g64, g128, ...); the last group may be short (k = 576 with g128).
+// multiple of 32 (g32 as GGUF stores it, g64, g128, ...: a 64-k chunk then spans one or two groups);
+// the last group may be short (k = 576 with g128).
 #include <cstring>
 
 #include "lowbit/quant/pack.h"
@@ -29,6 +32,7 @@ namespace lowbit {
 namespace {
 
 constexpr int kTileN = 16, kChunkK = 64, kChunkBytes = 512;
+constexpr int kHalfChunkK = kChunkK / 2;  // the kernels read a group's parameters per half chunk
 
 // Fragment position of nibble i of a lane's word: row offset in the 16-row tile, k offset from 16j + 2t.
 inline int nibble_row(int i) { return (i & 1) * 8; }
@@ -67,13 +71,18 @@ void check_w4_for_sm80(const QuantizedWeight& w) {
   LOWBIT_CHECK(w.format == WeightFormat::w4, "pack_sm80: only w4, qoq, liquid and f16 weights have an sm80 layout, got format code ",
                static_cast<int>(w.format));
   LOWBIT_CHECK(w.k % kChunkK == 0, "pack_sm80: k must be a multiple of ", kChunkK, ", got k=", w.k);
-  LOWBIT_CHECK(w.group >= kChunkK && w.group % kChunkK == 0, "pack_sm80: group must be a multiple of ", kChunkK,
-               " (g64, g128, ...), got ", w.group);
+  LOWBIT_CHECK(w.group >= kHalfChunkK && w.group % kHalfChunkK == 0, "pack_sm80: group must be a multiple of ",
+               kHalfChunkK, " (g32, g64, g128, ...), got ", w.group);
   check_dtype(w.q, ScalarType::u4, "pack_sm80", "q");
   check_shape(w.q, {w.n, w.k}, "pack_sm80", "q");
   check_dtype(w.scales, ScalarType::f16, "pack_sm80", "scales");
   check_shape(w.scales, {w.n, w.num_groups()}, "pack_sm80", "scales");
-  if (!w.symmetric) {
+  if (w.mins.defined()) {  // w = q*s + m: the mins replace the zero points
+    LOWBIT_CHECK(!w.symmetric && !w.zeros.defined(), "pack_sm80: argument 'mins' (w = q*s + m) goes with an "
+                 "asymmetric weight without 'zeros'");
+    check_dtype(w.mins, ScalarType::f16, "pack_sm80", "mins");
+    check_shape(w.mins, {w.n, w.num_groups()}, "pack_sm80", "mins");
+  } else if (!w.symmetric) {
     check_dtype(w.zeros, ScalarType::f16, "pack_sm80", "zeros");
     check_shape(w.zeros, {w.n, w.num_groups()}, "pack_sm80", "zeros");
   }
@@ -82,9 +91,6 @@ void check_w4_for_sm80(const QuantizedWeight& w) {
 }  // namespace
 
 PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
-  if (w.mins.defined())
-    LOWBIT_NOT_SUPPORTED("pack_sm80: w4 with per-group mins (w = q*s + m, GGUF Q4_1) has no GPU layout yet; "
-                         "on the GPU such weights are re-quantized by the loader");
   if (w.format == WeightFormat::f16) {
     // gemm_f16 reads HF row-major [n, k] as it is: "packing" is the upload.
     PackedWeight p = packed_header(w, PackTarget::sm80);
@@ -109,24 +115,26 @@ PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
     std::memcpy(dp + word, &v, 4);
   });
 
-  // Group-major parameters; padding rows get scale 0 and zero 0 (they contribute nothing).
+  // Group-major parameters; padding rows get scale 0 and zero (or min) 0: they contribute nothing.
+  const bool mins = w.mins.defined();
   Tensor scales = Tensor::zeros({groups, npad}, ScalarType::f16);
   Tensor zeros = Tensor::zeros({groups, npad}, ScalarType::f16);
   const uint16_t* sp = s.data<uint16_t>();
   uint16_t* scales_p = scales.data<uint16_t>();
   uint16_t* zeros_p = zeros.data<uint16_t>();
-  const Tensor z = w.symmetric ? Tensor() : w.zeros.to(Device::cpu()).contiguous();
+  const Tensor z = mins ? w.mins.to(Device::cpu()).contiguous()
+                   : w.symmetric ? Tensor() : w.zeros.to(Device::cpu()).contiguous();
   constexpr uint16_t kF16Eight = 0x4800;  // 8.0: the fixed zero of symmetric w4
   for (int64_t r = 0; r < n; ++r)
     for (int64_t gi = 0; gi < groups; ++gi) {
       scales_p[gi * npad + r] = sp[r * groups + gi];
-      zeros_p[gi * npad + r] = w.symmetric ? kF16Eight : z.data<uint16_t>()[r * groups + gi];
+      zeros_p[gi * npad + r] = z.defined() ? z.data<uint16_t>()[r * groups + gi] : kF16Eight;
     }
 
   PackedWeight p = packed_header(w, PackTarget::sm80);
   p.data = data.to(device);
   p.scales = scales.to(device);
-  p.zeros = zeros.to(device);
+  (mins ? p.mins : p.zeros) = zeros.to(device);
   return p;
 }
 
@@ -157,15 +165,18 @@ QuantizedWeight unpack_sm80(const PackedWeight& p) {
     set_u4(qp, row, col, k, static_cast<uint8_t>((v >> (4 * i)) & 0xF));
   });
 
+  const bool mins = p.mins.defined();
   const Tensor s = p.scales.to(Device::cpu()).contiguous();
-  const Tensor z = p.zeros.to(Device::cpu()).contiguous();
+  const Tensor z = (mins ? p.mins : p.zeros).to(Device::cpu()).contiguous();
   w.scales = Tensor::empty({n, groups}, ScalarType::f16);
-  if (!p.symmetric) w.zeros = Tensor::empty({n, groups}, ScalarType::f16);
+  Tensor second;  // zeros, or mins
+  if (!p.symmetric) second = Tensor::empty({n, groups}, ScalarType::f16);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t gi = 0; gi < groups; ++gi) {
       w.scales.data<uint16_t>()[r * groups + gi] = s.data<uint16_t>()[gi * npad + r];
-      if (!p.symmetric) w.zeros.data<uint16_t>()[r * groups + gi] = z.data<uint16_t>()[gi * npad + r];
+      if (!p.symmetric) second.data<uint16_t>()[r * groups + gi] = z.data<uint16_t>()[gi * npad + r];
     }
+  (mins ? w.mins : w.zeros) = second;
   return w;
 }
 

@@ -52,9 +52,9 @@ def choose_stored(native: dict, recipe: str | None, device: str, source: str, li
     """Which recipe to build and which of the file's quantized linears to upload as stored.
 
     Returns (recipe, fields_to_upload, note). A recipe asking for 4-bit weights with float activations and no
-    explicit group ("w4a16", "w4a16kv8", ...) on the CPU keeps the file's g32 grid: it becomes "w4a16g32..." and
-    every Q4_0 / Q4_1 linear is uploaded as stored. An explicit other group, another format, the GPU, or a file
-    mixing Q4_0 and Q4_1 linears re-quantize from the exact dequantized values, and the note says so; so does any
+    explicit group ("w4a16", "w4a16kv8", ...), on the CPU or the GPU, keeps the file's g32 grid: it becomes
+    "w4a16g32..." and every Q4_0 / Q4_1 linear is uploaded as stored. An explicit other group, another format, or
+    a file mixing Q4_0 and Q4_1 linears re-quantize from the exact dequantized values, and the note says so; so does any
     other weight-quantizing recipe over a file whose linears are stored quantized (linear_types: GGUF type -> count
     of the linear weights)."""
     stored = sorted(t for t in (linear_types or {}) if t not in ("F32", "F16", "BF16"))
@@ -76,9 +76,6 @@ def choose_stored(native: dict, recipe: str | None, device: str, source: str, li
     if explicit and int(explicit.group(1)) != GROUP:
         return recipe, {}, (f"lowbit: {source}: recipe {recipe!r} re-quantizes the file's {what} weights (groups of "
                             f"{GROUP}) to groups of {explicit.group(1)}; recipe 'w4a16' keeps them as stored")
-    if str(device).startswith("cuda"):
-        return recipe, {}, (f"lowbit: {source}: the file's {what} weights (groups of {GROUP}) have no GPU kernel "
-                            f"yet; re-quantized to {spec.text}")
     if len(types) > 1:
         return recipe, {}, (f"lowbit: {source}: the file mixes {what} linears, which cannot share a fused layer "
                             f"as stored; re-quantized to {spec.text}")
@@ -89,9 +86,9 @@ def choose_stored(native: dict, recipe: str | None, device: str, source: str, li
 
 
 def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str, progress: bool = True) -> str | None:
-    """A GGUF file's Q4_0 / Q4_1 linears run as stored when the recipe asks for w4a16 without another group (on
-    the CPU): the recipe becomes w4a16g32 and those weights are uploaded as their quantized fields instead of
-    being re-quantized from their dequantized values (choose_stored). Prints what happened once."""
+    """A GGUF file's Q4_0 / Q4_1 linears run as stored when the recipe asks for w4a16 without another group:
+    the recipe becomes w4a16g32 and those weights are uploaded as their quantized fields instead of being
+    re-quantized from their dequantized values (choose_stored). Prints what happened once."""
     from .models import gguf_native
     native = getattr(loaded, "native_fields", None) or {}
     linear_types = getattr(loaded, "linear_types", None) or {}
@@ -103,6 +100,8 @@ def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str
         for name in chosen:
             loaded.tensors.pop(name, None)
         loaded.head_format = gguf_native.head_format(loaded.head_type)
+        if str(device).startswith("cuda") and loaded.head_format == "w8":
+            loaded.head_format = "f16"  # no GPU w8 weight-only GEMM: f16 keeps each file value to 2^-11
         note += f"; lm_head ({loaded.head_type} in the file) as {loaded.head_format}"
     loaded.load_note = note
     if note and progress:

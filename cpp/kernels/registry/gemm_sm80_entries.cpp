@@ -75,8 +75,8 @@ Fit w4a16_can_run(const GemmDesc& d, std::string* why) {
   if (d.act != ActivationMode::float16) return refuse(why, "float activations only");
   if (d.x_type != ScalarType::f16) return refuse(why, "needs f16 activations");
   if (d.weight != WeightFormat::w4) return refuse(why, std::string("needs w4 weights, got ") + name_of(d.weight));
-  if (d.group % 64 != 0)
-    return refuse(why, "group " + std::to_string(d.group) + " has no W4A16 GPU kernel (groups must be multiples of 64)");
+  if (d.group <= 0 || d.group % 32 != 0)
+    return refuse(why, "group " + std::to_string(d.group) + " has no W4A16 GPU kernel (groups must be multiples of 32)");
   if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
   return fits(why);
 }

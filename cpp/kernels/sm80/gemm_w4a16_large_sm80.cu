@@ -67,12 +67,12 @@ struct LargeCfg {
   static constexpr int kPackedTiles = kBlockN / kTileN;
   static constexpr int kXBytes = kBlockM * kRow * 2;
   static constexpr int kWBytes = kPackedTiles * kChunkBytes;
-  static constexpr int kSBytes = 2 * kBlockN * 2;  // [scale | zero][kBlockN] f16 of the chunk's group
+  static constexpr int kSBytes = 2 * 2 * kBlockN * 2;  // [k half][scale | zero][kBlockN] f16 (param_row)
   static constexpr int kStageBytes = kXBytes + kWBytes + kSBytes;
   static constexpr int kDqBytes = kPackedTiles * 4 * 32 * 16;  // dequantized fragments [tile][step][lane]
   static constexpr int kSmemBytes = kStages * kStageBytes + kDqBytes;
   static_assert(kTilesN % 4 == 0 && kWarpsM == 2 && (kBlockM * 8) % kThreads == 0 &&
-                    2 * kBlockN / 8 <= kThreads && kStageBytes % 16 == 0,
+                    4 * kBlockN / 8 <= kThreads && kStageBytes % 16 == 0,
                 "tile shape");
 };
 
@@ -100,12 +100,13 @@ __device__ inline void load_stage(const W4A16LargeArgs& p, uint8_t* st, int kc, 
       *reinterpret_cast<uint4*>(w_dst + u * 16) = zero;
   }
   constexpr int kRowUnits = C::kBlockN / 8;
-  if (tid < 2 * kRowUnits) {
-    const int which = tid / kRowUnits, off = (tid % kRowUnits) * 8;
-    uint8_t* dst = st + C::kXBytes + C::kWBytes + tid * 16;  // = which * kBlockN * 2 + off * 2
+  const int half = tid / (2 * kRowUnits);  // half 1 only where it has its own group (halves_differ)
+  if (tid < 4 * kRowUnits && (half == 0 || halves_differ(p.group))) {
+    const int which = (tid / kRowUnits) % 2, off = (tid % kRowUnits) * 8;
+    uint8_t* dst = st + C::kXBytes + C::kWBytes + tid * 16;  // = ((half * 2 + which) * kBlockN + off) * 2
     if (n0 + off < p.npad)
       cp_async16(dst, (which ? p.zeros : p.scales) +
-                          static_cast<int64_t>(kc) * kChunkK / p.group * p.npad + n0 + off);
+                          static_cast<int64_t>(param_row(kc, half, p.group)) * p.npad + n0 + off);
     else
       *reinterpret_cast<uint4*>(dst) = zero;
   }
@@ -118,7 +119,8 @@ __device__ inline void load_stage(const W4A16LargeArgs& p, uint8_t* st, int kc, 
 // fragments of this kernel's orientation for the tile's two n8 halves; each is stored and read back
 // by the same lane position with 16-byte accesses (conflict-free), no ldmatrix needed.
 template <class C>
-__device__ inline void dequant_chunk(const uint8_t* st, uint4* dq, int warp_m, int warp_n) {
+__device__ inline void dequant_chunk(const uint8_t* st, uint4* dq, int warp_m, int warp_n, bool two_halves,
+                                     bool mins) {
   const uint4* packed = reinterpret_cast<const uint4*>(st + C::kXBytes);
   const __half* sc = reinterpret_cast<const __half*>(st + C::kXBytes + C::kWBytes);
   const int lane = threadIdx.x & 31, g = lane / 4;
@@ -126,12 +128,18 @@ __device__ inline void dequant_chunk(const uint8_t* st, uint4* dq, int warp_m, i
   for (int v = 0; v < C::kTilesN / 4; ++v) {
     const int tile = (warp_n * 2 + warp_m) * (C::kTilesN / 4) + v, row = tile * kTileN + g;
     const uint4 wv = packed[tile * 32 + lane];
-    const __half s0 = sc[row], s8 = sc[row + 8], z0 = sc[C::kBlockN + row], z8 = sc[C::kBlockN + row + 8];
-    const __half2 s_lo = __half2half2(s0), s_hi = __half2half2(s8);
-    const __half2 nzs_lo = neg_zero_scale(z0, s0), nzs_hi = neg_zero_scale(z8, s8);
+    __half2 s_lo, s_hi, nzs_lo, nzs_hi;
+    auto load_params = [&](int half) {
+      const __half* h = sc + half * 2 * C::kBlockN;
+      const __half s0 = h[row], s8 = h[row + 8], z0 = h[C::kBlockN + row], z8 = h[C::kBlockN + row + 8];
+      s_lo = __half2half2(s0), s_hi = __half2half2(s8);
+      nzs_lo = addend_of(z0, s0, mins), nzs_hi = addend_of(z8, s8, mins);
+    };
+    load_params(0);
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
+      if (j == 2 && two_halves) load_params(1);  // k 32-63 belongs to the next group
       uint32_t a[4];  // a0 = row g (k lo pair), a1 = row g+8, a2/a3 the same at k hi (+8)
       dequant_word(words[j], s_lo, nzs_lo, s_hi, nzs_hi, a);
       dq[(tile * 4 + j) * 32 + lane] = make_uint4(a[0], a[1], a[2], a[3]);
@@ -211,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, C::kSmemBytes <= 113 * 1024 ? 2 : 1)
     if (next < iters) load_stage<C>(p, smem + (next % kStages) * C::kStageBytes, kc_begin + next, m0, n0);
     cp_async_commit();
     const uint8_t* st = smem + (it % kStages) * C::kStageBytes;
-    dequant_chunk<C>(st, dq, warp_m, warp_n);
+    dequant_chunk<C>(st, dq, warp_m, warp_n, halves_differ(p.group), p.mins);
     pair_barrier(warp_n);  // the pair's dq rows are complete
     compute_chunk<C>(reinterpret_cast<const __half*>(st), dq, warp_m, warp_n, acc);
   }

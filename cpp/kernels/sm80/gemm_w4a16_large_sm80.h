@@ -13,12 +13,13 @@ struct W4A16LargeArgs {
   int64_t ldx;
   const uint8_t* w;  // pack_sm80 tiles
   const __half* scales;
-  const __half* zeros;  // [G, npad]
+  const __half* zeros;  // [G, npad]: zero points, or the mins of w = q*s + m when `mins`
   __half* y;            // [m, n], row stride ldy
   int64_t ldy;
   float* partial;  // [split, m, n] f32 when split > 1
-  int m, n, k, group, npad;
-  int chunks_per_split;  // 64-k chunks per blockIdx.z
+  int m, n, k, group, npad;  // group: a multiple of 32
+  int chunks_per_split;      // 64-k chunks per blockIdx.z
+  bool mins;
 };
 
 // Block tile (tokens x weight rows); automatic: 128 x 128, or 64 x 128 when that fills more SMs.

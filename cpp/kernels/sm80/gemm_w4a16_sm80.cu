@@ -45,12 +45,13 @@ struct GemmArgs {
   int64_t ldx;
   const uint8_t* w;  // packed tiles
   const __half* scales;
-  const __half* zeros;  // [G, npad]
+  const __half* zeros;  // [G, npad]: zero points, or the mins of w = q*s + m when `mins`
   __half* y;
   int64_t ldy;
   float* partial;  // [split, m, n] when split > 1
   int m, n, k, group, npad, chunks_per_split;
-  bool pdl;  // launched as a programmatic dependent: prefetch weights, then wait for x
+  bool pdl;   // launched as a programmatic dependent: prefetch weights, then wait for x
+  bool mins;  // `zeros` holds mins
 };
 
 // Block shape: kWarpsN x kWarpsM warps, each owning kTilesN 16-row weight tiles x kTilesM 8-token
@@ -64,7 +65,7 @@ struct Cfg {
   static constexpr int kBlockTiles = kBlockN / kTileN;
   static constexpr int kXRow = kChunks * kChunkK + 8;  // halves; +16 bytes spreads rows over banks
   static constexpr int kWBytes = kBlockTiles * kChunks * kChunkBytes;
-  static constexpr int kSBytes = kChunks * 2 * kBlockN * 2;  // [chunk][scale|zero][kBlockN] f16
+  static constexpr int kSBytes = kChunks * 2 * 2 * kBlockN * 2;  // [chunk][k half][scale|zero][kBlockN] f16
   static constexpr int kXBytes = kBlockM * kXRow * 2;
   static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
@@ -86,16 +87,18 @@ __device__ inline void load_stage(const GemmArgs& p, uint8_t* stage, int kc0, in
       cp_async16(stage + u * 16, p.w + (static_cast<int64_t>(nt) * k_chunks + kc0) * kChunkBytes + rest * 16);
   }
   constexpr int kRowUnits = C::kBlockN / 8;  // 16-byte units per scale row segment
-  constexpr int kSUnits = C::kChunks * 2 * kRowUnits;
+  constexpr int kSUnits = C::kChunks * 4 * kRowUnits;
+  const bool two_halves = halves_differ(p.group);  // else half 1 reuses half 0's rows and is not copied
   uint8_t* s_base = stage + C::kWBytes;
 #pragma unroll
   for (int u0 = 0; u0 < kSUnits; u0 += C::kThreads) {
     const int u = u0 + tid;
     if (u >= kSUnits) break;
-    const int c = u / (2 * kRowUnits), which = (u / kRowUnits) % 2, off = (u % kRowUnits) * 8;
-    const int kc = kc0 + c;
-    if (kc < kc_end && n0 + off < p.npad) {
-      const __half* src = (which ? p.zeros : p.scales) + static_cast<int64_t>(kc * kChunkK / p.group) * p.npad + n0 + off;
+    const int c = u / (4 * kRowUnits), half = (u / (2 * kRowUnits)) % 2, which = (u / kRowUnits) % 2;
+    const int off = (u % kRowUnits) * 8, kc = kc0 + c;
+    if (kc < kc_end && n0 + off < p.npad && (half == 0 || two_halves)) {
+      const __half* src =
+          (which ? p.zeros : p.scales) + static_cast<int64_t>(param_row(kc, half, p.group)) * p.npad + n0 + off;
       cp_async16(s_base + u * 16, src);
     }
   }
@@ -115,8 +118,8 @@ __device__ inline void load_stage(const GemmArgs& p, uint8_t* stage, int kc0, in
 // One warp's share of a stage: per chunk, dequantize each of its weight tiles once per k16 step and
 // multiply it into all of its 8-token tiles.
 template <class C>
-__device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_n, int warp_m,
-                                     float (&acc)[C::kTilesN][C::kTilesM][4]) {
+__device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_n, int warp_m, bool two_halves,
+                                     bool mins, float (&acc)[C::kTilesN][C::kTilesM][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const uint4* ws = reinterpret_cast<const uint4*>(stage);
   const __half* ss = reinterpret_cast<const __half*>(stage + C::kWBytes);
@@ -126,23 +129,28 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
     if (c >= chunks) break;
     uint4 wv[C::kTilesN];
     __half2 s_lo[C::kTilesN], nzs_lo[C::kTilesN], s_hi[C::kTilesN], nzs_hi[C::kTilesN];
+    auto load_params = [&](int half) {
 #pragma unroll
-    for (int i = 0; i < C::kTilesN; ++i) {
-      const int tile = warp_n * C::kTilesN + i, row = tile * kTileN + g;
-      wv[i] = ws[(tile * C::kChunks + c) * 32 + lane];
-      const __half* sc = ss + c * 2 * C::kBlockN;
-      const __half s0 = sc[row], s8 = sc[row + 8], z0 = sc[C::kBlockN + row], z8 = sc[C::kBlockN + row + 8];
-      s_lo[i] = __half2half2(s0);
-      s_hi[i] = __half2half2(s8);
-      nzs_lo[i] = neg_zero_scale(z0, s0);
-      nzs_hi[i] = neg_zero_scale(z8, s8);
-    }
+      for (int i = 0; i < C::kTilesN; ++i) {
+        const int row = (warp_n * C::kTilesN + i) * kTileN + g;
+        const __half* sc = ss + (c * 2 + half) * 2 * C::kBlockN;
+        const __half s0 = sc[row], s8 = sc[row + 8], z0 = sc[C::kBlockN + row], z8 = sc[C::kBlockN + row + 8];
+        s_lo[i] = __half2half2(s0);
+        s_hi[i] = __half2half2(s8);
+        nzs_lo[i] = addend_of(z0, s0, mins);
+        nzs_hi[i] = addend_of(z8, s8, mins);
+      }
+    };
+#pragma unroll
+    for (int i = 0; i < C::kTilesN; ++i) wv[i] = ws[((warp_n * C::kTilesN + i) * C::kChunks + c) * 32 + lane];
+    load_params(0);
     // Per k16 step: dequantize each weight tile once, then per 8-token tile one ldmatrix.x2 of its B
     // fragment (lanes 0-7 address k 16*step + 0..7 of the tokens, lanes 8-15 k + 8..15: pack_sm80's
     // fragment k order is the natural one) feeding all of the warp's weight tiles. Loading B right
     // before its mma keeps two registers live per token tile instead of a whole chunk's.
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
+      if (step == 2 && two_halves) load_params(1);  // g32 (or an odd multiple): k 32-63 is the next group
       uint32_t a[C::kTilesN][4];
 #pragma unroll
       for (int i = 0; i < C::kTilesN; ++i) {
@@ -203,7 +211,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(
       load_stage<C>(p, smem + (next % C::kStages) * C::kStageBytes, kc_begin + next * C::kChunks, kc_end, n0, m0);
     cp_async_commit();
     const int kc0 = kc_begin + it * C::kChunks;
-    if (active) compute_stage<C>(smem + (it % C::kStages) * C::kStageBytes, kc_end - kc0, warp_n, warp_m, acc);
+    if (active)
+      compute_stage<C>(smem + (it % C::kStages) * C::kStageBytes, kc_end - kc0, warp_n, warp_m,
+                       halves_differ(p.group), p.mins, acc);
   }
   cp_async_wait<0>();
 
@@ -361,18 +371,22 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   LOWBIT_CHECK(x.stride(1) == 1 && x.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0, op,
                ": argument 'x' needs unit stride in the last dim, a row stride divisible by 8 and a 16-byte aligned "
                "start, got strides ", shape_str(x.strides()));
-  LOWBIT_CHECK(k % kChunkK == 0 && w.group % kChunkK == 0, op, ": the packed weight needs k and group multiples of ",
-               kChunkK, ", got k=", k, " group=", w.group);
+  LOWBIT_CHECK(k % kChunkK == 0 && w.group % (kChunkK / 2) == 0, op, ": the packed weight needs k a multiple of ",
+               kChunkK, " and the group a multiple of ", kChunkK / 2, ", got k=", k, " group=", w.group);
+  // The second parameter per group: zero points, or the mins of w = q*s + m (pack_sm80 keeps exactly one).
+  const bool mins = w.mins.defined();
+  const Tensor& zeros = mins ? w.mins : w.zeros;
+  const char* zeros_name = mins ? "w.mins" : "w.zeros";
   check_same_device(w.data, x, op, "w.data");
   check_same_device(w.scales, x, op, "w.scales");
-  check_same_device(w.zeros, x, op, "w.zeros");
+  check_same_device(zeros, x, op, zeros_name);
   check_shape(w.data, {(n + kTileN - 1) / kTileN, (k / kChunkK) * kChunkBytes}, op, "w.data");
   const int64_t groups = (k + w.group - 1) / w.group, npad = (n + kTileN - 1) / kTileN * kTileN;
   check_shape(w.scales, {groups, npad}, op, "w.scales");
-  check_shape(w.zeros, {groups, npad}, op, "w.zeros");
-  for (const Tensor* t : {&w.data, &w.scales, &w.zeros})
+  check_shape(zeros, {groups, npad}, op, zeros_name);
+  for (const Tensor* t : {&w.data, &w.scales, &zeros})
     LOWBIT_CHECK(t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op,
-                 ": the packed weight's data, scales and zeros must be contiguous with 16-byte aligned starts");
+                 ": the packed weight's data, scales and zeros/mins must be contiguous with 16-byte aligned starts");
   check_same_device(y, x, op, "y");
   check_dtype(y, ScalarType::f16, op, "y");
   check_shape(y, {m, n}, op, "y");
@@ -389,8 +403,9 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                       " does not qualify); name 'small' or 'large' instead");
     const int64_t npad_sm90 = (n + kTileN - 1) / kTileN * kTileN;
     const detail::W4A16Problem problem{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
-                                       w.zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
-                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad_sm90)};
+                                       zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
+                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad_sm90),
+                                       mins};
     detail::gemm_w4a16_sm90(problem, options.sm90_split, stream);
     return;
   }
@@ -417,15 +432,16 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   }
   if (choice.large) {
     const W4A16LargeArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
-                           w.zeros.data<__half>(), y.data<__half>(), y.stride(0),
+                           zeros.data<__half>(), y.data<__half>(), y.stride(0),
                            split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m), static_cast<int>(n),
-                           static_cast<int>(k), w.group, static_cast<int>(npad), per};
+                           static_cast<int>(k), w.group, static_cast<int>(npad), per, mins};
     gemm_w4a16_large(p, large_tile, split, stream);
     return;
   }
-  GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), w.zeros.data<__half>(),
+  GemmArgs p{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(), zeros.data<__half>(),
              y.data<__half>(), y.stride(0), split > 1 ? ws.data<float>() : nullptr, static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per, options.pdl && pdl_supported(dev)};
+             static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), per,
+             options.pdl && pdl_supported(dev), mins};
   switch (shape) {
     case Shape::m8: launch<CfgM8>(p, split, stream); break;
     case Shape::m16: launch<CfgM16>(p, split, stream); break;

@@ -1,6 +1,6 @@
 // Device helpers shared by the W4A16 GEMM kernels (gemm_w4a16_sm80.cu, gemm_w4a16_large_sm80.cu): the
 // packed-layout constants of pack_sm80, cp.async, the u4 -> f16 dequant, ldmatrix and mma.sync
-// m16n8k16. One copy so that both kernels dequantize bit-identically (w = q*s - z*s in f16). The f16
+// m16n8k16. One copy so that every kernel dequantizes bit-identically (w = q*s - z*s, or q*s + m, in f16). The f16
 // GEMM (gemm_f16_mma_sm80.cu) uses the cp.async / ldmatrix / mma pieces.
 #pragma once
 
@@ -73,6 +73,18 @@ __device__ inline void dequant_word(uint32_t word, __half2 s_lo, __half2 nzs_lo,
 
 // -(z*s) rounded as the kernels use it: the product rounds to f16 once, then w = fma(q, s, -(z*s)).
 __device__ inline __half2 neg_zero_scale(__half z, __half s) { return __half2half2(__hneg(__hmul(z, s))); }
+
+// The addend of w = fma(q, s, addend) from a weight's second parameter: -(z*s) for a zero point, or the
+// stored min itself for weights kept as w = q*s + m (GGUF Q4_1: no rounding beyond the file's own).
+__device__ inline __half2 addend_of(__half zero_or_min, __half s, bool mins) {
+  return mins ? __half2half2(zero_or_min) : neg_zero_scale(zero_or_min, s);
+}
+
+// Groups are multiples of 32 (g32, g64, g128, ...), so a 64-k chunk holds one or two groups: its k16
+// steps 0-1 read the parameters of half 0 (k 0-31), steps 2-3 those of half 1. Row of the [G, npad]
+// parameters for half `half` of chunk kc; both halves share a row unless the group is an odd multiple of 32.
+__device__ inline int param_row(int kc, int half, int group) { return (kc * kChunkK + 32 * half) / group; }
+__device__ inline bool halves_differ(int group) { return group % kChunkK != 0; }
 
 __device__ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

@@ -6,10 +6,11 @@
 // tokens (the wgmma n: 128 or 256) x its k range, in stages of one 64-k chunk. One producer thread
 // fills each stage: the activation tile by TMA (64 f16 = one 128-byte swizzled row per token, zero
 // fill past m: the layout wgmma's descriptor reads), the chunk's eight packed 16-row weight tiles by
-// one 3-D TMA box over pack_sm80's [tile][chunk] layout, its group's f16 scales and zeros by 1-D bulk
-// copies (four copy instructions per stage). pack_sm80's k order is the A fragment's, so a
-// consumer lane turns its 16 bytes per chunk into the four k16 steps' fragment registers with the
-// magic-number dequant (w = q*s - z*s in f16, bit-identical to the mma.sync kernels' weights), issues
+// one 3-D TMA box over pack_sm80's [tile][chunk] layout, its group's f16 scales and zeros (or mins) by
+// 1-D bulk copies (four copy instructions per stage; six for g32, whose chunk spans two groups).
+// pack_sm80's k order is the A fragment's, so a consumer lane turns its 16 bytes per chunk into the
+// four k16 steps' fragment registers with the magic-number dequant (w = q*s - z*s, or q*s + m, in
+// f16, bit-identical to the mma.sync kernels' weights), issues
 // the stage's four m64nBTk16 wgmmas and dequantizes the next stage into a second fragment set while
 // they run. Accumulation is f32; split-K runs as a thread-block cluster along k whose f32 partial
 // tiles are summed through distributed shared memory in a fixed order (deterministic). Without split,
@@ -34,7 +35,7 @@ using namespace sm90;
 
 constexpr int kRows = 128;          // weight rows per CTA: two consumer warpgroups of 64
 constexpr int kTiles = kRows / 16;  // packed 16-row tiles per CTA
-constexpr int kBK = 64;             // k per stage: one packed chunk, one quantization group
+constexpr int kBK = 64;             // k per stage: one packed chunk, one or two quantization groups
 constexpr int kChunkBytes = 512;    // one packed 16-row x 64-k tile
 constexpr int kThreads = 384;       // warpgroup 0: producer (one thread issues the copies), 1-2: consumers
 constexpr int kConsumerWarps = 8;
@@ -44,7 +45,7 @@ template <int BT>
 struct Config {
   static constexpr int kXBytes = BT * kBK * 2;         // activation tile (swizzled, 1024-aligned)
   static constexpr int kWBytes = kTiles * kChunkBytes;  // [tile][lane] 16-byte units
-  static constexpr int kPBytes = 2 * kRows * 2;         // [scale | zero][row] f16
+  static constexpr int kPBytes = 2 * 2 * kRows * 2;     // [k half][scale | zero][row] f16 (param_row)
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
@@ -89,16 +90,23 @@ __device__ inline void store_acc(const W4A16Problem& p, int n0, int m0, int gw, 
 // Turns a stage's packed weights of consumer warp gw's 16-row tile into wgmma A fragments:
 // a[4j + r] is register r of k16 step j.
 template <class C>
-__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, uint32_t (&a)[16]) {
+__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, bool two_halves, bool mins,
+                                              uint32_t (&a)[16]) {
   const uint4 wv = reinterpret_cast<const uint4*>(st + C::kXBytes)[gw * 32 + lane];
   const __half* ps = reinterpret_cast<const __half*>(st + C::kXBytes + C::kWBytes);
   const int row = gw * 16 + (lane >> 2);
-  const __half s0 = ps[row], s8 = ps[row + 8], z0 = ps[kRows + row], z8 = ps[kRows + row + 8];
-  const __half2 s_lo = __half2half2(s0), s_hi = __half2half2(s8);
-  const __half2 nzs_lo = w4a16::neg_zero_scale(z0, s0), nzs_hi = w4a16::neg_zero_scale(z8, s8);
+  __half2 s_lo, s_hi, nzs_lo, nzs_hi;
+  auto load_params = [&](int half) {
+    const __half* h = ps + half * 2 * kRows;
+    const __half s0 = h[row], s8 = h[row + 8], z0 = h[kRows + row], z8 = h[kRows + row + 8];
+    s_lo = __half2half2(s0), s_hi = __half2half2(s8);
+    nzs_lo = w4a16::addend_of(z0, s0, mins), nzs_hi = w4a16::addend_of(z8, s8, mins);
+  };
+  load_params(0);
   const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
+    if (j == 2 && two_halves) load_params(1);  // k 32-63 belongs to the next group
     uint32_t f[4];
     w4a16::dequant_word(words[j], s_lo, nzs_lo, s_hi, nzs_hi, f);
 #pragma unroll
@@ -118,7 +126,7 @@ __device__ __forceinline__ void wgmma_frag(float (&acc)[N], const uint32_t (&a)[
 template <class C, int N, class StageAt>
 __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16],
                                               int it, int nk, const StageAt& stage_at, uint64_t* full,
-                                              uint64_t* empty, int gw, int lane) {
+                                              uint64_t* empty, int gw, int lane, bool two_halves, bool mins) {
   constexpr int kStages = C::kStages;
   const uint64_t db = smem_desc(smem_u32(stage_at(it)));
   wgmma_fence();
@@ -127,7 +135,7 @@ __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&
   wgmma_commit();
   if (it + 1 < nk) {
     mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
-    dequant_stage<C>(stage_at(it + 1), gw, lane, next);
+    dequant_stage<C>(stage_at(it + 1), gw, lane, two_halves, mins, next);
   }
   wgmma_wait<0>();
   fence_regs(acc);
@@ -203,18 +211,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {  // producer
       const int tile0 = n0 / 16;
       const int prow = min(kRows, p.npad - n0);  // rows of parameters to copy (a multiple of 16)
+      const int halves = w4a16::halves_differ(p.group) ? 2 : 1;  // parameter rows per stage (param_row)
       for (int it = 0; it < nk; ++it) {
         const int s = it % kStages, kc = kc0 + it;
         mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
         uint8_t* st = smem + s * kStageBytes;
-        mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + 2 * prow * 2);  // TMA boxes count in full
+        mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + halves * 2 * prow * 2);  // TMA boxes count in full
         tma_load_2d(st, &map_x, kc * kBK, m0, &full[s]);
         uint8_t* ws = st + C::kXBytes;
         tma_load_3d(ws, &map_w, 0, kc, tile0, &full[s]);
-        uint8_t* ps = ws + C::kWBytes;
-        const int64_t row0 = static_cast<int64_t>(kc * kBK / p.group) * p.npad + n0;
-        bulk_load(ps, p.scales + row0, prow * 2, &full[s]);
-        bulk_load(ps + kRows * 2, p.zeros + row0, prow * 2, &full[s]);
+        for (int h = 0; h < halves; ++h) {
+          uint8_t* ps = ws + C::kWBytes + h * 2 * kRows * 2;
+          const int64_t row0 = static_cast<int64_t>(w4a16::param_row(kc, h, p.group)) * p.npad + n0;
+          bulk_load(ps, p.scales + row0, prow * 2, &full[s]);
+          bulk_load(ps + kRows * 2, p.zeros + row0, prow * 2, &full[s]);
+        }
       }
     }
     if (split > 1) {  // the two cluster barriers of the consumers' split-K reduction
@@ -226,16 +237,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
     // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
     uint32_t fa[16], fb[16];
+    const bool two_halves = w4a16::halves_differ(p.group);
     const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
     fence_regs(acc);
     if (nk > 0) {
       mbar_wait(&full[0], 0);
-      dequant_stage<C>(stage_at(0), gw, lane, fa);
+      dequant_stage<C>(stage_at(0), gw, lane, two_halves, p.mins, fa);
     }
     for (int it = 0; it < nk; it += 2) {
-      consumer_step<C>(acc, fa, fb, it, nk, stage_at, full, empty, gw, lane);
+      consumer_step<C>(acc, fa, fb, it, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
       if (it + 1 >= nk) break;
-      consumer_step<C>(acc, fb, fa, it + 1, nk, stage_at, full, empty, gw, lane);
+      consumer_step<C>(acc, fb, fa, it + 1, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
     }
     store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
   }

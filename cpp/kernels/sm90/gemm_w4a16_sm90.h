@@ -9,16 +9,17 @@
 namespace lowbit::cuda::detail {
 
 // One checked W4A16 problem, as plain pointers: y[m, n] = x · Wᵀ (f16 out, f32 accumulation), W packed
-// by pack_sm80 (u4 tiles in fragment k order, f16 scales and zeros [groups, npad]).
+// by pack_sm80 (u4 tiles in fragment k order, f16 scales and zeros or mins [groups, npad]).
 struct W4A16Problem {
   const __half* x;  // [m, k], rows ldx elements apart (a multiple of 8)
   int64_t ldx;
   const uint8_t* w;  // [ceil(n/16), k/64 * 512]
   const __half* scales;
-  const __half* zeros;
-  __half* y;  // [m, n], rows ldy elements apart
+  const __half* zeros;  // zero points, or the mins of w = q*s + m when `mins`
+  __half* y;            // [m, n], rows ldy elements apart
   int64_t ldy;
-  int m, n, k, group, npad;
+  int m, n, k, group, npad;  // group: a multiple of 32
+  bool mins;
 };
 
 // True when `device` is sm_90 and this library holds the sm_90a image of the kernel.

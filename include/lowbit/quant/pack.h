@@ -20,7 +20,7 @@ struct PackedWeight {
   Tensor data;            // packed quantized values (layout per target)
   Tensor scales, zeros;   // per-target layout of the group/channel parameters
   Tensor channel_scales;  // qoq/liquid level-1 scales
-  Tensor mins;            // w4 with per-group mins (QuantizedWeight::mins), cpu target only
+  Tensor mins;            // w4 with per-group mins (QuantizedWeight::mins), in place of zeros
   Tensor aux;             // target-specific extra (e.g. precomputed scaled zeros)
 };
 
