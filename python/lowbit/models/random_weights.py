@@ -40,7 +40,13 @@ class RandomTensors(Mapping):
         self.shapes, self.device, self.seed = shapes, device, seed
 
     def __getitem__(self, name: str):
-        return random_weight(name, self.shapes[name], self.device, self.seed).cpu()
+        drawn = random_weight(name, self.shapes[name], self.device, self.seed)
+        host = drawn.cpu()
+        if drawn.is_cuda:  # give torch's cached block back: the engine sizes its KV cache from free memory
+            import torch
+            del drawn
+            torch.cuda.empty_cache()
+        return host
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.shapes)
