@@ -30,7 +30,8 @@ def test_cpu_run_writes_a_sane_report(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "server saturation / offline output throughput" in proc.stdout
     r = json.loads(out.read_text())
-    assert r["benchmark"] == "gpu_serving" and r["commit"] == "test" and r["device"].startswith("cpu")
+    assert r["benchmark"] == "gpu_serving" and r["complete"] and r["commit"] == "test"
+    assert r["device"].startswith("cpu")
     assert r["date"] and r["host"]["python"]
     p = r["parameters"]
     assert (p["recipe"], p["device"], p["input_len"], p["output_len"], p["rates"]) == ("w4a8kv4", "cpu", 64, 12, "8,32")
@@ -42,8 +43,9 @@ def test_cpu_run_writes_a_sane_report(tmp_path):
     assert [x["request_rate"] for x in r["rates"]] == [8.0, 32.0] and r["saturation"]["request_rate"] == "inf"
     for x in runs:
         assert x["errors"] == 0 and x["completed"] == x["num_requests"] and x["output_throughput"] > 0
-        for metric in ("ttft", "tpot", "itl"):
-            assert 0 < x[metric]["p50_ms"] <= x[metric]["p90_ms"] <= x[metric]["p99_ms"], (metric, x[metric])
+        for metric in ("ttft", "tpot", "itl"):  # (gaps between chunks read from one buffer may be ~0)
+            assert 0 <= x[metric]["p50_ms"] <= x[metric]["p90_ms"] <= x[metric]["p99_ms"], (metric, x[metric])
+        assert x["ttft"]["p50_ms"] > 0 and x["tpot"]["p50_ms"] > 0
         assert "requests" not in x  # percentiles only
     assert r["saturation"]["total_output_tokens"] == 12 * 12
     assert r["prefix"]["caching_on"]["total_input_tokens"] == 10 * (256 + 16)
@@ -51,7 +53,8 @@ def test_cpu_run_writes_a_sane_report(tmp_path):
     ratio = r["prefix"]["caching_off"]["ttft"]["median_ms"] / r["prefix"]["caching_on"]["ttft"]["median_ms"]
     assert r["prefix"]["ttft_median_ratio"] == pytest.approx(ratio) and ratio > 0
     assert set(r["targets"]) == {"server_ge_90pct_offline", "prefix_ttft_ge_5x"}
-    assert r["timings_s"]["total"] > 0
+    t = r["timings_s"]
+    assert t["total"] >= t["offline"] + t["server_caching_on"] + t["server_caching_off"] > 0
 
 
 def test_llama3_8b_config_is_llama3_8b(tmp_path):

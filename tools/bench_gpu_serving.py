@@ -169,24 +169,41 @@ def prefix_workload(args) -> list[list[int]]:
                    args.prefix_len)
 
 
-def serve_caching_on(args) -> dict:
+def serve_caching_on(args, report: dict, save) -> None:
+    """Saturation, the rate sweep and the shared-prefix scenario on one server; the report is saved after each."""
     with bs.launched_server(launch_args(args, True), args.launch_timeout) as url:
         model = bs.served_model(url, None)
         warm(args, url, model)
-        out = {"saturation": run(url, model, prompts(args, args.seed, args.num_requests, args.input_len),
-                                 args.output_len, math.inf, args.seed), "rates": []}
+        phase(f"saturation: {args.num_requests} requests at once")
+        report["saturation"] = run(url, model, prompts(args, args.seed, args.num_requests, args.input_len),
+                                   args.output_len, math.inf, args.seed)
+        save()
         for i, rate in enumerate(args.rate_list):  # fresh prompts per rate: nothing cached from an earlier run
+            phase(f"{args.rate_requests} requests at {rate} req/s")
             work = prompts(args, args.seed + 1 + i, args.rate_requests, args.input_len)
-            out["rates"].append(run(url, model, work, args.output_len, rate, args.seed))
-        out["prefix_on"] = run(url, model, prefix_workload(args), args.prefix_output_len, args.prefix_rate, args.seed)
-        return out
+            report["rates"].append(run(url, model, work, args.output_len, rate, args.seed))
+            save()
+        phase(f"shared prefix, caching on: {args.prefix_requests} requests")
+        report["prefix"]["caching_on"] = run(url, model, prefix_workload(args), args.prefix_output_len,
+                                             args.prefix_rate, args.seed)
+        save()
 
 
-def serve_caching_off(args) -> dict:
+def serve_caching_off(args, report: dict, save) -> None:
     with bs.launched_server(launch_args(args, False), args.launch_timeout) as url:
         model = bs.served_model(url, None)
         warm(args, url, model)
-        return run(url, model, prefix_workload(args), args.prefix_output_len, args.prefix_rate, args.seed)
+        phase(f"shared prefix, caching off: {args.prefix_requests} requests")
+        report["prefix"]["caching_off"] = run(url, model, prefix_workload(args), args.prefix_output_len,
+                                              args.prefix_rate, args.seed)
+        save()
+
+
+_T0 = time.perf_counter()
+
+
+def phase(what: str) -> None:
+    print(f"== [{time.perf_counter() - _T0:5.0f} s] {what}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------ report
@@ -225,6 +242,21 @@ def print_table(r: dict) -> None:
     print(f"errors: {r['errors']}; wall {r['timings_s']['total']:.0f} s")
 
 
+def finish(report: dict) -> None:
+    """The derived figures, from whatever runs are in the report so far."""
+    prefix = report["prefix"]
+    runs = [report["saturation"], *report["rates"], prefix["caching_on"], prefix["caching_off"]]
+    sat, on, off = report["saturation"], prefix["caching_on"], prefix["caching_off"]
+    report["throughput_ratio"] = ratio(sat and sat["output_throughput"],
+                                       report["offline"] and report["offline"]["output_throughput"])
+    prefix["ttft_median_ratio"] = ratio(off and off["ttft"]["median_ms"], on and on["ttft"]["median_ms"])
+    report["targets"] = {"server_ge_90pct_offline": (report["throughput_ratio"] or 0) >= 0.9,
+                         "prefix_ttft_ge_5x": (prefix["ttft_median_ratio"] or 0) >= 5}
+    report["errors"] = sum(x["errors"] for x in runs if x)
+    report["complete"] = all(runs) and len(report["rates"]) == len(report["parameters"]["rates"].split(","))
+    report["timings_s"]["total"] = time.perf_counter() - _T0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -238,34 +270,39 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM unwinds like Ctrl-C, so a launched server is stopped rather than left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out_path = args.out or os.path.join(os.environ.get("OUT") or "gpu_out", "bench_gpu_serving.json")
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    t0 = time.perf_counter()
-    offline = offline_in_child(argv)
-    t1 = time.perf_counter()
-    on = serve_caching_on(args)
-    t2 = time.perf_counter()
-    prefix_off = serve_caching_off(args)
-    t3 = time.perf_counter()
-    runs = [on["saturation"], *on["rates"], on["prefix_on"], prefix_off]
-    throughput_ratio = ratio(on["saturation"]["output_throughput"], offline["output_throughput"])
-    ttft_ratio = ratio(prefix_off["ttft"]["median_ms"], on["prefix_on"]["ttft"]["median_ms"])
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     parameters = {k: v for k, v in vars(args).items()
                   if k not in ("offline_child", "rate_list", "write_llama3_8b_config")}
     parameters["prefix_rate"] = str(args.prefix_rate)
-    report = {
-        "benchmark": "gpu_serving", "date": date, "commit": commit(), "device": offline["device"],
-        "host": bs.host_info(), "parameters": parameters,
-        "offline": offline, "saturation": on["saturation"], "rates": on["rates"],
-        "throughput_ratio": throughput_ratio,
-        "prefix": {"caching_on": on["prefix_on"], "caching_off": prefix_off, "ttft_median_ratio": ttft_ratio},
-        "targets": {"server_ge_90pct_offline": throughput_ratio is not None and throughput_ratio >= 0.9,
-                    "prefix_ttft_ge_5x": ttft_ratio is not None and ttft_ratio >= 5},
-        "errors": sum(x["errors"] for x in runs),
-        "timings_s": {"offline": t1 - t0, "server_caching_on": t2 - t1, "server_caching_off": t3 - t2,
-                      "total": t3 - t0},
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    Path(out_path).write_text(json.dumps(report, indent=1))
+    report = {"benchmark": "gpu_serving", "complete": False,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": commit(), "device": None, "host": bs.host_info(), "parameters": parameters,
+              "offline": None, "saturation": None, "rates": [], "throughput_ratio": None,
+              "prefix": {"caching_on": None, "caching_off": None, "ttft_median_ratio": None},
+              "targets": {}, "errors": 0, "timings_s": {}}
+
+    def save() -> None:  # after every run: a run cut short by a timeout still leaves what it measured
+        finish(report)
+        Path(out_path).write_text(json.dumps(report, indent=1))
+
+    steps = (("offline", "offline LLM.generate (a child process)", None),
+             ("server_caching_on", "lowbit serve, prefix caching on", serve_caching_on),
+             ("server_caching_off", "lowbit serve --no-prefix-caching", serve_caching_off))
+    try:
+        for key, what, step in steps:
+            phase(what)
+            start = time.perf_counter()
+            if step is None:
+                report["offline"] = offline_in_child(argv)
+                report["device"] = report["offline"]["device"]
+            else:
+                step(args, report, save)
+            report["timings_s"][key] = time.perf_counter() - start
+            save()
+    except (subprocess.CalledProcessError, RuntimeError) as e:  # the child's or the server's own output says why
+        save()
+        print(f"bench_gpu_serving: {e}; partial results in {out_path}", file=sys.stderr)
+        return 1
     print_table(report)
     print(f"wrote {out_path}")
     return 0 if report["errors"] == 0 else 1
