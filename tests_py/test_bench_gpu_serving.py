@@ -13,7 +13,7 @@ import pytest
 for _module in ("fastapi", "uvicorn", "prometheus_client", "httpx", "torch"):
     pytest.importorskip(_module, reason="the serve extras, httpx and torch: pip install 'lowbit[serve]' httpx torch")
 
-from test_serve_random import write_config  # noqa: E402
+from tiny_random_model import write_config  # noqa: E402
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_gpu_serving.py"
 

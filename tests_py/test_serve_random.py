@@ -3,7 +3,6 @@ served by a real `lowbit serve` process to the official `openai` client. Without
 ids and token i reads "<i>" (so tools/bench_serving.py's random token-id prompts work end to end); a text prompt
 or a chat gets a 400 that says to send token ids. Greedy output through the server equals lowbit.LLM loading the
 same directory. Runs on the CPU, and on the GPU too when there is one."""
-import json
 import re
 import subprocess
 import sys
@@ -19,22 +18,12 @@ import openai  # noqa: E402
 
 import lowbit  # noqa: E402
 from test_serve import _server_process  # noqa: E402
+from tiny_random_model import write_config  # noqa: E402
 
 MODEL = "tiny-random"
-# Tiny, but every size a multiple of 64 / 128, so the GPU's kernels take it too.
-TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024, "hidden_size": 128,
-               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
-               "head_dim": 64, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 1024,
-               "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
 DEVICES = ["cpu"] + (["cuda"] if lowbit.cuda_available() else [])
 GPU_SHARE = "0.2"  # the server and the reference LLM share one GPU
 PROMPTS = [[5, 6, 7, 8] * 6, list(range(100, 137))]
-
-
-def write_config(directory, **changes) -> str:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({**TINY_CONFIG, **changes}))
-    return str(directory)
 
 
 def _device_args(device: str) -> list[str]:
@@ -102,8 +91,8 @@ def test_stream_has_text_in_every_chunk(client, llm):
             pieces.append(chunk.choices[0].text)
         if chunk.usage:
             usage = chunk.usage
-    texts = [p for p in pieces if p]
-    assert "".join(texts) == ref.text and len(texts) == 6
+    texts = [p for p in pieces if p]  # one token each, unless the engine ran ahead of the HTTP side
+    assert "".join(texts) == ref.text and all(re.fullmatch(r"( ?<\d+>)+", t) for t in texts), texts
     assert usage.completion_tokens == 6 and usage.prompt_tokens == len(PROMPTS[1])
 
 
