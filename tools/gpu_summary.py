@@ -103,12 +103,29 @@ def llama8b_targets(run):
     return rows
 
 
+def serving_targets(run):
+    """bench_gpu_serving.py: server vs offline throughput, shared-prefix TTFT (targets), latency at each rate (reported)."""
+    rows = []
+    ratio = run.get("throughput_ratio")
+    if ratio is not None:
+        rows.append(("8B serve saturation >= 90% of offline LLM.generate", f"{ratio:.0%} ({run['errors']} errors)",
+                     ratio >= 0.9 and run["errors"] == 0))
+    prefix = run.get("prefix", {}).get("ttft_median_ratio")
+    if prefix is not None:
+        rows.append(("8B shared-prefix TTFT median >= 5x lower with caching", f"{prefix:.1f}x", prefix >= 5))
+    for r in run.get("rates", []):
+        rows.append((f"8B serve TTFT / TPOT P99 at {r['request_rate']} req/s",
+                     f"{r['ttft']['p99_ms'] or 0:.0f} / {r['tpot']['p99_ms'] or 0:.1f} ms", None))
+    return rows
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "gpu_out"
     print("\n== summary")
     print(f"{'item':58s} | {'result':28s} | target")
     print("-" * 100)
-    for name, log in (("GPU tests", "pytest.log"), ("forward-pass and engine tests", "pytest_engine.log")):
+    for name, log in (("GPU tests", "pytest.log"), ("forward-pass and engine tests", "pytest_engine.log"),
+                      ("serve tests", "pytest_serve.log")):
         line = pytest_line(os.path.join(out, log))
         if line is not None:
             print(f"{name:58s} | {line[:28]:28s} |")
@@ -123,8 +140,11 @@ def main():
     run = load(os.path.join(out, "llama8b.json"))
     if run:
         rows += llama8b_targets(run)
+    run = load(os.path.join(out, "bench_gpu_serving.json"))
+    if run:
+        rows += serving_targets(run)
     for name, got, hit in rows:
-        print(f"{name:58s} | {got:28s} | {'hit' if hit else 'miss'}")
+        print(f"{name:58s} | {got:28s} | {'reported' if hit is None else 'hit' if hit else 'miss'}")
     if not rows:
         print("(no benchmark results in this run)")
 

@@ -3,9 +3,10 @@ seed derived from its name, so every process and every engine sees the same f16 
 and round-to-nearest quantizers that follow docs/formats.md but run on the GPU (the host quantizer takes ~1 s
 per 8B layer; these take milliseconds)."""
 import dataclasses
-import zlib
 
 import torch
+
+from lowbit.models.random_weights import random_weight
 
 
 @dataclasses.dataclass
@@ -55,11 +56,9 @@ def weight_names(s):
 
 def weight(name, shape, device):
     """f16 weight `name`: N(0, 0.02) (HF's initializer range) for matrices, U(0.9, 1.1) for norms. The seed is a
-    function of the name only, so the same name gives the same tensor on the same kind of device."""
-    g = torch.Generator(device=device).manual_seed(zlib.crc32(name.encode()))
-    if name.endswith("norm.weight"):
-        return (0.9 + 0.2 * torch.rand(shape, generator=g, device=device)).half()
-    return torch.randn(shape, generator=g, device=device, dtype=torch.float16).mul_(0.02)
+    function of the name only, so the same name gives the same tensor on the same kind of device. The package's
+    `--load-format random` draws the very same tensors (lowbit/models/random_weights.py)."""
+    return random_weight(name, shape, device)
 
 
 def quantize_w4(w, group=128):

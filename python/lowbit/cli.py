@@ -10,6 +10,9 @@ DEFAULT_PROMPT = "The three most useful things to know about large language mode
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=".gguf file or HF model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--load-format", default="auto", choices=("auto", "random"),
+                   help="auto: read the weights; random: --model is a directory with config.json (tokenizer.json "
+                        "optional) and the weights are drawn at random, for benchmarks (default auto)")
     p.add_argument("--recipe", default="w16a16", help="precision recipe, e.g. w16a16, w8a16, w4a16 (default w16a16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype f32|f16|bf16 (default: f32 on the CPU, f16 on a GPU)")
@@ -118,7 +121,7 @@ def _load(args):
     return LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
                progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
                cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
-               strict=args.strict)
+               strict=args.strict, load_format=args.load_format)
 
 
 def _sampling(args):
@@ -192,7 +195,7 @@ def cmd_serve(args) -> int:
               progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
               cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
               strict=args.strict, max_seqs=args.max_seqs, kv_cache_memory=args.kv_cache_memory, step_thread=True,
-              prefix_caching=not args.no_prefix_caching)
+              prefix_caching=not args.no_prefix_caching, load_format=args.load_format)
     serve(llm, host=args.host, port=args.port, model_name=args.served_model_name, api_key=args.api_key,
           max_seqs=args.max_seqs, max_queue=args.max_queue, log_level=args.log_level)
     return 0
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                "bench": cmd_bench, "info": cmd_info}[args.verb]
     try:
         return handler(args)
-    except (ValueError, TypeError, OSError, NotImplementedError, MemoryError) as e:
+    except (ValueError, TypeError, OSError, NotImplementedError, MemoryError, ImportError) as e:
         # Bad input (model file, recipe, prompt, options): one line naming the problem, no traceback.
         print(f"lowbit {args.verb}: error: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,10 @@ class LLM:
     step_thread=True runs the engine's step loop on a background thread: generate/chat/stream/session calls
     from several Python threads are then batched together, and a stream's consumer runs while the next step
     computes. Call close() (or use `with lowbit.LLM(...) as llm:`) to stop the thread.
+
+    load_format="random": `model` is a directory with config.json (and optionally tokenizer.json); its weights are
+    drawn at random (models/random_weights.py), for benchmarks of a model's shape. Without a tokenizer, prompts
+    are token ids and token i decodes as "<i>".
     """
 
     def __init__(self, model: str | os.PathLike | None = None, recipe: str | None = None, device: str = "cpu",
@@ -28,7 +32,7 @@ class LLM:
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
                  progress: bool = True, step_thread: bool = False, gpu_memory_fraction: float = 0.9,
                  cuda_graphs: bool = True, kernel_overrides: dict[str, str] | None = None,
-                 strict: bool = False, prefix_caching: bool = True) -> None:
+                 strict: bool = False, prefix_caching: bool = True, load_format: str = "auto") -> None:
         from . import _core
         from .model_loading import build_model, resolve_recipe, use_stored_quantization
         from .models import load_model_source
@@ -48,7 +52,7 @@ class LLM:
         if dtype is None:  # the GPU kernels compute in f16; the CPU's reference precision is f32
             dtype = "f16" if str(device).startswith("cuda") else "f32"
         self._driver: EngineDriver | None = None
-        loaded = load_model_source(model, progress=progress)
+        loaded = load_model_source(model, progress=progress, load_format=load_format, device=device)
         recipe = use_stored_quantization(loaded, recipe, device, progress)  # GGUF Q4_0/Q4_1 kept as stored
         recipe = resolve_recipe(loaded, recipe)  # None: w16a16, or a quantized directory's own
         self.source = loaded.source

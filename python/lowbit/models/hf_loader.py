@@ -43,7 +43,8 @@ def _weight_files(directory: Path) -> list[Path]:
     if found:
         return found
     raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json "
-                            "(only safetensors checkpoints are supported; convert .bin files first)")
+                            "(only safetensors checkpoints are supported; convert .bin files first; "
+                            "--load-format random runs config.json with random weights)")
 
 
 def _read_safetensors(files: list[Path], wanted: dict[str, tuple[int, ...]], progress: bool) -> dict[str, np.ndarray]:

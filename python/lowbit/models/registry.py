@@ -23,9 +23,17 @@ def default_model_path() -> Path:
     return found[0]
 
 
-def load_model_source(path: str | Path | None = None, progress: bool = True) -> LoadedModel:
+def load_model_source(path: str | Path | None = None, progress: bool = True, load_format: str = "auto",
+                      device: str = "cpu") -> LoadedModel:
     """Load a model: None -> default SmolLM2 GGUF; a .gguf file; an HF directory; a lowbit quantized directory
-    (a QuantizedCheckpoint: float tensors + quantized fields + manifest)."""
+    (a QuantizedCheckpoint: float tensors + quantized fields + manifest). load_format "random": an HF directory's
+    config.json with random weights drawn for `device` (random_weights.py)."""
+    from .random_weights import check_load_format, load_random
+    check_load_format(load_format)
+    if load_format == "random":
+        if path is None:
+            raise ValueError("--load-format random needs --model: a directory holding config.json")
+        return load_random(path, device=device, progress=progress)
     p = default_model_path() if path is None else Path(path).expanduser()
     if p.is_dir():
         if (p / QUANT_MANIFEST).is_file():  # written by `lowbit quantize`
