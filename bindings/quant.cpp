@@ -39,7 +39,9 @@ QuantizedWeight make_quantized_weight(const std::string& format, nb::handle q, n
   w.q = weight_values(q, w.format);
   w.n = w.q.size(0);
   w.k = w.q.size(1);
-  w.group = is_group_wise(w.format) ? (group == 0 ? default_group(w.format) : group) : 0;
+  // w8 keeps the given group: 0 per channel, else one scale per group (GGUF Q8_0)
+  w.group = is_group_wise(w.format) ? (group == 0 ? default_group(w.format) : group)
+                                    : (w.format == WeightFormat::w8 ? group : 0);
   w.symmetric = symmetric;
   w.scales = optional_arg(scales, "scales");
   w.zeros = optional_arg(zeros, "zeros");
@@ -89,7 +91,8 @@ void bind_quant(nb::module_& m) {
            nb::arg("mins") = nb::none(),
            "Builds a weight from tensors (copied) and validates every field. q: [n, k]; for w4/qoq/liquid either "
            "a lowbit u4 tensor or uint8 values one per byte (<= 15); for e4m3 float8_e4m3fn or its uint8 bits. "
-           "`group` 0 means the format's default (128; liquid 64); formats without groups ignore it. `mins` (w4 "
+           "`group` 0 means the format's default (128; liquid 64); w8 takes 0 (per channel) or a group (scales f32 "
+           "[n, groups], GGUF Q8_0); other formats without groups ignore it. `mins` (w4 "
            "only, f16 [n, groups], instead of zeros): w = q*s + m, GGUF Q4_1's scale + min (CPU kernels only).")
       .def_prop_ro("format", [](const QuantizedWeight& w) { return std::string(name_of(w.format)); })
       .def_prop_ro("n", [](const QuantizedWeight& w) { return w.n; })

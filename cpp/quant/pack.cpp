@@ -44,6 +44,9 @@ PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Devi
   if (w.mins.defined() && target != PackTarget::cpu)
     LOWBIT_NOT_SUPPORTED("pack_weight: w4 with per-group mins (w = q*s + m, GGUF Q4_1) has no GPU layout yet (target ",
                          name_of(target), "); pack it for cpu, or re-quantize it to zeros");
+  if (w.format == WeightFormat::w8 && w.group > 0 && target != PackTarget::cpu)
+    LOWBIT_NOT_SUPPORTED("pack_weight: grouped w8 (g", w.group, ", GGUF Q8_0 as stored) has no GPU layout yet (target ",
+                         name_of(target), "); pack it for cpu");
   switch (target) {
     case PackTarget::cpu:
       LOWBIT_CHECK(device.is_cpu(), "pack_weight: target cpu packs into host memory, but device ", device.str(),
