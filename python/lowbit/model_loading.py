@@ -110,7 +110,8 @@ def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str
     notes = []
     if recipe is None:
         recipe, why = gguf_choice.file_recipe(linear_types, device)
-        notes.append(f"lowbit: {loaded.source}: no recipe given; {recipe} follows the file ({why})")
+        if gguf_choice.quantized_types(linear_types):  # a float file runs w16a16 as it always did: nothing to say
+            notes.append(f"lowbit: {loaded.source}: no recipe given; {recipe} follows the file ({why})")
     recipe, chosen, note = choose_stored(native, recipe, device, loaded.source, linear_types)
     if chosen:
         loaded.fields = chosen

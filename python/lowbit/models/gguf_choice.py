@@ -56,15 +56,34 @@ def w8_choice(w8_fields: dict, spec, recipe: str, device: str, source: str):
                                    f"no re-quantization); recipe {kept}")
 
 
-def short_names(names: list[str], shown: int = 3) -> str:
-    """'a, b, c and 81 more' (GGUF tensor names read better than HF ones in a GGUF log line)."""
-    names = sorted(names, key=_natural)
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
+_KIND_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _natural(name: str):
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+def _ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start = [], None
+    for i, v in enumerate(layers):
+        if start is None:
+            start = v
+        if i + 1 == len(layers) or layers[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
+
+
+def describe_linears(gguf_names: list[str]) -> str:
+    """GGUF linear names, grouped for a log line: 'attn_q, attn_k of blk.0-29; ffn_down of blk.0, 3 (62 tensors)'."""
+    layers: dict[str, list[int]] = {}
+    for name in gguf_names:
+        m = re.match(r"blk\.(\d+)\.(.+)\.weight$", name)
+        kind, layer = (m.group(2), int(m.group(1))) if m else (name, -1)
+        layers.setdefault(kind, []).append(layer)
+    by_layers: dict[str, list[str]] = {}  # the same layer set -> its kinds
+    order = lambda k: (_KIND_ORDER.index(k) if k in _KIND_ORDER else len(_KIND_ORDER), k)  # noqa: E731
+    for kind in sorted(layers, key=order):
+        by_layers.setdefault(_ranges(sorted(layers[kind])), []).append(kind)
+    parts = [f"{', '.join(kinds)} of blk.{where}" for where, kinds in by_layers.items()]
+    return "; ".join(parts) + f" ({len(gguf_names)} tensors)"
 
 
 _HF_LINEARS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
@@ -100,7 +119,7 @@ def dequantized_note(tensor_types: dict, kept: set, spec, dtype: str, source: st
     by_type: dict[str, list[str]] = {}
     for name, t in rest.items():
         by_type.setdefault(t, []).append(gguf_name(name))
-    what = "; ".join(f"{t}: {short_names(names)}" for t, names in sorted(by_type.items()))
+    what = "; ".join(f"{t}: {describe_linears(names)}" for t, names in sorted(by_type.items()))
     if spec.weight_format is None:
         target = f"kept as {dtype} weights (recipe {spec.text})"
     else:
