@@ -43,15 +43,14 @@ def w8_choice(w8_fields: dict, spec, recipe: str, device: str, source: str):
 
     "w8a16..." with no group or g32 on the CPU keeps them as stored (the recipe becomes w8a16g32...); an explicit
     other group or the GPU re-quantizes from the exact dequantized values, and the note says so."""
-    explicit = re.match(r"\s*w8a16g(\d+)", recipe.lower())
-    count = len(w8_fields)
-    if explicit and int(explicit.group(1)) != GROUP:
+    count = len(w8_fields)  # spec.group: 0 unless the recipe names one (w8 is per channel by default)
+    if spec.group and spec.group != GROUP:
         return recipe, {}, (f"lowbit: {source}: recipe {spec.text} re-quantizes the file's {count} Q8_0 linears "
-                            f"(groups of {GROUP}) to groups of {explicit.group(1)}; recipe 'w8a16' keeps them as stored")
+                            f"(groups of {GROUP}) to groups of {spec.group}; recipe 'w8a16' keeps them as stored")
     if str(device).startswith("cuda"):
         return recipe, {}, (f"lowbit: {source}: the file's {count} Q8_0 linears (w8 groups of {GROUP}) have no GPU "
                             f"kernel yet; re-quantized to {spec.text} (per-channel w8)")
-    kept = spec.text if explicit else spec.text.replace("w8a16", f"w8a16g{GROUP}", 1)
+    kept = spec.text if spec.group else spec.text.replace("w8a16", f"w8a16g{GROUP}", 1)
     return kept, dict(w8_fields), (f"lowbit: {source}: {count} Q8_0 weights loaded as stored (w8 g{GROUP}, "
                                    f"no re-quantization); recipe {kept}")
 
