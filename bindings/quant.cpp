@@ -140,7 +140,7 @@ void bind_quant(nb::module_& m) {
       nb::arg("w"), nb::arg("format"), nb::arg("group") = 0, nb::arg("symmetric") = false,
       nb::arg("scales") = nb::none(), nb::arg("zeros") = nb::none(), nb::arg("channel_scales") = nb::none(),
       "Round-to-nearest quantization of w (f32/f16/bf16 [n, k]); group 0 = the format's default (128; liquid "
-      "64). Parameters given as tensors are used as they are "
+      "64; w8: per channel, while a group gives one scale per group, GGUF Q8_0's layout). Parameters given as tensors are used as they are "
       "(e.g. from an AWQ/GPTQ search); the others are computed by the round-to-nearest rule.");
   m.def("dequantize_weight", &dequantize_weight, nb::arg("qw"), "f32 [n, k]: exactly what the kernels compute with");
   m.def(

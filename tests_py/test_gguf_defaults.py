@@ -49,6 +49,21 @@ def test_no_recipe_runs_the_files_precision(tmp_path, capfd, types, recipe, stor
     assert explicit.recipe == "w16a16" and "no recipe given" not in capfd.readouterr().err
 
 
+def test_float_linears_beside_stored_ones_are_named(tmp_path, capfd):
+    """A Q4_1 file with a float linear: no recipe keeps the Q4_1 ones as stored and says that the float one is
+    quantized round-to-nearest (lossy), naming it; `lowbit info` shows the same."""
+    config = _tiny_config()
+    tensors = tiny_tensors(config, seed=4)
+    qtypes = {n: T.Q4_1 for n in tensors if n.endswith(LINEAR_SUFFIXES) and n != "model.layers.1.mlp.down_proj.weight"}
+    llm = lowbit.LLM(make_gguf(tmp_path / "tiny-mostly-q4_1.gguf", config, tensors, qtypes=qtypes), progress=True)
+    err = capfd.readouterr().err
+    assert llm.recipe == "w4a16g32" and "13 Q4_1 weights loaded as stored" in err
+    assert "the file's float linears are quantized round-to-nearest to w4 g32 (recipe w4a16g32; recipe w16a16 keeps " \
+           "every linear exact): ffn_down of blk.1 (1 tensor)" in err
+    assert any(r["how"] == "quantized at load (round to nearest)" and r["tensors"] == "ffn_down"
+               for r in llm.tensor_report)
+
+
 def test_no_recipe_logits_are_the_stored_weights(tmp_path):
     """The default's engine computes with the file's weights: the same logits as w16a16 (the exact dequantized
     values) up to f32 summation order, for each stored type."""

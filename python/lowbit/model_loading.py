@@ -127,8 +127,9 @@ def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str
             note += f"; lm_head ({loaded.head_type} in the file) as {loaded.head_format}"
     notes.append(note)
     from .quantize.recipes import parse_recipe
-    notes.append(gguf_choice.dequantized_note(getattr(loaded, "tensor_types", None) or {}, set(chosen),
-                                              parse_recipe(recipe), dtype, loaded.source))
+    types, spec = getattr(loaded, "tensor_types", None) or {}, parse_recipe(recipe)
+    notes.append(gguf_choice.dequantized_note(types, set(chosen), spec, dtype, loaded.source))
+    notes.append(gguf_choice.float_linears_note(types, set(chosen), spec, loaded.source))
     notes = [n for n in notes if n]
     loaded.load_note = "\n".join(notes) or None
     if notes and progress:

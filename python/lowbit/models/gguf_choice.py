@@ -82,7 +82,8 @@ def describe_linears(gguf_names: list[str]) -> str:
     for kind in sorted(layers, key=order):
         by_layers.setdefault(_ranges(sorted(layers[kind])), []).append(kind)
     parts = [f"{', '.join(kinds)} of blk.{where}" for where, kinds in by_layers.items()]
-    return "; ".join(parts) + f" ({len(gguf_names)} tensors)"
+    count = len(gguf_names)
+    return "; ".join(parts) + f" ({count} tensor{'' if count == 1 else 's'})"
 
 
 _HF_LINEARS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
@@ -106,6 +107,19 @@ def gguf_name(hf_name: str) -> str:
             if h == m.group(2):
                 return f"blk.{m.group(1)}.{g}"
     return hf_name
+
+
+def float_linears_note(tensor_types: dict, kept: set, spec, source: str) -> str | None:
+    """When some linears run as stored and the file's float linears are quantized by the recipe (round to nearest),
+    one line says which: the recipe that keeps the quantized ones is lossy for those. None otherwise."""
+    if not kept or spec.weight_format is None:
+        return None
+    floats = [gguf_name(n) for n, t in tensor_types.items() if is_linear(n) and t in FLOAT_TYPES]
+    if not floats:
+        return None
+    group = f" g{spec.group}" if spec.group else ""
+    return (f"lowbit: {source}: the file's float linears are quantized round-to-nearest to {spec.weight_format}{group} "
+            f"(recipe {spec.text}; recipe w16a16 keeps every linear exact): {describe_linears(floats)}")
 
 
 def dequantized_note(tensor_types: dict, kept: set, spec, dtype: str, source: str) -> str | None:
