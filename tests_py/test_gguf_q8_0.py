@@ -136,3 +136,18 @@ def test_grouped_w8_is_cpu_only_and_load_time_only():
         check_pair("rtn", parse_recipe("w8a16g32"))
     with pytest.raises(ValueError, match="float activations only"):
         parse_recipe("w8a8g32")
+
+
+def test_grouped_w8_round_to_nearest_follows_the_rule():
+    """quantize_weight(w, "w8", g) (what w8a16g32 does to a float linear) against numpy: per row and group
+    s = max|w| / 127 in f32 (1 for an all-zero group), q = round half to even of w / s; a short last group."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((9, 200)).astype(np.float32)
+    w[3, 32:64] = 0  # an all-zero group
+    qw = _core.quantize_weight(torch.from_numpy(w), "w8", 32)
+    groups = [(c, min(c + 32, 200)) for c in range(0, 200, 32)]
+    s = np.stack([np.abs(w[:, a:b]).max(axis=1) / np.float32(127) for a, b in groups], axis=1).astype(np.float32)
+    s[s == 0] = 1
+    q = np.concatenate([np.clip(np.rint(w[:, a:b] / s[:, [i]]), -127, 127) for i, (a, b) in enumerate(groups)], axis=1)
+    np.testing.assert_array_equal(np.from_dlpack(qw.scales), s)
+    np.testing.assert_array_equal(np.from_dlpack(qw.q).astype(np.int64), q.astype(np.int64))
