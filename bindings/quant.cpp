@@ -39,7 +39,9 @@ QuantizedWeight make_quantized_weight(const std::string& format, nb::handle q, n
   w.q = weight_values(q, w.format);
   w.n = w.q.size(0);
   w.k = w.q.size(1);
-  w.group = is_group_wise(w.format) ? (group == 0 ? default_group(w.format) : group) : 0;
+  // w8 keeps the given group: 0 per channel, else one scale per group (GGUF Q8_0)
+  w.group = is_group_wise(w.format) ? (group == 0 ? default_group(w.format) : group)
+                                    : (w.format == WeightFormat::w8 ? group : 0);
   w.symmetric = symmetric;
   w.scales = optional_arg(scales, "scales");
   w.zeros = optional_arg(zeros, "zeros");
@@ -89,7 +91,8 @@ void bind_quant(nb::module_& m) {
            nb::arg("mins") = nb::none(),
            "Builds a weight from tensors (copied) and validates every field. q: [n, k]; for w4/qoq/liquid either "
            "a lowbit u4 tensor or uint8 values one per byte (<= 15); for e4m3 float8_e4m3fn or its uint8 bits. "
-           "`group` 0 means the format's default (128; liquid 64); formats without groups ignore it. `mins` (w4 "
+           "`group` 0 means the format's default (128; liquid 64); w8 takes 0 (per channel) or a group (scales f32 "
+           "[n, groups], GGUF Q8_0); other formats without groups ignore it. `mins` (w4 "
            "only, f16 [n, groups], instead of zeros): w = q*s + m, GGUF Q4_1's scale + min (the CPU and the GPU W4A16 kernels).")
       .def_prop_ro("format", [](const QuantizedWeight& w) { return std::string(name_of(w.format)); })
       .def_prop_ro("n", [](const QuantizedWeight& w) { return w.n; })
@@ -137,7 +140,7 @@ void bind_quant(nb::module_& m) {
       nb::arg("w"), nb::arg("format"), nb::arg("group") = 0, nb::arg("symmetric") = false,
       nb::arg("scales") = nb::none(), nb::arg("zeros") = nb::none(), nb::arg("channel_scales") = nb::none(),
       "Round-to-nearest quantization of w (f32/f16/bf16 [n, k]); group 0 = the format's default (128; liquid "
-      "64). Parameters given as tensors are used as they are "
+      "64; w8: per channel, while a group gives one scale per group, GGUF Q8_0's layout). Parameters given as tensors are used as they are "
       "(e.g. from an AWQ/GPTQ search); the others are computed by the round-to-nearest rule.");
   m.def("dequantize_weight", &dequantize_weight, nb::arg("qw"), "f32 [n, k]: exactly what the kernels compute with");
   m.def(

@@ -316,6 +316,53 @@ TEST(GemmCpu, W4WithMinsMatchesFloat64AndRoundTrips) {
   EXPECT_THROW(validate_quantized_weight(bad, "test"), Error);
 }
 
+// Grouped w8 (GGUF Q8_0 as stored: w = q * s with one f32 scale per row and group): the packed layout
+// round-trips, the float-activation GEMM matches float64 of q * s on odd shapes (n tails, a short last
+// group, M on every path), and the GPU packer refuses it (the registry test checks the int8 kernels do).
+TEST(GemmCpu, GroupedW8MatchesFloat64AndRoundTrips) {
+  for (const Case& c : kCases) {
+    if (c.group % 2) continue;
+    SCOPED_TRACE("m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k));
+    QuantizedWeight w = random_weight(WeightFormat::w8, c.n, c.k, 0);  // q and per-channel scales
+    w.group = c.group;
+    w.scales = random_f32({c.n, w.num_groups()}, 0.001f, 0.02f);
+    const bool valid_group = c.group == 32 || c.group == 64 || c.group == 128;  // pack_cpu also takes small ones
+    if (valid_group) validate_quantized_weight(w, "test");
+    const PackedWeight p = pack_cpu(w);
+    const QuantizedWeight u = unpack_cpu(p);
+    EXPECT_EQ(u.group, w.group);
+    expect_same_tensor(u.q, w.q, "q");
+    expect_same_tensor(u.scales, w.scales, "scales");
+    const Tensor x = random_activations(c.m, c.k, ScalarType::f32);
+    PoisonedOutput out(c.m, c.n, ScalarType::f32);
+    cpu::linear_cpu(x, p, Tensor(), out.y, ops::LinearActivation::float16);
+    EXPECT_TRUE(out.pad_untouched());
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t r = 0; r < c.n; ++r) {
+        double ref = 0, mag = 0;
+        for (int64_t kk = 0; kk < c.k; ++kk) {
+          const double wt = double(w.q.data<int8_t>()[r * c.k + kk]) *
+                            w.scales.data<float>()[r * w.num_groups() + kk / w.group];
+          ref += double(as_float(x, i * c.k + kk)) * wt;
+          mag += std::fabs(double(as_float(x, i * c.k + kk)) * wt);
+        }
+        EXPECT_NEAR(as_float(out.y.select(0, i), r), ref, 1e-5 * mag + 1e-30) << "row " << i << " col " << r;
+      }
+    if (valid_group) {
+      const Tensor d = dequantize_weight(w);
+      for (int64_t e = 0; e < c.n * c.k; ++e)
+        ASSERT_EQ(d.data<float>()[e], float(w.q.data<int8_t>()[e]) *
+                                          w.scales.data<float>()[(e / c.k) * w.num_groups() + (e % c.k) / w.group]);
+      try {
+        pack_weight(w, PackTarget::sm80, Device::cpu());
+        ADD_FAILURE() << "pack_weight(sm80) accepted a grouped w8 weight";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("grouped w8"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 TEST(GemmCpu, Int8ActivationsAccumulateExactlyInInt32) {
   for (WeightFormat f : {WeightFormat::w8, WeightFormat::qoq, WeightFormat::liquid})
     for (const Case& c : kCases) {

@@ -21,6 +21,7 @@ TEST(QuantRecipe, ParsesEveryForm) {
   const Case cases[] = {
       {"w16a16", WeightFormat::f32, 16, 0, ActivationMode::float16, 16, 16, "w16a16"},
       {"w8a16", WeightFormat::w8, 8, 0, ActivationMode::float16, 16, 16, "w8a16"},
+      {"w8a16g32kv8", WeightFormat::w8, 8, 32, ActivationMode::float16, 8, 8, "w8a16g32kv8"},  // GGUF Q8_0
       {"w8a8kv8", WeightFormat::w8, 8, 0, ActivationMode::int8_per_token, 8, 8, "w8a8kv8"},
       {"w8a8k8v4", WeightFormat::w8, 8, 0, ActivationMode::int8_per_token, 8, 4, "w8a8k8v4"},
       {"w4a16", WeightFormat::w4, 4, 128, ActivationMode::float16, 16, 16, "w4a16"},
@@ -115,7 +116,8 @@ TEST(QuantRecipe, RejectsBadText) {
   expect_rejected("w16a16kc4g16v4", "K group size must be 32, 64 or 128");
   expect_rejected("w16a16kc4", "expected 'v'");
   expect_rejected("w16a16kcv4", "k bits must be 16, 8, 4 or 2");
-  expect_rejected("w8a16g64", "4-bit weights only");
+  expect_rejected("w8a8g32", "grouped int8 weights run with float activations only");
+  expect_rejected("wfp8a16g32", "4-bit and int8 weights only");
   expect_rejected("w4a16kv3", "kv bits must be 16, 8, 4 or 2");
   expect_rejected("w4a16k8", "expected 'v'");
   expect_rejected("w4a16-liquid", "need w4a8");

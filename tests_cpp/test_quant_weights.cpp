@@ -280,7 +280,8 @@ TEST(QuantWeights, DefaultGroups) {
   EXPECT_EQ(quantize_weight(w, WeightFormat::qoq).group, 128);
   EXPECT_EQ(quantize_weight(w, WeightFormat::liquid).group, 64);
   EXPECT_EQ(quantize_weight(w, WeightFormat::liquid).num_groups(), 4);
-  EXPECT_EQ(quantize_weight(w, WeightFormat::w8, 128).group, 0);  // no groups: the argument is ignored
+  EXPECT_EQ(quantize_weight(w, WeightFormat::w8).group, 0);  // w8: per channel unless a group is asked for
+  EXPECT_EQ(quantize_weight(w, WeightFormat::w8, 32).num_groups(), 8);
   EXPECT_EQ(quantize_weight(w, WeightFormat::e4m3).num_groups(), 0);
 }
 

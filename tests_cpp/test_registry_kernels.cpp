@@ -89,6 +89,7 @@ TEST(Registry, CpuGemmSweepAgainstFloat64) {
   const Case cases[] = {{WeightFormat::f32, 0, ActivationMode::float16, "gemm_f32act_cpu"},
                         {WeightFormat::f16, 0, ActivationMode::float16, "gemm_f32act_cpu"},
                         {WeightFormat::w8, 0, ActivationMode::float16, "gemm_f32act_cpu"},
+                        {WeightFormat::w8, 32, ActivationMode::float16, "gemm_f32act_cpu"},  // GGUF Q8_0
                         {WeightFormat::e4m3, 0, ActivationMode::float16, "gemm_f32act_cpu"},
                         {WeightFormat::w4, 32, ActivationMode::float16, "gemm_f32act_cpu"},
                         {WeightFormat::w8, 0, ActivationMode::int8_per_token, "gemm_s8act_cpu"}};
@@ -131,6 +132,19 @@ TEST(Registry, CpuGemmSweepAgainstFloat64) {
       }
     }
   }
+}
+
+// Grouped w8 (GGUF Q8_0 as stored) has float-activation kernels only: the int8 ones read one scale per channel.
+TEST(Registry, GroupedW8IsRefusedByTheInt8Kernels) {
+  std::mt19937 rng(3);
+  const PackedWeight pw =
+      pack_weight(quantize_weight(random_tensor({8, 64}, rng, -1.f, 1.f), WeightFormat::w8, 32), PackTarget::cpu,
+                  Device::cpu());
+  const GemmDesc d = describe_gemm(Device::cpu(), ActivationMode::int8_per_token, ScalarType::f32, ScalarType::f32,
+                                   pw, 4, true);
+  const GemmSelection s = try_select_gemm(d);
+  EXPECT_EQ(s.kernel, nullptr);
+  EXPECT_NE(s.reasons().find("per-channel w8"), std::string::npos) << s.reasons();
 }
 
 TEST(Registry, GpuGemmChoicesByDescriptor) {

@@ -43,7 +43,9 @@ def run(capsys, *argv):
 def test_generate_default_model_chat_template_and_raw(loads, capsys):
     code, out, err = run(capsys, "generate", "--max-tokens", "12", "--quiet", "What is the capital of France?")
     assert code == 0 and "Paris" in out and not out.startswith("What is")  # the reply only, via the chat template
-    assert loads[-1] == (None, "w16a16", "cpu", None, None, 0.9, False)  # no --model: the default SmolLM2
+    assert loads[-1] == (None, None, "cpu", None, None, 0.9, False)  # no --model: the default SmolLM2
+    # no --recipe: the file's precision (SmolLM2's Q4_1 layers as stored)
+    assert cli._load(cli.build_parser().parse_args(["generate", "hi"])).recipe == "w4a16g32"
     assert cli._load(cli.build_parser().parse_args(["generate", "hi"])).dtype == "f32"  # no --dtype: f32 on the CPU
     assert re.search(r"\[\d+ tokens, (stop|length), ttft \d+ ms", err)
     code, out, _ = run(capsys, "generate", "--raw", "--max-tokens", "6", "--quiet", "The capital of France is")
@@ -77,7 +79,7 @@ def test_perplexity_verb(loads, capsys, tmp_path):
         pytest.skip(f"shared eval data not found at {GPL3}")
     code, out, _ = run(capsys, "perplexity", "--quiet", "--text", str(GPL3), "--window", "64", "--max-tokens", "256")
     assert code == 0
-    got = float(re.search(r"perplexity ([\d.]+) \(w16a16, window 64, first 256 tokens", out).group(1))
+    got = float(re.search(r"perplexity ([\d.]+) \(w4a16g32, window 64, first 256 tokens", out).group(1))
     args = cli.build_parser().parse_args(["perplexity", "--quiet", "--text", str(GPL3)])
     ref = cli._load(args).perplexity(GPL3.read_text(), window=64, max_tokens=256)
     assert got == pytest.approx(ref, abs=1e-4) and 5 < got < 200
@@ -86,10 +88,10 @@ def test_perplexity_verb(loads, capsys, tmp_path):
 def test_bench_and_info_verbs(loads, capsys):
     code, out, _ = run(capsys, "bench", "--quiet", "--prompt-tokens", "24", "--new-tokens", "6")
     assert code == 0
-    m = re.search(r"w16a16: prefill ([\d.]+) tok/s \(24 tokens\), decode ([\d.]+) tok/s \(6 new tokens\)", out)
+    m = re.search(r"w4a16g32: prefill ([\d.]+) tok/s \(24 tokens\), decode ([\d.]+) tok/s \(6 new tokens\)", out)
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
     code, out, _ = run(capsys, "info", "--quiet")
-    assert code == 0 and "arch        llama: 30 layers, hidden 576, 9/3 heads x 64" in out and "recipe      w16a16" in out
+    assert code == 0 and "arch        llama: 30 layers, hidden 576, 9/3 heads x 64" in out and "recipe      w4a16g32" in out
 
 
 @pytest.mark.parametrize("argv, message", [

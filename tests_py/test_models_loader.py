@@ -90,8 +90,10 @@ def _llama_cpp_permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def make_gguf(path, config, tensors, arch="llama", meta_extra=None, qtypes=None):
-    """Write a tiny GGUF the way llama.cpp's converter would (q/k permuted for llama)."""
+def make_gguf(path, config, tensors, arch="llama", meta_extra=None, qtypes=None, raw=None):
+    """Write a tiny GGUF the way llama.cpp's converter would (q/k permuted for llama). raw: HF name -> (uint8
+    blocks [rows, bytes], GGMLQuantizationType) written as given, in the file's row order (for types gguf-py
+    cannot quantize: K-quants, IQ*)."""
     gguf = pytest.importorskip("gguf")
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny test model")
@@ -129,7 +131,10 @@ def make_gguf(path, config, tensors, arch="llama", meta_extra=None, qtypes=None)
         elif arch == "llama" and ".attn_k." in gname:
             t = _llama_cpp_permute(t, config.num_kv_heads)
         qtype = (qtypes or {}).get(name)
-        if qtype is None:
+        if name in (raw or {}):
+            blocks, raw_type = raw[name]
+            w.add_tensor(gname, blocks, raw_shape=blocks.shape, raw_dtype=raw_type)
+        elif qtype is None:
             w.add_tensor(gname, np.ascontiguousarray(t))
         else:
             q = gguf.quants.quantize(np.ascontiguousarray(t), qtype)

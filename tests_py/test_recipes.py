@@ -80,7 +80,8 @@ def test_fields_of_the_grammar():
 
 BAD = [
     ("w5a16", "weight bits must be 16, 8, 4 or fp8", 2), ("w4a3", "activation bits must be 16, 8 or 4", 4),
-    ("w4a16g48", "group size must be 32, 64 or 128", 8), ("w8a16g64", "applies to 4-bit weights only", 8),
+    ("w4a16g48", "group size must be 32, 64 or 128", 8), ("wfp8a16g32", "applies to 4-bit and int8 weights only", 10),
+    ("w8a8g32", "grouped int8 weights run with float activations only", 7),
     ("w4a8kv3", "kv bits must be 16, 8, 4 or 2", 7), ("w4a8k8", "expected 'v'", 6),
     ("w4a16-liquid", "need w4a8", 12), ("w4a8-awq", "expected '-qoq' or '-liquid'", 5),
     ("w4a8kv4x", "unexpected trailing text 'x'", 7), ("w16a8", "16-bit weights need 16-bit activations", 5),

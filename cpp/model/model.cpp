@@ -189,7 +189,7 @@ void Model::set_weight(const std::string& name, const Tensor& tensor) {
   Tensor f32 = to_f32_host(tensor, name);
   if (is_linear_suffix(w.suffix) || w.suffix == "lm_head.weight")
     stage_linear(name, quantize_weight(f32, w.suffix == "lm_head.weight" ? head_format_ : weight_format_,
-                                       recipe_.group > 0 ? recipe_.group : 128, false));
+                                       group_for(w.suffix == "lm_head.weight" ? head_format_ : weight_format_), false));
   else
     staged_float_[name] = f32;
 }
@@ -223,6 +223,12 @@ void Model::set_head_format(const std::string& format) {
                ": recipe ", recipe_.text, " quantizes activations, and lm_head takes float activations: give it a "
                "float format (f16, bf16, f32), got '", format, "'");
   head_format_ = f;
+}
+
+int Model::group_for(WeightFormat f) const {
+  if (is_group_wise(f)) return recipe_.group > 0 ? recipe_.group : 128;
+  // w8 is per channel unless the recipe groups it (w8a16g32); a w8 lm_head under a w4 recipe stays per channel
+  return f == WeightFormat::w8 && weight_format_ == WeightFormat::w8 ? recipe_.group : 0;
 }
 
 void Model::stage_linear(const std::string& name, QuantizedWeight w) { staged_linear_[name] = std::move(w); }
@@ -373,7 +379,7 @@ void Model::finalize() {
   auto head = staged_linear_.find("lm_head.weight");
   lm_head_ = head != staged_linear_.end()
                  ? pack(head->second)
-                 : pack(quantize_weight(embed, head_format_, recipe_.group > 0 ? recipe_.group : 128, false));
+                 : pack(quantize_weight(embed, head_format_, group_for(head_format_), false));
   parameter_bytes_["embedding"] = embed_table_.nbytes();
   parameter_bytes_["norms"] += final_norm_.nbytes();
   parameter_bytes_["lm_head"] = packed_bytes(lm_head_);

@@ -49,7 +49,8 @@ Tensor dequantize_weight(const QuantizedWeight& w) {
       const float* sp = s.data<float>();
 #pragma omp parallel for schedule(static)
       for (int64_t r = 0; r < n; ++r)
-        for (int64_t c = 0; c < k; ++c) o[r * k + c] = static_cast<float>(qp[r * k + c]) * sp[r];
+        for (int64_t c = 0; c < k; ++c)  // grouped: one scale per row and group (GGUF Q8_0: q * d)
+          o[r * k + c] = static_cast<float>(qp[r * k + c]) * (groups > 0 ? sp[r * groups + c / w.group] : sp[r]);
       break;
     }
     case WeightFormat::e4m3: {

@@ -48,7 +48,12 @@ void check_quantized(const QuantizedWeight& w) {
     case WeightFormat::w8:
     case WeightFormat::e4m3:
       check_dtype(w.scales, ScalarType::f32, kOp, "scales");
-      check_shape(w.scales, {w.n}, kOp, "scales");
+      if (w.format == WeightFormat::w8 && w.group > 0) {  // grouped w8: a k pair must not straddle groups
+        LOWBIT_CHECK(w.group % 2 == 0, kOp, ": group size of w8 must be even, got ", w.group);
+        check_shape(w.scales, {w.n, G}, kOp, "scales");
+      } else {
+        check_shape(w.scales, {w.n}, kOp, "scales");
+      }
       break;
     case WeightFormat::w4:
     case WeightFormat::qoq:
@@ -146,7 +151,21 @@ PackedWeight pack_cpu(const QuantizedWeight& w) {
         const int64_t dst = ((r / kTileRows) * pairs + c / 2) * kPairElems + (r % kTileRows) * 2 + c % 2;
         std::memcpy(d + dst * es, s + (r * k + c) * es, es);
       }
-    if (w.format == WeightFormat::w8 || w.format == WeightFormat::e4m3) p.scales = pad_channels(w.scales, tiles);
+    if (w.format == WeightFormat::w8 && G > 0) {
+      // grouped w8: scales f32 [tiles, G, 8] (for unpack) and aux f32 [tiles, G, 16], each row's group scale
+      // repeated for its two k lanes (pair order e = row * 2 + kk), so the kernel dequantizes q * s per lane.
+      p.scales = tile_group_params(w.scales, n, G, tiles);
+      p.aux = Tensor::zeros({tiles, G, kPairElems}, ScalarType::f32);
+      const Tensor sc = w.scales.contiguous();
+      float* aux = p.aux.data<float>();
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+          float* a = aux + ((r / kTileRows) * G + g) * kPairElems + (r % kTileRows) * 2;
+          a[0] = a[1] = sc.data<float>()[r * G + g];
+        }
+    } else if (w.format == WeightFormat::w8 || w.format == WeightFormat::e4m3) {
+      p.scales = pad_channels(w.scales, tiles);
+    }
     return p;
   }
 
@@ -240,7 +259,8 @@ QuantizedWeight unpack_cpu(const PackedWeight& p) {
         const int64_t src = ((r / kTileRows) * pairs + c / 2) * kPairElems + (r % kTileRows) * 2 + c % 2;
         std::memcpy(d + (r * k + c) * es, s + src * es, es);
       }
-    if (p.format == WeightFormat::w8 || p.format == WeightFormat::e4m3) w.scales = p.scales.slice(0, 0, n).clone();
+    if (p.format == WeightFormat::w8 && G > 0) w.scales = untile_group_params(p.scales, n, G);
+    else if (p.format == WeightFormat::w8 || p.format == WeightFormat::e4m3) w.scales = p.scales.slice(0, 0, n).clone();
     return w;
   }
   w.q = Tensor::zeros({n, k}, ScalarType::u4);

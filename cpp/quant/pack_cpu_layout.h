@@ -16,6 +16,8 @@
 //       and one _mm256_madd_epi16 by ones leaves row r's 4-k sum in int32 lane r. The pair order e
 //       above is one byte shuffle away (gemm_unpack_avx2.h).
 // w8/e4m3: scales f32 [tiles * 8] (per output channel).
+// grouped w8 (group > 0, GGUF Q8_0): scales f32 [tiles, G, 8]; aux f32 [tiles, G, 16], the scale of lane e
+//          (row e / 2), so the float kernel multiplies the 16 s8 values of a pair by it: q * s exactly.
 // w4 (float activations only, so it has its own per-k layout): data u8 [tiles, k, 4]; the 32-bit word
 //          of (tile, k) holds row r in bits 4r..4r+3, row 7 stored as q ^ 8. One broadcast 32-bit load
 //          ANDed with the lane mask 0xF << 4r and converted to f32 gives q * 16^r exactly (row 7: the

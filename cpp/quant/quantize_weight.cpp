@@ -68,14 +68,19 @@ struct Rows {
   const float* row(int64_t r) const { return w + r * k; }
 };
 
-// w8 (SmoothQuant-style per-channel s8): s = max|w| / 127, q = clamp(round(w / s), -127, 127).
-void quantize_w8(const Rows& in, const float* given, int8_t* q, float* scales) {
+// w8 (SmoothQuant-style s8): s = max|w| / 127 over the row, or over each group of `group` columns when
+// group > 0 (GGUF Q8_0's layout); q = clamp(round(w / s), -127, 127).
+void quantize_w8(const Rows& in, int group, const float* given, int8_t* q, float* scales) {
+  const int64_t span = group > 0 ? group : in.k, groups = (in.k + span - 1) / span;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < in.n; ++r) {
-    const float* x = in.row(r);
-    const float s = given ? given[r] : channel_scale(x, in.k, 127.f);
-    scales[r] = s;
-    for (int64_t c = 0; c < in.k; ++c) q[r * in.k + c] = static_cast<int8_t>(round_clamp(x[c] / s, -127.f, 127.f));
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * span, c1 = std::min(in.k, c0 + span), pi = r * groups + g;
+      const float s = given ? given[pi] : channel_scale(in.row(r) + c0, c1 - c0, 127.f);
+      scales[pi] = s;
+      for (int64_t c = c0; c < c1; ++c)
+        q[r * in.k + c] = static_cast<int8_t>(round_clamp(in.row(r)[c] / s, -127.f, 127.f));
+    }
   }
 }
 
@@ -210,7 +215,7 @@ QuantizedWeight quantize_weight_with_params(const Tensor& w, WeightFormat format
   out.format = format;
   out.n = n;
   out.k = k;
-  out.group = is_group_wise(format) ? group : 0;
+  out.group = is_group_wise(format) || format == WeightFormat::w8 ? group : 0;
   out.symmetric = symmetric;
   const int64_t groups = out.num_groups();
   check_weight_params(format, n, groups, symmetric, params, false, kOp);
@@ -234,8 +239,8 @@ QuantizedWeight quantize_weight_with_params(const Tensor& w, WeightFormat format
     }
     case WeightFormat::w8:
       out.q = Tensor::empty({n, k}, ScalarType::s8);
-      out.scales = Tensor::empty({n}, ScalarType::f32);
-      quantize_w8(in, data_or_null<float>(gs), out.q.data<int8_t>(), out.scales.data<float>());
+      out.scales = groups > 0 ? Tensor::empty({n, groups}, ScalarType::f32) : Tensor::empty({n}, ScalarType::f32);
+      quantize_w8(in, out.group, data_or_null<float>(gs), out.q.data<int8_t>(), out.scales.data<float>());
       break;
     case WeightFormat::e4m3:
       out.q = Tensor::empty({n, k}, ScalarType::e4m3);

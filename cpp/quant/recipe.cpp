@@ -89,7 +89,7 @@ Recipe parse_recipe(const std::string& text) {
   if (c.eat("g")) {
     group = c.number();
     if (group != 32 && group != 64 && group != 128) c.fail("group size must be 32, 64 or 128");
-    if (wbits != 4) c.fail("a group size applies to 4-bit weights only");
+    if (wbits != 4 && (wbits != 8 || fp8)) c.fail("a group size applies to 4-bit and int8 weights only");
   }
   if (c.eat("kv")) {
     r.k_bits = r.v_bits = kv_bits(c, "kv");
@@ -126,6 +126,8 @@ Recipe parse_recipe(const std::string& text) {
     r.weight = WeightFormat::f32;
   } else if (wbits == 8) {
     if (abits == 4) c.fail("w8a4 is not a supported pair (use w8a8 or w4a4)");
+    // grouped int8 (GGUF Q8_0 as stored) has a float-activation CPU kernel only
+    if (group != 0 && abits != 16) c.fail("grouped int8 weights run with float activations only (w8a16g32)");
     r.weight = WeightFormat::w8;
     r.activation = abits == 8 ? ActivationMode::int8_per_token : ActivationMode::float16;
   } else if (abits == 16) {
@@ -149,6 +151,7 @@ std::string to_string(const Recipe& r) {
   s += "a" + std::to_string(activation_bits(r.activation));
   const int default_group = r.weight == WeightFormat::liquid ? 64 : 128;
   if (is_group_wise(r.weight) && r.group != default_group) s += "g" + std::to_string(r.group);
+  if (r.weight == WeightFormat::w8 && r.group != 0) s += "g" + std::to_string(r.group);  // w8 is per channel by default
   if (r.k_per_channel || r.k_bits != KVBits::kv16 || r.v_bits != KVBits::kv16) s += kv_format_name(r);
   if (r.weight == WeightFormat::liquid) s += "-liquid";
   return s;

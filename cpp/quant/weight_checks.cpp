@@ -92,6 +92,11 @@ void reject_given(const Tensor& t, WeightFormat f, const char* op, const char* a
 }  // namespace
 
 void check_group_size(WeightFormat f, int group, const char* op) {
+  if (f == WeightFormat::w8) {  // optional: 0 is per channel
+    LOWBIT_CHECK(group == 0 || group == 32 || group == 64 || group == 128, op,
+                 ": argument 'group' of w8 must be 0 (per channel), 32, 64 or 128, got ", group);
+    return;
+  }
   if (!is_group_wise(f)) return;
   LOWBIT_CHECK(group == 32 || group == 64 || group == 128, op, ": argument 'group' of ", name_of(f),
                " must be 32, 64 or 128, got ", group);
@@ -113,7 +118,8 @@ void check_weight_params(WeightFormat f, int64_t n, int64_t groups, bool symmetr
       reject_given(p.channel_scales, f, op, "channel_scales");
       if (p.scales.defined() || require) {
         check_defined(p.scales, op, "scales");
-        check_host_tensor(p.scales, ScalarType::f32, {n}, op, "scales");
+        // grouped w8 (groups > 0) has one scale per row and group
+        check_host_tensor(p.scales, ScalarType::f32, groups > 0 ? Shape{n, groups} : Shape{n}, op, "scales");
         check_f32_positive(p.scales, op, "scales");
       }
       return;
@@ -177,7 +183,7 @@ void validate_quantized_weight(const QuantizedWeight& w, const char* op) {
   LOWBIT_CHECK_TYPE(w.q.device().is_cpu(), op, ": argument 'q' must be on the CPU, got ", w.q.device().str());
   check_dtype(w.q, element_type_of(w.format), op, "q");
   check_shape(w.q, {w.n, w.k}, op, "q");
-  const int64_t groups = is_group_wise(w.format) ? w.num_groups() : 0;
+  const int64_t groups = is_group_wise(w.format) || w.format == WeightFormat::w8 ? w.num_groups() : 0;
   if (w.mins.defined()) {
     // w = q*s + m: the min replaces the zero point (GGUF Q4_1); any finite f16 value.
     LOWBIT_CHECK(w.format == WeightFormat::w4 && !w.symmetric && !w.zeros.defined(), op,

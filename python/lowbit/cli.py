@@ -13,7 +13,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-format", default="auto", choices=("auto", "random"),
                    help="auto: read the weights; random: --model is a directory with config.json (tokenizer.json "
                         "optional) and the weights are drawn at random, for benchmarks (default auto)")
-    p.add_argument("--recipe", default="w16a16", help="precision recipe, e.g. w16a16, w8a16, w4a16 (default w16a16)")
+    p.add_argument("--recipe", default=None,
+                   help="precision recipe, e.g. w16a16, w8a16, w4a16 (default: the file's own precision on the CPU: "
+                        "a GGUF Q4_0/Q4_1 file runs w4a16g32, Q8_0 w8a16g32 as stored; other files w16a16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype f32|f16|bf16 (default: f32 on the CPU, f16 on a GPU)")
     p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
@@ -214,7 +216,7 @@ def cmd_perplexity(args) -> int:
         raise ValueError(f"{args.text} holds no text")
     llm = _load(args)
     ppl = llm.perplexity(text, window=args.window, max_tokens=args.max_tokens)
-    print(f"perplexity {ppl:.4f} ({args.recipe}, window {args.window}, first {args.max_tokens} tokens of {args.text})")
+    print(f"perplexity {ppl:.4f} ({llm.recipe}, window {args.window}, first {args.max_tokens} tokens of {args.text})")
     return 0
 
 
@@ -225,7 +227,7 @@ def cmd_bench(args) -> int:
                          f"{args.new_tokens}")
     llm = _load(args)
     r = run_bench(llm, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
-    print(f"{args.recipe}: prefill {r['prefill_tok_s']:.1f} tok/s ({args.prompt_tokens} tokens), "
+    print(f"{llm.recipe}: prefill {r['prefill_tok_s']:.1f} tok/s ({args.prompt_tokens} tokens), "
           f"decode {r['decode_tok_s']:.1f} tok/s ({args.new_tokens} new tokens)")
     return 0
 

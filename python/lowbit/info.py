@@ -49,6 +49,7 @@ def model_info(llm) -> dict[str, Any]:
         "quantization": quantization_info(llm.source),
         "checkpoint": checkpoint_info(getattr(llm, "checkpoint_manifest", None)),
         "load_note": getattr(llm, "load_note", None),
+        "tensors": getattr(llm, "tensor_report", None),
         "source": llm.source,
         "arch": cfg.arch,
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "heads": cfg.num_heads,
@@ -98,8 +99,12 @@ def format_info(info: dict[str, Any]) -> str:
         lines.insert(3, f"checkpoint  {c['format']}: {c['quantized_linears']} linears loaded as stored "
                         f"({', '.join(c['loaded_as'])}; {c['input_permutations']} with act-order input permutations); "
                         f"quantized at load (round to nearest): {', '.join(again) if again else 'none'}")
+    if info.get("tensors"):
+        from .models.gguf_report import format_tensors
+        lines[3:3] = format_tensors(info["tensors"])
     if info.get("load_note"):
-        lines.insert(3, "loaded      " + info["load_note"].removeprefix("lowbit: "))
+        notes = [n.removeprefix("lowbit: ") for n in info["load_note"].splitlines()]
+        lines[3:3] = ["loaded      " + notes[0]] + ["            " + n for n in notes[1:]]
     total = 0
     for group, n in sorted(info["parameter_bytes"].items()):
         lines.append(f"  {group:<18}{_mib(n)}")

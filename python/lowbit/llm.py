@@ -53,8 +53,11 @@ class LLM:
             dtype = "f16" if str(device).startswith("cuda") else "f32"
         self._driver: EngineDriver | None = None
         loaded = load_model_source(model, progress=progress, load_format=load_format, device=device)
-        recipe = use_stored_quantization(loaded, recipe, device, progress)  # GGUF Q4_0/Q4_1 kept as stored
+        # GGUF: Q4_0/Q4_1/Q8_0 kept as stored; no recipe: the file's own precision
+        recipe = use_stored_quantization(loaded, recipe, device, progress, dtype)
         recipe = resolve_recipe(loaded, recipe)  # None: w16a16, or a quantized directory's own
+        from .models.gguf_report import tensor_report
+        self.tensor_report = tensor_report(loaded, recipe, dtype)  # GGUF: what each tensor became (lowbit info)
         self.source = loaded.source
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer

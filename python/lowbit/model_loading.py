@@ -56,14 +56,21 @@ def choose_stored(native: dict, recipe: str | None, device: str, source: str, li
     "w4a16g32..." and every Q4_0 / Q4_1 linear is uploaded as stored. An explicit other group, another format, or
     a file mixing Q4_0 and Q4_1 linears re-quantize from the exact dequantized values, and the note says so; so does any
     other weight-quantizing recipe over a file whose linears are stored quantized (linear_types: GGUF type -> count
-    of the linear weights)."""
+    of the linear weights). Q8_0 linears under "w8a16..." likewise become w8 g32 as stored
+    (models/gguf_choice.w8_choice). recipe None (no recipe given) is returned unchanged: use_stored_quantization
+    first replaces it by the file's own precision (gguf_choice.file_recipe)."""
     stored = sorted(t for t in (linear_types or {}) if t not in ("F32", "F16", "BF16"))
     if (not native and not stored) or recipe is None:
         return recipe, {}, None
+    from .models.gguf_choice import w8_choice
     from .models.gguf_native import GROUP
     from .quantize.recipes import parse_recipe
 
     spec = parse_recipe(recipe)
+    w8_fields = {n: f for n, f in native.items() if f.format == "w8"}  # Q8_0
+    native = {n: f for n, f in native.items() if f.format == "w4"}     # Q4_0 / Q4_1
+    if w8_fields and spec.weight_format == "w8" and spec.activation == "float16":
+        return w8_choice(w8_fields, spec, recipe, device, source)
     if not native or spec.weight_format != "w4" or spec.activation != "float16":
         if spec.weight_format is None or not stored:  # float weights: the exact dequantized values
             return recipe, {}, None
@@ -85,27 +92,48 @@ def choose_stored(native: dict, recipe: str | None, device: str, source: str, li
                                 f"recipe {kept}")
 
 
-def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str, progress: bool = True) -> str | None:
-    """A GGUF file's Q4_0 / Q4_1 linears run as stored when the recipe asks for w4a16 without another group:
-    the recipe becomes w4a16g32 and those weights are uploaded as their quantized fields instead of being
-    re-quantized from their dequantized values (choose_stored). Prints what happened once."""
-    from .models import gguf_native
+def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str, progress: bool = True,
+                            dtype: str = "f32") -> str | None:
+    """A GGUF file's Q4_0 / Q4_1 linears run as stored when the recipe asks for w4a16 without another group: the
+    recipe becomes w4a16g32 and those weights are uploaded as their quantized fields instead of
+    being re-quantized from their dequantized values (choose_stored); Q8_0 linears likewise under w8a16 (w8a16g32).
+    With no recipe, a GGUF file picks its own (gguf_choice.file_recipe). Linears of other quantized types (K-quants,
+    ...) are named in one line saying what they became. Prints what happened once, as one note."""
+    from .models import gguf_choice, gguf_native
     native = getattr(loaded, "native_fields", None) or {}
     linear_types = getattr(loaded, "linear_types", None) or {}
     if not native and not linear_types:
         return recipe
+    notes = []
+    if recipe is None:
+        recipe, why = gguf_choice.file_recipe(linear_types, device)
+        if gguf_choice.quantized_types(linear_types):  # a float file runs w16a16 as it always did: nothing to say
+            notes.append(f"lowbit: {loaded.source}: no recipe given; {recipe} follows the file ({why})")
     recipe, chosen, note = choose_stored(native, recipe, device, loaded.source, linear_types)
     if chosen:
         loaded.fields = chosen
         for name in chosen:
             loaded.tensors.pop(name, None)
         loaded.head_format = gguf_native.head_format(loaded.head_type)
-        if str(device).startswith("cuda") and loaded.head_format == "w8":
-            loaded.head_format = "f16"  # no GPU w8 weight-only GEMM: f16 keeps each file value to 2^-11
-        note += f"; lm_head ({loaded.head_type} in the file) as {loaded.head_format}"
-    loaded.load_note = note
-    if note and progress:
-        print(note, file=sys.stderr, flush=True)
+        head = getattr(loaded, "head_fields", None)
+        on_gpu = str(device).startswith("cuda")
+        if head is not None and loaded.head_format == "w8" and not on_gpu:  # a Q8_0 output layer runs as stored too
+            loaded.fields["lm_head.weight"] = head
+            loaded.tensors.pop("lm_head.weight", None)
+            note += f"; lm_head ({loaded.head_type} in the file) as w8 g{head.group}, stored"
+        else:
+            if on_gpu and loaded.head_format == "w8":
+                loaded.head_format = "f16"  # no GPU w8 weight-only GEMM: f16 keeps each file value to 2^-11
+            note += f"; lm_head ({loaded.head_type} in the file) as {loaded.head_format}"
+    notes.append(note)
+    from .quantize.recipes import parse_recipe
+    types, spec = getattr(loaded, "tensor_types", None) or {}, parse_recipe(recipe)
+    notes.append(gguf_choice.dequantized_note(types, set(chosen), spec, dtype, loaded.source))
+    notes.append(gguf_choice.float_linears_note(types, set(chosen), spec, loaded.source))
+    notes = [n for n in notes if n]
+    loaded.load_note = "\n".join(notes) or None
+    if notes and progress:
+        print(loaded.load_note, file=sys.stderr, flush=True)
     return recipe
 
 

@@ -1,4 +1,4 @@
-// Float-activation GEMM (w16a16, w8a16, fp8, and qoq/liquid dequantized to s8 * channel scale):
+// Float-activation GEMM (w16a16, w8a16 per channel or grouped, fp8, and qoq/liquid dequantized to s8 * channel scale):
 // weights are dequantized on the fly into f32 lanes and accumulated in f32 with FMA (w4 has its own
 // kernel, gemm_w4_f32act_cpu.cpp).
 // Decode (m <= 4) streams each weight once with 2*m (x unroll) accumulators per 8-row tile; prefill
@@ -66,6 +66,28 @@ struct S8Loader {  // w8: s8 weights, per-channel scale applied after the reduct
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems));
     lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
     hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+  }
+};
+
+struct S8GroupLoader {  // grouped w8 (GGUF Q8_0): q * s per lane with the group's scale, exact in f32
+  const int8_t* base;
+  const float* aux;  // [tiles, groups, 16] lane scales
+  int64_t pairs, groups;
+  const int8_t* p = nullptr;
+  const float* tile_aux = nullptr;
+  __m256 slo{}, shi{};
+  void tile(int64_t t) {
+    p = base + t * pairs * kPairElems;
+    tile_aux = aux + t * groups * kPairElems;
+  }
+  void group(int64_t g) {
+    slo = _mm256_loadu_ps(tile_aux + g * kPairElems);
+    shi = _mm256_loadu_ps(tile_aux + g * kPairElems + 8);
+  }
+  void load(int64_t kp, __m256& lo, __m256& hi) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kp * kPairElems));
+    lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), slo);
+    hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), shi);
   }
 };
 
@@ -234,7 +256,10 @@ void gemm_f32act_cpu(const float* x, int64_t ldx, int64_t m, const PackedWeight&
     case WeightFormat::f16: run(F16Loader{w.data.data<uint16_t>(), pairs}, s, x, ldx, nullptr, y, ldy); break;
     case WeightFormat::bf16: run(BF16Loader{w.data.data<uint16_t>(), pairs}, s, x, ldx, nullptr, y, ldy); break;
     case WeightFormat::w8:
-      run(S8Loader{w.data.data<int8_t>(), pairs}, s, x, ldx, w.scales.data<float>(), y, ldy);
+      if (w.group > 0)
+        run(S8GroupLoader{w.data.data<int8_t>(), w.aux.data<float>(), pairs, s.groups}, s, x, ldx, nullptr, y, ldy);
+      else
+        run(S8Loader{w.data.data<int8_t>(), pairs}, s, x, ldx, w.scales.data<float>(), y, ldy);
       break;
     case WeightFormat::e4m3:
       run(E4M3Loader{w.data.data<uint8_t>(), pairs}, s, x, ldx, w.scales.data<float>(), y, ldy);

@@ -28,6 +28,7 @@ Fit s8act_can_run(const GemmDesc& d, std::string* why) {
   if (!cpu_common(d, why, true)) return Fit::no;
   if (d.act != ActivationMode::int8_per_token) return refuse(why, "int8_per_token activations only");
   if (!s8_weight(d.weight)) return refuse(why, std::string("needs w8/qoq/liquid weights, got ") + name_of(d.weight));
+  if (d.weight == WeightFormat::w8 && d.group > 0) return refuse(why, "needs per-channel w8 (grouped w8 has float activations)");
   return fits(why, "int8 x int8 in int32, bit-exact");
 }
 Fit fp8act_can_run(const GemmDesc& d, std::string* why) {
@@ -41,6 +42,7 @@ Fit fmpq_can_run(const GemmDesc& d, std::string* why) {
   if (d.act != ActivationMode::fmpq_mixed) return refuse(why, "fmpq_mixed activations only");
   if (d.x_type != ScalarType::s8) return refuse(why, "takes s8 codes from quantize_fmpq");
   if (!s8_weight(d.weight)) return refuse(why, std::string("needs w8/qoq/liquid weights, got ") + name_of(d.weight));
+  if (d.weight == WeightFormat::w8 && d.group > 0) return refuse(why, "needs per-channel w8");
   return fits(why, "int4/int8 blocks of 128 channels, int32 per block");
 }
 

@@ -163,6 +163,7 @@ class Model {
   };
   enum class Slot { q, k, v, o, gate, up, down };
   void stage_linear(const std::string& name, QuantizedWeight w);
+  int group_for(WeightFormat f) const;  // the group quantize_weight gets for format f under this recipe
   void check_not_finalized(const char* op) const;
   Tensor to_compute(const Tensor& host_f32) const;  // host f32 -> compute dtype on the device
   PackedWeight pack(const QuantizedWeight& w) const;

@@ -7,11 +7,12 @@
 // residual window, include/lowbit/kv/kv_cache.h).
 // Meaning of the weight/activation pair:
 //   w16a16 -> compute dtype weights       w8a16 -> w8, float activations   w8a8 -> w8, per-token s8 (SmoothQuant)
+//   w8a16g32 -> w8 with one f32 scale per group of 32 along k (GGUF Q8_0 as stored; CPU only)
 //   w4a16  -> w4 (AWQ/GPTQ groups, g128)   w4a8  -> qoq g128 ("-liquid": liquid g64), per-token s8 activations
 //   w4a4   -> qoq g128 weights with COMET's mixed W4A4/W4A8 activations (FMPQ)
 //   wfp8a16 -> e4m3 per-channel weights, float activations
 //   wfp8a8 -> e4m3 per-channel weights, per-token e4m3 activations (FP8 W8A8)
-// g{..} applies to 4-bit weights only; "-qoq"/"-liquid" to w4a8 only. Other pairs are rejected.
+// g{..} applies to 4-bit weights and to w8a16 only; "-qoq"/"-liquid" to w4a8 only. Other pairs are rejected.
 // 16-bit parts mean the model's compute dtype (f32/f16/bf16). 2-bit KV and per-channel K run on the CPU
 // engine only: the CUDA engine refuses them (no GPU kernel yet).
 #pragma once
@@ -31,7 +32,7 @@ struct Recipe {
   std::string text;                      // normalised spelling (to_string)
   WeightFormat weight = WeightFormat::f32;  // f32 stands for "the compute dtype" when weight_bits == 16
   int weight_bits = 16;                     // 16, 8 (w8 and fp8) or 4
-  int group = 0;                            // group size of group-wise weight formats, else 0
+  int group = 0;                            // group size of group-wise formats (and of grouped w8), else 0
   ActivationMode activation = ActivationMode::float16;
   KVBits k_bits = KVBits::kv16, v_bits = KVBits::kv16;
   bool k_per_channel = false;  // "kc": K quantized per channel over groups of k_group tokens

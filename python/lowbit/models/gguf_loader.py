@@ -210,10 +210,12 @@ def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
     tensors: dict[str, np.ndarray] = {}
     native: dict = {}
     linear_types: dict[str, int] = {}
+    tensor_types: dict[str, str] = {}  # HF name -> GGUF type, for the load note and `lowbit info`
     step = max(1, len(names) // 10)
     for k, gguf_name in enumerate(names):
         hf = _hf_name(gguf_name, config.num_layers, path)
         w = _dequantize(by_name[gguf_name], path)
+        tensor_types[hf] = _type_name(by_name[gguf_name])
         fields = None
         if gguf_name.endswith(_LINEARS):
             kind = _type_name(by_name[gguf_name])
@@ -237,7 +239,12 @@ def load_gguf(path: str | Path, progress: bool = True) -> LoadedModel:
         print(file=sys.stderr)
 
     check_tensors(tensors, config, str(path))
+    head_name = "output.weight" if "output.weight" in by_name else "token_embd.weight"
+    head_fields = gguf_native.native_fields(by_name[head_name], path)  # a Q8_0 output layer can run as stored
+    if head_fields is not None and head_fields.format != "w8":
+        head_fields = None  # lm_head takes float or w8 weights (a Q4 output layer is re-quantized to w8)
     gen = {v: meta[f"general.sampling.{k}"] for k, v in _SAMPLING_KEYS.items() if f"general.sampling.{k}" in meta}
     return LoadedModel(config=config, tensors=tensors, tokenizer=tokenizer,
                        chat_template=tokenizer.chat_template, generation_defaults=gen, source=str(path),
-                       native_fields=native, linear_types=linear_types, head_type=_type_name(by_name.get("output.weight") or by_name["token_embd.weight"]))
+                       native_fields=native, linear_types=linear_types, head_type=_type_name(by_name[head_name]),
+                       head_fields=head_fields, tensor_types=tensor_types)

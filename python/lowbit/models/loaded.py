@@ -20,16 +20,21 @@ class LoadedModel:
     # Sampling defaults the checkpoint ships (temperature, top_p, ...); empty when it has none.
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     source: str = ""
-    # Quantized linears the file stores in a format lowbit can run as is (GGUF Q4_0 / Q4_1 -> w4 g32), by HF
-    # name; `tensors` holds their exact dequantized values too. model_loading.choose_stored decides which are used.
+    # Quantized linears the file stores in a format lowbit can run as is (GGUF Q4_0 / Q4_1 -> w4 g32, Q8_0 -> w8
+    # g32), by HF name; `tensors` holds their exact dequantized values too. model_loading.choose_stored decides
+    # which are used.
     native_fields: dict = field(default_factory=dict)
     head_type: str = ""  # the GGUF type of the output layer (token_embd when tied), e.g. "Q8_0"; "" elsewhere
+    head_fields: Any = None  # that layer's QuantFields when it can run as stored (Q8_0 -> w8 g32), else None
     linear_types: dict = field(default_factory=dict)  # GGUF type name -> number of linear weights stored in it
+    tensor_types: dict = field(default_factory=dict)  # GGUF: HF name -> the file's type name of every tensor
     # The quantized linears uploaded as they are (QuantFields by HF name; their names are not in `tensors`).
     fields: dict = field(default_factory=dict)
 
     def num_parameters(self) -> int:
-        return sum(int(t.size) for t in self.tensors.values()) + sum(f.n * f.k for f in self.fields.values())
+        tied = self.config.tie_word_embeddings  # a stored lm_head then repeats the embedding's parameters
+        return sum(int(t.size) for t in self.tensors.values()) + sum(
+            f.n * f.k for n, f in self.fields.items() if not (tied and n == "lm_head.weight"))
 
 
 @dataclass

@@ -147,8 +147,9 @@ def quantize_rtn(w, fmt: str, group: int = 128, symmetric: bool = False) -> Quan
 
 def dequantize(f: QuantFields) -> np.ndarray:
     """Exact float32 reconstruction (what the kernels compute with), computed the way the kernels do."""
-    if f.format == "w8":
-        return f.q.astype(np.float32) * f.scales[:, None]
+    if f.format == "w8":  # per channel, or one scale per group (GGUF Q8_0 as stored)
+        scales = f.scales[:, np.arange(f.k) // f.group] if f.group else f.scales[:, None]
+        return f.q.astype(np.float32) * scales
     if f.format == "e4m3":
         vals = torch.from_numpy(np.ascontiguousarray(f.q)).view(torch.float8_e4m3fn).float().numpy()
         return vals * f.scales[:, None]

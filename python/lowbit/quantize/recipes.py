@@ -121,6 +121,9 @@ def check_pair(algo: str, spec: RecipeSpec) -> None:
         raise RecipeError(f"recipe {spec.text!r}: `lowbit quantize` writes fp8 weights for 16-bit activations only "
                           "(wfp8a16); wfp8a8 (per-token fp8 activations) needs no calibration: load the model with "
                           "that recipe")
+    if spec.weight_format == "w8" and spec.group:
+        raise RecipeError(f"recipe {spec.text!r}: grouped int8 weights are the load-time form of a GGUF Q8_0 file; "
+                          "`lowbit quantize` writes per-channel w8 (w8a16, w8a8)")
     if spec.wa_key not in ALGORITHMS[algo][0].split():
         raise RecipeError(f"algorithm {algo!r} does not handle recipe {spec.text!r} ({spec.wa_key}); "
                           f"pairs that exist: {supported_pairs()}")
