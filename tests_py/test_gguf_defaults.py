@@ -76,12 +76,11 @@ def test_no_recipe_logits_are_the_stored_weights(tmp_path):
         assert float((a - b).norm() / b.norm()) < 1e-5, t
 
 
-def test_gpu_and_other_files_keep_w16a16():
-    assert file_recipe({"Q4_1": 210, "F32": 0}, "cuda") [0] == "w16a16"  # today's GPU default (no g32 kernels)
-    assert file_recipe({"Q4_1": 210}, "cuda:1")[0] == "w16a16"
-    assert file_recipe({"Q8_0": 7}, "cpu")[0] == "w8a16g32"
-    assert file_recipe({"Q4_K": 100, "Q6_K": 10}, "cpu")[0] == "w16a16"
-    assert file_recipe({}, "cpu")[0] == "w16a16"
+def test_file_recipe_keeps_what_runs_as_stored_on_both_devices():
+    assert file_recipe({"Q4_1": 210, "F32": 0})[0] == "w4a16g32"
+    assert file_recipe({"Q8_0": 7})[0] == "w8a16g32"
+    assert file_recipe({"Q4_K": 100, "Q6_K": 10})[0] == "w16a16"
+    assert file_recipe({})[0] == "w16a16"
 
 
 def test_default_model_runs_its_q4_1_weights():

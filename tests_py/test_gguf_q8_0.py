@@ -118,14 +118,14 @@ def test_choose_q8_0_on_gpu_and_other_recipes():
     one = {"a": fields(), "b": fields()}
     assert choose_stored(one, "w8a16", "cpu", "f.gguf", {"Q8_0": 2})[:2] == ("w8a16g32", one)
     assert choose_stored(one, "w8a16g32k8v4", "cpu", "f.gguf", {"Q8_0": 2})[0] == "w8a16g32k8v4"
-    recipe, chosen, note = choose_stored(one, "w8a16", "cuda", "f.gguf", {"Q8_0": 2})
-    assert (recipe, chosen) == ("w8a16", {}) and "no GPU kernel" in note
+    assert choose_stored(one, "w8a16", "cuda", "f.gguf", {"Q8_0": 2})[:2] == ("w8a16g32", one)  # the GPU too
     for other in ("w8a8kv8", "w4a16"):  # int8 activations read per-channel w8; w4 re-quantizes
         recipe, chosen, note = choose_stored(one, other, "cpu", "f.gguf", {"Q8_0": 2})
         assert (recipe, chosen) == (other, {}) and "re-quantizes the file's Q8_0 linears" in note
 
 
-def test_grouped_w8_is_cpu_only_and_load_time_only():
+def test_grouped_w8_has_no_packed_gpu_layout_and_is_load_time_only():
+    """The GPU reads w8 as stored (the model uploads it); pack_weight has no sm80/sm90 layout to make."""
     w = _core.quantize_weight(torch.randn(16, 64), "w8", 32)
     assert (w.group, w.num_groups) == (32, 2)
     for target in ("sm80", "sm90"):

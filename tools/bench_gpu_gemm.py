@@ -141,10 +141,27 @@ def bench_w4a16_only(name, n, k, m, l2):
     fns, _ = ours_setup(n, k, copies_for(n * k // 2 + 2 * n * (k // 32) * 2, l2), m, group=32, mins=True)
     row["lowbit_w4a16_g32_mins_us"] = graph_time_us(fns)
     del fns
+    for group in (0, 32):  # W8A16: per-channel w8 (recipe w8a16) and Q8_0's groups of 32 (w8a16g32)
+        row[f"lowbit_w8a16_g{group}_us"] = w8a16_time(x, n, k, group, l2)
     w4a16_forced_times(row, n, k, m, c4)
     int4_peers(row, x, n, k, c4)
     row["speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_w4a16_us"]
     return row
+
+
+def w8a16_time(x, n, k, group, l2):
+    """lowbit W8A16 over enough weight copies to miss L2: int8 [n, k] with f32 scales per channel or group."""
+    scale_shape = (n,) if group == 0 else (n, k // group)
+    ws = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda"),
+           torch.rand(scale_shape, device="cuda") * 0.01) for _ in range(copies_for(n * k, l2))]
+    y = torch.empty(x.shape[0], n, device="cuda").half()
+    m = x.shape[0]  # split-K partials (split <= 64, <= 8 from 65 tokens): no allocation inside the graph
+    work = torch.empty((64 if m <= 64 else 8) * m * n, device="cuda")
+    lx, ly, lwork = lowbit.from_dlpack(x), lowbit.from_dlpack(y), lowbit.from_dlpack(work)
+    lws = [(lowbit.from_dlpack(q), lowbit.from_dlpack(s)) for q, s in ws]
+    cs = torch.cuda.current_stream
+    return graph_time_us([lambda w=w: _core.gemm_w8a16(lx, w[0], w[1], group, ly, workspace=lwork,
+                                                       stream=cs().cuda_stream) for w in lws])
 
 
 def w8a8_and_int8_peers(row, x, n, k, m, l2):
@@ -424,7 +441,8 @@ def main():
                       f"(split {r['lowbit_split_k']}, {r['int4_bytes'] / (r['lowbit_w4a16_us'] * 1e3):6.0f} GB/s)  "
                       f"tinygemm {r.get('tinygemm_int4_us', float('nan')):8.1f}  "
                       f"gemlite {r.get('gemlite_w4a16_us', float('nan')):8.1f}  x{r['speedup_vs_cublas']:.2f}  "
-                      f"g32+mins {r['lowbit_w4a16_g32_mins_us']:8.1f}  {w4a16_forced_str(r)}", flush=True)
+                      f"g32+mins {r['lowbit_w4a16_g32_mins_us']:8.1f}  w8a16 {r['lowbit_w8a16_g0_us']:8.1f} "
+                      f"(g32 {r['lowbit_w8a16_g32_us']:8.1f})  {w4a16_forced_str(r)}", flush=True)
                 continue
             r = bench_shape(name, n, k, m, meta["l2_bytes"])
             r["w4_bytes_floor_us"] = r["int4_bytes"] / (meta["copy_bandwidth_gbs"] * 1e3)

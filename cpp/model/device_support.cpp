@@ -52,9 +52,7 @@ PackedWeight pack_for_device(const QuantizedWeight& w, const Device& device) {
       w.format == WeightFormat::liquid)
     return pack_weight(w, PackTarget::sm80, device);
   PackedWeight p = packed_header(w, PackTarget::sm80);
-  if (w.format == WeightFormat::w8 && w.group > 0)
-    LOWBIT_NOT_SUPPORTED("Model: grouped w8 weights (g", w.group, ", GGUF Q8_0 as stored) have no GPU GEMM yet; "
-                         "use device='cpu' or a per-channel recipe (w8a16)");
+  // w8 (W8A8 and W8A16 read the same row-major s8 and f32 scales: [n], or [n, groups] grouped) and e4m3.
   if (w.format == WeightFormat::w8 || w.format == WeightFormat::e4m3) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, w.k % 64 == 0, "Model: ", name_of(w.format), " weight with k = ", w.k,
                       " has no 8-bit GPU GEMM (k must be a multiple of 64)");

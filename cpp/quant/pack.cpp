@@ -41,9 +41,10 @@ QuantizedWeight unpacked_header(const PackedWeight& p) {
 
 PackedWeight pack_weight(const QuantizedWeight& w, PackTarget target, const Device& device) {
   validate_quantized_weight(w, "pack_weight");
-  if (w.format == WeightFormat::w8 && w.group > 0 && target != PackTarget::cpu)
-    LOWBIT_NOT_SUPPORTED("pack_weight: grouped w8 (g", w.group, ", GGUF Q8_0 as stored) has no GPU layout yet (target ",
-                         name_of(target), "); pack it for cpu");
+  if (w.format == WeightFormat::w8 && target != PackTarget::cpu)
+    LOWBIT_NOT_SUPPORTED("pack_weight: w8 weights", w.group > 0 ? " (grouped w8, GGUF Q8_0 as stored)" : "",
+                         " have no packed ", name_of(target), " layout: the GPU kernels read them as stored (row-major "
+                         "s8 and f32 scales, uploaded by the model)");
   switch (target) {
     case PackTarget::cpu:
       LOWBIT_CHECK(device.is_cpu(), "pack_weight: target cpu packs into host memory, but device ", device.str(),

@@ -14,7 +14,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="auto: read the weights; random: --model is a directory with config.json (tokenizer.json "
                         "optional) and the weights are drawn at random, for benchmarks (default auto)")
     p.add_argument("--recipe", default=None,
-                   help="precision recipe, e.g. w16a16, w8a16, w4a16 (default: the file's own precision on the CPU: "
+                   help="precision recipe, e.g. w16a16, w8a16, w4a16 (default: the file's own precision: "
                         "a GGUF Q4_0/Q4_1 file runs w4a16g32, Q8_0 w8a16g32 as stored; other files w16a16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype f32|f16|bf16 (default: f32 on the CPU, f16 on a GPU)")

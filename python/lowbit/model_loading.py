@@ -70,7 +70,7 @@ def choose_stored(native: dict, recipe: str | None, device: str, source: str, li
     w8_fields = {n: f for n, f in native.items() if f.format == "w8"}  # Q8_0
     native = {n: f for n, f in native.items() if f.format == "w4"}     # Q4_0 / Q4_1
     if w8_fields and spec.weight_format == "w8" and spec.activation == "float16":
-        return w8_choice(w8_fields, spec, recipe, device, source)
+        return w8_choice(w8_fields, spec, recipe, source)
     if not native or spec.weight_format != "w4" or spec.activation != "float16":
         if spec.weight_format is None or not stored:  # float weights: the exact dequantized values
             return recipe, {}, None
@@ -106,7 +106,7 @@ def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str
         return recipe
     notes = []
     if recipe is None:
-        recipe, why = gguf_choice.file_recipe(linear_types, device)
+        recipe, why = gguf_choice.file_recipe(linear_types)
         if gguf_choice.quantized_types(linear_types):  # a float file runs w16a16 as it always did: nothing to say
             notes.append(f"lowbit: {loaded.source}: no recipe given; {recipe} follows the file ({why})")
     recipe, chosen, note = choose_stored(native, recipe, device, loaded.source, linear_types)
@@ -116,14 +116,11 @@ def use_stored_quantization(loaded: LoadedModel, recipe: str | None, device: str
             loaded.tensors.pop(name, None)
         loaded.head_format = gguf_native.head_format(loaded.head_type)
         head = getattr(loaded, "head_fields", None)
-        on_gpu = str(device).startswith("cuda")
-        if head is not None and loaded.head_format == "w8" and not on_gpu:  # a Q8_0 output layer runs as stored too
+        if head is not None and loaded.head_format == "w8":  # a Q8_0 output layer runs as stored too
             loaded.fields["lm_head.weight"] = head
             loaded.tensors.pop("lm_head.weight", None)
             note += f"; lm_head ({loaded.head_type} in the file) as w8 g{head.group}, stored"
         else:
-            if on_gpu and loaded.head_format == "w8":
-                loaded.head_format = "f16"  # no GPU w8 weight-only GEMM: f16 keeps each file value to 2^-11
             note += f"; lm_head ({loaded.head_type} in the file) as {loaded.head_format}"
     notes.append(note)
     from .quantize.recipes import parse_recipe

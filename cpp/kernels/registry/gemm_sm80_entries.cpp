@@ -111,8 +111,24 @@ Fit gemm8_can_run(const GemmDesc& d, std::string* why, int min_sm, bool fp8) {
   if (d.x_type != ScalarType::f16 && d.x_type != codes)
     return refuse(why, std::string("needs f16 rows or ") + name_of(codes) + " codes");
   if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got " + std::to_string(d.k));
+  if (d.group > 0) return refuse(why, "needs per-channel weight scales (grouped w8 runs with f16 activations)");
   return fits(why);
 }
+
+namespace {
+// W8A16: w8 weights (per channel, or grouped as GGUF Q8_0 stores them) x f16 activations.
+Fit w8a16_can_run(const GemmDesc& d, std::string* why) {
+  if (!gpu_gemm_common(d, why, 80)) return Fit::no;
+  if (d.act != ActivationMode::float16) return refuse(why, "float activations only");
+  if (d.x_type != ScalarType::f16) return refuse(why, "needs f16 activations");
+  if (d.weight != WeightFormat::w8) return refuse(why, std::string("needs w8 weights, got ") + name_of(d.weight));
+  if (d.group < 0 || d.group % 32 != 0)
+    return refuse(why, "group " + std::to_string(d.group) + " has no W8A16 GPU kernel (per channel or multiples of 32)");
+  if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
+  return fits(why, d.m == MBucket::m_large ? "mma.sync, 128x128 tiles (no wgmma version yet)"
+                                           : "mma.sync, 8..64-token tiles, split-K to fill the SMs");
+}
+}  // namespace
 
 #ifdef LOWBIT_WITH_CUDA
 namespace {
@@ -190,6 +206,10 @@ void launch_w4a16(const GemmArgs& a) {
   launch_w4a16_kernel(a, K);
 }
 void launch_w8a8_sm80(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, false); }
+void launch_w8a16_sm80(const GemmArgs& a) {
+  cuda::gemm_w8a16(a.x, a.w, a.y, 0, Tensor(), cuda::current_stream());
+  add_bias(a);
+}
 void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
 }  // namespace
@@ -248,6 +268,8 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  LOWBIT_GPU_LAUNCH((launch_w4a16<cuda::W4A16Kernel::large>))});
   out.push_back({"gemm_w8a8_sm80", "W8A8 s8 x s8 mma.sync, per-token activations", w8a8_sm80_can_run, rank_one,
                  LOWBIT_GPU_LAUNCH(launch_w8a8_sm80)});
+  out.push_back({"gemm_w8a16_sm80", "W8A16 (s8 per channel or per group of k, f16 activations), mma.sync",
+                 w8a16_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w8a16_sm80)});
   out.push_back({"gemm_w4a8_sm80", "W4A8 QoQ / LiquidQuant u4 weights x s8 per-token activations, mma.sync",
                  w4a8_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w4a8_sm80)});
   out.push_back({"gemm_fp8_sm89", "FP8 e4m3 x e4m3 mma.sync (sm_89+), per-token activations", fp8_sm89_can_run,

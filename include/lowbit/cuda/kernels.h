@@ -37,6 +37,14 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
+// y[m, n] = x[m, k] · Wᵀ for a w8 weight as the W8A8 kernels read it (row-major s8 [n, k] on the device,
+// f32 scales [n] for per-channel w8 or [n, groups] for a group of 32/64/128: GGUF Q8_0 as stored), f16 x
+// (unit stride in the last dim, 16-byte aligned rows) and y; k a multiple of 64. split_k = 0 picks the
+// split; a split > 1 needs split * m * n f32 of workspace (allocated here when undefined). mma.sync,
+// sm_80 and newer (cpp/kernels/sm80/gemm_w8a16_sm80.cu).
+void gemm_w8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
+                cudaStream_t stream);
+
 // W4A8 over two-level weights (qoq / liquid packed by pack_sm80, on the device): y[m, n] =
 // (xq · Wᵀ)[m, n] * x_scale[m] * channel_scale[n], W the s8 weights (q*s + a) XOR 0x80 per group
 // (pack_sm80_w4a8.cpp), s8 xq [m, k] (16-byte aligned rows), f16 y; with an s32 y the raw int32

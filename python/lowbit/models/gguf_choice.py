@@ -18,39 +18,32 @@ def quantized_types(linear_types: dict | None) -> list[str]:
     return sorted(t for t in (linear_types or {}) if t not in FLOAT_TYPES)
 
 
-def file_recipe(linear_types: dict | None, device: str) -> tuple[str, str]:
+def file_recipe(linear_types: dict | None) -> tuple[str, str]:
     """The recipe a GGUF file implies when the user gives none, and why (for the log line).
 
-    A file whose linears are all one type lowbit runs as stored keeps that precision: Q4_0 / Q4_1 -> w4a16g32 (CPU
-    and GPU), Q8_0 -> w8a16g32 (CPU; the GPU has no grouped-w8 kernel yet and runs it dequantized). Float files,
-    K-quants (no kernel runs them as stored) and files mixing types load their exact dequantized values as float
-    weights (w16a16)."""
+    A file whose linears are all one type lowbit runs as stored keeps that precision, on the CPU and the GPU:
+    Q4_0 / Q4_1 -> w4a16g32, Q8_0 -> w8a16g32. Float files, K-quants (no kernel runs them as stored) and files
+    mixing types load their exact dequantized values as float weights (w16a16)."""
     types = quantized_types(linear_types)
     if not types:
         return "w16a16", "its linears are float"
     if len(types) == 1 and types[0] in NATIVE_FORMAT:
-        if NATIVE_FORMAT[types[0]] == "w4":
-            return "w4a16g32", f"its linears are {types[0]}"
-        if str(device).startswith("cuda"):
-            return "w16a16", f"its {types[0]} linears have no GPU kernel as stored (w8 g32), so they run dequantized"
-        return "w8a16g32", f"its linears are {types[0]}"
+        recipe = "w4a16g32" if NATIVE_FORMAT[types[0]] == "w4" else "w8a16g32"
+        return recipe, f"its linears are {types[0]}"
     if len(types) > 1 and all(t in NATIVE_FORMAT for t in types):
         return "w16a16", f"it mixes {'/'.join(types)} linears, which no one recipe keeps as stored"
     return "w16a16", f"no lowbit kernel runs its {'/'.join(types)} linears as stored"
 
 
-def w8_choice(w8_fields: dict, spec, recipe: str, device: str, source: str):
+def w8_choice(w8_fields: dict, spec, recipe: str, source: str):
     """Q8_0 linears under an 8-bit, float-activation recipe: (recipe, fields to upload, note).
 
-    "w8a16..." with no group or g32 on the CPU keeps them as stored (the recipe becomes w8a16g32...); an explicit
-    other group or the GPU re-quantizes from the exact dequantized values, and the note says so."""
+    "w8a16..." with no group or g32 keeps them as stored, on the CPU and the GPU (the recipe becomes
+    w8a16g32...); an explicit other group re-quantizes from the exact dequantized values, and the note says so."""
     count = len(w8_fields)  # spec.group: 0 unless the recipe names one (w8 is per channel by default)
     if spec.group and spec.group != GROUP:
         return recipe, {}, (f"lowbit: {source}: recipe {spec.text} re-quantizes the file's {count} Q8_0 linears "
                             f"(groups of {GROUP}) to groups of {spec.group}; recipe 'w8a16' keeps them as stored")
-    if str(device).startswith("cuda"):
-        return recipe, {}, (f"lowbit: {source}: the file's {count} Q8_0 linears (w8 groups of {GROUP}) have no GPU "
-                            f"kernel yet; re-quantized to {spec.text} (per-channel w8)")
     kept = spec.text if spec.group else spec.text.replace("w8a16", f"w8a16g{GROUP}", 1)
     return kept, dict(w8_fields), (f"lowbit: {source}: {count} Q8_0 weights loaded as stored (w8 g{GROUP}, "
                                    f"no re-quantization); recipe {kept}")
