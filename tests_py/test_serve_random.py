@@ -22,12 +22,14 @@ from tiny_random_model import write_config  # noqa: E402
 
 MODEL = "tiny-random"
 DEVICES = ["cpu"] + (["cuda"] if lowbit.cuda_available() else [])
-GPU_SHARE = "0.2"  # the server and the reference LLM share one GPU
+# The server and the reference LLM share one GPU with whatever the test process already holds (other GPU tests'
+# cached blocks): a fixed KV pool, not a share of the free memory, keeps the server independent of that.
+GPU_KV_BYTES = 64 << 20
 PROMPTS = [[5, 6, 7, 8] * 6, list(range(100, 137))]
 
 
 def _device_args(device: str) -> list[str]:
-    return ["--device", device] + (["--gpu-memory-fraction", GPU_SHARE] if device != "cpu" else [])
+    return ["--device", device] + (["--kv-cache-memory", str(GPU_KV_BYTES)] if device != "cpu" else [])
 
 
 @pytest.fixture(scope="module", params=DEVICES)
@@ -42,7 +44,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(model_dir, device):
-    extra = {"gpu_memory_fraction": float(GPU_SHARE)} if device != "cpu" else {}
+    extra = {"kv_cache_memory": GPU_KV_BYTES} if device != "cpu" else {}
     with lowbit.LLM(model_dir, load_format="random", device=device, progress=False, **extra) as m:
         yield m
 
