@@ -67,6 +67,7 @@ struct Cfg {
   static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static_assert(kWBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte aligned stage parts");
+  static_assert(kBlockN * (kK / 16) % kThreads == 0, "load_stage's weight copies cover the tile exactly");
 };
 
 __device__ inline void cp_async4(void* smem, const void* gmem) {
