@@ -193,6 +193,16 @@ def test_qoq_online_rotation_ablation(rotate):
     assert float((m.logits(tok) - got).norm() / got.norm()) > 0.05
 
 
+def test_qoq_online_rotation_without_folding_keeps_the_norm_weights():
+    m, a, _, _, lm = run_algo("qoq", "w4a8kv4", rotate=["qkv", "gate_up"], fold_norms=False)
+    assert a.params["rotation"].endswith("RMSNorm weights not folded")
+    norm = "model.layers.0.post_attention_layernorm.weight"
+    assert torch.equal(m.weights[norm], torch.from_numpy(lm.tensors[norm]))
+    assert not bool((m.weights[norm] == 1).all())
+    m2, _, _, _, _ = run_algo("qoq", "w4a8kv4", rotate=["qkv", "gate_up"])
+    assert bool((m2.weights[norm] == 1).all())  # the default folds them
+
+
 def test_qoq_bad_rotate_option():
     with pytest.raises(ValueError, match="rotate must be True, False or block-input sites"):
         algorithm_class("qoq")(parse_recipe("w4a8kv4"), rotate="down_proj")

@@ -27,7 +27,7 @@ from lowbit.quantize import transforms as T  # noqa: E402
 from lowbit.quantize.api import eval_perplexity, quantize  # noqa: E402
 from lowbit.quantize.hadamard import scaled_hadamard  # noqa: E402
 from lowbit.quantize.kv_quant import KVQuantizer  # noqa: E402
-from lowbit.quantize.torch_model import FakeQuant, TorchLlama  # noqa: E402
+from lowbit.quantize.torch_model import FakeQuant, TorchLlama, linear_names  # noqa: E402
 
 G128 = "w4a8g128kv4"
 # key -> (label, recipe or None (float weights), algorithm, options, evaluation variants)
@@ -39,15 +39,33 @@ ROWS = {
     "qoq": ("QoQ, all components (residual rotation)", G128, "qoq", {}, ["full", "w_only", "w_kv4"]),
     "qoq-norot": ("QoQ without rotation", G128, "qoq", {"rotate": False}, ["full", "w_only", "w_kv4"]),
     "w16a8": ("W16A8: float weights, int8 per-token activations, no rotation", None, "a8", {}, ["full"]),
+    "w16a8-fold": ("W16A8, RMSNorm weights folded into q/k/v and gate/up, no rotation", None, "a8",
+                   {"rotate": "fold"}, ["full"]),
     "w16a8-rot": ("W16A8 with the residual rotation", None, "a8", {"rotate": True}, ["full"]),
     "w16a8-rot-qkv": ("W16A8, rotation online at the qkv input only", None, "a8", {"rotate": "qkv"}, ["full"]),
     "w16a8-rot-gate_up": ("W16A8, rotation online at the gate/up input only", None, "a8", {"rotate": "gate_up"},
                           ["full"]),
+    # weights only, round-to-nearest in the qoq format (g128, no clipping, smoothing or calibration): the rotation's
+    # effect on the 4-bit weights alone
+    "w4-rtn": ("W4A16 qoq-format RTN weights (g128), no transform", None, "w4rtn", {}, ["full"]),
+    "w4-rtn-fold": ("W4A16 qoq-format RTN weights, RMSNorm weights folded, no rotation", None, "w4rtn",
+                    {"rotate": "fold"}, ["full"]),
+    "w4-rtn-rot": ("W4A16 qoq-format RTN weights, residual rotation", None, "w4rtn", {"rotate": True}, ["full"]),
+    "w4-rtn-rot-qkv": ("W4A16 qoq-format RTN weights, rotation online at qkv only", None, "w4rtn",
+                       {"rotate": "qkv"}, ["full"]),
+    "w4-rtn-rot-gate_up": ("W4A16 qoq-format RTN weights, rotation online at gate/up only", None, "w4rtn",
+                           {"rotate": "gate_up"}, ["full"]),
     "qoq-rot-qkv": ("QoQ, rotation online at the qkv input only", G128, "qoq", {"rotate": "qkv"}, ["full"]),
     "qoq-rot-gate_up": ("QoQ, rotation online at the gate/up input only", G128, "qoq", {"rotate": "gate_up"},
                         ["full"]),
     "qoq-rot-both": ("QoQ, rotation online at qkv and gate/up (o/down weights not rotated)", G128, "qoq",
                      {"rotate": ["qkv", "gate_up"]}, ["full"]),
+    "qoq-rot-both-nofold": ("QoQ, rotation online at qkv and gate/up, RMSNorm weights not folded", G128, "qoq",
+                            {"rotate": ["qkv", "gate_up"], "fold_norms": False}, ["full", "w_only"]),
+    "qoq-rot-qkv-nofold": ("QoQ, rotation online at qkv only, RMSNorm weights not folded", G128, "qoq",
+                           {"rotate": "qkv", "fold_norms": False}, ["full"]),
+    "w16a8-rot-both-nofold": ("W16A8, rotation online at qkv and gate/up, RMSNorm weights not folded", None, "a8",
+                              {"rotate": ["qkv", "gate_up"], "fold_norms": False}, ["full"]),
     "qoq-g64": ("QoQ g64", "w4a8g64kv4", "qoq", {}, ["full", "w_only"]),
     "qoq-g64-norot": ("QoQ g64 without rotation", "w4a8g64kv4", "qoq", {"rotate": False}, ["full", "w_only"]),
     "qoq-g32": ("QoQ g32", "w4a8g32kv4", "qoq", {}, ["full", "w_only"]),
@@ -73,14 +91,19 @@ def run_row(key, loaded, args) -> dict:
         model = TorchLlama(loaded.config, loaded.tensors)
         rotate = options.get("rotate", False)
         if rotate:
-            T.fold_norms(model)
+            if options.get("fold_norms", True):
+                T.fold_norms(model)
             h = torch.from_numpy(scaled_hadamard(loaded.config.hidden_size))
             if rotate is True:
                 T.rotate_residual(model, h)
-            else:
+            elif rotate != "fold":
                 T.rotate_block_inputs(model, (rotate,) if isinstance(rotate, str) else rotate, h)
         if algo == "a8":
             model.fake.act_quant = "int8"
+        if algo == "w4rtn":
+            from lowbit.quantize.formats import fake_quant
+            for name in linear_names(loaded.config.num_layers):
+                model.weights[name] = fake_quant(model.weights[name], "qoq", 128)
         out["ppl"]["full"] = evaluate(model, loaded, args)
         out["seconds"] = time.time() - t0
         return out

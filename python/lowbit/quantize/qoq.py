@@ -17,7 +17,8 @@
 
 Options (all default to QServe's choices): rotate (True: the residual-stream rotation of step 1; False: none;
 "qkv", "gate_up" or a list of both: only those block inputs rotated, online, in the torch model only: an
-ablation, not writable as a checkpoint), smooth_attention, reorder, protective_range (False: level 1 uses the
+ablation, not writable as a checkpoint; with fold_norms=False the RMSNorm weights stay in the norms and the
+rotation applies to the weighted norm output), smooth_attention, reorder, protective_range (False: level 1 uses the
 plain s8 range [-127, 127]; an ablation, not writable: the kernels would overflow int8).
 """
 from __future__ import annotations
@@ -72,10 +73,13 @@ class QoQ(RTNBase):
         sites = rotation_sites(rotate)
         h = torch.from_numpy(scaled_hadamard(model.config.hidden_size))
         if sites is not None:
-            progress(None, f"fold RMSNorm weights, rotate the {'/'.join(sites)} inputs online (scaled Hadamard)")
-            T.fold_norms(model)
+            fold = self.options.get("fold_norms", True)
+            progress(None, f"{'fold RMSNorm weights, ' if fold else ''}rotate the {'/'.join(sites)} inputs online")
+            if fold:
+                T.fold_norms(model)
             T.rotate_block_inputs(model, sites, h)
-            self.params["rotation"] = f"scaled Hadamard {model.config.hidden_size}, online at {'/'.join(sites)}"
+            self.params["rotation"] = (f"scaled Hadamard {model.config.hidden_size}, online at {'/'.join(sites)}"
+                                       + ("" if fold else ", RMSNorm weights not folded"))
         elif rotate:
             progress(None, "fold RMSNorm weights, rotate residual stream (scaled Hadamard)")
             T.fold_norms(model)

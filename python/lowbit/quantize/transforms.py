@@ -64,14 +64,14 @@ BLOCK_INPUTS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", 
 
 
 def rotate_block_inputs(model: TorchLlama, sites, h: torch.Tensor) -> None:
-    """Online rotation of the block inputs in `sites` (a subset of "qkv", "gate_up"): W <- W·H and the input
-    x -> x·H before activation quantization. h: float64 orthogonal [hidden, hidden]. Requires fold_norms first."""
+    """Online rotation of the block inputs in `sites` (a subset of "qkv", "gate_up"): W <- W·H and the linear's
+    input x -> x·H before activation quantization. h: float64 orthogonal [hidden, hidden]. Unlike rotate_residual
+    it needs no fold_norms: the rotated input is the RMSNorm output with or without its weight, whichever the
+    model holds."""
     unknown = set(sites) - set(BLOCK_INPUTS)
     if unknown or not sites:
         raise ValueError(f"rotate_block_inputs: sites must be a non-empty subset of {sorted(BLOCK_INPUTS)}, "
                          f"got {sorted(sites)}")
-    if not norms_are_folded(model):
-        raise ValueError("rotate_block_inputs: fold_norms must run first (RMSNorm weights must be all ones)")
     h = h.double()
     for i in range(model.config.num_layers):
         for site in sites:
