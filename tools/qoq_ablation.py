@@ -36,6 +36,7 @@ G128 = "w4a8g128kv4"
 ROWS = {
     "f32": ("f32 (float weights, activations and KV)", None, None, {}, ["full"]),
     "rtn": ("RTN (w4 g128 asym, no transform)", G128, "rtn", {}, ["full", "w_only"]),
+    "awq": ("AWQ (w4 g128, QServe's second baseline)", G128, "awq", {}, ["full"]),
     "qoq": ("QoQ, all components (residual rotation)", G128, "qoq", {}, ["full", "w_only", "w_kv4"]),
     "qoq-norot": ("QoQ without rotation", G128, "qoq", {"rotate": False}, ["full", "w_only", "w_kv4"]),
     "w16a8": ("W16A8: float weights, int8 per-token activations, no rotation", None, "a8", {}, ["full"]),
@@ -55,6 +56,9 @@ ROWS = {
                        {"rotate": "qkv"}, ["full"]),
     "w4-rtn-rot-gate_up": ("W4A16 qoq-format RTN weights, rotation online at gate/up only", None, "w4rtn",
                            {"rotate": "gate_up"}, ["full"]),
+    "w4-rtn-rot-both-nofold": ("W4A16 qoq-format RTN weights, rotation online at qkv and gate/up, RMSNorm weights "
+                               "not folded", None, "w4rtn", {"rotate": ["qkv", "gate_up"], "fold_norms": False},
+                               ["full"]),
     "qoq-rot-qkv": ("QoQ, rotation online at the qkv input only", G128, "qoq", {"rotate": "qkv"}, ["full"]),
     "qoq-rot-gate_up": ("QoQ, rotation online at the gate/up input only", G128, "qoq", {"rotate": "gate_up"},
                         ["full"]),
