@@ -173,3 +173,60 @@ def test_recipe_and_pair_errors():
         check_pair("foo", parse_recipe("w4a16"))
     assert parse_recipe("w4a8kv4").weight_format == "qoq" and parse_recipe("w4a8g64kv4-liquid").group == 64
     assert (parse_recipe("w4a16k8v4").k_bits, parse_recipe("w4a16k8v4").v_bits) == (8, 4)
+
+
+@pytest.mark.parametrize("rotate", ["qkv", "gate_up", ["qkv", "gate_up"]])
+def test_qoq_online_rotation_ablation(rotate):
+    m, a, fields, _, lm = run_algo("qoq", "w4a8kv4", rotate=rotate)
+    sites = [rotate] if isinstance(rotate, str) else rotate
+    shorts = {u for s in sites for u in {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}[s]}
+    assert {n.split(".")[-2] for n in m.fake.input_rotation} == shorts
+    assert len(m.fake.input_rotation) == len(shorts) * lm.config.num_layers
+    assert "online at " + "/".join(sites) in a.params["rotation"]
+    tok = random_tokens(2, 32, seed=9)
+    ref = TorchLlama(lm.config, lm.tensors).logits(tok)
+    err = float((m.logits(tok) - ref).norm() / ref.norm())
+    assert 0 < err < 0.3, err
+    # the rotation is part of the model (the weights hold W·H): dropping it changes the logits
+    got = m.logits(tok)
+    m.fake.input_rotation = {}
+    assert float((m.logits(tok) - got).norm() / got.norm()) > 0.05
+
+
+def test_qoq_online_rotation_without_folding_keeps_the_norm_weights():
+    m, a, _, _, lm = run_algo("qoq", "w4a8kv4", rotate=["qkv", "gate_up"], fold_norms=False)
+    assert a.params["rotation"].endswith("RMSNorm weights not folded")
+    norm = "model.layers.0.post_attention_layernorm.weight"
+    assert torch.equal(m.weights[norm], torch.from_numpy(lm.tensors[norm]))
+    assert not bool((m.weights[norm] == 1).all())
+    m2, _, _, _, _ = run_algo("qoq", "w4a8kv4", rotate=["qkv", "gate_up"])
+    assert bool((m2.weights[norm] == 1).all())  # the default folds them
+
+
+def test_qoq_bad_rotate_option():
+    with pytest.raises(ValueError, match="rotate must be True, False or block-input sites"):
+        algorithm_class("qoq")(parse_recipe("w4a8kv4"), rotate="down_proj")
+
+
+def test_qoq_protective_range_off_uses_the_plain_s8_range():
+    w = torch.randn(16, 256, generator=torch.Generator().manual_seed(1))
+    for s8_max in (119, 127):
+        f = quantize_rtn(w, "qoq", 128, s8_max=s8_max)
+        np.testing.assert_allclose(f.channel_scales, (w.abs().amax(1) / s8_max).numpy(), rtol=1e-6)
+    assert quantize_rtn(w, "qoq", 128).channel_scales.tolist() == quantize_rtn(w, "qoq", 128, s8_max=119).channel_scales.tolist()
+    with pytest.raises(ValueError, match="s8_max must be in"):
+        quantize_rtn(w, "qoq", 128, s8_max=128)
+    _, a, fields, _, _ = run_algo("qoq", "w4a8kv4", protective_range=False)
+    overflow = a.params["s8_overflow_fraction"]
+    assert set(overflow) == set(fields) and all(0 <= v < 1 for v in overflow.values())
+    # the level-2 grid of a plain-range row can leave [-128, 127] (what the protective range prevents)
+    assert max(overflow.values()) > 0
+    _, a119, _, _, _ = run_algo("qoq", "w4a8kv4")
+    assert "s8_overflow_fraction" not in a119.params
+
+
+def test_qoq_ablation_options_are_not_written(tmp_path):
+    from lowbit.quantize.api import quantize
+    for opts in (dict(rotate="qkv"), dict(protective_range=False)):
+        with pytest.raises(ValueError, match="ablations of the torch model"):
+            quantize(None, "w4a8kv4", "qoq", tmp_path / "out", calib=[tmp_path], **opts)

@@ -11,7 +11,7 @@ from lowbit.quantize.hadamard import hadamard, scaled_hadamard  # noqa: E402
 from lowbit.quantize.pipeline import capture  # noqa: E402
 from lowbit.quantize.recipes import parse_recipe  # noqa: E402
 from lowbit.quantize.testing import random_tokens, tiny_llama  # noqa: E402
-from lowbit.quantize.torch_model import TorchLlama  # noqa: E402
+from lowbit.quantize.torch_model import TorchLlama, linear_name  # noqa: E402
 
 
 def rel(a, b):
@@ -118,3 +118,49 @@ def test_hadamard_orders(n):
 def test_hadamard_unreachable_order_is_named():
     with pytest.raises(ValueError, match="order 22"):
         hadamard(22)
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "norm-weights-kept"])
+@pytest.mark.parametrize("sites", [("qkv",), ("gate_up",), ("qkv", "gate_up")])
+def test_online_block_input_rotation(setup, sites, fold):
+    lm, tok, ref = setup
+    m = TorchLlama(lm.config, lm.tensors)
+    if fold:
+        T.fold_norms(m)
+    assert T.norms_are_folded(m) == fold  # the tiny model's norm weights are not all ones
+    folded = {k: v.clone() for k, v in m.weights.items()}
+    T.rotate_block_inputs(m, sites, torch.from_numpy(scaled_hadamard(lm.config.hidden_size)))
+    assert rel(m.logits(tok), ref) < 1e-4
+    rotated = {linear_name(i, u) for site in sites for i in range(lm.config.num_layers) for u in T.BLOCK_INPUTS[site]}
+    assert set(m.fake.input_rotation) == rotated
+    for name, w in m.weights.items():
+        if name in rotated:
+            assert rel(w, folded[name]) > 0.5, name
+        else:
+            assert torch.equal(w, folded[name]), name
+
+
+def test_online_rotation_of_both_block_inputs_quantizes_like_the_residual_rotation(setup):
+    """Under int8 activations, qkv and gate/up see x·H either way, and the o/down inputs are not rotated by
+    either: the two differ only in float rounding (and so in rare int8 rounding ties)."""
+    lm, tok, _ = setup
+    h = torch.from_numpy(scaled_hadamard(lm.config.hidden_size))
+    plain, residual, online = (TorchLlama(lm.config, lm.tensors) for _ in range(3))
+    for m in (residual, online):
+        T.fold_norms(m)
+    T.rotate_residual(residual, h)
+    T.rotate_block_inputs(online, ("qkv", "gate_up"), h)
+    for m in (plain, residual, online):
+        m.fake.act_quant = "int8"
+    want = residual.logits(tok)
+    assert rel(online.logits(tok), want) < 1e-3
+    assert rel(plain.logits(tok), want) > 10 * rel(online.logits(tok), want)  # the rotation matters under int8
+
+
+def test_online_rotation_bad_sites(setup):
+    lm, _, _ = setup
+    m = TorchLlama(lm.config, lm.tensors)
+    eye = torch.eye(lm.config.hidden_size, dtype=torch.float64)
+    for bad in ((), ("o_proj",), ("qkv", "down")):
+        with pytest.raises(ValueError, match="non-empty subset of"):
+            T.rotate_block_inputs(m, bad, eye)

@@ -85,6 +85,12 @@ def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Pa
     """
     spec = parse_recipe(recipe)
     check_pair(algo, spec)
+    if out is not None and algo == "qoq":
+        from .qoq import writable
+        if not writable(options):
+            raise ValueError("lowbit quantize: qoq options rotate=<sites> (online rotation) and "
+                             "protective_range=False are ablations of the torch model; the engine cannot run them, "
+                             "so they are not written (pass out=None)")
     # One thread: on a small shared CPU, OpenMP spin-waiting under contention costs more than it gains.
     torch.set_num_threads(int(os.environ.get("LOWBIT_QUANT_THREADS", "1")))
     if kv_mode is None:

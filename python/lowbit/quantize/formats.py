@@ -108,8 +108,10 @@ def liquid_level2(s8: torch.Tensor, group: int):
 
 
 # ---- whole-weight round-to-nearest -----------------------------------------------------------------
-def quantize_rtn(w, fmt: str, group: int = 128, symmetric: bool = False) -> QuantFields:
-    """Round-to-nearest quantization of a float weight [n, k] into the fields of `fmt`."""
+def quantize_rtn(w, fmt: str, group: int = 128, symmetric: bool = False, s8_max: int = PROTECTIVE_MAX) -> QuantFields:
+    """Round-to-nearest quantization of a float weight [n, k] into the fields of `fmt`. s8_max: the level-1 range
+    of qoq/liquid ([-s8_max, s8_max]); 127 (the plain s8 range) is for ablations only: the level-2 dequantized
+    value can then leave [-128, 127], which an int8 kernel would wrap."""
     check_format(fmt, group)
     w = torch.as_tensor(np.asarray(w, dtype=np.float32)) if not isinstance(w, torch.Tensor) else w.float()
     if w.ndim != 2 or w.shape[0] == 0 or w.shape[1] == 0:
@@ -137,7 +139,9 @@ def quantize_rtn(w, fmt: str, group: int = 128, symmetric: bool = False) -> Quan
         f.scales = scales.numpy().astype(np.float16)
         f.zeros = None if symmetric else zeros.numpy().astype(np.float16)
     else:
-        s8, cs = quantize_channel_s8(w, PROTECTIVE_MAX)
+        if not 1 <= s8_max <= 127:
+            raise ValueError(f"quantize_rtn: s8_max must be in [1, 127], got {s8_max}")
+        s8, cs = quantize_channel_s8(w, s8_max)
         q, a, b = (qoq_level2 if fmt == "qoq" else liquid_level2)(s8, group)
         f.q = q.to(torch.uint8).numpy()
         f.scales, f.zeros = a.to(torch.uint8).numpy(), b.to(torch.uint8).numpy()

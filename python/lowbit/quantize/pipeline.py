@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from .formats import QuantFields, dequantize, quantize_rtn
+from .formats import PROTECTIVE_MAX, QuantFields, dequantize, quantize_rtn
 from .kv_quant import KVQuantizer, kv_ranges_from_capture
 from .recipes import RecipeSpec
 from .torch_model import FakeQuant, TorchLlama, linear_name
@@ -46,10 +46,11 @@ class RTNBase:
         self.params: dict = {}
 
     symmetric = False  # w4 weights keep their zero point (AWQ/GPTQ convention)
+    s8_max = PROTECTIVE_MAX  # level-1 range of the qoq/liquid formats
 
     def fake_quant(self, w: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(dequantize(quantize_rtn(w, self.spec.weight_format, self.spec.group or 128,
-                                                        self.symmetric)))
+                                                        self.symmetric, self.s8_max)))
 
     def prepare(self, model: TorchLlama, tokens: torch.Tensor, progress: Progress) -> None:
         pass
@@ -63,7 +64,7 @@ class RTNBase:
         if self.clip:
             from .clipping import clip_search
             w, extra["clip_ratio"] = clip_search(w, subsample(x, 256), self.fake_quant, self.spec.group)
-        f = quantize_rtn(w, self.spec.weight_format, self.spec.group or 128, self.symmetric)
+        f = quantize_rtn(w, self.spec.weight_format, self.spec.group or 128, self.symmetric, self.s8_max)
         f.extra.update(extra)
         return f
 
@@ -77,7 +78,8 @@ def subsample(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def capture(model: TorchLlama, i: int, h: torch.Tensor) -> dict:
     saved = model.fake
-    model.fake = FakeQuant(input_perm=saved.input_perm, fmpq_block_bits=saved.fmpq_block_bits)
+    model.fake = FakeQuant(input_perm=saved.input_perm, fmpq_block_bits=saved.fmpq_block_bits,
+                           input_rotation=saved.input_rotation)
     cap: dict = {}
     with torch.no_grad():
         model.layer(i, h, cap)
@@ -112,6 +114,9 @@ def run(model: TorchLlama, tokens: torch.Tensor, algo: RTNBase, progress: Progre
                         name = linear_name(i, short)
                         perm = model.fake.input_perm.get(name)
                         xs = x[:, torch.as_tensor(perm)] if perm is not None else x
+                        rot = model.fake.input_rotation.get(name)
+                        if rot is not None:  # an online rotation: the weight holds W·R and sees x·R
+                            xs = xs @ rot
                         progress(i, f"quantize {short}")
                         f = algo.quantize_linear(model, name, xs)
                         model.weights[name] = torch.from_numpy(dequantize(f))

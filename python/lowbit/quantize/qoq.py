@@ -14,12 +14,19 @@
      q/k; here layer-output MSE is used for all).
   6. Progressive group quantization (§3.1): s8 per channel in [-119, 119], then u4 per group of 128 with u8
      step and u4 zero (formats.py, format "qoq").
+
+Options (all default to QServe's choices): rotate (True: the residual-stream rotation of step 1; False: none;
+"qkv", "gate_up" or a list of both: only those block inputs rotated, online, in the torch model only: an
+ablation, not writable as a checkpoint; with fold_norms=False the RMSNorm weights stay in the norms and the
+rotation applies to the weighted norm output), smooth_attention, reorder, protective_range (False: level 1 uses the
+plain s8 range [-127, 127]; an ablation, not writable: the kernels would overflow int8).
 """
 from __future__ import annotations
 
 import torch
 
 from . import transforms as T
+from .formats import PROTECTIVE_MAX, dequantize
 from .hadamard import scaled_hadamard
 from .pipeline import RTNBase, SITES, subsample
 from .scale_search import best_scale
@@ -36,16 +43,57 @@ def smoothing_candidates(x: torch.Tensor, w: torch.Tensor, grid) -> list[tuple[f
     return [(a, (xmax.pow(a) / wmax.pow(1 - a)).clamp(min=1e-5)) for a in grid]
 
 
+def rotation_sites(rotate) -> tuple[str, ...] | None:
+    """The `rotate` option as block-input sites for an online rotation; None for True/False (residual or none)."""
+    if isinstance(rotate, bool):
+        return None
+    sites = (rotate,) if isinstance(rotate, str) else tuple(rotate)
+    if not sites or set(sites) - set(T.BLOCK_INPUTS):
+        raise ValueError(f"qoq: rotate must be True, False or block-input sites among {sorted(T.BLOCK_INPUTS)}, "
+                         f"got {rotate!r}")
+    return sites
+
+
+def writable(options: dict) -> bool:
+    """Whether QoQ with these options yields weights the engine runs as they are (no ablation-only option)."""
+    return rotation_sites(options.get("rotate", True)) is None and options.get("protective_range", True)
+
+
 class QoQ(RTNBase):
     name = "qoq"
     clip = True
 
+    def __init__(self, spec, **options):
+        super().__init__(spec, **options)
+        rotation_sites(options.get("rotate", True))  # validates
+        self.s8_max = PROTECTIVE_MAX if options.get("protective_range", True) else 127
+
     def prepare(self, model, tokens, progress) -> None:
-        if self.options.get("rotate", True):
+        rotate = self.options.get("rotate", True)
+        sites = rotation_sites(rotate)
+        h = torch.from_numpy(scaled_hadamard(model.config.hidden_size))
+        if sites is not None:
+            fold = self.options.get("fold_norms", True)
+            progress(None, f"{'fold RMSNorm weights, ' if fold else ''}rotate the {'/'.join(sites)} inputs online")
+            if fold:
+                T.fold_norms(model)
+            T.rotate_block_inputs(model, sites, h)
+            self.params["rotation"] = (f"scaled Hadamard {model.config.hidden_size}, online at {'/'.join(sites)}"
+                                       + ("" if fold else ", RMSNorm weights not folded"))
+        elif rotate:
             progress(None, "fold RMSNorm weights, rotate residual stream (scaled Hadamard)")
             T.fold_norms(model)
-            T.rotate_residual(model, torch.from_numpy(scaled_hadamard(model.config.hidden_size)))
+            T.rotate_residual(model, h)
             self.params["rotation"] = f"scaled Hadamard {model.config.hidden_size}"
+
+    def quantize_linear(self, model, name, x):
+        f = super().quantize_linear(model, name, x)
+        if self.s8_max != PROTECTIVE_MAX and f.format == "qoq":
+            # level-2 dequantized s8 outside [-128, 127]: what an int8 dequantization would wrap
+            s8 = dequantize(f) / f.channel_scales[:, None]
+            out = float(((s8 > 127.5) | (s8 < -128.5)).mean())
+            self.params.setdefault("s8_overflow_fraction", {})[name] = out
+        return f
 
     def _output_smoothing(self, model, i, site, x, kv_shared):
         c = model.config

@@ -40,6 +40,9 @@ class FakeQuant:
     act_quant: str | None = None                                 # None | "int8" | "fp8" | "fmpq"
     fmpq_block_bits: dict[str, np.ndarray] = field(default_factory=dict)  # weight name -> u8 [k/128]
     input_perm: dict[str, np.ndarray] = field(default_factory=dict)       # weight name -> int64 [k]
+    # weight name -> orthogonal [k, k]: the input is rotated (x·R) before activation quantization (an online
+    # rotation, QuaRot style; the weight holds W·R). Calibration studies only: the engine has no runtime rotation.
+    input_rotation: dict[str, torch.Tensor] = field(default_factory=dict)
     kv: object | None = None                                     # a KVQuantizer or None
 
 
@@ -89,6 +92,9 @@ class TorchLlama:
         perm = self.fake.input_perm.get(name)
         if perm is not None:
             x = x[..., torch.as_tensor(perm)]
+        rot = self.fake.input_rotation.get(name)
+        if rot is not None:
+            x = x @ rot
         if self.fake.act_quant == "int8":
             x = fake_quant_per_token_int8(x)
         elif self.fake.act_quant == "fp8":

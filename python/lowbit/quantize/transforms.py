@@ -5,6 +5,9 @@
   map only without its elementwise weight).
 * rotate_residual: residual stream x -> x·H with orthogonal H (QServe 001 App. B.2.1): embeddings E·H, input
   modules W·H, output modules Hᵀ·W, lm_head W·H.
+* rotate_block_inputs: only the inputs of chosen block-input sites rotated, online (x·H at run time, W·H):
+  an ablation of rotate_residual, whose effect on those inputs is the same in float; needs the torch model's
+  `FakeQuant.input_rotation` (the engine has no runtime rotation).
 * smooth_* : x -> x / s on a linear's input, s folded into the producer (SmoothQuant; QServe App. B.2.2):
   norm weights (q/k/v, gate/up inputs), v_proj rows (o_proj input), up_proj rows (down_proj input).
 * smooth_attention: keys / λ, queries · λ (QServe §3.2) with λ_i = λ_{i+D/2} so it commutes with RoPE.
@@ -55,6 +58,26 @@ def rotate_residual(model: TorchLlama, h: torch.Tensor) -> None:
             _update(model, linear_name(i, u), lambda w: w @ h)
         for u in ("o_proj", "down_proj"):
             _update(model, linear_name(i, u), lambda w: h.T @ w)
+
+
+BLOCK_INPUTS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+
+
+def rotate_block_inputs(model: TorchLlama, sites, h: torch.Tensor) -> None:
+    """Online rotation of the block inputs in `sites` (a subset of "qkv", "gate_up"): W <- W·H and the linear's
+    input x -> x·H before activation quantization. h: float64 orthogonal [hidden, hidden]. Unlike rotate_residual
+    it needs no fold_norms: the rotated input is the RMSNorm output with or without its weight, whichever the
+    model holds."""
+    unknown = set(sites) - set(BLOCK_INPUTS)
+    if unknown or not sites:
+        raise ValueError(f"rotate_block_inputs: sites must be a non-empty subset of {sorted(BLOCK_INPUTS)}, "
+                         f"got {sorted(sites)}")
+    h = h.double()
+    for i in range(model.config.num_layers):
+        for site in sites:
+            for u in BLOCK_INPUTS[site]:
+                _update(model, linear_name(i, u), lambda w: w @ h)
+                model.fake.input_rotation[linear_name(i, u)] = h.float()
 
 
 def smooth_block_input(model: TorchLlama, layer: int, which: str, s: torch.Tensor) -> None:
