@@ -123,6 +123,65 @@ def test_fmpq_permutation_and_block_bits():
             assert sorted(m.fake.input_perm[name].tolist()) == list(range(f.k))
 
 
+def test_fmpq_int8_fraction_budget():
+    k = 1000  # 8 blocks, the last one partial
+    nb = 8
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(200, k, generator=g) * torch.rand(k, generator=g) * 4
+    x[:, [5, 600]] *= 40
+    amax = x.abs().amax(0)
+    for frac in (0.0, 0.1, 0.2, 0.4, 1.0):
+        perm, bits, _ = outlier_permutation(x, ratio=8.0, int8_fraction=frac)
+        assert sorted(perm.tolist()) == list(range(k))
+        assert abs(float((bits == 8).mean()) - frac) <= 1 / nb + 1e-9
+        # the int8 blocks hold the largest channels: none of the int4 channels is larger than an int8 one
+        blk = (torch.arange(k) // 128).numpy()
+        is8 = torch.from_numpy(bits[blk] == 8)
+        a = amax[perm]
+        if 0 < int(is8.sum()) < k:
+            assert float(a[is8].min()) >= float(a[~is8].max())
+    with pytest.raises(ValueError, match="int8_fraction must be in"):
+        outlier_permutation(x, ratio=8.0, int8_fraction=1.5)
+
+
+@pytest.mark.parametrize("frac", [0.2, 0.4])
+def test_fmpq_int8_fraction_in_pipeline(frac):
+    m, a, fields, _, _ = run_algo_wide("fmpq", "w4a4kv4", int8_fraction=frac)
+    assert a.params["int8_fraction"] == frac
+    for name, f in fields.items():
+        nb = -(-f.k // 128)
+        assert abs(f.extra["int8_block_fraction"] - frac) <= 1 / nb + 1e-9, (name, f.extra["int8_block_fraction"])
+
+
+def run_algo_wide(algo, recipe, **opts):
+    """run_algo on a model wide enough for several 128-channel blocks per input (hidden 3 blocks, down_proj 6)."""
+    lm = tiny_llama(hidden=384, intermediate=700, heads=4, kv_heads=2)
+    m = TorchLlama(lm.config, lm.tensors)
+    a = algorithm_class(algo)(parse_recipe(recipe), **opts)
+    fields, stats = pipeline.run(m, random_tokens(2, 32), a, pipeline.Progress(False, 2))
+    return m, a, fields, stats, lm
+
+
+def test_fmpq_permutation_preserves_float_outputs():
+    """With float weights and activations, the permutations (activation input_perm, and down_proj's folded into
+    gate/up) must leave the logits unchanged."""
+    lm = tiny_llama(hidden=384, intermediate=700, heads=4, kv_heads=2)
+    ref = TorchLlama(lm.config, lm.tensors)
+    m = TorchLlama(lm.config, lm.tensors)
+    algo = algorithm_class("fmpq")(parse_recipe("w4a4kv4"), int8_fraction=0.4)
+    tok = random_tokens(2, 24)
+    before = {n: w.clone() for n, w in m.weights.items()}
+    with torch.no_grad():
+        h = m.embed(tok)
+        for i in range(lm.config.num_layers):
+            algo.transform_layer(m, i, pipeline.capture(m, i, h))
+            h = m.layer(i, h)
+    assert m.fake.act_quant is None  # only the permutation is applied, no quantization
+    moved = [n for n in before if not torch.equal(before[n], m.weights[n])]
+    assert any("down_proj" in n for n in moved) and any("q_proj" in n for n in moved)  # the test permutes
+    torch.testing.assert_close(m.logits(tok), ref.logits(tok), rtol=1e-4, atol=1e-4)
+
+
 def test_activation_fake_quant_definitions():
     x = torch.randn(5, 300) * torch.linspace(0.1, 5, 300)
     s = x.abs().amax(1, keepdim=True) / 127

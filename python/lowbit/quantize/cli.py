@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--act-order", action="store_true", help="gptq: quantize columns by decreasing Hessian diag")
     p.add_argument("--alpha", type=float, default=None, help="smoothquant/liquid: fixed α (default: searched)")
     p.add_argument("--outlier-ratio", type=float, default=None, help="fmpq: outlier if max|x| > ratio * median")
+    p.add_argument("--fmpq-int8-fraction", type=float, default=None,
+                   help="fmpq: run this fraction of each linear's activation blocks in int8 (those with the largest "
+                        "max|x| after the permutation) instead of the blocks holding outliers")
     p.add_argument("--smooth-attention", action="store_true", help="apply SmoothAttention (always on for qoq)")
     p.add_argument("--export-format", default="lowbit", choices=("lowbit", "compressed-tensors"),
                    help="lowbit: the lowbit directory (safetensors + lowbit_quant.json); compressed-tensors: a "
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         options["alpha"] = args.alpha
     if args.outlier_ratio is not None:
         options["outlier_ratio"] = args.outlier_ratio
+    if args.fmpq_int8_fraction is not None:
+        options["int8_fraction"] = args.fmpq_int8_fraction
     if args.smooth_attention:
         options["smooth_attention"] = True
     import tempfile
