@@ -162,13 +162,14 @@ def run_algo_wide(algo, recipe, **opts):
     return m, a, fields, stats, lm
 
 
-def test_fmpq_permutation_preserves_float_outputs():
+@pytest.mark.parametrize("awq_scales", [False, True])
+def test_fmpq_permutation_preserves_float_outputs(awq_scales):
     """With float weights and activations, the permutations (activation input_perm, and down_proj's folded into
-    gate/up) must leave the logits unchanged."""
+    gate/up) and the optional AWQ scales must leave the logits unchanged."""
     lm = tiny_llama(hidden=384, intermediate=700, heads=4, kv_heads=2)
     ref = TorchLlama(lm.config, lm.tensors)
     m = TorchLlama(lm.config, lm.tensors)
-    algo = algorithm_class("fmpq")(parse_recipe("w4a4kv4"), int8_fraction=0.4)
+    algo = algorithm_class("fmpq")(parse_recipe("w4a4kv4"), int8_fraction=0.4, awq_scales=awq_scales)
     tok = random_tokens(2, 24)
     before = {n: w.clone() for n, w in m.weights.items()}
     with torch.no_grad():
@@ -180,6 +181,8 @@ def test_fmpq_permutation_preserves_float_outputs():
     moved = [n for n in before if not torch.equal(before[n], m.weights[n])]
     assert any("down_proj" in n for n in moved) and any("q_proj" in n for n in moved)  # the test permutes
     torch.testing.assert_close(m.logits(tok), ref.logits(tok), rtol=1e-4, atol=1e-4)
+    if awq_scales:
+        assert any(r[s]["alpha"] for r in algo.params["scale_search"].values() for s in r)  # some scale was folded
 
 
 def test_activation_fake_quant_definitions():

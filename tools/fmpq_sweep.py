@@ -5,8 +5,8 @@ Each row is measured like the engine rows of tools/accuracy_table.py: `lowbit qu
 fmpq, calibration 16 x 256 tokens of the calibration folder), then `lowbit.LLM(DIR).perplexity` on the first 4096
 tokens of the evaluation text in windows of 1024, one thread. Rows differ only in how the int8 activation blocks
 are chosen: the outlier criterion (max|X_c| > ratio x median, today's default) or a fixed fraction of each linear's
-blocks (`int8_fraction`, the blocks with the largest max|X| after the permutation). f32 is re-measured in the same
-run for the deltas.
+blocks (`int8_fraction`, the blocks with the largest max|X| after the permutation); one row adds AWQ's scaling
+before the permutation (`awq_scales`). f32 is re-measured in the same run for the deltas.
 
     python tools/fmpq_sweep.py --calib CALIB_DIR --eval EVAL_TXT --out RESULTS.json [--rows f32,ratio8,f0.2]
 """
@@ -20,12 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+import lowbit  # noqa: F401  first: the installed package, with its extension (accuracy_table prepends python/)
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from accuracy_table import engine_perplexity, row_extras  # noqa: E402  (also puts ROOT/python on sys.path)
-
-import torch  # noqa: E402
+from accuracy_table import engine_perplexity, row_extras  # noqa: E402
 
 from lowbit.models import load_model_source  # noqa: E402
 from lowbit.quantize.api import quantize  # noqa: E402
@@ -38,6 +39,7 @@ ROWS = {
     "f0.2": ("int8 fraction 0.2 (COMET's typical share)", {"int8_fraction": 0.2}),
     "f0.4": ("int8 fraction 0.4", {"int8_fraction": 0.4}),
     "f1.0": ("int8 fraction 1.0 (every block int8: W4A8 with per-block scales)", {"int8_fraction": 1.0}),
+    "f0.2-awq": ("int8 fraction 0.2, AWQ scaling before the permutation", {"int8_fraction": 0.2, "awq_scales": True}),
 }
 
 

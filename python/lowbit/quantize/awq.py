@@ -16,6 +16,11 @@ from .torch_model import linear_name
 
 GRID = 20
 SEARCH_TOKENS = 512
+# input site -> where its scale s is folded (the producer divides by s, the consumers multiply)
+FOLDS = {"q_proj": lambda model, i, s: T.smooth_block_input(model, i, "attn", s),
+         "o_proj": lambda model, i, s: T.smooth_v_o(model, i, s),
+         "gate_proj": lambda model, i, s: T.smooth_block_input(model, i, "mlp", s),
+         "down_proj": lambda model, i, s: T.smooth_up_down(model, i, s)}
 
 
 class AWQ(RTNBase):
@@ -39,17 +44,22 @@ class AWQ(RTNBase):
         return s_site, label, loss, base
 
     def transform_layer(self, model, i, cap) -> bool:
+        self.params.setdefault("scale_search", {})[i] = self.scale_layer(model, i, cap)
+        return True
+
+    def scale_layer(self, model, i, cap, rescale_capture: bool = False) -> dict:
+        """Searches and folds the scales of layer i's four inputs. rescale_capture: divide cap[site] by the chosen
+        scale, i.e. what a recapture would give (for a caller that transforms the scaled inputs further)."""
         record = {}
-        for site, fold in (("q_proj", lambda s: T.smooth_block_input(model, i, "attn", s)),
-                           ("o_proj", lambda s: T.smooth_v_o(model, i, s)),
-                           ("gate_proj", lambda s: T.smooth_block_input(model, i, "mlp", s)),
-                           ("down_proj", lambda s: T.smooth_up_down(model, i, s))):
-            s, alpha, loss, base = self._search(model, i, site, cap[site], per_kv=(site == "o_proj"))
+        for site, fold in FOLDS.items():
+            per_kv = site == "o_proj"
+            s, alpha, loss, base = self._search(model, i, site, cap[site], per_kv=per_kv)
             record[site] = {"alpha": alpha, "loss": loss, "loss_unscaled": base}
             if s is not None:
-                fold(s)
-        self.params.setdefault("scale_search", {})[i] = record
-        return True
+                fold(model, i, s)
+                if rescale_capture:
+                    cap[site] = cap[site] / (T.expand_kv_channels(model, s) if per_kv else s)
+        return record
 
     def quantize_linear(self, model, name, x):
         if name.endswith(("q_proj.weight", "k_proj.weight")):

@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fmpq-int8-fraction", type=float, default=None,
                    help="fmpq: run this fraction of each linear's activation blocks in int8 (those with the largest "
                         "max|x| after the permutation) instead of the blocks holding outliers")
+    p.add_argument("--fmpq-awq-scales", action="store_true",
+                   help="fmpq: AWQ's per-channel scaling of the weights before the outlier permutation")
     p.add_argument("--smooth-attention", action="store_true", help="apply SmoothAttention (always on for qoq)")
     p.add_argument("--export-format", default="lowbit", choices=("lowbit", "compressed-tensors"),
                    help="lowbit: the lowbit directory (safetensors + lowbit_quant.json); compressed-tensors: a "
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         options["outlier_ratio"] = args.outlier_ratio
     if args.fmpq_int8_fraction is not None:
         options["int8_fraction"] = args.fmpq_int8_fraction
+    if args.fmpq_awq_scales:
+        options["awq_scales"] = True
     if args.smooth_attention:
         options["smooth_attention"] = True
     import tempfile

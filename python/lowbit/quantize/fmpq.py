@@ -12,6 +12,7 @@ on a narrower grid), clipped by output MSE. The fraction of int8 blocks per line
 The int8 budget: by default the blocks covering the outlier channels (ratio criterion above). With
 `int8_fraction=f` the criterion is replaced by a budget: after the permutation, the round(f · blocks) blocks with
 the largest max|X| run int8 (COMET keeps about 20%), so the accuracy/int8-share trade-off can be swept.
+`awq_scales=True` applies AWQ's per-channel scaling (awq.py) before the permutation, a better-weights variant.
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ class FMPQ(RTNBase):
         fraction = self.options.get("int8_fraction")
         fraction = None if fraction is None else float(fraction)
         record = {}
+        if self.options.get("awq_scales"):
+            # AWQ's scaling first (it lowers the 4-bit weight error, which dominates FMPQ's loss with RTN-clipped
+            # weights); the blocks are then chosen on the scaled inputs the linears will see
+            from .awq import AWQ
+            self.params.setdefault("scale_search", {})[i] = AWQ(self.spec).scale_layer(model, i, cap,
+                                                                                       rescale_capture=True)
         for site, users in SITES.items():
             perm, bits, n_out = outlier_permutation(cap[site], ratio, fraction)
             names = [linear_name(i, u) for u in users]
