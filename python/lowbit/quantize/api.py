@@ -79,8 +79,8 @@ def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Pa
     model: path (.gguf or HF dir) or None for the default model; `loaded` may pass a LoadedModel instead.
     calib: calibration .txt files or folders (required unless the recipe needs no calibration: rtn is still
     calibrated for KV/stat reporting, so pass it). options: act_order (gptq), alpha (smoothquant/liquid; searched
-    when absent), outlier_ratio / int8_fraction / awq_scales (fmpq), rotate/smooth_attention/reorder (qoq), smooth_attention
-    (any algorithm).
+    when absent), outlier_ratio / int8_fraction / awq_scales (fmpq), rotate/smooth_attention/reorder (qoq),
+    smooth_attention (any algorithm).
     kv_mode: the KV fake quantization seen during calibration; None follows the recipe ("channel" for
     per-channel K recipes such as kc4v4, else "token"). SmoothAttention folds into q/k weights for any K format.
     """
