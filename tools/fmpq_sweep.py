@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """FMPQ int8-block budget sweep on SmolLM2 (issue 19; a benchmark, not a test).
 
-Each row is measured like the engine rows of tools/accuracy_table.py: `lowbit quantize`'s directory (w4a4kv4,
-fmpq, calibration 16 x 256 tokens of the calibration folder), then `lowbit.LLM(DIR).perplexity` on the first 4096
-tokens of the evaluation text in windows of 1024, one thread. Rows differ only in how the int8 activation blocks
-are chosen: the outlier criterion (max|X_c| > ratio x median, today's default) or a fixed fraction of each linear's
-blocks (`int8_fraction`, the blocks with the largest max|X| after the permutation); one row adds AWQ's scaling
-before the permutation (`awq_scales`). f32 is re-measured in the same run for the deltas.
+Each row is measured like the engine rows of tools/accuracy_table.py: `lowbit quantize`'s directory (fmpq at
+--recipe: w4a4, KV16 as the table's FMPQ row, or w4a4kv4; calibration 16 x 256 tokens of the calibration folder),
+then `lowbit.LLM(DIR).perplexity` on the first 4096 tokens of the evaluation text in windows of 1024, one thread.
+Rows differ only in how the int8 activation blocks are chosen: the outlier criterion (max|X_c| > ratio x median,
+today's default) or a fixed fraction of each linear's blocks (`int8_fraction`, the blocks with the largest max|X|
+after the permutation); the -awq rows add AWQ's scaling before the permutation (`awq_scales`). f32 is
+re-measured in the same run for the deltas.
 
     python tools/fmpq_sweep.py --calib CALIB_DIR --eval EVAL_TXT --out RESULTS.json [--rows f32,ratio8,f0.2]
 """
@@ -35,11 +36,14 @@ from lowbit.quantize.api import quantize  # noqa: E402
 ROWS = {
     "f32": ("f32 (this run)", None),
     "ratio8": ("outlier criterion, ratio 8 (today's default)", {}),
+    "f0.0": ("int8 fraction 0 (every block int4)", {"int8_fraction": 0.0}),
     "f0.1": ("int8 fraction 0.1", {"int8_fraction": 0.1}),
     "f0.2": ("int8 fraction 0.2 (COMET's typical share)", {"int8_fraction": 0.2}),
     "f0.4": ("int8 fraction 0.4", {"int8_fraction": 0.4}),
     "f1.0": ("int8 fraction 1.0 (every block int8: W4A8 with per-block scales)", {"int8_fraction": 1.0}),
-    "f0.2-awq": ("int8 fraction 0.2, AWQ scaling before the permutation", {"int8_fraction": 0.2, "awq_scales": True}),
+    "f0.2-awq": ("int8 fraction 0.2, AWQ scaling before the permutation",
+                 {"int8_fraction": 0.2, "awq_scales": True}),
+    "f1.0-awq": ("int8 fraction 1.0, AWQ scaling", {"int8_fraction": 1.0, "awq_scales": True}),
 }
 
 
@@ -49,8 +53,8 @@ def run_row(key, loaded, args) -> dict:
     if options is None:
         ppl = engine_perplexity(None, args.eval, "w16a16")
         return {"label": label, "ppl": ppl, "eval_s": time.time() - t0}
-    out = Path(args.work) / key
-    _, _, manifest = quantize(None, "w4a4kv4", "fmpq", out, calib=[args.calib], num_sequences=args.calib_seqs,
+    out = Path(args.work) / f"{args.recipe}-{key}"
+    _, _, manifest = quantize(None, args.recipe, "fmpq", out, calib=[args.calib], num_sequences=args.calib_seqs,
                               seq_len=args.calib_len, progress=False, loaded=loaded, **options)
     t1 = time.time()
     extras = row_extras("fmpq", manifest)
@@ -68,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--eval", required=True)
     p.add_argument("--out", required=True, help="results JSON (rows already in it are skipped)")
     p.add_argument("--rows", default="", help="comma-separated row keys (default: all)")
+    p.add_argument("--recipe", default="w4a4", help="w4a4 (KV16, as the accuracy table's FMPQ row) or w4a4kv4")
     p.add_argument("--work", default=str(ROOT / "build" / "fmpq_sweep_dirs"))
     p.add_argument("--calib-seqs", type=int, default=16)
     p.add_argument("--calib-len", type=int, default=256)
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
     results.setdefault("rows", {})
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     results["settings"] = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit,
-                           "model": "SmolLM2-135M-Instruct Q4_1 GGUF (default)", "recipe": "w4a4kv4",
+                           "model": "SmolLM2-135M-Instruct Q4_1 GGUF (default)", "recipe": args.recipe,
                            "algorithm": "fmpq", "eval": Path(args.eval).name, "tokens": 4096, "window": 1024,
                            "calib": sorted(c.name for c in Path(args.calib).glob("*.txt")),
                            "calib_seqs": args.calib_seqs, "calib_len": args.calib_len,
