@@ -40,6 +40,7 @@ ROWS = {
     "f0.1": ("int8 fraction 0.1", {"int8_fraction": 0.1}),
     "f0.2": ("int8 fraction 0.2 (COMET's typical share)", {"int8_fraction": 0.2}),
     "f0.4": ("int8 fraction 0.4", {"int8_fraction": 0.4}),
+    "f0.6": ("int8 fraction 0.6", {"int8_fraction": 0.6}),
     "f1.0": ("int8 fraction 1.0 (every block int8: W4A8 with per-block scales)", {"int8_fraction": 1.0}),
     "f0.2-awq": ("int8 fraction 0.2, AWQ scaling before the permutation",
                  {"int8_fraction": 0.2, "awq_scales": True}),
