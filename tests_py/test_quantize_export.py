@@ -98,6 +98,18 @@ def test_cli_reports_errors(tmp_path, calib, capsys, monkeypatch):
     assert "at position 2" in err
 
 
+def test_cli_passes_fmpq_options(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_quantize(*args, **kwargs):  # records the options instead of quantizing
+        seen.update(kwargs)
+        return tmp_path, None, {"recipe": "w4a4", "algorithm": "fmpq", "kv": {"k_bits": 16, "v_bits": 16}}
+    monkeypatch.setattr(api, "quantize", fake_quantize)
+    rc = cli.main(["--recipe", "w4a4", "--algo", "fmpq", "--out", str(tmp_path / "o"), "--calib", "x.txt",
+                   "--fmpq-int8-fraction", "0.25", "--fmpq-awq-scales", "--quiet"])
+    assert rc == 0 and seen["int8_fraction"] == 0.25 and seen["awq_scales"] is True
+
+
 def test_load_rejects_non_quantized_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no lowbit_quant.json"):
         load_quantized_dir(tmp_path)
