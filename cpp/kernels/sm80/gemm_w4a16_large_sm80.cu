@@ -252,16 +252,6 @@ __global__ void __launch_bounds__(kThreads, C::kSmemBytes <= 113 * 1024 ? 2 : 1)
       }
 }
 
-__global__ void sum_splits_kernel(const float* __restrict__ partial, int split, int m, int n, __half* y,
-                                  int64_t ldy) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t mn = static_cast<int64_t>(m) * n;
-  if (i >= mn) return;
-  float s = 0.f;
-  for (int z = 0; z < split; ++z) s += partial[z * mn + i];  // fixed order: deterministic
-  y[(i / n) * ldy + i % n] = __float2half_rn(s);
-}
-
 // Raises the dynamic shared-memory limit once per device.
 template <class C>
 void prepare(int device) {
@@ -352,9 +342,7 @@ void gemm_w4a16_large(const W4A16LargeArgs& p, W4A16LargeTile tile, int split, c
     default: launch<Cfg128x128>(p, split, stream); break;
   }
   if (split > 1) {
-    const int64_t total = static_cast<int64_t>(p.m) * p.n;
-    sum_splits_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(p.partial, split, p.m, p.n,
-                                                                                     p.y, p.ldy);
+    sum_split_partials(p.partial, split, p.m, p.n, p.y, p.ldy, stream);
     LOWBIT_CUDA_CHECK_LAUNCH("gemm_w4a16");
   }
 }

@@ -116,10 +116,11 @@ __device__ inline void load_stage(const GemmArgs& p, uint8_t* stage, int kc0, in
 }
 
 // One warp's share of a stage: per chunk, dequantize each of its weight tiles once per k16 step and
-// multiply it into all of its 8-token tiles.
-template <class C>
+// multiply it into all of its 8-token tiles. kMins: the second parameter is a min (GGUF Q4_1), a compile-time
+// choice because a runtime flag costs the decode configs their last registers (spills on sm_90).
+template <class C, bool kMins>
 __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_n, int warp_m, bool two_halves,
-                                     bool mins, float (&acc)[C::kTilesN][C::kTilesM][4]) {
+                                     float (&acc)[C::kTilesN][C::kTilesM][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const uint4* ws = reinterpret_cast<const uint4*>(stage);
   const __half* ss = reinterpret_cast<const __half*>(stage + C::kWBytes);
@@ -137,8 +138,8 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
         const __half s0 = sc[row], s8 = sc[row + 8], z0 = sc[C::kBlockN + row], z8 = sc[C::kBlockN + row + 8];
         s_lo[i] = __half2half2(s0);
         s_hi[i] = __half2half2(s8);
-        nzs_lo[i] = addend_of(z0, s0, mins);
-        nzs_hi[i] = addend_of(z8, s8, mins);
+        nzs_lo[i] = addend_of(z0, s0, kMins);
+        nzs_hi[i] = addend_of(z8, s8, kMins);
       }
     };
 #pragma unroll
@@ -169,7 +170,7 @@ __device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_
   }
 }
 
-template <class C>
+template <class C, bool kMins>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(GemmArgs p) {
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
@@ -212,8 +213,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(
     cp_async_commit();
     const int kc0 = kc_begin + it * C::kChunks;
     if (active)
-      compute_stage<C>(smem + (it % C::kStages) * C::kStageBytes, kc_end - kc0, warp_n, warp_m,
-                       halves_differ(p.group), p.mins, acc);
+      compute_stage<C, kMins>(smem + (it % C::kStages) * C::kStageBytes, kc_end - kc0, warp_n, warp_m,
+                              halves_differ(p.group), acc);
   }
   cp_async_wait<0>();
 
@@ -232,15 +233,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w4a16_kernel(
         else
           p.partial[(static_cast<int64_t>(blockIdx.z) * p.m + token) * p.n + col] = acc[i][j][c];
       }
-}
-
-__global__ void sum_partials_kernel(const float* __restrict__ partial, int split, int m, int n, __half* y,
-                                    int64_t ldy) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<int64_t>(m) * n) return;
-  float s = 0.f;
-  for (int z = 0; z < split; ++z) s += partial[z * static_cast<int64_t>(m) * n + i];  // fixed order
-  y[(i / n) * ldy + i % n] = __float2half_rn(s);
 }
 
 // Shapes by token count. Decode (<= 16 tokens): 8 warps x one 16-row tile, 128 weight rows per
@@ -273,11 +265,11 @@ ShapeInfo prepare(int device) {
     int previous = 0;
     LOWBIT_CUDA_CHECK(op, cudaGetDevice(&previous));
     LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_w4a16_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               C::kSmemBytes));
+    for (auto* kernel : {gemm_w4a16_kernel<C, false>, gemm_w4a16_kernel<C, true>})
+      LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
     int blocks = 0;
-    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_w4a16_kernel<C>, C::kThreads,
-                                                                        C::kSmemBytes));
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_w4a16_kernel<C, false>,
+                                                                        C::kThreads, C::kSmemBytes));
     LOWBIT_CUDA_CHECK(op, cudaSetDevice(previous));
     LOWBIT_CHECK(blocks > 0, op, ": the kernel for this token count does not fit on device ", device);
     cache[device] = blocks;
@@ -298,7 +290,8 @@ ShapeInfo prepare(Shape s, int device) {
 template <class C>
 void launch(const GemmArgs& p, int split, cudaStream_t stream) {
   const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
-  launch_maybe_pdl("gemm_w4a16", p.pdl, gemm_w4a16_kernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
+  launch_maybe_pdl("gemm_w4a16", p.pdl, p.mins ? gemm_w4a16_kernel<C, true> : gemm_w4a16_kernel<C, false>, grid,
+                   dim3(C::kThreads), C::kSmemBytes, stream, p);
 }
 
 // From this many tokens the large-M kernel (gemm_w4a16_large_sm80.cu) runs: it dequantizes each
@@ -451,8 +444,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (split > 1) {
-    const int64_t total = m * n;
-    sum_partials_kernel<<<(total + 255) / 256, 256, 0, stream>>>(ws.data<float>(), split, p.m, p.n, p.y, p.ldy);
+    sum_split_partials(ws.data<float>(), split, p.m, p.n, p.y, p.ldy, stream);
     LOWBIT_CUDA_CHECK_LAUNCH(op);
   }
 }

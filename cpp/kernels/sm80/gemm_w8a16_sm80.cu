@@ -205,14 +205,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_w8a16_kernel(
       }
 }
 
-__global__ void sum_splits_kernel(const float* __restrict__ partial, int split, int m, int n, __half* y, int64_t ldy) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<int64_t>(m) * n) return;
-  float s = 0.f;
-  for (int z = 0; z < split; ++z) s += partial[z * static_cast<int64_t>(m) * n + i];  // fixed order
-  y[(i / n) * ldy + i % n] = __float2half_rn(s);
-}
-
 // Decode (<= 16 tokens): 8 warps x one 16-row tile, 128 rows per block; up to 64 tokens: the same with
 // up to 8 token tiles per warp; more: 128 x 128 blocks of 2 x 8 tiles per warp.
 using CfgM8 = Cfg<8, 1, 1, 1, 2, 4, 2>;
@@ -275,8 +267,7 @@ void run(const Args& base, int split_k, const Tensor& workspace, const Tensor& x
   gemm_w8a16_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   LOWBIT_CUDA_CHECK_LAUNCH("gemm_w8a16");
   if (split > 1) {
-    const int64_t total = int64_t(p.m) * p.n;
-    sum_splits_kernel<<<(total + 255) / 256, 256, 0, stream>>>(p.partial, split, p.m, p.n, p.y, p.ldy);
+    w4a16::sum_split_partials(p.partial, split, p.m, p.n, p.y, p.ldy, stream);
     LOWBIT_CUDA_CHECK_LAUNCH("gemm_w8a16");
   }
 }

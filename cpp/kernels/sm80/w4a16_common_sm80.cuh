@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -85,6 +86,25 @@ __device__ inline __half2 addend_of(__half zero_or_min, __half s, bool mins) {
 // parameters for half `half` of chunk kc; both halves share a row unless the group is an odd multiple of 32.
 __device__ inline int param_row(int kc, int half, int group) { return (kc * kChunkK + 32 * half) / group; }
 __device__ inline bool halves_differ(int group) { return group % kChunkK != 0; }
+
+// Split-K: y[m, n] (row stride ldy) = the sum over the splits of the f32 partials [split, m, n], in a fixed order
+// (deterministic), rounded to f16 once. A template only so that each kernel file including this header has its own.
+template <class Out>
+__global__ void sum_split_partials_kernel(const float* __restrict__ partial, int split, int m, int n, Out* y,
+                                          int64_t ldy) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t mn = static_cast<int64_t>(m) * n;
+  if (i >= mn) return;
+  float s = 0.f;
+  for (int z = 0; z < split; ++z) s += partial[z * mn + i];
+  y[(i / n) * ldy + i % n] = __float2half_rn(s);
+}
+inline void sum_split_partials(const float* partial, int split, int m, int n, __half* y, int64_t ldy,
+                               cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(m) * n;
+  sum_split_partials_kernel<__half><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(partial, split, m,
+                                                                                                    n, y, ldy);
+}
 
 __device__ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
