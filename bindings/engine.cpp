@@ -101,6 +101,10 @@ void bind_engine(nb::module_& m) {
           nb::arg("name"), nb::arg("tensor"),
           "Float weight by HF name (any DLPack array); linear weights are quantized per the recipe")
       .def("set_quantized_weight", &Model::set_quantized_weight, nb::arg("name"), nb::arg("weight"))
+      .def("set_tensor_parallel", &Model::set_tensor_parallel, nb::arg("comm"),
+           "Make this model one rank of a tensor-parallel group (before any weight; weights are then given whole)")
+      .def_prop_ro("tp_rank", &Model::tp_rank)
+      .def_prop_ro("tp_world", &Model::tp_world)
       .def("set_head_format", &Model::set_head_format, nb::arg("format"),
            "lm_head's weight format (f32, f16, bf16, w8, w4) instead of the recipe's rule; before lm_head is given")
       .def(
@@ -160,9 +164,9 @@ void bind_engine(nb::module_& m) {
                (e.finish_reason.empty() ? std::string() : ", finish_reason='" + e.finish_reason + "'") + ")";
       });
 
-  nb::class_<Engine>(m, "Engine", "Continuous-batching decode engine over one Model")
+  nb::class_<Engine>(m, "Engine", "Continuous-batching decode engine over one Model or a tensor-parallel group")
       .def("__init__",
-           [](Engine* self, const Model& model, int64_t max_batch_tokens, int max_seqs, int block_size,
+           [](Engine* self, nb::handle model, int64_t max_batch_tokens, int max_seqs, int block_size,
               int64_t kv_cache_bytes, int num_threads, double gpu_memory_fraction, bool cuda_graphs,
               bool prefix_caching) {
              EngineConfig c;
@@ -174,7 +178,13 @@ void bind_engine(nb::module_& m) {
              c.gpu_memory_fraction = gpu_memory_fraction;
              c.cuda_graphs = cuda_graphs;
              c.prefix_caching = prefix_caching;
-             new (self) Engine(model, c);
+             // One Model, or the ranks of a tensor-parallel group in rank order.
+             std::vector<const Model*> ranks;
+             if (nb::isinstance<Model>(model))
+               ranks.push_back(nb::cast<const Model*>(model));
+             else
+               for (nb::handle item : model) ranks.push_back(nb::cast<const Model*>(item));
+             new (self) Engine(ranks, c);
            },
            nb::arg("model"), nb::arg("max_batch_tokens") = 2048, nb::arg("max_seqs") = 64, nb::arg("block_size") = 16,
            nb::arg("kv_cache_bytes") = 0, nb::arg("num_threads") = 0, nb::arg("gpu_memory_fraction") = 0.9,
@@ -206,6 +216,7 @@ void bind_engine(nb::module_& m) {
           nb::arg("presence_penalty") = 0.0f, nb::arg("frequency_penalty") = 0.0f, nb::arg("seed") = 0,
           nb::arg("max_tokens") = 16, nb::arg("min_tokens") = 0, nb::arg("stop_token_ids") = std::vector<int32_t>(),
           nb::arg("logprobs") = 0, nb::arg("session_id") = -1)
+      .def_prop_ro("tensor_parallel", &Engine::tensor_parallel)
       .def("step", &Engine::step, nb::call_guard<nb::gil_scoped_release>())
       .def("abort", &Engine::abort, nb::arg("request_id"))
       .def("end_session", &Engine::end_session, nb::arg("session_id"))

@@ -30,6 +30,7 @@ NB_MODULE(_core, m) {
   lowbit::bindings::bind_kv(m);
   lowbit::bindings::bind_ops(m);
   lowbit::bindings::bind_attention(m);
+  lowbit::bindings::bind_dist(m);
   lowbit::bindings::bind_engine(m);
   lowbit::bindings::bind_kernels(m);
   lowbit::bindings::bind_cuda(m);

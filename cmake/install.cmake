@@ -3,7 +3,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 install(DIRECTORY include/lowbit DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-set(_targets lowbit lowbit_core lowbit_quant lowbit_kv lowbit_kernels_cpu lowbit_kernels_registry lowbit_ops lowbit_model lowbit_engine)
+set(_targets lowbit lowbit_core lowbit_dist lowbit_quant lowbit_kv lowbit_kernels_cpu lowbit_kernels_registry lowbit_ops lowbit_model lowbit_engine)
 if(LOWBIT_WITH_CUDA)
   list(APPEND _targets lowbit_cuda_common lowbit_kernels_sm80 lowbit_kernels_sm90)
 endif()

@@ -21,6 +21,11 @@ if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   set_property(TARGET _core APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/python_exports.map)
 endif()
 target_include_directories(_core PRIVATE ${PROJECT_SOURCE_DIR})
+if(LOWBIT_WITH_NCCL)
+  # libnccl.so.2 comes from the nvidia-nccl-cu13 wheel next to lowbit in site-packages (torch loads the same one).
+  set_target_properties(_core PROPERTIES INSTALL_RPATH "$ORIGIN/../nvidia/nccl/lib;${LOWBIT_NCCL_LIBRARY_DIR}"
+                                         BUILD_RPATH "${LOWBIT_NCCL_LIBRARY_DIR}")
+endif()
 # Developers point LOWBIT_DEV_BUILD at this folder to import a build-tree extension.
 set_target_properties(_core PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/python_ext)
 install(TARGETS _core LIBRARY DESTINATION lowbit)

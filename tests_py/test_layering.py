@@ -27,14 +27,19 @@ KERNELS = ("lowbit/kernels/", "kernels/")
 CUDA = ("lowbit/cuda/", "cuda/")
 QUANT = ("lowbit/quant/", "quant/")
 KV = ("lowbit/kv/", "kv/")
+DIST = ("lowbit/dist/", "dist/")
 ABOVE_KERNELS = OPS + MODEL + ENGINE
 
 # layer folder -> include prefixes it must not use. Each public folder has the same rule as its sources.
 RULES = {
     # core: tensors, devices, dtypes, errors and the shared parameter types (core/rope_config.h,
     # core/sampling_params.h). The bottom: it includes nothing of lowbit but itself.
-    "include/lowbit/core": ABOVE_KERNELS + KERNELS + CUDA + QUANT + KV,
-    "cpp/core": ABOVE_KERNELS + KERNELS + CUDA + QUANT + KV,
+    "include/lowbit/core": ABOVE_KERNELS + KERNELS + CUDA + QUANT + KV + DIST,
+    "cpp/core": ABOVE_KERNELS + KERNELS + CUDA + QUANT + KV + DIST,
+    # dist: the collectives of tensor parallelism (threads, NCCL on cuda/'s streams); above core and the GPU
+    # runtime, below the model whose forward calls them. It knows nothing of weights, KV or kernels.
+    "include/lowbit/dist": ABOVE_KERNELS + KERNELS + QUANT + KV,
+    "cpp/dist": ABOVE_KERNELS + KERNELS + QUANT + KV,
     # quant: weight formats, recipes, packers and their layouts. Below every kernel: the CPU GEMM layout
     # (cpp/quant/pack_cpu_layout.h) is quant's, the packer writes it and the CPU kernels read it, so quant never
     # includes kernels/ (nor the GPU launchers of cuda/, which include quant/pack.h). Beside kv: neither needs

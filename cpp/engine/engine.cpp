@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <limits>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "engine/prefix_cache_seed.h"
+#include "engine/rank_threads.h"
 #include "lowbit/core/allocator.h"
 #include "model/device_support.h"
 
@@ -24,71 +26,124 @@ constexpr int64_t kGpuStepReserve = int64_t(512) << 20;
 constexpr int64_t kMaxLogitsChunk = 256;  // rows per forward in Engine::logits (bounds the logits buffer)
 }  // namespace
 
-Engine::Engine(const Model& model, const EngineConfig& config)
-    : model_(model), cfg_(config) {
-  LOWBIT_CHECK(model.finalized(), "Engine: the model is not finalized (call Model.finalize() first)");
+Engine::Engine(const Model& model, const EngineConfig& config) : Engine(std::vector<const Model*>{&model}, config) {}
+
+namespace {
+const Model& first_rank(const std::vector<const Model*>& ranks) {
+  LOWBIT_CHECK(!ranks.empty() && ranks[0] != nullptr, "Engine: no model given");
+  return *ranks[0];
+}
+}  // namespace
+
+Engine::Engine(const std::vector<const Model*>& ranks, const EngineConfig& config)
+    : model_(first_rank(ranks)), cfg_(config) {
+  const int world = int(ranks.size());
+  for (int r = 0; r < world; ++r) {
+    LOWBIT_CHECK(ranks[size_t(r)] != nullptr, "Engine: rank ", r, "'s model is null");
+    const Model& m = *ranks[size_t(r)];
+    LOWBIT_CHECK(m.finalized(), "Engine: the model", world > 1 ? " of rank " + std::to_string(r) : std::string(),
+                 " is not finalized (call Model.finalize() first)");
+    LOWBIT_CHECK(m.tp_world() == world && m.tp_rank() == r, "Engine: ", world, " model(s) given, but model ", r,
+                 " is rank ", m.tp_rank(), " of a tensor-parallel group of ", m.tp_world(),
+                 " (pass the group's models in rank order)");
+    LOWBIT_CHECK(m.recipe().text == model_.recipe().text && m.device().kind == model_.device().kind, "Engine: rank ",
+                 r, " runs ", m.recipe().text, " on ", m.device().str(), ", rank 0 ", model_.recipe().text, " on ",
+                 model_.device().str());
+  }
   LOWBIT_CHECK(cfg_.max_batch_tokens > 0, "Engine: argument 'max_batch_tokens' must be positive, got ",
                cfg_.max_batch_tokens);
   LOWBIT_CHECK(cfg_.max_seqs > 0, "Engine: argument 'max_seqs' must be positive, got ", cfg_.max_seqs);
   LOWBIT_CHECK(cfg_.block_size > 0, "Engine: argument 'block_size' must be positive, got ", cfg_.block_size);
   // Per-channel K quantizes whole blocks: its block is the recipe's K group (engine.h, docs/recipes.md).
-  cfg_.block_size = model.kv_block_size(cfg_.block_size);
+  cfg_.block_size = model_.kv_block_size(cfg_.block_size);
   LOWBIT_CHECK(cfg_.kv_cache_bytes >= 0, "Engine: argument 'kv_cache_bytes' must be >= 0, got ", cfg_.kv_cache_bytes);
   LOWBIT_CHECK(cfg_.num_threads >= 0, "Engine: argument 'num_threads' must be >= 0, got ", cfg_.num_threads);
   LOWBIT_CHECK(cfg_.gpu_memory_fraction > 0.0 && cfg_.gpu_memory_fraction <= 1.0,
                "Engine: argument 'gpu_memory_fraction' must be in (0, 1], got ", cfg_.gpu_memory_fraction);
 #ifdef _OPENMP
   if (cfg_.num_threads > 0) omp_set_num_threads(cfg_.num_threads);
-#endif
-  const ModelConfig& mc = model.config();
-#ifdef _OPENMP
-  samplers_.assign(size_t(std::max(1, omp_get_max_threads())), Sampler(mc.vocab_size));
+  const int omp_threads = omp_get_max_threads();
 #else
-  samplers_.assign(1, Sampler(mc.vocab_size));
+  const int omp_threads = 1;
 #endif
+  const ModelConfig& mc = model_.config();
+  samplers_.assign(size_t(std::max(1, omp_threads)), Sampler(mc.vocab_size));
   max_blocks_per_seq_ = blocks_for_tokens(mc.max_position_embeddings);
-  // The workspace first: on a GPU the KV pool is sized from what is free after it.
-  ws_ = model.make_workspace(cfg_.max_batch_tokens,
-                             std::max<int64_t>(cfg_.max_seqs, std::min(cfg_.max_batch_tokens, kMaxLogitsChunk)));
-  const int64_t block_bytes = model.kv_bytes_per_token() * cfg_.block_size;
+  // Each rank thread works on its rank's GPU and, on the CPU, on its share of the OpenMP threads.
+  rank_threads_ = std::make_unique<RankThreads>(world, [ranks, world, omp_threads](int r) {
+    model_detail::bind_thread_to_device(ranks[size_t(r)]->device());
+#ifdef _OPENMP
+    omp_set_num_threads(std::max(1, omp_threads / world));
+#endif
+    (void)omp_threads;
+  });
+  ranks_.resize(size_t(world));
+  for (int r = 0; r < world; ++r) ranks_[size_t(r)].model = ranks[size_t(r)];
+  // The workspaces first: on a GPU the KV pool is sized from what is free after them.
+  const int64_t logit_rows = std::max<int64_t>(cfg_.max_seqs, std::min(cfg_.max_batch_tokens, kMaxLogitsChunk));
+  run_ranks([&](int r) { ranks_[size_t(r)].ws = ranks_[size_t(r)].model->make_workspace(cfg_.max_batch_tokens, logit_rows); });
+  const int64_t block_bytes = model_.kv_bytes_per_token() * cfg_.block_size;  // per rank (each holds its KV heads)
   const int64_t most_blocks = int64_t(cfg_.max_seqs) * max_blocks_per_seq_;  // max_seqs full-length sequences
   int64_t num_blocks;
   if (cfg_.kv_cache_bytes == 0) {
-    const int64_t budget = model.device().is_cpu() ? kDefaultKVBytes : gpu_kv_budget(block_bytes);
+    int64_t budget = model_.device().is_cpu() ? kDefaultKVBytes : std::numeric_limits<int64_t>::max();
+    if (!model_.device().is_cpu())
+      for (const Rank& rank : ranks_) budget = std::min(budget, gpu_kv_budget(*rank.model, block_bytes));
     num_blocks = std::max<int64_t>(1, std::min(budget / block_bytes, most_blocks));
   } else {
     num_blocks = cfg_.kv_cache_bytes / block_bytes;
     LOWBIT_CHECK(num_blocks >= 1, "Engine: argument 'kv_cache_bytes' (", cfg_.kv_cache_bytes,
                  ") is smaller than one KV block (", block_bytes, " bytes)");
   }
-  cache_ = std::make_unique<KVCache>(model.kv_cache_config(num_blocks, cfg_.block_size));
-  alloc_ = std::make_unique<BlockAllocator>(num_blocks, cfg_.block_size, cfg_.prefix_caching,
-                                            engine_detail::prefix_cache_seed(model, cache_->config()));
-  scheduler_ = std::make_unique<Scheduler>(*alloc_, cfg_.max_batch_tokens, cfg_.max_seqs,
-                                           [this] { return evict_idle_session(); });
   const int64_t max_rows = std::max<int64_t>(cfg_.max_seqs, 1);
   block_tables_host_ = Tensor::empty({max_rows * max_blocks_per_seq_}, ScalarType::s32);
   slot_mapping_host_ = Tensor::empty({cfg_.max_batch_tokens}, ScalarType::s32);
-  const Device& dev = model.device();
-  block_tables_dev_ = dev.is_cpu() ? block_tables_host_ : Tensor::empty(block_tables_host_.shape(), ScalarType::s32, dev);
-  slot_mapping_dev_ = dev.is_cpu() ? slot_mapping_host_ : Tensor::empty(slot_mapping_host_.shape(), ScalarType::s32, dev);
+  run_ranks([&](int r) {
+    Rank& rank = ranks_[size_t(r)];
+    rank.cache = std::make_unique<KVCache>(rank.model->kv_cache_config(num_blocks, cfg_.block_size));
+    const Device& dev = rank.model->device();
+    rank.block_tables_dev =
+        dev.is_cpu() ? block_tables_host_ : Tensor::empty(block_tables_host_.shape(), ScalarType::s32, dev);
+    rank.slot_mapping_dev =
+        dev.is_cpu() ? slot_mapping_host_ : Tensor::empty(slot_mapping_host_.shape(), ScalarType::s32, dev);
+  });
+  alloc_ = std::make_unique<BlockAllocator>(num_blocks, cfg_.block_size, cfg_.prefix_caching,
+                                            engine_detail::prefix_cache_seed(model_, ranks_[0].cache->config()));
+  scheduler_ = std::make_unique<Scheduler>(*alloc_, cfg_.max_batch_tokens, cfg_.max_seqs,
+                                           [this] { return evict_idle_session(); });
   batch_.token_ids.reserve(size_t(cfg_.max_batch_tokens));
   batch_.positions.reserve(size_t(cfg_.max_batch_tokens));
-  batch_.logit_rows.reserve(size_t(ws_.max_logit_rows));
+  batch_.logit_rows.reserve(size_t(ranks_[0].ws.max_logit_rows));
+}
+
+Engine::~Engine() = default;
+
+void Engine::run_ranks(const std::function<void(int)>& fn) {
+  LOWBIT_CHECK_KIND(ErrorKind::kRuntime, tp_failure_.empty(), "Engine: the tensor-parallel group was aborted after ",
+                    "an error (", tp_failure_, "); create a new engine");
+  if (ranks_.size() == 1) {
+    fn(0);
+    return;
+  }
+  rank_threads_->run(fn, [this](const std::string& why) {
+    tp_failure_ = why;
+    for (Rank& rank : ranks_)
+      if (rank.model->communicator()) rank.model->communicator()->abort(why);
+  });
 }
 
 int64_t Engine::blocks_for_tokens(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
 
-int64_t Engine::gpu_kv_budget(int64_t block_bytes) const {
-  model_detail::DeviceMemory mem = model_detail::device_memory(model_.device());
+int64_t Engine::gpu_kv_budget(const Model& model, int64_t block_bytes) const {
+  model_detail::DeviceMemory mem = model_detail::device_memory(model.device());
   // Blocks lowbit's allocator caches (e.g. a previous engine's pool) are free for this pool too.
-  const AllocatorStats cached = allocator_for(model_.device()).stats();
+  const AllocatorStats cached = allocator_for(model.device()).stats();
   mem.free_bytes += cached.reserved_bytes - cached.allocated_bytes;
   const int64_t keep_free = int64_t((1.0 - cfg_.gpu_memory_fraction) * double(mem.total_bytes)) + kGpuStepReserve;
   const int64_t budget = mem.free_bytes - keep_free;
   constexpr double MiB = 1 << 20;
   LOWBIT_CHECK_KIND(ErrorKind::kOutOfMemory, budget >= block_bytes, "Engine: no GPU memory left for the KV cache on ",
-                    model_.device().str(), ": ", int64_t(mem.free_bytes / MiB), " MiB of ",
+                    model.device().str(), ": ", int64_t(mem.free_bytes / MiB), " MiB of ",
                     int64_t(mem.total_bytes / MiB), " MiB are free after the weights and workspace, and ",
                     int64_t(keep_free / MiB), " MiB must stay free (gpu_memory_fraction ", cfg_.gpu_memory_fraction,
                     " plus ", int64_t(kGpuStepReserve / MiB), " MiB of step scratch); one block needs ", block_bytes,
@@ -257,24 +312,35 @@ void Engine::fill_batch(const std::vector<ScheduledChunk>& chunks, bool all_rows
   m.slot_mapping = slot_mapping_host_.slice(0, 0, T);
 }
 
-// Runs the model on `chunks` (fill_batch, then the tables moved to the model's device).
+// Runs the model on `chunks` (fill_batch, then each rank's copy with the tables on its device);
+// returns rank 0's logits.
 Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows) {
   fill_batch(chunks, all_rows);
-  ops::AttentionMeta& m = batch_.attn;
-  if (!model_.device().is_cpu()) {
-    const Tensor host_tables = m.block_tables, host_slots = m.slot_mapping;
-    m.block_tables = block_tables_dev_.slice(0, 0, host_tables.numel()).view(host_tables.shape());
-    m.slot_mapping = slot_mapping_dev_.slice(0, 0, host_slots.numel());
-    model_detail::upload_async(m.block_tables, host_tables);
-    model_detail::upload_async(m.slot_mapping, host_slots);
-  }
-  return model_.forward(batch_, *cache_, ws_);
+  Tensor logits;
+  run_ranks([&](int r) {
+    Rank& rank = ranks_[size_t(r)];
+    rank.batch = batch_;
+    ops::AttentionMeta& m = rank.batch.attn;
+    if (!rank.model->device().is_cpu()) {
+      const Tensor host_tables = m.block_tables, host_slots = m.slot_mapping;
+      m.block_tables = rank.block_tables_dev.slice(0, 0, host_tables.numel()).view(host_tables.shape());
+      m.slot_mapping = rank.slot_mapping_dev.slice(0, 0, host_slots.numel());
+      model_detail::upload_async(m.block_tables, host_tables);
+      model_detail::upload_async(m.slot_mapping, host_slots);
+    }
+    Tensor out = rank.model->forward(rank.batch, *rank.cache, rank.ws);
+    if (r == 0) logits = out;
+  });
+  return logits;
 }
 
-// Decode-only steps on a GPU (one new token per sequence, every one sampling) replay CUDA graphs.
+// Decode-only steps on a GPU (one new token per sequence, every one sampling) replay CUDA graphs;
+// with tensor parallelism only when the collectives can be captured (NCCL).
 bool Engine::graph_decode_step(const std::vector<ScheduledChunk>& chunks) const {
-  if (!cfg_.cuda_graphs || model_.device().is_cpu() || int64_t(chunks.size()) > model_.max_decode_rows(ws_))
+  if (!cfg_.cuda_graphs || model_.device().is_cpu() || int64_t(chunks.size()) > model_.max_decode_rows(ranks_[0].ws))
     return false;
+  for (const Rank& rank : ranks_)
+    if (rank.model->communicator() && !rank.model->communicator()->capturable()) return false;
   for (const ScheduledChunk& c : chunks)
     if (c.len != 1 || !c.sample) return false;
   return true;
@@ -305,8 +371,11 @@ Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
     row_sampling_[i] = RowSampling{o.temperature, o.top_k, o.top_p, o.min_p,
                                    counter_uniform(o.seed, uint64_t(seq.num_generated()))};
   }
-  model_.decode_step(batch_, row_sampling_, *cache_, ws_, device_tokens_, device_logprobs_);
-  return host_rows ? model_.decode_logits(ws_, int64_t(chunks.size())) : Tensor();
+  run_ranks([&](int r) {
+    Rank& rank = ranks_[size_t(r)];
+    rank.model->decode_step(batch_, row_sampling_, *rank.cache, rank.ws, rank.tokens, rank.logprobs);
+  });
+  return host_rows ? model_.decode_logits(ranks_[0].ws, int64_t(chunks.size())) : Tensor();
 }
 
 std::vector<TokenEvent> Engine::step() {
@@ -314,7 +383,10 @@ std::vector<TokenEvent> Engine::step() {
   pending_events_.clear();
   std::vector<std::pair<int32_t, int32_t>> copies;
   const std::vector<ScheduledChunk> chunks = scheduler_->schedule(&copies);
-  for (const auto& c : copies) cache_->copy_block(c.first, c.second);
+  if (!copies.empty())
+    run_ranks([&](int r) {
+      for (const auto& c : copies) ranks_[size_t(r)].cache->copy_block(c.first, c.second);
+    });
   if (chunks.empty()) return events;
 
   Tensor logits;
@@ -353,8 +425,8 @@ std::vector<TokenEvent> Engine::step() {
 #endif
       const Sequence* seq = to_sample[size_t(i)];
       if (graph_step && device_sampled(*seq)) {
-        results[size_t(i)].token = device_tokens_[size_t(i)];
-        results[size_t(i)].logprob = device_logprobs_[size_t(i)];
+        results[size_t(i)].token = ranks_[0].tokens[size_t(i)];
+        results[size_t(i)].logprob = ranks_[0].logprobs[size_t(i)];
       } else {
         results[size_t(i)] = sampler.sample(logits.data<float>() + i * vocab, seq->tokens, seq->num_generated(),
                                             seq->opts);
@@ -408,7 +480,7 @@ Tensor Engine::logits(const std::vector<int32_t>& prompt) {
   scratch.prompt_len = T;
   scratch.kv = alloc_->create_sequence();
   Tensor out = Tensor::empty({T, mc.vocab_size}, ScalarType::f32);
-  const int64_t chunk = std::min(cfg_.max_batch_tokens, ws_.max_logit_rows);
+  const int64_t chunk = std::min(cfg_.max_batch_tokens, ranks_[0].ws.max_logit_rows);
   try {
     for (int64_t start = 0; start < T; start += chunk) {
       const int64_t len = std::min(chunk, T - start);

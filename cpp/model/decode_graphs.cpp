@@ -131,7 +131,8 @@ void Model::decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWo
   attn.block_tables = m.slice(0, 6 * rows, 6 * rows + rows * width).view({rows, width});
   forward_layers(ids, positions, attn, rows, cache, ws);
   Tensor logits = ws.logits_compute.slice(0, 0, rows);
-  ops::linear(ws.normed.slice(0, 0, rows), lm_head_, Tensor(), logits, plans_.lm_head);
+  lm_head_logits(ws.normed.slice(0, 0, rows), logits, ws);
+  if (shard_.rank != 0) return;  // rank 0 samples; the engine hands its tokens to every rank's next step
   const auto* params = static_cast<const double*>(g.params_device.data_ptr());
   cuda::sample_rows(cuda::Rows{logits.data_ptr(), logits.dtype(), rows, logits.size(1), logits.stride(0)}, params,
                     g.tokens_device.data<int32_t>(), g.logprobs_device.data<float>(), cuda::current_stream());
@@ -208,6 +209,12 @@ void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& s
     entry->graph.replay(g.stream, op);
   }
   g.last_rows = rows;
+  if (shard_.rank != 0) {  // no tokens here (decode_body): wait for the step, so that errors surface on every rank
+    LOWBIT_CUDA_CHECK(op, cudaStreamSynchronize(g.stream));
+    tokens.clear();
+    logprobs.clear();
+    return;
+  }
   LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(g.tokens_host.data_ptr(), g.tokens_device.data_ptr(), size_t(n) * 4,
                                         cudaMemcpyDeviceToHost, g.stream));
   LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(g.logprobs_host.data_ptr(), g.logprobs_device.data_ptr(), size_t(n) * 4,

@@ -12,6 +12,7 @@
 #endif
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace lowbit::model_detail {
@@ -98,6 +99,15 @@ DeviceMemory device_memory(const Device& device) {
 #endif
 }
 
+void bind_thread_to_device(const Device& device) {
+  if (device.is_cpu()) return;
+#ifdef LOWBIT_WITH_CUDA
+  LOWBIT_CUDA_CHECK("bind_thread_to_device", cudaSetDevice(device.index));
+#else
+  LOWBIT_NOT_SUPPORTED("bind_thread_to_device: ", device.str(), " needs a CUDA build of lowbit");
+#endif
+}
+
 void upload_step(const ForwardBatch& b, ModelWorkspace& ws, Tensor& ids, Tensor& positions, Tensor& logit_rows) {
   const int64_t T = int64_t(b.token_ids.size()), n = int64_t(b.attn.q_len.size()), R = int64_t(b.logit_rows.size());
   LOWBIT_CHECK(n <= ws.max_tokens, "Model.forward: ", n, " sequences in a step of at most ", ws.max_tokens,
@@ -116,6 +126,30 @@ void upload_step(const ForwardBatch& b, ModelWorkspace& ws, Tensor& ids, Tensor&
   ws.attn = b.attn;  // vectors keep their capacity across steps
   ws.attn.seq_info = ws.step_device.slice(0, 2 * T, 2 * T + 3 * n).view({3, n});
   logit_rows = ws.step_device.slice(0, 2 * T + 3 * n, 2 * T + 3 * n + R);
+}
+
+void place_vocab_slices(const Tensor& gathered, int world, int64_t R, int64_t stride, Tensor& logits) {
+  const int64_t vocab = logits.size(1);
+  const size_t es = size_t(bytes_for(logits.dtype(), 1));
+  const size_t dst_pitch = size_t(logits.stride(0)) * es;
+  for (int r = 0; r < world; ++r) {
+    const int64_t v0 = r * stride, width = std::min(vocab, v0 + stride) - v0;
+    if (width <= 0) continue;
+    const char* src = static_cast<const char*>(gathered.data_ptr()) + size_t(r * R * stride) * es;
+    char* dst = static_cast<char*>(logits.data_ptr()) + size_t(v0) * es;
+    if (logits.device().is_cpu()) {
+      for (int64_t i = 0; i < R; ++i)
+        std::memcpy(dst + size_t(i) * dst_pitch, src + size_t(i * width) * es, size_t(width) * es);
+      continue;
+    }
+#ifdef LOWBIT_WITH_CUDA
+    LOWBIT_CUDA_CHECK("Model.forward (logits gather)",
+                      cudaMemcpy2DAsync(dst, dst_pitch, src, size_t(width) * es, size_t(width) * es, size_t(R),
+                                        cudaMemcpyDeviceToDevice, cuda::current_stream()));
+#else
+    LOWBIT_NOT_SUPPORTED("Model.forward: CUDA tensors need a CUDA build of lowbit");
+#endif
+  }
 }
 
 void download_logits(const Tensor& logits_compute, const Tensor& f32_scratch, const Tensor& logits) {

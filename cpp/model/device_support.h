@@ -26,10 +26,16 @@ struct DeviceMemory {
   int64_t free_bytes = 0, total_bytes = 0;
 };
 DeviceMemory device_memory(const Device& device);
+// Makes `device` the calling thread's current CUDA device (a no-op for the CPU): the engine's rank threads.
+void bind_thread_to_device(const Device& device);
 // Stages the step's s32 metadata in ws.step_host (ids | positions | q_start | q_len | kv_len |
 // logit rows), uploads it with one asynchronous copy, and points ids, positions, logit_rows and
 // ws.attn (b.attn plus seq_info) at the device copy.
 void upload_step(const ForwardBatch& b, ModelWorkspace& ws, Tensor& ids, Tensor& positions, Tensor& logit_rows);
+// Tensor parallel logits: `gathered` holds `world` slots of [R, width_r] (contiguous, `stride` * R
+// elements apart; width_r = rank r's vocabulary slice); they go side by side into logits [R, vocab]
+// (rank r's at column r * stride). Host memcpy on the CPU, 2-D copies on the current stream on a GPU.
+void place_vocab_slices(const Tensor& gathered, int world, int64_t R, int64_t stride, Tensor& logits);
 // logits (host f32 [R, V]) <- logits_compute (device, compute dtype) through f32 scratch on the device.
 void download_logits(const Tensor& logits_compute, const Tensor& f32_scratch, const Tensor& logits);
 

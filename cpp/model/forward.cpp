@@ -16,7 +16,8 @@ namespace lowbit {
 ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows) const {
   LOWBIT_CHECK(max_tokens > 0, "Model.make_workspace: max_tokens must be positive, got ", max_tokens);
   LOWBIT_CHECK(max_logit_rows > 0, "Model.make_workspace: max_logit_rows must be positive, got ", max_logit_rows);
-  const int64_t T = max_tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  // This rank's shapes (the whole model's without tensor parallelism); the hidden size is never split.
+  const int64_t T = max_tokens, H = local_.hidden_size, I = local_.intermediate_size;
   ModelWorkspace ws;
   ws.max_tokens = T;
   ws.max_logit_rows = max_logit_rows;
@@ -34,8 +35,8 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.residual = Tensor::empty({T, H}, dtype_, device_);
   ws.normed = Tensor::empty({T, H}, dtype_, device_);
   ws.hidden = Tensor::empty({T, H}, dtype_, device_);
-  ws.qkv = Tensor::empty({T, cfg_.qkv_size()}, dtype_, device_);
-  ws.attn_out = Tensor::empty({T, cfg_.q_size()}, dtype_, device_);
+  ws.qkv = Tensor::empty({T, local_.qkv_size()}, dtype_, device_);
+  ws.attn_out = Tensor::empty({T, local_.q_size()}, dtype_, device_);
   ws.gate_up = Tensor::empty({T, 2 * I}, dtype_, device_);
   ws.act = Tensor::empty({T, I}, dtype_, device_);
   ws.final_rows = Tensor::empty({max_logit_rows, H}, dtype_, device_);
@@ -44,10 +45,14 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.logits_compute = dtype_ == ScalarType::f32 && device_.is_cpu()
                           ? ws.logits
                           : Tensor::empty({max_logit_rows, cfg_.vocab_size}, dtype_, device_);
+  if (shard_.sharded()) {
+    ws.logits_shard = Tensor::empty({max_logit_rows * shard_.vocab_stride}, dtype_, device_);
+    ws.logits_gathered = Tensor::empty({shard_.world * max_logit_rows * shard_.vocab_stride}, dtype_, device_);
+  }
   if (has_input_transforms_) {
-    const int64_t max_k = std::max({H, I, int64_t(cfg_.q_size())});
+    const int64_t max_k = std::max({H, I, int64_t(local_.q_size())});
     const int64_t max_blocks = (H + kFmpqBlock - 1) / kFmpqBlock + (I + kFmpqBlock - 1) / kFmpqBlock +
-                               (cfg_.q_size() + kFmpqBlock - 1) / kFmpqBlock;  // >= the blocks of any one k
+                               (local_.q_size() + kFmpqBlock - 1) / kFmpqBlock;  // >= the blocks of any one k
     ws.permuted = Tensor::empty({T * max_k}, dtype_, device_);
     ws.fmpq.q = Tensor::empty({T * max_k}, ScalarType::s8);
     ws.fmpq.scales = Tensor::empty({T * max_blocks}, ScalarType::f32);
@@ -91,8 +96,8 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
 
 void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops::AttentionMeta& attn, int64_t T,
                            KVCache& cache, ModelWorkspace& ws) const {
-  const int64_t D = cfg_.head_dim;
-  const int Hq = cfg_.num_heads, Hkv = cfg_.num_kv_heads;
+  const int64_t D = local_.head_dim;
+  const int Hq = local_.num_heads, Hkv = local_.num_kv_heads;  // this rank's heads
   Tensor residual = ws.residual.slice(0, 0, T), normed = ws.normed.slice(0, 0, T), hidden = ws.hidden.slice(0, 0, T);
   Tensor qkv = ws.qkv.slice(0, 0, T), attn_out = ws.attn_out.slice(0, 0, T);
   Tensor gate_up = ws.gate_up.slice(0, 0, T), act = ws.act.slice(0, 0, T);
@@ -135,11 +140,33 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
     }
     ops::paged_attention(q, cache, l, attn, scale, attn_heads, plans_.attention);
     run_linear(attn_out, L.o_in, L.o, no_bias, hidden, plans_.o, ws);
+    reduce_partial_sums(hidden);
     norm_then_linear(hidden, L.post_norm, L.gate_up_in, L.gate_up, no_bias, plans_.gate_up, gate_up);
     ops::silu_mul(gate_up, act);
     run_linear(act, L.down_in, L.down, no_bias, hidden, plans_.down, ws);
+    reduce_partial_sums(hidden);
   }
   ops::add_rms_norm(residual, hidden, final_norm_, eps, normed);
+}
+
+void Model::reduce_partial_sums(Tensor& y) const {
+  if (shard_.sharded()) comm_->all_reduce_sum(y);
+}
+
+void Model::lm_head_logits(const Tensor& rows, Tensor& logits, ModelWorkspace& ws) const {
+  // lm_head always takes float activations (see head_format_ in the constructor).
+  if (!shard_.sharded()) {
+    ops::linear(rows, lm_head_, Tensor(), logits, plans_.lm_head);
+    return;
+  }
+  // Each rank computes its vocabulary slice into a slot of vocab_stride columns per row; the gather
+  // brings every rank's slot, and the slots are laid side by side.
+  const int64_t R = rows.size(0), stride = shard_.vocab_stride;
+  Tensor mine = ws.logits_shard.slice(0, 0, R * shard_.vocab).view({R, shard_.vocab});
+  ops::linear(rows, lm_head_, Tensor(), mine, plans_.lm_head);
+  Tensor all = ws.logits_gathered.slice(0, 0, shard_.world * R * stride);
+  comm_->all_gather(ws.logits_shard.slice(0, 0, R * stride), all);
+  model_detail::place_vocab_slices(all, shard_.world, R, stride, logits);
 }
 
 Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws) const {
@@ -176,8 +203,7 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   else
     ops::embedding(logit_row_ids, normed, rows);  // a row gather
   Tensor logits_c = ws.logits_compute.slice(0, 0, R);
-  // lm_head always takes float activations (see head_format_ in the constructor).
-  ops::linear(rows, lm_head_, no_bias, logits_c, plans_.lm_head);
+  lm_head_logits(rows, logits_c, ws);
   if (!device_.is_cpu()) {
     model_detail::download_logits(logits_c, ws.logits_device.slice(0, 0, R), logits);  // the step's one sync
   } else if (logits_c.data_ptr() != logits.data_ptr()) {

@@ -100,6 +100,8 @@ Model::Model(const ModelConfig& config, const std::string& recipe, const std::st
     : cfg_(config), recipe_(parse_recipe(recipe)), device_(Device::parse(device)),
       dtype_(scalar_type_from_name(dtype)) {
   cfg_.validate();
+  local_ = cfg_;
+  shard_ = ShardLayout::make(cfg_, 0, 1);
   LOWBIT_CHECK_TYPE(dtype_ == ScalarType::f32 || dtype_ == ScalarType::f16 || dtype_ == ScalarType::bf16,
                     "Model: argument 'dtype' must be f32, f16 or bf16, got ", dtype);
   require_device(device_, "Model");
@@ -134,7 +136,7 @@ ScalarType Model::v_cache_type() const { return kv_type_for(recipe_.v_bits, dtyp
 KVCacheConfig Model::kv_cache_config(int64_t num_blocks, int block_size) const {
   KVCacheConfig c;
   c.num_layers = cfg_.num_layers;
-  c.num_kv_heads = cfg_.num_kv_heads;
+  c.num_kv_heads = local_.num_kv_heads;  // this rank's KV heads
   c.head_dim = cfg_.head_dim;
   c.block_size = block_size;
   c.num_blocks = num_blocks;
@@ -187,11 +189,17 @@ void Model::set_weight(const std::string& name, const Tensor& tensor) {
   LOWBIT_CHECK(tensor.defined() && tensor.shape() == expected, "Model.set_weight: '", name, "' expects shape ",
                shape_str(expected), ", got ", tensor.defined() ? shape_str(tensor.shape()) : std::string("undefined"));
   Tensor f32 = to_f32_host(tensor, name);
-  if (is_linear_suffix(w.suffix) || w.suffix == "lm_head.weight")
-    stage_linear(name, quantize_weight(f32, w.suffix == "lm_head.weight" ? head_format_ : weight_format_,
-                                       group_for(w.suffix == "lm_head.weight" ? head_format_ : weight_format_), false));
-  else
-    staged_float_[name] = f32;
+  const ShardCut cut = shard_cut(shard_, cfg_, w.suffix);
+  if (is_linear_suffix(w.suffix) || w.suffix == "lm_head.weight") {
+    const WeightFormat f = w.suffix == "lm_head.weight" ? head_format_ : weight_format_;
+    // Rows quantize independently, so a row shard is cut first; an input-channel shard is cut after
+    // quantizing the whole row, whose per-channel scale spans every rank's share.
+    if (cut.kind == ShardKind::rows) f32 = shard_float(f32, cut);
+    QuantizedWeight q = quantize_weight(f32, f, group_for(f), false);
+    stage_linear(name, cut.kind == ShardKind::cols ? shard_quantized(q, cut, name) : std::move(q));
+  } else {
+    staged_float_[name] = shard_float(f32, cut);  // q/k/v biases are cut with their rows; norms stay whole
+  }
 }
 
 void Model::set_quantized_weight(const std::string& name, const QuantizedWeight& weight) {
@@ -208,7 +216,18 @@ void Model::set_quantized_weight(const std::string& name, const QuantizedWeight&
                w.suffix == "lm_head.weight" && want != weight_format_
                    ? " for lm_head (activation-quantized recipes keep lm_head in float: pass it to set_weight)"
                    : "");
-  stage_linear(name, weight);
+  stage_linear(name, shard_quantized(weight, shard_cut(shard_, cfg_, w.suffix), name));
+}
+
+void Model::set_tensor_parallel(std::shared_ptr<Communicator> comm) {
+  constexpr const char* op = "Model.set_tensor_parallel";
+  check_not_finalized(op);
+  LOWBIT_CHECK(comm != nullptr, op, ": argument 'comm' is null");
+  LOWBIT_CHECK(staged_linear_.empty() && staged_float_.empty() && staged_perm_.empty() && staged_block_bits_.empty(),
+               op, ": call it before any weight is given");
+  shard_ = ShardLayout::make(cfg_, comm->rank(), comm->world_size());
+  local_ = shard_.local(cfg_);
+  comm_ = std::move(comm);
 }
 
 void Model::set_head_format(const std::string& format) {
@@ -257,6 +276,20 @@ void Model::set_input_permutation(const std::string& name, const Tensor& perm) {
     seen[size_t(v)] = 1;
     p.data<int32_t>()[j] = int32_t(v);
   }
+  const ShardCut cut = shard_cut(shard_, cfg_, w.suffix);
+  if (cut.kind == ShardKind::cols) {
+    // A row-parallel shard sees only its own input channels: its permutation must stay inside them.
+    Tensor local = Tensor::empty({cut.end - cut.begin}, ScalarType::s32);
+    for (int64_t j = cut.begin; j < cut.end; ++j) {
+      const int32_t v = p.data<int32_t>()[j];
+      if (v < cut.begin || v >= cut.end)
+        LOWBIT_NOT_SUPPORTED(op, ": '", name, "' permutes input channel ", v, " to position ", j, ", across the ",
+                             "tensor-parallel shards of its input (rank ", shard_.rank, " holds [", cut.begin, ", ",
+                             cut.end, ")); run this checkpoint without tensor parallelism");
+      local.data<int32_t>()[j - cut.begin] = v - int32_t(cut.begin);
+    }
+    p = local;
+  }
   staged_perm_[name] = p;
   has_input_transforms_ = true;
 }
@@ -279,6 +312,13 @@ void Model::set_fmpq_block_bits(const std::string& name, const Tensor& block_bit
     const int v = b.data<uint8_t>()[j];
     LOWBIT_CHECK(v == 4 || v == 8, op, ": argument 'block_bits' of '", name, "' must hold 4 or 8 per block, got ", v,
                  " for block ", j);
+  }
+  const ShardCut cut = shard_cut(shard_, cfg_, w.suffix);
+  if (cut.kind == ShardKind::cols) {
+    LOWBIT_CHECK(cut.begin % kFmpqBlock == 0 && (cut.end % kFmpqBlock == 0 || cut.end == k), op, ": '", name,
+                 "': the tensor-parallel shard [", cut.begin, ", ", cut.end, ") of its input splits a ", kFmpqBlock,
+                 "-channel FMPQ block; use fewer ranks");
+    b = b.slice(0, cut.begin / kFmpqBlock, (cut.end + kFmpqBlock - 1) / kFmpqBlock).clone();
   }
   staged_block_bits_[name] = b;
   has_input_transforms_ = true;
@@ -379,7 +419,8 @@ void Model::finalize() {
   auto head = staged_linear_.find("lm_head.weight");
   lm_head_ = head != staged_linear_.end()
                  ? pack(head->second)
-                 : pack(quantize_weight(embed, head_format_, group_for(head_format_), false));
+                 : pack(quantize_weight(shard_float(embed, shard_cut(shard_, cfg_, "lm_head.weight")), head_format_,
+                                        group_for(head_format_), false));
   parameter_bytes_["embedding"] = embed_table_.nbytes();
   parameter_bytes_["norms"] += final_norm_.nbytes();
   parameter_bytes_["lm_head"] = packed_bytes(lm_head_);

@@ -68,7 +68,7 @@ kernels::AttentionPlan Model::plan_attention() {
     d.q_type = d.out_type = dtype_;
     d.k_type = k_cache_type();
     d.v_type = v_cache_type();
-    d.gqa_group = cfg_.num_heads / std::max(1, cfg_.num_kv_heads);
+    d.gqa_group = local_.num_heads / std::max(1, local_.num_kv_heads);  // this rank's heads
     d.block_size = 16;  // the engine's block size does not change any kernel's answer
     const std::string role = std::string("attention.") + kernels::name_of(phase);
     const std::string what = "Model: " + role;

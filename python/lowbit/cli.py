@@ -27,6 +27,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="kernel override, e.g. linear.qkv=gemm_w4a16_sm80 or pdl=off (repeatable; see "
                         "docs/architecture.md)")
     p.add_argument("--strict", action="store_true", help="refuse slow fallback kernels (an error at load)")
+    p.add_argument("--tp", "--tensor-parallel", dest="tp", type=int, default=1,
+                   help="tensor parallelism: shard the model over N GPUs (cuda:i..cuda:i+N-1, NCCL) or N CPU threads "
+                        "(default 1)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -123,7 +126,7 @@ def _load(args):
     return LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
                progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
                cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
-               strict=args.strict, load_format=args.load_format)
+               strict=args.strict, load_format=args.load_format, tensor_parallel=args.tp)
 
 
 def _sampling(args):
@@ -197,7 +200,7 @@ def cmd_serve(args) -> int:
               progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
               cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
               strict=args.strict, max_seqs=args.max_seqs, kv_cache_memory=args.kv_cache_memory, step_thread=True,
-              prefix_caching=not args.no_prefix_caching, load_format=args.load_format)
+              prefix_caching=not args.no_prefix_caching, load_format=args.load_format, tensor_parallel=args.tp)
     serve(llm, host=args.host, port=args.port, model_name=args.served_model_name, api_key=args.api_key,
           max_seqs=args.max_seqs, max_queue=args.max_queue, log_level=args.log_level)
     return 0

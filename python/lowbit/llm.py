@@ -22,6 +22,10 @@ class LLM:
     from several Python threads are then batched together, and a stream's consumer runs while the next step
     computes. Call close() (or use `with lowbit.LLM(...) as llm:`) to stop the thread.
 
+    tensor_parallel=N shards the model over N ranks (Megatron-style: attention heads, MLP channels and the vocabulary
+    split, two all-reduces per layer): on GPUs one rank per device cuda:i..cuda:i+N-1 over NCCL, on the CPU N threads.
+    tensor_parallel_backend="threads" keeps every rank on one device (sharded math on one GPU, for tests).
+
     load_format="random": `model` is a directory with config.json (and optionally tokenizer.json); its weights are
     drawn at random (models/random_weights.py), for benchmarks of a model's shape. Without a tokenizer, prompts
     are token ids and token i decodes as "<i>".
@@ -32,7 +36,8 @@ class LLM:
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
                  progress: bool = True, step_thread: bool = False, gpu_memory_fraction: float = 0.9,
                  cuda_graphs: bool = True, kernel_overrides: dict[str, str] | None = None,
-                 strict: bool = False, prefix_caching: bool = True, load_format: str = "auto") -> None:
+                 strict: bool = False, prefix_caching: bool = True, load_format: str = "auto",
+                 tensor_parallel: int = 1, tensor_parallel_backend: str = "auto") -> None:
         from . import _core
         from .model_loading import build_model, resolve_recipe, use_stored_quantization
         from .models import load_model_source
@@ -43,6 +48,8 @@ class LLM:
             raise ValueError(f"LLM: num_threads must be a positive integer or None, got {num_threads!r}")
         if not isinstance(prefix_caching, bool):
             raise ValueError(f"LLM: prefix_caching must be True or False, got {prefix_caching!r}")
+        if not isinstance(tensor_parallel, int) or isinstance(tensor_parallel, bool) or tensor_parallel < 1:
+            raise ValueError(f"LLM: tensor_parallel must be a positive integer, got {tensor_parallel!r}")
         if not isinstance(gpu_memory_fraction, (int, float)) or not 0 < gpu_memory_fraction <= 1:
             raise ValueError(f"LLM: gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction!r}")
         try:  # fail fast, before the model is read
@@ -67,11 +74,15 @@ class LLM:
         self.recipe, self.device, self.dtype = recipe, device, dtype
         if kernel_overrides is not None and not isinstance(kernel_overrides, dict):
             raise ValueError(f"LLM: kernel_overrides must be a dict of str to str, got {kernel_overrides!r}")
-        self.model = build_model(loaded, recipe, device, dtype, progress, kernel_overrides=kernel_overrides,
-                                 strict=strict)
+        built = build_model(loaded, recipe, device, dtype, progress, kernel_overrides=kernel_overrides, strict=strict,
+                            tensor_parallel=tensor_parallel, tensor_parallel_backend=tensor_parallel_backend)
+        self.models = built if isinstance(built, list) else [built]  # the tensor-parallel ranks, in rank order
+        self.model = self.models[0]
+        self.tensor_parallel = len(self.models)
         self.num_parameters = loaded.num_parameters()
         del loaded  # float tensors are no longer needed: the C++ model holds packed copies
-        self.engine = _core.Engine(self.model, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
+        self.engine = _core.Engine(self.models if self.tensor_parallel > 1 else self.model,
+                                   max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
                                    block_size=block_size, kv_cache_bytes=kv_cache_memory or 0,
                                    num_threads=num_threads or 0, gpu_memory_fraction=float(gpu_memory_fraction),
                                    cuda_graphs=bool(cuda_graphs), prefix_caching=prefix_caching)

@@ -160,41 +160,82 @@ def core_quantized_weight(f):
                                  mins=getattr(f, "mins", None))
 
 
-def _upload(model, loaded: LoadedModel, names: list[str], recipe: str, device: str, progress: bool) -> None:
+def _upload(models: list, loaded: LoadedModel, names: list[str], recipe: str, device: str, progress: bool) -> None:
+    """Every tensor to every model; a tensor-parallel rank keeps its shard of what it is given (each tensor is read
+    once and given to all ranks)."""
     fields = getattr(loaded, "fields", {})
     total = len(names) + len(fields)
     for i, name in enumerate(list(fields) + names, 1):
         if name in fields:
             f = fields[name]
-            model.set_quantized_weight(name, core_quantized_weight(f))
-            if "input_perm" in f.extra:
-                model.set_input_permutation(name, f.extra["input_perm"])
-            if "fmpq_block_bits" in f.extra:
-                model.set_fmpq_block_bits(name, f.extra["fmpq_block_bits"])
+            weight = core_quantized_weight(f)
+            for model in models:
+                model.set_quantized_weight(name, weight)
+                if "input_perm" in f.extra:
+                    model.set_input_permutation(name, f.extra["input_perm"])
+                if "fmpq_block_bits" in f.extra:
+                    model.set_fmpq_block_bits(name, f.extra["fmpq_block_bits"])
         else:
-            model.set_weight(name, loaded.tensors[name])
+            tensor = loaded.tensors[name]
+            for model in models:
+                model.set_weight(name, tensor)
         if progress and (i % 25 == 0 or i == total):
             print(f"\rlowbit: packing weights ({recipe}, {device}) {i}/{total}", end="", file=sys.stderr, flush=True)
 
 
+TP_BACKENDS = ("auto", "nccl", "threads")
+
+
+def tensor_parallel_group(world: int, device: str, backend: str = "auto") -> tuple[list, list[str]]:
+    """(communicators, device of each rank) for `world` ranks. On the CPU the ranks are threads. On GPUs, "nccl"
+    (the default) puts rank r on cuda:(i + r) where device is cuda:i; "threads" keeps every rank on `device` and
+    exchanges through host memory (no CUDA graphs): sharded math on one GPU, for tests."""
+    from . import _core
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"tensor_parallel must be a positive integer, got {world!r}")
+    if backend not in TP_BACKENDS:
+        raise ValueError(f"tensor_parallel_backend must be one of {', '.join(TP_BACKENDS)}, got {backend!r}")
+    device = str(device)
+    if not device.startswith("cuda") or backend == "threads":
+        if backend == "nccl":
+            raise ValueError(f"tensor_parallel_backend 'nccl' needs CUDA devices, got device {device!r}")
+        return _core.make_thread_communicators(world), [device] * world
+    first = int(device.partition(":")[2] or 0)
+    ok, why = _core.nccl_available()
+    if not ok:
+        raise NotImplementedError(f"tensor_parallel={world} on {device}: {why}")
+    devices = list(range(first, first + world))
+    return _core.make_nccl_communicators(devices), [f"cuda:{d}" for d in devices]
+
+
 def build_model(loaded: LoadedModel, recipe: str, device: str, dtype: str, progress: bool = True,
-                kernel_overrides: dict[str, str] | None = None, strict: bool = False):
+                kernel_overrides: dict[str, str] | None = None, strict: bool = False, tensor_parallel: int = 1,
+                tensor_parallel_backend: str = "auto"):
     """Upload every tensor and finalize; progress goes to stderr. Float linears are quantized per the recipe in
     C++; a quantized directory's fields (a QuantizedCheckpoint) are uploaded as they are, with their input
     permutations and FMPQ block maps. kernel_overrides / strict go to Model.set_kernel_options: finalize resolves
-    the execution plan with them (a forced kernel that cannot run, or a fallback under strict, raises there)."""
+    the execution plan with them (a forced kernel that cannot run, or a fallback under strict, raises there).
+    tensor_parallel > 1 returns the group's models in rank order (tensor_parallel_group says where they run)."""
     from . import _core
     check_engine_can_run(loaded)
-    model = _core.Model(core_config(loaded.config), recipe, device, dtype)
-    model.set_kernel_options({str(k): str(v) for k, v in (kernel_overrides or {}).items()}, bool(strict))
-    if getattr(loaded, "head_format", None):
-        model.set_head_format(loaded.head_format)
+    comms, devices = tensor_parallel_group(tensor_parallel, device, tensor_parallel_backend) \
+        if tensor_parallel != 1 else ([None], [device])
+    models = []
+    for comm, rank_device in zip(comms, devices):
+        model = _core.Model(core_config(loaded.config), recipe, rank_device, dtype)
+        if comm is not None:
+            model.set_tensor_parallel(comm)
+        model.set_kernel_options({str(k): str(v) for k, v in (kernel_overrides or {}).items()}, bool(strict))
+        if getattr(loaded, "head_format", None):
+            model.set_head_format(loaded.head_format)
+        models.append(model)
     names = list(loaded.tensors)
     if loaded.config.tie_word_embeddings:
         names = [n for n in names if n != "lm_head.weight"]
     start = time.perf_counter()
-    _upload(model, loaded, names, recipe, device, progress)
-    model.finalize()
+    _upload(models, loaded, names, recipe, device, progress)
+    for model in models:
+        model.finalize()
     if progress:
         print(f" done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
-    return model
+    return models[0] if tensor_parallel == 1 else models

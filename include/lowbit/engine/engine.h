@@ -3,6 +3,7 @@
 // Not thread-safe: one caller drives step(); the Python binding releases the GIL inside it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,8 @@
 #include "lowbit/model/model.h"
 
 namespace lowbit {
+
+class RankThreads;
 
 struct EngineConfig {
   int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
@@ -54,6 +57,14 @@ class Engine {
  public:
   // `model` must be finalized and outlive the engine.
   Engine(const Model& model, const EngineConfig& config = {});
+  // Tensor parallelism: ranks[r] is rank r of one group (Model::set_tensor_parallel), all finalized,
+  // each on its own device (NCCL) or on shared ones (the thread communicator). One scheduler, block
+  // allocator and sampler serve all ranks: each rank holds its KV heads of the same blocks, runs the
+  // same batch on its own host thread (engine/rank_threads.h says why threads), and rank 0's sampled
+  // tokens feed every rank's next step. A forward that fails on one rank aborts the group: that step's
+  // error propagates, and later calls raise naming it (the communicators cannot be trusted after it).
+  Engine(const std::vector<const Model*>& ranks, const EngineConfig& config = {});
+  ~Engine();
 
   // Validates everything (ValueError naming the parameter) before queueing; nothing changes on error.
   void add_request(int64_t request_id, const std::vector<int32_t>& prompt_ids, const RequestOptions& opts = {});
@@ -69,7 +80,8 @@ class Engine {
   EngineStats stats() const;
 
   const EngineConfig& config() const { return cfg_; }
-  const KVCache& kv_cache() const { return *cache_; }
+  const KVCache& kv_cache() const { return *ranks_[0].cache; }  // rank 0's
+  int tensor_parallel() const { return int(ranks_.size()); }
 
  private:
   struct Session {
@@ -90,24 +102,36 @@ class Engine {
   // A decode-only GPU step: graph replay, sampling on the device into device_tokens_/_logprobs_;
   // returns the step's host logits when some row is sampled on the host (undefined otherwise).
   Tensor graph_decode(const std::vector<ScheduledChunk>& chunks);
-  int64_t gpu_kv_budget(int64_t block_bytes) const;
+  int64_t gpu_kv_budget(const Model& model, int64_t block_bytes) const;
+  // Runs fn(rank) on every rank at once (inline with one rank); see the constructor's note on failures.
+  void run_ranks(const std::function<void(int)>& fn);
 
-  const Model& model_;
+  // One tensor-parallel rank: its model, KV cache (its KV heads of the engine's blocks), workspace,
+  // and the step's batch with device copies of the block tables and slots.
+  struct Rank {
+    const Model* model = nullptr;
+    std::unique_ptr<KVCache> cache;
+    ModelWorkspace ws;
+    Tensor block_tables_dev, slot_mapping_dev;
+    ForwardBatch batch;
+    std::vector<int32_t> tokens;  // decode_step's (rank 0 only)
+    std::vector<float> logprobs;
+  };
+
+  const Model& model_;  // rank 0: the whole model's config, device kind, recipe
   EngineConfig cfg_;
-  std::unique_ptr<KVCache> cache_;
+  std::vector<Rank> ranks_;
+  std::unique_ptr<RankThreads> rank_threads_;
+  std::string tp_failure_;  // set when a tensor-parallel forward failed (the group is aborted)
   std::unique_ptr<BlockAllocator> alloc_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<Sampler> samplers_;            // one per thread: rows are sampled in parallel
-  ModelWorkspace ws_;
-  ForwardBatch batch_;                       // reused every step
+  ForwardBatch batch_;                       // reused every step (host tables)
   Tensor block_tables_host_, slot_mapping_host_;  // s32, max sizes
-  Tensor block_tables_dev_, slot_mapping_dev_;
   int64_t max_blocks_per_seq_ = 0;
   std::map<int64_t, Session> sessions_;
   std::vector<TokenEvent> pending_events_;   // abort events for the next step
   std::vector<RowSampling> row_sampling_;    // per row of a graph decode step
-  std::vector<int32_t> device_tokens_;       // tokens the device sampled in the last decode_step
-  std::vector<float> device_logprobs_;
   int64_t clock_ = 0;
   int64_t prefill_tokens_ = 0, generated_tokens_ = 0;
 };

@@ -15,10 +15,12 @@
 #include <vector>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/dist/communicator.h"
 #include "lowbit/kernels/options.h"
 #include "lowbit/kernels/plan.h"
 #include "lowbit/kv/kv_cache.h"
 #include "lowbit/model/config.h"
+#include "lowbit/model/tensor_parallel.h"
 #include "lowbit/ops/ops.h"
 #include "lowbit/quant/format.h"
 #include "lowbit/quant/pack.h"
@@ -68,6 +70,9 @@ struct ModelWorkspace {
   Tensor final_rows;                // [max_logit_rows, hidden]
   Tensor logits_compute;            // [max_logit_rows, vocab] in the compute dtype (device)
   Tensor logits;                    // f32 [max_logit_rows, vocab] on the host
+  // Tensor parallel only: this rank's lm_head output [max_logit_rows * vocab_stride] and every rank's,
+  // gathered [world * max_logit_rows * vocab_stride], before they are laid side by side in logits_compute.
+  Tensor logits_shard, logits_gathered;
   // Only for models with input permutations or FMPQ activations (flat, viewed as [tokens, k] per linear):
   Tensor permuted;                  // [max_tokens * max k] compute dtype: x[:, perm]
   FmpqActivation fmpq;              // q s8 [max_tokens * max k], scales f32 [max_tokens * max k/128 blocks]
@@ -97,6 +102,15 @@ class Model {
   // (permuted) input, u8 [ceil(k / 128)] of 4 or 8 (quantize_fmpq). Shared inputs must share the map.
   // A forward without maps fails with NotSupported (round-to-nearest weights carry none).
   void set_fmpq_block_bits(const std::string& name, const Tensor& block_bits);
+  // Tensor parallelism: this model becomes rank comm->rank() of comm->world_size() (model/tensor_parallel.h
+  // says what a rank holds). Call it right after construction, before any weight: the weights are then given
+  // whole, in their HF shapes, and each rank keeps its shard. The ranks of one group run their forwards at the
+  // same time, one host thread each (Engine does this); the o and down projections all-reduce their outputs
+  // and the logits are gathered, so every rank's forward returns the full logits.
+  void set_tensor_parallel(std::shared_ptr<Communicator> comm);
+  int tp_rank() const { return shard_.rank; }
+  int tp_world() const { return shard_.world; }
+  const std::shared_ptr<Communicator>& communicator() const { return comm_; }
   // Kernel overrides and strict mode (kernels/options.h), before finalize(): validated here, applied
   // when finalize() resolves the plans. A forced kernel that cannot run fails finalize() with the
   // reason; with strict, so does a plan that would take a slow fallback kernel.
@@ -185,7 +199,16 @@ class Model {
   // sampled tokens on the device (model/decode_graphs.cpp).
   void decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWorkspace& ws) const;
 
-  ModelConfig cfg_;
+  // o / down outputs: the ranks' partial sums added up (nothing to do on one rank).
+  void reduce_partial_sums(Tensor& y) const;
+  // rows (the final normed hidden states of the logit rows) -> logits [R, vocab] in the compute dtype: lm_head,
+  // and with tensor parallelism the gather of every rank's vocabulary slice.
+  void lm_head_logits(const Tensor& rows, Tensor& logits, ModelWorkspace& ws) const;
+
+  ModelConfig cfg_;    // the whole model's config (what callers see)
+  ModelConfig local_;  // this rank's share of it (cfg_ without tensor parallelism): the forward's shapes
+  ShardLayout shard_;
+  std::shared_ptr<Communicator> comm_;
   Recipe recipe_;
   Device device_;
   ScalarType dtype_;

@@ -1,0 +1,53 @@
+// Communicator: the collectives tensor parallelism needs, on lowbit tensors.
+//
+// One Communicator object per rank; the ranks of a group are made together by a factory and each
+// rank's object is used by one host thread at a time (lowbit runs one thread per rank, engine.h).
+// Every rank must call the same collectives in the same order with the same shapes; a rank that
+// stops (an exception) aborts the group so that the others raise instead of waiting forever.
+//
+// Two implementations:
+//   - threads (make_thread_communicators): the ranks are threads of this process and the tensors
+//     live on the host or on a GPU (staged through host memory). Synchronous; for tests and for
+//     sharded runs on one GPU. Not capturable into CUDA graphs.
+//   - NCCL (make_nccl_communicators, builds with NCCL only): one GPU per rank, the collectives are
+//     enqueued on the calling thread's current stream (cuda/stream.h) and can be captured in graphs.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lowbit/core/tensor.h"
+
+namespace lowbit {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // "threads" or "nccl"
+  virtual std::string backend() const = 0;
+  // Whether the collectives may run inside CUDA graph capture.
+  virtual bool capturable() const = 0;
+
+  // In place: t = sum over ranks of t (f32, f16 or bf16; contiguous).
+  virtual void all_reduce_sum(Tensor& t) = 0;
+  // out (contiguous, world_size * in.numel() elements of in's dtype) = the ranks' `in`, rank 0 first.
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // t on every rank = t of rank `root`.
+  virtual void broadcast(Tensor& t, int root) = 0;
+  // Marks the group failed (another rank raised): waiting and later collectives raise instead of
+  // blocking. Safe to call from any thread.
+  virtual void abort(const std::string& why) = 0;
+};
+
+// `world` ranks over threads of this process (world >= 1).
+std::vector<std::shared_ptr<Communicator>> make_thread_communicators(int world);
+
+// One NCCL rank per CUDA device of `devices` (distinct ordinals), all in this process.
+// Throws NotSupported naming the reason when this build has no NCCL.
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices);
+// Whether make_nccl_communicators can work in this build; `why` says what is missing when not.
+bool nccl_available(std::string* why = nullptr);
+
+}  // namespace lowbit
