@@ -166,3 +166,19 @@ def test_errors_name_the_problem(tmp_path, model_dir):
         lowbit.LLM(model_dir, load_format="dummy", progress=False)
     with pytest.raises(FileNotFoundError, match="needs a model directory"):
         lowbit.LLM(str(tmp_path / "missing"), load_format="random", progress=False)
+
+
+def test_tensor_parallel_server_equals_one_rank(model_dir, llm, device):
+    """`lowbit serve --tp 2` (2 heads, 1 KV head replicated; on GPUs with NCCL, else two CPU threads) answers what
+    one rank computes."""
+    import torch
+    from lowbit import _core
+    if device != "cpu" and not (_core.nccl_available()[0] and torch.cuda.device_count() >= 2):
+        pytest.skip("tensor parallelism on GPUs needs 2 GPUs and NCCL")
+    refs = [o.text for o in llm.generate(PROMPTS, max_tokens=6, ignore_eos=True)]
+    with _server_process("--model", model_dir, "--load-format", "random", "--served-model-name", MODEL, "--tp", "2",
+                         *_device_args(device)) as url:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        r = c.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=6, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    assert [choice.text for choice in sorted(r.choices, key=lambda ch: ch.index)] == refs

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
-#include <limits>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -86,9 +85,12 @@ Engine::Engine(const std::vector<const Model*>& ranks, const EngineConfig& confi
   const int64_t most_blocks = int64_t(cfg_.max_seqs) * max_blocks_per_seq_;  // max_seqs full-length sequences
   int64_t num_blocks;
   if (cfg_.kv_cache_bytes == 0) {
-    int64_t budget = model_.device().is_cpu() ? kDefaultKVBytes : std::numeric_limits<int64_t>::max();
-    if (!model_.device().is_cpu())
-      for (const Rank& rank : ranks_) budget = std::min(budget, gpu_kv_budget(*rank.model, block_bytes));
+    int64_t budget = kDefaultKVBytes;
+    if (!model_.device().is_cpu()) {  // the smallest of the ranks' budgets, each measured on its rank's thread
+      std::vector<int64_t> budgets(ranks_.size());
+      run_ranks([&](int r) { budgets[size_t(r)] = gpu_kv_budget(*ranks_[size_t(r)].model, block_bytes); });
+      budget = *std::min_element(budgets.begin(), budgets.end());
+    }
     num_blocks = std::max<int64_t>(1, std::min(budget / block_bytes, most_blocks));
   } else {
     num_blocks = cfg_.kv_cache_bytes / block_bytes;
@@ -375,7 +377,12 @@ Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
     Rank& rank = ranks_[size_t(r)];
     rank.model->decode_step(batch_, row_sampling_, *rank.cache, rank.ws, rank.tokens, rank.logprobs);
   });
-  return host_rows ? model_.decode_logits(ranks_[0].ws, int64_t(chunks.size())) : Tensor();
+  if (!host_rows) return Tensor();
+  Tensor logits;  // on rank 0's thread: its GPU is current there
+  run_ranks([&](int r) {
+    if (r == 0) logits = model_.decode_logits(ranks_[0].ws, int64_t(chunks.size()));
+  });
+  return logits;
 }
 
 std::vector<TokenEvent> Engine::step() {
