@@ -30,7 +30,7 @@ from llama_random import LlamaShape, quantize_two_level, quantize_w4, quantize_w
 LLAMA3_70B = LlamaShape(vocab=128256, hidden=8192, inter=28672, layers=80, heads=64, kv_heads=8, head_dim=128)
 FULL_LAYERS = 80
 PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s of HBM (SXM parts)
-LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512)
+LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
 
 
 def core_weight(name, w, recipe):
@@ -103,7 +103,7 @@ def emulated_kv_bytes(models, layers):
 
 
 def decode_profile(models, batch, shape, steps=3):
-    """Eager decode steps at `batch`; device ms per step by class on rank 0's GPU (nccl = the all-reduces)."""
+    """Eager decode steps at `batch`; device ms per step and rank (all ranks' kernels / ranks), the NCCL share."""
     from lowbit import _core
     eng = _core.Engine(models if len(models) > 1 else models[0], max_batch_tokens=8192, max_seqs=batch,
                        kv_cache_bytes=models[0].info()["kv_bytes_per_token"] * batch * 160, cuda_graphs=False,
@@ -150,8 +150,12 @@ def run_case(args, recipe, tp):
     out["batch1"] = {"decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
                      "floor_ms": round(floor_ms, 3), "floor_share": round(floor_ms / ms, 3),
                      "first_tokens": runs[0]["first_tokens"]}
-    print(json.dumps({"recipe": recipe, "tp": tp, "batch1": out["batch1"]}), flush=True)
+    # the next-token logits of a fixed prompt: the parent compares them across TP sizes
+    logits = torch.tensor(eng.logits(prompt[0][:32])[-1], dtype=torch.float32)
+    torch.save(logits, f"{args.out}.logits.pt")
     del eng
+    out["batch1"]["profile"] = decode_profile(models, 1, shape)
+    print(json.dumps({"recipe": recipe, "tp": tp, "batch1": out["batch1"]}), flush=True)
     # peak
     kv_bytes, full = emulated_kv_bytes(models, args.layers)
     out["full_model_weight_bytes_per_rank"] = full
@@ -172,10 +176,25 @@ def run_case(args, recipe, tp):
     return out
 
 
+def compare_logits(results, part, recipe, tp):
+    """TP=N's next-token logits against TP=1's of the same recipe: relative error, top-1 agreement, top-1 margin."""
+    if tp == 1:
+        return
+    base_part = part.replace(f".tp{tp}.json", ".tp1.json")
+    if not (os.path.exists(base_part + ".logits.pt") and os.path.exists(part + ".logits.pt")):
+        return
+    a, b = torch.load(base_part + ".logits.pt"), torch.load(part + ".logits.pt")
+    top2 = torch.topk(a, 2).values
+    results[-1]["logits_vs_tp1"] = {"rel_err": float((a - b).abs().max() / a.abs().max()),
+                                    "top1_same": bool(a.argmax() == b.argmax()),
+                                    "tp1_top1_margin": float(top2[0] - top2[1]),
+                                    "max_abs_diff": float((a - b).abs().max())}
+
+
 def table(results):
     lines = ["| recipe | TP | batch-1 tok/s | ms/token | floor ms | floor share | speed-up | peak batch | peak decode tok/s"
-             " | speed-up | all-reduce share | greedy = TP1 |", "|" + "---|" * 12]
-    base = {r["recipe"]: r for r in results if r.get("tp") == 1 and "batch1" in r}
+             " | speed-up | all-reduce share | greedy = TP1 (leading tokens) |", "|" + "---|" * 12]
+    base = {r["recipe"]: r for r in results if r.get("tp") == 1 and "batch1" in r and r["layers"] == results[0]["layers"]}
     for r in results:
         if "error" in r:
             lines.append(f"| {r['recipe']} | {r['tp']} | error: {r['error'][:80]} |" + " |" * 9)
@@ -183,7 +202,9 @@ def table(results):
         b1, pk, b = r["batch1"], r["peak"], base.get(r["recipe"])
         up1 = b1["decode_tok_s"] / b["batch1"]["decode_tok_s"] if b else None
         upk = pk.get("decode_tok_s", 0) / b["peak"]["decode_tok_s"] if b and b["peak"].get("decode_tok_s") else None
-        same = (b1["first_tokens"] == b["batch1"]["first_tokens"]) if b else None
+        ft, bt = b1["first_tokens"], b["batch1"]["first_tokens"] if b else []
+        lead = next((i for i, (x, y) in enumerate(zip(ft, bt)) if x != y), min(len(ft), len(bt)))
+        same = f"{lead}/{len(ft)}" if b else None
         lines.append(f"| {r['recipe']} | {r['tp']} | {b1['decode_tok_s']} | {b1['ms_per_token']} | {b1['floor_ms']} | "
                      f"{b1['floor_share']} | {up1 and round(up1, 2)} | {pk['batch']} | {pk.get('decode_tok_s')} | "
                      f"{upk and round(upk, 2)} | {pk.get('profile', {}).get('allreduce_share')} | {same} |")
@@ -197,7 +218,7 @@ def main():
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-peak", action="store_true")
+    ap.add_argument("--no-peak", action="store_true", help="batch 1 only")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp, run in this process
     args = ap.parse_args()
     if args.case:
@@ -218,6 +239,7 @@ def main():
             if rc == 0 and os.path.exists(part):
                 with open(part) as f:
                     results.append(json.load(f))
+                compare_logits(results, part, recipe, tp)
             else:
                 results.append({"recipe": recipe, "tp": tp, "error": f"child exited with {rc}"})
             payload = {"bench": "tensor_parallel", "shape": "llama3-70b", "layers": args.layers,
