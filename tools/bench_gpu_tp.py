@@ -106,14 +106,15 @@ def decode_profile(models, batch, shape, steps=3):
     """Eager decode steps at `batch`; device ms per step and rank (all ranks' kernels / ranks), the NCCL share."""
     from lowbit import _core
     eng = _core.Engine(models if len(models) > 1 else models[0], max_batch_tokens=8192, max_seqs=batch,
-                       kv_cache_bytes=models[0].info()["kv_bytes_per_token"] * batch * 160, cuda_graphs=False,
+                       kv_cache_bytes=models[0].info()["kv_bytes_per_token"] * batch * 288, cuda_graphs=False,
                        prefix_caching=False)
     g = torch.Generator().manual_seed(3)
-    for i in range(batch):
+    for i in range(batch):  # long enough that the first requests still decode when the last prefill chunk is done
         eng.add_request(i, torch.randint(0, shape.vocab, (128,), generator=g).tolist(), temperature=0.0,
-                        max_tokens=16)
-    for _ in range(4):  # prefill, then the decoding batch
-        eng.step()
+                        max_tokens=128)
+    for _ in range(200):  # until a step decodes every request (prefill chunks done)
+        if sum(ev.token >= 0 for ev in eng.step()) == batch:
+            break
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             eng.step()
@@ -151,7 +152,7 @@ def run_case(args, recipe, tp):
                      "floor_ms": round(floor_ms, 3), "floor_share": round(floor_ms / ms, 3),
                      "first_tokens": runs[0]["first_tokens"]}
     # the next-token logits of a fixed prompt: the parent compares them across TP sizes
-    logits = torch.tensor(eng.logits(prompt[0][:32])[-1], dtype=torch.float32)
+    logits = torch.from_dlpack(eng.logits(prompt[0][:32]))[-1].float().clone()
     torch.save(logits, f"{args.out}.logits.pt")
     del eng
     out["batch1"]["profile"] = decode_profile(models, 1, shape)
