@@ -120,11 +120,29 @@ def decode_profile(models, batch, shape, steps=3):
             eng.step()
         torch.cuda.synchronize()
     classes = {"nccl": 0.0, "other": 0.0}
-    for name, (us, _) in kernel_times(prof).items():
+    times = kernel_times(prof)
+    for name, (us, _) in times.items():
         classes["nccl" if "nccl" in name.lower() else "other"] += us
     total = sum(classes.values())
+    top = sorted(times.items(), key=lambda kv: -kv[1][0])[:8]
     return {"step_kernel_ms": round(total / steps / 1e3 / len(models), 3),
-            "allreduce_share": round(classes["nccl"] / total, 4) if total else None}
+            "allreduce_share": round(classes["nccl"] / total, 4) if total else None,
+            "top_kernels_us_per_step_rank": [[k[:70], round(v[0] / steps / len(models), 1)] for k, v in top]}
+
+
+def copy_bandwidth():
+    """Bytes read + written per second by a 2 GiB device-to-device copy on cuda:0 (the achievable HBM rate)."""
+    a = torch.empty(1 << 30, dtype=torch.float16, device="cuda:0")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 10 * 2 * a.numel() * 2 / (start.elapsed_time(end) / 1e3)
 
 
 def run_case(args, recipe, tp):
@@ -148,7 +166,10 @@ def run_case(args, recipe, tp):
     best = min(runs, key=lambda r: r["decode_s"])
     ms = best["decode_s"] / best["decode_steps"] * 1e3
     floor_ms = wbytes / bw * 1e3
-    out["batch1"] = {"decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
+    copy_bw = copy_bandwidth()
+    out["copy_bandwidth"] = round(copy_bw)
+    out["batch1"] = {"floor_ms_copy_bw": round(wbytes / copy_bw * 1e3, 3),
+                     "floor_share_copy_bw": round(wbytes / copy_bw * 1e3 / ms, 3),"decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
                      "floor_ms": round(floor_ms, 3), "floor_share": round(floor_ms / ms, 3),
                      "first_tokens": runs[0]["first_tokens"]}
     # the next-token logits of a fixed prompt: the parent compares them across TP sizes
@@ -161,7 +182,8 @@ def run_case(args, recipe, tp):
     kv_bytes, full = emulated_kv_bytes(models, args.layers)
     out["full_model_weight_bytes_per_rank"] = full
     per_seq = models[0].info()["kv_bytes_per_token"] * (1024 + 512 + 16)
-    fits = [b for b in LADDER if b * per_seq <= kv_bytes]
+    ladder = [int(b) for b in args.ladder.split(",")] if args.ladder else LADDER
+    fits = [b for b in ladder if b * per_seq <= kv_bytes]
     out["peak"] = {"kv_cache_bytes": kv_bytes, "batch": fits[-1] if fits else 0}
     if fits and not args.no_peak:
         B = fits[-1]
@@ -220,6 +242,7 @@ def main():
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peak", action="store_true", help="batch 1 only")
+    ap.add_argument("--ladder", default="", help="batch rungs for the peak search (default: 16 .. 1024)")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp, run in this process
     args = ap.parse_args()
     if args.case:
@@ -235,7 +258,7 @@ def main():
                 continue
             part = f"{args.out}.{recipe}.tp{tp}.json"
             cmd = [sys.executable, __file__, part, "--case", f"{recipe}:{tp}", "--layers", str(args.layers),
-                   "--repeats", str(args.repeats)] + (["--no-peak"] if args.no_peak else [])
+                   "--repeats", str(args.repeats), "--ladder", args.ladder] + (["--no-peak"] if args.no_peak else [])
             rc = subprocess.run(cmd).returncode
             if rc == 0 and os.path.exists(part):
                 with open(part) as f:
