@@ -142,7 +142,10 @@ def copy_bandwidth():
         b.copy_(a)
     end.record()
     torch.cuda.synchronize()
-    return 10 * 2 * a.numel() * 2 / (start.elapsed_time(end) / 1e3)
+    bw = 10 * 2 * a.numel() * 2 / (start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
 
 
 def run_case(args, recipe, tp):
@@ -169,7 +172,8 @@ def run_case(args, recipe, tp):
     copy_bw = copy_bandwidth()
     out["copy_bandwidth"] = round(copy_bw)
     out["batch1"] = {"floor_ms_copy_bw": round(wbytes / copy_bw * 1e3, 3),
-                     "floor_share_copy_bw": round(wbytes / copy_bw * 1e3 / ms, 3),"decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
+                     "floor_share_copy_bw": round(wbytes / copy_bw * 1e3 / ms, 3),
+                     "decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
                      "floor_ms": round(floor_ms, 3), "floor_share": round(floor_ms / ms, 3),
                      "first_tokens": runs[0]["first_tokens"]}
     # the next-token logits of a fixed prompt: the parent compares them across TP sizes
