@@ -88,6 +88,14 @@ void download_sync(const Tensor& dst, const Tensor& src, const char* what) {
 #endif
 }
 
+void sync_stream(const char* what) {
+#ifdef LOWBIT_WITH_CUDA
+  LOWBIT_CUDA_CHECK(what, cudaStreamSynchronize(cuda::current_stream()));
+#else
+  LOWBIT_NOT_SUPPORTED(what, ": CUDA tensors need a CUDA build of lowbit");
+#endif
+}
+
 DeviceMemory device_memory(const Device& device) {
 #ifdef LOWBIT_WITH_CUDA
   size_t free_bytes = 0, total = 0;

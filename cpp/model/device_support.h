@@ -21,6 +21,9 @@ void upload_async(const Tensor& dst, const Tensor& src);
 // kernel fault of the step surfaces here, named by `what`.
 void download_sync(const Tensor& dst, const Tensor& src, const char* what);
 
+// Waits for the current stream; an asynchronous kernel fault of the step surfaces here, named by `what`.
+void sync_stream(const char* what);
+
 // Free and total bytes of a CUDA device (cudaMemGetInfo), for sizing the KV pool.
 struct DeviceMemory {
   int64_t free_bytes = 0, total_bytes = 0;

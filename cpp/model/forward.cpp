@@ -204,7 +204,9 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
     ops::embedding(logit_row_ids, normed, rows);  // a row gather
   Tensor logits_c = ws.logits_compute.slice(0, 0, R);
   lm_head_logits(rows, logits_c, ws);
-  if (!device_.is_cpu()) {
+  if (!device_.is_cpu() && shard_.rank != 0) {
+    model_detail::sync_stream("Model.forward");  // only rank 0's logits are read (the engine samples there)
+  } else if (!device_.is_cpu()) {
     model_detail::download_logits(logits_c, ws.logits_device.slice(0, 0, R), logits);  // the step's one sync
   } else if (logits_c.data_ptr() != logits.data_ptr()) {
     Tensor host = device_.is_cpu() ? logits_c : logits_c.to(Device::cpu());

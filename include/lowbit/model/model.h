@@ -147,7 +147,8 @@ class Model {
 
   ModelWorkspace make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
   // Runs the batch; KV of the new tokens is written into `cache` at attn.slot_mapping. Returns a
-  // view of ws.logits: f32 [logit_rows.size(), vocab] on the host.
+  // view of ws.logits: f32 [logit_rows.size(), vocab] on the host. On GPUs with tensor parallelism only
+  // rank 0 downloads them (the engine samples there); the other ranks return the view unfilled.
   Tensor forward(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws) const;
 
   // GPU decode step: every sequence of `batch` adds one token (q_start[i] = i, q_len[i] = 1, one
