@@ -7,6 +7,7 @@
 
 #include "lowbit/dist/communicator.h"
 #include "lowbit/engine/engine.h"
+#include "lowbit/model/tensor_parallel_group.h"
 #include "test_model_reference.h"
 
 namespace lowbit {
@@ -25,16 +26,11 @@ std::vector<TokenEvent> generate(Engine& e, const std::vector<int32_t>& prompt, 
   return out;
 }
 
-// A group of `world` models with the weights `w`; each rank keeps its shard.
+// A group of `world` CPU models with the weights `w`; each rank keeps its shard.
 std::vector<std::unique_ptr<Model>> sharded_models(const ModelConfig& c, const Weights& w, const std::string& recipe,
                                                    int world) {
-  auto comms = make_thread_communicators(world);
-  std::vector<std::unique_ptr<Model>> models;
-  for (int r = 0; r < world; ++r) {
-    models.push_back(std::make_unique<Model>(c, recipe, "cpu", "f32"));
-    models.back()->set_tensor_parallel(comms[size_t(r)]);
-    load(*models.back(), w);
-  }
+  auto models = make_tensor_parallel_models(c, recipe, "cpu", "f32", world);
+  for (auto& m : models) load(*m, w);
   return models;
 }
 
@@ -91,6 +87,7 @@ TEST(TensorParallelEngine, ShapeErrorsNameTheField) {
   const Weights w = random_weights(c, 2);
   auto models = sharded_models(c, w, "w16a16", 2);
   EXPECT_THROW(Engine({models[1].get(), models[0].get()}, EngineConfig{}), Error);
+  EXPECT_THROW(make_tensor_parallel_models(c, "w16a16", "cpu", "f32", 2, "nccl"), Error);  // NCCL needs GPUs
   // A weight quantized with a group that the shard would cut (intermediate 96 / 2 = 48, group 32).
   Model g(c, "w4a16g32", "cpu", "f32");
   g.set_tensor_parallel(make_thread_communicators(2)[0]);

@@ -79,6 +79,9 @@ def test_each_rank_holds_its_share(model_dir):
             assert sum(h[part] for h in halves) == pytest.approx(whole[part], rel=0.01), part
         assert halves[0]["embedding"] == whole["embedding"]  # the embedding table is whole on every rank
         assert two.model.info()["kv_bytes_per_token"] * 2 == one.model.info()["kv_bytes_per_token"]
+        from lowbit.info import format_info, model_info
+        text = format_info(model_info(two))
+        assert "tensor par. 2 ranks on cpu, cpu" in text, text
 
 
 def test_shapes_that_do_not_split_are_refused(model_dir, tmp_path):

@@ -80,7 +80,9 @@ Engine::Engine(const std::vector<const Model*>& ranks, const EngineConfig& confi
   for (int r = 0; r < world; ++r) ranks_[size_t(r)].model = ranks[size_t(r)];
   // The workspaces first: on a GPU the KV pool is sized from what is free after them.
   const int64_t logit_rows = std::max<int64_t>(cfg_.max_seqs, std::min(cfg_.max_batch_tokens, kMaxLogitsChunk));
-  run_ranks([&](int r) { ranks_[size_t(r)].ws = ranks_[size_t(r)].model->make_workspace(cfg_.max_batch_tokens, logit_rows); });
+  run_ranks([&](int r) {
+    ranks_[size_t(r)].ws = ranks_[size_t(r)].model->make_workspace(cfg_.max_batch_tokens, logit_rows);
+  });
   const int64_t block_bytes = model_.kv_bytes_per_token() * cfg_.block_size;  // per rank (each holds its KV heads)
   const int64_t most_blocks = int64_t(cfg_.max_seqs) * max_blocks_per_seq_;  // max_seqs full-length sequences
   int64_t num_blocks;

@@ -57,6 +57,9 @@ def model_info(llm) -> dict[str, Any]:
         "context": cfg.max_position_embeddings,
         "parameters": llm.num_parameters,
         "recipe": core["recipe"], "dtype": core["dtype"], "device": core["device"],
+        # tensor parallelism: the ranks' devices; parameter bytes, KV bytes and kernels below are rank 0's
+        "tensor_parallel": getattr(llm, "tensor_parallel", 1),
+        "rank_devices": [m.info()["device"] for m in getattr(llm, "models", [llm.model])],
         "parameter_bytes": dict(core["parameter_bytes"]),
         "kv_bytes_per_token": core["kv_bytes_per_token"],
         "kernels": list(core["kernels"]),
@@ -78,6 +81,9 @@ def format_info(info: dict[str, Any]) -> str:
              f"context {info['context']}, {info['parameters'] / 1e6:.1f}M parameters",
              f"recipe      {info['recipe']} (compute {info['dtype']}, device {info['device']})",
              "weights"]
+    if info.get("tensor_parallel", 1) > 1:
+        lines.insert(3, f"tensor par. {info['tensor_parallel']} ranks on {', '.join(info['rank_devices'])} "
+                        "(bytes and kernels below: rank 0's share)")
     q = info.get("quantization")
     if q:
         kv = q["kv"]
