@@ -115,3 +115,27 @@ def test_smollm2_greedy_text_at_tp3_equals_one_rank():
     assert got.token_ids == want.token_ids and got.text == want.text
     with pytest.raises(ValueError, match="9 attention heads .* among 2 ranks"):
         lowbit.LLM(path, progress=False, tensor_parallel=2)
+
+
+def test_scheduler_features_unchanged_under_tp(model_dir):
+    """Continuous batching with preemption (a KV pool too small for every request), prefix caching (shared prompt
+    prefixes) and seeded sampling give TP=2 the same tokens as one rank: the engine above the ranks is one."""
+    shared = list(range(40, 104))  # 4 full blocks every prompt starts with
+    prompts = [shared + [200 + i, 300 + i, 5 * i + 1] for i in range(6)]
+    outs, stats = {}, {}
+    for tp in (1, 2):
+        with lowbit.LLM(model_dir, load_format="random", progress=False, tensor_parallel=tp, max_seqs=4,
+                        kv_cache_memory=_kv_bytes_for_blocks(model_dir, 14) // tp) as llm:  # a rank's KV heads
+            greedy = llm.generate(prompts, max_tokens=40, ignore_eos=True)
+            sampled = llm.generate(prompts[:3], max_tokens=24, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+            outs[tp] = [o.token_ids for o in greedy + sampled]
+            stats[tp] = llm.engine.stats()
+    assert stats[2]["num_blocks"] == stats[1]["num_blocks"] == 14
+    assert outs[2] == outs[1]
+    assert stats[2]["preemptions"] > 0 and stats[2]["prefix_cache_hit_tokens"] > 0, stats[2]
+
+
+def _kv_bytes_for_blocks(model_dir, blocks):
+    with _llm(model_dir, "w16a16", 1) as llm:
+        per_token = llm.model.info()["kv_bytes_per_token"]
+    return per_token * 16 * blocks
