@@ -73,6 +73,38 @@ TEST(TensorParallelEngine, LogitsMatchOneRankAndTheReference) {
   }
 }
 
+// a8 recipes: a row-parallel linear (o, down) quantizes its input per token on each rank over the rank's own
+// channels. The float64 reference with that rule (act_shards) matches within the single-rank test's tolerance, and
+// differs from the one-rank rule by more, so the test sees which rule ran.
+TEST(TensorParallelEngine, ActivationQuantizedRecipesQuantizePerRank) {
+  ModelConfig c = tiny_config();
+  c.intermediate_size = 128;  // shards of 64 (down) and 32 (o) input channels: whole groups of 32
+  const Weights w = random_weights(c, 21);
+  const std::vector<int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46};
+  struct Case {
+    const char* recipe;
+    WeightFormat format;
+    int group;
+  };
+  for (const Case k : {Case{"w8a8", WeightFormat::w8, 0}, Case{"w4a8g32", WeightFormat::qoq, 32}}) {
+    SCOPED_TRACE(k.recipe);
+    auto models = sharded_models(c, w, k.recipe, 2);
+    Engine e({models[0].get(), models[1].get()}, EngineConfig{});
+    const Tensor got = e.logits(prompt);
+    const Weights ew = effective_weights(c, w, k.format, k.group, /*quantize_head=*/false);
+    const std::vector<double> per_rank = reference_logits(c, ew, prompt, 16, 16, true, /*act_shards=*/2);
+    const std::vector<double> one_rank = reference_logits(c, ew, prompt, 16, 16, true, 1);
+    double err = 0, rule_gap = 0, scale = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      err = std::max(err, std::abs(double(got.data<float>()[i]) - per_rank[size_t(i)]));
+      rule_gap = std::max(rule_gap, std::abs(one_rank[size_t(i)] - per_rank[size_t(i)]));
+      scale = std::max(scale, std::abs(per_rank[size_t(i)]));
+    }
+    EXPECT_LT(err / scale, 1e-4);
+    EXPECT_GT(rule_gap / scale, 1e-3);
+  }
+}
+
 TEST(TensorParallelEngine, ShapeErrorsNameTheField) {
   ModelConfig c = tiny_config();
   auto comms = make_thread_communicators(3);  // 4 heads do not split three ways

@@ -116,7 +116,8 @@ inline void act_round_trip(const double* x, int64_t k, double* y) {
 // k_bits/v_bits < 16 round-trip the cache; act_int8 quantizes every decoder linear's input per token (lm_head
 // always takes float activations).
 inline std::vector<double> reference_logits(const ModelConfig& c, const Weights& w, const std::vector<int32_t>& tokens,
-                                            int k_bits = 16, int v_bits = 16, bool act_int8 = false) {
+                                            int k_bits = 16, int v_bits = 16, bool act_int8 = false,
+                                            int act_shards = 1) {
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, V = c.vocab_size;
   auto f = [&](const std::string& n) { return w.at(n).data<float>(); };
@@ -128,10 +129,12 @@ inline std::vector<double> reference_logits(const ModelConfig& c, const Weights&
       y[i] = s;
     }
   };
-  auto matvec = [&](const float* W, const double* x, int64_t n, int64_t k, double* y) {
+  // shards > 1: a row-parallel linear under tensor parallelism, whose input each rank quantizes over its own
+  // k / shards channels.
+  auto matvec = [&](const float* W, const double* x, int64_t n, int64_t k, double* y, int64_t shards = 1) {
     if (act_int8) {
       xq.resize(size_t(k));
-      act_round_trip(x, k, xq.data());
+      for (int64_t s = 0; s < shards; ++s) act_round_trip(x + s * (k / shards), k / shards, xq.data() + s * (k / shards));
       x = xq.data();
     }
     float_matvec(W, x, n, k, y);
@@ -195,7 +198,7 @@ inline std::vector<double> reference_logits(const ModelConfig& c, const Weights&
           att[size_t(hh * D + e)] = acc;
         }
       }
-      matvec(f(p + "self_attn.o_proj.weight"), att.data(), H, Hq * D, o.data());
+      matvec(f(p + "self_attn.o_proj.weight"), att.data(), H, Hq * D, o.data(), act_shards);
       for (int64_t i = 0; i < H; ++i) h[size_t(t * H + i)] += o[size_t(i)];
     }
     for (int64_t t = 0; t < T; ++t) {
@@ -203,7 +206,7 @@ inline std::vector<double> reference_logits(const ModelConfig& c, const Weights&
       matvec(f(p + "mlp.gate_proj.weight"), x.data(), I, H, g.data());
       matvec(f(p + "mlp.up_proj.weight"), x.data(), I, H, u.data());
       for (int64_t i = 0; i < I; ++i) g[size_t(i)] = g[size_t(i)] / (1.0 + std::exp(-g[size_t(i)])) * u[size_t(i)];
-      matvec(f(p + "mlp.down_proj.weight"), g.data(), H, I, y.data());
+      matvec(f(p + "mlp.down_proj.weight"), g.data(), H, I, y.data(), act_shards);
       for (int64_t i = 0; i < H; ++i) h[size_t(t * H + i)] += y[size_t(i)];
     }
   }

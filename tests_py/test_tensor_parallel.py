@@ -21,7 +21,10 @@ PROMPT = [5, 17, 3, 88, 42, 9, 61, 700, 1002, 0, 12]
 # linear (o, down) quantizes its input per token on each rank, over the rank's own channels (as vLLM does), which is
 # a finer scale than one rank's, so the logits move by the activation quantization's own noise (seen: 1.2-1.5%);
 # test_activation_quantized_error_is_no_worse checks that this noise is no larger than one rank's.
-RECIPES = {"w16a16": 1e-5, "w4a16": 1e-5, "w8a8": 3e-2, "w4a8": 3e-2}
+RECIPES = {"w16a16": 1e-5, "w4a16": 1e-5, "w8a8": 3e-2, "w4a8": 3e-2,
+           # the other weight and KV formats: w8 per channel, w4 g32, LiquidQuant, fp8 activations (e4m3 per token:
+           # coarser codes, so more rounding noise), 2-bit KV, per-channel K
+           "w8a16": 1e-5, "w4a16g32": 1e-5, "w4a8-liquid": 3e-2, "wfp8a8": 6e-2, "w4a16kv2": 1e-5, "w16a16kc4v4": 1e-5}
 
 
 @pytest.fixture(scope="module")
