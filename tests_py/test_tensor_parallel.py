@@ -142,3 +142,19 @@ def _kv_bytes_for_blocks(model_dir, blocks):
     with _llm(model_dir, "w16a16", 1) as llm:
         per_token = llm.model.info()["kv_bytes_per_token"]
     return per_token * 16 * blocks
+
+
+@pytest.mark.parametrize("fmt", ["qoq", "liquid", "w8"])
+@pytest.mark.parametrize("k,group", [(192, 32), (192, 64), (512, 32), (512, 64)])
+def test_int8_activation_kernels_are_exact_on_shard_shapes(fmt, k, group):
+    """The row-parallel shards SmolLM2 splits into at TP=3 (o_proj: 3 heads x 64 = 192 input channels, down_proj:
+    512): the W8A8 / W4A8 CPU kernels accumulate them exactly, like the whole rows (test_ops.py)."""
+    import torch
+    from test_ops import C, packed, s8_weight, t
+    qw, pw = packed(fmt, 576, k, group=group)
+    x = torch.randn(7, k)
+    y = t(C.linear(x, pw, act="int8_per_token"))
+    sx = x.abs().amax(dim=1, keepdim=True) / 127
+    xq = torch.round(x / sx).clamp(-127, 127).to(torch.int64)
+    ref = (xq @ s8_weight(qw).T).double() * sx.double() * t(qw.scales if fmt == "w8" else qw.channel_scales).double()
+    assert torch.allclose(y.double(), ref, rtol=1e-6, atol=1e-9)
