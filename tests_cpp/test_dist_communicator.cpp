@@ -8,16 +8,12 @@
 #include <thread>
 
 #include "lowbit/dist/communicator.h"
+#include "random_tensor.h"
 
 namespace lowbit {
 namespace {
 
-Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo, float hi) {
-  Tensor t = Tensor::empty(shape, ScalarType::f32);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
-  return t;
-}
+using testing_data::random_tensor;
 
 // Runs fn(rank) on `world` threads at once.
 template <typename F>

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lowbit/model/model.h"
+#include "random_tensor.h"
 
 namespace lowbit::testing_ref {
 
@@ -31,12 +32,7 @@ inline ModelConfig tiny_config() {
 // name -> f32 host tensor with the HF shape.
 using Weights = std::map<std::string, Tensor>;
 
-inline Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo, float hi) {
-  Tensor t = Tensor::empty(shape, ScalarType::f32);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
-  return t;
-}
+using testing_data::random_tensor;
 
 inline Weights random_weights(const ModelConfig& c, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -102,40 +102,51 @@ class Part:
 
 
 # ---------------------------------------------------------------------------------------------- lowbit
-def lowbit_model(shape, recipe, device, dtype):
+def core_config(shape):
+    """The engine's ModelConfig of a LlamaShape (untied lm_head)."""
     from lowbit import _core
-    r = _core.parse_recipe(recipe)
-    fmt = dtype if r["weight_bits"] == 16 else r["weight_format"]
-    head_fmt = fmt if r["activation"] == "float16" else "f16"  # a8 recipes keep lm_head in f16
-    gen = "cuda" if cuda() else "cpu"
     c = _core.ModelConfig()
     c.arch = "llama"
     c.vocab_size, c.hidden_size, c.intermediate_size = shape.vocab, shape.hidden, shape.inter
     c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim = shape.layers, shape.heads, shape.kv_heads, shape.head_dim
     c.rope_theta, c.rms_norm_eps, c.max_position_embeddings = shape.rope_theta, shape.eps, shape.max_positions
     c.tie_word_embeddings = False
-    m = _core.Model(c, recipe, device, dtype)
+    return c
+
+
+def core_weight(name, w, recipe, dtype):
+    """Linear weight `name` (a torch tensor on any device) quantized for `recipe` by the fast on-device
+    quantizers, as the engine's QuantizedWeight on the host. a8 recipes keep lm_head in f16."""
+    from lowbit import _core
+    r = _core.parse_recipe(recipe)
+    fmt = dtype if r["weight_bits"] == 16 else r["weight_format"]
+    f = fmt if name != "lm_head.weight" or r["activation"] == "float16" else "f16"
+    g = r["group"] or 128
+    if f == "w4":
+        q, s, z = quantize_w4(w, g)
+        return _core.QuantizedWeight("w4", q.cpu(), s.cpu(), z.cpu(), group=g)
+    if f == "w8":
+        q, s = quantize_w8(w)
+        return _core.QuantizedWeight("w8", q.cpu(), s.cpu())
+    if f in ("qoq", "liquid"):
+        q, s, z, cs = quantize_two_level(w, f, g)
+        return _core.QuantizedWeight(f, q.cpu(), s.cpu(), z.cpu(), cs.cpu(), g)
+    if f == "e4m3":
+        q, s = quantize_e4m3(w)
+        return _core.QuantizedWeight("e4m3", q.cpu(), s.cpu())
+    return _core.QuantizedWeight(f, w.to(getattr(torch, {"f16": "float16", "f32": "float32"}[f])).cpu())
+
+
+def lowbit_model(shape, recipe, device, dtype):
+    from lowbit import _core
+    gen = "cuda" if cuda() else "cpu"
+    m = _core.Model(core_config(shape), recipe, device, dtype)
     for name, shp, linear in weight_names(shape):
         w = weight(name, shp, gen)
-        if not linear:
-            m.set_weight(name, w.cpu())
-            continue
-        f = head_fmt if name == "lm_head.weight" else fmt
-        if f == "w4":
-            q, s, z = quantize_w4(w, r["group"] or 128)
-            qw = _core.QuantizedWeight("w4", q.cpu(), s.cpu(), z.cpu(), group=r["group"] or 128)
-        elif f == "w8":
-            q, s = quantize_w8(w)
-            qw = _core.QuantizedWeight("w8", q.cpu(), s.cpu())
-        elif f in ("qoq", "liquid"):
-            q, s, z, cs = quantize_two_level(w, f, r["group"] or 128)
-            qw = _core.QuantizedWeight(f, q.cpu(), s.cpu(), z.cpu(), cs.cpu(), r["group"] or 128)
-        elif f == "e4m3":
-            q, s = quantize_e4m3(w)
-            qw = _core.QuantizedWeight("e4m3", q.cpu(), s.cpu())
+        if linear:
+            m.set_quantized_weight(name, core_weight(name, w, recipe, dtype))
         else:
-            qw = _core.QuantizedWeight(f, w.to(getattr(torch, {"f16": "float16", "f32": "float32"}[f])).cpu())
-        m.set_quantized_weight(name, qw)
+            m.set_weight(name, w.cpu())
     if cuda():
         torch.cuda.empty_cache()
     m.finalize()

@@ -24,8 +24,8 @@ import torch
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
 from bench_gpu_common import kernel_times  # noqa: E402
-from bench_gpu_llama8b import lowbit_run  # noqa: E402
-from llama_random import LlamaShape, quantize_two_level, quantize_w4, quantize_w8, weight, weight_names  # noqa: E402
+from bench_gpu_llama8b import core_config, core_weight, lowbit_run  # noqa: E402
+from llama_random import LlamaShape, weight, weight_names  # noqa: E402
 
 LLAMA3_70B = LlamaShape(vocab=128256, hidden=8192, inter=28672, layers=80, heads=64, kv_heads=8, head_dim=128)
 FULL_LAYERS = 80
@@ -33,35 +33,11 @@ PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s of HBM (SXM parts)
 LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
 
 
-def core_weight(name, w, recipe):
-    from lowbit import _core
-    r = _core.parse_recipe(recipe)
-    fmt = "f16" if r["weight_bits"] == 16 else r["weight_format"]
-    if name == "lm_head.weight" and r["activation"] != "float16":
-        fmt = "f16"  # a8 recipes keep lm_head in f16
-    g = r["group"] or 128
-    if fmt == "w4":
-        q, s, z = quantize_w4(w, g)
-        return _core.QuantizedWeight("w4", q.cpu(), s.cpu(), z.cpu(), group=g)
-    if fmt == "w8":
-        q, s = quantize_w8(w)
-        return _core.QuantizedWeight("w8", q.cpu(), s.cpu())
-    if fmt in ("qoq", "liquid"):
-        q, s, z, cs = quantize_two_level(w, fmt, g)
-        return _core.QuantizedWeight(fmt, q.cpu(), s.cpu(), z.cpu(), cs.cpu(), g)
-    return _core.QuantizedWeight("f16", w.half().cpu())
-
-
 def build(shape, recipe, tp):
     """The group's models, rank r on cuda:r; every weight drawn and quantized once on cuda:0, each rank keeps its
     shard."""
     from lowbit import _core
-    c = _core.ModelConfig()
-    c.arch = "llama"
-    c.vocab_size, c.hidden_size, c.intermediate_size = shape.vocab, shape.hidden, shape.inter
-    c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim = shape.layers, shape.heads, shape.kv_heads, shape.head_dim
-    c.rope_theta, c.rms_norm_eps, c.max_position_embeddings = shape.rope_theta, shape.eps, shape.max_positions
-    c.tie_word_embeddings = False
+    c = core_config(shape)
     comms = _core.make_nccl_communicators(list(range(tp))) if tp > 1 else [None]
     models = []
     for r, comm in enumerate(comms):
@@ -71,7 +47,7 @@ def build(shape, recipe, tp):
         models.append(m)
     for name, shp, linear in weight_names(shape):
         w = weight(name, shp, "cuda:0")
-        value = core_weight(name, w, recipe) if linear else w.cpu()
+        value = core_weight(name, w, recipe, "f16") if linear else w.cpu()
         del w
         for m in models:
             (m.set_quantized_weight if linear else m.set_weight)(name, value)
