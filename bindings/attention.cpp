@@ -98,6 +98,15 @@ void bind_attention(nb::module_& m) {
       "Writes k, v [T, Hkv, D] into cache slots meta.slot_mapping (quantizing for u8/u4 caches)");
 
   m.def(
+      "prepare_k_window",
+      [](KVCache& cache, nb::handle slot_mapping) {
+        ops::prepare_k_window(cache, tensor_from_python(slot_mapping, "slot_mapping"));
+      },
+      nb::arg("cache"), nb::arg("slot_mapping"),
+      "Per-channel K on a GPU: before a step's kv_write and attention, give every block the step writes "
+      "(host int32 slot_mapping [T]) an f16 window slot and upload the block -> slot map; a no-op otherwise");
+
+  m.def(
       "rope_kv_write",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle positions, KVCache& cache, int layer,
          const AttentionMeta& meta, float theta, int rotary_dim, bool neox, bool llama3, float factor,

@@ -98,15 +98,17 @@ void bind_kv(nb::module_& m) {
       .def(
           "__init__",
           [](KVCache* self, int num_layers, int num_kv_heads, int head_dim, int64_t num_blocks, int block_size,
-             const std::string& k_type, const std::string& v_type, const std::string& device, bool k_per_channel) {
+             const std::string& k_type, const std::string& v_type, const std::string& device, bool k_per_channel,
+             int64_t k_window_slots) {
             KVCacheConfig c =
                 make_config(num_layers, num_kv_heads, head_dim, num_blocks, block_size, k_type, v_type, device);
             c.k_per_channel = k_per_channel;
+            c.k_window_slots = k_window_slots;
             new (self) KVCache(c);
           },
           nb::arg("num_layers"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("num_blocks"),
           nb::arg("block_size") = 16, nb::arg("k_type") = "f16", nb::arg("v_type") = "f16", nb::arg("device") = "cpu",
-          nb::arg("k_per_channel") = false)
+          nb::arg("k_per_channel") = false, nb::arg("k_window_slots") = 0)
       .def_prop_ro("k_per_channel", [](const KVCache& c) { return c.config().k_per_channel; })
       .def_prop_ro("num_layers", [](const KVCache& c) { return c.config().num_layers; })
       .def_prop_ro("num_kv_heads", [](const KVCache& c) { return c.config().num_kv_heads; })
@@ -122,6 +124,17 @@ void bind_kv(nb::module_& m) {
            "f32 [num_blocks, num_kv_heads, block_size, 2] (scale, zero), or None for float K")
       .def("v_params", [](const KVCache& c, int l) { return optional_tensor(c.v_params(l)); }, nb::arg("layer"))
       .def("copy_block", &KVCache::copy_block, nb::arg("src"), nb::arg("dst"))
+      .def(
+          "k_window",
+          [](const KVCache& c, int l) { return c.has_k_window() ? optional_tensor(c.k_window(l)) : nb::none(); },
+          nb::arg("layer"),
+           "Per-channel K on a GPU: f16 [k_window_slots, num_kv_heads, block_size, head_dim], the window rows of "
+           "partly filled blocks; None otherwise")
+      .def_prop_ro(
+          "k_window_map",
+          [](const KVCache& c) { return c.has_k_window() ? optional_tensor(c.k_window_map()) : nb::none(); },
+                   "Per-channel K on a GPU: s32 [num_blocks] window slot of each block (-1: none), on the device")
+      .def_prop_ro("k_window_slots_in_use", [](const KVCache& c) { return c.k_window_slots().slots_in_use(); })
       .def_prop_ro("total_bytes", &KVCache::total_bytes)
       .def_static(
           "bytes_per_token",

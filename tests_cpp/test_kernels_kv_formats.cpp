@@ -474,15 +474,15 @@ TEST(KvFormats, CacheRefusesBadPerChannelConfigsAndGpuFormats) {
   // (u2: 16 bytes of codes + 2 * 64 floats over 16 tokens = 32) + (u4 V: 32 + 8)
   EXPECT_EQ(KVCache::bytes_per_token(c), 16 + 32 + 32 + 8);
   c.device = Device::cuda(0);
-  for (bool pc : {true, false}) {
+  for (bool pc : {true, false}) {  // 2-bit K is CPU only, per channel or not (per-channel u4 K runs on GPUs)
     c.k_per_channel = pc;
-    c.k_type = pc ? ScalarType::u4 : ScalarType::u2;
+    c.k_type = ScalarType::u2;
     try {
       KVCache x(c);
       FAIL() << "GPU cache accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);
-      const std::string want = pc ? "K cache format u4 per-channel (group 16)" : "K cache format u2";
+      const std::string want = pc ? "K cache format u2 per-channel (group 16)" : "K cache format u2";
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("no GPU kernel for it yet"), std::string::npos) << e.what();
     }

@@ -193,6 +193,14 @@ def ok():
     case("kv_cache_kv2_on_gpu", "C.KVCache(1, 1, 64, 4, k_type='u2', device='cuda')", "NotImplementedError", "u2",
          "no GPU kernel"),
     case("kv_cache_u2_head_dim", "C.KVCache(1, 1, 66, 4, k_type='u2')", "ValueError", "divisible by 4", "66"),
+    case("kv_write_per_channel_k_without_prepare",
+         "c = C.KVCache(1, 1, 64, 4, block_size=32, k_type='u4', device='cuda', k_per_channel=True); "
+         "k = torch.randn(2, 1, 64, device='cuda').half(); "
+         "m = C.AttentionMeta([0], [2], [2], torch.tensor([[0]], dtype=torch.int32, device='cuda'), "
+         "torch.tensor([0, 1], dtype=torch.int32, device='cuda')); C.kv_write(c, 0, k, k, m)",
+         "ValueError", "prepare_k_window", "layer 0", "2 (with padding rows)", when="gpu"),
+    case("kv_cache_per_channel_k_group_on_gpu", "C.KVCache(1, 1, 64, 4, block_size=24, k_type='u4', device='cuda', "
+         "k_per_channel=True)", "ValueError", "multiples of 16", "24", when="gpu"),
     case("kv_cache_per_channel_u8", "C.KVCache(1, 1, 64, 4, k_type='u8', k_per_channel=True)", "TypeError",
          "k_per_channel", "u8"),
     case("kv_cache_bad_type", "C.KVCache(1, 1, 64, 4, v_type='s8')", "TypeError", "v_type", "s8"),

@@ -89,11 +89,14 @@ def greedy_margin_violations(cpu_eng, prompts, gpu_tokens, margin):
 # fp8 activations: f16 and f32 inputs round to different e4m3 codes near a rounding boundary, and one e4m3
 # step is up to 1/8 of the value (int8: 1/127 of the row's max), so more slack than w8a8: 8e-2.
 # W4A8 (QoQ, LiquidQuant) rounds the activations to int8 codes as w8a8 does.
-TOLERANCE = {"w8a8kv4": 4e-2, "wfp8a8kv8": 8e-2, "w4a8kv8": 4e-2, "w4a8kv4": 4e-2, "w4a8kv4-liquid": 4e-2}
+# Per-channel 4-bit K (kc4) folds the block's scales into an f16 query, and its codes flip like kv4's.
+TOLERANCE = {"w8a8kv4": 4e-2, "wfp8a8kv8": 8e-2, "w4a8kv8": 4e-2, "w4a8kv4": 4e-2, "w4a8kv4-liquid": 4e-2,
+             "w16a16kc4v4": 4e-2, "w4a16kc4g32v8": 4e-2, "w8a8kc4g128v4": 4e-2}
 
 
 @pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w4a16g32kv8", "w8a16kv8", "w8a16g32kv8",
-                                    "w8a8kv4", "w16a16kv4", "wfp8a8kv8", "w4a8kv8", "w4a8kv4", "w4a8kv4-liquid"])
+                                    "w8a8kv4", "w16a16kv4", "wfp8a8kv8", "w4a8kv8", "w4a8kv4", "w4a8kv4-liquid",
+                                    "w16a16kc4v4", "w4a16kc4g32v8", "w8a8kc4g128v4"])
 def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     cpu = random_llama(recipe, "cpu", "f32")
     gpu = random_llama(recipe, "cuda", "f16")
@@ -105,7 +108,7 @@ def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     assert rel_err(got, ref) < TOLERANCE.get(recipe, 2e-2)
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8"])
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w16a16kc4v4", "w16a16kc4g32v4"])
 def test_random_llama_batched_greedy_decode_agrees_with_cpu(recipe):
     cpu = random_llama(recipe, "cpu", "f32", seed=3)
     gpu = random_llama(recipe, "cuda", "f16", seed=3)
@@ -146,7 +149,8 @@ def run_events(eng, prompts, max_tokens, opts):
     return [out[i] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "wfp8a8kv8", "w4a8kv4", "w4a8kv8-liquid"])
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "wfp8a8kv8", "w4a8kv4", "w4a8kv8-liquid",
+                                    "w16a16kc4v4", "w4a16kc4g32v8"])
 def test_decode_graphs_agree_with_eager_steps(recipe):
     """Greedy decoding with CUDA-graph steps vs the same engine stepping eagerly. Five sequences pad to
     a bucket of 8; prompts near 256 tokens cross the first context bucket while decoding (a second
@@ -325,7 +329,7 @@ def test_smollm2_q4_1_file_as_stored_on_the_gpu():
     assert abs(p_gpu - p_exact) / p_exact < 0.01
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "w4a8kv4"])
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "w4a8kv4", "w16a16kc4g32v4"])
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_prefix_caching_on_the_gpu_matches_caching_off(recipe, cuda_graphs):
     """Automatic prefix caching on CUDA: a second request on a 200-token shared prefix adopts its full blocks

@@ -42,8 +42,7 @@ def test_bad_kv_words_are_named(text, why):
 
 
 @pytest.mark.parametrize("k,v,per_channel,words", [
-    ("u4", "u4", True, "has no GPU kernel for per-channel K \\(k=u4 per_channel_k\\) yet"),
-    ("u2", "u2", True, "has no GPU kernel for per-channel K \\(k=u2 per_channel_k\\) yet"),
+    ("u2", "u2", True, "has no GPU kernel for per-channel K of u2 \\(4-bit only\\)"),
     ("u2", "u2", False, "has no GPU kernel for 2-bit KV \\(k=u2 v=u2\\) yet"),
     ("u8", "u2", False, "has no GPU kernel for 2-bit KV \\(k=u8 v=u2\\) yet"),
 ])
@@ -61,9 +60,14 @@ def test_gpu_attention_registry_refuses_the_new_formats(k, v, per_channel, words
     cpu = _core.kernels.select_attention(device="cpu", phase=phase, head_dim=64, q="f32", k=k, v=v, gqa=4,
                                          k_per_channel=per_channel)
     assert cpu["kernel"] == "paged_attention_cpu" and not cpu["fallback"]
-    # The per-token u8/u4 formats still have their tensor-core kernel.
+    # The per-token u8/u4 formats and per-channel u4 K have their tensor-core kernels; the warp kernel
+    # (no window rule) refuses per-channel K.
     ok = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=64, q="f16", k="u4", v="u4")
     assert ok["kernel"] == "decode_attention_sm80"
+    pc = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=64, q="f16", k="u4", v="u4",
+                                        gqa=4, block_size=64, k_per_channel=True)
+    assert pc["kernel"] == ("decode_attention_sm80" if phase == "decode" else "prefill_attention_tc_sm80"), pc
+    assert "per-channel K runs on the tensor-core kernels only" in pc["reasons"], pc
 
 
 def test_cpu_cache_holds_the_new_formats_and_the_gpu_refuses_them():
@@ -124,7 +128,22 @@ def test_smollm2_kc4v4_generation_is_sane(gguf):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")
-def test_gpu_engine_refuses_the_new_formats_at_load(gguf):
-    for recipe, words in [("w16a16kc4v4", "KV format 'kc4v4'.*per-channel K"), ("w16a16kv2", "KV format 'kv2'")]:
-        with pytest.raises(NotImplementedError, match=words + ".*has no GPU kernel yet"):
+def test_gpu_engine_refuses_2bit_kv_at_load(gguf):
+    for recipe in ["w16a16kv2", "w16a16kc2g32v4", "w16a16kc4v2"]:
+        with pytest.raises(NotImplementedError, match="\\(2-bit KV\\) has no GPU kernel yet"):
             lowbit.LLM(gguf, recipe=recipe, device="cuda", dtype="f16", progress=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")
+def test_smollm2_kc4v4_on_the_gpu_follows_the_cpu(gguf):
+    """SmolLM2 (head_dim 64, 3 kv heads) with per-channel 4-bit K on the GPU: greedy text as on the CPU engine
+    with the same recipe, and a perplexity within 2% of the CPU's."""
+    cpu = lowbit.LLM(gguf, recipe="w16a16kc4v4", progress=False)
+    gpu = lowbit.LLM(gguf, recipe="w16a16kc4v4", device="cuda", dtype="f16", progress=False)
+    prompt = "The capital of France is"
+    a = cpu.generate(prompt, max_tokens=12)[0]
+    b = gpu.generate(prompt, max_tokens=12)[0]
+    assert "Paris" in b.text and a.text == b.text, (a.text, b.text)
+    text = SYSTEM * 3
+    assert abs(gpu.perplexity(text) / cpu.perplexity(text) - 1) < 0.02

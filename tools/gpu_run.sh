@@ -18,6 +18,8 @@
 #               TTFT/TPOT at 2, 8, 32 req/s, shared-prefix TTFT with caching on and off (~5 min + tests ~3 min).
 #               SERVE_RECIPE (default w4a8kv4) picks the recipe; SERVE_TESTS=0 skips the tests. Needs fastapi,
 #               uvicorn, prometheus-client, httpx (and openai for the client tests): the step says which are missing.
+#     kc        per-channel 4-bit K (kc4 recipes): its op and engine tests, sanitizers over its small cases, and
+#               decode attention kv4 vs kc4 (tools/bench_gpu_kv_per_channel.py)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py, then
 #               tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs TP=N; TP_RECIPES, TP_SIZES, TP_LAYERS).
 #               NCCL comes from the nvidia-nccl-cu13 wheel torch installs; the build log says whether it was found.
@@ -86,6 +88,7 @@ SANITIZE_CASES=(
   "rows_rope_kv_sampling|test_gpu_ops.py|(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100) or (rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)) or (sample_rows_picks and f16)"
   "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129 or liquid-128-136)) or adversarial or (scaled and liquid) or strided"
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
+  "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
 )
 if has sanitize; then
   echo "== compute-sanitizer: memcheck, racecheck, synccheck over small cases of every GPU kernel test"
@@ -110,6 +113,22 @@ if has sanitize; then
     grep -qE "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier|Warning)" "$f" || continue
     echo "-- $(basename "$f")"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$f" | head -6
   done
+fi
+
+if has kc; then
+  echo "== per-channel 4-bit K on the GPU"
+  "${PYTEST[@]}" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_attention.py" \
+    "$TESTS/test_kv_formats.py" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=40 -k "kc4 or per_channel or kv_formats or attention or prefill or decode or kv_write" \
+    2>&1 | tee "$OUT/pytest_kc.log" | tail -4
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kc.log" | cut -c1-400 | head -30
+  grep -E "worst relative error|relative logit error" "$OUT/pytest_kc.log" | head -20
+  "${PYTEST[@]}" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "prefill_decode" 2>&1 | grep -E "worst relative" | head
+  for tool in memcheck racecheck synccheck; do
+    timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_kv_per_channel.py" \
+      -k "64-128-u4 or 128-32-u8 or slots_run_out" > "$OUT/${tool}_kc.log" 2>&1
+    echo "$tool rc=$?"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_kc.log" | head -4
+  done
+  [ -f "$REPO/tools/bench_gpu_kv_per_channel.py" ] && timeout 300 python3 "$REPO/tools/bench_gpu_kv_per_channel.py" "$OUT/bench_kc.json" 2>&1 | tail -12
 fi
 
 if has engine; then

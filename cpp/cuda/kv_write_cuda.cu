@@ -4,6 +4,9 @@
 // q 0. The arithmetic (IEEE f32 division, round half to even) is that of the CPU cache, so the two
 // hold identical bytes. One warp per (token, head).
 // rope_kv_write fuses the RoPE of q and k with this write: one launch instead of two per layer.
+// Per-channel K (a KWindow): K rows go in f16 to the window slot of their block; a second launch
+// quantizes each block whose last slot was written (the CPU rule of quantize_k_block_per_channel, on the
+// same f16 rows, so the bytes match the CPU cache's).
 #include "cuda/float_io.cuh"
 #include "cuda/rope_turn.cuh"
 #include "lowbit/cuda/check.h"
@@ -19,7 +22,19 @@ struct Side {  // one of K or V
   void* data;
   ScalarType cache_type;
   float* params;
+  const int32_t* window_map;  // per-channel K: data is the f16 window, rows at the block's window slot
 };
+
+// The row a token's K/V goes to: its cache row, or for a windowed K the same row of its block's window
+// slot (-1: the block has no slot; nothing is written).
+__device__ inline int64_t side_row(const Side& s, int32_t slot, int h, int hkv, int block_size) {
+  int64_t block = slot / block_size;
+  if (s.window_map) {
+    block = s.window_map[block];
+    if (block < 0) return -1;
+  }
+  return (block * hkv + h) * block_size + slot % block_size;
+}
 
 __device__ void write_row(const Side& s, int64_t t, int h, int64_t row, int d) {
   const int lane = threadIdx.x % 32;
@@ -68,13 +83,78 @@ __global__ void kv_write_kernel(Side k, Side v, const int32_t* slots, int64_t to
   const int h = static_cast<int>(warp % hkv);
   const int32_t slot = slots[t];
   if (slot < 0 || slot >= num_slots) return;  // padding; a slot past the cache is never written
-  const int64_t row = (static_cast<int64_t>(slot / block_size) * hkv + h) * block_size + slot % block_size;
-  write_row(k, t, h, row, d);
-  write_row(v, t, h, row, d);
+  const int64_t k_row = side_row(k, slot, h, hkv, block_size);
+  if (k_row >= 0) write_row(k, t, h, k_row, d);
+  write_row(v, t, h, side_row(v, slot, h, hkv, block_size), d);
 }
 
-Side side_of(const Tensor& x, Tensor& data, Tensor& params) {
+// Per-channel K: one block per (token, kv head); a token in the last slot of its block seals the block:
+// per channel over the block's bs window rows, zero = min, scale = (max - min) / 15, codes rint((x - zero)
+// / scale) clamped to [0, 15] (IEEE division, as the CPU), two channels per byte (low nibble first).
+__global__ void seal_k_blocks_kernel(const __half* window, const int32_t* window_map, const int32_t* slots,
+                                     int64_t num_slots, uint8_t* codes, float* params, int hkv, int block_size,
+                                     int d) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int32_t slot = slots[t];
+  if (slot < 0 || slot >= num_slots || slot % block_size != block_size - 1) return;
+  const int64_t block = slot / block_size;
+  const int32_t wslot = window_map[block];
+  if (wslot < 0) return;
+  const __half* x = window + (static_cast<int64_t>(wslot) * hkv + h) * block_size * d;
+  float* scales = params + (block * hkv + h) * 2 * d;
+  float* zeros = scales + d;
+  uint8_t* out = codes + (block * hkv + h) * block_size * (d / 2);
+  for (int c = threadIdx.x; c < d / 2; c += blockDim.x) {  // channels 2c and 2c + 1
+    float lo[2], hi[2], sc[2];
+    for (int e = 0; e < 2; ++e) {
+      lo[e] = hi[e] = __half2float(x[2 * c + e]);
+      for (int r = 1; r < block_size; ++r) {
+        const float v = __half2float(x[static_cast<int64_t>(r) * d + 2 * c + e]);
+        lo[e] = fminf(lo[e], v);
+        hi[e] = fmaxf(hi[e], v);
+      }
+      sc[e] = __fdiv_rn(hi[e] - lo[e], 15.f);
+      scales[2 * c + e] = sc[e];
+      zeros[2 * c + e] = lo[e];
+    }
+    for (int r = 0; r < block_size; ++r) {
+      unsigned byte = 0;
+      for (int e = 0; e < 2; ++e) {
+        const float v = __half2float(x[static_cast<int64_t>(r) * d + 2 * c + e]);
+        const float q = sc[e] > 0.f ? rintf(__fdiv_rn(v - lo[e], sc[e])) : 0.f;
+        byte |= static_cast<unsigned>(fminf(fmaxf(q, 0.f), 15.f)) << (4 * e);
+      }
+      out[static_cast<int64_t>(r) * (d / 2) + c] = static_cast<uint8_t>(byte);
+    }
+  }
+}
+
+// The K side of a write: the cache pool, or the f16 window of per-channel K.
+void seal_k_blocks(const KWindow& window, const Tensor& slot_mapping, int64_t tokens, Tensor& k_data, Tensor& k_params,
+                   cudaStream_t stream, const char* op) {
+  const int hkv = static_cast<int>(k_data.size(1)), block_size = static_cast<int>(k_data.size(2));
+  const int d = static_cast<int>(window.rows.size(3));
+  seal_k_blocks_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(hkv)), 64, 0, stream>>>(
+      static_cast<const __half*>(window.rows.data_ptr()), window.map.data<int32_t>(), slot_mapping.data<int32_t>(),
+      k_data.size(0) * block_size, static_cast<uint8_t*>(k_data.data_ptr()), k_params.data<float>(), hkv, block_size,
+      d);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+Side side_of(const Tensor& x, Tensor& data, Tensor& params, const KWindow& window = {}) {
   Side s{};
+  if (window.defined()) {  // per-channel K: rows go to the f16 window first
+    s.src = x.data_ptr();
+    s.src_type = x.dtype();
+    s.src_stride_t = x.stride(0);
+    s.src_stride_h = x.stride(1);
+    s.data = window.rows.data_ptr();
+    s.cache_type = ScalarType::f16;
+    s.params = nullptr;
+    s.window_map = window.map.data<int32_t>();
+    return s;
+  }
   s.src = x.data_ptr();
   s.src_type = x.dtype();
   s.src_stride_t = x.stride(0);
@@ -123,15 +203,16 @@ __global__ void rope_kv_write_kernel(RopeKvArgs a) {
   if (slot < 0 || slot >= a.num_slots) return;  // padding; a slot past the cache is never written
   const bool is_k = r < a.hq + a.hkv;
   const int h = is_k ? r - a.hq : r - a.hq - a.hkv;
-  const int64_t row = (static_cast<int64_t>(slot / a.block_size) * a.hkv + h) * a.block_size + slot % a.block_size;
-  write_row(is_k ? a.k : a.v, t, h, row, a.d);
+  const Side& side = is_k ? a.k : a.v;
+  const int64_t row = side_row(side, slot, h, a.hkv, a.block_size);
+  if (row >= 0) write_row(side, t, h, row, a.d);
 }
 
 }  // namespace
 
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const std::vector<double>& inv_freq,
                    bool neox, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
-                   const Tensor& slot_mapping, cudaStream_t stream) {
+                   const Tensor& slot_mapping, cudaStream_t stream, const KWindow& window) {
   constexpr const char* op = "rope_kv_write";
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !inv_freq.empty() && inv_freq.size() <= size_t(kMaxRopeHalf), op,
                     ": rotary_dim ", 2 * inv_freq.size(), " has no GPU kernel (supported: 2..", 2 * kMaxRopeHalf, ")");
@@ -149,7 +230,7 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
     a.q_stride_t = q.stride(0);
     a.q_stride_h = q.stride(1);
   }
-  a.k = side_of(k, k_data, k_params);
+  a.k = side_of(k, k_data, k_params, window);
   a.v = side_of(v, v_data, v_params);
   a.positions = positions.data<int32_t>();
   a.slots = slot_mapping.data<int32_t>();
@@ -164,10 +245,11 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
   for (size_t i = 0; i < inv_freq.size(); ++i) a.inv_freq[i] = inv_freq[i];
   rope_kv_write_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
+  if (window.defined()) seal_k_blocks(window, slot_mapping, tokens, k_data, k_params, stream, op);
 }
 
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
-              const Tensor& slot_mapping, cudaStream_t stream) {
+              const Tensor& slot_mapping, cudaStream_t stream, const KWindow& window) {
   const int64_t tokens = k.size(0);
   const int hkv = static_cast<int>(k_data.size(1)), block_size = static_cast<int>(k_data.size(2));
   const int d = static_cast<int>(k.size(2));
@@ -175,9 +257,10 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_data, Tensor& v_data, 
   const int64_t threads = tokens * hkv * 32;
   constexpr int kThreads = 128;
   kv_write_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      side_of(k, k_data, k_params), side_of(v, v_data, v_params), slot_mapping.data<int32_t>(), tokens,
+      side_of(k, k_data, k_params, window), side_of(v, v_data, v_params), slot_mapping.data<int32_t>(), tokens,
       k_data.size(0) * block_size, hkv, block_size, d);
   LOWBIT_CUDA_CHECK_LAUNCH("kv_write");
+  if (window.defined()) seal_k_blocks(window, slot_mapping, tokens, k_data, k_params, stream, "kv_write");
 }
 
 }  // namespace lowbit::cuda

@@ -93,6 +93,7 @@ Engine::Engine(const std::vector<const Model*>& ranks, const EngineConfig& confi
       run_ranks([&](int r) { budgets[size_t(r)] = gpu_kv_budget(*ranks_[size_t(r)].model, block_bytes); });
       budget = *std::min_element(budgets.begin(), budgets.end());
     }
+    budget -= window_bytes(window_slots());  // per-channel K on a GPU: the f16 window slots come first
     num_blocks = std::max<int64_t>(1, std::min(budget / block_bytes, most_blocks));
   } else {
     num_blocks = cfg_.kv_cache_bytes / block_bytes;
@@ -104,7 +105,9 @@ Engine::Engine(const std::vector<const Model*>& ranks, const EngineConfig& confi
   slot_mapping_host_ = Tensor::empty({cfg_.max_batch_tokens}, ScalarType::s32);
   run_ranks([&](int r) {
     Rank& rank = ranks_[size_t(r)];
-    rank.cache = std::make_unique<KVCache>(rank.model->kv_cache_config(num_blocks, cfg_.block_size));
+    KVCacheConfig kc = rank.model->kv_cache_config(num_blocks, cfg_.block_size);
+    if (kc.k_per_channel && !kc.device.is_cpu()) kc.k_window_slots = std::min<int64_t>(window_slots(), num_blocks);
+    rank.cache = std::make_unique<KVCache>(kc);
     const Device& dev = rank.model->device();
     rank.block_tables_dev =
         dev.is_cpu() ? block_tables_host_ : Tensor::empty(block_tables_host_.shape(), ScalarType::s32, dev);
@@ -137,6 +140,20 @@ void Engine::run_ranks(const std::function<void(int)>& fn) {
 }
 
 int64_t Engine::blocks_for_tokens(int64_t tokens) const { return (tokens + cfg_.block_size - 1) / cfg_.block_size; }
+
+// Per-channel K on a GPU: a step holds a window slot for each sequence's partly filled last block (max_seqs),
+// each block its tokens write (at most max_batch_tokens / block_size + max_seqs) and, until the next step,
+// each block it seals; a fork adds one. 2 max_seqs + the step's blocks + 2 covers them.
+int64_t Engine::window_slots() const {
+  const KVCacheConfig c = model_.kv_cache_config(1, cfg_.block_size);
+  if (!c.k_per_channel || model_.device().is_cpu()) return 0;
+  return 2 * int64_t(cfg_.max_seqs) + (cfg_.max_batch_tokens + cfg_.block_size - 1) / cfg_.block_size + 2;
+}
+
+int64_t Engine::window_bytes(int64_t slots) const {
+  const KVCacheConfig c = model_.kv_cache_config(1, cfg_.block_size);
+  return slots * c.num_layers * c.num_kv_heads * c.block_size * c.head_dim * 2;
+}
 
 int64_t Engine::gpu_kv_budget(const Model& model, int64_t block_bytes) const {
   model_detail::DeviceMemory mem = model_detail::device_memory(model.device());
@@ -325,6 +342,7 @@ Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool al
     Rank& rank = ranks_[size_t(r)];
     rank.batch = batch_;
     ops::AttentionMeta& m = rank.batch.attn;
+    ops::prepare_k_window(*rank.cache, m.slot_mapping, block_live());
     if (!rank.model->device().is_cpu()) {
       const Tensor host_tables = m.block_tables, host_slots = m.slot_mapping;
       m.block_tables = rank.block_tables_dev.slice(0, 0, host_tables.numel()).view(host_tables.shape());
@@ -377,6 +395,7 @@ Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
   }
   run_ranks([&](int r) {
     Rank& rank = ranks_[size_t(r)];
+    ops::prepare_k_window(*rank.cache, batch_.attn.slot_mapping, block_live());
     rank.model->decode_step(batch_, row_sampling_, *rank.cache, rank.ws, rank.tokens, rank.logprobs);
   });
   if (!host_rows) return Tensor();

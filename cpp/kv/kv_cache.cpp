@@ -2,6 +2,8 @@
 // types), laid out as documented in kv_cache.h.
 #include "lowbit/kv/kv_cache.h"
 
+#include <algorithm>
+#include <string>
 #include <tuple>
 
 namespace lowbit {
@@ -38,14 +40,19 @@ void check_config(const KVCacheConfig& c) {
   if (c.k_per_channel)
     LOWBIT_CHECK_TYPE(c.k_type == ScalarType::u4 || c.k_type == ScalarType::u2,
                       "KVCache: per-channel K (k_per_channel) needs k_type u4 or u2, got ", name_of(c.k_type));
-  // No GPU kernel reads 2-bit or per-channel K yet: refuse here, before any memory is taken.
+  // No GPU kernel reads 2-bit KV yet: refuse here, before any memory is taken.
   if (!c.device.is_cpu()) {
     for (const auto& [t, pc, what] : {std::tuple{c.k_type, c.k_per_channel, "K"}, std::tuple{c.v_type, false, "V"}})
-      if (t == ScalarType::u2 || pc)
+      if (t == ScalarType::u2)
         LOWBIT_NOT_SUPPORTED("KVCache: ", what, " cache format ", kv_format_words(t, pc, c.block_size), " on ",
                              c.device.str(), ": there is no GPU kernel for it yet (CPU only); GPU formats: f16, "
-                             "bf16, u8, u4 per token");
+                             "bf16, u8, u4 per token, u4 per-channel K");
+    if (c.k_per_channel)
+      LOWBIT_CHECK(c.block_size % 16 == 0 && c.head_dim % 16 == 0, "KVCache: per-channel K on ", c.device.str(),
+                   " needs block_size (the K group) and head_dim multiples of 16, got ", c.block_size, " and ",
+                   c.head_dim);
   }
+  LOWBIT_CHECK(c.k_window_slots >= 0, "KVCache: config 'k_window_slots' must be >= 0, got ", c.k_window_slots);
 }
 
 // Per-channel K: a block's (scale, zero) rows cost 2 * head_dim floats, spread over its tokens (rounded
@@ -71,9 +78,21 @@ KVCache::KVCache(const KVCacheConfig& cfg) : cfg_(cfg) {
     v_data_.push_back(Tensor::zeros(data_shape, cfg.v_type, cfg.device));
     k_params_.push_back(is_quantized_kv_type(cfg.k_type) ? Tensor::zeros(k_param_shape, ScalarType::f32, cfg.device)
                                                          : Tensor());
-    if (cfg.k_per_channel) k_residual_.emplace_back(cfg.num_kv_heads, cfg.block_size, cfg.head_dim);
+    if (cfg.k_per_channel && cfg.device.is_cpu())
+      k_residual_.emplace_back(cfg.num_kv_heads, cfg.block_size, cfg.head_dim);
     v_params_.push_back(is_quantized_kv_type(cfg.v_type) ? Tensor::zeros(param_shape, ScalarType::f32, cfg.device)
                                                          : Tensor());
+  }
+  if (cfg.k_per_channel && !cfg.device.is_cpu()) {
+    const int64_t slots = cfg.k_window_slots > 0 ? cfg.k_window_slots : std::min<int64_t>(cfg.num_blocks, 64);
+    for (int l = 0; l < cfg.num_layers; ++l)
+      k_window_.push_back(
+          Tensor::zeros({slots, cfg.num_kv_heads, cfg.block_size, cfg.head_dim}, ScalarType::f16, cfg.device));
+    k_window_slots_ = KWindowSlots(cfg.num_blocks, slots);
+    k_window_written_.assign(size_t(cfg.num_layers), 0);
+    Tensor host = Tensor::empty({cfg.num_blocks}, ScalarType::s32);
+    std::fill_n(host.data<int32_t>(), cfg.num_blocks, -1);
+    k_window_map_ = host.to(cfg.device);
   }
 }
 
@@ -94,8 +113,31 @@ void KVCache::copy_block(int32_t src, int32_t dst) {
     copy_one(v_data_[l]);
     copy_one(k_params_[l]);
     copy_one(v_params_[l]);
-    if (cfg_.k_per_channel) k_residual_[size_t(l)].copy(src, dst);
+    if (!k_residual_.empty()) k_residual_[size_t(l)].copy(src, dst);
   }
+  if (has_k_window()) {  // the fork's own window slot with a copy of src's rows; the map goes up next step
+    const auto [s, d] = k_window_slots_.copy(src, dst);
+    if (s >= 0)
+      for (Tensor& rows : k_window_) {
+        Tensor to = rows.select(0, d);
+        to.copy_(rows.select(0, s));
+      }
+  }
+}
+
+void KVCache::check_k_window_prepared(int layer, int64_t tokens) {
+  if (!has_k_window()) return;
+  layer_tensor(k_window_, layer, "k_window");  // range check
+  const KWindowSlots& w = k_window_slots_;
+  const uint64_t last = k_window_written_[size_t(layer)];
+  const std::string state = w.epoch() == 0         ? "it was never called"
+                            : w.epoch() == last    ? "this layer already wrote the step it prepared"
+                                                   : "it prepared " + std::to_string(w.prepared_tokens()) + " tokens";
+  LOWBIT_CHECK(w.epoch() > last && w.prepared_tokens() <= tokens, "kv_write: layer ", layer,
+               " of a GPU cache with per-channel K needs prepare_k_window(cache, slot_mapping) once per step before "
+               "its writes (it gives the step's blocks their f16 window slots); ", state, "; this write has ", tokens,
+               " (with padding rows)");
+  k_window_written_[size_t(layer)] = w.epoch();
 }
 
 KResidualStore& KVCache::k_residual(int layer) {
@@ -105,6 +147,8 @@ KResidualStore& KVCache::k_residual(int layer) {
 const KResidualStore& KVCache::k_residual(int layer) const {
   LOWBIT_CHECK(cfg_.k_per_channel, "KVCache.k_residual: the cache's K is per token (", name_of(cfg_.k_type),
                "); only per-channel K has a residual window");
+  LOWBIT_CHECK(cfg_.device.is_cpu(), "KVCache.k_residual: the cache is on ", cfg_.device.str(),
+               "; its window is k_window (device rows), not a host store");
   LOWBIT_CHECK_KIND(ErrorKind::kIndex, layer >= 0 && layer < cfg_.num_layers, "KVCache.k_residual: argument 'layer' = ",
                     layer, " out of range [0, ", cfg_.num_layers, ")");
   return k_residual_[size_t(layer)];
@@ -118,7 +162,7 @@ int64_t KVCache::bytes_per_token(const KVCacheConfig& cfg) {
 
 int64_t KVCache::total_bytes() const {
   int64_t total = 0;
-  for (const auto* list : {&k_data_, &v_data_, &k_params_, &v_params_})
+  for (const auto* list : {&k_data_, &v_data_, &k_params_, &v_params_, &k_window_})
     for (const Tensor& t : *list)
       if (t.defined()) total += t.nbytes();
   return total;

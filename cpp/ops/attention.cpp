@@ -11,6 +11,7 @@
 #include "ops/op_checks.h"
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 #include "lowbit/cuda/stream.h"
 #include "lowbit/cuda/kernels.h"
@@ -173,12 +174,43 @@ Device check_kv_write_args(const char* op, const KVCache& cache, int layer, cons
   return dev;
 }
 
+#ifdef LOWBIT_WITH_CUDA
+namespace {
+// Whether the current stream is capturing a CUDA graph (its launches repeat an eager step's).
+bool capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(cuda::current_stream(), &status) == cudaSuccess &&
+         status == cudaStreamCaptureStatusActive;
+}
+}  // namespace
+#endif
+
+void prepare_k_window(KVCache& cache, const Tensor& slot_mapping, const std::function<bool(int32_t)>& live) {
+  constexpr const char* op = "prepare_k_window";
+  if (!cache.has_k_window()) return;
+  LOWBIT_CHECK(slot_mapping.device().is_cpu() && slot_mapping.dtype() == ScalarType::s32 && slot_mapping.dim() == 1 &&
+                   slot_mapping.is_contiguous(),
+               op, ": argument 'slot_mapping' must be a contiguous host s32 vector, got ", slot_mapping.str());
+  KWindowSlots& slots = cache.k_window_slots();
+  slots.prepare(slot_mapping.data<int32_t>(), slot_mapping.numel(), cache.config().block_size, live);
+  const auto [lo, hi] = slots.take_changed();
+  if (lo >= hi) return;
+#ifdef LOWBIT_WITH_CUDA
+  // A pageable source: the call returns once the bytes are staged, so the host table may change after.
+  LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(cache.k_window_map().data<int32_t>() + lo, slots.map().data() + lo,
+                                        size_t(hi - lo) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                        cuda::current_stream()));
+#endif
+}
+
 void kv_write(KVCache& cache, int layer, const Tensor& k, const Tensor& v, const AttentionMeta& meta) {
   const Device dev = check_kv_write_args("kv_write", cache, layer, k, v, meta);
   if (dev.is_cuda()) {
 #ifdef LOWBIT_WITH_CUDA
+    if (!capturing()) cache.check_k_window_prepared(layer, k.size(0));
     Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
-    return cuda::kv_write(k, v, kd, vd, kp, vp, meta.slot_mapping, cuda::current_stream());
+    return cuda::kv_write(k, v, kd, vd, kp, vp, meta.slot_mapping, cuda::current_stream(),
+                          cuda::k_window_of(cache, layer));
 #endif
   }
   cpu::kv_write_cpu(cache, layer, k, v, meta.slot_mapping);
@@ -199,9 +231,10 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
   }
 #ifdef LOWBIT_WITH_CUDA
   const int rd = rope.rotary_dim > 0 ? rope.rotary_dim : static_cast<int>(k.size(2));
+  if (!capturing()) cache.check_k_window_prepared(layer, k.size(0));
   Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
   cuda::rope_kv_write(q, k, v, positions, cpu::rope_inv_freq(rope, rd), rope.neox, kd, vd, kp, vp, meta.slot_mapping,
-                      cuda::current_stream());
+                      cuda::current_stream(), cuda::k_window_of(cache, layer));
 #endif
 }
 

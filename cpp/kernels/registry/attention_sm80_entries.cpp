@@ -15,12 +15,12 @@
 namespace lowbit::kernels {
 namespace {
 
-// KV formats no GPU kernel reads yet (2-bit, per-channel K: issue 16 runs them on the CPU first): every
-// GPU entry refuses them by name, so dispatch reports it and nothing falls back.
+// KV formats no GPU kernel reads yet (2-bit: CPU only): every GPU entry refuses them by name, so dispatch
+// reports it and nothing falls back. Per-channel K runs at 4 bits (the u4c instances).
 bool gpu_kv_format_ok(const AttnDesc& d, std::string* why) {
-  if (d.kv_granularity == KvGranularity::per_channel_k)
-    return refuse(why, std::string("has no GPU kernel for per-channel K (k=") + name_of(d.k_type) +
-                           " per_channel_k) yet; it runs on the CPU"),
+  if (d.kv_granularity == KvGranularity::per_channel_k && d.k_type != ScalarType::u4)
+    return refuse(why, std::string("has no GPU kernel for per-channel K of ") + name_of(d.k_type) +
+                           " (4-bit only); it runs on the CPU"),
            false;
   if (d.k_type == ScalarType::u2 || d.v_type == ScalarType::u2)
     return refuse(why, std::string("has no GPU kernel for 2-bit KV (k=") + name_of(d.k_type) + " v=" +
@@ -38,8 +38,10 @@ bool tc_common(const AttnDesc& d, std::string* why, const cuda::AttnInstance (&i
   if (d.sm < 80) return refuse(why, "needs sm_80 or newer"), false;
   if (!gpu_kv_format_ok(d, why)) return false;
   if (d.q_type != ScalarType::f16 || d.out_type != ScalarType::f16) return refuse(why, "needs f16 q and out"), false;
-  const std::string kv = std::string("k=") + name_of(d.k_type) + " v=" + name_of(d.v_type);
-  switch (cuda::instance_state(instances, d.head_dim, d.k_type, d.v_type)) {
+  const bool per_channel = d.kv_granularity == KvGranularity::per_channel_k;
+  const std::string kv =
+      std::string("k=") + name_of(d.k_type) + (per_channel ? " per channel" : "") + " v=" + name_of(d.v_type);
+  switch (cuda::instance_state(instances, d.head_dim, d.k_type, d.v_type, per_channel)) {
     case cuda::InstanceState::built: return true;
     case cuda::InstanceState::not_built:
       return refuse(why, "the instance for head_dim " + std::to_string(d.head_dim) + " " + kv + " is not built (" +
@@ -51,14 +53,16 @@ bool tc_common(const AttnDesc& d, std::string* why, const cuda::AttnInstance (&i
     return refuse(why, "has instances for head_dim " + cuda::head_dims_of(instances) + ", not " +
                            std::to_string(d.head_dim)),
            false;
-  return refuse(why, "has instances for K/V f16, u8, u4, not " + kv), false;
+  return refuse(why, "has instances for K/V f16, u8, u4 and per-channel u4 K, not " + kv), false;
 }
 
 // The phase's tensor-core kernel has an instance for this descriptor that the build left out.
 bool instance_left_out(const AttnDesc& d) {
+  const bool pc = d.kv_granularity == KvGranularity::per_channel_k;
   const cuda::InstanceState s =
-      d.phase == AttnPhase::decode ? cuda::instance_state(cuda::kDecodeAttnInstances, d.head_dim, d.k_type, d.v_type)
-                                   : cuda::instance_state(cuda::kPrefillTcInstances, d.head_dim, d.k_type, d.v_type);
+      d.phase == AttnPhase::decode
+          ? cuda::instance_state(cuda::kDecodeAttnInstances, d.head_dim, d.k_type, d.v_type, pc)
+          : cuda::instance_state(cuda::kPrefillTcInstances, d.head_dim, d.k_type, d.v_type, pc);
   return s == cuda::InstanceState::not_built;
 }
 
@@ -84,6 +88,8 @@ Fit warp_can_run(const AttnDesc& d, std::string* why) {
   if (d.sm < 80) return refuse(why, "needs sm_80 or newer");
   if (d.head_dim <= 0 || d.head_dim > 256) return refuse(why, "head_dim 1..256");
   if (!gpu_kv_format_ok(d, why)) return Fit::no;
+  if (d.kv_granularity == KvGranularity::per_channel_k)
+    return refuse(why, "per-channel K runs on the tensor-core kernels only (its f16 window and block rule)");
   if (instance_left_out(d))
     return refuse(why, std::string("does not stand in for a tensor-core instance left out of the build (") +
                            cuda::kAttnAllInstancesHint + ")");
@@ -92,19 +98,21 @@ Fit warp_can_run(const AttnDesc& d, std::string* why) {
 int warp_rank(const AttnDesc&) { return 1; }
 
 #ifdef LOWBIT_WITH_CUDA
+
 void launch_decode(const AttnArgs& a) {
   const int64_t n = int64_t(a.meta.q_len.size());
   Tensor o = a.out.slice(0, 0, n);
   const KVCache& c = a.cache;
   cuda::decode_attention(a.q.slice(0, 0, n), c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer),
                          c.v_params(a.layer), a.meta.block_tables, a.seq_info.select(0, 2), a.max_kv_len, a.scale, o,
-                         0, cuda::current_stream());
+                         0, cuda::current_stream(), cuda::k_window_of(c, a.layer));
 }
 template <cuda::PrefillKernel K>
 void launch_prefill(const AttnArgs& a) {
   const KVCache& c = a.cache;
   cuda::prefill_attention(a.q, c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer), c.v_params(a.layer),
-                          a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(), K);
+                          a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(), K,
+                          cuda::k_window_of(c, a.layer));
 }
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
@@ -114,9 +122,9 @@ void launch_prefill(const AttnArgs& a) {
 }  // namespace
 
 void register_attention_sm80(std::vector<AttnKernel>& out) {
-  out.push_back({"decode_attention_sm80", "decode: split-KV tensor cores, f16 q, K/V f16/u8/u4, head_dim 64/80/96/128/256, GQA <= 16",
+  out.push_back({"decode_attention_sm80", "decode: split-KV tensor cores, f16 q, K/V f16/u8/u4 (K also u4 per channel), head_dim 64/80/96/128/256, GQA <= 16",
                  decode_can_run, decode_rank, LOWBIT_GPU_LAUNCH(launch_decode)});
-  out.push_back({"prefill_attention_tc_sm80", "prefill: tensor cores, f16 q, K/V f16/u8/u4, head_dim 64/128",
+  out.push_back({"prefill_attention_tc_sm80", "prefill: tensor cores, f16 q, K/V f16/u8/u4 (K also u4 per channel), head_dim 64/128",
                  prefill_tc_can_run, prefill_tc_rank,
                  LOWBIT_GPU_LAUNCH((launch_prefill<cuda::PrefillKernel::tensor_core>))});
   out.push_back({"prefill_attention_sm80", "any phase: one warp per (query, head), f32 (slow path)", warp_can_run,

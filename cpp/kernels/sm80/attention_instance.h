@@ -1,5 +1,5 @@
 // One instance of a tensor-core attention kernel, as the registry and the dispatchers see it: the
-// (head_dim, K type, V type) it was generated for, and whether the build compiled it. The lists are
+// (head_dim, K type, V type, K per channel) it was generated for, and whether the build compiled it. The lists are
 // generated (instances/attention_instance_list.h, tools/generate_attention_instances.py); "extra"
 // instances (the rare head dims) are compiled only with the CMake option LOWBIT_ATTN_ALL_INSTANCES.
 // Host-only C++: the registry includes it in builds without CUDA too.
@@ -18,6 +18,7 @@ namespace lowbit::cuda {
 struct AttnInstance {
   int head_dim;
   ScalarType k, v;
+  bool k_per_channel;  // K codes with a (scale, zero) per channel per block (KVCacheConfig::k_per_channel)
   bool extra;  // compiled only with LOWBIT_ATTN_ALL_INSTANCES=ON
 };
 
@@ -28,9 +29,10 @@ inline constexpr const char* kAttnAllInstancesHint = "configure with -DLOWBIT_AT
 enum class InstanceState { none, not_built, built };
 
 template <size_t N>
-InstanceState instance_state(const AttnInstance (&list)[N], int head_dim, ScalarType k, ScalarType v) {
+InstanceState instance_state(const AttnInstance (&list)[N], int head_dim, ScalarType k, ScalarType v,
+                             bool k_per_channel = false) {
   for (const AttnInstance& i : list)
-    if (i.head_dim == head_dim && i.k == k && i.v == v)
+    if (i.head_dim == head_dim && i.k == k && i.v == v && i.k_per_channel == k_per_channel)
       return i.extra && !kAttnAllInstances ? InstanceState::not_built : InstanceState::built;
   return InstanceState::none;
 }

@@ -40,10 +40,11 @@ __global__ void combine_splits_kernel(const float* __restrict__ part_out, const 
   }
 }
 
-KvType kv_type_of(const Tensor& t, const char* op, const char* arg) {
+KvType kv_type_of(const Tensor& t, const char* op, const char* arg, bool per_channel = false) {
   KvType kt = KvType::f16;
-  if (!lowbit::cuda::kv_type_of(t.dtype(), kt))
-    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' must be f16, u8 or u4, got ", name_of(t.dtype()));
+  if (!lowbit::cuda::kv_type_of(t.dtype(), kt, per_channel))
+    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' must be ", per_channel ? "u4 (per-channel K)" : "f16, u8 or u4",
+                         ", got ", name_of(t.dtype()));
   return kt;
 }
 
@@ -53,9 +54,11 @@ DecodeAttnLaunch find_launch(int d, KvType kt, KvType vt, ScalarType k_dtype, Sc
     const DecodeAttnEntry& e = kDecodeAttnTable[i];
     if (e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
   }
-  const InstanceState s = instance_state(kDecodeAttnInstances, d, k_dtype, v_dtype);
+  const bool per_channel = kt == KvType::u4c;
+  const InstanceState s = instance_state(kDecodeAttnInstances, d, k_dtype, v_dtype, per_channel);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, s != InstanceState::not_built, op, ": the instance for head_dim ", d,
-                    " k=", name_of(k_dtype), " v=", name_of(v_dtype), " is not built (", kAttnAllInstancesHint, ")");
+                    " k=", name_of(k_dtype), per_channel ? " (per channel)" : "", " v=", name_of(v_dtype),
+                    " is not built (", kAttnAllInstancesHint, ")");
   LOWBIT_NOT_SUPPORTED(op, ": head_dim ", d, " has no kernel (supported: ", head_dims_of(kDecodeAttnInstances), ")");
 }
 
@@ -63,7 +66,7 @@ DecodeAttnLaunch find_launch(int d, KvType kt, KvType vt, ScalarType k_dtype, Sc
 
 void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                       const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_lens, int max_seq_len,
-                      float scale, Tensor& out, int split_tokens, cudaStream_t stream) {
+                      float scale, Tensor& out, int split_tokens, cudaStream_t stream, const KWindow& window) {
   const char* op = "decode_attention";
   check_cuda_tensor(q, op, "q");
   check_dtype(q, ScalarType::f16, op, "q");
@@ -78,9 +81,27 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   check_shape(v_data, {blocks, hkv, bs, d}, op, "v_data");
   check_contiguous(k_data, op, "k_data");
   check_contiguous(v_data, op, "v_data");
-  const KvType kt = kv_type_of(k_data, op, "k_data"), vt = kv_type_of(v_data, op, "v_data");
+  const bool per_channel = window.defined();
+  const KvType kt = kv_type_of(k_data, op, "k_data", per_channel), vt = kv_type_of(v_data, op, "v_data");
   const DecodeAttnLaunch launch = find_launch(static_cast<int>(d), kt, vt, k_data.dtype(), v_data.dtype(), op);
-  if (kt != KvType::f16) {
+  // Per-channel K: the window keys go through the f16-K instance of the same V type.
+  const DecodeAttnLaunch window_launch =
+      per_channel ? find_launch(static_cast<int>(d), KvType::f16, vt, ScalarType::f16, v_data.dtype(), op) : nullptr;
+  if (per_channel) {
+    check_same_device(k_params, q, op, "k_params");
+    check_dtype(k_params, ScalarType::f32, op, "k_params");
+    check_shape(k_params, {blocks, hkv, 2, d}, op, "k_params");
+    check_contiguous(k_params, op, "k_params");
+    check_same_device(window.rows, q, op, "window.rows");
+    check_dtype(window.rows, ScalarType::f16, op, "window.rows");
+    check_dim(window.rows, 4, op, "window.rows");
+    check_shape(window.rows, {window.rows.size(0), hkv, bs, d}, op, "window.rows");
+    check_contiguous(window.rows, op, "window.rows");
+    check_same_device(window.map, q, op, "window.map");
+    check_dtype(window.map, ScalarType::s32, op, "window.map");
+    check_shape(window.map, {blocks}, op, "window.map");
+    LOWBIT_CHECK(bs % kTile == 0, op, ": per-channel K needs a block size that is a multiple of ", kTile, ", got ", bs);
+  } else if (kt != KvType::f16) {
     check_same_device(k_params, q, op, "k_params");
     check_dtype(k_params, ScalarType::f32, op, "k_params");
     check_shape(k_params, {blocks, hkv, bs, 2}, op, "k_params");
@@ -129,13 +150,17 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     const int64_t per_split = std::max<int64_t>((max_seq_len + splits_wanted - 1) / splits_wanted, floor_tokens);
     split_tokens = static_cast<int>((std::min<int64_t>(per_split, max_seq_len + kTile) + kTile - 1) / kTile * kTile);
   }
+  // Per-channel K: splits start on block boundaries (each warp walks whole blocks).
+  if (per_channel) split_tokens = static_cast<int>((split_tokens + bs - 1) / bs * bs);
   const int splits = std::max(1, (max_seq_len + split_tokens - 1) / split_tokens);
+  const int total_splits = splits + (per_channel ? 1 : 0);  // + the window launch's one
 
   DecodeAttnArgs p{};
   p.q = q.data<__half>();
   p.k = static_cast<const uint8_t*>(k_data.data_ptr());
   p.v = static_cast<const uint8_t*>(v_data.data_ptr());
   p.k_params = kt == KvType::f16 ? nullptr : k_params.data<float>();
+  p.num_splits = total_splits;
   p.v_params = vt == KvType::f16 ? nullptr : v_params.data<float>();
   p.block_tables = block_tables.data<int>();
   p.seq_lens = seq_lens.data<int>();
@@ -157,17 +182,28 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.tile_in_one_page = bs % kTile == 0 && split_tokens % kTile == 0;
   p.scale = scale;
   Tensor part_out, part_stats;
-  if (splits > 1) {
-    part_out = Tensor::empty({batch, hq, splits, d}, ScalarType::f32, q.device());
-    part_stats = Tensor::empty({batch, hq, splits, 2}, ScalarType::f32, q.device());
+  if (total_splits > 1) {
+    part_out = Tensor::empty({batch, hq, total_splits, d}, ScalarType::f32, q.device());
+    part_stats = Tensor::empty({batch, hq, total_splits, 2}, ScalarType::f32, q.device());
     p.part_out = part_out.data<float>();
     p.part_stats = part_stats.data<float>();
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(hkv * p.slices), static_cast<unsigned>(splits));
   launch(p, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
-  if (splits > 1) {
-    combine_splits_kernel<<<dim3(batch, hq), 128, 0, stream>>>(p.part_out, p.part_stats, splits, p.hq,
+  if (per_channel) {  // the window keys (fewer than one block per sequence) as the last split
+    DecodeAttnArgs w = p;
+    w.k = static_cast<const uint8_t*>(window.rows.data_ptr());
+    w.k_params = nullptr;
+    w.window_map = window.map.data<int>();
+    w.window = true;
+    w.split0 = splits;
+    w.split_tokens = static_cast<int>(bs);
+    window_launch(w, dim3(grid.x, grid.y, 1), stream);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  }
+  if (total_splits > 1) {
+    combine_splits_kernel<<<dim3(batch, hq), 128, 0, stream>>>(p.part_out, p.part_stats, total_splits, p.hq,
                                                                static_cast<int>(d), p.out, p.out_stride_b,
                                                                p.out_stride_h);
     LOWBIT_CUDA_CHECK_LAUNCH(op);

@@ -17,6 +17,14 @@
 // order. Each warp keeps its own online softmax over 16-token tiles; the block's 4 warps merge
 // in shared memory; several splits per sequence are merged by a second kernel (flash-decoding).
 //
+// Per-channel K (KvType::u4c: one (scale, zero) per channel per block of bs tokens) cannot take its scale
+// after the mma, since it varies along the dot product: the query is folded instead, once per block,
+//   q·(c ⊙ s + z) = (q ⊙ s)·c + q·z,
+// so the mma sees the f16 query q ⊙ s and the per-block constant q·z is added to the f32 scores. Each
+// warp then walks whole blocks (its bs / 16 tiles in a row) so the fold is paid once per block. Only the
+// complete blocks [0, (len / bs) * bs) are read as codes; the newest len % bs keys sit in the f16 window
+// (KVCache::k_window) and a second launch of the f16-K instance reads them (DecodeAttnArgs::window).
+//
 // This header holds the kernel template; each instance file compiles one (head_dim, K, V) of it and
 // decode_attention_sm80.cu dispatches through the generated table (decode_attention_launch.h).
 #pragma once
@@ -103,7 +111,7 @@ __device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
 // dim s with s + 2 instead (k_frag).
 template <KvType KT, int kSteps>
 __device__ inline void q_dims(int j, int& b0_first, int& b0_second, int& b1_first, int& b1_second) {
-  if constexpr (KT == KvType::u4) {
+  if constexpr (KT == KvType::u4 || KT == KvType::u4c) {
     if (kSteps % 2 == 1 && j == kSteps - 1) {
       const int s = 8 * (j >> 1);
       b0_first = s; b0_second = s + 2; b1_first = s + 1; b1_second = s + 3;
@@ -182,12 +190,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8];
   __shared__ float warp_o[kWarps][8][D];
 
+  // Per-token (scale, zero) of K in k_params: u8 and u4 (u4c keeps one pair per channel per block).
+  constexpr bool kTokenKParams = KT == KvType::u8 || KT == KvType::u4;
+  constexpr bool kChannelK = KT == KvType::u4c;
   const int b = blockIdx.x, kvh = blockIdx.y / p.slices, split = blockIdx.z;
   const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
   const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = p.seq_lens[b];
-  const int start = split * p.split_tokens, end = min(start + p.split_tokens, len);
+  // The keys this launch reads: per-channel K stops at the last complete block; the window launch reads
+  // what follows it (the f16 window rows).
+  const int complete = len / p.block_size * p.block_size;
+  const int lo = p.window ? complete : 0, hi = kChannelK ? complete : len;
+  const int start = lo + split * p.split_tokens, end = min(start + p.split_tokens, hi);
   const int n = max(end - start, 0);
   const int* pages = p.block_tables + static_cast<int64_t>(b) * p.max_blocks;  // read through L1 per tile
 
@@ -196,10 +211,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   const int kv_dims = D / 4 * t;  // this lane's run for scores
   uint32_t qf[kSteps][2];
   float qpart = 0.f, qlo_part = 0.f;  // Σq over this lane's dims; over those paired with lo registers
+  const bool live = g < heads;
+  const __half* qh = p.q + b * p.q_stride_b + (head0 + (live ? g : 0)) * p.q_stride_h + kv_dims;
+  const __half zero = __float2half(0.f);
   {
-    const bool live = g < heads;
-    const __half* qh = p.q + b * p.q_stride_b + (head0 + (live ? g : 0)) * p.q_stride_h + kv_dims;
-    const __half zero = __float2half(0.f);
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
       int d00, d01, d10, d11;
@@ -223,9 +238,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   const float qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4), qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
   // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
   // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
-  constexpr float k_fold = KT == KvType::u4 ? 16.f : 1.f;
+  constexpr float k_fold = KT == KvType::u4 || KT == KvType::u4c ? 16.f : 1.f;
   float k_offset0 = 0.f, k_offset1 = 0.f;
-  if constexpr (KT != KvType::f16) {
+  if constexpr (kTokenKParams) {
     const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
     const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
     k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
@@ -238,6 +253,58 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     const int in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
     const int page = __ldg(pages + page_idx);
     return (static_cast<int64_t>(page) * p.hkv + kvh) * p.block_size + in_page;
+  };
+  // The K row of a cache row: itself, or for the window launch the same row of the block's window slot
+  // (the host gives every block the launch reads a slot; a missing one reads slot 0, never out of bounds).
+  auto k_row_of = [&](int64_t row) -> int64_t {
+    if constexpr (KT == KvType::f16) {
+      if (p.window) {
+        const int64_t page = row / (static_cast<int64_t>(p.hkv) * p.block_size);
+        const int slot = max(__ldg(p.window_map + page), 0);
+        return row + (slot - page) * static_cast<int64_t>(p.hkv) * p.block_size;
+      }
+    }
+    return row;
+  };
+
+  // u4c: refold the query with the per-channel (scale, zero) of the block holding token i of the split:
+  // qf = q ⊙ s (lo side times 16 as for u4), the magic offsets from the folded sums, and q·z per head.
+  float zsum0 = 0.f, zsum1 = 0.f;
+  auto fold_query = [&](int i) {
+    if constexpr (kChannelK) {
+      const int page = __ldg(pages + (start + i) / p.block_size);
+      const float* sc = p.k_params + (static_cast<int64_t>(page) * p.hkv + kvh) * 2 * D + kv_dims;
+      const float* zr = sc + D;
+      float qp = 0.f, ql = 0.f, zp = 0.f;
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) {
+        int d00, d01, d10, d11;
+        q_dims<KT, kSteps>(j, d00, d01, d10, d11);
+        // The unfolded query again (an L1 hit: reloading costs fewer registers than keeping it).
+        const float2 a = live ? make_float2(__half2float(qh[d00]), __half2float(qh[d01])) : make_float2(0.f, 0.f);
+        const float2 c = live ? make_float2(__half2float(qh[d10]), __half2float(qh[d11])) : make_float2(0.f, 0.f);
+        const __half2 flo = __floats2half2_rn(a.x * __ldg(sc + d00), a.y * __ldg(sc + d01));
+        const __half2 fhi = __floats2half2_rn(c.x * __ldg(sc + d10), c.y * __ldg(sc + d11));
+        qf[j][0] = h2u(__hmul2(flo, __float2half2_rn(16.f)));
+        qf[j][1] = h2u(fhi);
+        const float2 fa = __half22float2(flo), fc = __half22float2(fhi);  // the sums of what the mma sees
+        qp += (fa.x + fa.y) + (fc.x + fc.y);
+        ql += fa.x + fa.y;
+        zp += a.x * __ldg(zr + d00) + a.y * __ldg(zr + d01) + c.x * __ldg(zr + d10) + c.y * __ldg(zr + d11);
+      }
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {
+        qp += __shfl_xor_sync(0xffffffffu, qp, o);
+        ql += __shfl_xor_sync(0xffffffffu, ql, o);
+        zp += __shfl_xor_sync(0xffffffffu, zp, o);
+      }
+      const float qs0 = __shfl_sync(0xffffffffu, qp, (2 * t) * 4), qs1 = __shfl_sync(0xffffffffu, qp, (2 * t + 1) * 4);
+      const float l0 = __shfl_sync(0xffffffffu, ql, (2 * t) * 4), l1 = __shfl_sync(0xffffffffu, ql, (2 * t + 1) * 4);
+      k_offset0 = 1024.f * l0 + 64.f * (qs0 - l0);
+      k_offset1 = 1024.f * l1 + 64.f * (qs1 - l1);
+      zsum0 = __shfl_sync(0xffffffffu, zp, (2 * t) * 4);
+      zsum1 = __shfl_sync(0xffffffffu, zp, (2 * t + 1) * 4);
+    }
   };
 
   // Per head (2t, 2t+1): running max, Σp, Σ p z_v, and Σ p' (the f16 P' the mma saw, for the V offset).
@@ -262,10 +329,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     r.ksp_g = r.ksp_g8 = r.vsp_g = r.vsp_g8 = none;
     if (full_tile(tile)) {
       const int64_t base = row_of(tile);
-      const uint8_t* kt = p.k + base * kKRow + k_off;
+      const uint8_t* kt = p.k + k_row_of(base) * kKRow + k_off;
       load_bytes<kKBytes>(kt, r.kg);
       load_bytes<kKBytes>(kt + 8 * kKRow, r.kg8);
-      if constexpr (KT != KvType::f16) {
+      if constexpr (kTokenKParams) {
         const float2* kp = reinterpret_cast<const float2*>(p.k_params) + base + g;
         r.ksp_g = __ldg(kp);
         r.ksp_g8 = __ldg(kp + 8);
@@ -281,14 +348,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     for (int w = 0; w < kKWords; ++w) r.kg[w] = r.kg8[w] = 0;
     if (tile + g < n) {
       const int64_t rg = row_of(tile + g);
-      load_bytes<kKBytes>(p.k + rg * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg);
-      if constexpr (KT != KvType::f16) r.ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg);
+      load_bytes<kKBytes>(p.k + k_row_of(rg) * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg);
+      if constexpr (kTokenKParams) r.ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg);
       if constexpr (VT != KvType::f16) r.vsp_g = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg);
     }
     if (tile + g + 8 < n) {
       const int64_t rg8 = row_of(tile + g + 8);
-      load_bytes<kKBytes>(p.k + rg8 * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg8);
-      if constexpr (KT != KvType::f16) r.ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg8);
+      load_bytes<kKBytes>(p.k + k_row_of(rg8) * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg8);
+      if constexpr (kTokenKParams) r.ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg8);
       if constexpr (VT != KvType::f16) r.vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg8);
     }
   };
@@ -311,14 +378,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   // Integer K: the next tile's K is issued before this tile is used (its registers are few); f16
   // tiles are large enough that occupancy hides the latency instead.
   constexpr bool kPrefetch = KT != KvType::f16 && VT != KvType::f16;
-  constexpr int kStep = kWarps * kTile;
+  // The tiles this warp visits, in order: every 4th tile; for u4c every 4th block, its bs / 16 tiles in a
+  // row (the split starts on a block boundary), so the query is refolded once per block.
+  const int tiles_per_block = kChannelK ? p.block_size / kTile : 1;
+  auto tile_of = [&](int i) -> int {
+    if constexpr (kChannelK)
+      return ((i / tiles_per_block) * kWarps + warp) * p.block_size + (i % tiles_per_block) * kTile;
+    return (i * kWarps + warp) * kTile;
+  };
   KRegs cur, nxt;
   VRegs vcur;
-  if (warp * kTile < n) load_k(warp * kTile, cur);
-  for (int tile = warp * kTile; tile < n; tile += kStep) {
+  if (tile_of(0) < n) load_k(tile_of(0), cur);
+  for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
+    const int next = tile_of(i + 1);
     load_v(tile, vcur);
     if constexpr (kPrefetch) {
-      if (tile + kStep < n) load_k(tile + kStep, nxt);
+      if (next < n) load_k(next, nxt);
+    }
+    if constexpr (kChannelK) {
+      if (i % tiles_per_block == 0) fold_query(tile);
     }
     const bool ok_g = tile + g < n, ok_g8 = tile + g + 8 < n;
     const uint32_t(&kg)[kKWords] = cur.kg;
@@ -334,7 +412,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
       k_frag<KT, kSteps>(kg8, j, a1, a3);
       mma(s, a0, a1, a2, a3, qf[j][0], qf[j][1]);
     }
-    if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq with q·c = mma / k_fold - k_offset
+    if constexpr (kChannelK) {  // (q ⊙ s)·c + q·z with (q ⊙ s)·c = mma / 16 - k_offset
+      s[0] = s[0] * (1.f / k_fold) - k_offset0 + zsum0;
+      s[1] = s[1] * (1.f / k_fold) - k_offset1 + zsum1;
+      s[2] = s[2] * (1.f / k_fold) - k_offset0 + zsum0;
+      s[3] = s[3] * (1.f / k_fold) - k_offset1 + zsum1;
+    } else if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq with q·c = mma / k_fold - k_offset
       s[0] = ksp_g.x * (s[0] * (1.f / k_fold) - k_offset0) + ksp_g.y * qsum0;
       s[1] = ksp_g.x * (s[1] * (1.f / k_fold) - k_offset1) + ksp_g.y * qsum1;
       s[2] = ksp_g8.x * (s[2] * (1.f / k_fold) - k_offset0) + ksp_g8.y * qsum0;
@@ -393,8 +476,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     }
     if constexpr (kPrefetch) {
       cur = nxt;
-    } else if (tile + kStep < n) {
-      load_k(tile + kStep, cur);
+    } else if (next < n) {
+      load_k(next, cur);
     }
   }
 
@@ -430,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     warp_o[warp][2 * t + 1][d + 1] = acc[mt][3] + z1;
   }
   __syncthreads();
-  const int num_splits = gridDim.z;
+  const int num_splits = p.num_splits;
   for (int idx = threadIdx.x; idx < heads * D; idx += kThreads) {
     const int h = idx / D, d = idx % D;
     float mx = warp_m[0][h];
@@ -447,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     if (num_splits == 1) {
       p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(l > 0.f ? o / l : 0.f);
     } else {
-      const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + split;
+      const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + p.split0 + split;
       p.part_out[slot * D + d] = o;
       if (d == 0) {
         p.part_stats[slot * 2] = mx;

@@ -1,7 +1,8 @@
 // Causal paged attention for query rows of any length (prefill, chunked prefill, mixed batches),
 // over every KV type kv_write writes (f32/f16/bf16 as is, u8/u4 with per-token (scale, zero)).
 // The common case (f16 q/out, head_dim 64/128, f16/u8/u4 caches) takes the tensor-core kernel
-// (prefill_attention_tc_sm80.cu); this file keeps the general one and dispatches.
+// (prefill_attention_tc_sm80.cu); this file keeps the general one and dispatches. Per-channel K
+// (a KWindow) has the tensor-core kernel only: the general one throws NotSupported for it.
 // Correct first, simple second: one warp per (query token, query head). The warp takes 32 keys at a
 // time, one per lane (each lane forms a full q·k dot product), updates an online softmax (flash
 // attention's running max and sum, f32) and accumulates P·V with each lane owning head_dim / 32 of
@@ -115,7 +116,7 @@ KvSide side_of(const Tensor& data, const Tensor& params) {
 
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel) {
+                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel, const KWindow& window) {
   const char* op = "prefill_attention";
   const int64_t d = q.size(2);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, d > 0 && d <= kMaxDim, op, ": head_dim ", d,
@@ -124,10 +125,16 @@ void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_da
   if (num_seqs == 0 || max_q_len <= 0) return;
   // A named tensor_core kernel that cannot run throws inside prefill_attention_tc (never a quiet warp run).
   const bool tc = kernel == PrefillKernel::tensor_core ||
-                  (kernel == PrefillKernel::automatic && prefill_attention_tc_supported(q, k_data, v_data, out));
+                  (kernel == PrefillKernel::automatic && prefill_attention_tc_supported(q, k_data, v_data, out, window));
   if (tc)
     return prefill_attention_tc(q, k_data, v_data, k_params, v_params, block_tables, seq_info, max_q_len, scale, out,
-                                stream);
+                                stream, window);
+  // The warp kernel reads K per token only: per-channel K would be read with the wrong parameters.
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !window.defined(), op, ": per-channel K (a K window) runs on the "
+                    "tensor-core kernel only (f16 q/out with aligned rows, head_dim 64 or 128 as built, u4 k_data, "
+                    "block size a multiple of 16 and at least 32), ",
+                    kernel == PrefillKernel::warp ? "but the warp kernel was asked for"
+                                                  : "which does not cover these operands");
   PrefillArgs a{};
   a.q = q.data_ptr();
   a.q_type = q.dtype();

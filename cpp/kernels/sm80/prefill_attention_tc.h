@@ -4,16 +4,18 @@
 #include <cuda_runtime_api.h>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/cuda/k_window.h"
 
 namespace lowbit::cuda {
 
 // Whether prefill_attention_tc covers these operands (types, head_dim, strides and alignment).
-bool prefill_attention_tc_supported(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& out);
+bool prefill_attention_tc_supported(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& out,
+                                    const KWindow& window = {});
 
 // Same contract as prefill_attention (include/lowbit/cuda/forward_kernels.h); call only where
 // prefill_attention_tc_supported holds.
 void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                           const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                          float scale, Tensor& out, cudaStream_t stream);
+                          float scale, Tensor& out, cudaStream_t stream, const KWindow& window = {});
 
 }  // namespace lowbit::cuda

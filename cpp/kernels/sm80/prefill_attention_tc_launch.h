@@ -24,8 +24,13 @@ struct PrefillTcArgs {
   int64_t q_stride_t, q_stride_h, out_stride_t, out_stride_h;
   const uint8_t* k;
   const uint8_t* v;
-  const float* k_params;  // [blocks, Hkv, bs, 2] = (scale, zero) for u8/u4
+  const float* k_params;  // [blocks, Hkv, bs, 2] = (scale, zero) for u8/u4; u4c: [blocks, Hkv, 2, D]
   const float* v_params;
+  // Per-channel K (u4c) only: the f16 residual window [window_slots, Hkv, bs, D] and each block's window
+  // slot (s32 [blocks], -1 for none). A query at position pos sees key block kb (keys [kb*bs, kb*bs + bs))
+  // as codes when pos >= kb*bs + bs - 1, else as its window rows (include/lowbit/kv/kv_cache.h).
+  const __half* k_window;
+  const int32_t* window_map;
   const int32_t* block_tables;
   const int32_t* seq_info;  // [3, num_seqs]: q_start, q_len, kv_len
   int num_seqs, max_blocks, hq, hkv, block_size;

@@ -1,6 +1,7 @@
 // Causal paged prefill attention on tensor cores (FlashAttention-2 style): f16 queries and outputs,
 // head_dim 64 or 128, K and V each f16, u8 or u4 with per-token (scale, zero) f32 parameters
-// (include/lowbit/kv/kv_cache.h). Everything else takes the warp kernel (prefill_attention_sm80.cu).
+// (include/lowbit/kv/kv_cache.h), or K per channel (u4c, below). Everything else takes the warp kernel
+// (prefill_attention_sm80.cu).
 //
 // Grid (sequence, query head, query tile of 64 rows); 4 warps, each owns 16 query rows whose Q
 // fragments (the mma A operand) stay in registers. The block walks key tiles of 64 up to the last key
@@ -13,6 +14,18 @@
 //   online softmax per row in f32, log2 domain (exp2f); the causal mask only on diagonal tiles
 //   O[16, D]  += P · V         P from the S accumulators as A operand, V by ldmatrix.trans
 // and at the end O / l is stored as f16. Query rows past q_len compute on zeros and are not stored.
+//
+// u4c (per-channel K, KIVI style; the K group is the cache block, bs % 16 == 0 and bs >= 32, so a key
+// tile touches at most two blocks): the codes are u4 rows as above, the (scale, zero) are per channel of
+// a block (k_params [blocks, Hkv, 2, D]), and a block is also readable as its f16 window rows
+// (PrefillTcArgs::k_window, slot window_map[block]). A query at position p sees key block
+// [b0, b0 + bs) as codes iff p >= b0 + bs - 1, else as window rows: keys [0, codes_end(p)) as codes,
+// [codes_end(p), p] as window rows. So a tile is read as codes (dequantized with the staged channel
+// parameters of its blocks), as window rows (copied into the f16 K tile along with the tile's codes
+// and V, not dequantized), or, where block ends fall inside the query tile's positions (near the
+// diagonal), both: the tile body runs once per view (window rows first, then the codes replace them)
+// with complementary masks over the same V tile, which the online softmax sums exactly (masked entries
+// add 0). Tiles every row sees as codes cost what a u4 tile does, plus the per-channel parameters.
 //
 // This header holds the kernel template; each instance file compiles one (head_dim, K, V) of it and
 // prefill_attention_tc_sm80.cu dispatches through the generated table (prefill_attention_tc_launch.h).
@@ -76,22 +89,26 @@ __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;" 
 
 // Shared memory of one side (K or V), two pipeline stages. f16 rows are copied straight into two
 // padded f16 tiles; u8/u4 rows and their (scale, zero) land raw in two staging areas and are
-// dequantized into one padded f16 tile just before use. Every piece is a multiple of 16 bytes.
+// dequantized into one padded f16 tile just before use. u4c stages the scales and zeros of the tile's
+// two blocks in one area, not two (refilled for the next tile once this one is dequantized): the
+// second would cost D = 128 a resident block per SM on sm_80. Every piece is a multiple of 16 bytes.
 template <KvType T, int D>
 struct SideSmem {
   static constexpr bool kDirect = T == KvType::f16;
+  static constexpr bool kPerChannel = T == KvType::u4c;
   static constexpr int kRowBytes = T == KvType::f16 ? 2 * D : T == KvType::u8 ? D : D / 2;
   static constexpr int kTileBytes = kKTile * (D + kPad) * 2;
   static constexpr int kRawBytes = kKTile * kRowBytes;
-  static constexpr int kParamBytes = kKTile * 8;
-  static constexpr int kBytes = kDirect ? 2 * kTileBytes : kTileBytes + 2 * kRawBytes + 2 * kParamBytes;
+  static constexpr int kParamBytes = kPerChannel ? 2 * (2 * D * 4) : kKTile * 8;  // u4c: 2 blocks x (scales, zeros)
+  static constexpr int kParamStages = kPerChannel ? 1 : 2;
+  static constexpr int kBytes = kDirect ? 2 * kTileBytes : kTileBytes + 2 * kRawBytes + kParamStages * kParamBytes;
   char* base;
   __device__ __half* tile(int stage) const {  // the f16 tile the mma reads
     return reinterpret_cast<__half*>(base + (kDirect ? stage * kTileBytes : 0));
   }
   __device__ uint8_t* raw(int stage) const { return reinterpret_cast<uint8_t*>(base + kTileBytes + stage * kRawBytes); }
   __device__ float* params(int stage) const {
-    return reinterpret_cast<float*>(base + kTileBytes + 2 * kRawBytes + stage * kParamBytes);
+    return reinterpret_cast<float*>(base + kTileBytes + 2 * kRawBytes + (kPerChannel ? 0 : stage) * kParamBytes);
   }
 };
 
@@ -116,7 +133,7 @@ __device__ inline void issue_side(const TcArgs& a, const uint8_t* data, const fl
                            : reinterpret_cast<char*>(sm.raw(stage)) + r * S::kRowBytes + 16 * piece;
     cp_async16_zfill(dst, src, valid);
   }
-  if constexpr (!S::kDirect) {
+  if constexpr (!S::kDirect && !S::kPerChannel) {  // u4c: issue_channel_params
     if (threadIdx.x < kKTile) {
       const int r = threadIdx.x, pos = key0 + r;
       const bool valid = pos < kv_len;
@@ -160,17 +177,225 @@ __device__ inline void dequantize_side(const SideSmem<T, D>& sm, int stage) {
   }
 }
 
+// u4c: a query at position pos sees keys [0, codes_end) as codes and [codes_end, pos] as window rows:
+// block [b0, b0 + bs) is codes iff pos >= b0 + bs - 1, i.e. iff it ends at or before pos + 1.
+__device__ inline int codes_end(int pos, int bs) { return (pos + 1) / bs * bs; }
+
+// u4c: the first key of the second K block a key tile touches (>= key0 + kKTile: the tile lies in one
+// block). The block size is a multiple of 16 and at least 32, and key0 a multiple of 64, so a tile
+// touches at most two blocks and the second starts a multiple of 16 keys into it.
+__device__ inline int second_block_key(int key0, int bs) { return key0 - key0 % bs + bs; }
+
+// u4c: starts the copies of the scales and zeros of the tile's two blocks (the second zero-filled when
+// the tile has none or it starts past kv_len) into the one parameter area, as slot 0 and 1.
+template <int D>
+__device__ inline void issue_channel_params(const TcArgs& a, const SideSmem<KvType::u4c, D>& sm, const int32_t* pages,
+                                            int kvh, int key0, int kv_len) {
+  constexpr int kSlotPieces = 2 * D * 4 / 16;  // scales then zeros of one block, in 16-byte pieces
+  static_assert(2 * kSlotPieces <= kThreads, "one piece per thread");
+  if (threadIdx.x < 2 * kSlotPieces) {
+    const int slot = threadIdx.x / kSlotPieces, piece = threadIdx.x % kSlotPieces;
+    const int first_key = slot == 0 ? key0 : second_block_key(key0, a.block_size);  // of the slot's block
+    const bool valid = first_key < min(key0 + kKTile, kv_len);
+    const int64_t block = valid ? pages[first_key / a.block_size] : 0;
+    cp_async16_zfill(sm.params(0) + slot * 2 * D + 4 * piece, a.k_params + (block * a.hkv + kvh) * 2 * D + 4 * piece,
+                     valid);
+  }
+}
+
+// u4c: the staged codes of `stage` (the tile at key0) to the f16 tile with the per-channel parameters,
+// code * scale[dim] + zero[dim] in f32, rounded once. Rows from `split` on are the second block's; split
+// is a multiple of 16, so a pass of rows never straddles the two and the thread's 8 (scale, zero) stay
+// in registers.
+template <int D>
+__device__ inline void dequantize_k_channels(const SideSmem<KvType::u4c, D>& sm, int stage, int key0, int bs) {
+  using S = SideSmem<KvType::u4c, D>;
+  constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;  // chunks of 8 dims
+  static_assert(16 % kRowsPerPass == 0, "a block boundary must fall between passes");
+  const int c = threadIdx.x % kChunks;
+  const uint8_t* raw = sm.raw(stage);
+  __half* tile = sm.tile(stage);
+  const int split = second_block_key(key0, bs) - key0;
+  float sc[8], zr[8];
+  auto load_params = [&](int slot) {
+    const float4* p = reinterpret_cast<const float4*>(sm.params(0) + slot * 2 * D + 8 * c);
+    const float4 s0 = p[0], s1 = p[1], z0 = p[D / 4], z1 = p[D / 4 + 1];
+    sc[0] = s0.x, sc[1] = s0.y, sc[2] = s0.z, sc[3] = s0.w, sc[4] = s1.x, sc[5] = s1.y, sc[6] = s1.z, sc[7] = s1.w;
+    zr[0] = z0.x, zr[1] = z0.y, zr[2] = z0.z, zr[3] = z0.w, zr[4] = z1.x, zr[5] = z1.y, zr[6] = z1.z, zr[7] = z1.w;
+  };
+  load_params(0);
+#pragma unroll
+  for (int i = 0; i < kKTile / kRowsPerPass; ++i) {
+    if (i * kRowsPerPass == split) load_params(1);
+    const int r = threadIdx.x / kChunks + i * kRowsPerPass;
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + r * S::kRowBytes + 4 * c);
+    float x[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((w >> (4 * e)) & 0xFu), sc[e], zr[e]);
+    *reinterpret_cast<uint4*>(tile + r * (D + kPad) + 8 * c) =
+        make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]), pack_half2(x[6], x[7]));
+  }
+}
+
+// u4c: starts the copies of the f16 window rows of keys [lo, hi) of the tile at key0 into the f16 K
+// tile, every other row zero-filled (as is a block without a window slot, which valid input never asks
+// for here). hi <= kv_len, so a second block the rows reach is in the block table.
+template <int D>
+__device__ inline void issue_window_rows(const TcArgs& a, __half* tile, const int32_t* pages, int kvh, int key0, int lo,
+                                         int hi) {
+  constexpr int kPieces = D * 2 / 16, kRowsPerPass = kThreads / kPieces;
+  const int bs = a.block_size, split_key = second_block_key(key0, bs);
+  const int slot0 = a.window_map[pages[key0 / bs]];
+  const int slot1 = hi > split_key ? a.window_map[pages[key0 / bs + 1]] : -1;
+  const int piece = threadIdx.x % kPieces;
+#pragma unroll
+  for (int i = 0; i < kKTile / kRowsPerPass; ++i) {
+    const int r = threadIdx.x / kPieces + i * kRowsPerPass, key = key0 + r;
+    const bool first = key < split_key;
+    const int slot = first ? slot0 : slot1, offset = key - (first ? split_key - bs : split_key);
+    const bool valid = key >= lo && key < hi && slot >= 0;
+    const int64_t row = valid ? (static_cast<int64_t>(slot) * a.hkv + kvh) * bs + offset : 0;
+    cp_async16_zfill(tile + r * (D + kPad) + 8 * piece, a.k_window + row * D + 8 * piece, valid);
+  }
+}
+
+// u4c: which keys the block's query rows see as codes, in shared memory (D = 128 has no registers to
+// spare for these across the key tiles; each use reads them again).
+struct RowCodes {
+  int end[kQTile];           // codes_end of query row row0 + i
+  int warp_last[kWarps];     // codes_end of each warp's last stored row
+  int block_last, rows_end;  // codes_end of the block's last stored row; the position after that row
+};
+
 template <int D, KvType KT, KvType VT>
-constexpr int smem_bytes() { return SideSmem<KT, D>::kBytes + SideSmem<VT, D>::kBytes; }
+constexpr int smem_bytes() {
+  return SideSmem<KT, D>::kBytes + SideSmem<VT, D>::kBytes + (KT == KvType::u4c ? sizeof(RowCodes) : 0);
+}
+
+// The views of a key tile one pass of the tile body reads: per-token K has one (all), u4c two, the
+// codes and the window rows (the header comment says which query sees which).
+enum class View { all, codes, window };
+
+// One warp's keys in one pass: key groups wholly past last_key are skipped (their P is 0 for every
+// stored row, which the mask makes sure of); mask: whether any entry needs masking at all.
+struct PassKeys {
+  int last_key;
+  bool mask;
+};
+
+// The keys [first, last] one query row sees in a view (first only bounds the window view).
+struct RowKeys {
+  int first, last;
+};
 
 // mma fragment names (g = lane / 4, t = lane % 4): A regs {row g, cols 2t..}, {g+8, 2t..}, {g, 2t+8..},
 // {g+8, 2t+8..}; B regs {k 2t.., col g}, {k 2t+8.., col g}; C {row g, cols 2t, 2t+1}, {row g+8, same}.
+//
+// The tile body of one warp: S = Q·Kᵀ over the f16 K tile, the scores of keys outside the RowKeys of
+// the lane's rows (row_keys(false) for row g, row_keys(true) for g + 8; asked for only here) set to
+// kNoScore where pk.mask, the online softmax update of (m, l, O) and O += P·V over the f16 V tile.
+template <int D, View V, class RowKeysOf>
+__device__ __forceinline__ void attend_tile(const __half* k_smem, const __half* v_smem, const uint32_t (&qf)[D / 16][4],
+                                            float (&o)[D / 8][4], float& m_lo, float& m_hi, float& l_lo, float& l_hi,
+                                            int key0, const PassKeys& pk, RowKeysOf row_keys, float scale_log2) {
+  constexpr int kStride = D + kPad;
+  constexpr int kSteps = D / 16;         // k-steps of Q·Kᵀ
+  constexpr int kDimTiles = D / 8;       // n8 tiles of O
+  constexpr int kKeyTiles = kKTile / 8;  // n8 tiles of S
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  // ldmatrix x4: lanes 8i..8i+7 address the rows of matrix i.
+  const int mat = lane >> 3, mat_row = lane & 7;
+
+  // S = Q·Kᵀ. Matrices: (keys 8nt.., dims 16kk..), (8nt.., 16kk+8..), (8nt+8.., 16kk..), (8nt+8.., 16kk+8..)
+  // = B regs (b0, b1) of key tiles nt and nt+1.
+  float s[kKeyTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; nt += 2) {
+      if (key0 + 8 * nt > pk.last_key) break;  // keys 8nt.. masked for every stored row
+      uint32_t b[4];
+      ldmatrix_x4(b, k_smem + (8 * nt + 8 * (mat >> 1) + mat_row) * kStride + 16 * kk + 8 * (mat & 1));
+      mma(s[nt], qf[kk], b[0], b[1]);
+      mma(s[nt + 1], qf[kk], b[2], b[3]);
+    }
+  }
+
+  // Scale to the log2 domain; mask.
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[nt][e] * scale_log2;
+      const int key = key0 + 8 * nt + 2 * t + (e & 1);
+      if (pk.mask) {
+        const RowKeys row = row_keys(e >= 2);
+        if (key > row.last || (V == View::window && key < row.first)) x = kNoScore;
+      }
+      s[nt][e] = x;
+    }
+  }
+  // Online softmax: the 4 lanes of a row (same g) hold its 64 scores.
+  float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+    mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+  }
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+  const float alpha_lo = exp2f(m_lo - mx_lo), alpha_hi = exp2f(m_hi - mx_hi);
+  m_lo = mx_lo;
+  m_hi = mx_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+    s[nt][0] = exp2f(s[nt][0] - m_lo);
+    s[nt][1] = exp2f(s[nt][1] - m_lo);
+    s[nt][2] = exp2f(s[nt][2] - m_hi);
+    s[nt][3] = exp2f(s[nt][3] - m_hi);
+    sum_lo += s[nt][0] + s[nt][1];
+    sum_hi += s[nt][2] + s[nt][3];
+  }
+  l_lo = l_lo * alpha_lo + sum_lo;
+  l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+  for (int nd = 0; nd < kDimTiles; ++nd) {
+    o[nd][0] *= alpha_lo;
+    o[nd][1] *= alpha_lo;
+    o[nd][2] *= alpha_hi;
+    o[nd][3] *= alpha_hi;
+  }
+
+  // O += P·V. P's A regs for keys 16kk..16kk+15 are the C regs of key tiles 2kk and 2kk+1. Matrices:
+  // (keys 16kk.., dims 8nd..), (16kk+8.., 8nd..), (16kk.., 8nd+8..), (16kk+8.., 8nd+8..), transposed
+  // = B regs (b0, b1) of dim tiles nd and nd+1.
+#pragma unroll
+  for (int kk = 0; kk < kKTile / 16; ++kk) {
+    if (key0 + 16 * kk > pk.last_key) break;  // P = 0 for every stored row
+    const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int nd = 0; nd < kDimTiles; nd += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_smem + (16 * kk + 8 * (mat & 1) + mat_row) * kStride + 8 * nd + 8 * (mat >> 1));
+      mma(o[nd], pa, b[0], b[1]);
+      mma(o[nd + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
 template <int D, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_tc_kernel(TcArgs a) {
-  constexpr int kStride = D + kPad;
+  static_assert(VT != KvType::u4c, "V is per token");
+  constexpr bool kPerChannel = KT == KvType::u4c;
   constexpr int kSteps = D / 16;       // k-steps of Q·Kᵀ
   constexpr int kDimTiles = D / 8;     // n8 tiles of O
-  constexpr int kKeyTiles = kKTile / 8;  // n8 tiles of S
   extern __shared__ __align__(16) char smem[];
   const SideSmem<KT, D> k_side{smem};
   const SideSmem<VT, D> v_side{smem + SideSmem<KT, D>::kBytes};
@@ -192,6 +417,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
   // the warp skips their mma work; a warp with no stored row skips the tile work altogether.
   const bool warp_live = wrow < q_len;
   const int warp_last_key = first_pos + min(wrow + 15, q_len - 1);
+  RowCodes& codes_of = *reinterpret_cast<RowCodes*>(smem + SideSmem<KT, D>::kBytes + SideSmem<VT, D>::kBytes);
+  if constexpr (kPerChannel) {
+    const int bs = a.block_size, cta_last = first_pos + min(row0 + kQTile, q_len) - 1;
+    if (threadIdx.x < kQTile) codes_of.end[threadIdx.x] = codes_end(first_pos + row0 + threadIdx.x, bs);
+    if (lane == 0) codes_of.warp_last[warp] = codes_end(warp_last_key, bs);
+    if (threadIdx.x == 0) codes_of.block_last = codes_end(cta_last, bs), codes_of.rows_end = cta_last + 1;
+    __syncthreads();
+  }
 
   uint32_t qf[kSteps][4];
   {
@@ -211,17 +444,35 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
   float o[kDimTiles][4];
 #pragma unroll
   for (int nd = 0; nd < kDimTiles; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
-  float m_lo = kNoScore, m_hi = kNoScore, l_lo = 0.f, l_hi = 0.f;  // l: this lane's partial row sums
+  // Per token, every row sees key 0 in its first tile, so its max is a score from then on. A u4c pass
+  // can meet a row that has seen no key yet (its keys so far all in the other view): its max starts at
+  // kNoScore / 2, above every masked score, so their P is 0 (not exp2(0)), and l and O stay 0.
+  float m_lo = kPerChannel ? 0.5f * kNoScore : kNoScore, m_hi = m_lo;
+  float l_lo = 0.f, l_hi = 0.f;  // l: this lane's partial row sums
 
-  // ldmatrix x4: lanes 8i..8i+7 address the rows of matrix i.
-  const int mat = lane >> 3, mat_row = lane & 7;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
   // Two-stage pipeline: the copies of tile kt + 1 fly while tile kt is computed.
   issue_side<KT, D>(a, a.k, a.k_params, k_side, 0, pages, kvh, 0, kv_len);
   issue_side<VT, D>(a, a.v, a.v_params, v_side, 0, pages, kvh, 0, kv_len);
+  if constexpr (kPerChannel) issue_channel_params<D>(a, k_side, pages, kvh, 0, kv_len);
   cp_async_commit();
   for (int kt = 0; kt < num_key_tiles; ++kt) {
     const int key0 = kt * kKTile, stage = kt & 1;
+    // u4c: whether some stored row sees tile kt as codes (the last row's codes reach into it), and
+    // whether some sees it as window rows (the first row's codes end inside it; a superset where that
+    // row sees no key of the tile: the pass then masks everything, which adds nothing). The window rows
+    // any row sees go into the K tile (free since the barrier ending tile kt - 1) ahead of the next
+    // tile's copies, so the wait below covers them but not those.
+    bool codes = true, window = false;
+    if constexpr (kPerChannel) {
+      codes = codes_of.block_last > key0;
+      window = codes_of.end[0] < key0 + kKTile;
+      if (window) {
+        issue_window_rows<D>(a, k_side.tile(stage), pages, kvh, key0, max(key0, codes_of.end[0]),
+                             min(key0 + kKTile, codes_of.rows_end));
+        cp_async_commit();
+      }
+    }
     if (kt + 1 < num_key_tiles) {  // the other stage was released by the barrier ending tile kt - 1
       issue_side<KT, D>(a, a.k, a.k_params, k_side, stage ^ 1, pages, kvh, key0 + kKTile, kv_len);
       issue_side<VT, D>(a, a.v, a.v_params, v_side, stage ^ 1, pages, kvh, key0 + kKTile, kv_len);
@@ -229,95 +480,54 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
     cp_async_commit();  // possibly empty: one group per tile keeps the count below right
     cp_async_wait<1>();  // this thread's copies of tile kt have landed
     __syncthreads();     // ... and everyone's
-    if constexpr (!SideSmem<KT, D>::kDirect || !SideSmem<VT, D>::kDirect) {
-      if constexpr (!SideSmem<KT, D>::kDirect) dequantize_side<KT, D>(k_side, stage);
-      if constexpr (!SideSmem<VT, D>::kDirect) dequantize_side<VT, D>(v_side, stage);
-      __syncthreads();
-    }
     const __half* k_smem = k_side.tile(stage);
     const __half* v_smem = v_side.tile(stage);
-    if (warp_live) {  // warp-uniform; the barriers stay outside
-      // S = Q·Kᵀ. Matrices: (keys 8nt.., dims 16kk..), (8nt.., 16kk+8..), (8nt+8.., 16kk..), (8nt+8.., 16kk+8..)
-      // = B regs (b0, b1) of key tiles nt and nt+1.
-      float s[kKeyTiles][4];
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-#pragma unroll
-        for (int nt = 0; nt < kKeyTiles; nt += 2) {
-          if (key0 + 8 * nt > warp_last_key) break;  // keys 8nt.. masked for every stored row
-          uint32_t b[4];
-          ldmatrix_x4(b, k_smem + (8 * nt + 8 * (mat >> 1) + mat_row) * kStride + 16 * kk + 8 * (mat & 1));
-          mma(s[nt], qf[kk], b[0], b[1]);
-          mma(s[nt + 1], qf[kk], b[2], b[3]);
+    if constexpr (!kPerChannel) {
+      if constexpr (!SideSmem<KT, D>::kDirect || !SideSmem<VT, D>::kDirect) {
+        if constexpr (!SideSmem<KT, D>::kDirect) dequantize_side<KT, D>(k_side, stage);
+        if constexpr (!SideSmem<VT, D>::kDirect) dequantize_side<VT, D>(v_side, stage);
+        __syncthreads();
+      }
+      if (warp_live) {  // warp-uniform; the barriers stay outside
+        // Causal mask only where the tile reaches past the warp's first row: that also covers keys past kv_len.
+        const PassKeys pk{warp_last_key, key0 + kKTile - 1 > first_pos + wrow};
+        attend_tile<D, View::all>(k_smem, v_smem, qf, o, m_lo, m_hi, l_lo, l_hi, key0, pk,
+                                  [&](bool hi) { return RowKeys{0, hi ? pos_hi : pos_lo}; }, a.scale_log2);
+      }
+    } else {
+      // u4c: the K tile holds the window rows (copied with the rows of tile kt, above) where some row
+      // sees window rows; else the codes, dequantized here.
+      if (!window) dequantize_k_channels<D>(k_side, stage, key0, a.block_size);
+      if constexpr (!SideSmem<VT, D>::kDirect) dequantize_side<VT, D>(v_side, stage);
+      __syncthreads();
+      const int* warp_codes_end = codes_of.end + 16 * warp;  // from the warp's first row
+      auto cut_of = [&](bool hi) { return warp_codes_end[g + (hi ? 8 : 0)]; };
+      if (window) {
+        // Where the warp's first row's codes end inside the tile. (A warp whose rows all come before key0
+        // then runs a pass that masks everything: testing for that too cost D = 128 a spill.)
+        if (warp_live && warp_codes_end[0] < key0 + kKTile) {
+          const PassKeys pk{warp_last_key, true};
+          attend_tile<D, View::window>(k_smem, v_smem, qf, o, m_lo, m_hi, l_lo, l_hi, key0, pk,
+                                       [&](bool hi) { return RowKeys{cut_of(hi), hi ? pos_hi : pos_lo}; },
+                                       a.scale_log2);
+        }
+        if (codes) {  // every warp is done with the window rows: the codes replace them
+          __syncthreads();
+          dequantize_k_channels<D>(k_side, stage, key0, a.block_size);
+          __syncthreads();
         }
       }
-
-      // Scale to the log2 domain; mask keys past a row's position (only where the tile reaches past
-      // the warp's first row: that also covers keys past kv_len).
-      const bool diagonal = key0 + kKTile - 1 > first_pos + wrow;
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[nt][e] * a.scale_log2;
-          if (diagonal && key0 + 8 * nt + 2 * t + (e & 1) > (e < 2 ? pos_lo : pos_hi)) x = kNoScore;
-          s[nt][e] = x;
-        }
+      // The channel parameters are consumed: the next tile's go into the same area, their own group,
+      // waited for with the next tile's rows (there cp_async_wait<1> leaves only the newer group).
+      if (kt + 1 < num_key_tiles) issue_channel_params<D>(a, k_side, pages, kvh, key0 + kKTile, kv_len);
+      cp_async_commit();
+      if (codes && warp_live && codes_of.warp_last[warp] > key0) {
+        // No mask where every row of the warp sees the whole tile as codes (that covers causality too).
+        const PassKeys pk{codes_of.warp_last[warp] - 1, warp_codes_end[0] < key0 + kKTile};
+        attend_tile<D, View::codes>(k_smem, v_smem, qf, o, m_lo, m_hi, l_lo, l_hi, key0, pk,
+                                    [&](bool hi) { return RowKeys{0, cut_of(hi) - 1}; }, a.scale_log2);
       }
-      // Online softmax: the 4 lanes of a row (same g) hold its 64 scores.
-      float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) {
-        mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
-      }
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-      const float alpha_lo = exp2f(m_lo - mx_lo), alpha_hi = exp2f(m_hi - mx_hi);
-      m_lo = mx_lo;
-      m_hi = mx_hi;
-      float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) {
-        s[nt][0] = exp2f(s[nt][0] - m_lo);
-        s[nt][1] = exp2f(s[nt][1] - m_lo);
-        s[nt][2] = exp2f(s[nt][2] - m_hi);
-        s[nt][3] = exp2f(s[nt][3] - m_hi);
-        sum_lo += s[nt][0] + s[nt][1];
-        sum_hi += s[nt][2] + s[nt][3];
-      }
-      l_lo = l_lo * alpha_lo + sum_lo;
-      l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-      for (int nd = 0; nd < kDimTiles; ++nd) {
-        o[nd][0] *= alpha_lo;
-        o[nd][1] *= alpha_lo;
-        o[nd][2] *= alpha_hi;
-        o[nd][3] *= alpha_hi;
-      }
-
-      // O += P·V. P's A regs for keys 16kk..16kk+15 are the C regs of key tiles 2kk and 2kk+1. Matrices:
-      // (keys 16kk.., dims 8nd..), (16kk+8.., 8nd..), (16kk.., 8nd+8..), (16kk+8.., 8nd+8..), transposed
-      // = B regs (b0, b1) of dim tiles nd and nd+1.
-#pragma unroll
-      for (int kk = 0; kk < kKTile / 16; ++kk) {
-        if (key0 + 16 * kk > warp_last_key) break;  // P = 0 for every stored row
-        const uint32_t pa[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int nd = 0; nd < kDimTiles; nd += 2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_smem + (16 * kk + 8 * (mat & 1) + mat_row) * kStride + 8 * nd + 8 * (mat >> 1));
-          mma(o[nd], pa, b[0], b[1]);
-          mma(o[nd + 1], pa, b[2], b[3]);
-        }
-      }
-    }  // warp_live
+    }
     __syncthreads();  // every warp is done with this stage before it is refilled or re-dequantized
   }
   cp_async_wait<0>();  // nothing in flight at exit (only the last, empty group can be)

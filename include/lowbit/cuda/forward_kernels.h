@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/cuda/k_window.h"
 
 namespace lowbit::cuda {
 
@@ -57,15 +58,17 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const std::vector<doubl
 // the same arithmetic as the CPU cache, so both caches hold identical bytes). slot_mapping s32 [T]
 // on the device; a negative slot skips the token, and so does a slot past the cache (the
 // slots live on the device: the host cannot check them without a synchronizing copy).
+// With a KWindow (per-channel u4 K): K rows go to the window rows of their block's slot, and every block
+// whose last slot is written here is quantized per channel into k_data / k_params ([blocks, Hkv, 2, D]).
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
-              const Tensor& slot_mapping, cudaStream_t stream);
+              const Tensor& slot_mapping, cudaStream_t stream, const KWindow& window = {});
 
 // rope(q, k, ...) then kv_write(k, v, ...) in one launch, with the same results bit for bit: q and k
 // [T, Hq|Hkv, D] are rotated in place (q may be undefined) and the rotated k and v are written to
 // the cache's slots. inv_freq and neox as for rope; the rest as for kv_write.
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions, const std::vector<double>& inv_freq,
                    bool neox, Tensor& k_data, Tensor& v_data, Tensor& k_params, Tensor& v_params,
-                   const Tensor& slot_mapping, cudaStream_t stream);
+                   const Tensor& slot_mapping, cudaStream_t stream, const KWindow& window = {});
 
 // Causal paged attention for any q_len (prefill, chunked prefill, mixed batches): seq_info is s32
 // [3, num_seqs] = (q_start, q_len, kv_len) rows on the device, block_tables s32 [num_seqs, max_blocks];
@@ -78,7 +81,8 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 enum class PrefillKernel : uint8_t { automatic, tensor_core, warp };
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel = PrefillKernel::automatic);
+                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel = PrefillKernel::automatic,
+                       const KWindow& window = {});
 
 // y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]) with x, w, y f16 (bias f16 or undefined), last dims
 // contiguous; f32 accumulation. Kernels: gemv (one warp per output column, 16 rows per pass), mma

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "lowbit/core/tensor.h"
+#include "lowbit/cuda/k_window.h"
 #include "lowbit/quant/pack.h"
 
 namespace lowbit::cuda {
@@ -108,8 +109,11 @@ void gemm_fp8(const Tensor& xq, const Tensor& x_scale, const Tensor& wq, const T
 // 96 only when built with LOWBIT_ATTN_ALL_INSTANCES=ON), Hq/Hkv <= 16 (groups over 8 run as slices of 8
 // heads, each reading the K/V once; registered as decode_attention_sm80; other shapes throw NotSupported).
 // K and V types may differ (e.g. u8 K with u4 V).
+// Per-channel u4 K (window defined; k_params f32 [blocks, Hkv, 2, D]): each sequence's complete blocks are
+// read as codes and its last (len % block_size) keys from the window rows; V per token as above.
 void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                       const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_lens,
-                      int max_seq_len, float scale, Tensor& out, int split_tokens, cudaStream_t stream);
+                      int max_seq_len, float scale, Tensor& out, int split_tokens, cudaStream_t stream,
+                      const KWindow& window = {});
 
 }  // namespace lowbit::cuda

@@ -103,6 +103,12 @@ class Engine {
   // returns the step's host logits when some row is sampled on the host (undefined otherwise).
   Tensor graph_decode(const std::vector<ScheduledChunk>& chunks);
   int64_t gpu_kv_budget(const Model& model, int64_t block_bytes) const;
+  int64_t window_slots() const;                  // per-channel K on a GPU: f16 window slots per rank (else 0)
+  int64_t window_bytes(int64_t slots) const;     // their bytes per rank
+  // Whether a sequence holds a KV block (window slots of the others may be taken back).
+  std::function<bool(int32_t)> block_live() const {
+    return [this](int32_t b) { return alloc_->ref_count(b) > 0; };
+  }
   // Runs fn(rank) on every rank at once (inline with one rank); see the constructor's note on failures.
   void run_ranks(const std::function<void(int)>& fn);
 

@@ -18,7 +18,9 @@
 //   k_params(l): f32 [num_blocks, num_kv_heads, 2, head_dim] = row 0 scales, row 1 zeros, one pair per
 //                channel over the block's G tokens (same asymmetric rule along the tokens).
 // A block is quantized when its last token is written; until then its K rows live in f16 in
-// k_residual(l) (k_residual_store.h), the residual window. A query at position t reads key block
+// k_residual(l) (k_residual_store.h), the residual window; on a GPU in k_window(l), a pool of f16 window
+// slots [k_window_slots, num_kv_heads, block_size, head_dim] with one block -> slot map for all layers
+// (k_window_map(), assigned on the host before each step: k_window_slots.h). A query at position t reads key block
 // [b0, b0 + G) quantized when b0 + G <= t + 1, else in f16: what token-by-token decoding would show it,
 // so a sequence of length L decodes over floor(L / G) * G quantized keys and L mod G f16 ones, and
 // chunked prefill and prefix-cache hits give the same results as decoding one token at a time.
@@ -29,10 +31,12 @@
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/block_allocator.h"
 #include "lowbit/kv/k_residual_store.h"
+#include "lowbit/kv/k_window_slots.h"
 
 namespace lowbit {
 
-// K/V element types: f32/f16/bf16 (stored as is), u8 (kv8), u4 (kv4), u2 (kv2; CPU only).
+// K/V element types: f32/f16/bf16 (stored as is), u8 (kv8), u4 (kv4), u2 (kv2; CPU only). Per-channel K:
+// u4 or u2 on the CPU, u4 on a GPU.
 bool is_quantized_kv_type(ScalarType t);
 void check_kv_type(ScalarType t, const char* what);
 // "u4", "u4 per-channel (group 64)": the K/V format in words, for errors.
@@ -44,6 +48,9 @@ struct KVCacheConfig {
   ScalarType k_type = ScalarType::f32, v_type = ScalarType::f32;
   bool k_per_channel = false;  // K per channel over each block (group = block_size); k_type u4 or u2
   Device device = Device::cpu();
+  // Per-channel K on a GPU: window slots, one per block that is partly filled or sealed in the current
+  // step (the engine sizes it from its batch limits); 0: min(num_blocks, 64).
+  int64_t k_window_slots = 0;
 };
 
 class KVCache {
@@ -57,6 +64,16 @@ class KVCache {
   // The f16 residual window of per-channel K (throws unless config().k_per_channel).
   KResidualStore& k_residual(int layer);
   const KResidualStore& k_residual(int layer) const;
+  // Per-channel K on a GPU: the f16 window rows of a layer, the device block -> slot map, its host table.
+  bool has_k_window() const { return !k_window_.empty(); }
+  const Tensor& k_window(int layer) const { return layer_tensor(k_window_, layer, "k_window"); }
+  const Tensor& k_window_map() const { return k_window_map_; }
+  KWindowSlots& k_window_slots() { return k_window_slots_; }
+  // kv_write of `layer` for `tokens` rows (padding included) on a GPU cache with per-channel K: throws unless it
+  // is the layer's first write since a prepare_k_window (ops.h) of at most that many tokens (else K rows would
+  // go to no slot). Not called while a CUDA graph captures (the capture repeats a step's eager launches).
+  void check_k_window_prepared(int layer, int64_t tokens);
+  const KWindowSlots& k_window_slots() const { return k_window_slots_; }
   // Every layer, K and V, data, params and residual rows (copy-on-write).
   void copy_block(int32_t src, int32_t dst);
   // Bytes one token costs across all layers (data + params), for sizing the pool.
@@ -73,7 +90,11 @@ class KVCache {
 
   KVCacheConfig cfg_;
   std::vector<Tensor> k_data_, v_data_, k_params_, v_params_;
-  std::vector<KResidualStore> k_residual_;  // per layer when k_per_channel
+  std::vector<KResidualStore> k_residual_;  // per layer when k_per_channel (CPU)
+  std::vector<Tensor> k_window_;             // per layer when k_per_channel (GPU)
+  Tensor k_window_map_;
+  KWindowSlots k_window_slots_;
+  std::vector<uint64_t> k_window_written_;  // per layer: the epoch of its last kv_write
 };
 
 }  // namespace lowbit

@@ -1,6 +1,7 @@
 // Op entry points: check arguments (naming op, argument, expected vs actual), pick a kernel for the
 // tensors' device and formats, run it. Outputs are caller-allocated. Activations are [tokens, features].
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,13 @@ using AttentionMeta = lowbit::AttentionMeta;  // lowbit/kv/attention_meta.h
 // Writes the new tokens' K/V (quantizing for integer KV types) into their slots; a negative slot
 // skips its token (padding). k/v: f32/f16/bf16, rows may be strided views.
 void kv_write(KVCache& cache, int layer, const Tensor& k /*[T, Hkv, D]*/, const Tensor& v, const AttentionMeta& meta);
+// Per-channel K on a GPU: before a step writes tokens at `slot_mapping` (host s32 [T]), gives every block
+// the step writes a window slot, takes back those of blocks the previous step sealed, and uploads the
+// changed part of the block -> slot map (current stream). live(block): whether a sequence still holds
+// the block (default: every block; the engine passes its allocator's view). A no-op for other caches.
+// Call it once per step for all layers, before the step's kv_write / attention (and outside graph capture).
+void prepare_k_window(KVCache& cache, const Tensor& slot_mapping,
+                      const std::function<bool(int32_t)>& live = [](int32_t) { return true; });
 // rope(q, k, positions, rope) then kv_write(cache, layer, k, v, meta) as one op (one kernel on the
 // GPU: a launch less per layer), with the same results bit for bit: q and k rotated in place (q may
 // be undefined), the rotated k and v in the cache. Checks both ops' arguments before any write.

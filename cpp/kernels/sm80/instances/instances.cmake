@@ -11,6 +11,9 @@ set(LOWBIT_ATTN_DEFAULT_INSTANCES
   decode_attention_d64_ku4_vf16.cu
   decode_attention_d64_ku4_vu8.cu
   decode_attention_d64_ku4_vu4.cu
+  decode_attention_d64_ku4c_vf16.cu
+  decode_attention_d64_ku4c_vu8.cu
+  decode_attention_d64_ku4c_vu4.cu
   decode_attention_d128_kf16_vf16.cu
   decode_attention_d128_kf16_vu8.cu
   decode_attention_d128_kf16_vu4.cu
@@ -20,6 +23,9 @@ set(LOWBIT_ATTN_DEFAULT_INSTANCES
   decode_attention_d128_ku4_vf16.cu
   decode_attention_d128_ku4_vu8.cu
   decode_attention_d128_ku4_vu4.cu
+  decode_attention_d128_ku4c_vf16.cu
+  decode_attention_d128_ku4c_vu8.cu
+  decode_attention_d128_ku4c_vu4.cu
   decode_attention_d256_kf16_vf16.cu
   decode_attention_d256_kf16_vu8.cu
   decode_attention_d256_kf16_vu4.cu
@@ -29,6 +35,9 @@ set(LOWBIT_ATTN_DEFAULT_INSTANCES
   decode_attention_d256_ku4_vf16.cu
   decode_attention_d256_ku4_vu8.cu
   decode_attention_d256_ku4_vu4.cu
+  decode_attention_d256_ku4c_vf16.cu
+  decode_attention_d256_ku4c_vu8.cu
+  decode_attention_d256_ku4c_vu4.cu
   prefill_attention_tc_table.cu
   prefill_attention_tc_d64_kf16_vf16.cu
   prefill_attention_tc_d64_kf16_vu8.cu
@@ -39,6 +48,9 @@ set(LOWBIT_ATTN_DEFAULT_INSTANCES
   prefill_attention_tc_d64_ku4_vf16.cu
   prefill_attention_tc_d64_ku4_vu8.cu
   prefill_attention_tc_d64_ku4_vu4.cu
+  prefill_attention_tc_d64_ku4c_vf16.cu
+  prefill_attention_tc_d64_ku4c_vu8.cu
+  prefill_attention_tc_d64_ku4c_vu4.cu
   prefill_attention_tc_d128_kf16_vf16.cu
   prefill_attention_tc_d128_kf16_vu8.cu
   prefill_attention_tc_d128_kf16_vu4.cu
@@ -48,6 +60,9 @@ set(LOWBIT_ATTN_DEFAULT_INSTANCES
   prefill_attention_tc_d128_ku4_vf16.cu
   prefill_attention_tc_d128_ku4_vu8.cu
   prefill_attention_tc_d128_ku4_vu4.cu
+  prefill_attention_tc_d128_ku4c_vf16.cu
+  prefill_attention_tc_d128_ku4c_vu8.cu
+  prefill_attention_tc_d128_ku4c_vu4.cu
 )
 # Only with -DLOWBIT_ATTN_ALL_INSTANCES=ON.
 set(LOWBIT_ATTN_EXTRA_INSTANCES
@@ -60,6 +75,9 @@ set(LOWBIT_ATTN_EXTRA_INSTANCES
   decode_attention_d80_ku4_vf16.cu
   decode_attention_d80_ku4_vu8.cu
   decode_attention_d80_ku4_vu4.cu
+  decode_attention_d80_ku4c_vf16.cu
+  decode_attention_d80_ku4c_vu8.cu
+  decode_attention_d80_ku4c_vu4.cu
   decode_attention_d96_kf16_vf16.cu
   decode_attention_d96_kf16_vu8.cu
   decode_attention_d96_kf16_vu4.cu
@@ -69,4 +87,7 @@ set(LOWBIT_ATTN_EXTRA_INSTANCES
   decode_attention_d96_ku4_vf16.cu
   decode_attention_d96_ku4_vu8.cu
   decode_attention_d96_ku4_vu4.cu
+  decode_attention_d96_ku4c_vf16.cu
+  decode_attention_d96_ku4c_vu8.cu
+  decode_attention_d96_ku4c_vu4.cu
 )

@@ -15,6 +15,9 @@ const PrefillTcEntry kPrefillTcTable[] = {
     {64, KvType::u4, KvType::f16, &launch_prefill_attention_tc<64, KvType::u4, KvType::f16>},
     {64, KvType::u4, KvType::u8, &launch_prefill_attention_tc<64, KvType::u4, KvType::u8>},
     {64, KvType::u4, KvType::u4, &launch_prefill_attention_tc<64, KvType::u4, KvType::u4>},
+    {64, KvType::u4c, KvType::f16, &launch_prefill_attention_tc<64, KvType::u4c, KvType::f16>},
+    {64, KvType::u4c, KvType::u8, &launch_prefill_attention_tc<64, KvType::u4c, KvType::u8>},
+    {64, KvType::u4c, KvType::u4, &launch_prefill_attention_tc<64, KvType::u4c, KvType::u4>},
     {128, KvType::f16, KvType::f16, &launch_prefill_attention_tc<128, KvType::f16, KvType::f16>},
     {128, KvType::f16, KvType::u8, &launch_prefill_attention_tc<128, KvType::f16, KvType::u8>},
     {128, KvType::f16, KvType::u4, &launch_prefill_attention_tc<128, KvType::f16, KvType::u4>},
@@ -24,6 +27,9 @@ const PrefillTcEntry kPrefillTcTable[] = {
     {128, KvType::u4, KvType::f16, &launch_prefill_attention_tc<128, KvType::u4, KvType::f16>},
     {128, KvType::u4, KvType::u8, &launch_prefill_attention_tc<128, KvType::u4, KvType::u8>},
     {128, KvType::u4, KvType::u4, &launch_prefill_attention_tc<128, KvType::u4, KvType::u4>},
+    {128, KvType::u4c, KvType::f16, &launch_prefill_attention_tc<128, KvType::u4c, KvType::f16>},
+    {128, KvType::u4c, KvType::u8, &launch_prefill_attention_tc<128, KvType::u4c, KvType::u8>},
+    {128, KvType::u4c, KvType::u4, &launch_prefill_attention_tc<128, KvType::u4c, KvType::u4>},
 };
 const int kPrefillTcTableSize = sizeof(kPrefillTcTable) / sizeof(kPrefillTcTable[0]);
 
