@@ -122,7 +122,8 @@ if has kc; then
     2>&1 | tee "$OUT/pytest_kc.log" | tail -4
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_kc.log" | cut -c1-400 | head -30
   grep -E "worst relative error|relative logit error" "$OUT/pytest_kc.log" | head -20
-  "${PYTEST[@]}" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "prefill_decode" 2>&1 | grep -E "worst relative" | head
+  "${PYTEST[@]}" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_engine.py" "$TESTS/test_kv_formats.py" -v -s \
+    -k "kc4 or per_channel or kv_per_channel or prefill_decode or 2bit" 2>&1 | grep -E "worst relative|relative logit error|PASSED|FAILED|SKIPPED" | cut -c1-160 | head -40
   for tool in memcheck racecheck synccheck; do
     timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_kv_per_channel.py" \
       -k "64-128-u4 or 128-32-u8 or slots_run_out" > "$OUT/${tool}_kc.log" 2>&1

@@ -80,6 +80,14 @@ __device__ inline void load_bytes(const uint8_t* p, uint32_t (&r)[words_of(kByte
   }
 }
 
+__device__ inline void cp_async16(void* smem, const void* gmem) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+
 __device__ inline uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
   uint32_t r;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
@@ -214,6 +222,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   const bool live = g < heads;
   const __half* qh = p.q + b * p.q_stride_b + (head0 + (live ? g : 0)) * p.q_stride_h + kv_dims;
   const __half zero = __float2half(0.f);
+  // u4c: the warp's staging lives in its warp_o rows (8 D floats, unused until the epilogue): two buffers of
+  // a block's per-channel (scale, zero) rows, filled by cp.async one block ahead, then the unfolded query
+  // [8 heads][D] (each lane keeps its own head's run of dims there; registers are too few to keep it).
+  float* const chan = &warp_o[warp][0][0];
+  __half* const q_stage = reinterpret_cast<__half*>(chan + 4 * D) + g * D + kv_dims;
   {
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
@@ -221,6 +234,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
       q_dims<KT, kSteps>(j, d00, d01, d10, d11);
       const __half2 lo = live ? __halves2half2(qh[d00], qh[d01]) : __halves2half2(zero, zero);
       const __half2 hi = live ? __halves2half2(qh[d10], qh[d11]) : __halves2half2(zero, zero);
+      if constexpr (kChannelK) {
+        q_stage[d00] = __low2half(lo);
+        q_stage[d01] = __high2half(lo);
+        q_stage[d10] = __low2half(hi);
+        q_stage[d11] = __high2half(hi);
+      }
       // u4 K: the lo registers hold 1024 + c and the hi ones 1024 + 16c; q times 16 on the lo side
       // (exact in f16) puts both on the same 16x scale, undone after the mma.
       qf[j][0] = h2u(KT == KvType::u4 ? __hmul2(lo, __float2half2_rn(16.f)) : lo);
@@ -267,30 +286,37 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     return row;
   };
 
-  // u4c: refold the query with the per-channel (scale, zero) of the block holding token i of the split:
-  // qf = q ⊙ s (lo side times 16 as for u4), the magic offsets from the folded sums, and q·z per head.
-  float zsum0 = 0.f, zsum1 = 0.f;
-  auto fold_query = [&](int i) {
+  // u4c: cp.async the per-channel (scale, zero) rows of the block holding token i of the split into buffer buf.
+  auto stage_params = [&](int i, int buf) {
     if constexpr (kChannelK) {
       const int page = __ldg(pages + (start + i) / p.block_size);
-      const float* sc = p.k_params + (static_cast<int64_t>(page) * p.hkv + kvh) * 2 * D + kv_dims;
+      const float* src = p.k_params + (static_cast<int64_t>(page) * p.hkv + kvh) * 2 * D;
+      for (int c = lane; c < D / 2; c += 32) cp_async16(chan + buf * 2 * D + 4 * c, src + 4 * c);
+      cp_async_commit();
+    }
+  };
+  // u4c: refold the query with the staged (scale, zero) of buffer buf: qf = q ⊙ s (lo side times 16 as for
+  // u4), the magic offsets from the folded sums, and q·z per head.
+  float zsum0 = 0.f, zsum1 = 0.f;
+  auto fold_query = [&](int buf) {
+    if constexpr (kChannelK) {
+      const float* sc = chan + buf * 2 * D + kv_dims;
       const float* zr = sc + D;
       float qp = 0.f, ql = 0.f, zp = 0.f;
 #pragma unroll
       for (int j = 0; j < kSteps; ++j) {
         int d00, d01, d10, d11;
         q_dims<KT, kSteps>(j, d00, d01, d10, d11);
-        // The unfolded query again (an L1 hit: reloading costs fewer registers than keeping it).
-        const float2 a = live ? make_float2(__half2float(qh[d00]), __half2float(qh[d01])) : make_float2(0.f, 0.f);
-        const float2 c = live ? make_float2(__half2float(qh[d10]), __half2float(qh[d11])) : make_float2(0.f, 0.f);
-        const __half2 flo = __floats2half2_rn(a.x * __ldg(sc + d00), a.y * __ldg(sc + d01));
-        const __half2 fhi = __floats2half2_rn(c.x * __ldg(sc + d10), c.y * __ldg(sc + d11));
+        const float2 a = make_float2(__half2float(q_stage[d00]), __half2float(q_stage[d01]));
+        const float2 c = make_float2(__half2float(q_stage[d10]), __half2float(q_stage[d11]));
+        const __half2 flo = __floats2half2_rn(a.x * sc[d00], a.y * sc[d01]);
+        const __half2 fhi = __floats2half2_rn(c.x * sc[d10], c.y * sc[d11]);
         qf[j][0] = h2u(__hmul2(flo, __float2half2_rn(16.f)));
         qf[j][1] = h2u(fhi);
         const float2 fa = __half22float2(flo), fc = __half22float2(fhi);  // the sums of what the mma sees
         qp += (fa.x + fa.y) + (fc.x + fc.y);
         ql += fa.x + fa.y;
-        zp += a.x * __ldg(zr + d00) + a.y * __ldg(zr + d01) + c.x * __ldg(zr + d10) + c.y * __ldg(zr + d11);
+        zp += a.x * zr[d00] + a.y * zr[d01] + c.x * zr[d10] + c.y * zr[d11];
       }
 #pragma unroll
       for (int o = 1; o < 4; o <<= 1) {
@@ -388,7 +414,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   };
   KRegs cur, nxt;
   VRegs vcur;
-  if (tile_of(0) < n) load_k(tile_of(0), cur);
+  if (tile_of(0) < n) {
+    load_k(tile_of(0), cur);
+    stage_params(tile_of(0), 0);
+  }
   for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
     const int next = tile_of(i + 1);
     load_v(tile, vcur);
@@ -396,7 +425,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
       if (next < n) load_k(next, nxt);
     }
     if constexpr (kChannelK) {
-      if (i % tiles_per_block == 0) fold_query(tile);
+      if (i % tiles_per_block == 0) {  // a new block: stage the next one's parameters, fold with this one's
+        const int blk = i / tiles_per_block, next_block = tile_of(i + tiles_per_block);
+        if (next_block < n) {
+          stage_params(next_block, (blk + 1) & 1);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncwarp();  // the lanes' copies of this block's rows are visible to the whole warp
+        fold_query(blk & 1);
+      }
     }
     const bool ok_g = tile + g < n, ok_g8 = tile + g + 8 < n;
     const uint32_t(&kg)[kKWords] = cur.kg;
@@ -481,6 +520,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     }
   }
 
+  if constexpr (kChannelK) {  // warp_o takes back the staging rows
+    cp_async_wait<0>();
+    __syncwarp();
+  }
   // ---- per-warp totals (sum over the lanes sharing t), then merge the warps
 #pragma unroll
   for (int o = 4; o < 32; o <<= 1) {
