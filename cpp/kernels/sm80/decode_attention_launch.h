@@ -23,9 +23,9 @@ struct DecodeAttnArgs {
   const float* k_params;  // [blocks, Hkv, bs, 2]; per-channel K (u4c): [blocks, Hkv, 2, D] = scales, zeros
   const float* v_params;  // [blocks, Hkv, bs, 2]
   // Per-channel K: the f16 residual window [window_slots, Hkv, bs, D] and each block's window slot
-  // (s32 [blocks], -1 for none). The u4c launch reads the complete blocks [0, (len / bs) * bs) as codes;
-  // a second launch of the f16-K instance with `window` set reads the rest, [(len / bs) * bs, len), from
-  // the window (its K rows at window_map[page]) as one more split that the combine kernel merges.
+  // (s32 [blocks], -1 for none). The u4c splits read the complete blocks [0, (len / bs) * bs) as codes; one
+  // more split (the grid's last z) reads the rest, [(len / bs) * bs, len), from the window (K rows at
+  // window_map[page]) with the f16-K body, and the combine kernel merges it like any split.
   const __half* k_window;
   const int* window_map;
   const int* block_tables;
@@ -35,10 +35,7 @@ struct DecodeAttnArgs {
   float* part_stats;  // [B, Hq, splits, 2] = (max, sum)
   int64_t q_stride_b, q_stride_h, out_stride_b, out_stride_h;
   int hq, hkv, group, block_size, max_blocks, split_tokens;
-  int num_splits;         // splits per (sequence, head) in part_out, counting a window launch's one
-  int split0;             // this launch's first split index (the window launch: the last one)
-  bool window;            // this launch reads only the residual window tokens (K f16 via window_map)
-  bool k_limit_complete;  // per-channel K launch: stop at the last complete block, (len / bs) * bs
+  int num_splits;         // splits per (sequence, head) in part_out (the grid's z)
   int slices;             // blocks per kv head: ceil(group / 8), each serving 8 of its query heads
   int block_shift;        // log2(block_size) when it is a power of two, else -1 (division)
   bool tile_in_one_page;  // block_size and split_tokens are multiples of 16: a tile never straddles pages

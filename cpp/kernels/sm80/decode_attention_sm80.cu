@@ -84,9 +84,6 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   const bool per_channel = window.defined();
   const KvType kt = kv_type_of(k_data, op, "k_data", per_channel), vt = kv_type_of(v_data, op, "v_data");
   const DecodeAttnLaunch launch = find_launch(static_cast<int>(d), kt, vt, k_data.dtype(), v_data.dtype(), op);
-  // Per-channel K: the window keys go through the f16-K instance of the same V type.
-  const DecodeAttnLaunch window_launch =
-      per_channel ? find_launch(static_cast<int>(d), KvType::f16, vt, ScalarType::f16, v_data.dtype(), op) : nullptr;
   if (per_channel) {
     check_same_device(k_params, q, op, "k_params");
     check_dtype(k_params, ScalarType::f32, op, "k_params");
@@ -153,7 +150,7 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   // Per-channel K: splits start on block boundaries (each warp walks whole blocks).
   if (per_channel) split_tokens = static_cast<int>((split_tokens + bs - 1) / bs * bs);
   const int splits = std::max(1, (max_seq_len + split_tokens - 1) / split_tokens);
-  const int total_splits = splits + (per_channel ? 1 : 0);  // + the window launch's one
+  const int total_splits = splits + (per_channel ? 1 : 0);  // + the window keys' split
 
   DecodeAttnArgs p{};
   p.q = q.data<__half>();
@@ -161,6 +158,10 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.v = static_cast<const uint8_t*>(v_data.data_ptr());
   p.k_params = kt == KvType::f16 ? nullptr : k_params.data<float>();
   p.num_splits = total_splits;
+  if (per_channel) {
+    p.k_window = static_cast<const __half*>(window.rows.data_ptr());
+    p.window_map = window.map.data<int>();
+  }
   p.v_params = vt == KvType::f16 ? nullptr : v_params.data<float>();
   p.block_tables = block_tables.data<int>();
   p.seq_lens = seq_lens.data<int>();
@@ -188,20 +189,10 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     p.part_out = part_out.data<float>();
     p.part_stats = part_stats.data<float>();
   }
-  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(hkv * p.slices), static_cast<unsigned>(splits));
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(hkv * p.slices),
+                  static_cast<unsigned>(total_splits));
   launch(p, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
-  if (per_channel) {  // the window keys (fewer than one block per sequence) as the last split
-    DecodeAttnArgs w = p;
-    w.k = static_cast<const uint8_t*>(window.rows.data_ptr());
-    w.k_params = nullptr;
-    w.window_map = window.map.data<int>();
-    w.window = true;
-    w.split0 = splits;
-    w.split_tokens = static_cast<int>(bs);
-    window_launch(w, dim3(grid.x, grid.y, 1), stream);
-    LOWBIT_CUDA_CHECK_LAUNCH(op);
-  }
   if (total_splits > 1) {
     combine_splits_kernel<<<dim3(batch, hq), 128, 0, stream>>>(p.part_out, p.part_stats, total_splits, p.hq,
                                                                static_cast<int>(d), p.out, p.out_stride_b,

@@ -23,7 +23,7 @@
 // so the mma sees the f16 query q ⊙ s and the per-block constant q·z is added to the f32 scores. Each
 // warp then walks whole blocks (its bs / 16 tiles in a row) so the fold is paid once per block. Only the
 // complete blocks [0, (len / bs) * bs) are read as codes; the newest len % bs keys sit in the f16 window
-// (KVCache::k_window) and a second launch of the f16-K instance reads them (DecodeAttnArgs::window).
+// (KVCache::k_window) and the grid's last split reads them with the f16-K body (DecodeAttnArgs::k_window).
 //
 // This header holds the kernel template; each instance file compiles one (head_dim, K, V) of it and
 // decode_attention_sm80.cu dispatches through the generated table (decode_attention_launch.h).
@@ -184,32 +184,43 @@ struct TileV {
   uint32_t v[4][kVWords];
 };
 
-// kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread).
+// The block's shared memory (one set per kernel, whichever body runs).
+template <int D>
+struct DecodeSmem {
+  __align__(16) __half p_tile[kWarps][8][kTile];
+  float warp_m[kWarps][8], warp_l[kWarps][8];
+  __align__(16) float warp_o[kWarps][8][D];
+};
+
+// One block's work: split `split` of (sequence, kv head slice), written to split slot `slot_split`. window:
+// the f16-K body reads the window keys [(len / bs) * bs, len) of per-channel K from p.k_window.
 // D: any multiple of 16 (one k-step of the score mma per 16 dims).
-template <KvType KT, KvType VT, int D, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
+template <KvType KT, KvType VT, int D>
+__device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D>& sm, int split, int slot_split,
+                                             bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
-  pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
+  auto& p_tile = sm.p_tile;
+  auto& warp_m = sm.warp_m;
+  auto& warp_l = sm.warp_l;
+  auto& warp_o = sm.warp_o;
+  const uint8_t* const k_base = window ? reinterpret_cast<const uint8_t*>(p.k_window) : p.k;
   constexpr int kKBytes = D / 4 * kv_bits<KT>() / 8;   // a lane's run of D/4 dims of one token
   constexpr int kVBytes = D / 8 * kv_bits<VT>() / 8;   // a lane's run of D/8 dims of one token
   constexpr int kKWords = words_of(kKBytes), kVWords = words_of(kVBytes);
   constexpr int kSteps = D / 16;  // k-steps of the score mma = m-tiles of the output mma
-  __shared__ __align__(16) __half p_tile[kWarps][8][kTile];
-  __shared__ float warp_m[kWarps][8], warp_l[kWarps][8];
-  __shared__ float warp_o[kWarps][8][D];
 
   // Per-token (scale, zero) of K in k_params: u8 and u4 (u4c keeps one pair per channel per block).
   constexpr bool kTokenKParams = KT == KvType::u8 || KT == KvType::u4;
   constexpr bool kChannelK = KT == KvType::u4c;
-  const int b = blockIdx.x, kvh = blockIdx.y / p.slices, split = blockIdx.z;
+  const int b = blockIdx.x, kvh = blockIdx.y / p.slices;
   const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
   const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = p.seq_lens[b];
-  // The keys this launch reads: per-channel K stops at the last complete block; the window launch reads
-  // what follows it (the f16 window rows).
+  // The keys this block reads: per-channel K stops at the last complete block; the window body reads what
+  // follows it (the f16 window rows).
   const int complete = len / p.block_size * p.block_size;
-  const int lo = p.window ? complete : 0, hi = kChannelK ? complete : len;
+  const int lo = window ? complete : 0, hi = kChannelK ? complete : len;
   const int start = lo + split * p.split_tokens, end = min(start + p.split_tokens, hi);
   const int n = max(end - start, 0);
   const int* pages = p.block_tables + static_cast<int64_t>(b) * p.max_blocks;  // read through L1 per tile
@@ -273,11 +284,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     const int page = __ldg(pages + page_idx);
     return (static_cast<int64_t>(page) * p.hkv + kvh) * p.block_size + in_page;
   };
-  // The K row of a cache row: itself, or for the window launch the same row of the block's window slot
+  // The K row of a cache row: itself, or for the window body the same row of the block's window slot
   // (the host gives every block the launch reads a slot; a missing one reads slot 0, never out of bounds).
   auto k_row_of = [&](int64_t row) -> int64_t {
     if constexpr (KT == KvType::f16) {
-      if (p.window) {
+      if (window) {
         const int64_t page = row / (static_cast<int64_t>(p.hkv) * p.block_size);
         const int slot = max(__ldg(p.window_map + page), 0);
         return row + (slot - page) * static_cast<int64_t>(p.hkv) * p.block_size;
@@ -355,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     r.ksp_g = r.ksp_g8 = r.vsp_g = r.vsp_g8 = none;
     if (full_tile(tile)) {
       const int64_t base = row_of(tile);
-      const uint8_t* kt = p.k + k_row_of(base) * kKRow + k_off;
+      const uint8_t* kt = k_base + k_row_of(base) * kKRow + k_off;
       load_bytes<kKBytes>(kt, r.kg);
       load_bytes<kKBytes>(kt + 8 * kKRow, r.kg8);
       if constexpr (kTokenKParams) {
@@ -374,13 +385,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     for (int w = 0; w < kKWords; ++w) r.kg[w] = r.kg8[w] = 0;
     if (tile + g < n) {
       const int64_t rg = row_of(tile + g);
-      load_bytes<kKBytes>(p.k + k_row_of(rg) * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg);
+      load_bytes<kKBytes>(k_base + k_row_of(rg) * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg);
       if constexpr (kTokenKParams) r.ksp_g = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg);
       if constexpr (VT != KvType::f16) r.vsp_g = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg);
     }
     if (tile + g + 8 < n) {
       const int64_t rg8 = row_of(tile + g + 8);
-      load_bytes<kKBytes>(p.k + k_row_of(rg8) * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg8);
+      load_bytes<kKBytes>(k_base + k_row_of(rg8) * kKRow + kv_dims * kv_bits<KT>() / 8, r.kg8);
       if constexpr (kTokenKParams) r.ksp_g8 = __ldg(reinterpret_cast<const float2*>(p.k_params) + rg8);
       if constexpr (VT != KvType::f16) r.vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg8);
     }
@@ -573,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
     if (num_splits == 1) {
       p.out[b * p.out_stride_b + head * p.out_stride_h + d] = __float2half_rn(l > 0.f ? o / l : 0.f);
     } else {
-      const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + p.split0 + split;
+      const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + slot_split;
       p.part_out[slot * D + d] = o;
       if (d == 0) {
         p.part_stats[slot * 2] = mx;
@@ -581,6 +592,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
       }
     }
   }
+}
+
+// kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
+// K (u4c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
+template <KvType KT, KvType VT, int D, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
+  pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
+  __shared__ DecodeSmem<D> sm;
+  const int split = blockIdx.z;
+  if constexpr (KT == KvType::u4c) {
+    if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
+  }
+  decode_block<KT, VT, D>(p, sm, split, split, false);
 }
 
 // Resident blocks per SM each head_dim is built for. 128: with 4 (128 registers) the f16 and u8
