@@ -314,20 +314,45 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       const float* sc = chan + buf * 2 * D + kv_dims;
       const float* zr = sc + D;
       float qp = 0.f, ql = 0.f, zp = 0.f;
-#pragma unroll
-      for (int j = 0; j < kSteps; ++j) {
-        int d00, d01, d10, d11;
-        q_dims<KT, kSteps>(j, d00, d01, d10, d11);
-        const float2 a = make_float2(__half2float(q_stage[d00]), __half2float(q_stage[d01]));
-        const float2 c = make_float2(__half2float(q_stage[d10]), __half2float(q_stage[d11]));
-        const __half2 flo = __floats2half2_rn(a.x * sc[d00], a.y * sc[d01]);
-        const __half2 fhi = __floats2half2_rn(c.x * sc[d10], c.y * sc[d11]);
+      // k-step j: lo pairs dims (d00, d01), hi pairs (d10, d11) with the scales of the same dims.
+      auto fold_step = [&](int j, float2 a, float2 c, float s00, float s01, float s10, float s11) {
+        const __half2 flo = __floats2half2_rn(a.x * s00, a.y * s01);
+        const __half2 fhi = __floats2half2_rn(c.x * s10, c.y * s11);
         qf[j][0] = h2u(__hmul2(flo, __float2half2_rn(16.f)));
         qf[j][1] = h2u(fhi);
         const float2 fa = __half22float2(flo), fc = __half22float2(fhi);  // the sums of what the mma sees
         qp += (fa.x + fa.y) + (fc.x + fc.y);
         ql += fa.x + fa.y;
-        zp += a.x * zr[d00] + a.y * zr[d01] + c.x * zr[d10] + c.y * zr[d11];
+      };
+      if constexpr (kSteps % 2 == 0) {
+        // Steps 2i and 2i + 1 cover dims 8i..8i+7 of the run (q_dims): two 16-byte loads of scales, two of
+        // zeros and one of the query per pair of steps.
+#pragma unroll
+        for (int i = 0; i < kSteps / 2; ++i) {
+          const float4 s0 = *reinterpret_cast<const float4*>(sc + 8 * i);
+          const float4 s1 = *reinterpret_cast<const float4*>(sc + 8 * i + 4);
+          const float4 z0 = *reinterpret_cast<const float4*>(zr + 8 * i);
+          const float4 z1 = *reinterpret_cast<const float4*>(zr + 8 * i + 4);
+          const uint4 qv = *reinterpret_cast<const uint4*>(q_stage + 8 * i);
+          const float2 q01 = __half22float2(*reinterpret_cast<const __half2*>(&qv.x));
+          const float2 q23 = __half22float2(*reinterpret_cast<const __half2*>(&qv.y));
+          const float2 q45 = __half22float2(*reinterpret_cast<const __half2*>(&qv.z));
+          const float2 q67 = __half22float2(*reinterpret_cast<const __half2*>(&qv.w));
+          fold_step(2 * i, make_float2(q01.x, q45.x), make_float2(q01.y, q45.y), s0.x, s1.x, s0.y, s1.y);
+          fold_step(2 * i + 1, make_float2(q23.x, q67.x), make_float2(q23.y, q67.y), s0.z, s1.z, s0.w, s1.w);
+          zp += q01.x * z0.x + q01.y * z0.y + q23.x * z0.z + q23.y * z0.w + q45.x * z1.x + q45.y * z1.y +
+                q67.x * z1.z + q67.y * z1.w;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kSteps; ++j) {
+          int d00, d01, d10, d11;
+          q_dims<KT, kSteps>(j, d00, d01, d10, d11);
+          const float2 a = make_float2(__half2float(q_stage[d00]), __half2float(q_stage[d01]));
+          const float2 c = make_float2(__half2float(q_stage[d10]), __half2float(q_stage[d11]));
+          fold_step(j, a, c, sc[d00], sc[d01], sc[d10], sc[d11]);
+          zp += a.x * zr[d00] + a.y * zr[d01] + c.x * zr[d10] + c.y * zr[d11];
+        }
       }
 #pragma unroll
       for (int o = 1; o < 4; o <<= 1) {
