@@ -637,8 +637,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 // twice the fragments per lane: a budget of 1 block per SM (up to 255 registers; 202-255 used on sm_90
 // without spills, 4 bytes spilled for f16 K and V on sm_80) keeps them in registers. 80 and 96 sit
 // between 64 and 128: 108-128 registers on sm_80 and sm_90, no spills, so both run 4 blocks per SM.
-template <int D>
+//
+// Per-token u4 K at 128 is the exception: with u4, u8 or f16 V it fits 4 blocks (122-128 registers, no spills).
+// Its register count decides how many blocks share an SM, so it is pinned here rather than left to the
+// compiler: the kernel used 128 registers (4 blocks) until a change elsewhere in it took it to 130 (3 blocks).
+template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
+  if constexpr (D == 128 && KT == KvType::u4) return 4;
   return D <= 80 ? 4 : D <= 128 ? 3 : 1;
 }
 
@@ -646,7 +651,7 @@ constexpr int min_blocks() {
 
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D>()>
+  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>()>
       <<<grid, decode_attn::kThreads, 0, stream>>>(p);
 }
 
