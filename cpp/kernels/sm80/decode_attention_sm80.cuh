@@ -632,17 +632,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   decode_block<KT, VT, D>(p, sm, split, split, false);
 }
 
-// Resident blocks per SM each head_dim is built for. 128: with 4 (128 registers) the f16 and u8
-// kernels spill; measured on an H100 at B=64 L=8K, 3 is as fast or faster for every KV type. 256 holds
-// twice the fragments per lane: a budget of 1 block per SM (up to 255 registers; 202-255 used on sm_90
-// without spills, 4 bytes spilled for f16 K and V on sm_80) keeps them in registers. 80 and 96 sit
-// between 64 and 128: 108-128 registers on sm_80 and sm_90, no spills, so both run 4 blocks per SM.
+// Resident blocks per SM each instance is built for. 128: with 4 (128 registers) the f16 and u8 kernels spill;
+// measured on an H100 at B=64 L=8K, 3 is as fast or faster for them. 256 holds twice the fragments per lane: a
+// budget of 1 block per SM (up to 255 registers; 202-255 used on sm_90 without spills, 4 bytes spilled for f16 K
+// and V on sm_80) keeps them in registers. 80 runs 4 blocks per SM like 64; 96 runs 3 like 128.
 //
 // Per-token u4 K at 128 is the exception: with u4, u8 or f16 V it fits 4 blocks (122-128 registers, no spills).
-// So does per-channel u4 K with u4 V at the price of a 4-byte spill (16 on sm_80), measured worth it on an H100:
-// kc4v4 at 64 x 4K 204 -> 167 us, 256 x 1.5K 304 -> 270 us (with u8 or f16 V it would spill 84-144 bytes).
-// Its register count decides how many blocks share an SM, so it is pinned here rather than left to the
-// compiler: the kernel used 128 registers (4 blocks) until a change elsewhere in it took it to 130 (3 blocks).
+// Its register count decides how many blocks share an SM, so it is pinned here rather than left to the compiler:
+// the kernel used 128 registers (4 blocks) until a change elsewhere in it took it to 130 (3 blocks), and u4 at
+// B=64 L=8K slowed from 261 to 315 us on an H100 (255 us at 4 blocks again). Per-channel u4 K with u4 V runs 4
+// blocks too, at the price of a 4-byte spill (16 on sm_80), measured worth it on an H100: kc4v4 at 64 x 4K 204 ->
+// 167 us, 256 x 1.5K 304 -> 270 us (with u8 or f16 V it would spill 84-144 bytes).
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
