@@ -144,21 +144,16 @@ void seal_k_blocks(const KWindow& window, const Tensor& slot_mapping, int64_t to
 
 Side side_of(const Tensor& x, Tensor& data, Tensor& params, const KWindow& window = {}) {
   Side s{};
-  if (window.defined()) {  // per-channel K: rows go to the f16 window first
-    s.src = x.data_ptr();
-    s.src_type = x.dtype();
-    s.src_stride_t = x.stride(0);
-    s.src_stride_h = x.stride(1);
-    s.data = window.rows.data_ptr();
-    s.cache_type = ScalarType::f16;
-    s.params = nullptr;
-    s.window_map = window.map.data<int32_t>();
-    return s;
-  }
   s.src = x.data_ptr();
   s.src_type = x.dtype();
   s.src_stride_t = x.stride(0);
   s.src_stride_h = x.stride(1);
+  if (window.defined()) {  // per-channel K: rows go to the f16 window first (sealed later)
+    s.data = window.rows.data_ptr();
+    s.cache_type = ScalarType::f16;
+    s.window_map = window.map.data<int32_t>();
+    return s;
+  }
   s.data = data.data_ptr();
   s.cache_type = data.dtype();
   s.params = params.defined() ? params.data<float>() : nullptr;

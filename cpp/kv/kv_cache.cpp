@@ -130,14 +130,17 @@ void KVCache::check_k_window_prepared(int layer, int64_t tokens) {
   layer_tensor(k_window_, layer, "k_window");  // range check
   const KWindowSlots& w = k_window_slots_;
   const uint64_t last = k_window_written_[size_t(layer)];
-  const std::string state = w.epoch() == 0         ? "it was never called"
-                            : w.epoch() == last    ? "this layer already wrote the step it prepared"
-                                                   : "it prepared " + std::to_string(w.prepared_tokens()) + " tokens";
-  LOWBIT_CHECK(w.epoch() > last && w.prepared_tokens() <= tokens, "kv_write: layer ", layer,
-               " of a GPU cache with per-channel K needs prepare_k_window(cache, slot_mapping) once per step before "
-               "its writes (it gives the step's blocks their f16 window slots); ", state, "; this write has ", tokens,
-               " (with padding rows)");
-  k_window_written_[size_t(layer)] = w.epoch();
+  if (w.epoch() > last && w.prepared_tokens() <= tokens) {
+    k_window_written_[size_t(layer)] = w.epoch();
+    return;
+  }
+  const std::string state = w.epoch() == 0      ? "it was never called"
+                            : w.epoch() == last ? "this layer already wrote the step it prepared"
+                                                : "it prepared " + std::to_string(w.prepared_tokens()) + " tokens";
+  LOWBIT_FAIL(ErrorKind::kValue, "kv_write: layer ", layer,
+              " of a GPU cache with per-channel K needs prepare_k_window(cache, slot_mapping) once per step before "
+              "its writes (it gives the step's blocks their f16 window slots); ", state, "; this write has ", tokens,
+              " (with padding rows)");
 }
 
 KResidualStore& KVCache::k_residual(int layer) {

@@ -207,7 +207,7 @@ void kv_write(KVCache& cache, int layer, const Tensor& k, const Tensor& v, const
   const Device dev = check_kv_write_args("kv_write", cache, layer, k, v, meta);
   if (dev.is_cuda()) {
 #ifdef LOWBIT_WITH_CUDA
-    if (!capturing()) cache.check_k_window_prepared(layer, k.size(0));
+    if (cache.has_k_window() && !capturing()) cache.check_k_window_prepared(layer, k.size(0));
     Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
     return cuda::kv_write(k, v, kd, vd, kp, vp, meta.slot_mapping, cuda::current_stream(),
                           cuda::k_window_of(cache, layer));
@@ -231,7 +231,7 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
   }
 #ifdef LOWBIT_WITH_CUDA
   const int rd = rope.rotary_dim > 0 ? rope.rotary_dim : static_cast<int>(k.size(2));
-  if (!capturing()) cache.check_k_window_prepared(layer, k.size(0));
+  if (cache.has_k_window() && !capturing()) cache.check_k_window_prepared(layer, k.size(0));
   Tensor kd = cache.k_data(layer), vd = cache.v_data(layer), kp = cache.k_params(layer), vp = cache.v_params(layer);
   cuda::rope_kv_write(q, k, v, positions, cpu::rope_inv_freq(rope, rd), rope.neox, kd, vd, kp, vp, meta.slot_mapping,
                       cuda::current_stream(), cuda::k_window_of(cache, layer));
