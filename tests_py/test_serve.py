@@ -216,6 +216,28 @@ def test_logprobs(client, llm):
     assert all(len(c.top_logprobs) == 3 and c.logprob <= 0 for c in content)
 
 
+def test_tokens_as_token_ids(client, llm):
+    """vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"; the ids are the greedy run's own."""
+    prompt = "One, two,"
+    ref = llm.generate(prompt, max_tokens=5, ignore_eos=True)[0]
+    body = {"return_tokens_as_token_ids": True, "ignore_eos": True}
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, logprobs=2, extra_body=body)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [f"token_id:{t}" for t in ref.token_ids]
+    assert all(len(alts) == 2 and all(k.startswith("token_id:") for k in alts) for alts in lp.top_logprobs)
+    # offsets still count the text, so they locate each token in the completion's text
+    texts = [llm.tokenizer.decode([t]) for t in ref.token_ids]
+    assert lp.text_offset == [sum(map(len, texts[:i])) for i in range(len(texts))]
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, logprobs=0,
+                                            stream=True, extra_body=body))
+    assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=1, extra_body=body)
+    for c in r.choices[0].logprobs.content:
+        tid = int(c.token.removeprefix("token_id:"))
+        assert bytes(c.bytes) == llm.tokenizer.decode([tid]).encode("utf-8")
+
+
 def test_ignore_eos_runs_to_max_tokens(client):
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say yes."}],
                                        max_tokens=40, temperature=0, extra_body={"ignore_eos": True})

@@ -13,11 +13,13 @@
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
-#     serve     the serve tests (tests_py/test_serve*.py, test_bench_serving.py, test_bench_gpu_serving.py), then
+#     serve     the serve tests (tests_py/test_serve*.py, test_bench_serving.py, test_bench_gpu_serving.py), the load
+#               tests again with a GPU server (LOWBIT_SERVE_TEST_DEVICE=cuda), then
 #               tools/bench_gpu_serving.py on a random-weight Llama-3-8B: `lowbit serve` vs offline LLM.generate,
 #               TTFT/TPOT at 2, 8, 32 req/s, shared-prefix TTFT with caching on and off (~5 min + tests ~3 min).
-#               SERVE_RECIPE (default w4a8kv4) picks the recipe; SERVE_TESTS=0 skips the tests. Needs fastapi,
-#               uvicorn, prometheus-client, httpx (and openai for the client tests): the step says which are missing.
+#               SERVE_RECIPE (default w4a8kv4) picks the recipe; SERVE_TESTS=0 skips the tests, SERVE_BENCH=0 the
+#               benchmark. Needs fastapi, uvicorn, prometheus-client, httpx (and openai for the client tests): the
+#               step says which are missing.
 #     kc        per-channel 4-bit K (kc4 recipes): its op and engine tests, sanitizers over its small cases, and
 #               decode attention kv4 vs kc4 (tools/bench_gpu_kv_per_channel.py)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py, then
@@ -183,14 +185,21 @@ if has serve; then
         --maxfail=40 2>&1 | tee "$OUT/pytest_serve.log" | tail -3
       grep -E "^(FAILED|ERROR) " "$OUT/pytest_serve.log" | cut -c1-300 | head -20
       grep -E "^SKIPPED" "$OUT/pytest_serve.log" | cut -c1-200 | head -10
+      echo "-- the load tests again with the server and its references on the GPU (SmolLM2)"
+      LOWBIT_SERVE_TEST_DEVICE=cuda "${PYTEST[@]}" "$TESTS/test_serve_load.py" -q -rfEs 2>&1 \
+        | tee "$OUT/pytest_serve_load_gpu.log" | tail -3
+      grep -E "^(FAILED|ERROR) |^E  " "$OUT/pytest_serve_load_gpu.log" | cut -c1-400 | head -20
     fi
-    LLAMA8B_DIR=$(mktemp -d /tmp/lowbit-llama3-8b.XXXX)  # config.json only: the weights are drawn at load
-    python3 "$REPO/tools/bench_gpu_serving.py" --model "$LLAMA8B_DIR" --write-llama3-8b-config
-    timeout 560 python3 "$REPO/tools/bench_gpu_serving.py" --model "$LLAMA8B_DIR" --recipe "${SERVE_RECIPE:-w4a8kv4}" \
-      --device cuda --out "$OUT/bench_gpu_serving.json" > "$OUT/bench_gpu_serving.log" 2>&1
-    echo "bench_gpu_serving rc=$?"
-    tail -16 "$OUT/bench_gpu_serving.log"
-    rm -rf "$LLAMA8B_DIR"
+    if [ "${SERVE_BENCH:-1}" != 0 ]; then
+      LLAMA8B_DIR=$(mktemp -d /tmp/lowbit-llama3-8b.XXXX)  # config.json only: the weights are drawn at load
+      python3 "$REPO/tools/bench_gpu_serving.py" --model "$LLAMA8B_DIR" --write-llama3-8b-config
+      timeout 560 python3 "$REPO/tools/bench_gpu_serving.py" --model "$LLAMA8B_DIR" \
+        --recipe "${SERVE_RECIPE:-w4a8kv4}" --device cuda --out "$OUT/bench_gpu_serving.json" \
+        > "$OUT/bench_gpu_serving.log" 2>&1
+      echo "bench_gpu_serving rc=$?"
+      tail -16 "$OUT/bench_gpu_serving.log"
+      rm -rf "$LLAMA8B_DIR"
+    fi
   fi
 fi
 if has tp; then

@@ -34,6 +34,7 @@ class Job:
     logprobs: bool                               # the response carries logprobs
     top_logprobs: bool                           # ... and the top alternatives
     t_arrival: float
+    tokens_as_ids: bool = False                  # logprobs name tokens "token_id:<id>" (return_tokens_as_token_ids)
 
 
 def _max_tokens(req, names: tuple[str, ...]) -> tuple[int | None, str]:
@@ -66,7 +67,8 @@ def completion_job(server, req: CompletionRequest) -> Job:
     prompts = [server.prompt_ids(p, i, cfg, "prompt") for i, p in enumerate(_completion_prompts(req.prompt))]
     return Job(chat=False, prompts=prompts, configs=server.choice_configs(cfg, req.n, req.seed is not None),
                stream=req.stream, include_usage=bool(req.stream_options and req.stream_options.include_usage),
-               logprobs=req.logprobs is not None, top_logprobs=bool(req.logprobs), t_arrival=time.perf_counter())
+               logprobs=req.logprobs is not None, top_logprobs=bool(req.logprobs), t_arrival=time.perf_counter(),
+               tokens_as_ids=req.return_tokens_as_token_ids)
 
 
 def chat_job(server, req: ChatCompletionRequest) -> Job:
@@ -90,7 +92,8 @@ def chat_job(server, req: ChatCompletionRequest) -> Job:
         cfg = cfg.replace(max_tokens=server.llm.config.max_position_embeddings - len(ids))
     return Job(chat=True, prompts=[(text, ids)], configs=server.choice_configs(cfg, req.n, req.seed is not None),
                stream=req.stream, include_usage=bool(req.stream_options and req.stream_options.include_usage),
-               logprobs=req.logprobs, top_logprobs=bool(req.top_logprobs), t_arrival=time.perf_counter())
+               logprobs=req.logprobs, top_logprobs=bool(req.top_logprobs), t_arrival=time.perf_counter(),
+               tokens_as_ids=req.return_tokens_as_token_ids)
 
 
 async def _unless_disconnected(request, work) -> Any:
@@ -148,8 +151,8 @@ def _logprobs_body(server, job: Job, token_ids, logprobs, top_logprobs, offset: 
         return None
     tok = server.llm.tokenizer
     if job.chat:
-        return chat_logprobs(tok, token_ids, logprobs, top_logprobs if job.top_logprobs else [])
-    return completion_logprobs(tok, token_ids, logprobs, top_logprobs, job.top_logprobs, offset)
+        return chat_logprobs(tok, token_ids, logprobs, top_logprobs if job.top_logprobs else [], job.tokens_as_ids)
+    return completion_logprobs(tok, token_ids, logprobs, top_logprobs, job.top_logprobs, offset, job.tokens_as_ids)
 
 
 def _usage(job: Job, choices) -> dict[str, int]:

@@ -31,6 +31,9 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
     ignore_eos: bool = False
+    # vLLM's extension: logprobs name each token "token_id:<id>" instead of its text, so that a client can tell
+    # apart tokens whose texts are equal or are not valid UTF-8 on their own
+    return_tokens_as_token_ids: bool = False
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
 

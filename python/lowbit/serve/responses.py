@@ -29,24 +29,31 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def _name(tokenizer, t: int, as_id: bool) -> str:
+    """A token in logprobs: its text, or "token_id:<id>" (vLLM's return_tokens_as_token_ids)."""
+    return f"token_id:{t}" if as_id else tokenizer.decode([t])
+
+
 def completion_logprobs(tokenizer, token_ids, logprobs, top_logprobs, want_top: bool,
-                        offset: int = 0) -> dict[str, Any]:
-    """The legacy completions format: parallel lists of tokens, their logprobs, top alternatives, text offsets."""
-    tokens = [tokenizer.decode([t]) for t in token_ids]
+                        offset: int = 0, as_ids: bool = False) -> dict[str, Any]:
+    """The legacy completions format: parallel lists of tokens, their logprobs, top alternatives, text offsets
+    (offsets always count the tokens' text)."""
+    texts = [tokenizer.decode([t]) for t in token_ids]
     offsets = []
-    for tok in tokens:
+    for text in texts:
         offsets.append(offset)
-        offset += len(tok)
+        offset += len(text)
+    tokens = [f"token_id:{t}" for t in token_ids] if as_ids else texts
     tops = None
     if want_top:
-        tops = [{tokenizer.decode([t]): lp for t, lp in alts} for alts in top_logprobs]
+        tops = [{_name(tokenizer, t, as_ids): lp for t, lp in alts} for alts in top_logprobs]
     return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_logprobs(tokenizer, token_ids, logprobs, top_logprobs) -> dict[str, Any]:
+def chat_logprobs(tokenizer, token_ids, logprobs, top_logprobs, as_ids: bool = False) -> dict[str, Any]:
     def entry(t: int, lp: float) -> dict[str, Any]:
-        tok = tokenizer.decode([t])
-        return {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8"))}
+        text = tokenizer.decode([t])  # bytes are the text's, also when the token is named by its id
+        return {"token": _name(tokenizer, t, as_ids), "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
     content = []
     for k, (t, lp) in enumerate(zip(token_ids, logprobs)):
