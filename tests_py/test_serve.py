@@ -4,7 +4,6 @@ for token), including under 16 concurrent streams; a client that disconnects mid
 requests get OpenAI-shaped errors naming the field and leave the server serving."""
 import concurrent.futures
 import contextlib
-import json
 import socket
 import subprocess
 import sys
