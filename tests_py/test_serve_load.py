@@ -233,7 +233,11 @@ def test_second_request_on_a_long_prefix_hits_with_shorter_ttft(server, http, ll
         streams.append(got)
     assert hits[0] == 0 and hits[1] >= n_common, hits
     # The first computes ~550 tokens before its first token, the second only the few after the cached blocks.
-    assert ttfts[1] < ttfts[0] / 3, ttfts
+    # On a GPU SmolLM2 prefills 550 tokens in a few ms, the same as a request's HTTP and tokenizer overhead
+    # (measured on an H200: 10.2 vs 10.5 ms), so TTFT shows nothing there; tools/bench_gpu_serving.py measures
+    # the GPU's prefix-caching TTFT on a Llama-3-8B shape with a 2,000-token prefix.
+    if DEVICE == "cpu":
+        assert ttfts[1] < ttfts[0] / 3, ttfts
     assert _differing(llm, prompts, streams, [_reference(llm, p, 6) for p in prompts]) == []  # as caching off
 
 
