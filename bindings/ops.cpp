@@ -134,6 +134,16 @@ void bind_ops(nb::module_& m) {
       },
       nb::arg("ids"), nb::arg("table"), nb::arg("out") = nb::none(), "Rows of table (f32/f16/bf16 [V, H]) at s32 ids");
   m.def(
+      "gather_columns",
+      [](nb::handle x, nb::handle perm, nb::handle out) {
+        const Tensor xt = tensor_from_python(x, "x"), p = tensor_from_python(perm, "perm");
+        Tensor o = output(out, xt.shape(), xt.dtype(), xt.device());
+        ops::gather_columns(xt, p, o);
+        return result(out, o);
+      },
+      nb::arg("x"), nb::arg("perm"), nb::arg("out") = nb::none(),
+      "out[t, j] = x[t, perm[j]] (an act-order linear's input permutation); perm: s32 [k]");
+  m.def(
       "softmax",
       [](nb::handle x, nb::handle out) {
         const Tensor xt = tensor_from_python(x, "x");

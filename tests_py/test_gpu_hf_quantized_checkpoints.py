@@ -1,6 +1,7 @@
 """HF quantized checkpoints on the GPU: AWQ, GPTQ (v1 sym, v2 asym) and compressed-tensors int4 directories run on
 CUDA with the logits of the same directory on the CPU (which test_hf_quantized_checkpoints.py checks against a
-float64 transformers model); act-order GPTQ is refused on the GPU by name (input permutations are CPU-only)."""
+float64 transformers model), act-order GPTQ (desc_act: the input channels are gathered by ops.gather_columns)
+included."""
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ WRITERS = {
     "awq_g128": lambda p: ck.write_awq(p),
     "gptq_v1_sym_g128": lambda p: ck.write_gptq(p, sym=True, fmt="gptq"),
     "gptq_v2_asym_g128": lambda p: ck.write_gptq(p, sym=False, fmt="gptq_v2"),
+    "gptq_v1_sym_g128_act_order": lambda p: ck.write_gptq(p, sym=True, desc_act=True),
+    "gptq_v2_asym_g128_act_order": lambda p: ck.write_gptq(p, sym=False, fmt="gptq_v2", desc_act=True),
     "ct_w4_asym_g64": lambda p: ck.write_ct(p, "w4_group_asym"),
 }
 
@@ -33,8 +36,3 @@ def test_gpu_logits_match_the_cpu(tmp_path, name):
     # f16 activations through two layers vs f32 (test_gpu_engine.py sees ~1e-3); a wrong layout costs O(1).
     assert err < 2e-2
 
-
-def test_gpu_refuses_act_order_by_name(tmp_path):
-    path, _, _ = ck.write_gptq(tmp_path / "g", sym=True, desc_act=True)
-    with pytest.raises(Exception, match="input permutations run on the CPU only"):
-        lowbit.LLM(str(path), device="cuda", progress=False)

@@ -88,6 +88,24 @@ def test_embedding_out_of_range_id_gives_a_nan_row():
     assert torch.isnan(out[1:]).all()
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_gather_columns_is_an_exact_gather(dtype):
+    """The act-order input permutation: strided rows, odd k, more rows than one grid row of blocks covers."""
+    x = rnd((70000, 2 * 37), dtype, 8)[:, 3:3 + 37].cuda()
+    perm = torch.randperm(37, generator=torch.Generator().manual_seed(9)).to(torch.int32)
+    out = nan_like(torch.empty(70000, 37, dtype=DT[dtype], device="cuda"))
+    lb.gather_columns(x, perm.cuda(), out)
+    assert torch.equal(out, x[:, perm.long().cuda()])
+
+
+def test_gather_columns_bad_perm_entry_gives_nan():
+    x = rnd((4, 6), "f16", 10).cuda()
+    out = torch.zeros(4, 6, dtype=torch.float16, device="cuda")
+    lb.gather_columns(x, torch.tensor([5, 4, 6, -1, 0, 1], dtype=torch.int32).cuda(), out)
+    assert torch.equal(out[:, [0, 1, 4, 5]], x[:, [5, 4, 0, 1]])
+    assert torch.isnan(out[:, 2:4]).all()
+
+
 # ---- rope -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("neox", [True, False])

@@ -185,6 +185,23 @@ def test_silu_mul_embedding_softmax_match_torch(dt):
     assert torch.allclose(p.double(), torch.softmax(x.double(), -1), rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+def test_gather_columns_is_an_exact_gather(dt):
+    x = (torch.randn(5, 2 * 131) * 3).to(DTYPES[dt])[:, 7:7 + 131]  # strided rows, odd k
+    perm = torch.randperm(131, generator=torch.Generator().manual_seed(2)).to(torch.int32)
+    assert torch.equal(t(C.gather_columns(x, perm)), x[:, perm.long()])
+
+
+def test_gather_columns_errors_name_the_problem():
+    x = torch.randn(3, 8)
+    with pytest.raises(IndexError, match=r"gather_columns: perm\[2\] = 8 is out of range for rows of 8 columns"):
+        C.gather_columns(x, torch.tensor([0, 1, 8, 3, 4, 5, 6, 7], dtype=torch.int32))
+    with pytest.raises(ValueError, match="gather_columns: argument 'perm'"):
+        C.gather_columns(x, torch.arange(7, dtype=torch.int32))
+    with pytest.raises(ValueError, match="must not alias"):
+        C.gather_columns(x, torch.arange(8, dtype=torch.int32), out=x)
+
+
 def test_elementwise_errors_name_op_and_argument():
     with pytest.raises(IndexError, match=r"embedding: ids\[1\] = 50 is out of range for a table of 50 rows"):
         C.embedding(torch.tensor([1, 50], dtype=torch.int32), torch.randn(50, 8))

@@ -223,6 +223,18 @@ __global__ void embedding_kernel(const int32_t* ids, Rows table, Rows out) {
   }
 }
 
+__global__ void gather_columns_kernel(Rows x, const int32_t* perm, Rows out) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (j >= out.cols) return;
+  const int32_t p = perm[j];
+  const bool ok = p >= 0 && p < x.cols;
+  for (int64_t r = blockIdx.y; r < out.rows; r += gridDim.y) {
+    const void* xr = static_cast<const char*>(x.base) + r * x.stride * float_bytes(x.dtype);
+    void* o = static_cast<char*>(out.base) + r * out.stride * float_bytes(out.dtype);
+    store_any(o, out.dtype, j, ok ? load_any(xr, x.dtype, p) : NAN);  // f16/bf16 -> f32 -> same dtype: exact
+  }
+}
+
 __global__ void add_bias_kernel(Rows y, Rows bias) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= y.cols) return;
@@ -307,6 +319,12 @@ void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStrea
   if (out.rows == 0 || out.cols == 0) return;
   embedding_kernel<<<elementwise_grid(out.rows, out.cols, "embedding"), kThreads, 0, stream>>>(ids, table, out);
   LOWBIT_CUDA_CHECK_LAUNCH("embedding");
+}
+
+void gather_columns(const Rows& x, const int32_t* perm, const Rows& out, cudaStream_t stream) {
+  if (out.rows == 0 || out.cols == 0) return;
+  gather_columns_kernel<<<elementwise_grid(out.rows, out.cols, "gather_columns"), kThreads, 0, stream>>>(x, perm, out);
+  LOWBIT_CUDA_CHECK_LAUNCH("gather_columns");
 }
 
 void add_bias(const Rows& y, const Rows& bias, cudaStream_t stream) {

@@ -60,24 +60,13 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   return ws;
 }
 
-// Gathers rows' channels: out[t, j] = x[t, perm[j]] (host; the element bytes are copied as they are).
-static void gather_channels(const Tensor& x, const Tensor& perm, Tensor& out) {
-  const int64_t T = x.size(0), k = x.size(1), row = x.stride(0);
-  const size_t es = size_t(x.nbytes() / std::max<int64_t>(1, x.numel()));
-  const int32_t* p = perm.data<int32_t>();
-  const char* src = static_cast<const char*>(x.data_ptr());
-  char* dst = static_cast<char*>(out.data_ptr());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < k; ++j) std::memcpy(dst + (t * k + j) * es, src + (t * row + p[j]) * es, es);
-}
-
 void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
                        const kernels::LinearPlan& plan, ModelWorkspace& ws) const {
   const int64_t T = x.size(0), k = x.size(1);
   Tensor input = x;
   if (in.perm.defined()) {
     input = ws.permuted.slice(0, 0, T * k).view({T, k});
-    gather_channels(x, in.perm, input);
+    ops::gather_columns(x, in.perm, input);
   }
   if (recipe_.activation != ActivationMode::fmpq_mixed) {
     ops::linear(input, w, bias, y, plan);

@@ -258,7 +258,6 @@ void Model::set_input_permutation(const std::string& name, const Tensor& perm) {
   const WeightName w = parse_name(name, cfg_.num_layers);
   LOWBIT_CHECK(w.layer >= 0 && is_linear_suffix(w.suffix), op, ": '", name,
                "' is not a decoder linear weight (model.layers.{i}.*_proj.weight)");
-  if (!device_.is_cpu()) LOWBIT_NOT_SUPPORTED(op, ": input permutations run on the CPU only, the model is on ", device_.str());
   const int64_t k = expected_shape(cfg_, w)[1];
   check_defined(perm, op, "perm");
   LOWBIT_CHECK_TYPE(perm.dtype() == ScalarType::s32 || perm.dtype() == ScalarType::s64, op,
@@ -338,6 +337,7 @@ Model::LinearInput Model::shared_input(int l, const std::vector<const char*>& su
     LOWBIT_CHECK(same_host_tensor(staged(staged_block_bits_, n), in.block_bits), "Model.finalize: ", what,
                  " read one input, so their FMPQ block maps must be equal; '", n, "' differs from '", first, "'");
   }
+  if (in.perm.defined() && !device_.is_cpu()) in.perm = in.perm.to(device_);  // the gather reads it there
   return in;
 }
 

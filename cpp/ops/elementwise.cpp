@@ -1,5 +1,8 @@
 // Elementwise / normalisation ops: argument checks, then the kernel for the operands' device
 // (CPU, or the CUDA kernels of cpp/cuda/rows_cuda.cu on the default stream).
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/cpu/elementwise_cpu.h"
 #include "lowbit/ops/ops.h"
 #include "ops/op_device.h"
@@ -180,6 +183,40 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
     LOWBIT_CHECK_KIND(ErrorKind::kIndex, id[t] >= 0 && id[t] < table.size(0), op, ": ids[", t, "] = ", id[t],
                       " is out of range for a table of ", table.size(0), " rows");
   cpu::embedding_cpu(id, tv, ov);
+}
+
+void gather_columns(const Tensor& x, const Tensor& perm, Tensor& out) {
+  constexpr const char* op = "gather_columns";
+  check_float(x, op, "x");
+  check_dim(x, 2, op, "x");
+  check_dtype(out, x.dtype(), op, "out");
+  check_shape(out, {x.size(0), x.size(1)}, op, "out");
+  check_contiguous(out, op, "out");
+  check_defined(perm, op, "perm");
+  check_dtype(perm, ScalarType::s32, op, "perm");
+  check_shape(perm, {x.size(1)}, op, "perm");
+  check_contiguous(perm, op, "perm");
+  const Device dev = op_device(op, {{"x", &x}, {"perm", &perm}, {"out", &out}});
+  LOWBIT_CHECK(x.data_ptr() != out.data_ptr(), op, ": 'out' must not alias 'x' (a gather in place would read "
+               "columns it already overwrote)");
+  const cpu::RowView xv = rows_of(x, op, "x"), ov = rows_of(out, op, "out");
+  if (dev.is_cuda()) {
+#ifdef LOWBIT_WITH_CUDA
+    return cuda::gather_columns(gpu_rows(xv), perm.data<int32_t>(), gpu_rows(ov), cuda::current_stream());
+#else
+    no_cuda_kernel(op);
+#endif
+  }
+  const int32_t* p = perm.data<int32_t>();
+  const int64_t k = x.size(1);
+  for (int64_t j = 0; j < k; ++j)
+    LOWBIT_CHECK_KIND(ErrorKind::kIndex, p[j] >= 0 && p[j] < k, op, ": perm[", j, "] = ", p[j],
+                      " is out of range for rows of ", k, " columns");
+  const size_t es = size_t(x.nbytes() / std::max<int64_t>(1, x.numel()));
+  const char* src = static_cast<const char*>(x.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (int64_t t = 0; t < x.size(0); ++t)  // the element bytes are copied as they are
+    for (int64_t j = 0; j < k; ++j) std::memcpy(dst + (t * k + j) * es, src + (t * xv.stride + p[j]) * es, es);
 }
 
 void softmax(const Tensor& x, Tensor& out) {

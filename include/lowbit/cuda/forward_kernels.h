@@ -36,6 +36,8 @@ void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
 // out[r] = table[ids[r]] for device ids (s32); an id outside [0, table.rows) gives a NaN row (the
 // ids live on the device, so they cannot be checked on the host without a synchronizing copy).
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream);
+// out[r, j] = x[r, perm[j]] for device perm (s32 [out.cols]); an entry outside [0, x.cols) gives NaN.
+void gather_columns(const Rows& x, const int32_t* perm, const Rows& out, cudaStream_t stream);
 // y[r, :] += bias (one row of y.cols).
 void add_bias(const Rows& y, const Rows& bias, cudaStream_t stream);
 // out (f32 rows) = float(x) for f32/f16/bf16 rows.

@@ -94,9 +94,10 @@ class Model {
   // activation-quantized ones: f16): f32, f16, bf16, w8 or w4. Before lm_head.weight is given. A GGUF file run
   // as stored keeps its 8-bit output layer 8-bit this way (the kernel registry must have a kernel for it).
   void set_head_format(const std::string& format);
-  // FMPQ (COMET §3.2) moved the outlier input channels of this linear into its first 128-channel blocks:
-  // the forward feeds x[:, perm] to it. perm: s32/s64 [k] on the host, a permutation of 0..k-1. q/k/v
-  // and gate/up read one input, so their permutations must be equal (checked by finalize). CPU only.
+  // An act-order GPTQ checkpoint (g_idx) or FMPQ (COMET §3.2, outlier input channels moved into the first
+  // 128-channel blocks) reordered this linear's input channels: the forward feeds x[:, perm] to it
+  // (ops::gather_columns, on the model's device). perm: s32/s64 [k] on the host, a permutation of 0..k-1.
+  // q/k/v and gate/up read one input, so their permutations must be equal (checked by finalize).
   void set_input_permutation(const std::string& name, const Tensor& perm);
   // a4 (fmpq_mixed) recipes: the activation precision of each 128-channel block of this linear's
   // (permuted) input, u8 [ceil(k / 128)] of 4 or 8 (quantize_fmpq). Shared inputs must share the map.
@@ -167,7 +168,7 @@ class Model {
  private:
   // What a (fused) linear's input goes through before the GEMM; both undefined for most models.
   struct LinearInput {
-    Tensor perm;        // s32 [k] host: feed x[:, perm]
+    Tensor perm;        // s32 [k] on the model's device: feed x[:, perm]
     Tensor block_bits;  // u8 [ceil(k / 128)] host: FMPQ activation precision per block (a4 recipes)
   };
   struct Layer {

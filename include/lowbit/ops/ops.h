@@ -61,6 +61,11 @@ void rms_norm_quantize(Tensor& residual, const Tensor& x, const Tensor& weight, 
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]  for gu = [gate | up] of shape [T, 2I]
 void silu_mul(const Tensor& gate_up, Tensor& out);
 void embedding(const Tensor& ids /*s32 [T]*/, const Tensor& table /*[V, H]*/, Tensor& out /*[T, H]*/);
+// out[t, j] = x[t, perm[j]]: the input permutation of an act-order linear (GPTQ desc_act, FMPQ reorder).
+// x and out: the same float dtype, [T, k] rows (x may be strided, out may not alias x); perm: s32 [k] on
+// their device. On the CPU perm is checked; on a GPU it was checked when the model took it (an entry
+// outside [0, k) gives NaN there, since reading device memory back would synchronize).
+void gather_columns(const Tensor& x, const Tensor& perm, Tensor& out);
 void softmax(const Tensor& x, Tensor& out);  // over the last dim, f32
 
 using RopeConfig = lowbit::RopeConfig;  // lowbit/core/rope_config.h
