@@ -136,21 +136,26 @@ if has kc; then
 fi
 
 if has kv2; then
+  # Order: the 2-bit tests, the benchmark, the sanitizers, then the attention / engine tests as regression.
   echo "== 2-bit KV on the GPU"
-  "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_attention.py" \
-    "$TESTS/test_gpu_ops.py" "$TESTS/test_gpu_engine.py" "$TESTS/test_kv_formats.py" "$TESTS/test_kv.py" \
-    -q -rfEs --maxfail=60 -k "not smollm2" 2>&1 | tee "$OUT/pytest_kv2.log" | tail -4
-  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2.log" | cut -c1-400 | head -40
+  "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_ops.py" \
+    "$TESTS/test_kv_formats.py" "$TESTS/test_kv.py" -q -rfEs --maxfail=40 -k "not smollm2 and (kv2 or 2bit or u2 or per_channel or kv_formats or cache or kv_write or prefill or decode)" \
+    2>&1 | tee "$OUT/pytest_kv2.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2.log" | cut -c1-400 | head -30
   "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "cache or logits" 2>&1 \
     | grep -E "worst relative error|relative logit error" | head -40
+  timeout 300 python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -16
   for tool in memcheck racecheck synccheck; do
-    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_kv2.py" \
-      "$TESTS/test_gpu_kv_per_channel.py" -k "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 128-64-u2-u2 or 64-32-u4-u2" \
+    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_kv2.py" \
+      "$TESTS/test_gpu_kv_per_channel.py" -k "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" \
       > "$OUT/${tool}_kv2.log" 2>&1
     echo "$tool rc=$?"; tail -1 "$OUT/${tool}_kv2.log"
     grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_kv2.log" | head -4
   done
-  timeout 400 python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -16
+  echo "== regression: decode attention and engine tests"
+  "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 -k "not smollm2" \
+    2>&1 | tee "$OUT/pytest_kv2_regression.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2_regression.log" | cut -c1-400 | head -20
 fi
 
 if has engine; then
