@@ -19,7 +19,8 @@ CONFIGS = [(64, 8192), (1, 131072), (16, 32768), (256, 1536)]
 REPS = 20
 # name, K type, V type, K per channel, group
 FORMATS = [("kv4", "u4", "u4", False, 0), ("kc4v4", "u4", "u4", True, 64), ("kv2", "u2", "u2", False, 0),
-           ("kc2v2", "u2", "u2", True, 64), ("k4v2", "u4", "u2", False, 0), ("kc4v2", "u4", "u2", True, 64)]
+           ("kc2v2", "u2", "u2", True, 64), ("kc2g32v2", "u2", "u2", True, 32), ("k4v2", "u4", "u2", False, 0),
+           ("kc4v2", "u4", "u2", True, 64)]
 BITS = {"u8": 8, "u4": 4, "u2": 2}
 
 

@@ -66,11 +66,17 @@ __device__ void write_row(const Side& s, int64_t t, int h, int64_t row, int d) {
   uint8_t* out = static_cast<uint8_t*>(s.data);
   if (bits == 8) {
     for (int i = lane; i < d; i += 32) out[row * d + i] = static_cast<uint8_t>(code(i));
-  } else {  // element (8 / bits) i + j in bits [bits j, bits (j + 1)) of byte i (u4: low nibble first)
-    const int per_byte = 8 / bits, bytes = (d + per_byte - 1) / per_byte;
+  } else if (bits == 4) {  // element 2i in the low nibble of byte i
+    const int bytes = (d + 1) / 2;
+    for (int b = lane; b < bytes; b += 32) {
+      const unsigned hi_nibble = 2 * b + 1 < d ? code(2 * b + 1) : 0u;
+      out[row * bytes + b] = static_cast<uint8_t>(code(2 * b) | (hi_nibble << 4));
+    }
+  } else {  // element 4i + j in bits 2j..2j+1 of byte i
+    const int bytes = (d + 3) / 4;
     for (int b = lane; b < bytes; b += 32) {
       unsigned byte = 0;
-      for (int j = 0; j < per_byte && per_byte * b + j < d; ++j) byte |= code(per_byte * b + j) << (bits * j);
+      for (int j = 0; j < 4 && 4 * b + j < d; ++j) byte |= code(4 * b + j) << (2 * j);
       out[row * bytes + b] = static_cast<uint8_t>(byte);
     }
   }

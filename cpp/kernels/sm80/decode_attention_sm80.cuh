@@ -217,7 +217,8 @@ struct DecodeSmem {
 // One block's work: split `split` of (sequence, kv head slice), written to split slot `slot_split`. window:
 // the f16-K body reads the window keys [(len / bs) * bs, len) of per-channel K from p.k_window.
 // D: any multiple of 16 (one k-step of the score mma per 16 dims).
-template <KvType KT, KvType VT, int D>
+// kVAhead: V is loaded one tile ahead with K (integer K and V only), twice the bytes in flight per warp.
+template <KvType KT, KvType VT, int D, bool kVAhead = false>
 __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D>& sm, int split, int slot_split,
                                              bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
@@ -278,16 +279,16 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       }
       // u4 K: the lo registers hold 1024 + c and the hi ones 1024 + 16c; q times 16 on the lo side
       // (exact in f16) puts both on the same 16x scale, undone after the mma.
-      const float2 a = __half22float2(lo), c = __half22float2(hi);
       if constexpr (KT == KvType::u2) {  // both registers on the 64x scale (see two_bit_fold)
         const __half2 fold = __float2half2_rn(two_bit_fold(j));
         qf[j][0] = h2u(__hmul2(lo, fold));
         qf[j][1] = h2u(__hmul2(hi, fold));
-        qfold_part += two_bit_fold(j) * ((a.x + a.y) + (c.x + c.y));
       } else {
         qf[j][0] = h2u(KT == KvType::u4 ? __hmul2(lo, __float2half2_rn(16.f)) : lo);
         qf[j][1] = h2u(hi);
       }
+      const float2 a = __half22float2(lo), c = __half22float2(hi);
+      if constexpr (KT == KvType::u2) qfold_part += two_bit_fold(j) * ((a.x + a.y) + (c.x + c.y));
       qpart += (a.x + a.y) + (c.x + c.y);
       qlo_part += a.x + a.y;
     }
@@ -357,15 +358,18 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       auto fold_step = [&](int j, float2 a, float2 c, float s00, float s01, float s10, float s11) {
         const __half2 flo = __floats2half2_rn(a.x * s00, a.y * s01);
         const __half2 fhi = __floats2half2_rn(c.x * s10, c.y * s11);
-        const float2 fa = __half22float2(flo), fc = __half22float2(fhi);  // the sums of what the mma sees
         if constexpr (kTwoBitK) {
           const __half2 fold = __float2half2_rn(two_bit_fold(j));
           qf[j][0] = h2u(__hmul2(flo, fold));
           qf[j][1] = h2u(__hmul2(fhi, fold));
-          qp += two_bit_fold(j) * ((fa.x + fa.y) + (fc.x + fc.y));
         } else {
           qf[j][0] = h2u(__hmul2(flo, __float2half2_rn(16.f)));
           qf[j][1] = h2u(fhi);
+        }
+        const float2 fa = __half22float2(flo), fc = __half22float2(fhi);  // the sums of what the mma sees
+        if constexpr (kTwoBitK) {
+          qp += two_bit_fold(j) * ((fa.x + fa.y) + (fc.x + fc.y));
+        } else {
           qp += (fa.x + fa.y) + (fc.x + fc.y);
           ql += fa.x + fa.y;
         }
@@ -494,17 +498,22 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       return ((i / tiles_per_block) * kWarps + warp) * p.block_size + (i % tiles_per_block) * kTile;
     return (i * kWarps + warp) * kTile;
   };
+  static_assert(!kVAhead || kPrefetch, "V ahead needs integer K and V");
   KRegs cur, nxt;
-  VRegs vcur;
+  VRegs vcur, vnxt;
   if (tile_of(0) < n) {
     load_k(tile_of(0), cur);
+    if constexpr (kVAhead) load_v(tile_of(0), vcur);
     stage_params(tile_of(0), 0);
   }
   for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
     const int next = tile_of(i + 1);
-    load_v(tile, vcur);
+    if constexpr (!kVAhead) load_v(tile, vcur);
     if constexpr (kPrefetch) {
-      if (next < n) load_k(next, nxt);
+      if (next < n) {
+        load_k(next, nxt);
+        if constexpr (kVAhead) load_v(next, vnxt);
+      }
     }
     if constexpr (kChannelK) {
       if (i % tiles_per_block == 0) {  // a new block: stage the next one's parameters, fold with this one's
@@ -597,6 +606,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
     }
     if constexpr (kPrefetch) {
       cur = nxt;
+      if constexpr (kVAhead) vcur = vnxt;
     } else if (next < n) {
       load_k(next, cur);
     }
@@ -669,7 +679,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
 
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
 // K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
-template <KvType KT, KvType VT, int D, int kMinBlocks>
+template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
   __shared__ DecodeSmem<D> sm;
@@ -677,7 +687,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   if constexpr (kv_per_channel<KT>()) {
     if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
   }
-  decode_block<KT, VT, D>(p, sm, split, split, false);
+  decode_block<KT, VT, D, kVAhead>(p, sm, split, split, false);
 }
 
 // Resident blocks per SM each instance is built for. 128: with 4 (128 registers) the f16 and u8 kernels spill;
@@ -691,15 +701,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 // B=64 L=8K slowed from 261 to 315 us on an H100 (255 us at 4 blocks again). Per-channel u4 K with u4 V runs 4
 // blocks too, at the price of a 4-byte spill (16 on sm_80), measured worth it on an H100: kc4v4 at 64 x 4K 204 ->
 // 167 us, 256 x 1.5K 304 -> 270 us (with u8 or f16 V it would spill 84-144 bytes).
-// 2-bit K at 128 with the narrow V formats fits 4 blocks without spills on sm_90 (u2 K: 116-120 registers with
-// u2/u4 V; u2c K with u2 V: 128), so they are pinned to 4 as well, on the same reasoning (not measured at 3);
-// u2c K with u4 V would spill 16 bytes at 4 and stays at 3.
+// 2-bit K at 128 fits 4 blocks without spills too (u2 K with u2/u4 V: 116-120 registers), but it is not pinned:
+// measured on an H200 (u2 K and V, 32/8 heads), 3 blocks were 2-3% faster than 4 at B=64 L=8K, 1 x 128K and
+// 256 x 1.5K (213 vs 218, 62 vs 63, 175 vs 177 us), and 5 (spilling) 10-15% slower. The predicted gain of 4
+// (more loads in flight, as for u4) did not come: at 2 bits the kernel is bound by its per-tile mma and ALU work,
+// which is the same as at 4 bits, not by memory.
+//
+// v_ahead: u2 K and V load V one tile ahead with K (4 more registers at 128): measured 3% faster on the same
+// three shapes at 3 blocks (206, 60, 170 us; head_dim 64 takes it unmeasured). Other formats keep V at the top of
+// its own tile (u4: no change).
+template <KvType KT, KvType VT>
+constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
-  if constexpr (D == 128 && ((KT == KvType::u2 && (VT == KvType::u2 || VT == KvType::u4)) ||
-                             (KT == KvType::u2c && VT == KvType::u2)))
-    return 4;
   return D <= 80 ? 4 : D <= 128 ? 3 : 1;
 }
 
@@ -707,7 +722,7 @@ constexpr int min_blocks() {
 
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>()>
+  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>()>
       <<<grid, decode_attn::kThreads, 0, stream>>>(p);
 }
 

@@ -150,18 +150,13 @@ __device__ inline void issue_side(const TcArgs& a, const uint8_t* data, const fl
 // Exact f32 of a code c < 2^23: the float 2^23 + c has c in its mantissa.
 __device__ inline float code_f32(uint32_t c) { return __uint_as_float(0x4B000000u | c) - 8388608.f; }
 
-// The 8 codes of one chunk of 8 dims of a staged row: u4 one 32-bit word (nibble e = dim e), u2 16 bits (field e).
+// The 8 2-bit codes of one chunk of 8 dims of a staged row: 16 bits, field e = dim e.
 template <KvType T>
 __device__ inline void chunk_codes(const uint8_t* row, int c, uint32_t (&q)[8]) {
-  if constexpr (kv_bits<T>() == 4) {
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 4 * c);
+  static_assert(kv_bits<T>() == 2, "u2 / u2c rows");
+  const uint32_t w = *reinterpret_cast<const uint16_t*>(row + 2 * c);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) q[e] = (w >> (4 * e)) & 0xFu;
-  } else {
-    const uint32_t w = *reinterpret_cast<const uint16_t*>(row + 2 * c);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) q[e] = (w >> (2 * e)) & 0x3u;
-  }
+  for (int e = 0; e < 8; ++e) q[e] = (w >> (2 * e)) & 0x3u;
 }
 
 // u8/u4/u2: the staged codes of `stage` to the f16 tile, code * scale + zero in f32, rounded once.
@@ -186,7 +181,11 @@ __device__ inline void dequantize_side(const SideSmem<T, D>& sm, int stage) {
         x[e] = fmaf(code_f32((w.x >> (8 * e)) & 0xFFu), s, z);
         x[4 + e] = fmaf(code_f32((w.y >> (8 * e)) & 0xFFu), s, z);
       }
-    } else {  // u4: dim i in byte i/2, low nibble first; u2: dim i in bits 2 (i % 4) of byte i / 4
+    } else if constexpr (T == KvType::u4) {  // dim i in byte i/2, low nibble first: nibble i of the little-endian word
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + r * S::kRowBytes + 4 * c);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((w >> (4 * e)) & 0xFu), s, z);
+    } else {  // u2: dim i in bits 2 (i % 4) of byte i / 4
       uint32_t q[8];
       chunk_codes<T>(raw + r * S::kRowBytes, c, q);
 #pragma unroll
@@ -248,11 +247,17 @@ __device__ inline void dequantize_k_channels(const SideSmem<KT, D>& sm, int stag
   for (int i = 0; i < kKTile / kRowsPerPass; ++i) {
     if (i * kRowsPerPass == split) load_params(1);
     const int r = threadIdx.x / kChunks + i * kRowsPerPass;
-    uint32_t q[8];
-    chunk_codes<KT>(raw + r * S::kRowBytes, c, q);
     float x[8];
+    if constexpr (KT == KvType::u4c) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + r * S::kRowBytes + 4 * c);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32(q[e]), sc[e], zr[e]);
+      for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((w >> (4 * e)) & 0xFu), sc[e], zr[e]);
+    } else {
+      uint32_t q[8];
+      chunk_codes<KT>(raw + r * S::kRowBytes, c, q);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32(q[e]), sc[e], zr[e]);
+    }
     *reinterpret_cast<uint4*>(tile + r * (D + kPad) + 8 * c) =
         make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]), pack_half2(x[6], x[7]));
   }
