@@ -707,6 +707,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 // (more loads in flight, as for u4) did not come: at 2 bits the kernel is bound by its per-tile mma and ALU work,
 // which is the same as at 4 bits, not by memory.
 //
+// Per-channel K with u2 V at 128 is pinned to 4 like kc4v4: u2c K 128 registers, no spills; u4c K a 4-byte spill.
+// Measured on an H200 for kc2v2 (u2c K, u2 V), 4 blocks vs 3: 64 x 8K 299 vs 370 us, 1 x 128K 95 vs 147, 16 x 32K
+// 390 vs 386, 256 x 1.5K 261 vs 304 (two calls, kv4 the control: 231 / 233 us). kc4v2: predicted to gain the same
+// way (docs/benchmarks_gpu.md has the measurement). u2c K with u4 / u8 V would spill 16 / 96 bytes at 4: kept at 3.
+//
 // v_ahead: u2 K and V load V one tile ahead with K (4 more registers at 128): measured 3% faster on the same
 // three shapes at 3 blocks (206, 60, 170 us; head_dim 64 takes it unmeasured). Other formats keep V at the top of
 // its own tile (u4: no change).
@@ -715,6 +720,7 @@ constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
+  if constexpr (D == 128 && VT == KvType::u2 && (KT == KvType::u2c || KT == KvType::u4c)) return 4;
   return D <= 80 ? 4 : D <= 128 ? 3 : 1;
 }
 
