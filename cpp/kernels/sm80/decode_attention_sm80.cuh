@@ -709,8 +709,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 //
 // Per-channel K with u2 V at 128 is pinned to 4 like kc4v4: u2c K 128 registers, no spills; u4c K a 4-byte spill.
 // Measured on an H200 for kc2v2 (u2c K, u2 V), 4 blocks vs 3: 64 x 8K 299 vs 370 us, 1 x 128K 95 vs 147, 16 x 32K
-// 390 vs 386, 256 x 1.5K 261 vs 304 (two calls, kv4 the control: 231 / 233 us). kc4v2: predicted to gain the same
-// way (docs/benchmarks_gpu.md has the measurement). u2c K with u4 / u8 V would spill 16 / 96 bytes at 4: kept at 3.
+// 390 vs 386, 256 x 1.5K 261 vs 304 (two calls, kv4 the control: 231 / 233 us). kc4v2 (u4c K, u2 V), predicted to
+// gain the same way, did: 285 vs 358, 92 vs 137, 363 vs 374, 249 vs 296 us. u2c K with u4 / u8 V would spill 16 /
+// 96 bytes at 4: kept at 3.
 //
 // v_ahead: u2 K and V load V one tile ahead with K (4 more registers at 128): measured 3% faster on the same
 // three shapes at 3 blocks (206, 60, 170 us; head_dim 64 takes it unmeasured). Other formats keep V at the top of
