@@ -323,9 +323,13 @@ void bind_cuda(nb::module_& m) {
 #ifdef LOWBIT_WITH_CUDA
         const char* op = "decode_attention";
         auto typed = [&](nb::handle obj, const std::string& dtype, const char* arg) {
-          LOWBIT_CHECK(dtype == "f16" || dtype == "u8" || dtype == "u4", op, ": the dtype of '", arg,
-                       "' must be 'f16', 'u8' or 'u4', got '", dtype, "'");
+          LOWBIT_CHECK(dtype == "f16" || dtype == "u8" || dtype == "u4" || dtype == "u2", op, ": the dtype of '", arg,
+                       "' must be 'f16', 'u8', 'u4' or 'u2', got '", dtype, "'");
           const Tensor t = tensor_from_python(obj, arg);
+          if (dtype == "u2") {
+            check_dtype(t, ScalarType::u8, op, arg);
+            return t.contiguous().as_dtype_view(ScalarType::u2);
+          }
           return dtype == "u4" ? as_u4(t, op, arg) : t;
         };
         const Tensor k = typed(k_data, kv_dtype, "k_data");
@@ -343,7 +347,8 @@ void bind_cuda(nb::module_& m) {
       nb::arg("block_tables"), nb::arg("seq_lens"), nb::arg("max_seq_len"), nb::arg("scale"), nb::arg("out"),
       nb::arg("kv_dtype") = "f16", nb::arg("split_tokens") = 0, nb::arg("stream") = 0, nb::arg("v_dtype") = "",
       "GPU: decode attention over a paged KV cache. kv_dtype is K's type (and V's unless v_dtype is given): "
-      "'f16', 'u8', or 'u4' (passed as uint8 bytes [.., D/2])");
+      "'f16', 'u8', 'u4' (passed as uint8 bytes [.., D/2]) or 'u2' (uint8 bytes [.., D/4], dim 4i + j in bits 2j of "
+      "byte i)");
 }
 
 }  // namespace lowbit::bindings

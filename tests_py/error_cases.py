@@ -190,8 +190,8 @@ def ok():
     case("cache_computed_beyond_the_sequence", "a, s = pool(); a.cache_computed_blocks(s, [1] * 30, 25)",
          "ValueError", "'num_computed' (25)", "(20)"),
     case("is_cached_out_of_range", "a, s = pool(); a.is_cached(-1)", "IndexError", "block -1", "[0, 4)"),
-    case("kv_cache_kv2_on_gpu", "C.KVCache(1, 1, 64, 4, k_type='u2', device='cuda')", "NotImplementedError", "u2",
-         "no GPU kernel"),
+    case("kv_cache_per_channel_u2_group_on_gpu", "C.KVCache(1, 1, 64, 4, block_size=40, k_type='u2', device='cuda', "
+         "k_per_channel=True)", "ValueError", "multiples of 16", "40", when="gpu"),
     case("kv_cache_u2_head_dim", "C.KVCache(1, 1, 66, 4, k_type='u2')", "ValueError", "divisible by 4", "66"),
     case("kv_write_per_channel_k_without_prepare",
          "c = C.KVCache(1, 1, 64, 4, block_size=32, k_type='u4', device='cuda', k_per_channel=True); "

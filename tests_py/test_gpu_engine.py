@@ -329,7 +329,8 @@ def test_smollm2_q4_1_file_as_stored_on_the_gpu():
     assert abs(p_gpu - p_exact) / p_exact < 0.01
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "w4a8kv4", "w16a16kc4g32v4"])
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "w4a8kv4", "w16a16kc4g32v4", "w16a16kv2",
+                                    "w16a16kc2g32v2"])
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_prefix_caching_on_the_gpu_matches_caching_off(recipe, cuda_graphs):
     """Automatic prefix caching on CUDA: a second request on a 200-token shared prefix adopts its full blocks

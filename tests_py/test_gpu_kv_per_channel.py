@@ -1,4 +1,4 @@
-"""Per-channel 4-bit K (kc4: KIVI / BitDecoding) on the GPU against the CPU cache, which defines the format and
+"""Per-channel 4- and 2-bit K (kc4, kc2: KIVI / BitDecoding) on the GPU against the CPU cache, which defines the format and
 its f16 window (include/lowbit/kv/kv_cache.h): the same f16 K rows quantize to the same bytes, and the attention of
 every step (chunked prefill over blocks completed inside the chunk, decode over the window, a fork) matches the
 CPU's. The engine-level checks (random Llama vs the CPU, graphs vs eager, prefix caching) are in
@@ -20,9 +20,9 @@ def as_bytes(t):
     return torch.from_dlpack(t.to("cpu").view_as_bytes()).clone()
 
 
-def caches(d, group, v_type, slots=8):
-    cpu = _core.KVCache(1, HKV, d, BLOCKS, block_size=group, k_type="u4", v_type=v_type, k_per_channel=True)
-    gpu = _core.KVCache(1, HKV, d, BLOCKS, block_size=group, k_type="u4", v_type=v_type, device="cuda",
+def caches(d, group, v_type, slots=8, k_type="u4"):
+    cpu = _core.KVCache(1, HKV, d, BLOCKS, block_size=group, k_type=k_type, v_type=v_type, k_per_channel=True)
+    gpu = _core.KVCache(1, HKV, d, BLOCKS, block_size=group, k_type=k_type, v_type=v_type, device="cuda",
                         k_per_channel=True, k_window_slots=slots)
     return cpu, gpu
 
@@ -69,11 +69,14 @@ def sealed_bytes_agree(cpu, gpu, blocks):
             assert torch.equal(a, c), (name, b)
 
 
-@pytest.mark.parametrize("d,group,v_type", [(128, 64, "u4"), (128, 32, "u8"), (64, 64, "f16"), (64, 128, "u4"),
-                                            (128, 128, "u8")])
-def test_prefill_decode_and_fork_match_the_cpu_cache(d, group, v_type):
+@pytest.mark.parametrize("d,group,v_type,k_type", [
+    (128, 64, "u4", "u4"), (128, 32, "u8", "u4"), (64, 64, "f16", "u4"), (64, 128, "u4", "u4"), (128, 128, "u8", "u4"),
+    # kc2: 2-bit K per channel, with each V format (u2 V per token too), both head dims, all three groups.
+    (128, 64, "u2", "u2"), (64, 32, "u4", "u2"), (128, 32, "f16", "u2"), (64, 128, "u8", "u2"), (64, 64, "u2", "u4"),
+    (128, 128, "u2", "u2")])
+def test_prefill_decode_and_fork_match_the_cpu_cache(d, group, v_type, k_type):
     g = torch.Generator().manual_seed(d + group)
-    cpu, gpu = caches(d, group, v_type)
+    cpu, gpu = caches(d, group, v_type, k_type=k_type)
     perm = torch.randperm(BLOCKS, generator=g).tolist()
     tables = [perm[0:6], perm[6:12]]  # two sequences, blocks in random order
     errs = []
@@ -97,7 +100,7 @@ def test_prefill_decode_and_fork_match_the_cpu_cache(d, group, v_type):
         errs.append(step(cpu, gpu, tables, [(1, pos[1], 1), (2, pos[1], 1)], g, d))
         pos[1] += 1
     worst = max(errs)
-    print(f"d={d} G={group} v={v_type}: worst relative error vs the CPU over {len(errs)} steps: {worst:.2e}")
+    print(f"d={d} G={group} k={k_type} v={v_type}: worst relative error vs the CPU over {len(errs)} steps: {worst:.2e}")
     # f16 q folded with the per-channel scales and f16 P against f32 on the CPU: observed ~3e-3.
     assert worst < 2e-2, errs
     assert gpu.k_window_slots_in_use <= 8
@@ -112,8 +115,9 @@ def test_window_slots_run_out_with_a_named_error():
         _core.prepare_k_window(gpu, torch.tensor([4 * 32], dtype=torch.int32))
 
 
-def test_registry_plans_per_channel_k_on_the_tensor_cores():
+@pytest.mark.parametrize("k_type", ["u4", "u2"])
+def test_registry_plans_per_channel_k_on_the_tensor_cores(k_type):
     for phase, kernel in [("decode", "decode_attention_sm80"), ("prefill", "prefill_attention_tc_sm80")]:
-        r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=128, q="f16", k="u4", v="u4",
+        r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=128, q="f16", k=k_type, v="u4",
                                            gqa=4, block_size=64, k_per_channel=True)
         assert r["kernel"] == kernel and not r["fallback"], r

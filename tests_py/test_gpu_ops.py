@@ -143,7 +143,8 @@ def t(x):
     return torch.from_dlpack(x)
 
 
-@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4"), ("f32", "bf16")])
+@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4"), ("f32", "bf16"),
+                                   ("u2", "u2"), ("u4", "u2"), ("u2", "f16")])
 @pytest.mark.parametrize("d", [64, 80, 128])
 def test_kv_write_bit_exact_with_cpu(kt, vt, d):
     hkv, bs, blocks, T = 3, 16, 9, 21
@@ -180,7 +181,7 @@ ROPE_KW = {"default": {}, "llama3_gptj": dict(theta=500000.0, neox=False, llama3
            "partial": dict(rotary_dim=32, theta=1e6)}
 
 
-@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4")])
+@pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4"), ("u2", "u2"), ("u8", "u2")])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("hq,hkv", [(8, 2), (6, 3), (4, 4)])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

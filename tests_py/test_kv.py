@@ -72,8 +72,6 @@ def test_cache_storage_is_visible_to_torch(k_type, v_type):
 
 
 def test_cache_config_errors():
-    with pytest.raises(NotImplementedError, match="K cache format u2 on cuda:0: there is no GPU kernel for it yet"):
-        lb.KVCache(1, 1, 64, 4, k_type="u2", device="cuda")
     with pytest.raises(TypeError, match="v_type must be one of f32, f16, bf16, u8, u4, u2; got s8"):
         lb.KVCache(1, 1, 64, 4, v_type="s8")
     with pytest.raises(ValueError, match="'head_dim' must be positive, got 0"):

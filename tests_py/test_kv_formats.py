@@ -1,8 +1,8 @@
 """Issue 16's KV formats from Python: the recipe words (2-bit KV, per-channel K with its group), the CPU
 engine on SmolLM2 with them (prefix caching on and off give the same greedy tokens and logprobs, hits in
-whole K groups, generation stays sane and differs from the float cache), and the GPU's refusal of them in
-the attention registry (a descriptor answered on any machine) and, with a GPU, at load."""
-import re
+whole K groups, generation stays sane and differs from the float cache), and the GPU attention registry's
+answers for them (a descriptor answered on any machine): tensor-core kernels at head_dim 64 and 128, refusals
+by name elsewhere. The GPU runs of 2-bit KV are in test_gpu_kv2.py."""
 
 import numpy as np
 import pytest
@@ -41,22 +41,29 @@ def test_bad_kv_words_are_named(text, why):
         parse_recipe(text)
 
 
-@pytest.mark.parametrize("k,v,per_channel,words", [
-    ("u2", "u2", True, "has no GPU kernel for per-channel K of u2 \\(4-bit only\\)"),
-    ("u2", "u2", False, "has no GPU kernel for 2-bit KV \\(k=u2 v=u2\\) yet"),
-    ("u8", "u2", False, "has no GPU kernel for 2-bit KV \\(k=u8 v=u2\\) yet"),
-])
+@pytest.mark.parametrize("k,v,per_channel", [("u2", "u2", True), ("u2", "u2", False), ("u8", "u2", False),
+                                               ("u2", "f16", False), ("u2", "u4", True)])
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
-def test_gpu_attention_registry_refuses_the_new_formats(k, v, per_channel, words, phase):
-    """Every GPU attention kernel (tensor-core ones and the slow warp kernel) refuses, so nothing falls back."""
-    r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=64, q="f16", k=k, v=v, gqa=4,
+def test_gpu_attention_registry_plans_2bit_kv(k, v, per_channel, phase):
+    """2-bit K/V take the tensor-core kernels at head_dim 64 and 128 (no fallback). At 256 the decode kernel
+    refuses them by name (its other formats have 256 instances; the prefill kernel has none at 256 at all): per
+    channel nothing runs, per token only the slow warp kernel is left, flagged as a fallback."""
+    want = "decode_attention_sm80" if phase == "decode" else "prefill_attention_tc_sm80"
+    for d in (64, 128):
+        r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=d, q="f16", k=k, v=v, gqa=4,
+                                           block_size=64 if per_channel else 16, k_per_channel=per_channel)
+        assert r["kernel"] == want and not r["fallback"], r
+    r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=256, q="f16", k=k, v=v, gqa=4,
                                        block_size=64 if per_channel else 16, k_per_channel=per_channel)
-    assert r["kernel"] is None, r
-    # The decode kernel answers prefill steps with "decode steps only" before it looks at the KV format.
-    assert len(re.findall(words, r["reasons"])) == (3 if phase == "decode" else 2), r["reasons"]
-    with pytest.raises(NotImplementedError, match=words):
-        _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=64, q="f16", k=k, v=v, gqa=4,
-                                       k_per_channel=per_channel, strict=True)
+    words = "for head_dim 64 and 128 only, not 256"
+    assert (words in r["reasons"]) == (phase == "decode"), r["reasons"]
+    if per_channel:
+        assert r["kernel"] is None, r
+        with pytest.raises(NotImplementedError, match="head_dim"):
+            _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=256, q="f16", k=k, v=v, gqa=4,
+                                           block_size=64, k_per_channel=per_channel, strict=True)
+    else:
+        assert r["kernel"] == "prefill_attention_sm80" and r["fallback"], r
     cpu = _core.kernels.select_attention(device="cpu", phase=phase, head_dim=64, q="f32", k=k, v=v, gqa=4,
                                          k_per_channel=per_channel)
     assert cpu["kernel"] == "paged_attention_cpu" and not cpu["fallback"]
@@ -70,7 +77,7 @@ def test_gpu_attention_registry_refuses_the_new_formats(k, v, per_channel, words
     assert "per-channel K runs on the tensor-core kernels only" in pc["reasons"], pc
 
 
-def test_cpu_cache_holds_the_new_formats_and_the_gpu_refuses_them():
+def test_cpu_cache_holds_the_new_formats():
     c = _core.KVCache(2, 3, 64, 4, block_size=32, k_type="u2", v_type="u2")
     assert c.k_data(0).shape == (4, 3, 32, 64) and not c.k_per_channel
     pc = _core.KVCache(2, 3, 64, 4, block_size=32, k_type="u4", v_type="u2", k_per_channel=True)
@@ -79,8 +86,6 @@ def test_cpu_cache_holds_the_new_formats_and_the_gpu_refuses_them():
         _core.KVCache(1, 1, 64, 4, k_type="u8", k_per_channel=True)
     with pytest.raises(ValueError, match="packs 4 values per byte and needs head_dim divisible by 4, got 66"):
         _core.KVCache(1, 1, 66, 4, k_type="u2")
-    with pytest.raises(NotImplementedError, match="K cache format u2 on cuda:0: there is no GPU kernel for it yet"):
-        _core.KVCache(1, 1, 64, 4, k_type="u2", device="cuda")
 
 
 def test_prepare_k_window_is_a_no_op_for_host_caches_and_checks_its_slots():
@@ -136,14 +141,6 @@ def test_smollm2_kc4v4_generation_is_sane(gguf):
     p16 = f32.perplexity(text)
     p4 = kc4.perplexity(text)
     assert p16 <= p4 * 1.02 and p4 < p16 * 1.25, (p16, p4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")
-def test_gpu_engine_refuses_2bit_kv_at_load(gguf):
-    for recipe in ["w16a16kv2", "w16a16kc2g32v4", "w16a16kc4v2"]:
-        with pytest.raises(NotImplementedError, match="\\(2-bit KV\\) has no GPU kernel yet"):
-            lowbit.LLM(gguf, recipe=recipe, device="cuda", dtype="f16", progress=False)
 
 
 @pytest.mark.gpu

@@ -22,6 +22,9 @@
 #               step says which are missing.
 #     kc        per-channel 4-bit K (kc4 recipes): its op and engine tests, sanitizers over its small cases, and
 #               decode attention kv4 vs kc4 (tools/bench_gpu_kv_per_channel.py)
+#     kv2       2-bit KV (kv2, k4v2, kc2..): its tests (test_gpu_kv2.py, the u2 cases of the per-channel, ops and format
+#               tests), the decode attention and engine tests as regression, sanitizers over small 2-bit cases, and
+#               decode attention kv2/kc2 vs kv4/kc4 vs SDPA fp16 (tools/bench_gpu_kv2.py)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py, then
 #               tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs TP=N; TP_RECIPES, TP_SIZES, TP_LAYERS).
 #               NCCL comes from the nvidia-nccl-cu13 wheel torch installs; the build log says whether it was found.
@@ -132,6 +135,29 @@ if has kc; then
     echo "$tool rc=$?"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_kc.log" | head -4
   done
   [ -f "$REPO/tools/bench_gpu_kv_per_channel.py" ] && timeout 300 python3 "$REPO/tools/bench_gpu_kv_per_channel.py" "$OUT/bench_kc.json" 2>&1 | tail -12
+fi
+
+if has kv2; then
+  # Order: the 2-bit tests, the benchmark, the sanitizers, then the attention / engine tests as regression.
+  echo "== 2-bit KV on the GPU"
+  "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_ops.py" \
+    "$TESTS/test_kv_formats.py" "$TESTS/test_kv.py" -q -rfEs --maxfail=40 -k "not smollm2 and (kv2 or 2bit or u2 or per_channel or kv_formats or cache or kv_write or prefill or decode)" \
+    2>&1 | tee "$OUT/pytest_kv2.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2.log" | cut -c1-400 | head -30
+  "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "cache or logits" 2>&1 \
+    | grep -E "worst relative error|relative logit error" | head -40
+  timeout 300 python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -16
+  for tool in memcheck racecheck synccheck; do
+    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_kv2.py" \
+      "$TESTS/test_gpu_kv_per_channel.py" -k "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" \
+      > "$OUT/${tool}_kv2.log" 2>&1
+    echo "$tool rc=$?"; tail -1 "$OUT/${tool}_kv2.log"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_kv2.log" | head -4
+  done
+  echo "== regression: decode attention and engine tests"
+  "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 -k "not smollm2" \
+    2>&1 | tee "$OUT/pytest_kv2_regression.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2_regression.log" | cut -c1-400 | head -20
 fi
 
 if has engine; then

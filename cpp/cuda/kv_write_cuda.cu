@@ -52,7 +52,7 @@ __device__ void write_row(const Side& s, int64_t t, int h, int64_t row, int d) {
   }
   lo = -warp_max(-lo);
   hi = warp_max(hi);
-  const int bits = s.cache_type == ScalarType::u8 ? 8 : 4;
+  const int bits = s.cache_type == ScalarType::u8 ? 8 : s.cache_type == ScalarType::u4 ? 4 : 2;
   const float qmax = static_cast<float>((1 << bits) - 1);
   const float scale = __fdiv_rn(hi - lo, qmax);
   auto code = [&](int i) -> unsigned {
@@ -66,11 +66,18 @@ __device__ void write_row(const Side& s, int64_t t, int h, int64_t row, int d) {
   uint8_t* out = static_cast<uint8_t*>(s.data);
   if (bits == 8) {
     for (int i = lane; i < d; i += 32) out[row * d + i] = static_cast<uint8_t>(code(i));
-  } else {  // element 2i in the low nibble of byte i
+  } else if (bits == 4) {  // element 2i in the low nibble of byte i
     const int bytes = (d + 1) / 2;
     for (int b = lane; b < bytes; b += 32) {
       const unsigned hi_nibble = 2 * b + 1 < d ? code(2 * b + 1) : 0u;
       out[row * bytes + b] = static_cast<uint8_t>(code(2 * b) | (hi_nibble << 4));
+    }
+  } else {  // element 4i + j in bits 2j..2j+1 of byte i
+    const int bytes = (d + 3) / 4;
+    for (int b = lane; b < bytes; b += 32) {
+      unsigned byte = 0;
+      for (int j = 0; j < 4 && 4 * b + j < d; ++j) byte |= code(4 * b + j) << (2 * j);
+      out[row * bytes + b] = static_cast<uint8_t>(byte);
     }
   }
 }
@@ -89,11 +96,15 @@ __global__ void kv_write_kernel(Side k, Side v, const int32_t* slots, int64_t to
 }
 
 // Per-channel K: one block per (token, kv head); a token in the last slot of its block seals the block:
-// per channel over the block's bs window rows, zero = min, scale = (max - min) / 15, codes rint((x - zero)
-// / scale) clamped to [0, 15] (IEEE division, as the CPU), two channels per byte (low nibble first).
+// per channel over the block's bs window rows, zero = min, scale = (max - min) / (2^bits - 1), codes
+// rint((x - zero) / scale) clamped to [0, 2^bits - 1] (IEEE division, as the CPU), 8 / bits channels per
+// byte (little-end first). A thread owns the channels of one byte.
+template <int kBits>
 __global__ void seal_k_blocks_kernel(const __half* window, const int32_t* window_map, const int32_t* slots,
                                      int64_t num_slots, uint8_t* codes, float* params, int hkv, int block_size,
                                      int d) {
+  constexpr int kPer = 8 / kBits;
+  constexpr float kQmax = static_cast<float>((1 << kBits) - 1);
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   const int32_t slot = slots[t];
@@ -104,28 +115,30 @@ __global__ void seal_k_blocks_kernel(const __half* window, const int32_t* window
   const __half* x = window + (static_cast<int64_t>(wslot) * hkv + h) * block_size * d;
   float* scales = params + (block * hkv + h) * 2 * d;
   float* zeros = scales + d;
-  uint8_t* out = codes + (block * hkv + h) * block_size * (d / 2);
-  for (int c = threadIdx.x; c < d / 2; c += blockDim.x) {  // channels 2c and 2c + 1
-    float lo[2], hi[2], sc[2];
-    for (int e = 0; e < 2; ++e) {
-      lo[e] = hi[e] = __half2float(x[2 * c + e]);
+  const int row_bytes = d / kPer;
+  uint8_t* out = codes + (block * hkv + h) * block_size * row_bytes;
+  for (int c = threadIdx.x; c < row_bytes; c += blockDim.x) {  // channels kPer c .. kPer c + kPer - 1
+    float lo[kPer], hi[kPer], sc[kPer];
+    for (int e = 0; e < kPer; ++e) {
+      const int ch = kPer * c + e;
+      lo[e] = hi[e] = __half2float(x[ch]);
       for (int r = 1; r < block_size; ++r) {
-        const float v = __half2float(x[static_cast<int64_t>(r) * d + 2 * c + e]);
+        const float v = __half2float(x[static_cast<int64_t>(r) * d + ch]);
         lo[e] = fminf(lo[e], v);
         hi[e] = fmaxf(hi[e], v);
       }
-      sc[e] = __fdiv_rn(hi[e] - lo[e], 15.f);
-      scales[2 * c + e] = sc[e];
-      zeros[2 * c + e] = lo[e];
+      sc[e] = __fdiv_rn(hi[e] - lo[e], kQmax);
+      scales[ch] = sc[e];
+      zeros[ch] = lo[e];
     }
     for (int r = 0; r < block_size; ++r) {
       unsigned byte = 0;
-      for (int e = 0; e < 2; ++e) {
-        const float v = __half2float(x[static_cast<int64_t>(r) * d + 2 * c + e]);
+      for (int e = 0; e < kPer; ++e) {
+        const float v = __half2float(x[static_cast<int64_t>(r) * d + kPer * c + e]);
         const float q = sc[e] > 0.f ? rintf(__fdiv_rn(v - lo[e], sc[e])) : 0.f;
-        byte |= static_cast<unsigned>(fminf(fmaxf(q, 0.f), 15.f)) << (4 * e);
+        byte |= static_cast<unsigned>(fminf(fmaxf(q, 0.f), kQmax)) << (kBits * e);
       }
-      out[static_cast<int64_t>(r) * (d / 2) + c] = static_cast<uint8_t>(byte);
+      out[static_cast<int64_t>(r) * row_bytes + c] = static_cast<uint8_t>(byte);
     }
   }
 }
@@ -135,10 +148,13 @@ void seal_k_blocks(const KWindow& window, const Tensor& slot_mapping, int64_t to
                    cudaStream_t stream, const char* op) {
   const int hkv = static_cast<int>(k_data.size(1)), block_size = static_cast<int>(k_data.size(2));
   const int d = static_cast<int>(window.rows.size(3));
-  seal_k_blocks_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(hkv)), 64, 0, stream>>>(
-      static_cast<const __half*>(window.rows.data_ptr()), window.map.data<int32_t>(), slot_mapping.data<int32_t>(),
-      k_data.size(0) * block_size, static_cast<uint8_t*>(k_data.data_ptr()), k_params.data<float>(), hkv, block_size,
-      d);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, k_data.dtype() == ScalarType::u4 || k_data.dtype() == ScalarType::u2,
+                    op, ": per-channel K needs a u4 or u2 cache, got ", name_of(k_data.dtype()));
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(hkv));
+  auto kernel = k_data.dtype() == ScalarType::u4 ? seal_k_blocks_kernel<4> : seal_k_blocks_kernel<2>;
+  kernel<<<grid, 64, 0, stream>>>(static_cast<const __half*>(window.rows.data_ptr()), window.map.data<int32_t>(),
+                                  slot_mapping.data<int32_t>(), k_data.size(0) * block_size,
+                                  static_cast<uint8_t*>(k_data.data_ptr()), k_params.data<float>(), hkv, block_size, d);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 

@@ -18,11 +18,12 @@
 namespace lowbit::model_detail {
 void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device, const ModelConfig& cfg) {
   if (device.is_cpu()) return;
-  // 2-bit KV (K or V): the CPU engine only. Per-channel K runs at 4 bits (kc4..).
+  // 2-bit KV (kv2, k4v2, kc2..) has GPU attention instances at head_dim 64 and 128 only.
   if (recipe.has_kv2())
-    LOWBIT_NOT_SUPPORTED("Model: KV format '", kv_format_name(recipe), "' of recipe '", recipe.text,
-                         "' (2-bit KV) has no GPU kernel yet; it runs on device='cpu' only. GPU KV formats: kv16, "
-                         "kv8, kv4, k8v4, k4v8 (per token) and kc4v16, kc4v8, kc4v4 (per-channel 4-bit K)");
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cfg.head_dim == 64 || cfg.head_dim == 128, "Model: KV format '",
+                      kv_format_name(recipe), "' of recipe '", recipe.text, "' (2-bit KV) has GPU attention kernels for "
+                      "head_dim 64 and 128 only, this model has ", cfg.head_dim, "; use a 4- or 8-bit KV format or "
+                      "device='cpu'");
   const int cap = kernels::compute_capability(device);
   const std::string arch = "sm_" + std::to_string(cap);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, cap >= 80, "Model: device ", device.str(),

@@ -126,7 +126,7 @@ static ScalarType kv_type_for(KVBits bits, ScalarType compute, const char* which
     case KVBits::kv16: return compute;
     case KVBits::kv8: return ScalarType::u8;
     case KVBits::kv4: return ScalarType::u4;
-    case KVBits::kv2: return ScalarType::u2;  // the CPU only: the GPU refuses it at load (device_support.cpp)
+    case KVBits::kv2: return ScalarType::u2;  // the GPU at head_dim 64 and 128 (device_support.cpp)
   }
   LOWBIT_CHECK(false, "Model: bad ", which, " cache bits ", static_cast<int>(bits));
 }

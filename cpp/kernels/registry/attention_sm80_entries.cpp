@@ -15,16 +15,12 @@
 namespace lowbit::kernels {
 namespace {
 
-// KV formats no GPU kernel reads yet (2-bit: CPU only): every GPU entry refuses them by name, so dispatch
-// reports it and nothing falls back. Per-channel K runs at 4 bits (the u4c instances).
+// KV formats the GPU kernels read: per-channel K at 4 or 2 bits (the u4c / u2c instances); 2-bit K or V only
+// where an instance has them (head_dim 64 and 128, tc_common says so by name). Nothing falls back.
 bool gpu_kv_format_ok(const AttnDesc& d, std::string* why) {
-  if (d.kv_granularity == KvGranularity::per_channel_k && d.k_type != ScalarType::u4)
+  if (d.kv_granularity == KvGranularity::per_channel_k && d.k_type != ScalarType::u4 && d.k_type != ScalarType::u2)
     return refuse(why, std::string("has no GPU kernel for per-channel K of ") + name_of(d.k_type) +
-                           " (4-bit only); it runs on the CPU"),
-           false;
-  if (d.k_type == ScalarType::u2 || d.v_type == ScalarType::u2)
-    return refuse(why, std::string("has no GPU kernel for 2-bit KV (k=") + name_of(d.k_type) + " v=" +
-                           name_of(d.v_type) + ") yet; it runs on the CPU"),
+                           " (4 and 2 bits only); it runs on the CPU"),
            false;
   return true;
 }
@@ -53,7 +49,11 @@ bool tc_common(const AttnDesc& d, std::string* why, const cuda::AttnInstance (&i
     return refuse(why, "has instances for head_dim " + cuda::head_dims_of(instances) + ", not " +
                            std::to_string(d.head_dim)),
            false;
-  return refuse(why, "has instances for K/V f16, u8, u4 and per-channel u4 K, not " + kv), false;
+  if (d.k_type == ScalarType::u2 || d.v_type == ScalarType::u2)
+    return refuse(why, "has 2-bit K/V instances (" + kv + ") for head_dim 64 and 128 only, not " +
+                           std::to_string(d.head_dim)),
+           false;
+  return refuse(why, "has instances for K/V f16, u8, u4, u2 and per-channel u4/u2 K, not " + kv), false;
 }
 
 // The phase's tensor-core kernel has an instance for this descriptor that the build left out.
@@ -122,9 +122,9 @@ void launch_prefill(const AttnArgs& a) {
 }  // namespace
 
 void register_attention_sm80(std::vector<AttnKernel>& out) {
-  out.push_back({"decode_attention_sm80", "decode: split-KV tensor cores, f16 q, K/V f16/u8/u4 (K also u4 per channel), head_dim 64/80/96/128/256, GQA <= 16",
+  out.push_back({"decode_attention_sm80", "decode: split-KV tensor cores, f16 q, K/V f16/u8/u4 (K also u4 per channel) at head_dim 64/80/96/128/256, 2-bit K/V (K also u2 per channel) at 64/128, GQA <= 16",
                  decode_can_run, decode_rank, LOWBIT_GPU_LAUNCH(launch_decode)});
-  out.push_back({"prefill_attention_tc_sm80", "prefill: tensor cores, f16 q, K/V f16/u8/u4 (K also u4 per channel), head_dim 64/128",
+  out.push_back({"prefill_attention_tc_sm80", "prefill: tensor cores, f16 q, K/V f16/u8/u4/u2 (K also u4/u2 per channel), head_dim 64/128",
                  prefill_tc_can_run, prefill_tc_rank,
                  LOWBIT_GPU_LAUNCH((launch_prefill<cuda::PrefillKernel::tensor_core>))});
   out.push_back({"prefill_attention_sm80", "any phase: one warp per (query, head), f32 (slow path)", warp_can_run,

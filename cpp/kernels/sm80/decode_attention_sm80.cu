@@ -1,4 +1,4 @@
-// Decode attention over the paged KV cache (one query token per sequence), K/V in f16, u8 or u4:
+// Decode attention over the paged KV cache (one query token per sequence), K/V in f16, u8, u4 or u2:
 // argument checks, the split-KV plan, the launch of the (head_dim, K, V) instance from the generated
 // table (decode_attention_launch.h; the kernel is in decode_attention_sm80.cuh) and the merge of the
 // splits (flash-decoding).
@@ -43,7 +43,7 @@ __global__ void combine_splits_kernel(const float* __restrict__ part_out, const 
 KvType kv_type_of(const Tensor& t, const char* op, const char* arg, bool per_channel = false) {
   KvType kt = KvType::f16;
   if (!lowbit::cuda::kv_type_of(t.dtype(), kt, per_channel))
-    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' must be ", per_channel ? "u4 (per-channel K)" : "f16, u8 or u4",
+    LOWBIT_NOT_SUPPORTED(op, ": argument '", arg, "' must be ", per_channel ? "u4 or u2 (per-channel K)" : "f16, u8, u4 or u2",
                          ", got ", name_of(t.dtype()));
   return kt;
 }
@@ -54,11 +54,14 @@ DecodeAttnLaunch find_launch(int d, KvType kt, KvType vt, ScalarType k_dtype, Sc
     const DecodeAttnEntry& e = kDecodeAttnTable[i];
     if (e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
   }
-  const bool per_channel = kt == KvType::u4c;
+  const bool per_channel = kv_per_channel_type(kt);
   const InstanceState s = instance_state(kDecodeAttnInstances, d, k_dtype, v_dtype, per_channel);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, s != InstanceState::not_built, op, ": the instance for head_dim ", d,
                     " k=", name_of(k_dtype), per_channel ? " (per channel)" : "", " v=", name_of(v_dtype),
                     " is not built (", kAttnAllInstancesHint, ")");
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, s != InstanceState::none || (k_dtype != ScalarType::u2 && v_dtype != ScalarType::u2),
+                    op, ": 2-bit K/V (k=", name_of(k_dtype), per_channel ? " per channel" : "", " v=", name_of(v_dtype),
+                    ") has instances for head_dim 64 and 128 only, got ", d);
   LOWBIT_NOT_SUPPORTED(op, ": head_dim ", d, " has no kernel (supported: ", head_dims_of(kDecodeAttnInstances), ")");
 }
 

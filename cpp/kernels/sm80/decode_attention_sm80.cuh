@@ -1,4 +1,4 @@
-// The decode attention kernel over the paged KV cache (one query token per sequence), K/V in f16, u8 or u4
+// The decode attention kernel over the paged KV cache (one query token per sequence), K/V in f16, u8, u4 or u2
 // with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h), on tensor cores.
 //
 // Grid (sequence, kv head x head slice, split). The query heads of one GQA group (<= 8) are the n8 side
@@ -24,6 +24,13 @@
 // warp then walks whole blocks (its bs / 16 tiles in a row) so the fold is paid once per block. Only the
 // complete blocks [0, (len / bs) * bs) are read as codes; the newest len % bs keys sit in the f16 window
 // (KVCache::k_window) and the grid's last split reads them with the f16-K body (DecodeAttnArgs::k_window).
+// u2c is the same at 2 bits.
+//
+// 2-bit codes (u2, u2c; head_dim a multiple of 64) take the magic-number trick without shifts: field f of a
+// byte (bits 2f..2f+1) masked into an f16 1024 is 1024 + 4^f c, so k-step j reads field f = j % 4 of all four
+// bytes of a word and the query is multiplied by 4^(3 - f) (exact in f16), which puts every product on the
+// same 64x scale, undone after the mma with the offset 1024 Σ(folded q). V's m-tiles read fields (0, 1) or
+// (2, 3) and the output rows take their 1 / 4^f after the mma.
 //
 // This header holds the kernel template; each instance file compiles one (head_dim, K, V) of it and
 // decode_attention_sm80.cu dispatches through the generated table (decode_attention_launch.h).
@@ -119,7 +126,11 @@ __device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
 // dim s with s + 2 instead (k_frag).
 template <KvType KT, int kSteps>
 __device__ inline void q_dims(int j, int& b0_first, int& b0_second, int& b1_first, int& b1_second) {
-  if constexpr (KT == KvType::u4 || KT == KvType::u4c) {
+  if constexpr (kv_bits<KT>() == 2) {
+    // Step j: field f = j % 4 of bytes 0/2 (lo) and 1/3 (hi) of word j / 4 (dims 4 * byte + f).
+    const int s = 16 * (j >> 2), f = j & 3;
+    b0_first = s + f; b0_second = s + 8 + f; b1_first = s + 4 + f; b1_second = s + 12 + f;
+  } else if constexpr (KT == KvType::u4 || KT == KvType::u4c) {
     if (kSteps % 2 == 1 && j == kSteps - 1) {
       const int s = 8 * (j >> 1);
       b0_first = s; b0_second = s + 2; b1_first = s + 1; b1_second = s + 3;
@@ -132,6 +143,9 @@ __device__ inline void q_dims(int j, int& b0_first, int& b0_second, int& b1_firs
   }
 }
 
+// 2-bit K: the query multiplier of k-step j, 4^(3 - j % 4): every product lands on the 64x scale.
+__device__ constexpr float two_bit_fold(int j) { return static_cast<float>(1 << (6 - 2 * (j & 3))); }
+
 // K A-fragment registers of k-step j from one token's run of D/4 dims (a0/a2 for row g, a1/a3 g+8).
 // Integer codes come with their magic offsets (lo: 1024 + c; u4 hi: 1024 + 16c), removed after the mma.
 template <KvType KT, int kSteps, int kWords>
@@ -140,6 +154,9 @@ __device__ inline void k_frag(const uint32_t (&w)[kWords], int j, uint32_t& lo, 
     lo = w[2 * j]; hi = w[2 * j + 1];
   } else if constexpr (KT == KvType::u8) {
     lo = bytes_plus_1024(w[j], 0x4140); hi = bytes_plus_1024(w[j], 0x4342);
+  } else if constexpr (kv_bits<KT>() == 2) {  // field j % 4 of bytes (0, 2) and (1, 3): 1024 + 4^f c
+    const uint32_t word = w[j >> 2], mask = 0x00030003u << (2 * (j & 3));
+    lo = lop3_and_or(word, mask, kMagic); hi = lop3_and_or(word >> 8, mask, kMagic);
   } else {
     // The lop3 masks read bytes 0 and 2: steps 2i / 2i + 1 take word i's bytes (0, 2) / (1, 3); an odd
     // last step moves byte 1 into byte 2 (see q_dims).
@@ -163,6 +180,11 @@ __device__ inline void v_frag(const uint32_t (&wa)[kWords], const uint32_t (&wb)
     const uint32_t t = __byte_perm(wa[mt >> 1], wb[mt >> 1], byte | (byte + 4) << 4 | (byte + 1) << 8 | (byte + 5) << 12);
     dim0 = bytes_plus_1024(t, 0x4140);
     dim1 = bytes_plus_1024(t, 0x4342);
+  } else if constexpr (VT == KvType::u2) {  // byte mt / 2 of the run, fields 2 (mt % 2) and 2 (mt % 2) + 1
+    const int byte = (mt >> 1) & 3, shift = 4 * (mt & 1);
+    const uint32_t t = __byte_perm(wa[mt >> 3], wb[mt >> 3], byte | byte << 4 | (byte + 4) << 8 | (byte + 4) << 12);
+    dim0 = lop3_and_or(t, 0x00030003u << shift, kMagic);        // 1024 + 4^(2 (mt % 2)) c
+    dim1 = lop3_and_or(t, 0x000c000cu << shift, kMagic);        // 1024 + 4^(2 (mt % 2) + 1) c
   } else {
     const int byte = mt & 3;
     const uint32_t t = __byte_perm(wa[mt >> 2], wb[mt >> 2], byte | byte << 4 | (byte + 4) << 8 | (byte + 4) << 12);
@@ -195,10 +217,12 @@ struct DecodeSmem {
 // One block's work: split `split` of (sequence, kv head slice), written to split slot `slot_split`. window:
 // the f16-K body reads the window keys [(len / bs) * bs, len) of per-channel K from p.k_window.
 // D: any multiple of 16 (one k-step of the score mma per 16 dims).
-template <KvType KT, KvType VT, int D>
+// kVAhead: V is loaded one tile ahead with K (integer K and V only), twice the bytes in flight per warp.
+template <KvType KT, KvType VT, int D, bool kVAhead = false>
 __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D>& sm, int split, int slot_split,
                                              bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
+  static_assert((kv_bits<KT>() != 2 && kv_bits<VT>() != 2) || D % 64 == 0, "2-bit K/V need head_dim % 64 == 0");
   auto& p_tile = sm.p_tile;
   auto& warp_m = sm.warp_m;
   auto& warp_l = sm.warp_l;
@@ -209,9 +233,10 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   constexpr int kKWords = words_of(kKBytes), kVWords = words_of(kVBytes);
   constexpr int kSteps = D / 16;  // k-steps of the score mma = m-tiles of the output mma
 
-  // Per-token (scale, zero) of K in k_params: u8 and u4 (u4c keeps one pair per channel per block).
-  constexpr bool kTokenKParams = KT == KvType::u8 || KT == KvType::u4;
-  constexpr bool kChannelK = KT == KvType::u4c;
+  // Per-token (scale, zero) of K in k_params: u8, u4 and u2 (u4c/u2c keep one pair per channel per block).
+  constexpr bool kTokenKParams = KT == KvType::u8 || KT == KvType::u4 || KT == KvType::u2;
+  constexpr bool kChannelK = kv_per_channel<KT>();
+  constexpr bool kTwoBitK = kv_bits<KT>() == 2;
   const int b = blockIdx.x, kvh = blockIdx.y / p.slices;
   const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
   const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
@@ -230,6 +255,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   const int kv_dims = D / 4 * t;  // this lane's run for scores
   uint32_t qf[kSteps][2];
   float qpart = 0.f, qlo_part = 0.f;  // Σq over this lane's dims; over those paired with lo registers
+  float qfold_part = 0.f;             // 2-bit K: Σ of the folded query (4^(3 - f) q) over this lane's dims
   const bool live = g < heads;
   const __half* qh = p.q + b * p.q_stride_b + (head0 + (live ? g : 0)) * p.q_stride_h + kv_dims;
   const __half zero = __float2half(0.f);
@@ -253,9 +279,16 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       }
       // u4 K: the lo registers hold 1024 + c and the hi ones 1024 + 16c; q times 16 on the lo side
       // (exact in f16) puts both on the same 16x scale, undone after the mma.
-      qf[j][0] = h2u(KT == KvType::u4 ? __hmul2(lo, __float2half2_rn(16.f)) : lo);
-      qf[j][1] = h2u(hi);
+      if constexpr (KT == KvType::u2) {  // both registers on the 64x scale (see two_bit_fold)
+        const __half2 fold = __float2half2_rn(two_bit_fold(j));
+        qf[j][0] = h2u(__hmul2(lo, fold));
+        qf[j][1] = h2u(__hmul2(hi, fold));
+      } else {
+        qf[j][0] = h2u(KT == KvType::u4 ? __hmul2(lo, __float2half2_rn(16.f)) : lo);
+        qf[j][1] = h2u(hi);
+      }
       const float2 a = __half22float2(lo), c = __half22float2(hi);
+      if constexpr (KT == KvType::u2) qfold_part += two_bit_fold(j) * ((a.x + a.y) + (c.x + c.y));
       qpart += (a.x + a.y) + (c.x + c.y);
       qlo_part += a.x + a.y;
     }
@@ -268,9 +301,15 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   const float qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4), qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
   // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
   // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
-  constexpr float k_fold = KT == KvType::u4 || KT == KvType::u4c ? 16.f : 1.f;
+  // 2-bit: the mma gives 64 q·c + 1024 Σ(folded q), so k_offset = 16 Σ(folded q).
+  constexpr float k_fold = kTwoBitK ? 64.f : KT == KvType::u4 || KT == KvType::u4c ? 16.f : 1.f;
   float k_offset0 = 0.f, k_offset1 = 0.f;
-  if constexpr (kTokenKParams) {
+  if constexpr (KT == KvType::u2) {
+    qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 1);
+    qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 2);
+    k_offset0 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t) * 4);
+    k_offset1 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t + 1) * 4);
+  } else if constexpr (kTokenKParams) {
     const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
     const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
     k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
@@ -314,17 +353,28 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       const float* sc = chan + buf * 2 * D + kv_dims;
       const float* zr = sc + D;
       float qp = 0.f, ql = 0.f, zp = 0.f;
-      // k-step j: lo pairs dims (d00, d01), hi pairs (d10, d11) with the scales of the same dims.
+      // k-step j: lo pairs dims (d00, d01), hi pairs (d10, d11) with the scales of the same dims. u2c: both
+      // registers times two_bit_fold(j), qp then sums the folded query (k_offset = 16 qp).
       auto fold_step = [&](int j, float2 a, float2 c, float s00, float s01, float s10, float s11) {
         const __half2 flo = __floats2half2_rn(a.x * s00, a.y * s01);
         const __half2 fhi = __floats2half2_rn(c.x * s10, c.y * s11);
-        qf[j][0] = h2u(__hmul2(flo, __float2half2_rn(16.f)));
-        qf[j][1] = h2u(fhi);
+        if constexpr (kTwoBitK) {
+          const __half2 fold = __float2half2_rn(two_bit_fold(j));
+          qf[j][0] = h2u(__hmul2(flo, fold));
+          qf[j][1] = h2u(__hmul2(fhi, fold));
+        } else {
+          qf[j][0] = h2u(__hmul2(flo, __float2half2_rn(16.f)));
+          qf[j][1] = h2u(fhi);
+        }
         const float2 fa = __half22float2(flo), fc = __half22float2(fhi);  // the sums of what the mma sees
-        qp += (fa.x + fa.y) + (fc.x + fc.y);
-        ql += fa.x + fa.y;
+        if constexpr (kTwoBitK) {
+          qp += two_bit_fold(j) * ((fa.x + fa.y) + (fc.x + fc.y));
+        } else {
+          qp += (fa.x + fa.y) + (fc.x + fc.y);
+          ql += fa.x + fa.y;
+        }
       };
-      if constexpr (kSteps % 2 == 0) {
+      if constexpr (kSteps % 2 == 0 && !kTwoBitK) {
         // Steps 2i and 2i + 1 cover dims 8i..8i+7 of the run (q_dims): two 16-byte loads of scales, two of
         // zeros and one of the query per pair of steps.
 #pragma unroll
@@ -362,8 +412,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       }
       const float qs0 = __shfl_sync(0xffffffffu, qp, (2 * t) * 4), qs1 = __shfl_sync(0xffffffffu, qp, (2 * t + 1) * 4);
       const float l0 = __shfl_sync(0xffffffffu, ql, (2 * t) * 4), l1 = __shfl_sync(0xffffffffu, ql, (2 * t + 1) * 4);
-      k_offset0 = 1024.f * l0 + 64.f * (qs0 - l0);
-      k_offset1 = 1024.f * l1 + 64.f * (qs1 - l1);
+      k_offset0 = kTwoBitK ? 16.f * qs0 : 1024.f * l0 + 64.f * (qs0 - l0);
+      k_offset1 = kTwoBitK ? 16.f * qs1 : 1024.f * l1 + 64.f * (qs1 - l1);
       zsum0 = __shfl_sync(0xffffffffu, zp, (2 * t) * 4);
       zsum1 = __shfl_sync(0xffffffffu, zp, (2 * t + 1) * 4);
     }
@@ -448,17 +498,22 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       return ((i / tiles_per_block) * kWarps + warp) * p.block_size + (i % tiles_per_block) * kTile;
     return (i * kWarps + warp) * kTile;
   };
+  static_assert(!kVAhead || kPrefetch, "V ahead needs integer K and V");
   KRegs cur, nxt;
-  VRegs vcur;
+  VRegs vcur, vnxt;
   if (tile_of(0) < n) {
     load_k(tile_of(0), cur);
+    if constexpr (kVAhead) load_v(tile_of(0), vcur);
     stage_params(tile_of(0), 0);
   }
   for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
     const int next = tile_of(i + 1);
-    load_v(tile, vcur);
+    if constexpr (!kVAhead) load_v(tile, vcur);
     if constexpr (kPrefetch) {
-      if (next < n) load_k(next, nxt);
+      if (next < n) {
+        load_k(next, nxt);
+        if constexpr (kVAhead) load_v(next, vnxt);
+      }
     }
     if constexpr (kChannelK) {
       if (i % tiles_per_block == 0) {  // a new block: stage the next one's parameters, fold with this one's
@@ -551,6 +606,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
     }
     if constexpr (kPrefetch) {
       cur = nxt;
+      if constexpr (kVAhead) vcur = vnxt;
     } else if (next < n) {
       load_k(next, cur);
     }
@@ -570,9 +626,9 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
     w0 += __shfl_xor_sync(0xffffffffu, w0, o);
     w1 += __shfl_xor_sync(0xffffffffu, w1, o);
   }
-  // Integer V: each dim's accumulator is v_fold * (Σ p' c) + 1024 Σ p' (v_fold 16 for u4's odd dims).
+  // Integer V: each dim's accumulator is v_fold * (Σ p' c) + 1024 Σ p' (v_fold 16 for u4's odd dims; u2: 4^f
+  // for field f, m-tile mt holding fields 2 (mt % 2) and 2 (mt % 2) + 1).
   const float v_off0 = 1024.f * w0, v_off1 = 1024.f * w1;
-  constexpr float v_fold_odd = VT == KvType::u4 ? 1.f / 16.f : 1.f;
   if (g == 0) {
     warp_m[warp][2 * t] = m0; warp_m[warp][2 * t + 1] = m1;
     warp_l[warp][2 * t] = l0; warp_l[warp][2 * t + 1] = l1;
@@ -581,10 +637,12 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   for (int mt = 0; mt < kSteps; ++mt) {
     const int d = v_dims + 2 * mt;
     if constexpr (VT != KvType::f16) {
-      acc[mt][0] -= v_off0;
-      acc[mt][1] -= v_off1;
-      acc[mt][2] = (acc[mt][2] - v_off0) * v_fold_odd;
-      acc[mt][3] = (acc[mt][3] - v_off1) * v_fold_odd;
+      const float even = VT == KvType::u2 && (mt & 1) ? 1.f / 16.f : 1.f;
+      const float odd = VT == KvType::u4 ? 1.f / 16.f : VT == KvType::u2 ? ((mt & 1) ? 1.f / 64.f : 1.f / 4.f) : 1.f;
+      acc[mt][0] = (acc[mt][0] - v_off0) * even;
+      acc[mt][1] = (acc[mt][1] - v_off1) * even;
+      acc[mt][2] = (acc[mt][2] - v_off0) * odd;
+      acc[mt][3] = (acc[mt][3] - v_off1) * odd;
     }
     warp_o[warp][2 * t][d] = acc[mt][0] + z0;
     warp_o[warp][2 * t + 1][d] = acc[mt][1] + z1;
@@ -620,16 +678,16 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
 }
 
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
-// K (u4c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
-template <KvType KT, KvType VT, int D, int kMinBlocks>
+// K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
+template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
   __shared__ DecodeSmem<D> sm;
   const int split = blockIdx.z;
-  if constexpr (KT == KvType::u4c) {
+  if constexpr (kv_per_channel<KT>()) {
     if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
   }
-  decode_block<KT, VT, D>(p, sm, split, split, false);
+  decode_block<KT, VT, D, kVAhead>(p, sm, split, split, false);
 }
 
 // Resident blocks per SM each instance is built for. 128: with 4 (128 registers) the f16 and u8 kernels spill;
@@ -643,9 +701,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 // B=64 L=8K slowed from 261 to 315 us on an H100 (255 us at 4 blocks again). Per-channel u4 K with u4 V runs 4
 // blocks too, at the price of a 4-byte spill (16 on sm_80), measured worth it on an H100: kc4v4 at 64 x 4K 204 ->
 // 167 us, 256 x 1.5K 304 -> 270 us (with u8 or f16 V it would spill 84-144 bytes).
+// 2-bit K at 128 fits 4 blocks without spills too (u2 K with u2/u4 V: 116-120 registers), but it is not pinned:
+// measured on an H200 (u2 K and V, 32/8 heads), 3 blocks were 2-3% faster than 4 at B=64 L=8K, 1 x 128K and
+// 256 x 1.5K (213 vs 218, 62 vs 63, 175 vs 177 us), and 5 (spilling) 10-15% slower. The predicted gain of 4
+// (more loads in flight, as for u4) did not come: at 2 bits the kernel is bound by its per-tile mma and ALU work,
+// which is the same as at 4 bits, not by memory.
+//
+// Per-channel K with u2 V at 128 is pinned to 4 like kc4v4: u2c K 128 registers, no spills; u4c K a 4-byte spill.
+// Measured on an H200 for kc2v2 (u2c K, u2 V), 4 blocks vs 3: 64 x 8K 299 vs 370 us, 1 x 128K 95 vs 147, 16 x 32K
+// 390 vs 386, 256 x 1.5K 261 vs 304 (two calls, kv4 the control: 231 / 233 us). kc4v2 (u4c K, u2 V), predicted to
+// gain the same way, did: 285 vs 358, 92 vs 137, 363 vs 374, 249 vs 296 us. u2c K with u4 / u8 V would spill 16 /
+// 96 bytes at 4: kept at 3.
+//
+// v_ahead: u2 K and V load V one tile ahead with K (4 more registers at 128): measured 3% faster on the same
+// three shapes at 3 blocks (206, 60, 170 us; head_dim 64 takes it unmeasured). Other formats keep V at the top of
+// its own tile (u4: no change).
+template <KvType KT, KvType VT>
+constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
+  if constexpr (D == 128 && VT == KvType::u2 && (KT == KvType::u2c || KT == KvType::u4c)) return 4;
   return D <= 80 ? 4 : D <= 128 ? 3 : 1;
 }
 
@@ -653,7 +729,7 @@ constexpr int min_blocks() {
 
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>()>
+  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>()>
       <<<grid, decode_attn::kThreads, 0, stream>>>(p);
 }
 

@@ -1,5 +1,5 @@
 // Causal paged attention for query rows of any length (prefill, chunked prefill, mixed batches),
-// over every KV type kv_write writes (f32/f16/bf16 as is, u8/u4 with per-token (scale, zero)).
+// over every KV type kv_write writes (f32/f16/bf16 as is, u8/u4/u2 with per-token (scale, zero)).
 // The common case (f16 q/out, head_dim 64/128, f16/u8/u4 caches) takes the tensor-core kernel
 // (prefill_attention_tc_sm80.cu); this file keeps the general one and dispatches. Per-channel K
 // (a KWindow) has the tensor-core kernel only: the general one throws NotSupported for it.
@@ -48,6 +48,11 @@ __device__ __forceinline__ float kv_at(const KvSide& s, int64_t row, int d, int 
     const float* p = s.params + row * 2;
     const uint8_t byte = static_cast<const uint8_t*>(s.data)[row * ((d + 1) / 2) + i / 2];
     return static_cast<float>((byte >> (4 * (i & 1))) & 0xF) * p[0] + p[1];
+  }
+  if (s.type == ScalarType::u2) {
+    const float* p = s.params + row * 2;
+    const uint8_t byte = static_cast<const uint8_t*>(s.data)[row * ((d + 3) / 4) + i / 4];
+    return static_cast<float>((byte >> (2 * (i & 3))) & 0x3) * p[0] + p[1];
   }
   return load_any(static_cast<const char*>(s.data) + row * d * float_bytes(s.type), s.type, i);
 }

@@ -40,7 +40,7 @@ bool prefill_attention_tc_supported(const Tensor& q, const Tensor& k_data, const
   if (!kv_type_of(k_data.dtype(), kt, window.defined()) || !kv_type_of(v_data.dtype(), vt)) return false;
   if (q.dim() != 3 || find_launch(q.size(2), kt, vt) == nullptr) return false;
   // u4c: a key tile may touch at most two K blocks, meeting on a multiple of 16 keys.
-  if (kt == KvType::u4c && !(k_data.dim() == 4 && k_data.size(2) >= 32 && k_data.size(2) % 16 == 0)) return false;
+  if (kv_per_channel_type(kt) && !(k_data.dim() == 4 && k_data.size(2) >= 32 && k_data.size(2) % 16 == 0)) return false;
   return pairs_aligned(q) && pairs_aligned(out) && cache_aligned(k_data) && cache_aligned(v_data);
 }
 
@@ -51,8 +51,8 @@ void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v
   const bool per_channel = window.defined();
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_tc_supported(q, k_data, v_data, out, window), op,
                     ": the tensor-core kernel needs f16 q/out with aligned rows, a compiled (head_dim, K, V) "
-                    "instance and f16/u8/u4 contiguous caches",
-                    per_channel ? "; per-channel K needs u4 k_data and a block size of at least 32, a multiple of 16"
+                    "instance and f16/u8/u4/u2 contiguous caches",
+                    per_channel ? "; per-channel K needs u4 or u2 k_data and a block size of at least 32, a multiple of 16"
                                 : "");
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, per_channel);

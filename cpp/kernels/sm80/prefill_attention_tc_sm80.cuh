@@ -1,13 +1,13 @@
 // Causal paged prefill attention on tensor cores (FlashAttention-2 style): f16 queries and outputs,
-// head_dim 64 or 128, K and V each f16, u8 or u4 with per-token (scale, zero) f32 parameters
-// (include/lowbit/kv/kv_cache.h), or K per channel (u4c, below). Everything else takes the warp kernel
+// head_dim 64 or 128, K and V each f16, u8, u4 or u2 with per-token (scale, zero) f32 parameters
+// (include/lowbit/kv/kv_cache.h), or K per channel (u4c / u2c, below). Everything else takes the warp kernel
 // (prefill_attention_sm80.cu).
 //
 // Grid (sequence, query head, query tile of 64 rows); 4 warps, each owns 16 query rows whose Q
 // fragments (the mma A operand) stay in registers. The block walks key tiles of 64 up to the last key
 // its last row sees. Each tile of K and V is gathered from the paged cache with cp.async (the page is
 // looked up per key row, so any block_size works) into two pipeline stages, so tile t + 1 loads while
-// tile t is computed; u8/u4 codes land raw and are dequantized in f32 (code * scale + zero, rounded
+// tile t is computed; u8/u4/u2 codes land raw and are dequantized in f32 (code * scale + zero, rounded
 // once to f16) just before use. The f16 tiles have rows padded by 16 bytes (ldmatrix without bank
 // conflicts). Per warp:
 //   S[16, 64]  = Q · Kᵀ        mma.sync m16n8k16, K rows are the n side (ldmatrix, not transposed)
@@ -25,7 +25,8 @@
 // and V, not dequantized), or, where block ends fall inside the query tile's positions (near the
 // diagonal), both: the tile body runs once per view (window rows first, then the codes replace them)
 // with complementary masks over the same V tile, which the online softmax sums exactly (masked entries
-// add 0). Tiles every row sees as codes cost what a u4 tile does, plus the per-channel parameters.
+// add 0). Tiles every row sees as codes cost what a u4 tile does, plus the per-channel parameters. u2c is
+// the same with 2-bit codes.
 //
 // This header holds the kernel template; each instance file compiles one (head_dim, K, V) of it and
 // prefill_attention_tc_sm80.cu dispatches through the generated table (prefill_attention_tc_launch.h).
@@ -95,8 +96,8 @@ __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;" 
 template <KvType T, int D>
 struct SideSmem {
   static constexpr bool kDirect = T == KvType::f16;
-  static constexpr bool kPerChannel = T == KvType::u4c;
-  static constexpr int kRowBytes = T == KvType::f16 ? 2 * D : T == KvType::u8 ? D : D / 2;
+  static constexpr bool kPerChannel = kv_per_channel<T>();
+  static constexpr int kRowBytes = D * kv_bits<T>() / 8;
   static constexpr int kTileBytes = kKTile * (D + kPad) * 2;
   static constexpr int kRawBytes = kKTile * kRowBytes;
   static constexpr int kParamBytes = kPerChannel ? 2 * (2 * D * 4) : kKTile * 8;  // u4c: 2 blocks x (scales, zeros)
@@ -118,15 +119,19 @@ template <KvType T, int D>
 __device__ inline void issue_side(const TcArgs& a, const uint8_t* data, const float* params, const SideSmem<T, D>& sm,
                                   int stage, const int32_t* pages, int kvh, int key0, int kv_len) {
   using S = SideSmem<T, D>;
+  // u2 at head_dim 64 has one piece per row: a pass would cover 128 rows, so half the threads sit it out.
   constexpr int kPieces = S::kRowBytes / 16, kRowsPerPass = kThreads / kPieces;
-  static_assert(kRowsPerPass >= 1 && kKTile % kRowsPerPass == 0, "row pieces must tile the block");
+  static_assert(kRowsPerPass >= 1 && (kKTile % kRowsPerPass == 0 || kRowsPerPass % kKTile == 0),
+                "row pieces must tile the block");
+  constexpr int kPasses = kRowsPerPass > kKTile ? 1 : kKTile / kRowsPerPass;
   auto row_of = [&](int pos) -> int64_t {
     return (static_cast<int64_t>(pages[pos / a.block_size]) * a.hkv + kvh) * a.block_size + pos % a.block_size;
   };
   const int piece = threadIdx.x % kPieces;
 #pragma unroll
-  for (int i = 0; i < kKTile / kRowsPerPass; ++i) {
+  for (int i = 0; i < kPasses; ++i) {
     const int r = threadIdx.x / kPieces + i * kRowsPerPass, pos = key0 + r;
+    if (kRowsPerPass > kKTile && r >= kKTile) break;
     const bool valid = pos < kv_len;
     const uint8_t* src = data + (valid ? row_of(pos) : 0) * S::kRowBytes + 16 * piece;
     char* dst = S::kDirect ? reinterpret_cast<char*>(sm.tile(stage) + r * (D + kPad)) + 16 * piece
@@ -145,7 +150,16 @@ __device__ inline void issue_side(const TcArgs& a, const uint8_t* data, const fl
 // Exact f32 of a code c < 2^23: the float 2^23 + c has c in its mantissa.
 __device__ inline float code_f32(uint32_t c) { return __uint_as_float(0x4B000000u | c) - 8388608.f; }
 
-// u8/u4: the staged codes of `stage` to the f16 tile, code * scale + zero in f32, rounded once.
+// The 8 2-bit codes of one chunk of 8 dims of a staged row: 16 bits, field e = dim e.
+template <KvType T>
+__device__ inline void chunk_codes(const uint8_t* row, int c, uint32_t (&q)[8]) {
+  static_assert(kv_bits<T>() == 2, "u2 / u2c rows");
+  const uint32_t w = *reinterpret_cast<const uint16_t*>(row + 2 * c);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) q[e] = (w >> (2 * e)) & 0x3u;
+}
+
+// u8/u4/u2: the staged codes of `stage` to the f16 tile, code * scale + zero in f32, rounded once.
 // Zero-filled rows (past kv_len) give 0 * 0 + 0.
 template <KvType T, int D>
 __device__ inline void dequantize_side(const SideSmem<T, D>& sm, int stage) {
@@ -167,10 +181,15 @@ __device__ inline void dequantize_side(const SideSmem<T, D>& sm, int stage) {
         x[e] = fmaf(code_f32((w.x >> (8 * e)) & 0xFFu), s, z);
         x[4 + e] = fmaf(code_f32((w.y >> (8 * e)) & 0xFFu), s, z);
       }
-    } else {  // dim i in byte i/2, low nibble first: nibble i of the little-endian word
+    } else if constexpr (T == KvType::u4) {  // dim i in byte i/2, low nibble first: nibble i of the little-endian word
       const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + r * S::kRowBytes + 4 * c);
 #pragma unroll
       for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((w >> (4 * e)) & 0xFu), s, z);
+    } else {  // u2: dim i in bits 2 (i % 4) of byte i / 4
+      uint32_t q[8];
+      chunk_codes<T>(raw + r * S::kRowBytes, c, q);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32(q[e]), s, z);
     }
     *reinterpret_cast<uint4*>(tile + r * (D + kPad) + 8 * c) =
         make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]), pack_half2(x[6], x[7]));
@@ -188,8 +207,8 @@ __device__ inline int second_block_key(int key0, int bs) { return key0 - key0 % 
 
 // u4c: starts the copies of the scales and zeros of the tile's two blocks (the second zero-filled when
 // the tile has none or it starts past kv_len) into the one parameter area, as slot 0 and 1.
-template <int D>
-__device__ inline void issue_channel_params(const TcArgs& a, const SideSmem<KvType::u4c, D>& sm, const int32_t* pages,
+template <KvType KT, int D>
+__device__ inline void issue_channel_params(const TcArgs& a, const SideSmem<KT, D>& sm, const int32_t* pages,
                                             int kvh, int key0, int kv_len) {
   constexpr int kSlotPieces = 2 * D * 4 / 16;  // scales then zeros of one block, in 16-byte pieces
   static_assert(2 * kSlotPieces <= kThreads, "one piece per thread");
@@ -207,9 +226,9 @@ __device__ inline void issue_channel_params(const TcArgs& a, const SideSmem<KvTy
 // code * scale[dim] + zero[dim] in f32, rounded once. Rows from `split` on are the second block's; split
 // is a multiple of 16, so a pass of rows never straddles the two and the thread's 8 (scale, zero) stay
 // in registers.
-template <int D>
-__device__ inline void dequantize_k_channels(const SideSmem<KvType::u4c, D>& sm, int stage, int key0, int bs) {
-  using S = SideSmem<KvType::u4c, D>;
+template <KvType KT, int D>
+__device__ inline void dequantize_k_channels(const SideSmem<KT, D>& sm, int stage, int key0, int bs) {
+  using S = SideSmem<KT, D>;
   constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;  // chunks of 8 dims
   static_assert(16 % kRowsPerPass == 0, "a block boundary must fall between passes");
   const int c = threadIdx.x % kChunks;
@@ -228,10 +247,17 @@ __device__ inline void dequantize_k_channels(const SideSmem<KvType::u4c, D>& sm,
   for (int i = 0; i < kKTile / kRowsPerPass; ++i) {
     if (i * kRowsPerPass == split) load_params(1);
     const int r = threadIdx.x / kChunks + i * kRowsPerPass;
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + r * S::kRowBytes + 4 * c);
     float x[8];
+    if constexpr (KT == KvType::u4c) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + r * S::kRowBytes + 4 * c);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((w >> (4 * e)) & 0xFu), sc[e], zr[e]);
+      for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((w >> (4 * e)) & 0xFu), sc[e], zr[e]);
+    } else {
+      uint32_t q[8];
+      chunk_codes<KT>(raw + r * S::kRowBytes, c, q);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32(q[e]), sc[e], zr[e]);
+    }
     *reinterpret_cast<uint4*>(tile + r * (D + kPad) + 8 * c) =
         make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]), pack_half2(x[6], x[7]));
   }
@@ -269,7 +295,7 @@ struct RowCodes {
 
 template <int D, KvType KT, KvType VT>
 constexpr int smem_bytes() {
-  return SideSmem<KT, D>::kBytes + SideSmem<VT, D>::kBytes + (KT == KvType::u4c ? sizeof(RowCodes) : 0);
+  return SideSmem<KT, D>::kBytes + SideSmem<VT, D>::kBytes + (kv_per_channel<KT>() ? sizeof(RowCodes) : 0);
 }
 
 // The views of a key tile one pass of the tile body reads: per-token K has one (all), u4c two, the
@@ -392,8 +418,8 @@ __device__ __forceinline__ void attend_tile(const __half* k_smem, const __half* 
 
 template <int D, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_tc_kernel(TcArgs a) {
-  static_assert(VT != KvType::u4c, "V is per token");
-  constexpr bool kPerChannel = KT == KvType::u4c;
+  static_assert(!kv_per_channel<VT>(), "V is per token");
+  constexpr bool kPerChannel = kv_per_channel<KT>();
   constexpr int kSteps = D / 16;       // k-steps of Q·Kᵀ
   constexpr int kDimTiles = D / 8;     // n8 tiles of O
   extern __shared__ __align__(16) char smem[];
@@ -454,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
   // Two-stage pipeline: the copies of tile kt + 1 fly while tile kt is computed.
   issue_side<KT, D>(a, a.k, a.k_params, k_side, 0, pages, kvh, 0, kv_len);
   issue_side<VT, D>(a, a.v, a.v_params, v_side, 0, pages, kvh, 0, kv_len);
-  if constexpr (kPerChannel) issue_channel_params<D>(a, k_side, pages, kvh, 0, kv_len);
+  if constexpr (kPerChannel) issue_channel_params<KT, D>(a, k_side, pages, kvh, 0, kv_len);
   cp_async_commit();
   for (int kt = 0; kt < num_key_tiles; ++kt) {
     const int key0 = kt * kKTile, stage = kt & 1;
@@ -497,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
     } else {
       // u4c: the K tile holds the window rows (copied with the rows of tile kt, above) where some row
       // sees window rows; else the codes, dequantized here.
-      if (!window) dequantize_k_channels<D>(k_side, stage, key0, a.block_size);
+      if (!window) dequantize_k_channels<KT, D>(k_side, stage, key0, a.block_size);
       if constexpr (!SideSmem<VT, D>::kDirect) dequantize_side<VT, D>(v_side, stage);
       __syncthreads();
       const int* warp_codes_end = codes_of.end + 16 * warp;  // from the warp's first row
@@ -513,13 +539,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
         }
         if (codes) {  // every warp is done with the window rows: the codes replace them
           __syncthreads();
-          dequantize_k_channels<D>(k_side, stage, key0, a.block_size);
+          dequantize_k_channels<KT, D>(k_side, stage, key0, a.block_size);
           __syncthreads();
         }
       }
       // The channel parameters are consumed: the next tile's go into the same area, their own group,
       // waited for with the next tile's rows (there cp_async_wait<1> leaves only the newer group).
-      if (kt + 1 < num_key_tiles) issue_channel_params<D>(a, k_side, pages, kvh, key0 + kKTile, kv_len);
+      if (kt + 1 < num_key_tiles) issue_channel_params<KT, D>(a, k_side, pages, kvh, key0 + kKTile, kv_len);
       cp_async_commit();
       if (codes && warp_live && codes_of.warp_last[warp] > key0) {
         // No mask where every row of the warp sees the whole tile as codes (that covers causality too).

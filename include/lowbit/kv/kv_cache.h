@@ -35,8 +35,7 @@
 
 namespace lowbit {
 
-// K/V element types: f32/f16/bf16 (stored as is), u8 (kv8), u4 (kv4), u2 (kv2; CPU only). Per-channel K:
-// u4 or u2 on the CPU, u4 on a GPU.
+// K/V element types: f32/f16/bf16 (stored as is), u8 (kv8), u4 (kv4), u2 (kv2). Per-channel K: u4 or u2.
 bool is_quantized_kv_type(ScalarType t);
 void check_kv_type(ScalarType t, const char* what);
 // "u4", "u4 per-channel (group 64)": the K/V format in words, for errors.

@@ -5,27 +5,51 @@ set(LOWBIT_ATTN_DEFAULT_INSTANCES
   decode_attention_d64_kf16_vf16.cu
   decode_attention_d64_kf16_vu8.cu
   decode_attention_d64_kf16_vu4.cu
+  decode_attention_d64_kf16_vu2.cu
   decode_attention_d64_ku8_vf16.cu
   decode_attention_d64_ku8_vu8.cu
   decode_attention_d64_ku8_vu4.cu
+  decode_attention_d64_ku8_vu2.cu
   decode_attention_d64_ku4_vf16.cu
   decode_attention_d64_ku4_vu8.cu
   decode_attention_d64_ku4_vu4.cu
+  decode_attention_d64_ku4_vu2.cu
+  decode_attention_d64_ku2_vf16.cu
+  decode_attention_d64_ku2_vu8.cu
+  decode_attention_d64_ku2_vu4.cu
+  decode_attention_d64_ku2_vu2.cu
   decode_attention_d64_ku4c_vf16.cu
   decode_attention_d64_ku4c_vu8.cu
   decode_attention_d64_ku4c_vu4.cu
+  decode_attention_d64_ku4c_vu2.cu
+  decode_attention_d64_ku2c_vf16.cu
+  decode_attention_d64_ku2c_vu8.cu
+  decode_attention_d64_ku2c_vu4.cu
+  decode_attention_d64_ku2c_vu2.cu
   decode_attention_d128_kf16_vf16.cu
   decode_attention_d128_kf16_vu8.cu
   decode_attention_d128_kf16_vu4.cu
+  decode_attention_d128_kf16_vu2.cu
   decode_attention_d128_ku8_vf16.cu
   decode_attention_d128_ku8_vu8.cu
   decode_attention_d128_ku8_vu4.cu
+  decode_attention_d128_ku8_vu2.cu
   decode_attention_d128_ku4_vf16.cu
   decode_attention_d128_ku4_vu8.cu
   decode_attention_d128_ku4_vu4.cu
+  decode_attention_d128_ku4_vu2.cu
+  decode_attention_d128_ku2_vf16.cu
+  decode_attention_d128_ku2_vu8.cu
+  decode_attention_d128_ku2_vu4.cu
+  decode_attention_d128_ku2_vu2.cu
   decode_attention_d128_ku4c_vf16.cu
   decode_attention_d128_ku4c_vu8.cu
   decode_attention_d128_ku4c_vu4.cu
+  decode_attention_d128_ku4c_vu2.cu
+  decode_attention_d128_ku2c_vf16.cu
+  decode_attention_d128_ku2c_vu8.cu
+  decode_attention_d128_ku2c_vu4.cu
+  decode_attention_d128_ku2c_vu2.cu
   decode_attention_d256_kf16_vf16.cu
   decode_attention_d256_kf16_vu8.cu
   decode_attention_d256_kf16_vu4.cu
@@ -42,27 +66,51 @@ set(LOWBIT_ATTN_DEFAULT_INSTANCES
   prefill_attention_tc_d64_kf16_vf16.cu
   prefill_attention_tc_d64_kf16_vu8.cu
   prefill_attention_tc_d64_kf16_vu4.cu
+  prefill_attention_tc_d64_kf16_vu2.cu
   prefill_attention_tc_d64_ku8_vf16.cu
   prefill_attention_tc_d64_ku8_vu8.cu
   prefill_attention_tc_d64_ku8_vu4.cu
+  prefill_attention_tc_d64_ku8_vu2.cu
   prefill_attention_tc_d64_ku4_vf16.cu
   prefill_attention_tc_d64_ku4_vu8.cu
   prefill_attention_tc_d64_ku4_vu4.cu
+  prefill_attention_tc_d64_ku4_vu2.cu
+  prefill_attention_tc_d64_ku2_vf16.cu
+  prefill_attention_tc_d64_ku2_vu8.cu
+  prefill_attention_tc_d64_ku2_vu4.cu
+  prefill_attention_tc_d64_ku2_vu2.cu
   prefill_attention_tc_d64_ku4c_vf16.cu
   prefill_attention_tc_d64_ku4c_vu8.cu
   prefill_attention_tc_d64_ku4c_vu4.cu
+  prefill_attention_tc_d64_ku4c_vu2.cu
+  prefill_attention_tc_d64_ku2c_vf16.cu
+  prefill_attention_tc_d64_ku2c_vu8.cu
+  prefill_attention_tc_d64_ku2c_vu4.cu
+  prefill_attention_tc_d64_ku2c_vu2.cu
   prefill_attention_tc_d128_kf16_vf16.cu
   prefill_attention_tc_d128_kf16_vu8.cu
   prefill_attention_tc_d128_kf16_vu4.cu
+  prefill_attention_tc_d128_kf16_vu2.cu
   prefill_attention_tc_d128_ku8_vf16.cu
   prefill_attention_tc_d128_ku8_vu8.cu
   prefill_attention_tc_d128_ku8_vu4.cu
+  prefill_attention_tc_d128_ku8_vu2.cu
   prefill_attention_tc_d128_ku4_vf16.cu
   prefill_attention_tc_d128_ku4_vu8.cu
   prefill_attention_tc_d128_ku4_vu4.cu
+  prefill_attention_tc_d128_ku4_vu2.cu
+  prefill_attention_tc_d128_ku2_vf16.cu
+  prefill_attention_tc_d128_ku2_vu8.cu
+  prefill_attention_tc_d128_ku2_vu4.cu
+  prefill_attention_tc_d128_ku2_vu2.cu
   prefill_attention_tc_d128_ku4c_vf16.cu
   prefill_attention_tc_d128_ku4c_vu8.cu
   prefill_attention_tc_d128_ku4c_vu4.cu
+  prefill_attention_tc_d128_ku4c_vu2.cu
+  prefill_attention_tc_d128_ku2c_vf16.cu
+  prefill_attention_tc_d128_ku2c_vu8.cu
+  prefill_attention_tc_d128_ku2c_vu4.cu
+  prefill_attention_tc_d128_ku2c_vu2.cu
 )
 # Only with -DLOWBIT_ATTN_ALL_INSTANCES=ON.
 set(LOWBIT_ATTN_EXTRA_INSTANCES

@@ -1,0 +1,79 @@
+"""Decode attention over 2-bit KV (kv2 per token, kc2v2 per-channel K with its f16 window) beside kv4, kc4v4 and
+SDPA fp16 on Llama-3-8B heads (32 q / 8 kv heads, head_dim 128), at issue 16's decode shapes: the kernel time of one
+decode step over a paged cache written by kv_write (tools/bench_gpu_kv_per_channel.py's filled_cache), as the
+profiler's kernel times (decode kernels and the split merge). Effective bandwidth = the cache bytes one step reads
+(codes + parameters; SDPA: f16 K and V) / time, beside the copy bandwidth of the card (a 2 GiB device copy). Writes
+JSON (argv[1]) and prints a table."""
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from lowbit import _core
+
+from bench_gpu_common import copy_bandwidth_gbs, device_meta, profiled_kernel_us, write_json
+from bench_gpu_kv_per_channel import D, HKV, HQ, filled_cache
+
+CONFIGS = [(64, 8192), (1, 131072), (16, 32768), (256, 1536)]
+REPS = 20
+# name, K type, V type, K per channel, group
+FORMATS = [("kv4", "u4", "u4", False, 0), ("kc4v4", "u4", "u4", True, 64), ("kv2", "u2", "u2", False, 0),
+           ("kc2v2", "u2", "u2", True, 64), ("kc2g32v2", "u2", "u2", True, 32), ("k4v2", "u4", "u2", False, 0),
+           ("kc4v2", "u4", "u2", True, 64)]
+BITS = {"u8": 8, "u4": 4, "u2": 2}
+
+
+def bytes_per_step(b, length, kt, vt, per_channel, group):
+    """Cache bytes one decode step reads: codes, per-token (scale, zero) f32 pairs or per-channel ones per group."""
+    tok = b * length * HKV
+    k_params = (b * math.ceil(length / group) * HKV * 2 * D * 4) if per_channel else tok * 8
+    return tok * D * (BITS[kt] + BITS[vt]) // 8 + k_params + tok * 8
+
+
+def bench(b, length):
+    row = {"batch": b, "seq_len": length}
+    q = torch.randn(b, HQ, 1, D, device="cuda").half()
+    k = torch.randn(b, HKV, length, D, device="cuda").half()
+    v = torch.randn(b, HKV, length, D, device="cuda").half()
+    row["sdpa_fp16_us"] = profiled_kernel_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), REPS)
+    row["sdpa_fp16_gbps"] = 2 * k.numel() * 2 / row["sdpa_fp16_us"] / 1e3
+    k = v = None
+    torch.cuda.empty_cache()
+    q3 = q.view(b, HQ, D).contiguous()
+    out = torch.empty_like(q3)
+    for name, kt, vt, pc, group in FORMATS:
+        cache, table = filled_cache(b, length, kt, vt, pc, group)
+        meta = _core.AttentionMeta(list(range(b)), [1] * b, [length] * b, table.cuda(),
+                                   torch.zeros(b, dtype=torch.int32, device="cuda"))
+
+        def step():
+            _core.paged_attention(q3, cache, 0, meta, 1 / math.sqrt(D), out)
+        t = profiled_kernel_us(step, REPS)
+        row[f"{name}_us"] = t
+        row[f"{name}_vs_sdpa"] = row["sdpa_fp16_us"] / t
+        row[f"{name}_gbps"] = bytes_per_step(b, length, kt, vt, pc, group or 16) / t / 1e3
+        cache = None
+        torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "bench_kv2.json"
+    copy = copy_bandwidth_gbs()
+    print(f"copy bandwidth {copy:.0f} GB/s")
+    names = [f[0] for f in FORMATS]
+    print(f"{'B x L':>12} {'SDPA':>8} " + " ".join(f"{n:>8}" for n in names) + "   (us; x SDPA; GB/s / copy)")
+    rows = []
+    for b, length in CONFIGS:
+        r = bench(b, length)
+        rows.append(r)
+        print(f"{b:>4} x {length:<6} {r['sdpa_fp16_us']:8.1f} " + " ".join(f"{r[n + '_us']:8.1f}" for n in names))
+        print(f"{'':>12} {'1.00x':>8} " + " ".join(f"{r[n + '_vs_sdpa']:7.2f}x" for n in names))
+        print(f"{'':>12} {r['sdpa_fp16_gbps'] / copy:7.0%} " + " ".join(f"{r[n + '_gbps'] / copy:8.0%}" for n in names),
+              flush=True)
+    write_json(out, {"meta": device_meta(), "copy_gbps": copy, "decode_attention": rows})
+
+
+if __name__ == "__main__":
+    main()
