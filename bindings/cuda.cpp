@@ -285,6 +285,24 @@ void bind_cuda(nb::module_& m) {
       "128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8)");
 
   m.def(
+      "gemm_fmpq",
+      [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor out = tensor_from_python(y, "y");
+        cuda::gemm_fmpq(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
+                        split_k);
+#else
+        no_cuda("gemm_fmpq");
+#endif
+      },
+      nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("w"), nb::arg("y"), nb::arg("split_k") = 0,
+      nb::arg("stream") = 0,
+      "GPU, COMET W4Ax: FMPQ codes xq s8 [m, k] and scales f32 [m, blocks] times a qoq/liquid PackedWeight packed "
+      "for sm80 on the device; y f16/f32 [m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b, or s32 "
+      "[m, blocks, n]: the raw int32 sum of each 128-channel block (x_scale may be None). split_k: 0 automatic, "
+      "else the number of splits (whole blocks each)");
+
+  m.def(
       "quantize_per_token_e4m3",
       [](nb::handle x, nb::handle q, nb::handle scales, uintptr_t stream) {
 #ifdef LOWBIT_WITH_CUDA
