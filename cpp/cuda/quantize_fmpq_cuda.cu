@@ -20,8 +20,8 @@ __device__ inline float load_x(const void* x, bool half, int64_t i) {
   return half ? __half2float(static_cast<const __half*>(x)[i]) : static_cast<const float*>(x)[i];
 }
 
-__global__ void quantize_fmpq_kernel(const void* x, bool half, int64_t ldx, int m, int k, int blocks, FmpqBits bits,
-                                     int8_t* q, int64_t ldq, float* scales) {
+__global__ void quantize_fmpq_kernel(const void* x, bool half, int64_t ldx, const int32_t* perm, int m, int k,
+                                     int blocks, FmpqBits bits, int8_t* q, int64_t ldq, float* scales) {
   const int warp = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp >= m * blocks) return;
   const int row = warp / blocks, b = warp % blocks, c0 = b * kFmpqBlock;
@@ -32,7 +32,7 @@ __global__ void quantize_fmpq_kernel(const void* x, bool half, int64_t ldx, int 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int c = c0 + lane + 32 * i;
-    v[i] = c < k ? load_x(x, half, row * ldx + c) : 0.f;
+    v[i] = c < k ? load_x(x, half, row * ldx + (perm ? perm[c] : c)) : 0.f;
     amax = fmaxf(amax, fabsf(v[i]));
   }
 #pragma unroll
@@ -70,7 +70,8 @@ FmpqBits fmpq_bits_of(const Tensor& block_bits, const char* op) {
   return bits;
 }
 
-void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor& scales, cudaStream_t stream) {
+void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor& scales, cudaStream_t stream,
+                   const Tensor& perm) {
   const char* op = "quantize_fmpq";
   check_cuda_tensor(x, op, "x");
   check_dim(x, 2, op, "x");
@@ -90,12 +91,19 @@ void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor&
   check_dtype(scales, ScalarType::f32, op, "scales");
   check_shape(scales, {m, blocks}, op, "scales");
   check_contiguous(scales, op, "scales");
+  if (perm.defined()) {  // its values were checked where it was set (Model.set_input_permutation)
+    check_same_device(perm, x, op, "perm");
+    check_dtype(perm, ScalarType::s32, op, "perm");
+    check_shape(perm, {k}, op, "perm");
+    check_contiguous(perm, op, "perm");
+  }
   LOWBIT_CHECK(m * blocks < (1LL << 31) / 32 && m * std::max<int64_t>(k, 1) < (1LL << 40), op, ": problem too large");
   if (m == 0 || k == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(x.device().index));
   const int64_t warps = m * blocks;
   quantize_fmpq_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
-      x.data_ptr(), x.dtype() == ScalarType::f16, x.stride(0), static_cast<int>(m), static_cast<int>(k),
+      x.data_ptr(), x.dtype() == ScalarType::f16, x.stride(0), perm.defined() ? perm.data<int32_t>() : nullptr,
+      static_cast<int>(m), static_cast<int>(k),
       static_cast<int>(blocks), bits, q.data<int8_t>(), q.stride(0), scales.data<float>());
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }

@@ -258,7 +258,9 @@ void Model::set_input_permutation(const std::string& name, const Tensor& perm) {
   const WeightName w = parse_name(name, cfg_.num_layers);
   LOWBIT_CHECK(w.layer >= 0 && is_linear_suffix(w.suffix), op, ": '", name,
                "' is not a decoder linear weight (model.layers.{i}.*_proj.weight)");
-  if (!device_.is_cpu()) LOWBIT_NOT_SUPPORTED(op, ": input permutations run on the CPU only, the model is on ", device_.str());
+  if (!device_.is_cpu() && recipe_.activation != ActivationMode::fmpq_mixed)
+    LOWBIT_NOT_SUPPORTED(op, ": on the GPU input permutations run only with FMPQ (a4) activations, whose quantizer ",
+                         "gathers the channels; recipe ", recipe_.text, " on ", device_.str(), " has none");
   const int64_t k = expected_shape(cfg_, w)[1];
   check_defined(perm, op, "perm");
   LOWBIT_CHECK_TYPE(perm.dtype() == ScalarType::s32 || perm.dtype() == ScalarType::s64, op,
@@ -399,6 +401,9 @@ void Model::finalize() {
       for (const LinearInput* in : {&L.qkv_in, &L.o_in, &L.gate_up_in, &L.down_in})
         LOWBIT_CHECK(in->block_bits.defined(), "Model.finalize: layer ", l, ": FMPQ block maps were set for some ",
                      "linears but not all (call set_fmpq_block_bits for every *_proj.weight)");
+    if (!device_.is_cpu())
+      for (LinearInput* in : {&L.qkv_in, &L.o_in, &L.gate_up_in, &L.down_in})
+        if (in->perm.defined()) in->perm_device = in->perm.to(device_);
     L.input_norm = to_compute(staged_float_.at(layer_name(l, "input_layernorm.weight")));
     L.post_norm = to_compute(staged_float_.at(layer_name(l, "post_attention_layernorm.weight")));
     if (cfg_.attention_bias) {

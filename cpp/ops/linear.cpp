@@ -107,7 +107,8 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
 
   const Device dev = op_device(kOp, {{"x", &x}, {"y", &y}, {"w.data", &w.data}, {"bias", &bias}});
   if (dev.is_cuda() && act == LinearActivation::fmpq_mixed)
-    LOWBIT_NOT_SUPPORTED(kOp, ": act=fmpq (COMET mixed int4/int8 activations) has no GPU kernel");
+    LOWBIT_NOT_SUPPORTED(kOp, ": act=fmpq (COMET mixed int4/int8 activations) needs the layer's block map: quantize x "
+                         "with quantize_fmpq and call linear_fmpq (both run on the GPU)");
   if (dev.is_cuda())
     check_gpu_linear(x, w, bias);
   else

@@ -80,8 +80,10 @@ struct FmpqBits {
 // The mask of a host u8 block map (4 or 8 per block; checked, naming `op`).
 FmpqBits fmpq_bits_of(const Tensor& block_bits, const char* op);
 // x f16/f32 [m, k] (unit stride in the last dim), block_bits host u8 [ceil(k / 128)], q s8 [m, k],
-// scales f32 [m, blocks] (contiguous): the CPU quantize_fmpq's codes and scales, bit for bit.
-void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor& scales, cudaStream_t stream);
+// scales f32 [m, blocks] (contiguous): the CPU quantize_fmpq's codes and scales, bit for bit. perm (s32 [k]
+// on the device, a permutation; undefined = none): quantize x[:, perm] (the gather happens in the read).
+void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor& scales, cudaStream_t stream,
+                   const Tensor& perm = Tensor());
 
 // COMET W4Ax GEMM over FMPQ activations (cpp/kernels/sm80/gemm_fmpq_sm80.cu, mma.sync s8, sm_80 and
 // newer): y[m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b[m, n], acc_b the exact int32 sum of

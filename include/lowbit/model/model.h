@@ -169,6 +169,7 @@ class Model {
   struct LinearInput {
     Tensor perm;        // s32 [k] host: feed x[:, perm]
     Tensor block_bits;  // u8 [ceil(k / 128)] host: FMPQ activation precision per block (a4 recipes)
+    Tensor perm_device; // perm on the GPU (FMPQ recipes: the quantizer gathers x[:, perm] itself)
   };
   struct Layer {
     Tensor input_norm, post_norm;  // [hidden] compute dtype

@@ -52,6 +52,9 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
 // on the host) the same codes and scales bit for bit into out.q / out.scales, which must then be
 // allocated on x's device (undefined ones are allocated here).
 void quantize_fmpq(const Tensor& x, const Tensor& block_bits, FmpqActivation& out);
+// The same of x[:, perm] (GPU only; perm s32 [k] on x's device, undefined = none): the gather runs inside
+// the quantizer (COMET's channel permutation that makes int8 blocks contiguous).
+void quantize_fmpq(const Tensor& x, const Tensor& block_bits, const Tensor& perm, FmpqActivation& out);
 
 // ---- elementwise / normalisation (ops/elementwise.cpp) -----------------------------------------
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
