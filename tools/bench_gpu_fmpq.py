@@ -80,7 +80,7 @@ def main():
     for name, (n, k) in SHAPES.items():
         rows += bench_shape(name, n, k, ms, meta["l2_bytes"])
         torch.cuda.empty_cache()
-    write_json(out, {"meta": meta, "rows": rows})
+        write_json(out, {"meta": meta, "rows": rows})  # after every shape: a timed-out run keeps what it measured
 
 
 if __name__ == "__main__":
