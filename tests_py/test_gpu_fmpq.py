@@ -254,33 +254,42 @@ def rel_err(got, ref):
     return float((got.double() - ref.double()).abs().max() / ref.double().abs().max())
 
 
-# f16 activations on the GPU vs f32 on the CPU round to different codes where a value sits near a code
-# boundary: int8 blocks as w4a8's (4e-2 there), int4 blocks with a step of 1/7 of the block's max; an
-# indexing, permutation or scale error costs O(1).
+def engine_logits(model, ids):
+    return torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(ids)).clone()  # chunked prefill
+
+
+# Int4 blocks make a random model chaotic: an activation that lands near an int4 rounding boundary flips by a
+# whole step (1/7 of its block's max) under any tiny change, so the CPU engine's own f16 and f32 runs of one
+# model differ by ~0.28 (relative logits) with 0% int8 blocks and ~0.02 with 100% (measured on the CPU, 2 layers).
+# The GPU computes in f16, so it is held to the CPU's f16 run (activations rounded at the same points): it must
+# sit far closer to it than the f16/f32 gap; an indexing, permutation, block-map or scale error costs O(1).
 @pytest.mark.parametrize("recipe", ["w4a4kv8", "w4a4kv4"])
-@pytest.mark.parametrize("frac,tol", [(1.0, 4e-2), (0.1, 1e-1), (0.0, 1e-1)])
-def test_w4a4_engine_logits_match_cpu(recipe, frac, tol):
-    cpu = fmpq_llama(recipe, "cpu", "f32", frac)
+@pytest.mark.parametrize("frac", [1.0, 0.1, 0.0])
+def test_w4a4_engine_logits_match_cpu(recipe, frac):
     gpu = fmpq_llama(recipe, "cuda", "f16", frac)
     assert all(p["kernel"] == "gemm_fmpq_sm80" for p in gpu.plan() if p["role"].startswith("linear.")
                and not p["role"].startswith("linear.lm_head"))
     ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(1)).tolist()
-    ref = torch.from_dlpack(_core.Engine(cpu, max_batch_tokens=32).logits(ids))
-    got = torch.from_dlpack(_core.Engine(gpu, max_batch_tokens=32).logits(ids))  # chunked prefill
-    assert got.shape == ref.shape and torch.isfinite(got).all()
-    err = rel_err(got, ref)
-    print(recipe, frac, "relative logit error vs the CPU:", err)
-    assert err < tol
+    ref16 = engine_logits(fmpq_llama(recipe, "cpu", "f16", frac), ids)
+    ref32 = engine_logits(fmpq_llama(recipe, "cpu", "f32", frac), ids)
+    got = engine_logits(gpu, ids)
+    assert got.shape == ref16.shape and torch.isfinite(got).all()
+    gap, err, err32 = rel_err(ref16, ref32), rel_err(got, ref16), rel_err(got, ref32)
+    print(f"{recipe} int8 fraction {frac}: relative logit error GPU vs CPU f16 {err:.4f}, vs CPU f32 {err32:.4f}; "
+          f"CPU f16 vs f32 {gap:.4f}")
+    assert err < max(0.5 * gap, 1e-2)
     # Without the permutations the logits move by far more: the GPU really applies them.
-    unpermuted = fmpq_llama(recipe, "cuda", "f16", frac, permute=False)
-    assert rel_err(torch.from_dlpack(_core.Engine(unpermuted, max_batch_tokens=32).logits(ids)), ref) > 3 * err
+    wrong = engine_logits(fmpq_llama(recipe, "cuda", "f16", frac, permute=False), ids)
+    assert rel_err(wrong, ref16) > max(2 * err, 0.3)
 
 
 def test_w4a4_decode_graphs_agree_with_eager_steps():
-    """Continuous batching with CUDA-graph decode steps vs eager steps (as test_gpu_engine does for other
-    recipes): every graph token is within 0.05 logits of the eager engine's argmax given the same history."""
+    """Continuous batching with CUDA-graph decode steps vs eager steps, as test_gpu_engine does for other recipes:
+    every graph token within 0.05 logits of the eager engine's argmax given the same history. All blocks int8 here:
+    graphs pad the batch, which changes the GEMM's split-K and so the f32 order of the per-block sums, and int4
+    blocks turn such last-bit differences into whole-step code flips (see above)."""
     from test_gpu_engine import greedy_margin_violations, run_events
-    model = fmpq_llama("w4a4kv8", "cuda", "f16", 0.1, seed=5)
+    model = fmpq_llama("w4a4kv8", "cuda", "f16", 1.0, seed=5)
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 9, 200, 250, 31)]
     eager = _core.Engine(model, max_batch_tokens=512, cuda_graphs=False)
