@@ -11,6 +11,7 @@ from lowbit import _core
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 BLOCK = 128
+SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def nblocks(k):
@@ -166,7 +167,36 @@ def test_gemm_fmpq_scaled_matches_float64_and_cpu(fmt, m, n, k, group, frac):
                 assert err_cpu < 2e-6, f"vs the CPU linear_fmpq: {err_cpu:.2e}"
 
 
-@pytest.mark.parametrize("m,n,k,frac", [(5, 200, 576, 0.25), (70, 256, 1024, 0.1), (1, 4096, 4096, 0.0)])
+# The wgmma kernel (scaled outputs only): odd m around its 128-token tile, n tails, half blocks, every cluster split.
+SM90_CASES = [("liquid", 1, 64, 64, 64, 0.0), ("qoq", 129, 200, 576, 128, 0.3), ("liquid", 300, 130, 1088, 64, 1.0),
+              ("qoq", 600, 1000, 704, 128, 0.1), ("liquid", 128, 256, 4096, 64, 0.5), ("qoq", 65, 136, 320, 64, 0.0)]
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("fmt,m,n,k,group,frac", SM90_CASES)
+def test_gemm_fmpq_sm90_matches_float64(fmt, m, n, k, group, frac):
+    qw = two_level_weight(fmt, n, k, group, seed=m + 5 * n)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    bits = block_map(k, frac, seed=n + 1)
+    q, s = fmpq_codes(m, k, bits, seed=k + 2 * m)
+    cs = torch.from_dlpack(qw.channel_scales).double()
+    ref = (blocked_ref(q, s8_weights(qw)).double() * s.double()[:, :, None]).sum(dim=1) * cs[None, :]
+    for split in (0, 1, 2, 4, 8):
+        for dtype, tol in ((torch.float32, 2e-6), (torch.float16, 1e-3)):
+            y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")  # poisoned
+            _core.gemm_fmpq(q.cuda(), s.cuda(), pw, y, split_k=split, kernel="sm90")
+            torch.cuda.synchronize()
+            got = y.cpu().double()
+            assert torch.isfinite(got).all(), f"split={split} {dtype}: unwritten outputs"
+            err = ((got - ref).abs().max() / ref.abs().max()).item()
+            assert err < tol, f"split={split} {dtype}: relative error {err:.2e}"
+    with pytest.raises(NotImplementedError, match="raw per-block sums: kernel sm80"):
+        _core.gemm_fmpq(q.cuda(), None, pw, torch.empty(m, nblocks(k), n, dtype=torch.int32, device="cuda"),
+                        kernel="sm90")
+
+
+@pytest.mark.parametrize("m,n,k,frac", [(5, 200, 576, 0.25), (70, 256, 1024, 0.1), (1, 4096, 4096, 0.0),
+                                        (300, 520, 1088, 0.2)])
 def test_linear_fmpq_op_on_gpu_matches_cpu_engine_path(m, n, k, frac):
     """f16 x -> quantize_fmpq -> linear_fmpq (+ bias), each on its device; the registry picks gemm_fmpq_sm80."""
     qw = two_level_weight("qoq", n, k, 128, seed=n)
@@ -255,7 +285,8 @@ def rel_err(got, ref):
 
 
 def engine_logits(model, ids):
-    return torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(ids)).clone()  # chunked prefill
+    # Chunks of 128 (the m128+ plan: the wgmma kernel on sm_90) and 33 (mma.sync; attention with q_len < kv_len).
+    return torch.from_dlpack(_core.Engine(model, max_batch_tokens=128).logits(ids)).clone()
 
 
 # Int4 blocks make a random model chaotic: an activation that lands near an int4 rounding boundary flips by a
@@ -267,9 +298,11 @@ def engine_logits(model, ids):
 @pytest.mark.parametrize("frac", [1.0, 0.1, 0.0])
 def test_w4a4_engine_logits_match_cpu(recipe, frac):
     gpu = fmpq_llama(recipe, "cuda", "f16", frac)
-    assert all(p["kernel"] == "gemm_fmpq_sm80" for p in gpu.plan() if p["role"].startswith("linear.")
-               and not p["role"].startswith("linear.lm_head"))
-    ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(1)).tolist()
+    large = "gemm_fmpq_sm90" if SM90 else "gemm_fmpq_sm80"
+    kernels = {p["role"]: p["kernel"] for p in gpu.plan()
+               if p["role"].startswith("linear.") and not p["role"].startswith("linear.lm_head")}
+    assert kernels and all(k == (large if r.endswith("m128+") else "gemm_fmpq_sm80") for r, k in kernels.items())
+    ids = torch.randint(0, 1000, (161,), generator=torch.Generator().manual_seed(1)).tolist()
     ref16 = engine_logits(fmpq_llama(recipe, "cpu", "f16", frac), ids)
     ref32 = engine_logits(fmpq_llama(recipe, "cpu", "f32", frac), ids)
     got = engine_logits(gpu, ids)

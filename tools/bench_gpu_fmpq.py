@@ -4,7 +4,9 @@ shapes, all in one process (random weights: cost does not depend on values). Per
   w4a8_us / _with_quant   lowbit gemm_w4a8 on s8 codes (the op's automatic choice: wgmma from 128 tokens on
                           sm_90), and with quantize_per_token_s8 in front
   w4a8_sm80_us            gemm_w4a8 forced to its mma.sync kernel (the pipeline gemm_fmpq_sm80 shares)
-  fmpq_us / _with_quant   lowbit gemm_fmpq on FMPQ codes, and with quantize_fmpq in front
+  fmpq_us / _with_quant   lowbit gemm_fmpq on FMPQ codes (automatic: wgmma from 128 tokens on sm_90), and with
+                          quantize_fmpq in front
+  fmpq_sm80_us            gemm_fmpq forced to its mma.sync kernel
 LiquidQuant g64 weights for both. CUDA-graph replay, medians, rotating weight copies past 3x L2.
     python tools/bench_gpu_fmpq.py OUT.json [--ms=1,16,256]
 """
@@ -54,16 +56,18 @@ def bench_shape(name, n, k, ms, l2):
         row["w4a8_sm80_us"] = graph_time_us(
             [lambda w=w: _core.gemm_w4a8(lxi8, lxs, w, ly, 0, cs().cuda_stream, "sm80") for w in ws])
         row["fmpq_us"] = graph_time_us([lambda w=w: _core.gemm_fmpq(lfq, lfs, w, ly, 0, cs().cuda_stream) for w in ws])
+        row["fmpq_sm80_us"] = graph_time_us(
+            [lambda w=w: _core.gemm_fmpq(lfq, lfs, w, ly, 0, cs().cuda_stream, "sm80") for w in ws])
         row["fmpq_with_quant_us"] = graph_time_us(
             [lambda w=w: (_core.quantize_fmpq_gpu(lx, lbits, lfq, lfs, cs().cuda_stream),
                           _core.gemm_fmpq(lfq, lfs, w, ly, 0, cs().cuda_stream)) for w in ws])
         row["fmpq_vs_w4a8"] = row["w4a8_with_quant_us"] / row["fmpq_with_quant_us"]
-        row["fmpq_vs_w4a8_sm80"] = row["w4a8_sm80_us"] / row["fmpq_us"]
+        row["fmpq_vs_w4a8_sm80"] = row["w4a8_sm80_us"] / row["fmpq_sm80_us"]
         row["fmpq_vs_cublas"] = row["cublas_fp16_us"] / row["fmpq_with_quant_us"]
         rows.append(row)
         print(f"{name:8s} m={m:5d} cublas {row['cublas_fp16_us']:8.1f}  w4a8 {row['w4a8_us']:7.1f} "
               f"(+quant {row['w4a8_with_quant_us']:7.1f}, sm80 {row['w4a8_sm80_us']:7.1f})  fmpq {row['fmpq_us']:7.1f} "
-              f"(+quant {row['fmpq_with_quant_us']:7.1f})  fmpq/w4a8 x{row['fmpq_vs_w4a8']:.2f}  "
+              f"(+quant {row['fmpq_with_quant_us']:7.1f}, sm80 {row['fmpq_sm80_us']:7.1f})  fmpq/w4a8 x{row['fmpq_vs_w4a8']:.2f}  "
               f"vs sm80 x{row['fmpq_vs_w4a8_sm80']:.2f}  vs cublas x{row['fmpq_vs_cublas']:.2f}", flush=True)
     return rows
 

@@ -91,7 +91,7 @@ SANITIZE_CASES=(
   "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129 or liquid-128-136)) or adversarial or (scaled and liquid) or strided"
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
-  "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or strided or errors"
+  "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors"
 )
 if has sanitize; then
   echo "== compute-sanitizer: memcheck, racecheck, synccheck over small cases of every GPU kernel test"

@@ -200,6 +200,12 @@ void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel) {
   add_bias(a);
 }
 
+// Runs the FMPQ GEMM on `kernel`: x holds the codes, x_scales their [m, blocks] scales (ops::linear_fmpq).
+void launch_fmpq(const GemmArgs& a, cuda::FmpqKernel kernel) {
+  cuda::gemm_fmpq(a.x, a.x_scales, a.w, a.y, cuda::current_stream(), 0, kernel);
+  add_bias(a);
+}
+
 namespace {
 template <cuda::W4A16Kernel K>
 void launch_w4a16(const GemmArgs& a) {
@@ -212,11 +218,7 @@ void launch_w8a16_sm80(const GemmArgs& a) {
 }
 void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
-// x: the codes, x_scales: their [m, blocks] scales (ops::linear_fmpq passes both).
-void launch_fmpq_sm80(const GemmArgs& a) {
-  cuda::gemm_fmpq(a.x, a.x_scales, a.w, a.y, cuda::current_stream());
-  add_bias(a);
-}
+void launch_fmpq_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80); }
 }  // namespace
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
@@ -259,11 +261,11 @@ Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
 }
 }  // namespace
 
-namespace {
-// COMET W4Ax: FMPQ s8 codes (int4 blocks in [-7, 7]) with per-block scales x qoq/liquid weights.
-Fit fmpq_sm80_can_run(const GemmDesc& d, std::string* why) {
+// COMET W4Ax: FMPQ s8 codes (int4 blocks in [-7, 7]) with per-block scales x qoq/liquid weights (shared
+// with the wgmma kernel, gemm_sm90_entries.cpp).
+Fit fmpq_can_run(const GemmDesc& d, std::string* why, int min_sm) {
   if (!on_device(DeviceKind::cuda, d.device, why)) return Fit::no;
-  if (d.sm < 80) return refuse(why, "needs sm_80 or newer");
+  if (d.sm < min_sm) return refuse(why, "needs sm_" + std::to_string(min_sm) + " or newer");
   if (d.packed != PackTarget::sm80) return refuse(why, "needs a weight packed for sm80");
   if (d.act != ActivationMode::fmpq_mixed) return refuse(why, "fmpq_mixed activations only");
   if (d.x_type != ScalarType::s8) return refuse(why, "takes s8 codes and block scales from quantize_fmpq");
@@ -275,8 +277,16 @@ Fit fmpq_sm80_can_run(const GemmDesc& d, std::string* why) {
     return refuse(why, "group " + std::to_string(d.group) + " has no GPU kernel (groups must be multiples of 64)");
   if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
   if (d.k > 256 * 128) return refuse(why, "takes at most 256 FMPQ blocks (k <= 32768)");
-  return fits(why, "int4 and int8 blocks both on s8 mma.sync, exact int32 per 128-channel block flushed to f32 with "
-                   "the block scale, split-K over whole blocks");
+  return fits(why);
+}
+
+namespace {
+Fit fmpq_sm80_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = fmpq_can_run(d, why, 80);
+  if (f == Fit::yes && why)
+    *why = "int4 and int8 blocks both on s8 mma.sync, exact int32 per 128-channel block flushed to f32 with the "
+           "block scale, split-K over whole blocks";
+  return f;
 }
 }  // namespace
 

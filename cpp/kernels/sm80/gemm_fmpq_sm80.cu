@@ -21,6 +21,7 @@
 #include "lowbit/cuda/kernels.h"
 #include "lowbit/quant/activation.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
+#include "kernels/sm90/gemm_fmpq_sm90.h"
 
 namespace lowbit::cuda {
 namespace {
@@ -368,7 +369,7 @@ int pick_split(int64_t m, int64_t n, int64_t k, int device) {
 }  // namespace
 
 void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
-               int split_k) {
+               int split_k, FmpqKernel kernel) {
   const char* op = "gemm_fmpq";
   LOWBIT_CHECK((w.format == WeightFormat::qoq || w.format == WeightFormat::liquid) && w.target == PackTarget::sm80,
                op, ": argument 'w' must be a qoq or liquid weight packed for sm80 (pack_sm80), got ",
@@ -421,6 +422,23 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  // The wgmma kernel from 128 tokens on (its tile); below, the mma.sync kernel's small tiles and split-K.
+  const bool sm90 = kernel == FmpqKernel::sm90 || (kernel == FmpqKernel::automatic && m >= 128 && out != Out::raw &&
+                                                   detail::gemm_fmpq_sm90_usable(dev));
+  if (sm90) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_fmpq_sm90_usable(dev), op,
+                      ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
+                      ")");
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, out != Out::raw, op,
+                      ": the sm90 kernel writes scaled f16/f32 rows only (raw per-block sums: kernel sm80)");
+    const detail::FmpqProblem problem{xq.data<int8_t>(), xq.stride(0), x_scale.data<float>(), w.data.data<uint8_t>(),
+                                      w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(), w.channel_scales.data<float>(),
+                                      y.data_ptr(), y.stride(0), static_cast<int>(m), static_cast<int>(n),
+                                      static_cast<int>(k), static_cast<int>(blocks), w.group, static_cast<int>(npad),
+                                      out == Out::f32};
+    detail::gemm_fmpq_sm90(problem, split_k, stream);
+    return;
+  }
   const Shape shape = shape_for(m);
   prepare(shape, dev);
   const int k_chunks = static_cast<int>(k / kChunkK);

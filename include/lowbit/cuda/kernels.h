@@ -89,9 +89,12 @@ void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor&
 // newer): y[m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b[m, n], acc_b the exact int32 sum of
 // 128-channel block b (q · W, W the qoq/liquid s8 weights as gemm_w4a8 reads them). xq s8 [m, k]
 // (16-byte aligned rows), x_scale f32 [m, blocks] contiguous; y f16 or f32 [m, n], or s32 [m, blocks, n]:
-// the raw per-block accumulators (x_scale ignored). split_k 0 picks the split (whole blocks per split).
+// the raw per-block accumulators (x_scale ignored). Two kernels: sm80 (mma.sync; split_k 0 picks the split,
+// whole blocks per split) and sm90 (wgmma + TMA, sm_90 only, scaled outputs only, 128-token tiles; split_k 0
+// automatic, else the split-K cluster size 1/2/4/8). `automatic` takes sm90 on sm_90 from 128 tokens on.
+enum class FmpqKernel : uint8_t { automatic, sm80, sm90 };
 void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
-               int split_k = 0);
+               int split_k = 0, FmpqKernel kernel = FmpqKernel::automatic);
 
 // Which 8-bit GEMM runs and its knobs: sm80 (mma.sync) or sm90 (wgmma + TMA, sm_90 only; a forced
 // sm90 elsewhere throws NotSupported); `automatic` (the op-level API; plans name the kernel) takes
