@@ -291,9 +291,10 @@ def engine_logits(model, ids):
 
 # Int4 blocks make a random model chaotic: an activation that lands near an int4 rounding boundary flips by a
 # whole step (1/7 of its block's max) under any tiny change, so the CPU engine's own f16 and f32 runs of one
-# model differ by ~0.28 (relative logits) with 0% int8 blocks and ~0.02 with 100% (measured on the CPU, 2 layers).
-# The GPU computes in f16, so it is held to the CPU's f16 run (activations rounded at the same points): it must
-# sit far closer to it than the f16/f32 gap; an indexing, permutation, block-map or scale error costs O(1).
+# model differ by ~0.25-0.36 (relative logits) with 0-10% int8 blocks and ~0.02-0.05 with 100% (2 layers, CPU).
+# The GPU computes in f16 in its own order, so it is held to that gap: its distance from the CPU's f32 run must
+# be the size of the CPU's own f16-vs-f32 distance (measured on an H200: 0.96-1.32x of it; bound 1.5x + 0.02,
+# over three prompts), while the same model with its channel permutations left out lands at ~0.8.
 @pytest.mark.parametrize("recipe", ["w4a4kv8", "w4a4kv4"])
 @pytest.mark.parametrize("frac", [1.0, 0.1, 0.0])
 def test_w4a4_engine_logits_match_cpu(recipe, frac):
@@ -302,18 +303,22 @@ def test_w4a4_engine_logits_match_cpu(recipe, frac):
     kernels = {p["role"]: p["kernel"] for p in gpu.plan()
                if p["role"].startswith("linear.") and not p["role"].startswith("linear.lm_head")}
     assert kernels and all(k == (large if r.endswith("m128+") else "gemm_fmpq_sm80") for r, k in kernels.items())
-    ids = torch.randint(0, 1000, (161,), generator=torch.Generator().manual_seed(1)).tolist()
-    ref16 = engine_logits(fmpq_llama(recipe, "cpu", "f16", frac), ids)
-    ref32 = engine_logits(fmpq_llama(recipe, "cpu", "f32", frac), ids)
-    got = engine_logits(gpu, ids)
-    assert got.shape == ref16.shape and torch.isfinite(got).all()
-    gap, err, err32 = rel_err(ref16, ref32), rel_err(got, ref16), rel_err(got, ref32)
-    print(f"{recipe} int8 fraction {frac}: relative logit error GPU vs CPU f16 {err:.4f}, vs CPU f32 {err32:.4f}; "
-          f"CPU f16 vs f32 {gap:.4f}")
-    assert err < max(0.5 * gap, 1e-2)
-    # Without the permutations the logits move by far more: the GPU really applies them.
-    wrong = engine_logits(fmpq_llama(recipe, "cuda", "f16", frac, permute=False), ids)
-    assert rel_err(wrong, ref16) > max(2 * err, 0.3)
+    cpu16, cpu32 = fmpq_llama(recipe, "cpu", "f16", frac), fmpq_llama(recipe, "cpu", "f32", frac)
+    wrong = fmpq_llama(recipe, "cuda", "f16", frac, permute=False)
+    errs, gaps, wrongs = [], [], []
+    for seed in (1, 2, 3):
+        ids = torch.randint(0, 1000, (161,), generator=torch.Generator().manual_seed(seed)).tolist()
+        ref32 = engine_logits(cpu32, ids)
+        got = engine_logits(gpu, ids)
+        assert got.shape == ref32.shape and torch.isfinite(got).all()
+        errs.append(rel_err(got, ref32))
+        gaps.append(rel_err(engine_logits(cpu16, ids), ref32))
+        wrongs.append(rel_err(engine_logits(wrong, ids), ref32))
+    err, gap, bad = (sum(v) / 3 for v in (errs, gaps, wrongs))
+    bound = 1.5 * gap + 0.02
+    print(f"{recipe} int8 fraction {frac}: relative logit error GPU vs CPU f32 {err:.4f} (bound {bound:.4f}); "
+          f"CPU f16 vs f32 {gap:.4f}; GPU without the permutations {bad:.4f}")
+    assert err < bound < bad
 
 
 def test_w4a4_decode_graphs_agree_with_eager_steps():
@@ -331,7 +336,16 @@ def test_w4a4_decode_graphs_agree_with_eager_steps():
     got = run_events(graphs, prompts, 20, dict(temperature=0.0))
     assert [len(t) for t in got] == [20] * len(prompts)
     assert greedy_margin_violations(eager, prompts, [[t for t, _ in s] for s in got], 0.05) == []
-    assert sum(a == b for a, b in zip(ref, got)) >= 3
+    # Same tokens for most requests; logprobs equal to f32-order noise while they do (not bit-equal as W4A8's:
+    # the per-block sums meet in f32, in an order the padded batch's split-K changes).
+    same = 0
+    for a, b in zip(ref, got):
+        same += [t for t, _ in a] == [t for t, _ in b]
+        for (ta, la), (tb, lb) in zip(a, b):
+            if ta != tb:
+                break
+            assert abs(la - lb) < 1e-2
+    assert same >= 3
 
 
 def test_w4a4_quantized_dir_runs_on_the_gpu(tmp_path):
