@@ -285,6 +285,45 @@ void bind_cuda(nb::module_& m) {
       "128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8)");
 
   m.def(
+      "quantize_fmpq_gpu",
+      [](nb::handle x, nb::handle block_bits, nb::handle q, nb::handle scales, uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        Tensor qt = tensor_from_python(q, "q"), st = tensor_from_python(scales, "scales");
+        cuda::quantize_fmpq(tensor_from_python(x, "x"), tensor_from_python(block_bits, "block_bits"), qt, st,
+                            as_stream(stream));
+#else
+        no_cuda("quantize_fmpq_gpu");
+#endif
+      },
+      nb::arg("x"), nb::arg("block_bits"), nb::arg("q"), nb::arg("scales"), nb::arg("stream") = 0,
+      "GPU: COMET FMPQ into caller-allocated q s8 [m, k] and scales f32 [m, blocks] on `stream` (block_bits: a "
+      "host uint8 tensor of 4 / 8 per 128 channels); quantize_fmpq's codes and scales bit for bit");
+  m.def(
+      "gemm_fmpq",
+      [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
+         const std::string& kernel) {
+#ifdef LOWBIT_WITH_CUDA
+        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90",
+                     "gemm_fmpq: argument 'kernel' must be '', 'sm80' or 'sm90', got '", kernel, "'");
+        const cuda::FmpqKernel k = kernel == "sm80"   ? cuda::FmpqKernel::sm80
+                                   : kernel == "sm90" ? cuda::FmpqKernel::sm90
+                                                      : cuda::FmpqKernel::automatic;
+        Tensor out = tensor_from_python(y, "y");
+        cuda::gemm_fmpq(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
+                        split_k, k);
+#else
+        no_cuda("gemm_fmpq");
+#endif
+      },
+      nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("w"), nb::arg("y"), nb::arg("split_k") = 0,
+      nb::arg("stream") = 0, nb::arg("kernel") = "",
+      "GPU, COMET W4Ax: FMPQ codes xq s8 [m, k] and scales f32 [m, blocks] times a qoq/liquid PackedWeight packed "
+      "for sm80 on the device; y f16/f32 [m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b, or s32 "
+      "[m, blocks, n]: the raw int32 sum of each 128-channel block (x_scale may be None). kernel: '' (wgmma on "
+      "sm_90 from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic, else the number of splits, whole "
+      "blocks each) or 'sm90' (scaled outputs; split_k: 0 automatic or the cluster size 1, 2, 4, 8)");
+
+  m.def(
       "quantize_per_token_e4m3",
       [](nb::handle x, nb::handle q, nb::handle scales, uintptr_t stream) {
 #ifdef LOWBIT_WITH_CUDA

@@ -6,6 +6,7 @@
 
 #include "bindings/bind.h"
 #include "bindings/tensor_arg.h"
+#include "lowbit/ops/ops.h"
 #include "lowbit/quant/activation.h"
 #include "lowbit/quant/pack.h"
 #include "lowbit/quant/recipe.h"
@@ -164,11 +165,12 @@ void bind_quant(nb::module_& m) {
       "quantize_fmpq",
       [](nb::handle x, nb::handle block_bits) {
         FmpqActivation out;
-        quantize_fmpq(tensor_from_python(x, "x"), block_bits_arg(block_bits), out);
+        ops::quantize_fmpq(tensor_from_python(x, "x"), block_bits_arg(block_bits), out);
         return nb::make_tuple(out.q, out.scales);
       },
       nb::arg("x"), nb::arg("block_bits"),
-      "COMET FMPQ: block_bits (4 or 8) per 128 channels; returns (q s8 [m, k], scales f32 [m, blocks])");
+      "COMET FMPQ: block_bits (4 or 8) per 128 channels; returns (q s8 [m, k], scales f32 [m, blocks]) on x's "
+      "device (a CUDA x: f16 or f32, the CPU's codes and scales bit for bit)");
   m.def(
       "parse_recipe",
       [](const std::string& text) {

@@ -238,7 +238,7 @@ def test_gpu_model_info_and_load_errors():
     cfg.num_heads, cfg.num_kv_heads, cfg.head_dim = 1, 1, 64
     for recipe, needle in [("w4a8g32", "recipe 'w4a8g32' .* has no GPU kernel for sm_.*group 32 has no W4A8"),
                            ("wfp8a16", "has no GPU kernel for sm_"),
-                           ("w4a4", "has no GPU kernel")]:
+                           ("w4a4g32", "has no GPU kernel.*group 32 has no GPU kernel")]:
         with pytest.raises(NotImplementedError, match=needle):
             _core.Model(cfg, recipe, "cuda", "f16")
     with pytest.raises(NotImplementedError, match="compute in f16; dtype f32 has none: pass dtype='f16'"):

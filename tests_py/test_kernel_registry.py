@@ -160,3 +160,19 @@ def test_paged_attention_forced_kernel_on_the_cpu():
         _core.paged_attention(q, cache, 0, meta, 0.125, kernel="decode_attention_sm80")
     with pytest.raises(ValueError, match="forced kernel 'flash' is not registered"):
         _core.paged_attention(q, cache, 0, meta, 0.125, kernel="flash")
+
+
+def test_fmpq_gpu_kernel_and_its_refusals():
+    """COMET W4Ax on the GPU: FMPQ s8 codes x qoq/liquid weights take gemm_fmpq_sm80 on every sm_80+ device,
+    gemm_fmpq_sm90 on sm_90 from 128 tokens; w8 weights and f16 rows (no block map) are refused by name."""
+    for sm, m, expected in ((80, 1, "gemm_fmpq_sm80"), (80, 4096, "gemm_fmpq_sm80"), (90, 16, "gemm_fmpq_sm80"),
+                            (90, 4096, "gemm_fmpq_sm90"), (89, 4096, "gemm_fmpq_sm80")):
+        r = _core.kernels.select_gemm(device="cuda", sm=sm, act="fmpq_mixed", x="s8", y="f16", weight="liquid",
+                                      packed="sm80", group=64, n=4096, k=4096, m=m)
+        assert r["kernel"] == expected and not r["fallback"], r
+    w8 = _core.kernels.select_gemm(device="cuda", sm=90, act="fmpq_mixed", x="s8", y="f16", weight="w8",
+                                   packed="sm80", n=4096, k=4096)
+    assert w8["kernel"] is None and "gemm_fmpq_sm80: needs qoq or liquid weights, got w8" in w8["reasons"]
+    rows = _core.kernels.select_gemm(device="cuda", sm=90, act="fmpq_mixed", x="f16", y="f16", weight="qoq",
+                                     packed="sm80", group=128, n=4096, k=4096)
+    assert rows["kernel"] is None and "gemm_fmpq_sm80: takes s8 codes" in rows["reasons"]

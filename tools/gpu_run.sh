@@ -25,6 +25,8 @@
 #     kv2       2-bit KV (kv2, k4v2, kc2..): its tests (test_gpu_kv2.py, the u2 cases of the per-channel, ops and format
 #               tests), the decode attention and engine tests as regression, sanitizers over small 2-bit cases, and
 #               decode attention kv2/kc2 vs kv4/kc4 vs SDPA fp16 (tools/bench_gpu_kv2.py)
+#     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
+#               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py, then
 #               tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs TP=N; TP_RECIPES, TP_SIZES, TP_LAYERS).
 #               NCCL comes from the nvidia-nccl-cu13 wheel torch installs; the build log says whether it was found.
@@ -94,6 +96,7 @@ SANITIZE_CASES=(
   "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129 or liquid-128-136)) or adversarial or (scaled and liquid) or strided"
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
+  "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors"
 )
 if has sanitize; then
   echo "== compute-sanitizer: memcheck, racecheck, synccheck over small cases of every GPU kernel test"
@@ -118,6 +121,25 @@ if has sanitize; then
     grep -qE "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier|Warning)" "$f" || continue
     echo "-- $(basename "$f")"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$f" | head -6
   done
+fi
+
+if has fmpq; then
+  echo "== COMET FMPQ (w4a4) on the GPU"
+  "${PYTEST[@]}" "$TESTS/test_gpu_fmpq.py" "$TESTS/test_kernel_registry.py" "$TESTS/test_error_paths.py" -q -rfEs -s \
+    --maxfail=60 2>&1 | tee "$OUT/pytest_fmpq.log" | grep -E "relative|passed|failed" | cut -c1-200 | head -40
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_fmpq.log" | cut -c1-400 | head -30
+  "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=20 \
+    -k "model_info_and_load_errors or linear_errors or (logits_match_cpu and (w4a8kv4 or w16a16kc4v4))" 2>&1 | tail -3
+  expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^fmpq|' | cut -d'|' -f3)
+  for tool in memcheck racecheck synccheck; do
+    (timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_fmpq.py" \
+      -k "$expr" > "$OUT/${tool}_fmpq.log" 2>&1; echo "$tool rc=$?") &
+  done
+  wait
+  for tool in memcheck racecheck synccheck; do
+    tail -2 "$OUT/${tool}_fmpq.log"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_fmpq.log" | head -4
+  done
+  timeout "${FMPQ_BENCH_S:-300}" python3 "$REPO/tools/bench_gpu_fmpq.py" "$OUT/bench_fmpq.json" ${FMPQ_BENCH_ARGS:-} 2>&1 | tail -30
 fi
 
 if has kc; then

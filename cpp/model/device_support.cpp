@@ -37,6 +37,7 @@ void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& d
   d.sm = cap;
   d.act = recipe.activation;
   d.x_type = d.y_type = ScalarType::f16;
+  if (recipe.activation == ActivationMode::fmpq_mixed) d.x_type = ScalarType::s8;  // the codes quantize_fmpq makes
   d.weight = recipe.weight_bits == 16 ? WeightFormat::f16 : recipe.weight;
   d.packed = PackTarget::sm80;
   d.group = recipe.group;

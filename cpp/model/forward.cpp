@@ -54,8 +54,8 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
     const int64_t max_blocks = (H + kFmpqBlock - 1) / kFmpqBlock + (I + kFmpqBlock - 1) / kFmpqBlock +
                                (local_.q_size() + kFmpqBlock - 1) / kFmpqBlock;  // >= the blocks of any one k
     ws.permuted = Tensor::empty({T * max_k}, dtype_, device_);
-    ws.fmpq.q = Tensor::empty({T * max_k}, ScalarType::s8);
-    ws.fmpq.scales = Tensor::empty({T * max_blocks}, ScalarType::f32);
+    ws.fmpq.q = Tensor::empty({T * max_k}, ScalarType::s8, device_);
+    ws.fmpq.scales = Tensor::empty({T * max_blocks}, ScalarType::f32, device_);
   }
   return ws;
 }
@@ -63,6 +63,19 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
 void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
                        const kernels::LinearPlan& plan, ModelWorkspace& ws) const {
   const int64_t T = x.size(0), k = x.size(1);
+  if (recipe_.activation == ActivationMode::fmpq_mixed && !in.block_bits.defined())
+    LOWBIT_NOT_SUPPORTED("Model.forward: recipe ", recipe_.text, " (FMPQ activations) needs a block map per linear ",
+                         "(Model.set_fmpq_block_bits, written by `lowbit quantize --algo fmpq`); weights quantized ",
+                         "round-to-nearest by set_weight carry none");
+  if (recipe_.activation == ActivationMode::fmpq_mixed && !device_.is_cpu()) {
+    // The GPU quantizer reads x[:, perm] itself and writes the codes and block scales in one kernel.
+    FmpqActivation a;
+    a.q = ws.fmpq.q.slice(0, 0, T * k).view({T, k});
+    a.scales = ws.fmpq.scales.slice(0, 0, T * in.block_bits.numel()).view({T, in.block_bits.numel()});
+    ops::quantize_fmpq(x, in.block_bits, in.perm, a);
+    ops::linear_fmpq(a, w, bias, y, plan);
+    return;
+  }
   Tensor input = x;
   if (in.perm.defined()) {
     input = ws.permuted.slice(0, 0, T * k).view({T, k});
@@ -72,10 +85,6 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
     ops::linear(input, w, bias, y, plan);
     return;
   }
-  if (!in.block_bits.defined())
-    LOWBIT_NOT_SUPPORTED("Model.forward: recipe ", recipe_.text, " (FMPQ activations) needs a block map per linear ",
-                         "(Model.set_fmpq_block_bits, written by `lowbit quantize --algo fmpq`); weights quantized ",
-                         "round-to-nearest by set_weight carry none");
   FmpqActivation a;
   a.q = ws.fmpq.q.slice(0, 0, T * k).view({T, k});
   a.scales = ws.fmpq.scales.slice(0, 0, T * in.block_bits.numel()).view({T, in.block_bits.numel()});

@@ -107,7 +107,8 @@ void linear(const Tensor& x, const PackedWeight& w, const Tensor& bias, Tensor& 
 
   const Device dev = op_device(kOp, {{"x", &x}, {"y", &y}, {"w.data", &w.data}, {"bias", &bias}});
   if (dev.is_cuda() && act == LinearActivation::fmpq_mixed)
-    LOWBIT_NOT_SUPPORTED(kOp, ": act=fmpq (COMET mixed int4/int8 activations) has no GPU kernel");
+    LOWBIT_NOT_SUPPORTED(kOp, ": act=fmpq (COMET mixed int4/int8 activations) needs the layer's block map: quantize x "
+                         "with quantize_fmpq and call linear_fmpq (both run on the GPU)");
   if (dev.is_cuda())
     check_gpu_linear(x, w, bias);
   else
@@ -195,9 +196,12 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
   check_defined(w.data, op, "w.data");
   const Device dev = op_device(op, {{"x.q", &x.q}, {"x.scales", &x.scales}, {"y", &y}, {"w.data", &w.data},
                                     {"bias", &bias}});
-  if (!dev.is_cpu()) LOWBIT_NOT_SUPPORTED(op, ": COMET FMPQ activations have no GPU kernel yet (got ", y.str(), ")");
-  LOWBIT_CHECK(w.target == PackTarget::cpu, op, ": the weight was packed for target code ", static_cast<int>(w.target),
-               "; the CPU kernel needs pack_weight(..., PackTarget::cpu, ...)");
+  if (dev.is_cuda())
+    LOWBIT_CHECK(w.target == PackTarget::sm80, op, ": the weight was packed for ", name_of(w.target),
+                 " but the GPU kernel needs a weight packed for sm80 (pack_weight(..., 'sm80', 'cuda'))");
+  else
+    LOWBIT_CHECK(w.target == PackTarget::cpu, op, ": the weight was packed for target code ",
+                 static_cast<int>(w.target), "; the CPU kernel needs pack_weight(..., PackTarget::cpu, ...)");
   if (w.format != WeightFormat::w8 && w.format != WeightFormat::qoq && w.format != WeightFormat::liquid)
     LOWBIT_NOT_SUPPORTED(op, ": FMPQ activations need a weight with s8 values (qoq, liquid or w8), got ",
                          name_of(w.format));

@@ -200,6 +200,12 @@ void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel) {
   add_bias(a);
 }
 
+// Runs the FMPQ GEMM on `kernel`: x holds the codes, x_scales their [m, blocks] scales (ops::linear_fmpq).
+void launch_fmpq(const GemmArgs& a, cuda::FmpqKernel kernel) {
+  cuda::gemm_fmpq(a.x, a.x_scales, a.w, a.y, cuda::current_stream(), 0, kernel);
+  add_bias(a);
+}
+
 namespace {
 template <cuda::W4A16Kernel K>
 void launch_w4a16(const GemmArgs& a) {
@@ -212,6 +218,7 @@ void launch_w8a16_sm80(const GemmArgs& a) {
 }
 void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
+void launch_fmpq_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80); }
 }  // namespace
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
@@ -254,6 +261,35 @@ Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
 }
 }  // namespace
 
+// COMET W4Ax: FMPQ s8 codes (int4 blocks in [-7, 7]) with per-block scales x qoq/liquid weights (shared
+// with the wgmma kernel, gemm_sm90_entries.cpp).
+Fit fmpq_can_run(const GemmDesc& d, std::string* why, int min_sm) {
+  if (!on_device(DeviceKind::cuda, d.device, why)) return Fit::no;
+  if (d.sm < min_sm) return refuse(why, "needs sm_" + std::to_string(min_sm) + " or newer");
+  if (d.packed != PackTarget::sm80) return refuse(why, "needs a weight packed for sm80");
+  if (d.act != ActivationMode::fmpq_mixed) return refuse(why, "fmpq_mixed activations only");
+  if (d.x_type != ScalarType::s8) return refuse(why, "takes s8 codes and block scales from quantize_fmpq");
+  if (d.y_type != ScalarType::f16 && d.y_type != ScalarType::f32) return refuse(why, "writes f16 or f32 rows");
+  if (d.weight != WeightFormat::qoq && d.weight != WeightFormat::liquid)
+    return refuse(why, std::string("needs qoq or liquid weights, got ") + name_of(d.weight) +
+                           (d.weight == WeightFormat::w8 ? " (w8 x FMPQ runs on the CPU only)" : ""));
+  if (d.group % 64 != 0)
+    return refuse(why, "group " + std::to_string(d.group) + " has no GPU kernel (groups must be multiples of 64)");
+  if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
+  if (d.k > 256 * 128) return refuse(why, "takes at most 256 FMPQ blocks (k <= 32768)");
+  return fits(why);
+}
+
+namespace {
+Fit fmpq_sm80_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = fmpq_can_run(d, why, 80);
+  if (f == Fit::yes && why)
+    *why = "int4 and int8 blocks both on s8 mma.sync, exact int32 per 128-channel block flushed to f32 with the "
+           "block scale, split-K over whole blocks";
+  return f;
+}
+}  // namespace
+
 void register_gemm_sm80(std::vector<GemmKernel>& out) {
   out.push_back({"gemm_f16_gemv_sm80", "f16 x f16 GEMV: one warp per output column (decode)", gemv_can_run, gemv_rank,
                  LOWBIT_GPU_LAUNCH((launch_f16<cuda::F16GemmKernel::gemv>))});
@@ -272,6 +308,8 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  w8a16_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w8a16_sm80)});
   out.push_back({"gemm_w4a8_sm80", "W4A8 QoQ / LiquidQuant u4 weights x s8 per-token activations, mma.sync",
                  w4a8_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w4a8_sm80)});
+  out.push_back({"gemm_fmpq_sm80", "COMET W4Ax: FMPQ int4/int8 block activations x qoq/liquid u4 weights, mma.sync",
+                 fmpq_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_fmpq_sm80)});
   out.push_back({"gemm_fp8_sm89", "FP8 e4m3 x e4m3 mma.sync (sm_89+), per-token activations", fp8_sm89_can_run,
                  rank_one, LOWBIT_GPU_LAUNCH(launch_fp8_sm89)});
 }

@@ -11,10 +11,12 @@ namespace lowbit::kernels {
 Fit gemm8_can_run(const GemmDesc& d, std::string* why, int min_sm, bool fp8);
 Fit w4a8_can_run(const GemmDesc& d, std::string* why, int min_sm);
 Fit w4a16_can_run(const GemmDesc& d, std::string* why);
+Fit fmpq_can_run(const GemmDesc& d, std::string* why, int min_sm);
 #ifdef LOWBIT_WITH_CUDA
 void launch_gemm8(const GemmArgs& a, cuda::Gemm8Kernel kernel, bool fp8);
 void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel);
 void launch_w4a16_kernel(const GemmArgs& a, cuda::W4A16Kernel kernel);
+void launch_fmpq(const GemmArgs& a, cuda::FmpqKernel kernel);
 #endif
 
 namespace {
@@ -52,7 +54,20 @@ Fit w4a16_sm90_can_run(const GemmDesc& d, std::string* why) {
 // From 128 tokens on, above the large mma.sync kernel (rank 2 there); below, the small mma.sync kernel.
 int w4a16_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 3 : 0; }
 
+Fit fmpq_sm90_can_run(const GemmDesc& d, std::string* why) {
+  if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)
+    return refuse(why, "wgmma/TMA need sm_90 exactly (built as sm_90a), got " + arch_name(d.device, d.sm));
+  const Fit f = fmpq_can_run(d, why, 90);
+  if (f == Fit::yes && why)
+    *why = "int4 and int8 blocks both on s8 wgmma (u4 weights dequantized as the A operand), exact int32 per "
+           "128-k stage flushed to f32 with the block scale, TMA, split-K clusters";
+  return f;
+}
+// From 128 tokens on (its 128-token tile); below, the mma.sync kernel.
+int fmpq_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 2 : 0; }
+
 #ifdef LOWBIT_WITH_CUDA
+void launch_fmpq_sm90(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm90); }
 void launch_w8a8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, false); }
 void launch_fp8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, true); }
 void launch_w4a8_sm90(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm90); }
@@ -71,6 +86,8 @@ void register_gemm_sm90(std::vector<GemmKernel>& out) {
                  LOWBIT_GPU_LAUNCH(launch_fp8)});
   out.push_back({"gemm_w4a8_sm90", "W4A8 QoQ / LiquidQuant: register-dequantized u4 weights x s8 activations, wgmma + "
                  "TMA (sm_90a)", w4a8_sm90_can_run, w4a8_sm90_rank, LOWBIT_GPU_LAUNCH(launch_w4a8_sm90)});
+  out.push_back({"gemm_fmpq_sm90", "COMET W4Ax: FMPQ int4/int8 block activations x qoq/liquid u4 weights, wgmma + TMA "
+                 "(sm_90a)", fmpq_sm90_can_run, fmpq_sm90_rank, LOWBIT_GPU_LAUNCH(launch_fmpq_sm90)});
   out.push_back({"gemm_w4a16_sm90", "W4A16: register-dequantized u4 weights x f16 activations, f16 wgmma + TMA (sm_90a)",
                  w4a16_sm90_can_run, w4a16_sm90_rank, LOWBIT_GPU_LAUNCH(launch_w4a16_sm90)});
 }

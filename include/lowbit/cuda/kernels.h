@@ -71,6 +71,31 @@ int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device);
 // row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].
 void quantize_per_token_s8(const Tensor& x, Tensor& q, Tensor& scales, cudaStream_t stream);
 
+// COMET FMPQ (activation.h): the block map travels in the kernels' arguments as a bit mask (bit b set =
+// block b is int8), so a captured CUDA graph needs no device copy of it; at most kFmpqMaxBlocks blocks.
+constexpr int kFmpqMaxBlocks = 256;
+struct FmpqBits {
+  uint32_t int8_mask[kFmpqMaxBlocks / 32];
+};
+// The mask of a host u8 block map (4 or 8 per block; checked, naming `op`).
+FmpqBits fmpq_bits_of(const Tensor& block_bits, const char* op);
+// x f16/f32 [m, k] (unit stride in the last dim), block_bits host u8 [ceil(k / 128)], q s8 [m, k],
+// scales f32 [m, blocks] (contiguous): the CPU quantize_fmpq's codes and scales, bit for bit. perm (s32 [k]
+// on the device, a permutation; undefined = none): quantize x[:, perm] (the gather happens in the read).
+void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor& scales, cudaStream_t stream,
+                   const Tensor& perm = Tensor());
+
+// COMET W4Ax GEMM over FMPQ activations (cpp/kernels/sm80/gemm_fmpq_sm80.cu, mma.sync s8, sm_80 and
+// newer): y[m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b[m, n], acc_b the exact int32 sum of
+// 128-channel block b (q · W, W the qoq/liquid s8 weights as gemm_w4a8 reads them). xq s8 [m, k]
+// (16-byte aligned rows), x_scale f32 [m, blocks] contiguous; y f16 or f32 [m, n], or s32 [m, blocks, n]:
+// the raw per-block accumulators (x_scale ignored). Two kernels: sm80 (mma.sync; split_k 0 picks the split,
+// whole blocks per split) and sm90 (wgmma + TMA, sm_90 only, scaled outputs only, 128-token tiles; split_k 0
+// automatic, else the split-K cluster size 1/2/4/8). `automatic` takes sm90 on sm_90 from 128 tokens on.
+enum class FmpqKernel : uint8_t { automatic, sm80, sm90 };
+void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
+               int split_k = 0, FmpqKernel kernel = FmpqKernel::automatic);
+
 // Which 8-bit GEMM runs and its knobs: sm80 (mma.sync) or sm90 (wgmma + TMA, sm_90 only; a forced
 // sm90 elsewhere throws NotSupported); `automatic` (the op-level API; plans name the kernel) takes
 // sm90 on sm_90. sm90_split: 0 automatic, else the split-K cluster size 1/2/4/8; sm90_pairs:

@@ -46,7 +46,15 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
 // COMET W4Ax: x quantized by quantize_fmpq (s8 [m, k] with int4 or int8 values per 128-channel block,
 // scales f32 [m, ceil(k / 128)]); w a qoq/liquid/w8 weight (s8 per group). Each block's s8 x s8 sum is
 // exact in int32; y[m, n] = channel_scale[n] * sum_b scale[m, b] * acc_b[m, n] (+ bias), y f32/f16/bf16.
+// On the GPU (gemm_fmpq_sm80): qoq/liquid weights packed for sm80, y f16 or f32.
 void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y);
+// quantize_fmpq (activation.h) on x's device: the CPU reference, or on the GPU (x f16/f32, block_bits
+// on the host) the same codes and scales bit for bit into out.q / out.scales, which must then be
+// allocated on x's device (undefined ones are allocated here).
+void quantize_fmpq(const Tensor& x, const Tensor& block_bits, FmpqActivation& out);
+// The same of x[:, perm] (GPU only; perm s32 [k] on x's device, undefined = none): the gather runs inside
+// the quantizer (COMET's channel permutation that makes int8 blocks contiguous).
+void quantize_fmpq(const Tensor& x, const Tensor& block_bits, const Tensor& perm, FmpqActivation& out);
 
 // ---- elementwise / normalisation (ops/elementwise.cpp) -----------------------------------------
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);

@@ -1,0 +1,474 @@
+// COMET W4Ax GEMM over FMPQ activations (activation.h: s8 codes, int4 blocks holding [-7, 7], one f32
+// scale per token and 128-channel block) for the sm80 family (mma.sync m16n8k32 s8 x s8 -> s32, sm_80
+// and newer, so it also runs on the H100) over the qoq/liquid weights packed by pack_sm80_w4a8.
+//
+// The pipeline is gemm_w4a8_sm80.cu's (Yᵀ = W · Xᵀ, the weight dequantized in registers straight into
+// the A fragment, (q*s + a) ^ 0x80 per byte; a multi-stage cp.async ring; split-K across blocks), with
+// one change that COMET's per-block activation scales force: a stage is exactly one 128-channel block
+// (two 64-k chunks), the block's int32 sums are exact, and at the stage's end each is flushed into an f32
+// accumulator with its token's block scale (cp.async'd with the stage), then reset. Every block, int4
+// or int8, runs on the s8 tensor cores: on sm_90 there are no fast s4 ones (this is COMET's int4 blocks
+// widened to s8), and the s4 m16n8k64 stream for Ampere/Ada is a separate kernel not written yet.
+// The channel scale applies once at the end; split-K partials are f32 (each split owns whole blocks).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "cuda/pdl.cuh"
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/kernels.h"
+#include "lowbit/quant/activation.h"
+#include "kernels/sm80/w4a16_common_sm80.cuh"
+#include "kernels/sm90/gemm_fmpq_sm90.h"
+
+namespace lowbit::cuda {
+namespace {
+
+using w4a16::cp_async16;
+using w4a16::cp_async_commit;
+using w4a16::cp_async_wait;
+using w4a16::kChunkBytes;
+using w4a16::kChunkK;
+using w4a16::kTileN;
+static_assert(kFmpqBlock == 2 * kChunkK, "a stage of two packed chunks is one FMPQ block");
+
+enum class Out : uint8_t { f16, f32, raw };
+
+struct FmpqArgs {
+  const int8_t* x;  // s8 [m, k], row stride ldx
+  int64_t ldx;
+  const float* x_scale;  // [m, blocks]; unused for raw output
+  const uint8_t* w;      // packed tiles
+  const uint8_t* steps;  // [G, npad]
+  const uint8_t* offsets;
+  const float* channel_scale;  // [npad]
+  void* y;                     // f16 / f32 [m, ldy], or s32 [m, blocks, n]
+  int64_t ldy;
+  float* partial;  // [split, m, n] when split > 1 (scaled outputs)
+  int m, n, k, blocks, group, npad, chunks_per_split;
+  Out out;
+  bool pdl;
+};
+
+// kWarpsN x kWarpsM warps, each owning kTilesN 16-row weight tiles x kTilesM 8-token tiles; a stage is
+// two 64-k chunks (one FMPQ block), kStages stages.
+template <int kWarpsN_, int kWarpsM_, int kTilesN_, int kTilesM_, int kStages_, int kMinBlocks_>
+struct Cfg {
+  static constexpr int kWarpsN = kWarpsN_, kWarpsM = kWarpsM_, kTilesN = kTilesN_, kTilesM = kTilesM_;
+  static constexpr int kChunks = 2, kStages = kStages_, kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = 32 * kWarpsN * kWarpsM;
+  static constexpr int kBlockN = kTileN * kTilesN * kWarpsN, kBlockM = 8 * kTilesM * kWarpsM;
+  static constexpr int kBlockTiles = kBlockN / kTileN;
+  static constexpr int kWBytes = kBlockTiles * kChunks * kChunkBytes;
+  static constexpr int kPBytes = kChunks * 2 * kBlockN;  // [chunk][step | offset][kBlockN] u8
+  static constexpr int kXBytes = kChunks * kBlockM * kChunkK;  // [chunk][token][64], swizzled units
+  static constexpr int kSBytes = (kBlockM * 4 + 15) / 16 * 16;  // the block's scale per token, f32
+  static constexpr int kStageBytes = kWBytes + kPBytes + kXBytes + kSBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kBlockN % 16 == 0, "parameter rows are copied in 16-byte units");
+};
+
+// As in gemm_w4a8_sm80.cu: XOR-ing the 16-byte unit index with (r >> 1) & 3 spreads the 8 tokens'
+// 4-byte reads over all 32 banks.
+__device__ inline int x_swizzle(int r) { return (r >> 1) & 3; }
+
+__device__ inline void cp_async4(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem));
+}
+
+// One stage: the weight tiles, step/offset rows and activation rows of chunks [kc0, kc0 + 2), and the
+// block scale of each token (kc0 is even: the stage is FMPQ block kc0 / 2).
+template <class C>
+__device__ inline void load_stage(const FmpqArgs& p, uint8_t* stage, int kc0, int kc_end, int n0, int m0) {
+  const int tid = threadIdx.x, k_chunks = p.k / kChunkK, n_tiles = (p.n + kTileN - 1) / kTileN;
+  constexpr int kWUnits = C::kBlockTiles * C::kChunks * 32;  // 16-byte units
+#pragma unroll
+  for (int u0 = 0; u0 < kWUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (kWUnits % C::kThreads != 0 && u >= kWUnits) break;
+    const int tile = u / (C::kChunks * 32), rest = u % (C::kChunks * 32);
+    const int nt = n0 / kTileN + tile;
+    if (nt < n_tiles && kc0 + rest / 32 < kc_end)
+      cp_async16(stage + u * 16, p.w + (static_cast<int64_t>(nt) * k_chunks + kc0) * kChunkBytes + rest * 16);
+  }
+  constexpr int kRowUnits = C::kBlockN / 16;
+  constexpr int kPUnits = C::kChunks * 2 * kRowUnits;
+#pragma unroll
+  for (int u0 = 0; u0 < kPUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (u >= kPUnits) break;
+    const int c = u / (2 * kRowUnits), which = (u / kRowUnits) % 2, off = (u % kRowUnits) * 16;
+    const int kc = kc0 + c;
+    if (kc < kc_end && n0 + off < p.npad) {
+      const uint8_t* src = (which ? p.offsets : p.steps) + static_cast<int64_t>(kc * kChunkK / p.group) * p.npad + n0 + off;
+      cp_async16(stage + C::kWBytes + u * 16, src);
+    }
+  }
+  constexpr int kXUnits = C::kChunks * C::kBlockM * (kChunkK / 16);
+  uint8_t* x_base = stage + C::kWBytes + C::kPBytes;
+#pragma unroll
+  for (int u0 = 0; u0 < kXUnits; u0 += C::kThreads) {
+    const int u = u0 + tid;
+    if (kXUnits % C::kThreads != 0 && u >= kXUnits) break;
+    const int c = u / (C::kBlockM * 4), r = (u / 4) % C::kBlockM, q = u % 4;
+    if (m0 + r < p.m && kc0 + c < kc_end)
+      cp_async16(x_base + (u ^ x_swizzle(r)) * 16, p.x + (m0 + r) * p.ldx + (kc0 + c) * kChunkK + q * 16);
+  }
+  if (p.out != Out::raw) {
+    float* s_base = reinterpret_cast<float*>(x_base + C::kXBytes);
+    for (int r = tid; r < C::kBlockM; r += C::kThreads)
+      if (m0 + r < p.m) cp_async4(s_base + r, p.x_scale + static_cast<int64_t>(m0 + r) * p.blocks + kc0 / 2);
+  }
+}
+
+__device__ inline void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four u4 codes, one per byte, to four s8 weights: (q*s + a) XOR 0x80 per byte (no carries: q*s + a <= 255).
+__device__ inline uint32_t dequant_bytes(uint32_t codes, uint32_t step, uint32_t offset4) {
+  return (codes * step + offset4) ^ 0x80808080u;
+}
+
+// One warp's share of a stage (gemm_w4a8_sm80.cu's): each weight tile dequantized once per k32 step,
+// multiplied into all of the warp's 8-token tiles.
+template <class C>
+__device__ inline void compute_stage(const uint8_t* stage, int chunks, int warp_n, int warp_m,
+                                     int (&acc)[C::kTilesN][C::kTilesM][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint4* ws = reinterpret_cast<const uint4*>(stage);
+  const uint8_t* ps = stage + C::kWBytes;
+  const uint8_t* xs = stage + C::kWBytes + C::kPBytes;
+#pragma unroll
+  for (int c = 0; c < C::kChunks; ++c) {
+    if (c >= chunks) break;
+    uint4 wv[C::kTilesN];
+    uint32_t s_g[C::kTilesN], s_g8[C::kTilesN], a_g[C::kTilesN], a_g8[C::kTilesN];
+#pragma unroll
+    for (int i = 0; i < C::kTilesN; ++i) {
+      const int tile = warp_n * C::kTilesN + i, row = tile * kTileN + g;
+      wv[i] = ws[(tile * C::kChunks + c) * 32 + lane];
+      const uint8_t* pc = ps + c * 2 * C::kBlockN;
+      s_g[i] = pc[row];
+      s_g8[i] = pc[row + 8];
+      a_g[i] = pc[C::kBlockN + row] * 0x01010101u;
+      a_g8[i] = pc[C::kBlockN + row + 8] * 0x01010101u;
+    }
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {
+      uint2 xv[C::kTilesM];
+#pragma unroll
+      for (int j = 0; j < C::kTilesM; ++j) {
+        const int r = (warp_m * C::kTilesM + j) * 8 + g;
+        const uint8_t* row = xs + (c * C::kBlockM + r) * kChunkK + 4 * t;
+        xv[j].x = *reinterpret_cast<const uint32_t*>(row + 16 * ((2 * step) ^ x_swizzle(r)));
+        xv[j].y = *reinterpret_cast<const uint32_t*>(row + 16 * ((2 * step + 1) ^ x_swizzle(r)));
+      }
+#pragma unroll
+      for (int i = 0; i < C::kTilesN; ++i) {
+        const uint32_t w_g = step ? wv[i].z : wv[i].x, w_g8 = step ? wv[i].w : wv[i].y;
+        const uint32_t a[4] = {dequant_bytes(w_g & 0x0f0f0f0fu, s_g[i], a_g[i]),
+                               dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8[i], a_g8[i]),
+                               dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g[i], a_g[i]),
+                               dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8[i], a_g8[i])};
+#pragma unroll
+        for (int j = 0; j < C::kTilesM; ++j) mma_s8_16832(acc[i][j], a, xv[j].x, xv[j].y);
+      }
+    }
+  }
+}
+
+// acc[i][j]: c0,c1 = weight row g, tokens 2t, 2t+1; c2,c3 = weight row g+8, same tokens.
+template <class C>
+__device__ inline int token_of(int warp_m, int j, int t, int c) {
+  return (warp_m * C::kTilesM + j) * 8 + 2 * t + (c & 1);
+}
+template <class C>
+__device__ inline int col_of(int warp_n, int i, int g, int c) {
+  return (warp_n * C::kTilesN + i) * kTileN + g + (c >> 1) * 8;
+}
+
+// An int32 |v| < 2^22 as an exact float without I2F (a quarter-rate conversion that measured as the
+// flush's cost): the bits of 1.5 * 2^23 + v, minus 1.5 * 2^23. A block's |sum| <= 128 * 127 * 128 < 2^21.
+__device__ inline float exact_float(int v) { return __int_as_float(0x4B400000 + v) - 12582912.f; }
+
+// The end of block `blk`: its exact int32 sums are scaled by the token's block scale into facc (or,
+// raw, written out as they are), then reset for the next block.
+template <class C>
+__device__ inline void flush_block(const FmpqArgs& p, const uint8_t* stage, int blk, int m0, int n0, int warp_n,
+                                   int warp_m, int (&acc)[C::kTilesN][C::kTilesM][4],
+                                   float (&facc)[C::kTilesN][C::kTilesM][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const float* sx = reinterpret_cast<const float*>(stage + C::kWBytes + C::kPBytes + C::kXBytes);
+#pragma unroll
+  for (int j = 0; j < C::kTilesM; ++j) {
+    const int tl = token_of<C>(warp_m, j, t, 0);
+    const float s0 = p.out == Out::raw ? 0.f : sx[tl], s1 = p.out == Out::raw ? 0.f : sx[tl + 1];
+#pragma unroll
+    for (int i = 0; i < C::kTilesN; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (p.out == Out::raw) {
+          const int token = m0 + token_of<C>(warp_m, j, t, c), col = n0 + col_of<C>(warp_n, i, g, c);
+          if (token < p.m && col < p.n)
+            static_cast<int32_t*>(p.y)[(static_cast<int64_t>(token) * p.blocks + blk) * p.n + col] = acc[i][j][c];
+        } else {
+          facc[i][j][c] = fmaf(exact_float(acc[i][j][c]), (c & 1) ? s1 : s0, facc[i][j][c]);
+        }
+        acc[i][j][c] = 0;
+      }
+  }
+}
+
+__device__ inline void store_scaled(const FmpqArgs& p, int token, int col, float v) {
+  const float y = v * p.channel_scale[col];
+  if (p.out == Out::f32)
+    static_cast<float*>(p.y)[token * p.ldy + col] = y;
+  else
+    static_cast<__half*>(p.y)[token * p.ldy + col] = __float2half_rn(y);
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_fmpq_kernel(FmpqArgs p) {
+  extern __shared__ uint4 smem_u4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp_n = warp % C::kWarpsN, warp_m = warp / C::kWarpsN;
+  const int m0 = blockIdx.x * C::kBlockM, n0 = blockIdx.y * C::kBlockN;
+  const int k_chunks = p.k / kChunkK;
+  const int kc_begin = blockIdx.z * p.chunks_per_split;  // even: splits own whole blocks
+  const int kc_end = min(kc_begin + p.chunks_per_split, k_chunks);
+  const int iters = kc_end > kc_begin ? (kc_end - kc_begin + C::kChunks - 1) / C::kChunks : 0;
+  const bool active = n0 + warp_n * C::kTilesN * kTileN < p.n && m0 + warp_m * C::kTilesM * 8 < p.m;
+  if (p.pdl) pdl_wait_for_producers();  // x and its scales come from the kernel before (cuda/pdl.cuh)
+
+  int acc[C::kTilesN][C::kTilesM][4] = {};
+  float facc[C::kTilesN][C::kTilesM][4] = {};
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < iters) load_stage<C>(p, smem + s * C::kStageBytes, kc_begin + s * C::kChunks, kc_end, n0, m0);
+    cp_async_commit();  // one group per stage, empty or not, so the wait count below is uniform
+  }
+  for (int it = 0; it < iters; ++it) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    const int next = it + C::kStages - 1;
+    if (next < iters)
+      load_stage<C>(p, smem + (next % C::kStages) * C::kStageBytes, kc_begin + next * C::kChunks, kc_end, n0, m0);
+    cp_async_commit();
+    const int kc0 = kc_begin + it * C::kChunks;
+    const uint8_t* stage = smem + (it % C::kStages) * C::kStageBytes;
+    if (active) {
+      compute_stage<C>(stage, kc_end - kc0, warp_n, warp_m, acc);
+      flush_block<C>(p, stage, kc0 / 2, m0, n0, warp_n, warp_m, acc, facc);
+    }
+  }
+  cp_async_wait<0>();
+  if (p.out == Out::raw) return;
+
+#pragma unroll
+  for (int i = 0; i < C::kTilesN; ++i)
+#pragma unroll
+    for (int j = 0; j < C::kTilesM; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int token = m0 + token_of<C>(warp_m, j, t, c), col = n0 + col_of<C>(warp_n, i, g, c);
+        if (token >= p.m || col >= p.n) continue;
+        if (gridDim.z == 1)
+          store_scaled(p, token, col, facc[i][j][c]);
+        else
+          p.partial[(static_cast<int64_t>(blockIdx.z) * p.m + token) * p.n + col] = facc[i][j][c];
+      }
+}
+
+// Sums the f32 split-K partials in split order and applies the channel scale.
+__global__ void sum_partials_kernel(FmpqArgs p, int split) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(p.m) * p.n) return;
+  float s = 0.f;
+  for (int z = 0; z < split; ++z) s += p.partial[z * static_cast<int64_t>(p.m) * p.n + i];
+  store_scaled(p, static_cast<int>(i / p.n), static_cast<int>(i % p.n), s);
+}
+
+// Shapes by token count, gemm_w4a8_sm80.cu's: decode 8 warps x one 16-row weight tile (128 rows per
+// block), up to 64 tokens up to 8 token tiles per warp, beyond 128 x 128 blocks of 2 x 8 tiles per warp.
+using CfgM8 = Cfg<8, 1, 1, 1, 4, 4>;
+using CfgM16 = Cfg<8, 1, 1, 2, 4, 3>;  // 3 blocks: 64 registers spill (the f32 block sums)
+using CfgM32 = Cfg<8, 1, 1, 4, 4, 2>;
+using CfgM64 = Cfg<8, 1, 1, 8, 4, 2>;
+using CfgLarge = Cfg<4, 2, 2, 8, 4, 1>;
+
+enum class Shape { m8, m16, m32, m64, large };
+Shape shape_for(int64_t m) {
+  return m <= 8 ? Shape::m8 : m <= 16 ? Shape::m16 : m <= 32 ? Shape::m32 : m <= 64 ? Shape::m64 : Shape::large;
+}
+
+struct ShapeInfo {
+  int block_n, block_m, blocks_per_sm;
+};
+
+// Raises the kernel's dynamic shared-memory limit (once per device) and reports its occupancy.
+template <class C>
+ShapeInfo prepare(int device) {
+  static std::mutex mu;
+  static std::vector<int> cache;  // blocks per SM, 0 = not yet prepared
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(cache.size())) cache.resize(device + 1, 0);
+  if (cache[device] == 0) {
+    const char* op = "gemm_fmpq";
+    int previous = 0;
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&previous));
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_fmpq_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               C::kSmemBytes));
+    int blocks = 0;
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_fmpq_kernel<C>, C::kThreads,
+                                                                        C::kSmemBytes));
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(previous));
+    LOWBIT_CHECK(blocks > 0, op, ": the kernel for this token count does not fit on device ", device);
+    cache[device] = blocks;
+  }
+  return {C::kBlockN, C::kBlockM, cache[device]};
+}
+
+ShapeInfo prepare(Shape s, int device) {
+  switch (s) {
+    case Shape::m8: return prepare<CfgM8>(device);
+    case Shape::m16: return prepare<CfgM16>(device);
+    case Shape::m32: return prepare<CfgM32>(device);
+    case Shape::m64: return prepare<CfgM64>(device);
+    default: return prepare<CfgLarge>(device);
+  }
+}
+
+template <class C>
+void launch(const FmpqArgs& p, int split, cudaStream_t stream) {
+  const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
+  launch_maybe_pdl("gemm_fmpq", p.pdl, gemm_fmpq_kernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
+}
+
+// Split-K over whole FMPQ blocks, as gemm_w4a8_pick_split splits chunks: fill one wave of resident
+// blocks when the (n, m) tiles alone do not, >= 2 blocks per split, partials below the weight bytes.
+int pick_split(int64_t m, int64_t n, int64_t k, int device) {
+  const ShapeInfo info = prepare(shape_for(m), device);
+  const int64_t blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
+  const int64_t tiles = ((n + info.block_n - 1) / info.block_n) * ((m + info.block_m - 1) / info.block_m);
+  const int64_t slots = static_cast<int64_t>(info.blocks_per_sm) * multiprocessor_count(device);
+  int64_t split = std::max<int64_t>(1, slots / std::max<int64_t>(tiles, 1));
+  split = std::min<int64_t>(split, std::max<int64_t>(1, k / (16 * std::max<int64_t>(m, 1))));
+  split = std::min<int64_t>(split, std::max<int64_t>(1, blocks / 2));
+  return static_cast<int>(std::min<int64_t>(split, 64));
+}
+
+}  // namespace
+
+void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
+               int split_k, FmpqKernel kernel) {
+  const char* op = "gemm_fmpq";
+  LOWBIT_CHECK((w.format == WeightFormat::qoq || w.format == WeightFormat::liquid) && w.target == PackTarget::sm80,
+               op, ": argument 'w' must be a qoq or liquid weight packed for sm80 (pack_sm80), got ",
+               name_of(w.format), " for ", name_of(w.target));
+  check_cuda_tensor(xq, op, "xq");
+  check_dtype(xq, ScalarType::s8, op, "xq");
+  check_dim(xq, 2, op, "xq");
+  const int64_t m = xq.size(0), n = w.n, k = w.k, blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
+  LOWBIT_CHECK(xq.size(1) == k, op, ": argument 'xq' has ", xq.size(1), " features but the weight expects k=", k);
+  LOWBIT_CHECK(xq.stride(1) == 1 && xq.stride(0) % 16 == 0 && reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0,
+               op, ": argument 'xq' needs unit stride in the last dim, a row stride divisible by 16 and a 16-byte "
+               "aligned start, got strides ", shape_str(xq.strides()));
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, k % kChunkK == 0 && w.group % kChunkK == 0, op,
+                    ": the packed weight needs k and group multiples of ", kChunkK, ", got k=", k, " group=", w.group);
+  const int64_t groups = (k + w.group - 1) / w.group, npad = (n + kTileN - 1) / kTileN * kTileN;
+  check_shape(w.data, {(n + kTileN - 1) / kTileN, (k / kChunkK) * kChunkBytes}, op, "w.data");
+  check_shape(w.scales, {groups, npad}, op, "w.scales");
+  check_shape(w.zeros, {groups, npad}, op, "w.zeros");
+  check_shape(w.channel_scales, {npad}, op, "w.channel_scales");
+  check_dtype(w.scales, ScalarType::u8, op, "w.scales");
+  check_dtype(w.zeros, ScalarType::u8, op, "w.zeros");
+  check_dtype(w.channel_scales, ScalarType::f32, op, "w.channel_scales");
+  for (const Tensor* t : {&w.data, &w.scales, &w.zeros, &w.channel_scales}) {
+    check_same_device(*t, xq, op, "w");
+    LOWBIT_CHECK(t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op,
+                 ": the packed weight's data, scales, zeros and channel_scales must be contiguous with 16-byte "
+                 "aligned starts");
+  }
+  check_same_device(y, xq, op, "y");
+  const Out out = y.dtype() == ScalarType::s32 ? Out::raw : y.dtype() == ScalarType::f32 ? Out::f32 : Out::f16;
+  LOWBIT_CHECK_KIND(ErrorKind::kType, out != Out::f16 || y.dtype() == ScalarType::f16, op,
+                    ": argument 'y' must be f16 or f32 (scaled) or s32 [m, blocks, n] (raw per-block accumulators), "
+                    "got ", name_of(y.dtype()));
+  if (out == Out::raw) {
+    check_shape(y, {m, blocks, n}, op, "y");
+    check_contiguous(y, op, "y");
+  } else {
+    check_shape(y, {m, n}, op, "y");
+    LOWBIT_CHECK(y.stride(1) == 1 || n <= 1, op, ": argument 'y' needs unit stride in the last dim");
+    check_defined(x_scale, op, "x_scale");
+    check_same_device(x_scale, xq, op, "x_scale");
+    check_dtype(x_scale, ScalarType::f32, op, "x_scale");
+    check_shape(x_scale, {m, blocks}, op, "x_scale");
+    check_contiguous(x_scale, op, "x_scale");
+  }
+  LOWBIT_CHECK(m <= (1LL << 30) && n * k < (1LL << 40) && n <= (1LL << 22) && m * blocks * n < (1LL << 40), op,
+               ": problem too large");
+  LOWBIT_CHECK(split_k >= 0, op, ": split_k must be >= 0 (0 = automatic), got ", split_k);
+  if (m == 0 || n == 0) return;
+
+  const int dev = xq.device().index;
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  // The wgmma kernel from 128 tokens on (its tile); below, the mma.sync kernel's small tiles and split-K.
+  const bool sm90 = kernel == FmpqKernel::sm90 || (kernel == FmpqKernel::automatic && m >= 128 && out != Out::raw &&
+                                                   detail::gemm_fmpq_sm90_usable(dev));
+  if (sm90) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_fmpq_sm90_usable(dev), op,
+                      ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
+                      ")");
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, out != Out::raw, op,
+                      ": the sm90 kernel writes scaled f16/f32 rows only (raw per-block sums: kernel sm80)");
+    const detail::FmpqProblem problem{xq.data<int8_t>(), xq.stride(0), x_scale.data<float>(), w.data.data<uint8_t>(),
+                                      w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(), w.channel_scales.data<float>(),
+                                      y.data_ptr(), y.stride(0), static_cast<int>(m), static_cast<int>(n),
+                                      static_cast<int>(k), static_cast<int>(blocks), w.group, static_cast<int>(npad),
+                                      out == Out::f32};
+    detail::gemm_fmpq_sm90(problem, split_k, stream);
+    return;
+  }
+  const Shape shape = shape_for(m);
+  prepare(shape, dev);
+  const int k_chunks = static_cast<int>(k / kChunkK);
+  int split = split_k > 0 ? std::min<int>(split_k, static_cast<int>(blocks)) : pick_split(m, n, k, dev);
+  const int per_blocks = static_cast<int>((blocks + split - 1) / split);
+  split = static_cast<int>((blocks + per_blocks - 1) / per_blocks);
+  LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
+  // Raw per-block outputs need no partials: each split writes its own blocks.
+  Tensor partial;
+  if (split > 1 && out != Out::raw) partial = Tensor::empty({split * m * n}, ScalarType::f32, xq.device());
+
+  FmpqArgs p{xq.data<int8_t>(), xq.stride(0), out == Out::raw ? nullptr : x_scale.data<float>(),
+             w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(), w.channel_scales.data<float>(),
+             y.data_ptr(), out == Out::raw ? 0 : y.stride(0), partial.defined() ? partial.data<float>() : nullptr,
+             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), static_cast<int>(blocks), w.group,
+             static_cast<int>(npad), 2 * per_blocks, out, pdl_supported(dev)};
+  (void)k_chunks;
+  switch (shape) {
+    case Shape::m8: launch<CfgM8>(p, split, stream); break;
+    case Shape::m16: launch<CfgM16>(p, split, stream); break;
+    case Shape::m32: launch<CfgM32>(p, split, stream); break;
+    case Shape::m64: launch<CfgM64>(p, split, stream); break;
+    default: launch<CfgLarge>(p, split, stream); break;
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  if (split > 1 && out != Out::raw) {
+    const int64_t total = m * n;
+    sum_partials_kernel<<<(total + 255) / 256, 256, 0, stream>>>(p, split);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+}  // namespace lowbit::cuda

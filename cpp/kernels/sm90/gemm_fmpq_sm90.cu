@@ -1,0 +1,292 @@
+// COMET W4Ax GEMM for Hopper (sm_90a): gemm_w4a8_sm90.cu's wgmma pipeline (the u4 weight dequantized in
+// registers as the wgmma A operand, (q*s + a) ^ 0x80 per byte; the s8 activations by TMA as the B operand;
+// one producer thread; two consumer warpgroups of 64 weight rows; stages of 128 k) over FMPQ activations.
+// A stage is exactly one 128-channel FMPQ block, so each consumer waits for its stage's wgmmas (as the W4A8
+// kernel does anyway), then flushes the block's exact int32 sums into f32 accumulators with each token's
+// block scale (loaded while the wgmmas run) and restarts from zero. Int4 blocks are s8 values in [-7, 7]:
+// on sm_90 they run on the s8 tensor cores like the int8 blocks (no fast s4 MMA here). 128-token tiles only:
+// the f32 tile doubles the consumers' accumulator registers. Split-K runs as a cluster along k (whole blocks
+// per CTA) whose f32 partials are summed in rank order through distributed shared memory.
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/sm90/gemm_fmpq_sm90.h"
+#include "kernels/sm90/sm90_common.cuh"
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda::detail {
+namespace {
+
+using namespace sm90;
+
+constexpr int kRows = 128;          // weight rows per CTA: two consumer warpgroups of 64
+constexpr int kTiles = kRows / 16;  // packed 16-row tiles per CTA
+constexpr int kBK = 128;            // k per stage: two 64-k chunks = one FMPQ block
+constexpr int kBT = 128;            // tokens per CTA (the wgmma n)
+constexpr int kR = kBT / 2;         // accumulators per consumer lane
+constexpr int kChunkBytes = 512;    // one packed 16-row x 64-k tile
+constexpr int kThreads = 384;       // warpgroup 0: producer (one thread issues the copies), 1-2: consumers
+constexpr int kConsumerWarps = 8;
+constexpr int kSmemBudget = 215040;
+
+struct Config {
+  static constexpr int kXBytes = kBT * kBK;                 // activation tile (swizzled, 1024-aligned)
+  static constexpr int kWBytes = kTiles * 2 * kChunkBytes;  // [tile][chunk][lane] 16-byte units
+  static constexpr int kPBytes = 2 * 2 * kRows;             // [chunk][step | offset][row] u8
+  static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
+  static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static_assert(kRows * kBT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
+  static_assert(kBT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
+};
+
+struct Args {
+  FmpqProblem p;
+  int k_blocks, k_chunks, split;
+  bool vector_y;  // f16 y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
+};
+
+#ifdef LOWBIT_SM90_DEVICE
+__device__ inline void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " LOWBIT_REGS64 ", {%64, %65, %66, %67}, %68, p;\n}\n"
+      : LOWBIT_ACC64("+r", d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ inline uint32_t dequant_bytes(uint32_t codes, uint32_t step, uint32_t offset4) {
+  return (codes * step + offset4) ^ 0x80808080u;
+}
+// An int32 |v| < 2^22 as an exact float without the quarter-rate I2F (a block's |sum| < 2^21).
+__device__ inline float exact_float(int v) { return __int_as_float(0x4B400000 + v) - 12582912.f; }
+
+// gemm_w4a8_sm90.cu's: a stage's packed weights of consumer warp gw's 16-row tile as wgmma A fragments.
+__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, int chunks, uint32_t (&a)[16]) {
+  const uint4* ws = reinterpret_cast<const uint4*>(st + Config::kXBytes);
+  const uint8_t* ps = st + Config::kXBytes + Config::kWBytes;
+  const int row = gw * 16 + (lane >> 2);
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    if (c >= chunks) {  // a one-chunk tail stage: chunk 1 was not loaded; zero weights add nothing
+#pragma unroll
+      for (int r = 8; r < 16; ++r) a[r] = 0;
+      break;
+    }
+    const uint4 wv = ws[(gw * 2 + c) * 32 + lane];
+    const uint8_t* pc = ps + c * 2 * kRows;
+    const uint32_t s_g = pc[row], s_g8 = pc[row + 8];
+    const uint32_t a_g = pc[kRows + row] * 0x01010101u, a_g8 = pc[kRows + row + 8] * 0x01010101u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t w_g = j ? wv.z : wv.x, w_g8 = j ? wv.w : wv.y;
+      uint32_t* f = a + (2 * c + j) * 4;
+      f[0] = dequant_bytes(w_g & 0x0f0f0f0fu, s_g, a_g);
+      f[1] = dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8, a_g8);
+      f[2] = dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g, a_g);
+      f[3] = dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8, a_g8);
+    }
+  }
+}
+
+// Stage `it` (FMPQ block kb) of one consumer warpgroup: issue its wgmmas from `cur`, load the block scales of
+// this lane's 32 tokens and dequantize stage it+1 into `next` meanwhile, wait for the wgmmas, release the stage,
+// then flush: facc += acc * scale, acc = 0. Lane tokens: (q)*8 + 2*(lane%4) + e, accumulator v = 4q + 2h + e.
+template <class StageAt, class ChunksAt>
+__device__ __forceinline__ void consumer_step(int (&acc)[kR], float (&facc)[kR], const uint32_t (&cur)[16],
+                                              uint32_t (&next)[16], int it, int nk, int kb, const FmpqProblem& p,
+                                              int m0, const StageAt& stage_at, const ChunksAt& chunks_at,
+                                              uint64_t* full, uint64_t* empty, int gw, int lane) {
+  constexpr int kStages = Config::kStages;
+  const uint64_t db = smem_desc(smem_u32(stage_at(it)));
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t f[4] = {cur[4 * i], cur[4 * i + 1], cur[4 * i + 2], cur[4 * i + 3]};
+    wgmma_rs(acc, f, db + 2 * i);  // k32 step i of the stage: +32 bytes of k in the swizzled row
+  }
+  wgmma_commit();
+  float xs[kBT / 4];
+#pragma unroll
+  for (int q = 0; q < kBT / 8; ++q)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int token = m0 + q * 8 + (lane & 3) * 2 + e;
+      xs[2 * q + e] = token < p.m ? __ldg(p.x_scale + static_cast<int64_t>(token) * p.blocks + kb) : 0.f;
+    }
+  if (it + 1 < nk) {
+    mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
+    dequant_stage(stage_at(it + 1), gw, lane, chunks_at(it + 1), next);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  mbar_arrive(&empty[it % kStages]);
+#pragma unroll
+  for (int v = 0; v < kR; ++v) {
+    facc[v] = fmaf(exact_float(acc[v]), xs[2 * (v >> 2) + (v & 1)], facc[v]);
+    acc[v] = 0;
+  }
+  fence_regs(acc);
+}
+
+__device__ inline void store_value(const FmpqProblem& p, int n0, int m0, int gw, int lane, int v, float value) {
+  const int n = n0 + gw * 16 + (lane >> 2) + ((v >> 1) & 1) * 8;
+  const int m = m0 + (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+  if (n >= p.n || m >= p.m) return;
+  const float y = value * p.channel_scale[n];
+  if (p.f32_out)
+    static_cast<float*>(p.y)[m * p.ldy + n] = y;
+  else
+    static_cast<__half*>(p.y)[m * p.ldy + n] = __float2half_rn(y);
+}
+
+__device__ inline void store_tile(const FmpqProblem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw, int lane,
+                                  int rank, int split, const float (&facc)[kR]) {
+  if (split == 1 && !p.f32_out) {
+    const int r_lo = n0 + gw * 16 + (lane >> 2), r_hi = r_lo + 8;  // channel_scale holds npad rows
+    const float cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f;
+    const float cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
+    store_rows_through_smem<kRows, kBT, kConsumerWarps>(
+        smem, static_cast<__half*>(p.y), p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y,
+        [&](int v, int) { return __float2half_rn(facc[v] * (((v >> 1) & 1) ? cs_hi : cs_lo)); });
+    return;
+  }
+  if (split == 1) {
+#pragma unroll
+    for (int v = 0; v < kR; ++v) store_value(p, n0, m0, gw, lane, v, facc[v]);
+    return;
+  }
+  reduce_split_k<kConsumerWarps, float4>(smem, gw, lane, rank, split, facc, [&](int w, int ln, int v, float4 sum) {
+    store_value(p, n0, m0, w, ln, v, sum.x);
+    store_value(p, n0, m0, w, ln, v + 1, sum.y);
+    store_value(p, n0, m0, w, ln, v + 2, sum.z);
+    store_value(p, n0, m0, w, ln, v + 3, sum.w);
+  });
+}
+#endif  // LOWBIT_SM90_DEVICE
+
+// Grid: x = token tiles of 128, y = weight-row tiles of 128, z = split (one cluster along z).
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_fmpq_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                          const Args args) {
+#ifdef LOWBIT_SM90_DEVICE
+  using C = Config;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes;
+  const FmpqProblem& p = args.p;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const int split = args.split, rank = static_cast<int>(blockIdx.z);
+  const int m0 = static_cast<int>(blockIdx.x) * kBT, n0 = static_cast<int>(blockIdx.y) * kRows;
+  const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {  // producer
+      const int tile0 = n0 / 16;
+      const int prow = min(kRows, p.npad - n0);  // param bytes per row range (a multiple of 16)
+      for (int it = 0; it < nk; ++it) {
+        const int s = it % kStages, kb = kb0 + it;
+        const int chunks = min(2, args.k_chunks - 2 * kb);
+        mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+        uint8_t* st = smem + s * kStageBytes;
+        mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + chunks * 2 * prow);
+        tma_load_2d(st, &map_x, kb * kBK, m0, &full[s]);
+        uint8_t* ws = st + C::kXBytes;
+        tma_load_3d(ws, &map_w, 0, 2 * kb, tile0, &full[s]);
+        uint8_t* ps = ws + C::kWBytes;
+        for (int c = 0; c < chunks; ++c) {
+          const int64_t row0 = static_cast<int64_t>((2 * kb + c) * 64 / p.group) * p.npad + n0;
+          bulk_load(ps + c * 2 * kRows, p.steps + row0, prow, &full[s]);
+          bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, &full[s]);
+        }
+      }
+    }
+    if (split > 1) {  // the two cluster barriers of the consumers' split-K reduction
+      cooperative_groups::this_cluster().sync();
+      cooperative_groups::this_cluster().sync();
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    int acc[kR];
+    float facc[kR];
+#pragma unroll
+    for (int i = 0; i < kR; ++i) acc[i] = 0, facc[i] = 0.f;
+    uint32_t fa[16], fb[16];
+    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb0 + it)); };
+    const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+    fence_regs(acc);
+    if (nk > 0) {
+      mbar_wait(&full[0], 0);
+      dequant_stage(stage_at(0), gw, lane, chunks_at(0), fa);
+    }
+    for (int it = 0; it < nk; it += 2) {
+      consumer_step(acc, facc, fa, fb, it, nk, kb0 + it, p, m0, stage_at, chunks_at, full, empty, gw, lane);
+      if (it + 1 >= nk) break;
+      consumer_step(acc, facc, fb, fa, it + 1, nk, kb0 + it + 1, p, m0, stage_at, chunks_at, full, empty, gw, lane);
+    }
+    store_tile(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, facc);
+  }
+#endif
+}
+
+}  // namespace
+
+bool gemm_fmpq_sm90_usable(int device) {
+  static std::atomic<int> cache[64] = {};
+  return kernel_usable_on("gemm_fmpq", device, gemm_fmpq_sm90_kernel, cache);
+}
+
+void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, cudaStream_t stream) {
+  const char* op = "gemm_fmpq";
+  LOWBIT_CHECK(forced_split == 0 || forced_split == 1 || forced_split == 2 || forced_split == 4 || forced_split == 8,
+               op, ": the sm90 split must be 0, 1, 2, 4 or 8, got ", forced_split);
+  constexpr int kSmem = Config::kSmemBytes;
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_fmpq_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int tiles_n = (p.n + kRows - 1) / kRows, tiles_m = (p.m + kBT - 1) / kBT;
+  const int k_blocks = (p.k + kBK - 1) / kBK;
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  static std::atomic<int> slot_cache[4] = {};
+  int slots[4];
+  resident_ctas_per_split(op, gemm_fmpq_sm90_kernel, cfg, slot_cache, slots);
+  int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_blocks, slots);
+  while (split > k_blocks) split /= 2;  // each CTA needs a k block
+
+  const bool vector_y = !p.f32_out && reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
+  const Args args{p, k_blocks, p.k / 64, split, vector_y};
+  const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, kBT);
+  const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
+  LOWBIT_CHECK(tiles_n <= 65535, op, ": n=", p.n, " is too large for the sm90 kernel's grid");
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(split);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
+  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemm_fmpq_sm90_kernel, map_x, map_w, args));
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace lowbit::cuda::detail
