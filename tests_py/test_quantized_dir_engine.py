@@ -2,6 +2,8 @@
 fake-quant model of lowbit.quantize.api.fake_quant_model) for every algorithm family; the recipe comes from the
 manifest; KV modes the engine lacks, bad permutations and FMPQ block maps fail clearly."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lowbit import _core  # noqa: E402
-from lowbit.info import format_info, model_info  # noqa: E402
+from lowbit.info import fmpq_blocks_by_layer, format_info, model_info  # noqa: E402
 from lowbit.llm import LLM  # noqa: E402
 from lowbit.model_loading import core_config, core_quantized_weight  # noqa: E402
 from lowbit.models import load_model_source  # noqa: E402
@@ -175,6 +177,26 @@ def test_info_reports_recipe_algorithm_and_parameters(tmp_path, calib):
     assert "lm_head" not in manifest  # activation-quantized recipes keep lm_head in float
     weight_only = json.loads((quantized_dir(tmp_path, calib, "w4a16", "rtn") / "lowbit_quant.json").read_text())
     assert weight_only["lm_head"] == "rtn"
+
+
+def test_info_plan_shows_the_int8_block_share_per_layer(tmp_path, calib):
+    """`lowbit info --plan` on a w4a4 directory: one line per layer with the int8 share of each linear's blocks, the
+    manifest's own fractions (q/k/v and gate/up share a map)."""
+    out = quantized_dir(tmp_path, calib, "w4a4", "fmpq", outlier_ratio=3.0)
+    fr = json.loads((out / "lowbit_quant.json").read_text())["fmpq_int8_block_fraction"]
+    layers = fmpq_blocks_by_layer(fr)
+    assert sorted(layers) == list(range(SHAPE["layers"]))
+    for i, roles in layers.items():
+        p = f"model.layers.{i}."
+        assert roles == {"qkv": fr[p + "self_attn.q_proj.weight"], "o": fr[p + "self_attn.o_proj.weight"],
+                         "gate_up": fr[p + "mlp.gate_proj.weight"], "down": fr[p + "mlp.down_proj.weight"]}
+    assert any(0 < v < 1 for roles in layers.values() for v in roles.values())  # some blocks of each kind
+    r = subprocess.run([sys.executable, "-m", "lowbit", "info", "--model", str(out), "--quiet", "--plan"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "fmpq int8 activation blocks per layer" in r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.strip().startswith("layer   0"))
+    assert f"qkv {100 * layers[0]['qkv']:5.1f}%" in row and f"down {100 * layers[0]['down']:5.1f}%" in row
 
 
 # ---- C++ Model: input permutations and FMPQ block maps ------------------------------------------------------

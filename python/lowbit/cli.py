@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = verbs.add_parser("info", help="model, recipe, memory per weight group and KV token, kernels")
     _add_model_args(i)
     i.add_argument("--plan", action="store_true", help="print the execution plan: per linear role and token "
-                   "bucket, and per attention phase, the kernel and why")
+                   "bucket, and per attention phase, the kernel and why; for an FMPQ (w4a4) model also the share "
+                   "of int8 activation blocks of each linear, per layer")
 
     if _quantize_main() is not None:
         verbs.add_parser("quantize", help="quantize a checkpoint into a lowbit directory (see lowbit quantize -h)",
@@ -236,11 +237,15 @@ def cmd_bench(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .info import format_info, format_plan
+    from .info import format_fmpq_blocks, format_info, format_plan
     llm = _load(args)
-    print(format_info(llm.info()))
+    info = llm.info()
+    print(format_info(info))
     if args.plan:
         print(format_plan(llm.model.plan()))
+        fractions = (info.get("quantization") or {}).get("fmpq_int8_block_fraction")
+        if fractions:
+            print(format_fmpq_blocks(fractions))
     return 0
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
@@ -21,7 +22,34 @@ def quantization_info(source: str) -> dict[str, Any] | None:
     fr = m.get("fmpq_int8_block_fraction")
     if fr:
         out["fmpq_int8_block_fraction_mean"] = sum(fr.values()) / len(fr)
+        out["fmpq_int8_block_fraction"] = dict(fr)
     return out
+
+
+# A decoder linear's name -> (layer, role); q/k/v and gate/up read one input and so share one FMPQ block map.
+_LINEAR = re.compile(r"model\.layers\.(\d+)\.(?:self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight$")
+_ROLE = {"q": "qkv", "k": "qkv", "v": "qkv", "o": "o", "gate": "gate_up", "up": "gate_up", "down": "down"}
+
+
+def fmpq_blocks_by_layer(fractions: dict[str, float]) -> dict[int, dict[str, float]]:
+    """{layer: {role: fraction of its 128-channel activation blocks kept at int8}} from a manifest's
+    per-linear fractions (the first linear of a role wins; its siblings share the map)."""
+    out: dict[int, dict[str, float]] = {}
+    for name, fraction in sorted(fractions.items()):
+        hit = _LINEAR.match(name)
+        if hit:
+            out.setdefault(int(hit.group(1)), {}).setdefault(_ROLE[hit.group(2)], float(fraction))
+    return dict(sorted(out.items()))
+
+
+def format_fmpq_blocks(fractions: dict[str, float]) -> str:
+    """`lowbit info --plan` on an FMPQ (w4a4) model: the int8 share of each linear's activation blocks, per layer."""
+    lines = ["fmpq int8 activation blocks per layer (the rest are int4)"]
+    for layer, roles in fmpq_blocks_by_layer(fractions).items():
+        cells = "  ".join(f"{role} {100 * roles[role]:5.1f}%" for role in ("qkv", "o", "gate_up", "down")
+                          if role in roles)
+        lines.append(f"  layer {layer:>3}  {cells}")
+    return "\n".join(lines)
 
 
 def checkpoint_info(manifest: dict | None) -> dict[str, Any] | None:
