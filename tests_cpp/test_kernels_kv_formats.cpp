@@ -473,19 +473,19 @@ TEST(KvFormats, CacheRefusesBadPerChannelConfigsAndGpuFormats) {
   EXPECT_EQ(ok.k_params(0).shape(), (Shape{2, 1, 2, 64}));
   // (u2: 16 bytes of codes + 2 * 64 floats over 16 tokens = 32) + (u4 V: 32 + 8)
   EXPECT_EQ(KVCache::bytes_per_token(c), 16 + 32 + 32 + 8);
+  // 2-bit K runs on GPUs too, per token or per channel; per channel it needs groups (blocks) and head_dim that
+  // are multiples of 16, checked before any memory is taken (so also in a build without CUDA).
   c.device = Device::cuda(0);
-  for (bool pc : {true, false}) {  // 2-bit K is CPU only, per channel or not (per-channel u4 K runs on GPUs)
-    c.k_per_channel = pc;
-    c.k_type = ScalarType::u2;
-    try {
-      KVCache x(c);
-      FAIL() << "GPU cache accepted";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);
-      const std::string want = pc ? "K cache format u2 per-channel (group 16)" : "K cache format u2";
-      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("no GPU kernel for it yet"), std::string::npos) << e.what();
-    }
+  c.block_size = 8;
+  try {
+    KVCache x(c);
+    FAIL() << "GPU per-channel K with 8-token groups accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kValue);
+    EXPECT_NE(std::string(e.what()).find("per-channel K on cuda:0 needs block_size (the K group) and head_dim "
+                                         "multiples of 16, got 8 and 64"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -98,10 +98,13 @@ TEST(KvCache, CopyBlockCopiesEveryLayerDataAndParams) {
 TEST(KvCache, ConfigErrorsNameTheField) {
   ErrorKind kind{};
   auto c = make_config(ScalarType::u2, ScalarType::f16);
-  c.device = Device::cuda(0);  // 2-bit KV is CPU only: refused before any memory is taken
+  c.k_per_channel = true;
+  c.head_dim = 72;
+  c.device = Device::cuda(0);  // the GPU's per-channel K wants 16-aligned groups: refused before any memory is taken
   std::string msg = error_of([&] { KVCache x(c); }, &kind);
-  EXPECT_EQ(kind, ErrorKind::kNotSupported);
-  EXPECT_NE(msg.find("K cache format u2 on cuda:0: there is no GPU kernel for it yet"), std::string::npos) << msg;
+  EXPECT_EQ(kind, ErrorKind::kValue);
+  EXPECT_NE(msg.find("per-channel K on cuda:0 needs block_size (the K group) and head_dim multiples of 16, got 16 "
+                     "and 72"), std::string::npos) << msg;
   c = make_config(ScalarType::f16, ScalarType::e4m3);
   msg = error_of([&] { KVCache x(c); }, &kind);
   EXPECT_EQ(kind, ErrorKind::kType);
