@@ -18,20 +18,31 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), r
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=320, layers=2, heads=8, kv_heads=2,
-                 head_dim=128, max_pos=512, kernel_overrides=None):
+def llama_config(vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos=512):
+    """A small Llama's ModelConfig (tied embeddings, rope theta 1e4) for the random test models."""
     cfg = _core.ModelConfig()
     cfg.arch = "llama"
     cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size = vocab, hidden, inter
     cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim = layers, heads, kv_heads, head_dim
     cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings = 10000.0, 1e-5, max_pos
     cfg.tie_word_embeddings = True
+    return cfg
+
+
+def uniform_source(seed):
+    """u(*shape, a=None): uniform in [-a, a] (a = 1.5 / sqrt(fan-in) by default) from one seeded generator."""
     g = torch.Generator().manual_seed(seed)
 
     def u(*shape, a=None):
         a = a if a is not None else 1.5 / shape[-1] ** 0.5
         return (torch.rand(shape, generator=g) * 2 - 1) * a
+    return g, u
 
+
+def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=320, layers=2, heads=8, kv_heads=2,
+                 head_dim=128, max_pos=512, kernel_overrides=None):
+    cfg = llama_config(vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos)
+    g, u = uniform_source(seed)
     m = _core.Model(cfg, recipe, device, dtype)
     if kernel_overrides:
         m.set_kernel_options(kernel_overrides, False)
@@ -149,16 +160,12 @@ def run_events(eng, prompts, max_tokens, opts):
     return [out[i] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "wfp8a8kv8", "w4a8kv4", "w4a8kv8-liquid",
-                                    "w16a16kc4v4", "w4a16kc4g32v8"])
-def test_decode_graphs_agree_with_eager_steps(recipe):
-    """Greedy decoding with CUDA-graph steps vs the same engine stepping eagerly. Five sequences pad to
-    a bucket of 8; prompts near 256 tokens cross the first context bucket while decoding (a second
-    graph). The graphs run the same kernels on padded batches, so logits differ from the eager ones
-    only by split-K / split-KV summation order: every graph token must be within 0.05 logits of the
-    eager argmax given the same history (a wrong row, slot or bucket costs whole logits), and the
-    device's log-softmax of each greedy token must match the host's to 1e-2."""
-    model = random_llama(recipe, "cuda", "f16", seed=5)
+def graph_and_eager_greedy(model):
+    """Five prompts (1 to 250 tokens: they pad to a batch bucket of 8, and the long ones cross the first context
+    bucket while decoding) decoded greedily for 20 tokens by two engines on `model`, CUDA-graph steps and eager
+    steps. Checks that every graph token is within 0.05 logits of the eager engine's argmax given the same
+    history (graphs and eager steps differ only by split-K / split-KV summation order; a wrong row, slot or bucket
+    costs whole logits). Returns both runs' (token, logprob) lists, eager first."""
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 9, 200, 250, 31)]
     eager = _core.Engine(model, max_batch_tokens=512, cuda_graphs=False)
@@ -168,6 +175,19 @@ def test_decode_graphs_agree_with_eager_steps(recipe):
     assert [len(t) for t in got] == [20] * len(prompts)
     got_tokens = [[t for t, _ in seq] for seq in got]
     assert greedy_margin_violations(eager, prompts, got_tokens, 0.05) == []
+    return ref, got
+
+
+@pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w8a8kv4", "wfp8a8kv8", "w4a8kv4", "w4a8kv8-liquid",
+                                    "w16a16kc4v4", "w4a16kc4g32v8"])
+def test_decode_graphs_agree_with_eager_steps(recipe):
+    """Greedy decoding with CUDA-graph steps vs the same engine stepping eagerly. Five sequences pad to
+    a bucket of 8; prompts near 256 tokens cross the first context bucket while decoding (a second
+    graph). The graphs run the same kernels on padded batches, so logits differ from the eager ones
+    only by split-K / split-KV summation order: every graph token must be within 0.05 logits of the
+    eager argmax given the same history (a wrong row, slot or bucket costs whole logits), and the
+    device's log-softmax of each greedy token must match the host's to 1e-2."""
+    ref, got = graph_and_eager_greedy(random_llama(recipe, "cuda", "f16", seed=5))
     same = sum(a == b for a, b in zip(ref, got))
     for a, b in zip(ref, got):
         for (ta, la), (tb, lb) in zip(a, b):

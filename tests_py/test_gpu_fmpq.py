@@ -240,18 +240,9 @@ def fmpq_llama(recipe, device, dtype, frac, seed=0, permute=True, vocab=1000, hi
     """A random Llama with qoq weights, an FMPQ block map per linear (int8 fraction `frac`) and, when `permute`,
     a random input permutation per linear input (shared by the linears that read one input): the GPU
     quantizer gathers the channels itself."""
-    cfg = _core.ModelConfig()
-    cfg.arch = "llama"
-    cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size = vocab, hidden, inter
-    cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim = layers, heads, kv_heads, head_dim
-    cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings = 10000.0, 1e-5, 512
-    cfg.tie_word_embeddings = True
-    g = torch.Generator().manual_seed(seed)
-
-    def u(*shape, a=None):
-        a = a if a is not None else 1.5 / shape[-1] ** 0.5
-        return (torch.rand(shape, generator=g) * 2 - 1) * a
-
+    from test_gpu_engine import llama_config, uniform_source
+    cfg = llama_config(vocab, hidden, inter, layers, heads, kv_heads, head_dim)
+    g, u = uniform_source(seed)
     m = _core.Model(cfg, recipe, device, dtype)
     m.set_weight("model.embed_tokens.weight", u(vocab, hidden, a=1.0))
     m.set_weight("model.norm.weight", 0.8 + 0.4 * torch.rand(hidden, generator=g))
@@ -326,16 +317,8 @@ def test_w4a4_decode_graphs_agree_with_eager_steps():
     every graph token within 0.05 logits of the eager engine's argmax given the same history. All blocks int8 here:
     graphs pad the batch, which changes the GEMM's split-K and so the f32 order of the per-block sums, and int4
     blocks turn such last-bit differences into whole-step code flips (see above)."""
-    from test_gpu_engine import greedy_margin_violations, run_events
-    model = fmpq_llama("w4a4kv8", "cuda", "f16", 1.0, seed=5)
-    g = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 9, 200, 250, 31)]
-    eager = _core.Engine(model, max_batch_tokens=512, cuda_graphs=False)
-    graphs = _core.Engine(model, max_batch_tokens=512, cuda_graphs=True)
-    ref = run_events(eager, prompts, 20, dict(temperature=0.0))
-    got = run_events(graphs, prompts, 20, dict(temperature=0.0))
-    assert [len(t) for t in got] == [20] * len(prompts)
-    assert greedy_margin_violations(eager, prompts, [[t for t, _ in s] for s in got], 0.05) == []
+    from test_gpu_engine import graph_and_eager_greedy
+    ref, got = graph_and_eager_greedy(fmpq_llama("w4a4kv8", "cuda", "f16", 1.0, seed=5))
     # Same tokens for most requests; logprobs equal to f32-order noise while they do (not bit-equal as W4A8's:
     # the per-block sums meet in f32, in an order the padded batch's split-K changes).
     same = 0

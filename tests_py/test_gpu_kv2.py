@@ -10,7 +10,7 @@ import torch
 import lowbit
 from lowbit import _core
 from test_gpu_attention import reference
-from test_gpu_engine import greedy_margin_violations, random_llama, rel_err, run_events, run_greedy
+from test_gpu_engine import graph_and_eager_greedy, greedy_margin_violations, random_llama, rel_err, run_greedy
 from test_gpu_kv_per_channel import as_bytes, step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
@@ -136,16 +136,7 @@ def test_random_llama_2bit_kv_logits_match_cpu(recipe, head_dim):
 def test_2bit_decode_graphs_agree_with_eager_steps(recipe):
     """CUDA-graph decode steps vs eager steps of the same GPU engine (same cache format, same kernels): every graph
     token within 0.05 logits of the eager argmax given the same history."""
-    model = random_llama(recipe, "cuda", "f16", seed=5)
-    g = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 9, 200, 250, 31)]
-    eager = _core.Engine(model, max_batch_tokens=512, cuda_graphs=False)
-    graphs = _core.Engine(model, max_batch_tokens=512, cuda_graphs=True)
-    ref = run_events(eager, prompts, 20, dict(temperature=0.0))
-    got = run_events(graphs, prompts, 20, dict(temperature=0.0))
-    assert [len(t) for t in got] == [20] * len(prompts)
-    got_tokens = [[t for t, _ in seq] for seq in got]
-    assert greedy_margin_violations(eager, prompts, got_tokens, 0.05) == []
+    ref, got = graph_and_eager_greedy(random_llama(recipe, "cuda", "f16", seed=5))
     assert sum(a == b for a, b in zip(ref, got)) >= 3
 
 
