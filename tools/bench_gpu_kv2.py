@@ -10,10 +10,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from lowbit import _core
-
 from bench_gpu_common import copy_bandwidth_gbs, device_meta, profiled_kernel_us, write_json
-from bench_gpu_kv_per_channel import D, HKV, HQ, filled_cache
+from bench_gpu_kv_per_channel import D, HKV, HQ, decode_step
 
 CONFIGS = [(64, 8192), (1, 131072), (16, 32768), (256, 1536)]
 REPS = 20
@@ -43,17 +41,12 @@ def bench(b, length):
     q3 = q.view(b, HQ, D).contiguous()
     out = torch.empty_like(q3)
     for name, kt, vt, pc, group in FORMATS:
-        cache, table = filled_cache(b, length, kt, vt, pc, group)
-        meta = _core.AttentionMeta(list(range(b)), [1] * b, [length] * b, table.cuda(),
-                                   torch.zeros(b, dtype=torch.int32, device="cuda"))
-
-        def step():
-            _core.paged_attention(q3, cache, 0, meta, 1 / math.sqrt(D), out)
+        step = decode_step(q3, out, b, length, kt, vt, pc, group)
         t = profiled_kernel_us(step, REPS)
         row[f"{name}_us"] = t
         row[f"{name}_vs_sdpa"] = row["sdpa_fp16_us"] / t
         row[f"{name}_gbps"] = bytes_per_step(b, length, kt, vt, pc, group or 16) / t / 1e3
-        cache = None
+        step = None  # frees the cache
         torch.cuda.empty_cache()
     return row
 

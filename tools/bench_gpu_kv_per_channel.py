@@ -57,6 +57,18 @@ def filled_cache(b, length, k_type, v_type, per_channel, group=64):
     return cache, table
 
 
+def decode_step(q3, out, b, length, kt, vt, pc, group):
+    """A callable running lowbit's decode attention for b sequences of `length` tokens over a freshly filled cache
+    of that format (the cache lives as long as the callable)."""
+    cache, table = filled_cache(b, length, kt, vt, pc, group)
+    meta = _core.AttentionMeta(list(range(b)), [1] * b, [length] * b, table.cuda(),
+                               torch.zeros(b, dtype=torch.int32, device="cuda"))
+
+    def step():
+        _core.paged_attention(q3, cache, 0, meta, 1 / math.sqrt(D), out)
+    return step
+
+
 def bench(b, length):
     row = {"batch": b, "seq_len": length}
     q = torch.randn(b, HQ, 1, D, device="cuda").half()
@@ -69,18 +81,13 @@ def bench(b, length):
     for name, kt, vt, pc, group in [("kv8", "u8", "u8", False, 0), ("kv4", "u4", "u4", False, 0),
                                     ("kc4v4", "u4", "u4", True, 64), ("kc4v8", "u4", "u8", True, 64),
                                     ("kc4g128v4", "u4", "u4", True, 128), ("kc4g32v4", "u4", "u4", True, 32)]:
-        cache, table = filled_cache(b, length, kt, vt, pc, group)
-        meta = _core.AttentionMeta(list(range(b)), [1] * b, [length] * b, table.cuda(),
-                                   torch.zeros(b, dtype=torch.int32, device="cuda"))
-
-        def step():
-            _core.paged_attention(q3, cache, 0, meta, 1 / math.sqrt(D), out)
+        step = decode_step(q3, out, b, length, kt, vt, pc, group)
         t = profiled_kernel_us(step, REPS)
         row[f"{name}_us"] = t
         row[f"{name}_vs_sdpa"] = row["sdpa_fp16_us"] / t
         if pc:
             row[f"{name}_parts_us"] = breakdown_us(step)
-        cache = None
+        step = None  # frees the cache
         torch.cuda.empty_cache()
     return row
 
