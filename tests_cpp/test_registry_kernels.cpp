@@ -73,7 +73,8 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
   for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
                         "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
                         "gemm_w4a8_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90",
-                        "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80"})
+                        "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80",
+                        "prefill_attention_sm90"})
     EXPECT_TRUE(names.count(n)) << n;
 }
 
@@ -202,8 +203,17 @@ TEST(Registry, AttentionChoicesByDescriptor) {
   const AttnSelection d = select_attention(gpu_attention(AttnPhase::decode, 64, ScalarType::u8, ScalarType::u4, 3));
   EXPECT_STREQ(d.kernel->name, "decode_attention_sm80");
   EXPECT_FALSE(d.fallback);
-  EXPECT_STREQ(select_attention(gpu_attention(AttnPhase::prefill, 128, ScalarType::f16, ScalarType::f16, 4)).kernel->name,
-               "prefill_attention_tc_sm80");
+  // Prefill: the wgmma kernel on sm_90, the mma.sync kernel before it and for per-channel K.
+  AttnDesc pre = gpu_attention(AttnPhase::prefill, 128, ScalarType::f16, ScalarType::f16, 4);
+  EXPECT_STREQ(select_attention(pre).kernel->name, "prefill_attention_sm90");
+  pre.sm = 89;
+  EXPECT_STREQ(select_attention(pre).kernel->name, "prefill_attention_tc_sm80");
+  AttnDesc pre_pc = gpu_attention(AttnPhase::prefill, 64, ScalarType::u4, ScalarType::u4, 4);
+  pre_pc.kv_granularity = KvGranularity::per_channel_k;
+  pre_pc.block_size = 64;
+  const AttnSelection pc = select_attention(pre_pc);
+  EXPECT_STREQ(pc.kernel->name, "prefill_attention_tc_sm80");
+  EXPECT_NE(pc.reasons().find("per-token K only"), std::string::npos) << pc.reasons();
   // GQA 16 decodes on tensor cores (two slices of 8 heads); head_dim 256 too.
   const AttnSelection g16 =
       select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 16));

@@ -3,8 +3,9 @@
 times each explicit split size (SPLITS).
 
 Prefill (run by default after decode; --prefill runs it alone, --decode skips it): one fresh prompt (q_len = kv_len) of
-PREFILL_LENS tokens through paged_attention (the tensor-core prefill kernel) vs causal SDPA on
-contiguous f16 q/k/v. paged_attention copies its seq_info to the device on each call, so the lowbit
+PREFILL_LENS tokens through paged_attention, each prefill kernel forced by name (on sm_90 the wgmma kernel
+prefill_attention_sm90 and the mma.sync kernel prefill_attention_tc_sm80), vs causal SDPA on contiguous f16
+q/k/v; the f16-cache output is checked against SDPA's (max abs difference recorded). paged_attention copies its seq_info to the device on each call, so the lowbit
 time is the prefill kernel's own device time from the profiler (the SDPA time is its kernels' too).
 Prefill is compute bound: TFLOPS count the causal half, 4 * Hq * D * L(L+1)/2."""
 import math
@@ -22,7 +23,8 @@ from bench_gpu_common import (copies_for, copy_bandwidth_gbs, device_meta, graph
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIGS = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 8192)]
 SPLITS = [256, 512, 1024, 2048, 4096, 8192]  # --split-sweep: explicit split_tokens tried per config
-PREFILL_LENS = [512, 2048, 8192]
+PREFILL_LENS = [512, 2048, 8192, 32768]
+PREFILL_KV = ["f16", "u8", "u4", "u2"]
 PREFILL_REPS = 10
 
 
@@ -103,15 +105,25 @@ def bench_prefill(length):
     slots = (table[0, torch.arange(length) // BLOCK].long() * BLOCK + torch.arange(length) % BLOCK).to(torch.int32)
     meta = _core.AttentionMeta([0], [length], [length], table.cuda(), slots.cuda())
     out = torch.empty_like(q)
-    for kv in ["f16", "u8", "u4"]:
+    heads_first = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # [1, H, L, D]
+    ref = F.scaled_dot_product_attention(*heads_first, is_causal=True, enable_gqa=True)[0].transpose(0, 1).float()
+    major, minor = torch.cuda.get_device_capability()
+    kernels = (["prefill_attention_sm90"] if (major, minor) == (9, 0) else []) + ["prefill_attention_tc_sm80"]
+    for kv in PREFILL_KV:
         cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, meta)
-        t = profiled_kernel_us(lambda: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out), PREFILL_REPS,
-                        "prefill_attention")
-        row[f"lowbit_{kv}_us"] = t
-        row[f"lowbit_{kv}_tflops"] = flops / (t * 1e6)
-        row[f"speedup_{kv}_vs_sdpa"] = row["sdpa_fp16_us"] / t
+        for name in kernels:
+            tag = f"{kv}" if name == kernels[0] else f"{kv}_{name}"
+            out.fill_(float("nan"))
+            call = (lambda name=name, cache=cache: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out,
+                                                                         kernel=name))
+            t = profiled_kernel_us(call, PREFILL_REPS, "prefill_attention")
+            row[f"lowbit_{tag}_us"] = t
+            row[f"lowbit_{tag}_tflops"] = flops / (t * 1e6)
+            row[f"speedup_{tag}_vs_sdpa"] = row["sdpa_fp16_us"] / t
+            row[f"max_abs_diff_{tag}_vs_sdpa"] = float((out.float() - ref).abs().max())
         del cache
+    row["kernels"] = kernels
     return row
 
 
@@ -139,7 +151,10 @@ def main():
         r = bench_prefill(length)
         prefill_rows.append(r)
         print(f"prefill L={length:5d}  sdpa {r['sdpa_fp16_us']:9.1f} us ({r['sdpa_tflops']:5.1f} TFLOPS)  " +
-              "  ".join(f"{kv} {r[f'lowbit_{kv}_us']:9.1f} ({r[f'lowbit_{kv}_tflops']:5.1f})" for kv in ("f16", "u8", "u4")),
+              "  ".join(f"{tag} {r[f'lowbit_{tag}_us']:9.1f} ({r[f'lowbit_{tag}_tflops']:5.1f}, "
+                        f"err {r[f'max_abs_diff_{tag}_vs_sdpa']:.1e})"
+                        for tag in (kv if name == r["kernels"][0] else f"{kv}_{name}"
+                                    for kv in PREFILL_KV for name in r["kernels"])),
               flush=True)
         torch.cuda.empty_cache()
     write_json(out, {"meta": meta, "attention": rows, "prefill": prefill_rows})

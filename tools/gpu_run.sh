@@ -25,6 +25,9 @@
 #     kv2       2-bit KV (kv2, k4v2, kc2..): its tests (test_gpu_kv2.py, the u2 cases of the per-channel, ops and format
 #               tests), the decode attention and engine tests as regression, sanitizers over small 2-bit cases, and
 #               decode attention kv2/kc2 vs kv4/kc4 vs SDPA fp16 (tools/bench_gpu_kv2.py)
+#     prefill   the Hopper prefill attention kernel (prefill_attention_sm90): its tests, the prefill tests of the other
+#               kernels and the engine as regression, sanitizers over its small cases, then bench_gpu_attention.py
+#               --prefill (every prefill kernel forced by name vs causal SDPA, L = 512 / 2K / 8K / 32K)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py, then
@@ -96,6 +99,7 @@ SANITIZE_CASES=(
   "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129 or liquid-128-136)) or adversarial or (scaled and liquid) or strided"
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
+  "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
   "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors"
 )
 if has sanitize; then
@@ -121,6 +125,26 @@ if has sanitize; then
     grep -qE "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier|Warning)" "$f" || continue
     echo "-- $(basename "$f")"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$f" | head -6
   done
+fi
+
+if has prefill; then
+  echo "== Hopper prefill attention (prefill_attention_sm90)"
+  "${PYTEST[@]}" "$TESTS/test_gpu_prefill_sm90.py" "$TESTS/test_gpu_ops.py" "$TESTS/test_gpu_kv_per_channel.py" \
+    "$TESTS/test_kv_formats.py" "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=40 \
+    -k "sm90 or prefill or per_channel or registry or plan" 2>&1 | tee "$OUT/pytest_prefill.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_prefill.log" | cut -c1-400 | head -30
+  expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^prefill_sm90|' | cut -d'|' -f3)
+  for tool in memcheck racecheck synccheck; do
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_prefill_sm90.py" \
+      -k "$expr" > "$OUT/${tool}_prefill_sm90.log" 2>&1
+    echo "$tool rc=$?"; tail -1 "$OUT/${tool}_prefill_sm90.log"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_prefill_sm90.log" | head -4
+  done
+  timeout 400 python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
+  echo "== regression: the engine on the GPU"
+  "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_kv2.py" -q -rfEs --maxfail=20 -k "not smollm2" 2>&1 \
+    | tee "$OUT/pytest_prefill_engine.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_prefill_engine.log" | cut -c1-400 | head -20
 fi
 
 if has fmpq; then

@@ -69,7 +69,10 @@ kernels::AttentionPlan Model::plan_attention() {
     d.k_type = k_cache_type();
     d.v_type = v_cache_type();
     d.gqa_group = local_.num_heads / std::max(1, local_.num_kv_heads);  // this rank's heads
-    d.block_size = 16;  // the engine's block size does not change any kernel's answer
+    d.kv_granularity =
+        recipe_.k_per_channel ? kernels::KvGranularity::per_channel_k : kernels::KvGranularity::per_token_head;
+    // The engine's block size changes no kernel's answer, except per-channel K's, whose blocks are its groups.
+    d.block_size = recipe_.k_per_channel ? recipe_.k_group : 16;
     const std::string role = std::string("attention.") + kernels::name_of(phase);
     const std::string what = "Model: " + role;
     const kernels::AttnSelection s = kernels::select_attention(d, o.forced_for(role), o.strict, what.c_str());

@@ -149,6 +149,9 @@ kernels::AttnDesc describe_attention(const Tensor& q, const Tensor& out, const K
   d.kv_granularity = cfg.k_per_channel ? kernels::KvGranularity::per_channel_k : kernels::KvGranularity::per_token_head;
   d.gqa_group = int(q.size(1) / cfg.num_kv_heads);
   d.block_size = cfg.block_size;
+  const auto bytes = [&](int64_t elems) { return bytes_for(q.dtype(), elems); };
+  d.q_rows_aligned16 = q.dim() == 3 && q.stride(2) == 1 && bytes(q.stride(0)) % 16 == 0 &&
+                       bytes(q.stride(1)) % 16 == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0;
   return d;
 }
 

@@ -83,6 +83,7 @@ std::string AttnDesc::to_string() const {
     << " gqa" << gqa_group << " block" << block_size;
   if (out_type != q_type) s << " out=" << lowbit::name_of(out_type);
   if (kv_granularity != KvGranularity::per_token_head) s << ' ' << name_of(kv_granularity);
+  if (!q_rows_aligned16) s << " q-rows-unaligned";
   return s.str();
 }
 

@@ -12,6 +12,7 @@ void register_gemm_sm80(std::vector<GemmKernel>& out);  // gemm_sm80_entries.cpp
 void register_gemm_sm90(std::vector<GemmKernel>& out);  // gemm_sm90_entries.cpp
 void register_attention_cpu(std::vector<AttnKernel>& out);   // attention_cpu_entries.cpp
 void register_attention_sm80(std::vector<AttnKernel>& out);  // attention_sm80_entries.cpp
+void register_attention_sm90(std::vector<AttnKernel>& out);  // attention_sm90_entries.cpp
 
 // can_run helpers: set *why (when given) and answer.
 inline Fit refuse(std::string* why, std::string reason) {

@@ -25,6 +25,7 @@ const std::vector<AttnKernel>& attention_kernels() {
     std::vector<AttnKernel> v;
     register_attention_cpu(v);
     register_attention_sm80(v);
+    register_attention_sm90(v);
     return v;
   }();
   return all;

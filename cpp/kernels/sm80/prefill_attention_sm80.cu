@@ -9,6 +9,7 @@
 // the output dims. GQA: query head h reads KV head h / (Hq / Hkv).
 #include "cuda/float_io.cuh"
 #include "kernels/sm80/prefill_attention_tc.h"
+#include "kernels/sm90/prefill_attention_sm90.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
@@ -128,7 +129,11 @@ void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_da
                     " has no kernel (at most ", kMaxDim, ")");
   const int64_t num_seqs = block_tables.size(0);
   if (num_seqs == 0 || max_q_len <= 0) return;
-  // A named tensor_core kernel that cannot run throws inside prefill_attention_tc (never a quiet warp run).
+  // A named kernel that cannot run throws inside its launch (never a quiet warp run).
+  if (kernel == PrefillKernel::hopper ||
+      (kernel == PrefillKernel::automatic && prefill_attention_sm90_supported(q, k_data, v_data, out, window)))
+    return prefill_attention_sm90(q, k_data, v_data, k_params, v_params, block_tables, seq_info, max_q_len, scale, out,
+                                  stream, window);
   const bool tc = kernel == PrefillKernel::tensor_core ||
                   (kernel == PrefillKernel::automatic && prefill_attention_tc_supported(q, k_data, v_data, out, window));
   if (tc)

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "lowbit/core/tensor.h"
+#include "kernels/sm80/prefill_attention_tc_launch.h"
 #include "lowbit/cuda/k_window.h"
 
 namespace lowbit::cuda {
@@ -17,5 +18,12 @@ bool prefill_attention_tc_supported(const Tensor& q, const Tensor& k_data, const
 void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                           const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
                           float scale, Tensor& out, cudaStream_t stream, const KWindow& window = {});
+
+// The kernel arguments of prefill_attention's operands after the checks both tensor-core kernels share (K/V
+// parameter layout and alignment, head counts); the Hopper kernel (kernels/sm90/prefill_attention_sm90.h)
+// launches from the same arguments.
+PrefillTcArgs prefill_tc_args(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                              const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, float scale,
+                              Tensor& out, const KWindow& window = {});
 
 }  // namespace lowbit::cuda

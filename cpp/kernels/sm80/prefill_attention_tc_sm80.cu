@@ -44,16 +44,11 @@ bool prefill_attention_tc_supported(const Tensor& q, const Tensor& k_data, const
   return pairs_aligned(q) && pairs_aligned(out) && cache_aligned(k_data) && cache_aligned(v_data);
 }
 
-void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
-                          const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                          float scale, Tensor& out, cudaStream_t stream, const KWindow& window) {
+PrefillTcArgs prefill_tc_args(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                              const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, float scale,
+                              Tensor& out, const KWindow& window) {
   const char* op = "prefill_attention";
   const bool per_channel = window.defined();
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_tc_supported(q, k_data, v_data, out, window), op,
-                    ": the tensor-core kernel needs f16 q/out with aligned rows, a compiled (head_dim, K, V) "
-                    "instance and f16/u8/u4/u2 contiguous caches",
-                    per_channel ? "; per-channel K needs u4 or u2 k_data and a block size of at least 32, a multiple of 16"
-                                : "");
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, per_channel);
   kv_type_of(v_data.dtype(), vt);
@@ -82,8 +77,6 @@ void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v
   }
   LOWBIT_CHECK(vt == KvType::f16 || (v_params.defined() && v_params.is_contiguous() && aligned(v_params.data_ptr(), 8)),
                op, ": integer V needs contiguous, 8-byte aligned v_params");
-  const int64_t num_seqs = block_tables.size(0);
-  if (num_seqs == 0 || max_q_len <= 0) return;
   const int hq = static_cast<int>(q.size(1)), hkv = static_cast<int>(k_data.size(1));
   LOWBIT_CHECK(hkv > 0 && hq % hkv == 0, op, ": q heads (", hq, ") must be a multiple of kv heads (", hkv, ")");
   PrefillTcArgs a{};
@@ -101,13 +94,32 @@ void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v
   a.window_map = per_channel ? window.map.data<int32_t>() : nullptr;
   a.block_tables = block_tables.data<int32_t>();
   a.seq_info = seq_info.data<int32_t>();
-  a.num_seqs = static_cast<int>(num_seqs);
+  a.num_seqs = static_cast<int>(block_tables.size(0));
   a.max_blocks = static_cast<int>(block_tables.size(1));
   a.hq = hq;
   a.hkv = hkv;
   a.block_size = static_cast<int>(k_data.size(2));
   a.scale_log2 = scale * prefill_tc::kLog2e;
-  const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(hq),
+  return a;
+}
+
+void prefill_attention_tc(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                          const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
+                          float scale, Tensor& out, cudaStream_t stream, const KWindow& window) {
+  const char* op = "prefill_attention";
+  const bool per_channel = window.defined();
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_tc_supported(q, k_data, v_data, out, window), op,
+                    ": the tensor-core kernel needs f16 q/out with aligned rows, a compiled (head_dim, K, V) "
+                    "instance and f16/u8/u4/u2 contiguous caches",
+                    per_channel ? "; per-channel K needs u4 or u2 k_data and a block size of at least 32, a multiple of 16"
+                                : "");
+  const PrefillTcArgs a =
+      prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out, window);
+  if (a.num_seqs == 0 || max_q_len <= 0) return;
+  KvType kt = KvType::f16, vt = KvType::f16;
+  kv_type_of(k_data.dtype(), kt, per_channel);
+  kv_type_of(v_data.dtype(), vt);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.hq),
                   static_cast<unsigned>((max_q_len + prefill_tc::kQTile - 1) / prefill_tc::kQTile));
   find_launch(q.size(2), kt, vt)(a, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);

@@ -1,0 +1,102 @@
+// Causal paged prefill attention on Hopper: the operands prefill_attention_sm90 covers, and the launch of the
+// (head_dim, K, V) instance (the kernel and its design: prefill_attention_sm90.cuh).
+#include "kernels/sm90/prefill_attention_sm90.h"
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "kernels/sm80/prefill_attention_tc.h"  // prefill_tc_args
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda {
+namespace {
+
+constexpr int kRows = 128;  // query rows per CTA (prefill_sm90::kRows)
+
+using Launch = void (*)(const PrefillTcArgs&, dim3, cudaStream_t);
+struct Entry {
+  int head_dim;
+  KvType k, v;
+  Launch launch;
+};
+#define LOWBIT_SM90_ROW(D, K)                                                       \
+  {D, KvType::K, KvType::f16, &launch_prefill_attention_sm90<D, KvType::K, KvType::f16>}, \
+      {D, KvType::K, KvType::u8, &launch_prefill_attention_sm90<D, KvType::K, KvType::u8>}, \
+      {D, KvType::K, KvType::u4, &launch_prefill_attention_sm90<D, KvType::K, KvType::u4>}, \
+      {D, KvType::K, KvType::u2, &launch_prefill_attention_sm90<D, KvType::K, KvType::u2>}
+const Entry kTable[] = {LOWBIT_SM90_ROW(64, f16),  LOWBIT_SM90_ROW(64, u8),  LOWBIT_SM90_ROW(64, u4),
+                        LOWBIT_SM90_ROW(64, u2),   LOWBIT_SM90_ROW(128, f16), LOWBIT_SM90_ROW(128, u8),
+                        LOWBIT_SM90_ROW(128, u4),  LOWBIT_SM90_ROW(128, u2)};
+#undef LOWBIT_SM90_ROW
+
+Launch find_launch(int64_t d, KvType kt, KvType vt) {
+  for (const Entry& e : kTable)
+    if (e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
+  return nullptr;
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// The sm_90a image runs on compute capability 9.0 exactly (asked once per device).
+bool sm90_device(int device) {
+  static std::atomic<int> cache[64] = {};
+  if (device < 0 || device >= 64) return false;
+  int v = cache[device].load();
+  if (v == 0) {
+    int major = 0, minor = 0;
+    LOWBIT_CUDA_CHECK("prefill_attention", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    LOWBIT_CUDA_CHECK("prefill_attention", cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    v = major == 9 && minor == 0 ? 1 : 2;
+    cache[device].store(v);
+  }
+  return v == 1;
+}
+
+bool no(std::string* why, const char* reason) {
+  if (why) *why = reason;
+  return false;
+}
+
+}  // namespace
+
+bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& out,
+                                      const KWindow& window, std::string* why) {
+  if (window.defined()) return no(why, "per-channel K (its f16 window) runs on the mma.sync kernel");
+  if (!q.device().is_cuda() || !sm90_device(q.device().index)) return no(why, "needs an sm_90 GPU");
+  if (q.dtype() != ScalarType::f16 || out.dtype() != ScalarType::f16) return no(why, "needs f16 q and out");
+  KvType kt, vt;
+  if (!kv_type_of(k_data.dtype(), kt) || !kv_type_of(v_data.dtype(), vt))
+    return no(why, "reads f16, u8, u4 or u2 K and V");
+  if (q.dim() != 3 || find_launch(q.size(2), kt, vt) == nullptr) return no(why, "has head_dim 64 and 128");
+  // q rows are copied in 16-byte pieces; out is written as f16 pairs.
+  if (!(q.stride(2) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && aligned(q.data_ptr(), 16)))
+    return no(why, "needs q rows 16-byte aligned");
+  if (!(out.dim() == 3 && out.stride(2) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 &&
+        aligned(out.data_ptr(), 4)))
+    return no(why, "needs out rows 4-byte aligned");
+  if (!(k_data.is_contiguous() && v_data.is_contiguous() && aligned(k_data.data_ptr(), 16) &&
+        aligned(v_data.data_ptr(), 16)))
+    return no(why, "needs contiguous, 16-byte aligned caches");
+  return true;
+}
+
+void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                            const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
+                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window) {
+  const char* op = "prefill_attention";
+  std::string why;
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_sm90_supported(q, k_data, v_data, out, window, &why),
+                    op, ": the Hopper kernel ", why);
+  const PrefillTcArgs a = prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out);
+  if (a.num_seqs == 0 || max_q_len <= 0) return;
+  KvType kt = KvType::f16, vt = KvType::f16;
+  kv_type_of(k_data.dtype(), kt);
+  kv_type_of(v_data.dtype(), vt);
+  const dim3 grid(static_cast<unsigned>(a.hq), static_cast<unsigned>((max_q_len + kRows - 1) / kRows),
+                  static_cast<unsigned>(a.num_seqs));
+  find_launch(q.size(2), kt, vt)(a, grid, stream);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,396 @@
+// Causal paged prefill attention for Hopper (sm_90a) on wgmma: f16 queries and outputs, head_dim 64 or 128,
+// K and V each f16, u8, u4 or u2 with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h).
+// Per-channel K (its f16 window) stays on the mma.sync kernel (prefill_attention_tc_sm80.cuh).
+//
+// A CTA owns 128 query rows of one (sequence, query head) and walks key tiles of 128 up to the last key its last
+// row sees. Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
+//   - warpgroup 0, the producer: thread p gathers key row p of a tile from its page (any block size) for K and V.
+//     f16 rows go straight into the tile by cp.async; u8/u4/u2 rows are loaded into registers, dequantized in
+//     f32 (code * scale + zero, rounded once to f16: the same values as the mma.sync kernel's) and stored. Tiles go
+//     through kStages stages: the producer fills tile t + 1 while the consumers compute tile t, and publishes a
+//     tile (after a proxy fence, so wgmma's async reads see the writes) on the stage's `full` barrier.
+//   - warpgroups 1 and 2, the consumers, 64 query rows each (one wgmma m64):
+//       S[64, 128] = Q · Kᵀ     wgmma m64n128k16, Q and K from shared memory (K-major, 128-byte swizzle)
+//       online softmax per row in f32, log2 domain; the causal mask only where a tile reaches past a row
+//       O[64, D] += P · V       wgmma with P from registers (the S accumulators rounded to f16: the A
+//                               fragment layout is the accumulator's) and V from shared memory read
+//                               MN-major (the transpose bit), so K and V tiles share one layout
+//     and release the stage on its `empty` barrier. The two warpgroups run independently: one's softmax overlaps
+//     the other's MMAs.
+// Every tile in shared memory is [rows][D] f16 as D/64 column blocks of [rows][64] (128 bytes per row, 16-byte
+// chunks XOR-swizzled by row % 8): the canonical 128B-swizzle layout wgmma's descriptors read, for Q and K along
+// K (head_dim) and for V along N (head_dim again).
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/sm80/kv_type.cuh"
+#include "kernels/sm80/prefill_attention_tc_launch.h"  // PrefillTcArgs: the same arguments as the mma.sync kernel
+#include "kernels/sm90/sm90_common.cuh"
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda {
+namespace prefill_sm90 {
+
+constexpr int kRows = 128;    // query rows per CTA
+constexpr int kKeys = 128;    // keys per tile
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kStages = 3;
+constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp2(kNoScore - m) underflows to 0
+
+template <int D>
+struct Layout {
+  static constexpr int kBlocks = D / 64;               // 128-byte column blocks of a row
+  static constexpr int kQBlockBytes = kRows * 128;      // one column block of the Q tile
+  static constexpr int kTileBlockBytes = kKeys * 128;   // one column block of a K or V tile
+  static constexpr int kQBytes = kBlocks * kQBlockBytes;
+  static constexpr int kTileBytes = kBlocks * kTileBlockBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
+  static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
+  static constexpr int kSmemBytes = 1024 + kBarrierOffset + (1 + 2 * kStages) * 8;  // + 1024: alignment slack
+};
+
+// Byte offset of 16-byte chunk c (8 halves of the row) of row r in a [rows][D] tile of column blocks.
+template <int kBlockBytes>
+__device__ __forceinline__ uint32_t chunk_offset(int r, int c) {
+  return (c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+#ifdef LOWBIT_SM90_DEVICE
+using namespace sm90;
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// Exact f32 of a code c < 2^23: the float 2^23 + c has c in its mantissa.
+__device__ __forceinline__ float code_f32(uint32_t c) { return __uint_as_float(0x4B000000u | c) - 8388608.f; }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {  // zeros when !valid
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+// Generic-proxy writes of this thread (st.shared, landed cp.async) made visible to wgmma's async-proxy reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Descriptor of a 128B-swizzled operand: 8-row groups 1024 bytes apart. For K-major operands (Q, K) the
+// leading offset is unused; for V read MN-major it would be the distance between 64-wide column blocks, but each
+// wgmma here reads one column block (n = 64 per instruction), so both offsets are the 8-row group stride and
+// the descriptor means the same under either reading.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1024 >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// S += Q · Kᵀ for one k16 step (64 rows x 128 keys), both operands from shared memory.
+__device__ __forceinline__ void wgmma_qk(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LOWBIT_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : LOWBIT_ACC64("+f", d)
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// O[:, 64-column block] += P · V for one k16 step (16 keys): P from registers, V MN-major (transpose bit set).
+__device__ __forceinline__ void wgmma_pv(float (&d)[32], const uint32_t* a, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LOWBIT_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : LOWBIT_ACC32("+f", d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+template <int R>
+__device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+using sm90::fence_regs;
+
+// ---- producer -------------------------------------------------------------------------------------------
+
+// Cache row (page looked up) of key `pos` of kv head kvh.
+__device__ __forceinline__ int64_t cache_row(const PrefillTcArgs& a, const int32_t* pages, int kvh, int pos) {
+  return (static_cast<int64_t>(pages[pos / a.block_size]) * a.hkv + kvh) * a.block_size + pos % a.block_size;
+}
+
+// Key row `key` (this thread's row r of the tile) of one side into the tile at `tile` (shared address).
+template <int D, KvType T>
+__device__ __forceinline__ void load_key_row(const PrefillTcArgs& a, const uint8_t* data, const float* params,
+                                             uint32_t tile, const int32_t* pages, int kvh, int r, int key,
+                                             int kv_len) {
+  constexpr int kChunks = D / 8;
+  using L = Layout<D>;
+  const bool valid = key < kv_len;
+  const int64_t row = valid ? cache_row(a, pages, kvh, key) : 0;
+  if constexpr (T == KvType::f16) {
+    const uint8_t* src = data + row * (D * 2);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) cp_async16(tile + chunk_offset<L::kTileBlockBytes>(r, c), src + 16 * c, valid);
+  } else {
+    constexpr int kBits = kv_bits<T>(), kRowBytes = D * kBits / 8, kVecs = kRowBytes / 16;
+    static_assert(kRowBytes % 16 == 0, "rows of codes are read as 16-byte vectors");
+    uint4 w[kVecs];
+    float s = 0.f, z = 0.f;
+    if (valid) {
+      const uint4* src = reinterpret_cast<const uint4*>(data + row * kRowBytes);
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) w[i] = __ldg(src + i);
+      const float2 sz = __ldg(reinterpret_cast<const float2*>(params) + row);
+      s = sz.x, z = sz.y;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) w[i] = make_uint4(0, 0, 0, 0);
+    }
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(w);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {  // chunk c = dims 8c..8c+7
+      float x[8];
+      if constexpr (kBits == 8) {  // byte i = dim i
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[2 * c + e / 4] >> (8 * (e % 4))) & 0xFFu), s, z);
+      } else if constexpr (kBits == 4) {  // dim i in nibble i of the little-endian words
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[c] >> (4 * e)) & 0xFu), s, z);
+      } else {  // 2 bits: dim i in bits 2 (i % 4) of byte i / 4; 8 dims = 16 bits
+        const uint32_t h = (words[c / 2] >> (16 * (c % 2))) & 0xFFFFu;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((h >> (2 * e)) & 0x3u), s, z);
+      }
+      const uint4 v = make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]),
+                                 pack_half2(x[6], x[7]));
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile + chunk_offset<L::kTileBlockBytes>(r, c)),
+                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+  }
+}
+
+// ---- consumer -------------------------------------------------------------------------------------------
+
+// Scores of one consumer thread's two rows (g and g + 8 of its warp) for one tile: the wgmma accumulator layout,
+// s[4j + e] = row (e < 2 ? g : g + 8), key 8j + 2 (lane % 4) + e % 2.
+struct RowState {
+  float m_lo, m_hi, l_lo, l_hi;  // running max (log2 domain) and this lane's partial row sums
+};
+
+// Scale, mask (keys past each row's position, where `mask`), online softmax update; rescales o; leaves P in s.
+template <int kO>
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&o)[kO], RowState& st, int key0, int pos_lo,
+                                             int pos_hi, bool mask, float scale_log2) {
+  const int t = threadIdx.x & 3;
+  float mx_lo = st.m_lo, mx_hi = st.m_hi;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[4 * j + e] * scale_log2;
+      if (mask && key0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_lo : pos_hi)) x = kNoScore;
+      s[4 * j + e] = x;
+    }
+    mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j], s[4 * j + 1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  // The 4 lanes of a quad hold a row's 128 scores.
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+  const float alpha_lo = exp2f(st.m_lo - mx_lo), alpha_hi = exp2f(st.m_hi - mx_hi);
+  st.m_lo = mx_lo;
+  st.m_hi = mx_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    s[4 * j] = exp2f(s[4 * j] - mx_lo);
+    s[4 * j + 1] = exp2f(s[4 * j + 1] - mx_lo);
+    s[4 * j + 2] = exp2f(s[4 * j + 2] - mx_hi);
+    s[4 * j + 3] = exp2f(s[4 * j + 3] - mx_hi);
+    sum_lo += s[4 * j] + s[4 * j + 1];
+    sum_hi += s[4 * j + 2] + s[4 * j + 3];
+  }
+  st.l_lo = st.l_lo * alpha_lo + sum_lo;
+  st.l_hi = st.l_hi * alpha_hi + sum_hi;
+#pragma unroll
+  for (int i = 0; i < kO; i += 4) {
+    o[i] *= alpha_lo;
+    o[i + 1] *= alpha_lo;
+    o[i + 2] *= alpha_hi;
+    o[i + 3] *= alpha_hi;
+  }
+}
+
+template <int D, KvType KT, KvType VT>
+__global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const PrefillTcArgs a) {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(!kv_per_channel<KT>() && !kv_per_channel<VT>(), "per-token K and V");
+  using L = Layout<D>;
+  constexpr int kO = D / 2;  // O accumulators per thread: 64 rows x D over 128 threads
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
+  uint64_t* full = q_full + 1;
+  uint64_t* empty = full + kStages;
+  const uint32_t q_smem = smem_u32(smem);
+  auto k_tile = [&](int stage) { return q_smem + L::kQBytes + stage * L::kStageBytes; };
+  auto v_tile = [&](int stage) { return k_tile(stage) + L::kTileBytes; };
+
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int q_tile = gridDim.y - 1 - blockIdx.y;  // the longest causal ranges start first
+  const int ns = a.num_seqs;
+  const int q_start = a.seq_info[seq], q_len = a.seq_info[ns + seq], kv_len = a.seq_info[2 * ns + seq];
+  const int row0 = q_tile * kRows;
+  if (row0 >= q_len) return;  // the whole CTA leaves before any barrier
+  const int kvh = h / (a.hq / a.hkv);
+  const int first_pos = kv_len - q_len;  // cache position of query row 0
+  const int num_tiles = (first_pos + min(row0 + kRows, q_len) - 1) / kKeys + 1;
+  const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 128);   // every producer thread publishes its rows
+      mbar_init(&empty[s], 256);  // every consumer thread releases
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // Producer: thread p owns row p of the Q tile and of every K/V tile.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");  // 56 + 2 x 224 per lane triple
+    const int p = threadIdx.x;
+    {
+      const int r = row0 + p;
+      const bool valid = r < q_len;
+      const __half* src = a.q + (valid ? static_cast<int64_t>(q_start + r) * a.q_stride_t + h * a.q_stride_h : 0);
+#pragma unroll
+      for (int c = 0; c < D / 8; ++c)
+        cp_async16(q_smem + chunk_offset<L::kQBlockBytes>(p, c), src + 8 * c, valid);
+    }
+    auto load_tile = [&](int t) {
+      const int stage = t % kStages;
+      mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
+      const int key = t * kKeys + p;
+      load_key_row<D, KT>(a, a.k, a.k_params, k_tile(stage), pages, kvh, p, key, kv_len);
+      load_key_row<D, VT>(a, a.v, a.v_params, v_tile(stage), pages, kvh, p, key, kv_len);
+      cp_async_commit();
+    };
+    load_tile(0);  // one cp.async group with Q's
+    for (int t = 0; t < num_tiles; ++t) {
+      // Tile t + 1 is in flight while tile t is published.
+      if (t + 1 < num_tiles) {
+        load_tile(t + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      fence_proxy_async();
+      if (t == 0) mbar_arrive(q_full);
+      mbar_arrive(&full[t % kStages]);
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    const int cw = threadIdx.x / 32 - 4 * wg;  // warp in its warpgroup
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int wg_row0 = row0 + 64 * (wg - 1);  // the warpgroup's first query row
+    const bool wg_live = wg_row0 < q_len;
+    const int wg_last_key = first_pos + min(wg_row0 + 63, q_len - 1);  // the last key a stored row sees
+    const int r_lo = wg_row0 + 16 * cw + g, r_hi = r_lo + 8;
+    const int pos_lo = first_pos + r_lo, pos_hi = pos_lo + 8;
+    const uint32_t q_wg = q_smem + (wg - 1) * 64 * 128;  // the warpgroup's 64 rows in each column block
+
+    float o[kO];
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] = 0.f;
+    RowState st{kNoScore, kNoScore, 0.f, 0.f};
+    mbar_wait(q_full, 0);
+    for (int t = 0; t < num_tiles; ++t) {
+      const int stage = t % kStages, key0 = t * kKeys;
+      mbar_wait(&full[stage], (t / kStages) & 1);
+      if (wg_live && key0 <= wg_last_key) {  // warpgroup-uniform
+        float s[64];
+        const uint32_t kt = k_tile(stage), vt = v_tile(stage);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t col = (kk & 3) << 5;  // k16 step within the 128-byte row
+          wgmma_qk(s, desc_sw128(q_wg + (kk >> 2) * L::kQBlockBytes + col),
+                   desc_sw128(kt + (kk >> 2) * L::kTileBlockBytes + col), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(s);
+        // The mask only where the tile reaches past the warpgroup's first row (that covers keys past kv_len).
+        const bool mask = key0 + kKeys - 1 > first_pos + wg_row0;
+        softmax_tile<kO>(s, o, st, key0, pos_lo, pos_hi, mask, a.scale_log2);
+        uint32_t pa[32];  // P as the A fragments of the 8 k16 steps over the tile's keys
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          pa[4 * kk] = pack_half2(s[8 * kk], s[8 * kk + 1]);
+          pa[4 * kk + 1] = pack_half2(s[8 * kk + 2], s[8 * kk + 3]);
+          pa[4 * kk + 2] = pack_half2(s[8 * kk + 4], s[8 * kk + 5]);
+          pa[4 * kk + 3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+          for (int b = 0; b < L::kBlocks; ++b)
+            wgmma_pv(*reinterpret_cast<float(*)[32]>(o + 32 * b), pa + 4 * kk,
+                     desc_sw128(vt + b * L::kTileBlockBytes + kk * 2048));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);  // P's registers stay P's until the wgmmas that read them are done
+      }
+      mbar_arrive(&empty[stage]);
+    }
+
+    // O / l as f16; rows past q_len are not stored.
+    float l_lo = st.l_lo, l_hi = st.l_hi;
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
+    // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
+    if (r_lo < q_len) {
+      __half* out = a.out + static_cast<int64_t>(q_start + r_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < kO / 4; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
+    }
+    if (r_hi < q_len) {
+      __half* out = a.out + static_cast<int64_t>(q_start + r_hi) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < kO / 4; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
+    }
+  }
+}
+#else
+template <int D, KvType KT, KvType VT>
+__global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm_90a image is the only real one
+#endif  // LOWBIT_SM90_DEVICE
+
+}  // namespace prefill_sm90
+
+// Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences).
+template <int D, KvType KT, KvType VT>
+void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
+  using namespace prefill_sm90;
+  constexpr int bytes = Layout<D>::kSmemBytes;
+  auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
+  LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              bytes));
+  kernel<<<grid, kThreads, bytes, stream>>>(a);
+}
+
+}  // namespace lowbit::cuda

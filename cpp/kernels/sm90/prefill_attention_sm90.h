@@ -1,0 +1,32 @@
+// Causal paged prefill attention on Hopper wgmma (prefill_attention_sm90.cuh has the kernel and its design):
+// which operands it covers and its launch. The registry prefers it on sm_90 (attention_sm90_entries.cpp);
+// everything it does not cover takes the mma.sync kernel (prefill_attention_tc.h).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "kernels/sm80/kv_type.cuh"
+#include "kernels/sm80/prefill_attention_tc_launch.h"
+#include "lowbit/core/tensor.h"
+#include "lowbit/cuda/k_window.h"
+
+namespace lowbit::cuda {
+
+// Whether prefill_attention_sm90 covers these operands on the current device: an sm_90 GPU with this
+// library's sm_90a image, f16 q/out, per-token K and V of f16/u8/u4/u2 (no per-channel K window), head_dim
+// 64 or 128, q rows 16-byte aligned, out rows 4-byte aligned, contiguous 16-byte aligned caches. `why` (if
+// given) names the first reason it does not.
+bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& out,
+                                      const KWindow& window = {}, std::string* why = nullptr);
+
+// Same contract as prefill_attention (include/lowbit/cuda/forward_kernels.h); throws NotSupported where
+// prefill_attention_sm90_supported does not hold.
+void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
+                            const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
+                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window = {});
+
+// The launch of one (head_dim, K, V) instance (defined in prefill_attention_sm90.cuh, compiled by the
+// prefill_attention_sm90_d*_k*.cu files, one per head_dim and K type with every V type).
+template <int D, KvType KT, KvType VT>
+void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream);
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,93 @@
+"""The Hopper prefill attention kernel (prefill_attention_sm90: wgmma, 128-row query tiles, 128-key tiles
+gathered page by page by a producer warpgroup) forced by name against the CPU cache's attention, on fresh
+random data around its tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim
+64 and 128 and every per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every
+sequence must stay NaN.
+
+Tolerance: the same rounding points as the mma.sync kernel (dequantized K/V and P rounded to f16 before the
+MMA, f32 accumulation, output rounded once), so test_gpu_ops' tensor-core tolerance holds (see TC_ATOL_SCALE
+there); a wrong key, row, page, mask or swizzle gives errors of ~0.1 and fails it."""
+import math
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import _core as lb
+from test_gpu_ops import TC_ATOL_SCALE, attention_case, close, sm
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+KERNEL = "prefill_attention_sm90"
+
+
+@pytest.fixture(autouse=True)
+def _needs_sm90():
+    if sm() != 90:
+        pytest.skip("the wgmma kernel runs on sm_90 only")
+
+
+def check(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, gap=1):
+    out_g, out_c = attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, "f16", seed=seed, bs=bs, gap=gap,
+                                  kernel=KERNEL)
+    inside = torch.zeros(out_g.shape[0], dtype=torch.bool)
+    for i, L in enumerate(lens_q):
+        start = sum(lens_q[:i]) + gap * (i + 1)
+        inside[start:start + L] = True
+    assert torch.isnan(out_g[~inside]).all(), "a row outside every sequence was written"
+    close(out_g[inside], out_c[inside], "f16", atol_scale=TC_ATOL_SCALE)
+
+
+LENS = {
+    # fresh prompts around the 128-row / 128-key tile edges (and the 64-row warpgroup edge)
+    "fresh": ([1, 63, 65, 127, 128, 129, 300], [1, 63, 65, 127, 128, 129, 300]),
+    # chunked prefill: kv_len > q_len, the diagonal crossing key tiles at odd places; a decode row
+    "chunked": ([1, 64, 127, 129, 200], [100, 255, 141, 500, 263]),
+}
+KV = [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u2", "u2"), ("u8", "u4"), ("f16", "u2"), ("u4", "f16")]
+
+
+@pytest.mark.parametrize("lens", ["fresh", "chunked"])
+@pytest.mark.parametrize("kv", KV, ids=["-".join(k) for k in KV])
+@pytest.mark.parametrize("hq,hkv,d,bs", [(8, 2, 128, 16), (9, 3, 64, 24), (4, 4, 64, 16), (8, 1, 128, 24)])
+def test_prefill_sm90_matches_cpu(lens, kv, hq, hkv, d, bs):
+    # bs 24 does not divide the 128-key tile: pages change inside a tile.
+    lens_q, lens_kv = LENS[lens]
+    check(lens_q, lens_kv, hq, hkv, d, *kv, seed=hq * 31 + d + bs, bs=bs)
+
+
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u2", "u2")], ids=lambda k: "-".join(k))
+def test_prefill_sm90_llama_heads_long(kv):
+    # Llama-3-8B heads (GQA 4:1, D 128): a 700-row chunk over 1500 cached tokens in pages of 32, and pages of 1.
+    check([700], [1500], 32, 8, 128, *kv, seed=5, bs=32)
+    check([150, 3], [150, 9], 32, 8, 128, *kv, seed=6, bs=1)
+
+
+def test_prefill_sm90_is_the_registry_choice_for_per_token_kv():
+    for d in (64, 128):
+        r = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=d, q="f16", k="u4", v="u8",
+                                        gqa=4)
+        assert r["kernel"] == KERNEL and not r["fallback"], r
+    pc = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=128, q="f16", k="u4", v="u4",
+                                     gqa=4, block_size=64, k_per_channel=True)
+    assert pc["kernel"] == "prefill_attention_tc_sm80", pc
+    assert "per-token K only" in pc["reasons"], pc
+
+
+def test_prefill_sm90_refuses_what_it_does_not_cover_by_name():
+    cache = lb.KVCache(1, 2, 64, 4, 16, "f16", "f16", "cuda")
+    table = torch.tensor([[0, 1]], dtype=torch.int32).cuda()
+    meta = lb.AttentionMeta([0], [5], [5], table, torch.arange(5, dtype=torch.int32).cuda())
+    k = torch.randn(5, 2, 64, device="cuda").half()
+    lb.kv_write(cache, 0, k, k, meta)
+    # q rows 65 halves apart are not 16-byte aligned: the kernel copies them in 16-byte pieces.
+    q = torch.randn(5, 4, 65, device="cuda").half()[:, :, :64]
+    out = torch.full((5, 4, 64), float("nan"), device="cuda").half()
+    with pytest.raises(NotImplementedError, match="q rows 16-byte aligned"):
+        lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(64), out, kernel=KERNEL)
+    # The automatic choice takes the mma.sync kernel for these rows (it reads q in 4-byte pairs) and is right.
+    lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(64), out)
+    assert not torch.isnan(out).any()
+    with pytest.raises(NotImplementedError, match="head_dim 64 and 128"):
+        big = lb.KVCache(1, 1, 256, 2, 16, "f16", "f16", "cuda")
+        x = torch.randn(5, 1, 256, device="cuda").half()
+        lb.paged_attention(x, big, 0, meta, 0.1, x.clone(), kernel=KERNEL)
