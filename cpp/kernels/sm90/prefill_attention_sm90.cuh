@@ -15,8 +15,9 @@
 //       O[64, D] += P · V       wgmma with P from registers (the S accumulators rounded to f16: the A
 //                               fragment layout is the accumulator's) and V from shared memory read
 //                               MN-major (the transpose bit), so K and V tiles share one layout
-//     and release the stage on its `empty` barrier. The two warpgroups run independently: one's softmax overlaps
-//     the other's MMAs.
+//     and release the stage on its `empty` barrier. Each round of a warpgroup issues P·V of the previous tile and
+//     Q·Kᵀ of this one together, then runs this tile's softmax; the two warpgroups take turns issuing (named
+//     barriers), so one's softmax overlaps the other's MMAs (FlashAttention-3's ping-pong).
 // Every tile in shared memory is [rows][D] f16 as D/64 column blocks of [rows][64] (128 bytes per row, 16-byte
 // chunks XOR-swizzled by row % 8): the canonical 128B-swizzle layout wgmma's descriptors read, for Q and K along
 // K (head_dim) and for V along N (head_dim again).
@@ -110,6 +111,10 @@ __device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 using sm90::fence_regs;
+
+// The consumer warpgroups' turns (named barriers 2 and 3 over their 256 threads; 0 is __syncthreads').
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
 // ---- producer -------------------------------------------------------------------------------------------
 
@@ -309,35 +314,24 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
 #pragma unroll
     for (int i = 0; i < kO; ++i) o[i] = 0.f;
     RowState st{kNoScore, kNoScore, 0.f, 0.f};
+    // Rounds r = 0..num_tiles: round r issues P·V of tile r - 1 and Q·Kᵀ of tile r back to back, waits for both,
+    // releases tile r - 1's stage and runs the softmax of tile r. The two warpgroups take turns issuing (named
+    // barriers 2 and 3, warpgroup 1 first), so one's MMAs run while the other does its softmax. A warpgroup
+    // whose rows see no key of a tile (or that has no stored row) skips the tile's MMAs but keeps every turn,
+    // so the turns stay paired; warpgroup 2 passes no turn after its last round (nobody would take it).
+    const int me = wg - 1;
+    if (me == 1) named_arrive(2);
+    auto active = [&](int t) { return wg_live && t * kKeys <= wg_last_key; };  // a prefix of the tiles
+    float s[64];
+    uint32_t pa[32];  // P of the previous tile as the A fragments of its 8 k16 steps
     mbar_wait(q_full, 0);
-    for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % kStages, key0 = t * kKeys;
-      mbar_wait(&full[stage], (t / kStages) & 1);
-      if (wg_live && key0 <= wg_last_key) {  // warpgroup-uniform
-        float s[64];
-        const uint32_t kt = k_tile(stage), vt = v_tile(stage);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t col = (kk & 3) << 5;  // k16 step within the 128-byte row
-          wgmma_qk(s, desc_sw128(q_wg + (kk >> 2) * L::kQBlockBytes + col),
-                   desc_sw128(kt + (kk >> 2) * L::kTileBlockBytes + col), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(s);
-        // The mask only where the tile reaches past the warpgroup's first row (that covers keys past kv_len).
-        const bool mask = key0 + kKeys - 1 > first_pos + wg_row0;
-        softmax_tile<kO>(s, o, st, key0, pos_lo, pos_hi, mask, a.scale_log2);
-        uint32_t pa[32];  // P as the A fragments of the 8 k16 steps over the tile's keys
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          pa[4 * kk] = pack_half2(s[8 * kk], s[8 * kk + 1]);
-          pa[4 * kk + 1] = pack_half2(s[8 * kk + 2], s[8 * kk + 3]);
-          pa[4 * kk + 2] = pack_half2(s[8 * kk + 4], s[8 * kk + 5]);
-          pa[4 * kk + 3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        wgmma_fence();
+    for (int r = 0; r <= num_tiles; ++r) {
+      const int stage = r % kStages, prev = (r + kStages - 1) % kStages;
+      if (r < num_tiles) mbar_wait(&full[stage], (r / kStages) & 1);
+      named_sync(2 + me);
+      wgmma_fence();
+      if (r > 0 && active(r - 1)) {
+        const uint32_t vt = v_tile(prev);
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
@@ -345,12 +339,36 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
             wgmma_pv(*reinterpret_cast<float(*)[32]>(o + 32 * b), pa + 4 * kk,
                      desc_sw128(vt + b * L::kTileBlockBytes + kk * 2048));
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(o);
-        fence_regs(pa);  // P's registers stay P's until the wgmmas that read them are done
       }
-      mbar_arrive(&empty[stage]);
+      if (r < num_tiles && active(r)) {
+        const uint32_t kt = k_tile(stage);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t col = (kk & 3) << 5;  // k16 step within the 128-byte row
+          wgmma_qk(s, desc_sw128(q_wg + (kk >> 2) * L::kQBlockBytes + col),
+                   desc_sw128(kt + (kk >> 2) * L::kTileBlockBytes + col), kk > 0);
+        }
+      }
+      wgmma_commit();
+      if (!(me == 1 && r == num_tiles)) named_arrive(2 + (me ^ 1));
+      wgmma_wait<0>();
+      fence_regs(s);
+      fence_regs(o);
+      fence_regs(pa);  // P's registers stay P's until the wgmmas that read them are done
+      if (r > 0) mbar_arrive(&empty[prev]);
+      if (r < num_tiles && active(r)) {
+        const int key0 = r * kKeys;
+        // The mask only where the tile reaches past the warpgroup's first row (that covers keys past kv_len).
+        const bool mask = key0 + kKeys - 1 > first_pos + wg_row0;
+        softmax_tile<kO>(s, o, st, key0, pos_lo, pos_hi, mask, a.scale_log2);
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          pa[4 * kk] = pack_half2(s[8 * kk], s[8 * kk + 1]);
+          pa[4 * kk + 1] = pack_half2(s[8 * kk + 2], s[8 * kk + 3]);
+          pa[4 * kk + 2] = pack_half2(s[8 * kk + 4], s[8 * kk + 5]);
+          pa[4 * kk + 3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+      }
     }
 
     // O / l as f16; rows past q_len are not stored.
