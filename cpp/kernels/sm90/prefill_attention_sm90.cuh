@@ -350,8 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     };
     load_tile(0);  // one cp.async group with Q's
     for (int t = 0; t < num_tiles; ++t) {
-      // Tile t + 1 is in flight while tile t is published.
-      if (t + 1 < num_tiles) {
+      // Three stages: tile t + 1 is in flight while tile t is published (loading t + 1 waits for the release of
+      // tile t - 2, which the consumers give in round t - 1). Two stages: the consumers release tile t - 1 only
+      // in round t, after tile t is published, so t is published before t + 1 is loaded.
+      if (kStages >= 3 && t + 1 < num_tiles) {
         load_tile(t + 1);
         cp_async_wait<1>();
       } else {
@@ -360,6 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       fence_proxy_async();
       if (t == 0) mbar_arrive(q_full);
       mbar_arrive(&full[t % kStages]);
+      if (kStages < 3 && t + 1 < num_tiles) load_tile(t + 1);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
