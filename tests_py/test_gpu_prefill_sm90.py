@@ -4,12 +4,9 @@ random data around its tile edges, with pages that change inside a tile, chunked
 64 and 128 and every per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every
 sequence must stay NaN.
 
-Tolerance: f16 K/V take the same rounding points as the mma.sync kernel (P rounded to f16 before the MMA, f32
-accumulation, output rounded once). Integer K/V enter the MMAs as exact codes with their scales and zeros
-applied in f32 (no rounded dequantized K/V); integer V rounds P * scale to f16 instead of P (u8 scales boosted by
-2^8, so it stays out of f16 subnormals as P does). Each of these is one 2^-11 relative rounding per term, as in
-the tolerance argument of test_gpu_ops (TC_ATOL_SCALE there); a wrong key, row, page, mask, swizzle, scale or
-zero gives errors of ~0.1 and fails it."""
+Tolerance: the same rounding points as the mma.sync kernel (dequantized K/V and P rounded to f16 before the
+MMA, f32 accumulation, output rounded once), so test_gpu_ops' tensor-core tolerance holds (see TC_ATOL_SCALE
+there); a wrong key, row, page, mask or swizzle gives errors of ~0.1 and fails it."""
 import math
 
 import pytest
