@@ -59,54 +59,6 @@ def _rel(a, b):
     return np.abs(a - b).max() / np.abs(b).max()
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES))
-def test_sharded_on_one_gpu_matches_one_rank(model_dir, single, recipe):
-    base, base_tokens = single[recipe]
-    with _llm(model_dir, recipe, 2, tensor_parallel_backend="threads") as llm:
-        assert [m.tp_rank for m in llm.models] == [0, 1]
-        got, tokens = _run(llm)
-    assert np.isfinite(got).all()
-    assert _rel(got, base) < RECIPES[recipe], f"{recipe}: {_rel(got, base):.2e}"
-    if recipe in ("w16a16", "w4a16"):
-        assert tokens == base_tokens
-
-
-@pytest.mark.skipif(not NCCL, reason="needs 2 GPUs and a build with NCCL")
-@pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("recipe", list(RECIPES))
-def test_nccl_two_gpus_match_one(model_dir, single, recipe, graphs):
-    base, base_tokens = single[recipe]
-    with _llm(model_dir, recipe, 2, cuda_graphs=graphs) as llm:
-        assert [m.info()["device"] for m in llm.models] == ["cuda:0", "cuda:1"]
-        # the default group takes the one-shot all-reduce wherever the GPUs have peer access
-        assert llm.info()["tp_all_reduce"].startswith("one-shot" if PEER else "nccl"), llm.info()["tp_all_reduce"]
-        got, tokens = _run(llm)
-        # a batch through the decode graphs (every bucket captured on both ranks) equals the requests one by one
-        batch = llm.generate([PROMPT, PROMPT[:5], PROMPT[3:]], max_tokens=12)
-    assert _rel(got, base) < RECIPES[recipe], f"{recipe}: {_rel(got, base):.2e}"
-    if recipe in ("w16a16", "w4a16"):
-        assert tokens == base_tokens
-    with _llm(model_dir, recipe, 2, cuda_graphs=graphs) as again:
-        for prompt, out in zip([PROMPT, PROMPT[:5], PROMPT[3:]], batch):
-            assert again.generate(prompt, max_tokens=12)[0].token_ids == out.token_ids
-
-
-@pytest.mark.skipif(not NCCL, reason="needs 2 GPUs and a build with NCCL")
-def test_nccl_group_errors(model_dir):
-    with pytest.raises(ValueError, match="listed twice"):
-        _core.make_nccl_communicators([0, 0])
-    with pytest.raises(ValueError, match="does not exist"):
-        _core.make_nccl_communicators([0, torch.cuda.device_count()])
-
-
-def test_nccl_unavailable_or_single_gpu_says_so(model_dir):
-    ok, why = _core.nccl_available()
-    if ok and torch.cuda.device_count() >= 2:
-        pytest.skip("NCCL and 2 GPUs present: the group tests above run")
-    with pytest.raises((NotImplementedError, ValueError)):
-        _llm(model_dir, "w4a16", torch.cuda.device_count() + 1)
-
-
 # ---- the one-shot all-reduce by itself ------------------------------------------------------------------------------
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # one rounding of an f32 sum of 2 values: within an ulp of the float64 sum (f32 sums of 2 f16/bf16 values are exact)
@@ -272,3 +224,52 @@ def test_two_gpus_greedy_with_and_without_oneshot(model_dir, single, monkeypatch
         got, tokens = _run(llm)
     assert _rel(got, base) < RECIPES["w16a16"], f"{_rel(got, base):.2e}"
     assert tokens == base_tokens
+
+
+# ---- whole models ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_sharded_on_one_gpu_matches_one_rank(model_dir, single, recipe):
+    base, base_tokens = single[recipe]
+    with _llm(model_dir, recipe, 2, tensor_parallel_backend="threads") as llm:
+        assert [m.tp_rank for m in llm.models] == [0, 1]
+        got, tokens = _run(llm)
+    assert np.isfinite(got).all()
+    assert _rel(got, base) < RECIPES[recipe], f"{recipe}: {_rel(got, base):.2e}"
+    if recipe in ("w16a16", "w4a16"):
+        assert tokens == base_tokens
+
+
+@pytest.mark.skipif(not NCCL, reason="needs 2 GPUs and a build with NCCL")
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_nccl_two_gpus_match_one(model_dir, single, recipe, graphs):
+    base, base_tokens = single[recipe]
+    with _llm(model_dir, recipe, 2, cuda_graphs=graphs) as llm:
+        assert [m.info()["device"] for m in llm.models] == ["cuda:0", "cuda:1"]
+        # the default group takes the one-shot all-reduce wherever the GPUs have peer access
+        assert llm.info()["tp_all_reduce"].startswith("one-shot" if PEER else "nccl"), llm.info()["tp_all_reduce"]
+        got, tokens = _run(llm)
+        # a batch through the decode graphs (every bucket captured on both ranks) equals the requests one by one
+        batch = llm.generate([PROMPT, PROMPT[:5], PROMPT[3:]], max_tokens=12)
+    assert _rel(got, base) < RECIPES[recipe], f"{recipe}: {_rel(got, base):.2e}"
+    if recipe in ("w16a16", "w4a16"):
+        assert tokens == base_tokens
+    with _llm(model_dir, recipe, 2, cuda_graphs=graphs) as again:
+        for prompt, out in zip([PROMPT, PROMPT[:5], PROMPT[3:]], batch):
+            assert again.generate(prompt, max_tokens=12)[0].token_ids == out.token_ids
+
+
+@pytest.mark.skipif(not NCCL, reason="needs 2 GPUs and a build with NCCL")
+def test_nccl_group_errors(model_dir):
+    with pytest.raises(ValueError, match="listed twice"):
+        _core.make_nccl_communicators([0, 0])
+    with pytest.raises(ValueError, match="does not exist"):
+        _core.make_nccl_communicators([0, torch.cuda.device_count()])
+
+
+def test_nccl_unavailable_or_single_gpu_says_so(model_dir):
+    ok, why = _core.nccl_available()
+    if ok and torch.cuda.device_count() >= 2:
+        pytest.skip("NCCL and 2 GPUs present: the group tests above run")
+    with pytest.raises((NotImplementedError, ValueError)):
+        _llm(model_dir, "w4a16", torch.cuda.device_count() + 1)

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kThreads) oneshot_kernel(OneShotArgs a, T* dat
     float acc = 0.f;
 #pragma unroll
     for (int r = 0; r < kOneShotMaxWorld; ++r)
-      if (r < a.world) acc += load_cg_f32(reinterpret_cast<const T*>(static_cast<const char*>(a.staging[r]) + slot) + i);
+      if (r < a.world)
+        acc += load_cg_f32(reinterpret_cast<const T*>(static_cast<const char*>(a.staging[r]) + slot) + i);
     store_f32(io + i, acc);
   }
 }

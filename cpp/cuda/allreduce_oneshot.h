@@ -32,7 +32,7 @@ struct OneShotArgs {
   const volatile int* abort = nullptr;  // host-mapped; nonzero stops every wait (the group failed)
   int rank = 0, world = 0;
   int max_blocks = 1;                   // the same on every rank (the smallest SM count, <= kOneShotMaxBlocks)
-  int64_t capacity = 0;                 // bytes per half, >= 4096 * max_blocks (each block's slot: capacity / max_blocks)
+  int64_t capacity = 0;                 // bytes per half, >= 4096 * max_blocks (a block's slot: capacity / max_blocks)
 };
 
 // Bytes of the largest message oneshot_all_reduce accepts with these args.
