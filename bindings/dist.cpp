@@ -41,7 +41,8 @@ void bind_dist(nb::module_& m) {
           },
           nb::arg("t"), nb::arg("stream") = 0,
           "In place: t = sum over ranks (for tests and benchmarks; the engine calls it inside the forward). `stream`: "
-          "a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream; 0 = lowbit's current stream)")
+          "a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream; 0 = lowbit's current stream). "
+          "Drive each rank from its own thread, as with NCCL: a rank's collective waits on the GPU for its peers")
       .def("__repr__", [](const Communicator& c) {
         return "Communicator(backend=" + c.backend() + ", rank=" + std::to_string(c.rank()) +
                ", world_size=" + std::to_string(c.world_size()) + ")";

@@ -142,26 +142,42 @@ def test_oneshot_all_reduce_matches_float64(dtype):
 
 @needs_peer
 def test_oneshot_back_to_back_with_skewed_ranks():
-    """Many all-reduces of changing sizes queued without a host sync while one rank or the other is held back by a
-    GPU sleep: a fast rank must never overwrite staging a slow one still reads, nor read a stale step."""
+    """Many all-reduces of changing sizes queued without a GPU sync while one rank or the other is held back by a
+    GPU sleep: a fast rank must never overwrite staging a slow one still reads, nor read a stale step. Each rank is
+    driven by its own thread, as the engine does (a rank's kernel waits on the GPU for its peers: one thread queueing
+    hundreds of one rank's collectives before the other's can block in the launch queue); the threads meet on the host
+    every 20 steps only to bound that queue."""
     comms = _group()
     rng = random.Random(7)
     sizes = [8192, 1, 16387, 8192 * 8 + 1, 3, 8192]
-    plan = [(sizes[i % len(sizes)], rng.random() < 0.3, rng.randrange(2)) for i in range(300)]
-    inputs, results = [], []
+    plan = [(sizes[i % len(sizes)], rng.random() < 0.3, rng.randrange(2)) for i in range(200)]
+    wants, results = [], []
     for i, (n, skew, slow) in enumerate(plan):
         views, want = _draw(n, torch.float16, i)
-        inputs.append(want)
+        wants.append(want)
         results.append(views)
-    # rank r's queue: [sleep?] all_reduce, in order; launched rank by rank from this thread (the one-shot kernels are
-    # asynchronous, so rank 0's first kernel waits on the GPU for rank 1's)
-    for r in range(2):
-        with torch.cuda.device(r):
-            for (n, skew, slow), views in zip(plan, results):
-                if skew and slow == r:
-                    torch.cuda._sleep(200_000)  # ~0.1 ms
-                comms[r].all_reduce_sum(views[r], stream=_stream(r))
-    for i, (want, views) in enumerate(zip(inputs, results)):
+    barrier, errors = threading.Barrier(2), []
+
+    def rank(r):
+        try:
+            with torch.cuda.device(r):
+                for i, ((n, skew, slow), views) in enumerate(zip(plan, results)):
+                    if i % 20 == 0:
+                        barrier.wait()
+                    if skew and slow == r:
+                        torch.cuda._sleep(200_000)  # ~0.1 ms
+                    comms[r].all_reduce_sum(views[r], stream=_stream(r))
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            barrier.abort()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    for i, (want, views) in enumerate(zip(wants, results)):
         _check(views, want, torch.float16, f"step {i} n={plan[i][0]}")
 
 
