@@ -196,7 +196,8 @@ def test_oneshot_in_cuda_graphs_replayed_with_fresh_inputs(dtype):
     for r in range(2):
         with torch.cuda.device(r):
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            # a capture stream of rank r's own device (torch.cuda.graph's shared default one lives on the first GPU)
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
                 for i in range(2):
                     work[r][i].copy_(static[r][i])
                     comms[r].all_reduce_sum(work[r][i], stream=_stream(r))
