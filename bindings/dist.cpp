@@ -5,8 +5,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
+
 #include "bindings/bind.h"
+#include "bindings/tensor_arg.h"
 #include "lowbit/dist/communicator.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/stream.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -18,14 +24,37 @@ void bind_dist(nb::module_& m) {
       .def_prop_ro("world_size", &Communicator::world_size)
       .def_prop_ro("backend", &Communicator::backend)
       .def_prop_ro("capturable", &Communicator::capturable)
+      .def_prop_ro("all_reduce", &Communicator::all_reduce_name, "What all_reduce_sum runs on")
+      .def(
+          "all_reduce_sum",
+          [](Communicator& c, nb::handle t, uintptr_t stream) {
+            Tensor x = tensor_from_python(t, "t");
+            nb::gil_scoped_release release;  // the ranks' calls meet each other (one Python thread per rank)
+#ifdef LOWBIT_WITH_CUDA
+            if (stream) {
+              cuda::StreamScope scope(reinterpret_cast<cudaStream_t>(stream));
+              c.all_reduce_sum(x);
+              return;
+            }
+#endif
+            c.all_reduce_sum(x);
+          },
+          nb::arg("t"), nb::arg("stream") = 0,
+          "In place: t = sum over ranks (for tests and benchmarks; the engine calls it inside the forward). `stream`: "
+          "a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream; 0 = lowbit's current stream). "
+          "Drive each rank from its own thread, as with NCCL: a rank's collective waits on the GPU for its peers")
       .def("__repr__", [](const Communicator& c) {
         return "Communicator(backend=" + c.backend() + ", rank=" + std::to_string(c.rank()) +
                ", world_size=" + std::to_string(c.world_size()) + ")";
       });
   m.def("make_thread_communicators", &make_thread_communicators, nb::arg("world"),
         "A group of `world` ranks over threads of this process (host or GPU tensors; not capturable in graphs)");
-  m.def("make_nccl_communicators", &make_nccl_communicators, nb::arg("devices"),
-        "One NCCL rank per CUDA device ordinal in `devices`, all in this process");
+  m.def("make_nccl_communicators", &make_nccl_communicators, nb::arg("devices"), nb::arg("oneshot_max_bytes") = -1,
+        "One NCCL rank per CUDA device ordinal in `devices`, all in this process. All-reduces of <= oneshot_max_bytes "
+        "take a one-shot kernel over peer memory when the GPUs have peer access (0: NCCL only; -1: the default, "
+        "or LOWBIT_TP_ONESHOT=0 / LOWBIT_TP_ONESHOT_MAX_BYTES=n from the environment)");
+  m.attr("ONESHOT_DEFAULT_BYTES") = kOneShotDefaultBytes;
+  m.attr("ONESHOT_CAPACITY_BYTES") = kOneShotCapacityBytes;
   m.def(
       "nccl_available",
       [] {

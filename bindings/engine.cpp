@@ -106,6 +106,10 @@ void bind_engine(nb::module_& m) {
            "Make this model one rank of a tensor-parallel group (before any weight; weights are then given whole)")
       .def_prop_ro("tp_rank", &Model::tp_rank)
       .def_prop_ro("tp_world", &Model::tp_world)
+      .def_prop_ro(
+          "tp_all_reduce",
+          [](const Model& m) { return m.communicator() ? m.communicator()->all_reduce_name() : std::string(); },
+          "What the tensor-parallel all-reduces run on ('' without tensor parallelism)")
       .def("set_head_format", &Model::set_head_format, nb::arg("format"),
            "lm_head's weight format (f32, f16, bf16, w8, w4) instead of the recipe's rule; before lm_head is given")
       .def(

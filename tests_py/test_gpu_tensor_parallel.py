@@ -3,7 +3,12 @@
 One GPU: the ranks share cuda:0 over the thread communicator (tensor_parallel_backend="threads"): every rank's
 shard shapes through the GPU kernels, the partial sums and the vocabulary gather, for every weight family.
 Two or more GPUs: NCCL ranks on cuda:0..N-1, eager and with CUDA graphs (the all-reduces and the gather captured in
-the decode graphs), logits and greedy tokens against one GPU. Run by tools/gpu_run.sh on the installed package."""
+the decode graphs), logits and greedy tokens against one GPU, with the one-shot peer-memory all-reduce (the default
+where the GPUs have peer access) and with NCCL alone; the one-shot all-reduce by itself against a float64 sum, back to
+back with skewed ranks and inside replayed CUDA graphs. Run by tools/gpu_run.sh on the installed package."""
+import random
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -23,6 +28,8 @@ KV = 32 << 20
 # row-parallel linears' inputs per rank (test_tensor_parallel.py), so they move by their activation rounding.
 RECIPES = {"w16a16": 1e-2, "w4a16": 1e-2, "w8a8kv8": 4e-2, "w4a8kv4": 6e-2, "w16a16kc4v4": 2e-2}
 NCCL = _core.nccl_available()[0] and torch.cuda.device_count() >= 2
+PEER = NCCL and torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer(1, 0)
+needs_peer = pytest.mark.skipif(not PEER, reason="needs 2 GPUs with peer access and a build with NCCL")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +59,191 @@ def _rel(a, b):
     return np.abs(a - b).max() / np.abs(b).max()
 
 
+# ---- the one-shot all-reduce by itself ------------------------------------------------------------------------------
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# one rounding of an f32 sum of 2 values: within an ulp of the float64 sum (f32 sums of 2 f16/bf16 values are exact)
+ULP = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def _group(max_bytes=-1):
+    return _core.make_nccl_communicators([0, 1], oneshot_max_bytes=max_bytes)
+
+
+def _stream(rank):
+    return torch.cuda.current_stream(rank).cuda_stream
+
+
+def _both(comms, tensors):
+    """One all-reduce on each rank from its own thread (NCCL ranks of one process must be driven concurrently)."""
+    errors = []
+
+    def go(r):
+        try:
+            with torch.cuda.device(r):
+                comms[r].all_reduce_sum(tensors[r], stream=_stream(r))
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _draw(n, dtype, seed, offset=0):
+    """Random values on each rank (never zeros), as views `offset` elements into their buffers (offset 1: not
+    16-byte aligned), and their float64 sum on the host."""
+    g = torch.Generator().manual_seed(seed)
+    host = [torch.randn(n + offset, generator=g, dtype=torch.float64) * (r + 1) for r in range(2)]
+    views = [h.to(dtype).to(f"cuda:{r}")[offset:] for r, h in enumerate(host)]
+    want = sum(v.double().cpu() for v in views)
+    return views, want
+
+
+def _check(got, want, dtype, what):
+    for r, g in enumerate(got):
+        g = g.cpu()
+        assert torch.isfinite(g.double()).all(), what
+        # one rounding: an ulp of the sum, or of the smallest normal where the sum is subnormal (f16 cancellations)
+        bound = ULP[dtype] * (want.abs() + torch.finfo(dtype).smallest_normal)
+        bad = (g.double() - want).abs() > bound
+        assert not bad.any(), f"{what}: rank {r}, {int(bad.sum())} elements off, e.g. index {int(bad.nonzero()[0])}"
+    assert torch.equal(got[0].cpu(), got[1].cpu()), f"{what}: ranks differ"  # bit-identical on every rank
+
+
+@needs_peer
+def test_oneshot_is_the_default_and_can_be_turned_off(monkeypatch):
+    comms = _group()
+    assert comms[0].all_reduce.startswith("one-shot") and comms[0].capturable
+    assert [c.all_reduce for c in _group(0)] == ["nccl", "nccl"]
+    monkeypatch.setenv("LOWBIT_TP_ONESHOT", "0")
+    assert _group()[0].all_reduce == "nccl"
+    monkeypatch.setenv("LOWBIT_TP_ONESHOT", "1")
+    monkeypatch.setenv("LOWBIT_TP_ONESHOT_MAX_BYTES", "65536")
+    assert "<= 64 KiB" in _group()[0].all_reduce
+
+
+@needs_peer
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_oneshot_all_reduce_matches_float64(dtype):
+    dt = DTYPES[dtype]
+    comms = _group()
+    big = _core.ONESHOT_DEFAULT_BYTES // torch.tensor([], dtype=dt).element_size()
+    # odd sizes, one 16-byte pack, one block's worth and many blocks, the largest message, misaligned views
+    cases = [(1, 0), (7, 0), (8, 0), (1000, 0), (16384 + 3, 0), (2048 * 64 + 5, 0), (big, 0), (big - 3, 1), (999, 1)]
+    for seed, (n, offset) in enumerate(cases):
+        for rep in range(5):  # again and again on the same group: the step counters and both staging halves
+            views, want = _draw(n, dt, 1000 * seed + rep, offset)
+            _both(comms, views)
+            _check(views, want, dt, f"{dtype} n={n} offset={offset} rep={rep}")
+
+
+@needs_peer
+def test_oneshot_back_to_back_with_skewed_ranks():
+    """Many all-reduces of changing sizes queued without a GPU sync while one rank or the other is held back by a
+    GPU sleep: a fast rank must never overwrite staging a slow one still reads, nor read a stale step. Each rank is
+    driven by its own thread, as the engine does (a rank's kernel waits on the GPU for its peers: one thread queueing
+    hundreds of one rank's collectives before the other's can block in the launch queue); the threads meet on the host
+    every 20 steps only to bound that queue."""
+    comms = _group()
+    rng = random.Random(7)
+    sizes = [8192, 1, 16387, 8192 * 8 + 1, 3, 8192]
+    plan = [(sizes[i % len(sizes)], rng.random() < 0.3, rng.randrange(2)) for i in range(200)]
+    wants, results = [], []
+    for i, (n, skew, slow) in enumerate(plan):
+        views, want = _draw(n, torch.float16, i)
+        wants.append(want)
+        results.append(views)
+    barrier, errors = threading.Barrier(2), []
+
+    def rank(r):
+        try:
+            with torch.cuda.device(r):
+                for i, ((n, skew, slow), views) in enumerate(zip(plan, results)):
+                    if i % 20 == 0:
+                        barrier.wait()
+                    if skew and slow == r:
+                        torch.cuda._sleep(200_000)  # ~0.1 ms
+                    comms[r].all_reduce_sum(views[r], stream=_stream(r))
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            barrier.abort()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    for i, (want, views) in enumerate(zip(wants, results)):
+        _check(views, want, torch.float16, f"step {i} n={plan[i][0]}")
+
+
+@needs_peer
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_oneshot_in_cuda_graphs_replayed_with_fresh_inputs(dtype):
+    """Each rank captures x -> all-reduce(a), all-reduce(b), all-reduce(a) again; 60 replays, fresh inputs before each:
+    the step counters live on the device, so every replay must advance them."""
+    dt = DTYPES[dtype]
+    comms = _group()
+    sizes = (8192, 1003)
+    static = [[torch.empty(n, dtype=dt, device=f"cuda:{r}") for n in sizes] for r in range(2)]
+    work = [[torch.empty(n, dtype=dt, device=f"cuda:{r}") for n in sizes] for r in range(2)]
+    out = [torch.empty(sizes[0], dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    graphs = []
+    for r in range(2):
+        with torch.cuda.device(r):
+            g = torch.cuda.CUDAGraph()
+            # a capture stream of rank r's own device (torch.cuda.graph's shared default one lives on the first GPU)
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
+                for i in range(2):
+                    work[r][i].copy_(static[r][i])
+                    comms[r].all_reduce_sum(work[r][i], stream=_stream(r))
+                out[r].copy_(work[r][0])
+                comms[r].all_reduce_sum(out[r], stream=_stream(r))  # the sum summed again: 2 x the sum, exactly
+            graphs.append(g)
+    for rep in range(60):
+        wants = []
+        for i, n in enumerate(sizes):
+            views, want = _draw(n, dt, 50_000 + 10 * rep + i)
+            for r in range(2):
+                static[r][i].copy_(views[r])
+            wants.append(want)
+        for r in range(2):
+            with torch.cuda.device(r):
+                graphs[r].replay()
+        got_a = [w[0].clone() for w in work]
+        _check(got_a, wants[0], dt, f"replay {rep}: a")
+        _check([w[1].clone() for w in work], wants[1], dt, f"replay {rep}: b")
+        for r in range(2):
+            assert torch.equal(out[r].cpu(), (got_a[r] * 2).cpu()), f"replay {rep}: rank {r} second pass"
+
+
+@needs_peer
+def test_oneshot_bound_sends_larger_messages_to_nccl():
+    comms = _group(4096)
+    assert "<= 4 KiB" in comms[0].all_reduce
+    for n in (2048, 2049, 100_000):  # 4096 bytes of f16 (one-shot), one element more and far more (NCCL)
+        views, want = _draw(n, torch.float16, n)
+        _both(comms, views)
+        _check(views, want, torch.float16, f"n={n}")
+
+
+@needs_peer
+@pytest.mark.parametrize("oneshot", [True, False])
+def test_two_gpus_greedy_with_and_without_oneshot(model_dir, single, monkeypatch, oneshot):
+    monkeypatch.setenv("LOWBIT_TP_ONESHOT", "1" if oneshot else "0")
+    base, base_tokens = single["w16a16"]
+    with _llm(model_dir, "w16a16", 2, cuda_graphs=True) as llm:
+        assert llm.info()["tp_all_reduce"].startswith("one-shot" if oneshot else "nccl")
+        got, tokens = _run(llm)
+    assert _rel(got, base) < RECIPES["w16a16"], f"{_rel(got, base):.2e}"
+    assert tokens == base_tokens
+
+
+# ---- whole models ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_sharded_on_one_gpu_matches_one_rank(model_dir, single, recipe):
     base, base_tokens = single[recipe]
@@ -71,6 +263,8 @@ def test_nccl_two_gpus_match_one(model_dir, single, recipe, graphs):
     base, base_tokens = single[recipe]
     with _llm(model_dir, recipe, 2, cuda_graphs=graphs) as llm:
         assert [m.info()["device"] for m in llm.models] == ["cuda:0", "cuda:1"]
+        # the default group takes the one-shot all-reduce wherever the GPUs have peer access
+        assert llm.info()["tp_all_reduce"].startswith("one-shot" if PEER else "nccl"), llm.info()["tp_all_reduce"]
         got, tokens = _run(llm)
         # a batch through the decode graphs (every bucket captured on both ranks) equals the requests one by one
         batch = llm.generate([PROMPT, PROMPT[:5], PROMPT[3:]], max_tokens=12)

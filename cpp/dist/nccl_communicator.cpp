@@ -2,6 +2,8 @@
 // on the calling thread's current stream, so a decode step's CUDA graph captures them with the rest.
 #include "lowbit/dist/communicator.h"
 
+#include "dist/peer_communicator.h"
+
 #ifdef LOWBIT_WITH_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -106,9 +108,11 @@ bool nccl_available(std::string* why) {
   return true;
 }
 
-std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices) {
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices,
+                                                                   int64_t oneshot_max_bytes) {
   constexpr const char* op = "make_nccl_communicators";
   LOWBIT_CHECK(!devices.empty(), op, ": argument 'devices' is empty");
+  const int64_t oneshot = oneshot_bound(oneshot_max_bytes);
   int count = 0;
   LOWBIT_CUDA_CHECK(op, cudaGetDeviceCount(&count));
   std::set<int> seen;
@@ -121,7 +125,11 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::ve
   std::vector<std::shared_ptr<Communicator>> out;
   for (size_t r = 0; r < devices.size(); ++r)
     out.push_back(std::make_shared<NcclCommunicator>(comms[r], int(r), int(devices.size()), devices[r]));
+#ifdef LOWBIT_WITH_CUDA
+  return with_oneshot_all_reduce(std::move(out), devices, oneshot);
+#else
   return out;
+#endif
 }
 
 #else
@@ -132,7 +140,8 @@ bool nccl_available(std::string* why) {
   return false;
 }
 
-std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&) {
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&, int64_t oneshot_max_bytes) {
+  oneshot_bound(oneshot_max_bytes);  // a bad argument is reported as such first
   std::string why;
   nccl_available(&why);
   LOWBIT_NOT_SUPPORTED("make_nccl_communicators: tensor parallelism over GPUs is unavailable: ", why);

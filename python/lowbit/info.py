@@ -88,6 +88,7 @@ def model_info(llm) -> dict[str, Any]:
         # tensor parallelism: the ranks' devices; parameter bytes, KV bytes and kernels below are rank 0's
         "tensor_parallel": getattr(llm, "tensor_parallel", 1),
         "rank_devices": [m.info()["device"] for m in getattr(llm, "models", [llm.model])],
+        "tp_all_reduce": llm.model.tp_all_reduce,  # "" without tensor parallelism
         "parameter_bytes": dict(core["parameter_bytes"]),
         "kv_bytes_per_token": core["kv_bytes_per_token"],
         "kernels": list(core["kernels"]),
@@ -110,8 +111,8 @@ def format_info(info: dict[str, Any]) -> str:
              f"recipe      {info['recipe']} (compute {info['dtype']}, device {info['device']})",
              "weights"]
     if info.get("tensor_parallel", 1) > 1:
-        lines.insert(3, f"tensor par. {info['tensor_parallel']} ranks on {', '.join(info['rank_devices'])} "
-                        "(bytes and kernels below: rank 0's share)")
+        lines.insert(3, f"tensor par. {info['tensor_parallel']} ranks on {', '.join(info['rank_devices'])}, "
+                        f"all-reduce {info.get('tp_all_reduce') or '?'} (bytes and kernels below: rank 0's share)")
     q = info.get("quantization")
     if q:
         kv = q["kv"]

@@ -205,6 +205,7 @@ def tensor_parallel_group(world: int, device: str, backend: str = "auto") -> tup
     if not ok:
         raise NotImplementedError(f"tensor_parallel={world} on {device}: {why}")
     devices = list(range(first, first + world))
+    # small all-reduces take the one-shot peer-memory kernel when the GPUs have peer access (LOWBIT_TP_ONESHOT=0: off)
     return _core.make_nccl_communicators(devices), [f"cuda:{d}" for d in devices]
 
 
@@ -238,4 +239,7 @@ def build_model(loaded: LoadedModel, recipe: str, device: str, dtype: str, progr
         model.finalize()
     if progress:
         print(f" done in {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
+        if len(models) > 1:
+            print(f"lowbit: tensor parallel {len(models)} ranks, all-reduce: {models[0].tp_all_reduce}",
+                  file=sys.stderr, flush=True)
     return models[0] if tensor_parallel == 1 else models

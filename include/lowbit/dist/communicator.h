@@ -11,7 +11,10 @@
 //     sharded runs on one GPU. Not capturable into CUDA graphs.
 //   - NCCL (make_nccl_communicators, builds with NCCL only): one GPU per rank, the collectives are
 //     enqueued on the calling thread's current stream (cuda/stream.h) and can be captured in graphs.
+//     When every pair of the GPUs has peer access, small all-reduces (a decode step's) take a one-shot
+//     kernel over peer memory instead (dist/peer_communicator.cpp); everything else stays on NCCL.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +30,8 @@ class Communicator {
   virtual int world_size() const = 0;
   // "threads" or "nccl"
   virtual std::string backend() const = 0;
+  // What all_reduce_sum runs on, for logs and `lowbit info` (e.g. "nccl" or "one-shot peer <= 512 KiB, nccl above").
+  virtual std::string all_reduce_name() const { return backend(); }
   // Whether the collectives may run inside CUDA graph capture.
   virtual bool capturable() const = 0;
 
@@ -46,7 +51,16 @@ std::vector<std::shared_ptr<Communicator>> make_thread_communicators(int world);
 
 // One NCCL rank per CUDA device of `devices` (distinct ordinals), all in this process.
 // Throws NotSupported naming the reason when this build has no NCCL.
-std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices);
+// oneshot_max_bytes: all-reduces of at most this many bytes take the one-shot peer-memory kernel when the GPUs
+// have peer access (2..8 ranks); 0 = NCCL only; -1 = the default (kOneShotDefaultBytes), which the environment
+// overrides: LOWBIT_TP_ONESHOT=0 turns the one-shot path off, LOWBIT_TP_ONESHOT_MAX_BYTES=n sets the bound.
+// Without peer access the group is NCCL only and says so once on stderr.
+std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices,
+                                                                   int64_t oneshot_max_bytes = -1);
+// The default bound of the one-shot all-reduce (measured on 2x H200: docs/benchmarks_gpu.md, issue 20).
+constexpr int64_t kOneShotDefaultBytes = 512 << 10;
+// Its largest accepted bound (the staging each rank allocates per half).
+constexpr int64_t kOneShotCapacityBytes = 4 << 20;
 // Whether make_nccl_communicators can work in this build; `why` says what is missing when not.
 bool nccl_available(std::string* why = nullptr);
 

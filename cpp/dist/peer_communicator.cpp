@@ -1,0 +1,222 @@
+// The one-shot all-reduce group (peer_communicator.h, kernel: cuda/allreduce_oneshot.h).
+//
+// A wrapper around the NCCL communicators rather than a branch inside them: the NCCL class stays a plain binding of
+// NCCL, this one owns the peer buffers and their lifetime, and everything it does not do (large all-reduces,
+// all_gather, broadcast, abort of NCCL's work) is handed to the NCCL rank it wraps, in the same stream order.
+#include "dist/peer_communicator.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#if defined(LOWBIT_WITH_NCCL) && defined(LOWBIT_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "cuda/allreduce_oneshot.h"
+#include "lowbit/cuda/check.h"
+#include "lowbit/cuda/stream.h"
+#endif
+
+namespace lowbit {
+
+int64_t oneshot_bound(int64_t requested) {
+  constexpr const char* op = "make_nccl_communicators";
+  LOWBIT_CHECK(requested >= -1 && requested <= kOneShotCapacityBytes, op, ": argument 'oneshot_max_bytes' must be -1 ",
+               "(default), 0 (off) or a byte count <= ", kOneShotCapacityBytes, ", got ", requested);
+  if (requested >= 0) return requested;
+  const char* on = std::getenv("LOWBIT_TP_ONESHOT");
+  if (on && std::string(on) == "0") return 0;
+  const char* bound = std::getenv("LOWBIT_TP_ONESHOT_MAX_BYTES");
+  if (!bound || !*bound) return kOneShotDefaultBytes;
+  char* end = nullptr;
+  const long long v = std::strtoll(bound, &end, 10);
+  LOWBIT_CHECK(*end == '\0' && v >= 0 && v <= kOneShotCapacityBytes, op, ": LOWBIT_TP_ONESHOT_MAX_BYTES must be a ",
+               "byte count in [0, ", kOneShotCapacityBytes, "], got '", bound, "'");
+  return v;
+}
+
+#if defined(LOWBIT_WITH_NCCL) && defined(LOWBIT_WITH_CUDA)
+namespace {
+
+// The group's device memory, shared by its ranks' communicators; freed with the last of them.
+class PeerBuffers {
+ public:
+  PeerBuffers(const std::vector<int>& devices, int64_t max_bytes) : devices_(devices) {
+    constexpr const char* op = "make_nccl_communicators (one-shot all-reduce)";
+    const int world = int(devices.size());
+    args_.world = world;
+    args_.max_blocks = cuda::kOneShotMaxBlocks;
+    for (int d : devices) {
+      int sms = 0;
+      LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+      args_.max_blocks = std::min(args_.max_blocks, sms);  // every block resident at once on every GPU
+    }
+    // whole 16-byte packs per block slot, at least one pack per thread of a full block (256 threads)
+    const int64_t unit = 16 * int64_t(args_.max_blocks);
+    args_.capacity = std::max<int64_t>((max_bytes + unit - 1) / unit * unit, 256 * unit);
+    try {
+      LOWBIT_CUDA_CHECK(op, cudaHostAlloc(reinterpret_cast<void**>(&abort_), sizeof(int),
+                                          cudaHostAllocMapped | cudaHostAllocPortable));
+      *abort_ = 0;
+      args_.abort = abort_;  // unified addressing: the host pointer is valid on every device
+      for (int r = 0; r < world; ++r) {
+        LOWBIT_CUDA_CHECK(op, cudaSetDevice(devices[size_t(r)]));
+        LOWBIT_CUDA_CHECK(op, cudaMalloc(&args_.staging[r], size_t(2 * args_.capacity)));
+        LOWBIT_CUDA_CHECK(op, cudaMalloc(reinterpret_cast<void**>(&args_.flags[r]), kFlagBytes));
+        LOWBIT_CUDA_CHECK(op, cudaMalloc(reinterpret_cast<void**>(&counters_[r]), kCounterBytes));
+        LOWBIT_CUDA_CHECK(op, cudaMemset(args_.flags[r], 0, kFlagBytes));
+        LOWBIT_CUDA_CHECK(op, cudaMemset(counters_[r], 0, kCounterBytes));
+        LOWBIT_CUDA_CHECK(op, cudaDeviceSynchronize());  // zeroed before any rank's stream (maybe non-blocking) runs
+      }
+    } catch (...) {
+      release();  // what was allocated before the failure
+      throw;
+    }
+  }
+  ~PeerBuffers() { release(); }
+  PeerBuffers(const PeerBuffers&) = delete;
+  PeerBuffers& operator=(const PeerBuffers&) = delete;
+
+  cuda::OneShotArgs args_for(int rank) const {
+    cuda::OneShotArgs a = args_;
+    a.rank = rank;
+    a.counters = counters_[rank];
+    return a;
+  }
+  int64_t max_message_bytes() const { return cuda::oneshot_max_message_bytes(args_); }
+  // Releases every rank's waiting kernel (they leave garbage; the group is failed anyway).
+  void abort() { *static_cast<volatile int*>(abort_) = 1; }
+
+ private:
+  void release() {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    for (size_t r = 0; r < devices_.size(); ++r) {
+      cudaSetDevice(devices_[r]);
+      if (args_.staging[r]) cudaFree(args_.staging[r]);
+      if (args_.flags[r]) cudaFree(args_.flags[r]);
+      if (counters_[r]) cudaFree(counters_[r]);
+    }
+    if (abort_) cudaFreeHost(abort_);
+    cudaSetDevice(previous);
+    (void)cudaGetLastError();
+  }
+
+  static constexpr size_t kFlagBytes = sizeof(uint32_t) * cuda::kOneShotMaxBlocks * cuda::kOneShotMaxWorld;
+  static constexpr size_t kCounterBytes = sizeof(uint32_t) * cuda::kOneShotMaxBlocks;
+  std::vector<int> devices_;
+  cuda::OneShotArgs args_;
+  uint32_t* counters_[cuda::kOneShotMaxWorld] = {};
+  int* abort_ = nullptr;
+};
+
+class PeerCommunicator final : public Communicator {
+ public:
+  PeerCommunicator(std::shared_ptr<Communicator> nccl, std::shared_ptr<PeerBuffers> buffers, int device,
+                   int64_t max_bytes)
+      : nccl_(std::move(nccl)), buffers_(std::move(buffers)), args_(buffers_->args_for(nccl_->rank())),
+        device_(device), max_bytes_(max_bytes) {}
+  int rank() const override { return nccl_->rank(); }
+  int world_size() const override { return nccl_->world_size(); }
+  std::string backend() const override { return "nccl"; }
+  std::string all_reduce_name() const override {
+    return "one-shot peer memory <= " + std::to_string(max_bytes_ >> 10) + " KiB, nccl above";
+  }
+  bool capturable() const override { return true; }
+
+  void all_reduce_sum(Tensor& t) override {
+    constexpr const char* op = "Communicator.all_reduce_sum";
+    const bool float_type = t.defined() && (t.dtype() == ScalarType::f32 || t.dtype() == ScalarType::f16 ||
+                                            t.dtype() == ScalarType::bf16);
+    if (!float_type || t.numel() * int64_t(t.dtype() == ScalarType::f32 ? 4 : 2) > max_bytes_) {
+      nccl_->all_reduce_sum(t);  // large messages; other types raise there with NCCL's message
+      return;
+    }
+    check_contiguous(t, op, "t");
+    LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !aborted_, op, ": the tensor-parallel group was aborted after an error ",
+                      "on another rank");
+    LOWBIT_CHECK_TYPE(t.device().is_cuda(), op, ": argument 't' must be on a CUDA device, got ", t.str());
+    LOWBIT_CHECK(t.device().index == device_, op, ": rank ", rank(), " runs on cuda:", device_, ", the tensor is on ",
+                 t.device().str());
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(device_));
+    cuda::oneshot_all_reduce(args_, t.data_ptr(), t.numel(), t.dtype(), cuda::current_stream());
+  }
+  void all_gather(const Tensor& in, Tensor& out) override { nccl_->all_gather(in, out); }
+  void broadcast(Tensor& t, int root) override { nccl_->broadcast(t, root); }
+  void abort(const std::string& why) override {
+    if (aborted_.exchange(true)) return;
+    buffers_->abort();
+    nccl_->abort(why);
+  }
+
+ private:
+  std::shared_ptr<Communicator> nccl_;
+  std::shared_ptr<PeerBuffers> buffers_;
+  const cuda::OneShotArgs args_;
+  const int device_;
+  const int64_t max_bytes_;
+  std::atomic<bool> aborted_{false};
+};
+
+// The first pair of `devices` without peer access, or {-1, -1}.
+std::pair<int, int> missing_peer_access(const std::vector<int>& devices) {
+  for (int a : devices)
+    for (int b : devices) {
+      int ok = 0;
+      if (a != b && (cudaDeviceCanAccessPeer(&ok, a, b) != cudaSuccess || !ok)) {
+        (void)cudaGetLastError();
+        return {a, b};
+      }
+    }
+  return {-1, -1};
+}
+
+void enable_peer_access(const std::vector<int>& devices) {
+  constexpr const char* op = "make_nccl_communicators (one-shot all-reduce)";
+  for (int a : devices) {
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(a));
+    for (int b : devices) {
+      if (a == b) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();  // NCCL or an earlier group enabled it: fine
+        continue;
+      }
+      LOWBIT_CUDA_CHECK(op, e);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<Communicator>> with_oneshot_all_reduce(std::vector<std::shared_ptr<Communicator>> nccl,
+                                                                   const std::vector<int>& devices, int64_t max_bytes) {
+  const int world = int(devices.size());
+  if (max_bytes == 0 || world < 2 || world > cuda::kOneShotMaxWorld) return nccl;
+  const auto [a, b] = missing_peer_access(devices);
+  if (a >= 0) {
+    static std::once_flag said;
+    std::call_once(said, [&, a = a, b = b] {
+      std::fprintf(stderr, "lowbit: tensor parallel: cuda:%d cannot access cuda:%d's memory (no peer access); "
+                   "all-reduce over NCCL only\n", a, b);
+    });
+    return nccl;
+  }
+  int previous = 0;
+  LOWBIT_CUDA_CHECK("make_nccl_communicators", cudaGetDevice(&previous));
+  enable_peer_access(devices);
+  auto buffers = std::make_shared<PeerBuffers>(devices, max_bytes);
+  LOWBIT_CUDA_CHECK("make_nccl_communicators", cudaSetDevice(previous));
+  std::vector<std::shared_ptr<Communicator>> out;
+  for (int r = 0; r < world; ++r)
+    out.push_back(std::make_shared<PeerCommunicator>(nccl[size_t(r)], buffers, devices[size_t(r)],
+                                                     std::min(max_bytes, buffers->max_message_bytes())));
+  return out;
+}
+#endif
+
+}  // namespace lowbit
