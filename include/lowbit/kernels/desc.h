@@ -58,7 +58,7 @@ struct AttnDesc {
   KvGranularity kv_granularity = KvGranularity::per_token_head;
   int gqa_group = 1;   // query heads per KV head
   int block_size = 16; // tokens per paged KV block
-  bool q_rows_aligned16 = true;  // q's rows start on 16 bytes (its head and token strides too): the model's q is
+  bool q_rows_aligned16 = true;  // q rows start on 16 bytes (token and head strides too), as the model's q always does
   std::string to_string() const;  // "attention decode cuda sm_90 d128 q=f16 k=u8 v=u4 gqa4 block16"
 };
 
