@@ -256,6 +256,21 @@ FAMILIES = {
         {"type": "Punctuation", "behavior": "Contiguous"}, _byte_level(),
         {"type": "Digits", "individual_digits": False}, _split("[0-9][0-9][0-9]")]}),
     "mpt": ({"type": "NFC"}, _byte_level()),  # GPT-NeoX's tokenizer
+    # Llama-3's tokenizer.json (llama.cpp's converter writes "llama-bpe"): numbers in runs of up to three digits.
+    "llama-bpe": (None, {"type": "Sequence", "pretokenizers": [
+        _split("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"), _byte_level(use_regex=False)]}),
+    # Qwen2 / Qwen2.5 (transformers' Qwen2 converter): NFC first, then each digit alone.
+    "qwen2": ({"type": "NFC"}, {"type": "Sequence", "pretokenizers": [
+        _split("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}),
+    # Mistral-Nemo's Tekken tokenizer.json: words split at case changes.
+    "tekken": (None, {"type": "Sequence", "pretokenizers": [
+        _split("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+               "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+               "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
+        _byte_level(use_regex=False)]}),
     "starcoder": (None, SMOLLM_PRE_TOKENIZER),
     "gpt2": (None, _byte_level()),
 }
