@@ -301,3 +301,11 @@ def test_byte_level_family_matches_reference(pre):
     ref = _train_byte_level(*FAMILIES[pre])
     ours = Tokenizer.from_gguf_metadata(_byte_level_metadata(ref, pre))
     _reference_check(ours, ref, EDGE + [EOT, f"a{EOT}b", f" {EOT} x", CORPUS])
+
+
+def test_an_unknown_pre_tokenizer_is_refused_by_name():
+    """A `tokenizer.ggml.pre` lowbit does not rebuild fails naming it and the supported ones, instead of tokenizing
+    with another family's split."""
+    ref = _train_byte_level(*FAMILIES["gpt2"])
+    with pytest.raises(ValueError, match=r"tokenizer.ggml.pre='no-such-pre' is not supported; supported: .*qwen2.*tekken"):
+        Tokenizer.from_gguf_metadata(_byte_level_metadata(ref, "no-such-pre"))
