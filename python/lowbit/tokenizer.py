@@ -37,6 +37,8 @@ _GPT2_PRES = ("default", "gpt-2", "gpt2")
 _DIGIT_PRES = ("smollm", "starcoder", "refact", "codeshell")
 # MPT uses GPT-NeoX's tokenizer: NFC-normalized text, then GPT-2's split.
 _NFC_GPT2_PRES = ("mpt",)
+# Every pre whose tokenizer.json normalizes to NFC first (Qwen2's, as transformers' Qwen2 converter writes it).
+_NFC_PRES = _NFC_GPT2_PRES + ("qwen2",)
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -45,6 +47,13 @@ _LLAMA3_SPLIT = (
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Mistral's Tekken (Mistral-Nemo): words split at case changes (upper-case run, then lower-case run), each
+# numeric character alone, punctuation runs that may swallow trailing line breaks and slashes.
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # DeepSeek-LLM: line breaks alone; words of cased letters (Latin, Greek, Cyrillic, Armenian, Georgian,
 # Cherokee, Glagolitic, Coptic, full-width, Deseret, Osage, Old Hungarian, Warang Citi, Adlam, ...)
@@ -88,7 +97,7 @@ _DEEPSEEK_LLM_SPLITS = (
 _SPLIT_REGEX_PRES = {
     "llama3": (_LLAMA3_SPLIT,), "llama-v3": (_LLAMA3_SPLIT,), "llama-bpe": (_LLAMA3_SPLIT,),
     "smaug-bpe": (_LLAMA3_SPLIT,), "qwen2": (_QWEN2_SPLIT,), "deepseek-r1-qwen": (_QWEN2_SPLIT,),
-    "deepseek-llm": _DEEPSEEK_LLM_SPLITS,
+    "deepseek-llm": _DEEPSEEK_LLM_SPLITS, "tekken": (_TEKKEN_SPLIT,),
 }
 _FALCON_PRES = ("falcon",)
 
@@ -143,7 +152,7 @@ def _pre_tokenizer_for(pre: str | None):
 
 def _normalizer_for(pre: str | None):
     """The text normalizer a byte-level vocabulary needs before its pre-tokenizer (most need none)."""
-    return normalizers.NFC() if pre in _NFC_GPT2_PRES else None
+    return normalizers.NFC() if pre in _NFC_PRES else None
 
 
 class Tokenizer:
