@@ -33,6 +33,7 @@
 #pragma once
 #include <cuda_fp16.h>
 
+#include "kernels/sm80/attention_math.cuh"
 #include "kernels/sm80/kv_type.cuh"
 #include "kernels/sm80/prefill_attention_tc_launch.h"
 #include "lowbit/cuda/check.h"
@@ -48,10 +49,7 @@ constexpr int min_blocks() { return D == 64 ? 4 : 3; }
 constexpr int kPad = 8;              // halves per smem row: rows start 4 banks apart, ldmatrix conflict free
 constexpr float kNoScore = -1e30f;   // finite "minus infinity": exp2(kNoScore - m) underflows to 0
 
-__device__ inline uint32_t pack_half2(float lo, float hi) {  // lo in the low 16 bits (the lower index)
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
+using attn_math::pack_half2;
 
 __device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -147,8 +145,7 @@ __device__ inline void issue_side(const TcArgs& a, const uint8_t* data, const fl
   }
 }
 
-// Exact f32 of a code c < 2^23: the float 2^23 + c has c in its mantissa.
-__device__ inline float code_f32(uint32_t c) { return __uint_as_float(0x4B000000u | c) - 8388608.f; }
+using attn_math::code_f32;
 
 // The 8 2-bit codes of one chunk of 8 dims of a staged row: 16 bits, field e = dim e.
 template <KvType T>
@@ -558,10 +555,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D>()) prefill_attention_t
   }
   cp_async_wait<0>();  // nothing in flight at exit (only the last, empty group can be)
 
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  l_lo = attn_math::quad_sum(l_lo);
+  l_hi = attn_math::quad_sum(l_hi);
   const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
   if (r_lo < q_len) {
     __half* p = a.out + static_cast<int64_t>(q_start + r_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t;

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "kernels/sm80/attention_math.cuh"
 #include "kernels/sm80/kv_type.cuh"
 #include "kernels/sm80/prefill_attention_tc_launch.h"  // PrefillTcArgs: the same arguments as the mma.sync kernel
 #include "kernels/sm90/sm90_common.cuh"
@@ -60,12 +61,8 @@ __device__ __forceinline__ uint32_t chunk_offset(int r, int c) {
 #ifdef LOWBIT_SM90_DEVICE
 using namespace sm90;
 
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-// Exact f32 of a code c < 2^23: the float 2^23 + c has c in its mantissa.
-__device__ __forceinline__ float code_f32(uint32_t c) { return __uint_as_float(0x4B000000u | c) - 8388608.f; }
+using attn_math::code_f32;
+using attn_math::pack_half2;
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {  // zeros when !valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
@@ -354,11 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
 
     // O / l as f16; rows past q_len are not stored.
-    float l_lo = st.l_lo, l_hi = st.l_hi;
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+    const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
     const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
     // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
     if (r_lo < q_len) {
