@@ -73,16 +73,18 @@ def _stream(rank):
     return torch.cuda.current_stream(rank).cuda_stream
 
 
-def _both(comms, tensors):
-    """One all-reduce on each rank from its own thread (NCCL ranks of one process must be driven concurrently)."""
+def _on_each_rank(work, on_error=lambda: None):
+    """work(r) on one thread per rank with cuda:r current (NCCL ranks of one process must be driven concurrently);
+    re-raises the first error after both threads end; on_error runs in the failing thread (to release the other)."""
     errors = []
 
     def go(r):
         try:
             with torch.cuda.device(r):
-                comms[r].all_reduce_sum(tensors[r], stream=_stream(r))
+                work(r)
         except Exception as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
+            on_error()
     threads = [threading.Thread(target=go, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
@@ -90,6 +92,11 @@ def _both(comms, tensors):
         t.join()
     if errors:
         raise errors[0]
+
+
+def _both(comms, tensors):
+    """One all-reduce on each rank from its own thread."""
+    _on_each_rank(lambda r: comms[r].all_reduce_sum(tensors[r], stream=_stream(r)))
 
 
 def _draw(n, dtype, seed, offset=0):
@@ -156,27 +163,16 @@ def test_oneshot_back_to_back_with_skewed_ranks():
         views, want = _draw(n, torch.float16, i)
         wants.append(want)
         results.append(views)
-    barrier, errors = threading.Barrier(2), []
+    barrier = threading.Barrier(2)
 
     def rank(r):
-        try:
-            with torch.cuda.device(r):
-                for i, ((n, skew, slow), views) in enumerate(zip(plan, results)):
-                    if i % 20 == 0:
-                        barrier.wait()
-                    if skew and slow == r:
-                        torch.cuda._sleep(200_000)  # ~0.1 ms
-                    comms[r].all_reduce_sum(views[r], stream=_stream(r))
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-            barrier.abort()
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+        for i, ((n, skew, slow), views) in enumerate(zip(plan, results)):
+            if i % 20 == 0:
+                barrier.wait()
+            if skew and slow == r:
+                torch.cuda._sleep(200_000)  # ~0.1 ms
+            comms[r].all_reduce_sum(views[r], stream=_stream(r))
+    _on_each_rank(rank, on_error=barrier.abort)
     for i, (want, views) in enumerate(zip(wants, results)):
         _check(views, want, torch.float16, f"step {i} n={plan[i][0]}")
 
