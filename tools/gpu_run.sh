@@ -76,6 +76,19 @@ print("lowbit from", lowbit.__file__, "| cuda:", lowbit.cuda_available(), _core.
 EOF
 TESTS=$REPO/tests_py
 PYTEST=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO")
+# memcheck, racecheck and synccheck one after another over `pytest -k EXPR FILES...` (names under tests_py/), each
+# capped at SECONDS; logs $OUT/<tool>_NAME.log (the summary reads them); prints each rc, last line and findings.
+sanitize_three() {
+  local name=$1 secs=$2 expr=$3 files=() tool
+  shift 3
+  for f in "$@"; do files+=("$TESTS/$f"); done
+  for tool in memcheck racecheck synccheck; do
+    timeout "$secs" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "${files[@]}" -k "$expr" \
+      > "$OUT/${tool}_${name}.log" 2>&1
+    echo "$tool rc=$?"; tail -1 "$OUT/${tool}_${name}.log"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_${name}.log" | head -4
+  done
+}
 
 if has tests; then
   echo "== GPU tests (installed package, torch first)"
@@ -137,12 +150,7 @@ if has prefill; then
     -k "sm90 or prefill or per_channel or registry or plan" 2>&1 | tee "$OUT/pytest_prefill.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_prefill.log" | cut -c1-400 | head -30
   expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^prefill_sm90|' | cut -d'|' -f3)
-  for tool in memcheck racecheck synccheck; do
-    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_prefill_sm90.py" \
-      -k "$expr" > "$OUT/${tool}_prefill_sm90.log" 2>&1
-    echo "$tool rc=$?"; tail -1 "$OUT/${tool}_prefill_sm90.log"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_prefill_sm90.log" | head -4
-  done
+  sanitize_three prefill_sm90 300 "$expr" test_gpu_prefill_sm90.py
   timeout 400 python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
   echo "== regression: the engine on the GPU"
   "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_kv2.py" -q -rfEs --maxfail=20 -k "not smollm2" 2>&1 \
@@ -178,11 +186,7 @@ if has kc; then
   grep -E "worst relative error|relative logit error" "$OUT/pytest_kc.log" | head -20
   "${PYTEST[@]}" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_engine.py" "$TESTS/test_kv_formats.py" -v -s \
     -k "kc4 or per_channel or kv_per_channel or prefill_decode or 2bit" 2>&1 | grep -E "worst relative|relative logit error|PASSED|FAILED|SKIPPED" | cut -c1-160 | head -40
-  for tool in memcheck racecheck synccheck; do
-    timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_kv_per_channel.py" \
-      -k "64-128-u4 or 128-32-u8 or slots_run_out" > "$OUT/${tool}_kc.log" 2>&1
-    echo "$tool rc=$?"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_kc.log" | head -4
-  done
+  sanitize_three kc 400 "64-128-u4 or 128-32-u8 or slots_run_out" test_gpu_kv_per_channel.py
   [ -f "$REPO/tools/bench_gpu_kv_per_channel.py" ] && timeout 300 python3 "$REPO/tools/bench_gpu_kv_per_channel.py" "$OUT/bench_kc.json" 2>&1 | tail -12
 fi
 
@@ -196,13 +200,8 @@ if has kv2; then
   "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "cache or logits" 2>&1 \
     | grep -E "worst relative error|relative logit error" | head -40
   timeout 300 python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -16
-  for tool in memcheck racecheck synccheck; do
-    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_kv2.py" \
-      "$TESTS/test_gpu_kv_per_channel.py" -k "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" \
-      > "$OUT/${tool}_kv2.log" 2>&1
-    echo "$tool rc=$?"; tail -1 "$OUT/${tool}_kv2.log"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_kv2.log" | head -4
-  done
+  sanitize_three kv2 200 "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" test_gpu_kv2.py \
+    test_gpu_kv_per_channel.py
   echo "== regression: decode attention and engine tests"
   "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 -k "not smollm2" \
     2>&1 | tee "$OUT/pytest_kv2_regression.log" | tail -3
