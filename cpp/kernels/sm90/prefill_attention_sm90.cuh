@@ -387,3 +387,14 @@ void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream
 }
 
 }  // namespace lowbit::cuda
+
+// The explicit instances of head_dim D and K type K with every V type (one prefill_attention_sm90_d*_k*.cu each).
+#define LOWBIT_PREFILL_SM90_INSTANCE(D, K, V) \
+  template void launch_prefill_attention_sm90<D, KvType::K, KvType::V>(const PrefillTcArgs&, dim3, cudaStream_t);
+#define LOWBIT_PREFILL_SM90_INSTANCES(D, K)  \
+  namespace lowbit::cuda {                    \
+  LOWBIT_PREFILL_SM90_INSTANCE(D, K, f16)     \
+  LOWBIT_PREFILL_SM90_INSTANCE(D, K, u8)      \
+  LOWBIT_PREFILL_SM90_INSTANCE(D, K, u4)      \
+  LOWBIT_PREFILL_SM90_INSTANCE(D, K, u2)      \
+  }
