@@ -328,8 +328,11 @@ TC_LENS = {
 }
 
 
-def check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, gap=1):
-    out_g, out_c = attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, "f16", seed=seed, bs=bs, gap=gap)
+def check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, gap=1, kernel="prefill_attention_tc_sm80"):
+    """The prefill kernel `kernel` (forced by name: on sm_90 the automatic choice is the wgmma kernel) against the
+    CPU on rows inside the sequences; rows outside must stay NaN."""
+    out_g, out_c = attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, "f16", seed=seed, bs=bs, gap=gap,
+                                  kernel=kernel)
     inside = torch.zeros(out_g.shape[0], dtype=torch.bool)
     for i, L in enumerate(lens_q):
         start = sum(lens_q[:i]) + gap * (i + 1)
