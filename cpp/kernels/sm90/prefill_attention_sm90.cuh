@@ -15,8 +15,9 @@
 //       O[64, D] += P · V       wgmma with P from registers (the S accumulators rounded to f16: the A
 //                               fragment layout is the accumulator's) and V from shared memory read
 //                               MN-major (the transpose bit), so K and V tiles share one layout
-//     and release the stage on its `empty` barrier. The two warpgroups run independently: one's softmax overlaps
-//     the other's MMAs.
+//     and release the stage on its `empty` barrier. Each round of a warpgroup issues P·V of the previous tile and
+//     Q·Kᵀ of this one together, then runs this tile's softmax; the two warpgroups take turns issuing (named
+//     barriers), so one's softmax overlaps the other's MMAs (FlashAttention-3's ping-pong).
 // Every tile in shared memory is [rows][D] f16 as D/64 column blocks of [rows][64] (128 bytes per row, 16-byte
 // chunks XOR-swizzled by row % 8): the canonical 128B-swizzle layout wgmma's descriptors read, for Q and K along
 // K (head_dim) and for V along N (head_dim again).
@@ -108,6 +109,10 @@ __device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
 }
 using sm90::fence_regs;
 
+// The consumer warpgroups' turns (named barriers 2 and 3 over their 256 threads; 0 is __syncthreads').
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+
 // ---- producer -------------------------------------------------------------------------------------------
 
 // Cache row (page looked up) of key `pos` of kv head kvh.
@@ -172,20 +177,31 @@ __device__ __forceinline__ void load_key_row(const PrefillTcArgs& a, const uint8
 // Scores of one consumer thread's two rows (g and g + 8 of its warp) for one tile: the wgmma accumulator layout,
 // s[4j + e] = row (e < 2 ? g : g + 8), key 8j + 2 (lane % 4) + e % 2.
 struct RowState {
-  float m_lo, m_hi, l_lo, l_hi;  // running max (log2 domain) and this lane's partial row sums
+  float m_lo, m_hi, l_lo, l_hi;  // running max (log2 domain, scaled) and this lane's partial row sums
 };
 
-// Scale, mask (keys past each row's position, where `mask`), online softmax update; rescales o; leaves P in s.
-template <int kO>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&o)[kO], RowState& st, int key0, int pos_lo,
-                                             int pos_hi, bool mask, float scale_log2) {
+// 2^x with denormal results flushed to zero (the MUFU instruction alone; a probability below 2^-126 is 0 here).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Turns one tile's raw scores s into unnormalized probabilities P (f32, in place) and updates the row max and
+// sums; returns in alpha the factors that rescale O (applied by the caller once the previous tile's P·V has
+// landed, so that P·V runs under this softmax). Keys past each row's position are masked where `mask`.
+// kPositiveScale: the scale is folded into the exponent's FMA (max over raw scores, then 2^(s·c - m)), which
+// needs c > 0; otherwise the scores are scaled first.
+template <bool kPositiveScale>
+__device__ __forceinline__ void softmax_scores(float (&s)[64], RowState& st, float& alpha_lo, float& alpha_hi,
+                                               int key0, int pos_lo, int pos_hi, bool mask, float scale_log2) {
   const int t = threadIdx.x & 3;
-  float mx_lo = st.m_lo, mx_hi = st.m_hi;
+  float mx_lo = kNoScore, mx_hi = kNoScore;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = s[4 * j + e] * scale_log2;
+      float x = kPositiveScale ? s[4 * j + e] : s[4 * j + e] * scale_log2;
       if (mask && key0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_lo : pos_hi)) x = kNoScore;
       s[4 * j + e] = x;
     }
@@ -197,21 +213,31 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&o)[kO], Row
   mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
   mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
   mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-  const float alpha_lo = exp2f(st.m_lo - mx_lo), alpha_hi = exp2f(st.m_hi - mx_hi);
+  // A row's first tile always holds an unmasked key (key 0), so its max is a real score from then on.
+  if (kPositiveScale) mx_lo *= scale_log2, mx_hi *= scale_log2;
+  mx_lo = fmaxf(mx_lo, st.m_lo);
+  mx_hi = fmaxf(mx_hi, st.m_hi);
+  alpha_lo = exp2_ftz(st.m_lo - mx_lo);
+  alpha_hi = exp2_ftz(st.m_hi - mx_hi);
   st.m_lo = mx_lo;
   st.m_hi = mx_hi;
+  const float c = kPositiveScale ? scale_log2 : 1.f;
   float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    s[4 * j] = exp2f(s[4 * j] - mx_lo);
-    s[4 * j + 1] = exp2f(s[4 * j + 1] - mx_lo);
-    s[4 * j + 2] = exp2f(s[4 * j + 2] - mx_hi);
-    s[4 * j + 3] = exp2f(s[4 * j + 3] - mx_hi);
+    s[4 * j] = exp2_ftz(fmaf(s[4 * j], c, -mx_lo));
+    s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], c, -mx_lo));
+    s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], c, -mx_hi));
+    s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], c, -mx_hi));
     sum_lo += s[4 * j] + s[4 * j + 1];
     sum_hi += s[4 * j + 2] + s[4 * j + 3];
   }
   st.l_lo = st.l_lo * alpha_lo + sum_lo;
   st.l_hi = st.l_hi * alpha_hi + sum_hi;
+}
+
+template <int kO>
+__device__ __forceinline__ void rescale_rows(float (&o)[kO], float alpha_lo, float alpha_hi) {
 #pragma unroll
   for (int i = 0; i < kO; i += 4) {
     o[i] *= alpha_lo;
@@ -306,48 +332,112 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
 #pragma unroll
     for (int i = 0; i < kO; ++i) o[i] = 0.f;
     RowState st{kNoScore, kNoScore, 0.f, 0.f};
+    // Rounds r = 0..num_tiles. Round r issues Q·Kᵀ of tile r, then P·V of tile r - 1 (two commit groups), waits for
+    // the first and turns tile r's scores into P while P·V runs, then waits for P·V, releases tile r - 1's stage
+    // and rescales O by the new row maxima. The two warpgroups also take turns issuing (named barriers 2 and 3,
+    // warpgroup 1 first), so one's MMAs run while the other does its softmax (FlashAttention-3's ping-pong and
+    // intra-warpgroup overlap). A warpgroup's rows see a prefix of n tiles: round 0 (Q·Kᵀ only), rounds 1..n-1
+    // (both) and round n (P·V only) are separate code, because ptxas serializes every wgmma when one may be in
+    // flight across a branch; the rounds after n only keep the turns paired and release their stages. Warpgroup 2
+    // passes no turn after its last round (nobody would take it).
+    const int me = wg - 1;
+    if (me == 1) named_arrive(2);
+    const int n = wg_live ? min(num_tiles, wg_last_key / kKeys + 1) : 0;
+    const bool positive_scale = a.scale_log2 > 0.f;
+    float s[64];
+    uint32_t pa[32];  // P of the previous tile as the A fragments of its 8 k16 steps
+    float alpha_lo, alpha_hi;
+
+    auto begin_round = [&](int r) {
+      if (r < num_tiles) mbar_wait(&full[r % kStages], (r / kStages) & 1);
+      named_sync(2 + me);
+    };
+    auto pass_turn = [&](int r) {
+      if (!(me == 1 && r == num_tiles)) named_arrive(2 + (me ^ 1));
+    };
+    auto release_previous = [&](int r) {
+      if (r > 0) mbar_arrive(&empty[(r - 1) % kStages]);
+    };
+    auto issue_qk = [&](int t) {
+      const uint32_t kt = k_tile(t % kStages);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t col = (kk & 3) << 5;  // k16 step within the 128-byte row
+        wgmma_qk(s, desc_sw128(q_wg + (kk >> 2) * L::kQBlockBytes + col),
+                 desc_sw128(kt + (kk >> 2) * L::kTileBlockBytes + col), kk > 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int t) {
+      const uint32_t vt = v_tile(t % kStages);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+        for (int b = 0; b < L::kBlocks; ++b)
+          wgmma_pv(*reinterpret_cast<float(*)[32]>(o + 32 * b), pa + 4 * kk,
+                   desc_sw128(vt + b * L::kTileBlockBytes + kk * 2048));
+      }
+      wgmma_commit();
+    };
+    auto softmax = [&](int t) {
+      const int key0 = t * kKeys;
+      // The mask only where the tile reaches past the warpgroup's first row (that covers keys past kv_len).
+      const bool mask = key0 + kKeys - 1 > first_pos + wg_row0;
+      if (positive_scale)
+        softmax_scores<true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, mask, a.scale_log2);
+      else
+        softmax_scores<false>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, mask, a.scale_log2);
+    };
+    auto rescale_and_pack_p = [&]() {
+      rescale_rows<kO>(o, alpha_lo, alpha_hi);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        pa[4 * kk] = pack_half2(s[8 * kk], s[8 * kk + 1]);
+        pa[4 * kk + 1] = pack_half2(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[4 * kk + 2] = pack_half2(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[4 * kk + 3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    };
+
     mbar_wait(q_full, 0);
-    for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % kStages, key0 = t * kKeys;
-      mbar_wait(&full[stage], (t / kStages) & 1);
-      if (wg_live && key0 <= wg_last_key) {  // warpgroup-uniform
-        float s[64];
-        const uint32_t kt = k_tile(stage), vt = v_tile(stage);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t col = (kk & 3) << 5;  // k16 step within the 128-byte row
-          wgmma_qk(s, desc_sw128(q_wg + (kk >> 2) * L::kQBlockBytes + col),
-                   desc_sw128(kt + (kk >> 2) * L::kTileBlockBytes + col), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
+    int r = 0;
+    if (n > 0) {
+      begin_round(0);
+      issue_qk(0);
+      pass_turn(0);
+      wgmma_wait<0>();
+      fence_regs(s);
+      softmax(0);
+      rescale_and_pack_p();
+      for (r = 1; r < n; ++r) {
+        begin_round(r);
+        issue_qk(r);
+        issue_pv(r - 1);
+        pass_turn(r);
+        wgmma_wait<1>();  // Q·Kᵀ landed (groups complete in order); P·V may still run
         fence_regs(s);
-        // The mask only where the tile reaches past the warpgroup's first row (that covers keys past kv_len).
-        const bool mask = key0 + kKeys - 1 > first_pos + wg_row0;
-        softmax_tile<kO>(s, o, st, key0, pos_lo, pos_hi, mask, a.scale_log2);
-        uint32_t pa[32];  // P as the A fragments of the 8 k16 steps over the tile's keys
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          pa[4 * kk] = pack_half2(s[8 * kk], s[8 * kk + 1]);
-          pa[4 * kk + 1] = pack_half2(s[8 * kk + 2], s[8 * kk + 3]);
-          pa[4 * kk + 2] = pack_half2(s[8 * kk + 4], s[8 * kk + 5]);
-          pa[4 * kk + 3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-          for (int b = 0; b < L::kBlocks; ++b)
-            wgmma_pv(*reinterpret_cast<float(*)[32]>(o + 32 * b), pa + 4 * kk,
-                     desc_sw128(vt + b * L::kTileBlockBytes + kk * 2048));
-        }
-        wgmma_commit();
+        softmax(r);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);  // P's registers stay P's until the wgmmas that read them are done
+        release_previous(r);
+        rescale_and_pack_p();
       }
-      mbar_arrive(&empty[stage]);
+      begin_round(n);
+      issue_pv(n - 1);
+      pass_turn(n);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release_previous(n);
+      r = n + 1;
+    }
+    for (; r <= num_tiles; ++r) {  // tiles past this warpgroup's rows
+      begin_round(r);
+      pass_turn(r);
+      release_previous(r);
     }
 
     // O / l as f16; rows past q_len are not stored.
