@@ -257,10 +257,12 @@ def test_rope_kv_write_gpu_errors():
         lb.rope_kv_write(None, x, x, pos, big, 0, meta)
 
 
-def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16, gap=0, kernel=""):
+def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16, gap=0, kernel="", scale=None):
     """Fills twin caches through kv_write with the same random K/V, returns the outputs of
     paged_attention on both devices (GPU output poisoned first, with a spare NaN row at the end and
-    `gap` NaN rows before each sequence's rows); `kernel` forces the GPU's attention kernel."""
+    `gap` NaN rows before each sequence's rows); `kernel` forces the GPU's attention kernel; `scale` is the softmax
+    scale (default 1/sqrt(d))."""
+    scale = 1 / math.sqrt(d) if scale is None else scale
     g = torch.Generator().manual_seed(seed)
     n = len(lens_q)
     blocks_per = [math.ceil(L / bs) for L in lens_kv]
@@ -290,8 +292,8 @@ def attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, qdtype, seed, bs=16, gap
     meta_g = lb.AttentionMeta(q_start, lens_q, lens_kv, table.cuda(), slots[:1].cuda())
     out_c = torch.full_like(q, float("nan"))
     out_g = nan_like(q)
-    lb.paged_attention(q, cpu, 0, meta_c, 1 / math.sqrt(d), out_c)
-    lb.paged_attention(q.cuda(), gpu, 0, meta_g, 1 / math.sqrt(d), out_g, kernel=kernel)
+    lb.paged_attention(q, cpu, 0, meta_c, scale, out_c)
+    lb.paged_attention(q.cuda(), gpu, 0, meta_g, scale, out_g, kernel=kernel)
     return out_g.cpu(), out_c
 
 
@@ -328,11 +330,12 @@ TC_LENS = {
 }
 
 
-def check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, gap=1, kernel="prefill_attention_tc_sm80"):
+def check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, gap=1, kernel="prefill_attention_tc_sm80",
+                  scale=None):
     """The prefill kernel `kernel` (forced by name: on sm_90 the automatic choice is the wgmma kernel) against the
     CPU on rows inside the sequences; rows outside must stay NaN."""
     out_g, out_c = attention_case(lens_q, lens_kv, hq, hkv, d, kt, vt, "f16", seed=seed, bs=bs, gap=gap,
-                                  kernel=kernel)
+                                  kernel=kernel, scale=scale)
     inside = torch.zeros(out_g.shape[0], dtype=torch.bool)
     for i, L in enumerate(lens_q):
         start = sum(lens_q[:i]) + gap * (i + 1)

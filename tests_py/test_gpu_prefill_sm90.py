@@ -26,8 +26,8 @@ def _needs_sm90():
         pytest.skip("the wgmma kernel runs on sm_90 only")
 
 
-def check(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs):
-    check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, kernel=KERNEL)
+def check(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, scale=None):
+    check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, kernel=KERNEL, scale=scale)
 
 
 LENS = {
@@ -53,6 +53,14 @@ def test_prefill_sm90_llama_heads_long(kv):
     # Llama-3-8B heads (GQA 4:1, D 128): a 700-row chunk over 1500 cached tokens in pages of 32, and pages of 1.
     check([700], [1500], 32, 8, 128, *kv, seed=5, bs=32)
     check([150, 3], [150, 9], 32, 8, 128, *kv, seed=6, bs=1)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.2, 0.4], ids=["zero", "negative", "sharp"])
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u4", "u8")], ids=lambda k: "-".join(k))
+def test_prefill_sm90_any_softmax_scale(scale, kv):
+    # The kernel folds a positive scale into the exponent (max over raw scores); zero and negative scales take
+    # the other path, and a sharp one (0.4 at D 64, logits ~ +-10) stresses the running max.
+    check([129, 70], [129, 300], 8, 2, 64, *kv, seed=17, bs=16, scale=scale)
 
 
 def test_prefill_sm90_is_the_registry_choice_for_per_token_kv():
