@@ -7,8 +7,9 @@
 //   - warpgroup 0, the producer: thread p gathers key row p of a tile from its page (any block size) for K and V.
 //     f16 rows go straight into the tile by cp.async; u8/u4/u2 rows are loaded into registers, dequantized in
 //     f32 (code * scale + zero, rounded once to f16: the same values as the mma.sync kernel's) and stored. Tiles go
-//     through kStages stages: the producer fills tile t + 1 while the consumers compute tile t, and publishes a
-//     tile (after a proxy fence, so wgmma's async reads see the writes) on the stage's `full` barrier.
+//     through kStages stages, the producer running ahead as far as the stages allow. It publishes a tile on the
+//     stage's `full` barrier without waiting: cp.async completion arrives there by itself, and the dequantized
+//     stores arrive after a proxy fence (so wgmma's async reads see them).
 //   - warpgroups 1 and 2, the consumers, 64 query rows each (one wgmma m64):
 //       S[64, 128] = Q · Kᵀ     wgmma m64n128k16, Q and K from shared memory (K-major, 128-byte swizzle)
 //       online softmax per row in f32, log2 domain; the causal mask only where a tile reaches past a row
@@ -68,13 +69,13 @@ using attn_math::pack_half2;
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {  // zeros when !valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
 // Generic-proxy writes of this thread (st.shared, landed cp.async) made visible to wgmma's async-proxy reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Arrives on `bar` once every cp.async this thread issued so far has landed (the thread does not wait): the
+// producer publishes a tile without holding it back until the next one is in flight.
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
 
 // Descriptor of a 128B-swizzled operand: 8-row groups 1024 bytes apart. For K-major operands (Q, K) the
 // leading offset is unused; for V read MN-major it would be the distance between 64-wide column blocks, but each
@@ -169,6 +170,20 @@ __device__ __forceinline__ void load_key_row(const PrefillTcArgs& a, const uint8
                    "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                    : "memory");
     }
+  }
+}
+
+// A tile's `full` barrier counts one arrival per producer thread for its f16 sides (by cp.async completion)
+// and one for its dequantized sides (stored with st.shared, then fenced for wgmma's async-proxy reads).
+template <KvType KT, KvType VT>
+constexpr int kFullArrivals = 128 * ((KT == KvType::f16 || VT == KvType::f16) + (KT != KvType::f16 || VT != KvType::f16));
+
+template <KvType KT, KvType VT>
+__device__ __forceinline__ void publish_rows(uint64_t* full) {
+  if constexpr (KT == KvType::f16 || VT == KvType::f16) cp_async_arrive(full);
+  if constexpr (KT != KvType::f16 || VT != KvType::f16) {
+    fence_proxy_async();
+    mbar_arrive(full);
   }
 }
 
@@ -276,8 +291,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   if (threadIdx.x == 0) {
     mbar_init(q_full, 128);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 128);   // every producer thread publishes its rows
-      mbar_init(&empty[s], 256);  // every consumer thread releases
+      mbar_init(&full[s], kFullArrivals<KT, VT>);  // every producer thread publishes its rows
+      mbar_init(&empty[s], 256);                   // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -286,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // Producer: thread p owns row p of the Q tile and of every K/V tile.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");  // 56 + 2 x 224 per lane triple
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 80;\n" ::: "memory");  // 80 + 2 x 216 per lane triple
     const int p = threadIdx.x;
     {
       const int r = row0 + p;
@@ -296,29 +311,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       for (int c = 0; c < D / 8; ++c)
         cp_async16(q_smem + chunk_offset<L::kQBlockBytes>(p, c), src + 8 * c, valid);
     }
-    auto load_tile = [&](int t) {
+    cp_async_arrive(q_full);
+    for (int t = 0; t < num_tiles; ++t) {
       const int stage = t % kStages;
       mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
       const int key = t * kKeys + p;
       load_key_row<D, KT>(a, a.k, a.k_params, k_tile(stage), pages, kvh, p, key, kv_len);
       load_key_row<D, VT>(a, a.v, a.v_params, v_tile(stage), pages, kvh, p, key, kv_len);
-      cp_async_commit();
-    };
-    load_tile(0);  // one cp.async group with Q's
-    for (int t = 0; t < num_tiles; ++t) {
-      // Tile t + 1 is in flight while tile t is published.
-      if (t + 1 < num_tiles) {
-        load_tile(t + 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      fence_proxy_async();
-      if (t == 0) mbar_arrive(q_full);
-      mbar_arrive(&full[t % kStages]);
+      publish_rows<KT, VT>(&full[stage]);
     }
+    asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its thread
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
     const int cw = threadIdx.x / 32 - 4 * wg;  // warp in its warpgroup
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int wg_row0 = row0 + 64 * (wg - 1);  // the warpgroup's first query row
