@@ -12,6 +12,7 @@
 #     w4a16     the W4A16 GEMMs (each kernel forced: small, large tiles, sm90 splits) vs cuBLAS fp16 on 8B shapes
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
+#     prefill_profile  ncu over the Hopper prefill kernel (tools/bench_gpu_prefill_profile.py: 8K prompt, f16 / u4)
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
 #     serve     the serve tests (tests_py/test_serve*.py, test_bench_serving.py, test_bench_gpu_serving.py), the load
 #               tests again with a GPU server (LOWBIT_SERVE_TEST_DEVICE=cuda), then
@@ -232,6 +233,15 @@ if has profile; then
     python3 "$REPO/tools/bench_gpu_profile.py" > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
   grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu.txt" \
     | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | head -90
+fi
+if has prefill_profile; then
+  echo "== ncu over the Hopper prefill kernel (8K fresh prompt, f16 and u4 KV), with the stall reasons"
+  timeout 240 ncu --clock-control none -k regex:"prefill_attention_sm90" \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
+    python3 "$REPO/tools/bench_gpu_prefill_profile.py" > "$OUT/ncu_prefill.txt" 2>&1; echo "ncu rc=$?"
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |gmma_cycles|stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu_prefill.txt" \
+    | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | head -60
 fi
 if has bench; then
   echo "== benchmarks"
