@@ -85,7 +85,7 @@ sanitize_three() {
   shift 3
   for f in "$@"; do files+=("$TESTS/$f"); done
   for tool in memcheck racecheck synccheck; do
-    timeout "$secs" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "${files[@]}" -k "$expr" \
+    timeout -k 5 "$secs" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "${files[@]}" -k "$expr" \
       > "$OUT/${tool}_${name}.log" 2>&1
     echo "$tool rc=$?"; tail -1 "$OUT/${tool}_${name}.log"
     grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_${name}.log" | head -4
@@ -147,19 +147,20 @@ fi
 
 if has prefill; then
   echo "== Hopper prefill attention (prefill_attention_sm90)"
-  # A hung kernel must not eat the device time: every step has a time limit.
-  timeout 300 "${PYTEST[@]}" "$TESTS/test_gpu_prefill_sm90.py" "$TESTS/test_gpu_ops.py" \
+  # A hung kernel must not eat the device time: every step has a time limit, and a process blocked in a CUDA wait
+  # ignores SIGTERM, so -k kills it.
+  timeout -k 5 300 "${PYTEST[@]}" "$TESTS/test_gpu_prefill_sm90.py" "$TESTS/test_gpu_ops.py" \
     "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_kv_formats.py" "$TESTS/test_kernel_registry.py" -q -rfEs \
     --maxfail=40 -k "sm90 or prefill or per_channel or registry or plan" 2>&1 | tee "$OUT/pytest_prefill.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_prefill.log" | cut -c1-400 | head -30
   if [ "${PREFILL_SANITIZE:-1}" = 1 ]; then
     expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^prefill_sm90|' | cut -d'|' -f3)
-    sanitize_three prefill_sm90 300 "$expr" test_gpu_prefill_sm90.py
+    sanitize_three prefill_sm90 150 "$expr" test_gpu_prefill_sm90.py
   fi
-  timeout 400 python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
+  timeout -k 5 400 python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
   if [ "${PREFILL_ENGINE:-1}" = 1 ]; then
     echo "== regression: the engine on the GPU"
-    timeout 400 "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_kv2.py" -q -rfEs --maxfail=20 \
+    timeout -k 5 400 "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_kv2.py" -q -rfEs --maxfail=20 \
       -k "not smollm2" 2>&1 | tee "$OUT/pytest_prefill_engine.log" | tail -3
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_prefill_engine.log" | cut -c1-400 | head -20
   fi
@@ -236,7 +237,7 @@ if has profile; then
 fi
 if has prefill_profile; then
   echo "== ncu over the Hopper prefill kernel (8K fresh prompt, f16 and u4 KV), with the stall reasons"
-  timeout 240 ncu --clock-control none -k regex:"prefill_attention_sm90" \
+  timeout -k 5 240 ncu --clock-control none -k regex:"prefill_attention_sm90" \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
     python3 "$REPO/tools/bench_gpu_prefill_profile.py" > "$OUT/ncu_prefill.txt" 2>&1; echo "ncu rc=$?"

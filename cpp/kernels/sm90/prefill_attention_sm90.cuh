@@ -40,6 +40,10 @@ constexpr int kRows = 128;    // query rows per CTA
 constexpr int kKeys = 128;    // keys per tile
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kStages = 3;
+// Registers per thread after setmaxnreg. The launch gives every thread 168 (65536 / 384, rounded down to 8); the
+// warpgroups may only trade them: a larger total would block setmaxnreg.inc forever.
+constexpr int kProducerRegs = 72, kConsumerRegs = 216;
+static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * (65536 / kThreads / 8 * 8), "more registers than launched");
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp2(kNoScore - m) underflows to 0
 
 template <int D>
@@ -301,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // Producer: thread p owns row p of the Q tile and of every K/V tile.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 80;\n" ::: "memory");  // 80 + 2 x 216 per lane triple
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     const int p = threadIdx.x;
     {
       const int r = row0 + p;
@@ -322,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its thread
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const int cw = threadIdx.x / 32 - 4 * wg;  // warp in its warpgroup
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int wg_row0 = row0 + 64 * (wg - 1);  // the warpgroup's first query row
