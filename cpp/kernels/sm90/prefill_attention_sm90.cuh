@@ -125,53 +125,68 @@ __device__ __forceinline__ int64_t cache_row(const PrefillTcArgs& a, const int32
   return (static_cast<int64_t>(pages[pos / a.block_size]) * a.hkv + kvh) * a.block_size + pos % a.block_size;
 }
 
-// Key row `key` (this thread's row r of the tile) of one side into the tile at `tile` (shared address).
-template <int D, KvType T>
-__device__ __forceinline__ void load_key_row(const PrefillTcArgs& a, const uint8_t* data, const float* params,
-                                             uint32_t tile, const int32_t* pages, int kvh, int r, int key,
-                                             int kv_len) {
-  constexpr int kChunks = D / 8;
+// The f16 sides of a tile (K if kK, V if kV). Thread p of the producer owns tile row p, whose cache row it looked
+// up (`row`, -1 past kv_len). A warp's 32 rows are copied by the warp together, each cp.async instruction covering
+// whole rows (lane l takes 16-byte chunk l % (D / 8) of row l / (D / 8) of the group, its cache row by shuffle),
+// so every instruction reads full 32-byte sectors; one row per thread read a half sector of each of 32 rows per
+// instruction and fetched every sector from L2 twice.
+template <int D, bool kK, bool kV>
+__device__ __forceinline__ void copy_f16_rows(const uint8_t* k, const uint8_t* v, uint32_t k_tile, uint32_t v_tile,
+                                              int p, int64_t row) {
+  constexpr int kChunks = D / 8, kRowsPerCopy = 32 / kChunks;
   using L = Layout<D>;
-  const bool valid = key < kv_len;
-  const int64_t row = valid ? cache_row(a, pages, kvh, key) : 0;
-  if constexpr (T == KvType::f16) {
-    const uint8_t* src = data + row * (D * 2);
+  const int lane = p & 31, c = lane % kChunks, warp_row0 = p & ~31;
+#pragma unroll 4
+  for (int i = 0; i < 32; i += kRowsPerCopy) {
+    const int rr = i + lane / kChunks;  // the group's row this lane copies a chunk of
+    const int64_t src_row = __shfl_sync(0xffffffffu, row, rr);
+    const bool valid = src_row >= 0;
+    const int64_t offset = (valid ? src_row : 0) * (D * 2) + 16 * c;
+    const uint32_t dst = chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, c);
+    if constexpr (kK) cp_async16(k_tile + dst, k + offset, valid);
+    if constexpr (kV) cp_async16(v_tile + dst, v + offset, valid);
+  }
+}
+
+// One dequantized side (K or V) of a tile into the tile at `tile`, for any thread p's row (`row`, -1 past kv_len)
+// read the same way as copy_f16_rows: each load instruction of a warp covers whole rows of codes (lane l takes
+// 16-byte vector l % kVecs of row l / kVecs of the group), the row's cache index, scale and zero come by shuffle
+// from the lane that owns it, and the lane dequantizes its vector in f32 (code * scale + zero, rounded once to
+// f16: the same values as the mma.sync kernel's) into kChunksPerVec 16-byte chunks of the tile.
+template <int D, KvType T>
+__device__ __forceinline__ void dequant_rows(const uint8_t* data, const float* params, uint32_t tile, int p,
+                                             int64_t row) {
+  constexpr int kBits = kv_bits<T>(), kRowBytes = D * kBits / 8, kVecs = kRowBytes / 16;
+  constexpr int kRowsPerLoad = 32 / kVecs, kChunksPerVec = 16 / kBits;  // a vector holds 128 / kBits dims
+  static_assert(kRowBytes % 16 == 0 && 32 % kVecs == 0, "rows of codes are read as 16-byte vectors");
+  using L = Layout<D>;
+  const int lane = p & 31, vec = lane % kVecs, warp_row0 = p & ~31;
+  const float2 own = row >= 0 ? __ldg(reinterpret_cast<const float2*>(params) + row) : make_float2(0.f, 0.f);
+#pragma unroll  // every load in flight at once: one memory latency per side and tile
+  for (int i = 0; i < 32; i += kRowsPerLoad) {
+    const int rr = i + lane / kVecs;  // the group's row this lane dequantizes a vector of
+    const int64_t src_row = __shfl_sync(0xffffffffu, row, rr);
+    const float s = __shfl_sync(0xffffffffu, own.x, rr), z = __shfl_sync(0xffffffffu, own.y, rr);
+    const uint4 w = src_row >= 0 ? __ldg(reinterpret_cast<const uint4*>(data + src_row * kRowBytes) + vec)
+                                 : make_uint4(0, 0, 0, 0);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) cp_async16(tile + chunk_offset<L::kTileBlockBytes>(r, c), src + 16 * c, valid);
-  } else {
-    constexpr int kBits = kv_bits<T>(), kRowBytes = D * kBits / 8, kVecs = kRowBytes / 16;
-    static_assert(kRowBytes % 16 == 0, "rows of codes are read as 16-byte vectors");
-    uint4 w[kVecs];
-    float s = 0.f, z = 0.f;
-    if (valid) {
-      const uint4* src = reinterpret_cast<const uint4*>(data + row * kRowBytes);
-#pragma unroll
-      for (int i = 0; i < kVecs; ++i) w[i] = __ldg(src + i);
-      const float2 sz = __ldg(reinterpret_cast<const float2*>(params) + row);
-      s = sz.x, z = sz.y;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVecs; ++i) w[i] = make_uint4(0, 0, 0, 0);
-    }
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(w);
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {  // chunk c = dims 8c..8c+7
+    for (int cc = 0; cc < kChunksPerVec; ++cc) {  // chunk vec * kChunksPerVec + cc: 8 dims
       float x[8];
       if constexpr (kBits == 8) {  // byte i = dim i
 #pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[2 * c + e / 4] >> (8 * (e % 4))) & 0xFFu), s, z);
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[2 * cc + e / 4] >> (8 * (e % 4))) & 0xFFu), s, z);
       } else if constexpr (kBits == 4) {  // dim i in nibble i of the little-endian words
 #pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[c] >> (4 * e)) & 0xFu), s, z);
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[cc] >> (4 * e)) & 0xFu), s, z);
       } else {  // 2 bits: dim i in bits 2 (i % 4) of byte i / 4; 8 dims = 16 bits
-        const uint32_t h = (words[c / 2] >> (16 * (c % 2))) & 0xFFFFu;
+        const uint32_t h = (words[cc / 2] >> (16 * (cc % 2))) & 0xFFFFu;
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((h >> (2 * e)) & 0x3u), s, z);
       }
-      const uint4 v = make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]),
-                                 pack_half2(x[6], x[7]));
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile + chunk_offset<L::kTileBlockBytes>(r, c)),
-                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+      const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, vec * kChunksPerVec + cc);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_half2(x[0], x[1])),
+                   "r"(pack_half2(x[2], x[3])), "r"(pack_half2(x[4], x[5])), "r"(pack_half2(x[6], x[7]))
                    : "memory");
     }
   }
@@ -320,8 +335,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       const int stage = t % kStages;
       mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
       const int key = t * kKeys + p;
-      load_key_row<D, KT>(a, a.k, a.k_params, k_tile(stage), pages, kvh, p, key, kv_len);
-      load_key_row<D, VT>(a, a.v, a.v_params, v_tile(stage), pages, kvh, p, key, kv_len);
+      const int64_t row = key < kv_len ? cache_row(a, pages, kvh, key) : -1;
+      constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
+      if constexpr (kF16K || kF16V) copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row);
+      if constexpr (!kF16K) dequant_rows<D, KT>(a.k, a.k_params, k_tile(stage), p, row);
+      if constexpr (!kF16V) dequant_rows<D, VT>(a.v, a.v_params, v_tile(stage), p, row);
       publish_rows<KT, VT>(&full[stage]);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its thread
