@@ -4,9 +4,10 @@
 //
 // A CTA owns 128 query rows of one (sequence, query head) and walks key tiles of 128 up to the last key its last
 // row sees. Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
-//   - warpgroup 0, the producer: thread p gathers key row p of a tile from its page (any block size) for K and V.
-//     f16 rows go straight into the tile by cp.async; u8/u4/u2 rows are loaded into registers, dequantized in
-//     f32 (code * scale + zero, rounded once to f16: the same values as the mma.sync kernel's) and stored. Tiles go
+//   - warpgroup 0, the producer: thread p looks up the page of key row p of a tile (any block size); each warp
+//     then reads its 32 rows together, whole rows per instruction. f16 rows go straight into the tile by
+//     cp.async; u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
+//     f16: the same values as the mma.sync kernel's) and stored. Tiles go
 //     through kStages stages, the producer running ahead as far as the stages allow. It publishes a tile on the
 //     stage's `full` barrier without waiting: cp.async completion arrives there by itself, and the dequantized
 //     stores arrive after a proxy fence (so wgmma's async reads see them).
@@ -16,9 +17,10 @@
 //       O[64, D] += P · V       wgmma with P from registers (the S accumulators rounded to f16: the A
 //                               fragment layout is the accumulator's) and V from shared memory read
 //                               MN-major (the transpose bit), so K and V tiles share one layout
-//     and release the stage on its `empty` barrier. Each round of a warpgroup issues P·V of the previous tile and
-//     Q·Kᵀ of this one together, then runs this tile's softmax; the two warpgroups take turns issuing (named
-//     barriers), so one's softmax overlaps the other's MMAs (FlashAttention-3's ping-pong).
+//     and release the stage on its `empty` barrier. Each round of a warpgroup issues Q·Kᵀ of this tile and P·V of
+//     the previous one, runs this tile's softmax while that P·V runs, and releases the previous tile; the two
+//     warpgroups take turns issuing (named barriers), so one's softmax also overlaps the other's MMAs
+//     (FlashAttention-3's ping-pong).
 // Every tile in shared memory is [rows][D] f16 as D/64 column blocks of [rows][64] (128 bytes per row, 16-byte
 // chunks XOR-swizzled by row % 8): the canonical 128B-swizzle layout wgmma's descriptors read, for Q and K along
 // K (head_dim) and for V along N (head_dim again).
