@@ -7,10 +7,10 @@
 //   - warpgroup 0, the producer: thread p looks up the page of key row p of a tile (any block size); each warp
 //     then reads its 32 rows together, whole rows per instruction. f16 rows go straight into the tile by
 //     cp.async; u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
-//     f16: the same values as the mma.sync kernel's) and stored. Tiles go
-//     through kStages stages, the producer running ahead as far as the stages allow. It publishes a tile on the
-//     stage's `full` barrier without waiting: cp.async completion arrives there by itself, and the dequantized
-//     stores arrive after a proxy fence (so wgmma's async reads see them).
+//     f16: the same values as the mma.sync kernel's) and stored. Tiles go through kStages stages, the producer
+//     running ahead as far as the stages allow. It publishes a tile on the stage's `full` barrier without waiting:
+//     cp.async completion arrives there by itself, and the dequantized stores arrive after a proxy fence (so
+//     wgmma's async reads see them).
 //   - warpgroups 1 and 2, the consumers, 64 query rows each (one wgmma m64):
 //       S[64, 128] = Q · Kᵀ     wgmma m64n128k16, Q and K from shared memory (K-major, 128-byte swizzle)
 //       online softmax per row in f32, log2 domain; the causal mask only where a tile reaches past a row
