@@ -251,7 +251,8 @@ if has sm90tiles; then
   timeout "${SM90TILES_BENCH_S:-200}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_sm90_tiles.json" \
     ${SM90TILES_ARGS:-} 2>&1 | tee "$OUT/bench_sm90_tiles.log" | grep -v "^   "
   timeout "${SM90TILES_TEST_S:-200}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" \
-    "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=30 2>&1 | tee "$OUT/pytest_sm90tiles.log" | tail -3
+    "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=30 -k "${SM90TILES_K:-not nothing}" 2>&1 \
+    | tee "$OUT/pytest_sm90tiles.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_sm90tiles.log" | cut -c1-300 | head -20
   for tool in memcheck racecheck synccheck; do
     (timeout "${SM90TILES_SAN_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
