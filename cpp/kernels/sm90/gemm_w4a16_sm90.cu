@@ -12,7 +12,9 @@
 // four k16 steps' fragment registers with the magic-number dequant (w = q*s - z*s, or q*s + m, in
 // f16, bit-identical to the mma.sync kernels' weights), issues
 // the stage's four m64nBTk16 wgmmas and dequantizes the next stage into a second fragment set while
-// they run. Accumulation is f32; split-K runs as a thread-block cluster along k whose f32 partial
+// they run, keeping one stage's wgmmas in flight across the next issue (wait_group 1). The tile (128 or 256
+// tokens) and split come from a cost model (sm90_common.cuh's pick_tile_split): at M = 256 on 4096-wide
+// layers the 128-token tile with split 2 fills 128 SMs where 256 tokens left 64. Accumulation is f32; split-K runs as a thread-block cluster along k whose f32 partial
 // tiles are summed through distributed shared memory in a fixed order (deterministic). Without split,
 // the tile leaves through shared memory as 16-byte row segments (coalesced stores). Token tiles vary
 // fastest in the grid, so the CTAs resident together share weight tiles in L2 and every weight byte
@@ -311,9 +313,12 @@ void launch(const W4A16Problem& p, int split, cudaStream_t stream) {
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
-// Cost model constants (us; sm90_common.cuh's pick_tile_split), fitted to H100 timings of each mainloop.
-constexpr TileCosts kSerialCosts{0.43, 0.63, 3.0, 3.6};
-constexpr TileCosts kOverlapCosts{0.34, 0.60, 3.0, 3.6};
+// Cost model constants (us per 64-k block at 128 / 256 tokens, fixed, reduction per 128-token partial;
+// sm90_common.cuh's pick_tile_split), fitted to each mainloop's forced tile x split timings on an H200
+// (bench/results/h200-2026-11-26-sm90-tiles-db5be10.json): the model's pick is the fastest measured pair on every
+// Llama-3-8B shape at M = 256 and 1024.
+constexpr TileCosts kSerialCosts{0.54, 0.68, 2.0, 3.7};
+constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
 
 template <bool kOverlap>
 TilePlan plan_for(const W4A16Problem& p, int split, int tokens) {

@@ -11,7 +11,8 @@
 // 16 bytes per chunk into the fragment registers with one IMAD and one XOR per four weights,
 // (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas; while they run it dequantizes
 // the next stage into a second fragment set (the dequant hides under the tensor-core work, and the
-// other consumer warpgroup's wgmmas fill the gaps). Accumulation is int32
+// other consumer warpgroup's wgmmas fill the gaps), keeping one stage's wgmmas in flight across the next
+// issue (wait_group 1). The tile (128 or 256 tokens) and split come from a cost model (sm90_common.cuh). Accumulation is int32
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
 // through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end;
 // without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
@@ -333,9 +334,13 @@ void launch(const W4A8Problem& p, int split, cudaStream_t stream) {
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
-// Cost model constants (us per 128-k block; sm90_common.cuh's pick_tile_split), fitted to H100 timings.
-constexpr TileCosts kSerialCosts{0.60, 0.85, 3.0, 3.6};
-constexpr TileCosts kOverlapCosts{0.45, 0.70, 3.0, 3.6};
+// Cost model constants (us per 128-k block at 128 / 256 tokens, fixed, reduction per 128-token partial;
+// sm90_common.cuh's pick_tile_split), fitted to each mainloop's forced tile x split timings on an H200
+// (bench/results/h200-2026-11-26-sm90-tiles-db5be10.json): the model's pick is the fastest measured pair on every
+// Llama-3-8B shape at M = 256 and 1024. A 128-token block costs nearly what a 256-token one does here: the
+// mainloop is bound per stage, not by the int8 tensor rate.
+constexpr TileCosts kSerialCosts{0.70, 0.95, 2.0, 6.5};
+constexpr TileCosts kOverlapCosts{0.70, 0.80, 2.0, 6.5};
 
 template <bool kOverlap>
 TilePlan plan_for(const W4A8Problem& p, int split, int tokens) {

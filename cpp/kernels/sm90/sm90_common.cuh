@@ -317,12 +317,13 @@ inline int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
 }
 
 // Tokens per tile (wgmma n: 128 or 256) and split-K cluster size of the weight-stationary GEMMs (W4A16, W4A8):
-// the fewest microseconds by a rough cost model fitted to H100 timings (2026-11-25/26, docs/benchmarks_gpu.md),
+// the fewest microseconds by a rough cost model fitted to measured timings (docs/benchmarks_gpu.md, issue 15 third
+// round),
 // per CTA: k_blocks/split blocks at c128 or c256 us each (a 256-token block costs less than two 128-token ones:
 // the dequantized fragment feeds twice the tokens), a fixed cost, and for split > 1 the cluster reduction
 // (proportional to the partial tile's size); times the waves of resident CTAs (slots per split, measured for each
 // tile's kernel). At few tiles (M <= 256 on 4096-wide layers) the 128-token tile doubles the CTAs; forced_tokens /
-// forced_split (0 = free) pin either.
+// forced_split (0 = free) pin either. A free split stays <= 4: cluster size 8 was never measured to win.
 struct TileCosts {
   double c128, c256, fixed, reduce128;
 };
@@ -338,7 +339,7 @@ inline TilePlan pick_tile_split(int tiles_n, int m, int k_blocks, const int (&sl
     const int(&slots)[4] = bt == 128 ? slots128 : slots256;
     const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bt - 1) / bt);
     for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
-      if (forced_split != 0 && s != forced_split) continue;
+      if (forced_split != 0 ? s != forced_split : s > 4) continue;
       if (s > k_blocks || slots[i] <= 0) continue;
       const int64_t waves = (tiles * s + slots[i] - 1) / slots[i];
       const double per_cta = (k_blocks + s - 1) / s * (bt == 128 ? c.c128 : c.c256) + c.fixed +
