@@ -2,6 +2,7 @@
 // Sub-byte tensors arrive from torch as uint8 bytes (two u4 per byte, low nibble first) and are
 // viewed as u4 here. `stream` is a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
@@ -57,24 +58,42 @@ PackedWeight packed_from_parts(nb::handle data, nb::handle scales, nb::handle ze
 #ifdef LOWBIT_WITH_CUDA
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+// The weight-stationary wgmma kernels' names (W4A16, W4A8): "sm90", or "sm90s" for the serial mainloop (A/B
+// timing), then optionally ":S" (split-K cluster 1, 2, 4, 8; 0 = the cost model's) and ":T" (tokens per tile, 128
+// or 256). Returns 0 for another name, 1 when parsed into split/tokens/serial, 2 for a malformed sm90 name.
+int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial) {
+  split = 0, tokens = 0, serial = kernel.rfind("sm90s", 0) == 0;
+  if (kernel.rfind("sm90", 0) != 0) return 0;
+  std::string rest = kernel.substr(serial ? 5 : 4);
+  if (rest.empty()) return 1;
+  if (rest[0] != ':') return 2;
+  rest = rest.substr(1);
+  const size_t colon = rest.find(':');
+  const std::string s = rest.substr(0, colon), t = colon == std::string::npos ? "" : rest.substr(colon + 1);
+  if (s != "0" && s != "1" && s != "2" && s != "4" && s != "8") return 2;
+  if (colon != std::string::npos && t != "128" && t != "256") return 2;
+  split = s[0] - '0';
+  tokens = t.empty() ? 0 : std::stoi(t);
+  return 1;
+}
+
 // The raw GEMM ops take the kernel by a short name (tests and benchmarks compare kernels this way;
 // models name theirs through plans). "" = the op's automatic choice.
 cuda::W4A16Options w4a16_options(const std::string& kernel) {
   cuda::W4A16Options o;
   if (kernel.empty()) return o;
   o.kernel = cuda::W4A16Kernel::large;
-  if (kernel == "small") o.kernel = cuda::W4A16Kernel::small;
+  const int sm90 = parse_sm90(kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+  if (sm90 == 1) o.kernel = cuda::W4A16Kernel::sm90;
+  else if (kernel == "small") o.kernel = cuda::W4A16Kernel::small;
   else if (kernel == "large:64x128") o.large_tile = 64128;
   else if (kernel == "large:128x128") o.large_tile = 128128;
   else if (kernel == "large:128x256") o.large_tile = 128256;
-  else if (kernel == "sm90") o.kernel = cuda::W4A16Kernel::sm90;
-  else if (kernel == "sm90:1" || kernel == "sm90:2" || kernel == "sm90:4" || kernel == "sm90:8") {
-    o.kernel = cuda::W4A16Kernel::sm90;
-    o.sm90_split = kernel.back() - '0';
-  } else
+  else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
-                 "'large:128x128', 'large:128x256', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster), got '",
-                 kernel, "'");
+                 "'large:128x128', 'large:128x256', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; "
+                 "'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split free; 'sm90s...' the "
+                 "serial mainloop), got '", kernel, "'");
   return o;
 }
 
@@ -231,6 +250,22 @@ void bind_cuda(nb::module_& m) {
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "");
 
   m.def(
+      "gemm_w4a16_sm90_plan",
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
+#ifdef LOWBIT_WITH_CUDA
+        cuda::W4A16Options o;
+        const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+        LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
+                     "'");
+        return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
+#else
+        no_cuda("gemm_w4a16_sm90_plan");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
+      "GPU (sm_90): the W4A16 wgmma kernel's (tokens per tile, split-K cluster) for this shape");
+
+  m.def(
       "quantize_per_token_s8",
       [](nb::handle x, nb::handle q, nb::handle scales, uintptr_t stream) {
 #ifdef LOWBIT_WITH_CUDA
@@ -266,11 +301,19 @@ void bind_cuda(nb::module_& m) {
       [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
          const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
-        const cuda::Gemm8Options choice = gemm8_options("gemm_w4a8", kernel, false, false);
         cuda::W4A8Options options;
         options.split_k = split_k;
-        options.kernel = choice.kernel;
-        options.sm90_split = choice.sm90_split;
+        const int sm90 = parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
+        LOWBIT_CHECK(sm90 != 2, "gemm_w4a8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8 (or 0 "
+                     "with a tile: 'sm90:S:T', T = 128 or 256 tokens; 'sm90s...' the serial mainloop), got '", kernel,
+                     "'");
+        if (sm90 == 1) {
+          options.kernel = cuda::Gemm8Kernel::sm90;
+        } else {
+          const cuda::Gemm8Options choice = gemm8_options("gemm_w4a8", kernel, false, false);
+          options.kernel = choice.kernel;
+          options.sm90_split = choice.sm90_split;
+        }
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_w4a8(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
                         options);
@@ -282,7 +325,25 @@ void bind_cuda(nb::module_& m) {
       nb::arg("stream") = 0, nb::arg("kernel") = "",
       "GPU: y = (xq · Wᵀ) * x_scale[m] * channel_scale[n] for a qoq/liquid PackedWeight packed for sm80 on the "
       "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (wgmma on sm_90 from "
-      "128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8)");
+      "128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
+      "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
+      "mainloop, for A/B timing)");
+
+  m.def(
+      "gemm_w4a8_sm90_plan",
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
+#ifdef LOWBIT_WITH_CUDA
+        cuda::W4A8Options o;
+        const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+        LOWBIT_CHECK(sm90 == 1, "gemm_w4a8_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
+                     "'");
+        return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
+#else
+        no_cuda("gemm_w4a8_sm90_plan");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
+      "GPU (sm_90): the W4A8 wgmma kernel's (tokens per tile, split-K cluster) for this shape");
 
   m.def(
       "quantize_fmpq_gpu",

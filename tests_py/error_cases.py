@@ -613,6 +613,10 @@ def ok():
          "torch.empty(2, 16, dtype=f16))", "NotImplementedError", "gemm_w4a16", "no CUDA support", when="cpu_build"),
     case("gemm_w4a16_pick_split", "C.gemm_w4a16_pick_split(1, 16, 64)", "NotImplementedError",
          "gemm_w4a16_pick_split", "no CUDA support", when="cpu_build"),
+    case("gemm_w4a16_sm90_plan", "C.gemm_w4a16_sm90_plan(256, 4096, 4096)", "NotImplementedError",
+         "gemm_w4a16_sm90_plan", "no CUDA support", when="cpu_build"),
+    case("gemm_w4a8_sm90_plan", "C.gemm_w4a8_sm90_plan(256, 4096, 4096)", "NotImplementedError",
+         "gemm_w4a8_sm90_plan", "no CUDA support", when="cpu_build"),
     case("quantize_per_token_s8_gpu", "C.quantize_per_token_s8(torch.zeros(2, 64, dtype=f16), "
          "torch.empty(2, 64, dtype=torch.int8), torch.empty(2))", "NotImplementedError", "quantize_per_token_s8",
          "no CUDA support", when="cpu_build"),

@@ -277,6 +277,49 @@ def test_gemm_w4a16_sm90_strided_x_and_repeatable():
     assert torch.equal(outs[0], outs[1])
 
 
+# Every tile (128 / 256 tokens) x split-K cluster, and the serial mainloop beside the overlapped one: m odd and past
+# one and two tiles (65, 129, 300), n with partial 16-row and 128-row tiles, k with a short last group and 65 chunks
+# (uneven split ranks), g64 and g128.
+SM90_TILED = [f"sm90:{s}:{t}" for t in (128, 256) for s in (1, 2, 4, 8)]
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m", [1, 65, 129, 300])
+@pytest.mark.parametrize("n,k,group", [(4103, 576, 64), (272, 4160, 128), (17, 1088, 64)])
+def test_gemm_w4a16_sm90_every_tile_and_split(m, n, k, group):
+    x, packed, ref, ref_abs = w4_problem(m, n, k, group, seed=5 * m + n + k)
+    y_small = gemm_forced("small", x, packed, n, k, group, 1)
+    check(y_small, ref)
+    for kernel in SM90_TILED:
+        y = gemm_forced(kernel, x, packed, n, k, group, 1)
+        check(y, ref)
+        check_same_weights(y, y_small, ref_abs)
+        # The serial mainloop issues the same wgmmas in the same order: bit-identical.
+        assert torch.equal(y, gemm_forced(kernel.replace("sm90", "sm90s"), x, packed, n, k, group, 1)), kernel
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m,n,k", [(256, 6144, 4096), (256, 4096, 4096), (256, 4096, 14336), (1024, 6144, 4096),
+                                   (300, 1000, 2048)])
+def test_gemm_w4a16_sm90_plan_is_what_runs(m, n, k):
+    """The cost model's (tokens, split) is a valid pair, and the automatic launch equals that pair forced, bit for bit."""
+    tokens, split = _core.gemm_w4a16_sm90_plan(m, n, k)
+    assert tokens in (128, 256) and split in (1, 2, 4, 8)
+    assert _core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90:2:128") == (128, 2)
+    x, packed, ref, _ = w4_problem(m, n, k, 128, seed=m + n)
+    y_auto = gemm_forced("sm90", x, packed, n, k, 128)
+    check(y_auto, ref)
+    assert torch.equal(y_auto, gemm_forced(f"sm90:{split}:{tokens}", x, packed, n, k, 128))
+
+
+def test_gemm_w4a16_bad_sm90_tile():
+    x, packed, _, _ = w4_problem(2, 32, 128, 64, seed=1)
+    y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
+    for bad in ("sm90:2:64", "sm90:2:", "sm90x", "sm90:0:128:1"):
+        with pytest.raises(ValueError, match=f"'sm90:S:T'.*got '{bad}'"):
+            _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel=bad)
+
+
 @pytest.mark.skipif(SM90, reason="checks the refusal on GPUs other than sm_90")
 def test_gemm_w4a16_sm90_refused_elsewhere():
     x, packed, _, _ = w4_problem(130, 32, 128, 64, seed=2)

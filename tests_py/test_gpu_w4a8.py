@@ -10,9 +10,11 @@ from lowbit import _core
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 # Every kernel choice of gemm_w4a8 that runs here: the mma.sync kernel with split-K 0 (automatic), 1, 3;
-# on sm_90 the wgmma kernel with cluster split-K 0 (automatic), 1, 2, 4, 8.
+# on sm_90 the wgmma kernel with cluster split-K 0 (automatic), 1, 2, 4, 8, each with 128- and 256-token tiles
+# ('sm90:S:T'), and its serial mainloop ('sm90s...').
 KERNELS = [("sm80", 0), ("sm80", 1), ("sm80", 3)] + (
-    [("sm90", 0), ("sm90:1", 0), ("sm90:2", 0), ("sm90:4", 0), ("sm90:8", 0)] if SM90 else [])
+    [("sm90", 0)] + [(f"sm90:{s}:{t}", 0) for t in (128, 256) for s in (1, 2, 4, 8)] +
+    [("sm90s:0:128", 0), ("sm90s:2:256", 0), ("sm90s:8:128", 0)] if SM90 else [])
 
 
 def two_level_weight(fmt, n, k, group, seed, edge=False):
@@ -69,6 +71,26 @@ def test_gemm_w4a8_sm90_strided_rows_and_automatic_choice():
         _core.gemm_w4a8(wide.cuda()[:, :k], None, pw, y, kernel=kernel)
         torch.cuda.synchronize()
         assert torch.equal(y.cpu().long(), ref), kernel
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m,n,k", [(256, 6144, 4096), (256, 4096, 4096), (1024, 6144, 4096), (300, 520, 704)])
+def test_gemm_w4a8_sm90_plan_is_what_runs(m, n, k):
+    """The cost model's (tokens, split) is a valid pair, and the automatic launch equals that pair forced."""
+    tokens, split = _core.gemm_w4a8_sm90_plan(m, n, k)
+    assert tokens in (128, 256) and split in (1, 2, 4, 8)
+    assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90:4:256") == (256, 4)
+    qw = two_level_weight("qoq", n, k, 128, seed=m + n)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=torch.Generator().manual_seed(k))
+    ys = []
+    for kernel in ("", f"sm90:{split}:{tokens}"):
+        y = torch.full((m, n), -7, dtype=torch.int32, device="cuda")
+        _core.gemm_w4a8(xq.cuda(), None, pw, y, kernel=kernel)
+        torch.cuda.synchronize()
+        ys.append(y.cpu().long())
+    ref = (xq.cuda().double() @ s8_weights(qw).cuda().double().T).cpu().long()  # |sums| < 2^31: exact in float64
+    assert torch.equal(ys[0], ref) and torch.equal(ys[0], ys[1])
 
 
 @pytest.mark.parametrize("fmt", ["qoq", "liquid"])

@@ -10,6 +10,8 @@
 #     bench     GEMM sweep and attention benchmarks
 #     w4a8      the W4A8 GEMMs (QoQ, LiquidQuant) vs cuBLAS fp16, lowbit W4A16/W8A8 and torch fp8 on 8B shapes
 #     w4a16     the W4A16 GEMMs (each kernel forced: small, large tiles, sm90 splits) vs cuBLAS fp16 on 8B shapes
+#     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop vs cuBLAS fp16 and torch fp8
+#               (tools/bench_gpu_sm90_tiles.py), their test files, sanitizers over small cases of each path
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     prefill_profile  ncu over the Hopper prefill kernel (tools/bench_gpu_prefill_profile.py: 8K prompt, f16 / u4)
@@ -257,6 +259,29 @@ if has w4a16; then
   echo "== W4A16 GEMMs on Llama-3-8B shapes"
   python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_w4a16.json" --w4a16-only --ms=${W4A16_MS:-1,16,64,128,256,1024} \
     2>&1 | tee "$OUT/bench_w4a16.log"
+fi
+if has sm90tiles; then
+  # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),
+  # then their test files and the registry tests, then memcheck/racecheck/synccheck over small cases of the
+  # 128/256-token tiles, every split and both mainloops, all at once.
+  echo "== wgmma W4A16/W4A8: tiles x splits x mainloops vs cuBLAS fp16 and torch fp8"
+  timeout "${SM90TILES_BENCH_S:-200}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_sm90_tiles.json" \
+    ${SM90TILES_ARGS:-} 2>&1 | tee "$OUT/bench_sm90_tiles.log" | grep -v "^   "
+  timeout "${SM90TILES_TEST_S:-200}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" \
+    "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=30 -k "${SM90TILES_K:-not nothing}" 2>&1 \
+    | tee "$OUT/pytest_sm90tiles.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_sm90tiles.log" | cut -c1-300 | head -20
+  for tool in memcheck racecheck synccheck; do
+    (timeout "${SM90TILES_SAN_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+      "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" \
+      -k "(every_tile_and_split and 4103-576-64-65) or (bit_exact and (liquid-7-130 or qoq-65-200))" \
+      > "$OUT/${tool}_sm90tiles.log" 2>&1; echo "$tool rc=$?") &
+  done
+  wait
+  for tool in memcheck racecheck synccheck; do
+    tail -1 "$OUT/${tool}_sm90tiles.log"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_sm90tiles.log" | head -4
+  done
 fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"

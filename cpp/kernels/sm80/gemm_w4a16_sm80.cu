@@ -347,6 +347,19 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
+std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
+  const char* op = "gemm_w4a16_sm90_plan";
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_sm90_usable(device), op,
+                    ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels");
+  LOWBIT_CHECK(m > 0 && m <= (1LL << 30) && n > 0 && n <= (1LL << 22) && k > 0 && k % kChunkK == 0, op,
+               ": bad shape m=", m, " n=", n, " k=", k);
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+  const detail::Sm90Plan plan = detail::gemm_w4a16_sm90_plan(
+      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+      {options.sm90_split, options.sm90_tokens, options.sm90_serial});
+  return {plan.tokens, plan.split};
+}
+
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) { return split_k > 1 ? split_k * m * n : 0; }
 
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
@@ -399,7 +412,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                                        zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
                                        static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad_sm90),
                                        mins};
-    detail::gemm_w4a16_sm90(problem, options.sm90_split, stream);
+    detail::gemm_w4a16_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial}, stream);
     return;
   }
   const W4A16LargeTile large_tile =

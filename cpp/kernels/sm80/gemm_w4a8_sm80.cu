@@ -223,6 +223,19 @@ int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
+std::pair<int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A8Options& options) {
+  const char* op = "gemm_w4a8_sm90_plan";
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a8_sm90_usable(device), op,
+                    ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels");
+  LOWBIT_CHECK(m > 0 && m <= (1LL << 30) && n > 0 && n <= (1LL << 22) && k > 0 && k % 64 == 0, op,
+               ": bad shape m=", m, " n=", n, " k=", k);
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+  const detail::Sm90Plan plan = detail::gemm_w4a8_sm90_plan(
+      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+      {options.sm90_split, options.sm90_tokens, options.sm90_serial});
+  return {plan.tokens, plan.split};
+}
+
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options) {
   const char* op = "gemm_w4a8";
@@ -283,7 +296,7 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                                       w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
                                       w.channel_scales.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), raw};
-    detail::gemm_w4a8_sm90(problem, options.sm90_split, stream);
+    detail::gemm_w4a8_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial}, stream);
     return;
   }
   const Shape shape = shape_for(m);

@@ -12,7 +12,9 @@
 // four k16 steps' fragment registers with the magic-number dequant (w = q*s - z*s, or q*s + m, in
 // f16, bit-identical to the mma.sync kernels' weights), issues
 // the stage's four m64nBTk16 wgmmas and dequantizes the next stage into a second fragment set while
-// they run. Accumulation is f32; split-K runs as a thread-block cluster along k whose f32 partial
+// they run, keeping one stage's wgmmas in flight across the next issue (wait_group 1). The tile (128 or 256
+// tokens) and split come from a cost model (sm90_common.cuh's pick_tile_split): at M = 256 on 4096-wide
+// layers the 128-token tile with split 2 fills 128 SMs where 256 tokens left 64. Accumulation is f32; split-K runs as a thread-block cluster along k whose f32 partial
 // tiles are summed through distributed shared memory in a fixed order (deterministic). Without split,
 // the tile leaves through shared memory as 16-byte row segments (coalesced stores). Token tiles vary
 // fastest in the grid, so the CTAs resident together share weight tiles in L2 and every weight byte
@@ -120,10 +122,13 @@ __device__ __forceinline__ void wgmma_frag(float (&acc)[N], const uint32_t (&a)[
   wgmma_rs(acc, f, db + 2 * i);  // k16 step i of the stage: +32 bytes of k in the swizzled row
 }
 
-// Stage `it` of one consumer warpgroup: issue its wgmmas from `cur`, dequantize stage it+1 into `next`
-// meanwhile, wait for the wgmmas, then release the stage (every consumer thread arrives: each one's
-// shared-memory reads of the stage are ordered before its own arrival).
-template <class C, int N, class StageAt>
+// Stage `it` of one consumer warpgroup: issue its wgmmas from `cur` and dequantize stage it+1 into `next`
+// while they run. Serial (kOverlap false): then wait for them and release the stage, so the warpgroup's tensor
+// work stops between stages. Overlapped: wait only for stage it-1's wgmmas (at most one group pending), which read
+// `next` and stage it-1, release that stage, then dequantize: stage it's wgmmas stay in flight into the next
+// stage's issue (the same accumulators; same-shape wgmmas on them are ordered by the hardware). Every consumer
+// thread arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
+template <bool kOverlap, class C, int N, class StageAt>
 __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16],
                                               int it, int nk, const StageAt& stage_at, uint64_t* full,
                                               uint64_t* empty, int gw, int lane, bool two_halves, bool mins) {
@@ -133,13 +138,19 @@ __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&
 #pragma unroll
   for (int i = 0; i < 4; ++i) wgmma_frag(acc, cur, i, db);
   wgmma_commit();
+  if constexpr (kOverlap) {
+    wgmma_wait<1>();
+    if (it > 0) mbar_arrive(&empty[(it - 1) % kStages]);
+  }
   if (it + 1 < nk) {
     mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
     dequant_stage<C>(stage_at(it + 1), gw, lane, two_halves, mins, next);
   }
-  wgmma_wait<0>();
-  fence_regs(acc);
-  mbar_arrive(&empty[it % kStages]);
+  if constexpr (!kOverlap) {
+    wgmma_wait<0>();
+    fence_regs(acc);
+    mbar_arrive(&empty[it % kStages]);
+  }
 }
 
 // The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
@@ -171,7 +182,7 @@ __device__ inline void store_tile(const W4A16Problem& p, bool vector_y, uint8_t*
 #endif  // LOWBIT_SM90_DEVICE
 
 // Grid: x = token tiles of BT, y = weight-row tiles of 128, z = split (one cluster along z).
-template <int BT>
+template <int BT, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a16_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                            const Args args) {
@@ -245,33 +256,46 @@ __global__ void __launch_bounds__(kThreads, 1)
       dequant_stage<C>(stage_at(0), gw, lane, two_halves, p.mins, fa);
     }
     for (int it = 0; it < nk; it += 2) {
-      consumer_step<C>(acc, fa, fb, it, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
+      consumer_step<kOverlap, C>(acc, fa, fb, it, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
       if (it + 1 >= nk) break;
-      consumer_step<C>(acc, fb, fa, it + 1, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
+      consumer_step<kOverlap, C>(acc, fb, fa, it + 1, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
+    }
+    if constexpr (kOverlap) {  // the last stage's wgmmas
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
     store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
   }
 #endif
 }
 
-template <int BT>
-void launch(const W4A16Problem& p, int forced_split, cudaStream_t stream) {
+// Resident CTAs per split (1, 2, 4, 8) of the BT-token kernel, measured once.
+template <int BT, bool kOverlap>
+void slots_of(const char* op, int (&slots)[4]) {
+  auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap>;
+  constexpr int kSmem = Config<BT>::kSmemBytes;
+  static std::atomic<int> slot_cache[4] = {};
+  if (slot_cache[3].load() == 0)  // the occupancy query needs the raised smem limit
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  resident_ctas_per_split(op, kernel, cfg, slot_cache, slots);
+}
+
+template <int BT, bool kOverlap>
+void launch(const W4A16Problem& p, int split, cudaStream_t stream) {
   const char* op = "gemm_w4a16";
-  auto kernel = gemm_w4a16_sm90_kernel<BT>;
+  auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap>;
   constexpr int kSmem = Config<BT>::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_n = (p.n + kRows - 1) / kRows, tiles_m = (p.m + BT - 1) / BT;
   const int k_chunks = p.k / kBK;
-
   cudaLaunchConfig_t cfg = {};
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmem;
   cfg.stream = stream;
-  static std::atomic<int> slot_cache[4] = {};
-  int slots[4];
-  resident_ctas_per_split(op, kernel, cfg, slot_cache, slots);
-  int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_chunks, slots);
-  while (split > k_chunks) split /= 2;  // each CTA needs a chunk
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
   const Args args{p, k_chunks, split, vector_y};
@@ -289,21 +313,63 @@ void launch(const W4A16Problem& p, int forced_split, cudaStream_t stream) {
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
+// Cost model constants (us per 64-k block at 128 / 256 tokens, fixed, reduction per 128-token partial;
+// sm90_common.cuh's pick_tile_split), fitted to each mainloop's forced tile x split timings on an H200
+// (bench/results/h200-2026-11-26-sm90-tiles-db5be10.json): the model's pick is the fastest measured pair on every
+// Llama-3-8B shape at M = 256 and 1024.
+constexpr TileCosts kSerialCosts{0.54, 0.68, 2.0, 3.7};
+constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
+
+template <bool kOverlap>
+TilePlan plan_for(const W4A16Problem& p, int split, int tokens) {
+  int s128[4], s256[4];
+  slots_of<128, kOverlap>("gemm_w4a16", s128);
+  slots_of<256, kOverlap>("gemm_w4a16", s256);
+  return pick_tile_split((p.n + kRows - 1) / kRows, p.m, p.k / kBK, s128, s256,
+                         kOverlap ? kOverlapCosts : kSerialCosts, tokens, split);
+}
+
+template <bool kOverlap>
+void run(const W4A16Problem& p, int split, int tokens, cudaStream_t stream) {
+  const TilePlan plan = plan_for<kOverlap>(p, split, tokens);
+  if (plan.tokens == 128)
+    launch<128, kOverlap>(p, plan.split, stream);
+  else
+    launch<256, kOverlap>(p, plan.split, stream);
+}
+
 }  // namespace
 
 bool gemm_w4a16_sm90_usable(int device) {
   static std::atomic<int> cache[64] = {};
-  return kernel_usable_on("gemm_w4a16", device, gemm_w4a16_sm90_kernel<256>, cache);
+  return kernel_usable_on("gemm_w4a16", device, gemm_w4a16_sm90_kernel<256, true>, cache);
 }
 
-// 128-token tiles up to 128 tokens, 256 beyond (one dequantized fragment feeds twice the tokens).
-void gemm_w4a16_sm90(const W4A16Problem& p, int split, cudaStream_t stream) {
+namespace {
+void check_choice(int split, int tokens) {
   LOWBIT_CHECK(split == 0 || split == 1 || split == 2 || split == 4 || split == 8,
                "gemm_w4a16: the sm90 split must be 0, 1, 2, 4 or 8, got ", split);
-  if (p.m <= 128)
-    launch<128>(p, split, stream);
+  LOWBIT_CHECK(tokens == 0 || tokens == 128 || tokens == 256,
+               "gemm_w4a16: the sm90 tokens per tile must be 0, 128 or 256, got ", tokens);
+}
+}  // namespace
+
+// Tile and split by pick_tile_split's cost model unless forced.
+void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
+  check_choice(choice.split, choice.tokens);
+  if (choice.serial)
+    run<false>(p, choice.split, choice.tokens, stream);
   else
-    launch<256>(p, split, stream);
+    run<true>(p, choice.split, choice.tokens, stream);
+}
+
+Sm90Plan gemm_w4a16_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
+  check_choice(choice.split, choice.tokens);
+  W4A16Problem p{};
+  p.m = m, p.n = n, p.k = k;
+  const TilePlan t = choice.serial ? plan_for<false>(p, choice.split, choice.tokens)
+                                   : plan_for<true>(p, choice.split, choice.tokens);
+  return {t.tokens, t.split};
 }
 
 }  // namespace lowbit::cuda::detail

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/sm90/sm90_choice.h"
+
 namespace lowbit::cuda::detail {
 
 // One checked W4A8 problem, as plain pointers: y[m, n] = (x · Wᵀ) * x_scale[m] * channel_scale[n]
@@ -25,7 +27,9 @@ struct W4A8Problem {
 
 // True when `device` is sm_90 and this library holds the sm_90a image of the kernel.
 bool gemm_w4a8_sm90_usable(int device);
-// split: 0 picks the split-K cluster size, else 1, 2, 4 or 8.
-void gemm_w4a8_sm90(const W4A8Problem& p, int split, cudaStream_t stream);
+// The tile (128 or 256 tokens) and split-K cluster size come from a cost model unless `choice` pins them.
+void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream);
+// The tile and split gemm_w4a8_sm90 takes for this shape (device: the current one).
+Sm90Plan gemm_w4a8_sm90_plan(int m, int n, int k, const Sm90Choice& choice);
 
 }  // namespace lowbit::cuda::detail

@@ -316,4 +316,44 @@ inline int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
   return best;
 }
 
+// Tokens per tile (wgmma n: 128 or 256) and split-K cluster size of the weight-stationary GEMMs (W4A16, W4A8):
+// the fewest microseconds by a rough cost model fitted to measured timings (docs/benchmarks_gpu.md, issue 15 third
+// round),
+// per CTA: k_blocks/split blocks at c128 or c256 us each (a 256-token block costs less than two 128-token ones:
+// the dequantized fragment feeds twice the tokens), a fixed cost, and for split > 1 the cluster reduction
+// (proportional to the partial tile's size); times the waves of resident CTAs (slots per split, measured for each
+// tile's kernel). At few tiles (M <= 256 on 4096-wide layers) the 128-token tile doubles the CTAs; forced_tokens /
+// forced_split (0 = free) pin either. A free split stays <= 4: cluster size 8 was never measured to win.
+struct TileCosts {
+  double c128, c256, fixed, reduce128;
+};
+struct TilePlan {
+  int tokens, split;
+};
+inline TilePlan pick_tile_split(int tiles_n, int m, int k_blocks, const int (&slots128)[4], const int (&slots256)[4],
+                                const TileCosts& c, int forced_tokens, int forced_split) {
+  TilePlan best{256, 1};
+  double best_cost = 1e300;
+  for (const int bt : {128, 256}) {
+    if (forced_tokens != 0 && bt != forced_tokens) continue;
+    const int(&slots)[4] = bt == 128 ? slots128 : slots256;
+    const int64_t tiles = static_cast<int64_t>(tiles_n) * ((m + bt - 1) / bt);
+    for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
+      if (forced_split != 0 ? s != forced_split : s > 4) continue;
+      if (s > k_blocks || slots[i] <= 0) continue;
+      const int64_t waves = (tiles * s + slots[i] - 1) / slots[i];
+      const double per_cta = (k_blocks + s - 1) / s * (bt == 128 ? c.c128 : c.c256) + c.fixed +
+                             (s > 1 ? c.reduce128 * bt / 128 : 0.0);
+      const double cost = static_cast<double>(waves) * per_cta;
+      if (cost < best_cost) best_cost = cost, best = {bt, s};
+    }
+  }
+  if (forced_split != 0 && best_cost == 1e300) {  // a forced split over k_blocks: the largest that fits
+    best.tokens = forced_tokens != 0 ? forced_tokens : (m <= 128 ? 128 : 256);
+    best.split = forced_split;
+    while (best.split > k_blocks) best.split /= 2;
+  }
+  return best;
+}
+
 }  // namespace lowbit::cuda::sm90

@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <utility>
+
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/k_window.h"
 #include "lowbit/quant/pack.h"
@@ -24,18 +26,24 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // split-K in thread-block clusters; sm_90 only: a forced sm90 elsewhere throws NotSupported).
 // `automatic` (the op-level API; plans name the kernel) takes sm90 on sm_90, else large, from 128
 // tokens. large_tile: 0 automatic, or 64128 / 128128 / 128256 (m x n). sm90_split: 0 automatic, else
-// the cluster size 1/2/4/8. pdl: programmatic dependent launch of the small kernel where the device
-// has it (sm_90+).
+// the cluster size 1/2/4/8; sm90_tokens: 0 automatic, else 128 or 256 tokens per tile; sm90_serial: the
+// earlier mainloop that waits for each stage's wgmmas (A/B timing only). pdl: programmatic dependent
+// launch of the small kernel where the device has it (sm_90+).
 enum class W4A16Kernel : uint8_t { automatic, small, large, sm90 };
 struct W4A16Options {
   W4A16Kernel kernel = W4A16Kernel::automatic;
   int large_tile = 0;
   int sm90_split = 0;
+  int sm90_tokens = 0;
+  bool sm90_serial = false;
   bool pdl = true;
 };
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream, const W4A16Options& options = {});
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
+// The sm90 kernel's {tokens per tile, split-K cluster} for this shape under `options` (sm_90 only).
+std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
+                                         const W4A16Options& options = {});
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
 // y[m, n] = x[m, k] · Wᵀ for a w8 weight as the W8A8 kernels read it (row-major s8 [n, k] on the device,
@@ -57,15 +65,21 @@ void gemm_w8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 // from 128 tokens on.
 // Which 8-bit-activation GEMM kernel runs (W4A8 here, W8A8/FP8 below).
 enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90 };
+// sm90_split / sm90_tokens: the wgmma kernel's split-K cluster (1/2/4/8) and tokens per tile (128/256), 0 =
+// its cost model's; sm90_serial: its earlier mainloop that waits for each stage's wgmmas (A/B timing only).
 struct W4A8Options {
   int split_k = 0;
   bool pdl = true;
   Gemm8Kernel kernel = Gemm8Kernel::automatic;
   int sm90_split = 0;
+  int sm90_tokens = 0;
+  bool sm90_serial = false;
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
 int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device);
+// The wgmma kernel's {tokens per tile, split-K cluster} for this shape under `options` (sm_90 only).
+std::pair<int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A8Options& options = {});
 
 // Per-token symmetric int8 activations: q = rint(x / s), s[m] = max|x[m, :]| / 127 (1 for a zero
 // row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].

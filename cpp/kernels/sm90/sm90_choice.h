@@ -1,0 +1,17 @@
+// What a caller may pin of the weight-stationary wgmma GEMMs' launch (gemm_w4a16_sm90, gemm_w4a8_sm90), and what
+// they pick: tokens per tile (the wgmma n) and the split-K cluster size.
+#pragma once
+
+namespace lowbit::cuda::detail {
+
+struct Sm90Choice {
+  int split = 0;        // 0 = the cost model's, else 1, 2, 4 or 8
+  int tokens = 0;       // 0 = the cost model's, else 128 or 256
+  bool serial = false;  // the earlier mainloop (each stage's wgmmas waited for before the next issue), for A/B timing
+};
+
+struct Sm90Plan {
+  int tokens, split;
+};
+
+}  // namespace lowbit::cuda::detail

@@ -1,0 +1,107 @@
+"""The weight-stationary wgmma GEMMs (W4A16 gemm_w4a16_sm90, W4A8 gemm_w4a8_sm90) per tile and split-K cluster,
+serial and overlapped mainloop, vs cuBLAS fp16 and torch._scaled_mm fp8 in the same process, on Llama-3-8B layer
+shapes (random weights: cost does not depend on values).
+
+  python tools/bench_gpu_sm90_tiles.py OUT.json [--ms=128,256,1024] [--shapes=qkv,o]
+
+Per (shape, M) row: cublas_fp16_us, torch_scaled_mm_fp8_us (per-tensor scales), and for each kernel
+w4a16_<name>_us / w4a8_<name>_us where <name> is a gemm_w4a16 / gemm_w4a8 kernel string: 'sm90' (the cost
+model's choice, its (tokens, split) in *_plan), 'sm90:S:T' (overlapped mainloop, split S, T tokens per tile) and
+'sm90s:S:T' (the serial mainloop the kernels had before). W4A8 is the GEMM alone on int8 codes (QoQ g128 weights).
+"""
+import sys
+
+import torch
+
+import lowbit
+from lowbit import _core
+
+from bench_gpu_common import copies_for, device_meta, graph_time_us, write_json
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+MS = [128, 256, 1024]
+VARIANTS = [f"{loop}:{s}:{t}" for loop in ("sm90s", "sm90") for t in (128, 256) for s in (1, 2, 4)]
+
+
+def w4a16_weights(n, k, copies):
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    s = (torch.rand(n, k // 128) * 0.02 + 0.002).half()
+    z = (torch.rand(n, k // 128) * 15).half()
+    data, ps, pz = (torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, 128))
+    ws = [(data.clone(), ps.clone(), pz.clone()) for _ in range(copies)]
+    return ws, [tuple(lowbit.from_dlpack(t) for t in w) for w in ws]
+
+
+def w4a8_weights(n, k, copies):
+    g = torch.Generator().manual_seed(n + k)
+    groups = k // 128
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    s = torch.randint(1, 9, (n, groups), dtype=torch.uint8, generator=g)
+    z = torch.minimum(torch.randint(0, 16, (n, groups), generator=g), 128 // s.long()).to(torch.uint8)
+    cs = torch.rand(n, generator=g) * 1e-3 + 1e-4
+    qw = _core.QuantizedWeight("qoq", q, s, z, cs, 128)
+    return [_core.pack_weight(qw, "sm80", "cuda:0") for _ in range(copies)]
+
+
+def time_or_error(row, key, fns):
+    try:
+        row[key] = graph_time_us(fns)
+    except Exception as e:  # noqa: BLE001 - record why (e.g. a refused split)
+        row[key.replace("_us", "_error")] = str(e).splitlines()[0][:160]
+
+
+def bench_shape(name, n, k, ms, l2):
+    rows = []
+    stream = torch.cuda.current_stream
+    wf16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
+    wf8 = [torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(copies_for(n * k, l2))]
+    _, w16 = w4a16_weights(n, k, copies_for(n * k // 2, l2))
+    w8 = w4a8_weights(n, k, copies_for(n * k // 2, l2))
+    one = torch.ones((), device="cuda")
+    for m in ms:
+        row = {"shape": name, "n": n, "k": k, "m": m}
+        x = torch.randn(m, k, device="cuda").half()
+        row["cublas_fp16_us"] = graph_time_us([lambda w=w: torch.matmul(x, w.T) for w in wf16])
+        xf = torch.randn(max(m, 16), k, device="cuda").to(torch.float8_e4m3fn)
+        time_or_error(row, "torch_scaled_mm_fp8_us", [
+            lambda w=w: torch._scaled_mm(xf, w.T, scale_a=one, scale_b=one, out_dtype=torch.float16) for w in wf8])
+        y = torch.empty(m, n, device="cuda").half()
+        lx, ly = lowbit.from_dlpack(x), lowbit.from_dlpack(y)
+        xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda")
+        xs = torch.rand(m, device="cuda") * 0.01
+        lxq, lxs = lowbit.from_dlpack(xq), lowbit.from_dlpack(xs)
+        row["w4a16_plan"] = list(_core.gemm_w4a16_sm90_plan(m, n, k))
+        row["w4a8_plan"] = list(_core.gemm_w4a8_sm90_plan(m, n, k))
+        for kernel in ["sm90"] + VARIANTS:
+            time_or_error(row, f"w4a16_{kernel}_us", [
+                lambda w=w, kn=kernel: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, 128, ly, 0, None,
+                                                        stream().cuda_stream, kernel=kn) for w in w16])
+            time_or_error(row, f"w4a8_{kernel}_us", [
+                lambda w=w, kn=kernel: _core.gemm_w4a8(lxq, lxs, w, ly, 0, stream().cuda_stream, kn) for w in w8])
+        rows.append(row)
+        before16 = min(row.get(f"w4a16_sm90s:{s}:{256 if m > 128 else 128}_us", 1e9) for s in (1, 2, 4))
+        before8 = min(row.get(f"w4a8_sm90s:{s}:{256 if m > 128 else 128}_us", 1e9) for s in (1, 2, 4))
+        cb, f8 = row["cublas_fp16_us"], row.get("torch_scaled_mm_fp8_us", float("nan"))
+        a16, a8 = row.get("w4a16_sm90_us", float("nan")), row.get("w4a8_sm90_us", float("nan"))
+        print(f"{name:8s} M={m:5d} cuBLAS {cb:7.1f} fp8 {f8:7.1f} | W4A16 before {before16:7.1f} now {a16:7.1f} "
+              f"{tuple(row['w4a16_plan'])} {cb / a16:5.2f}x | W4A8 before {before8:7.1f} now {a8:7.1f} "
+              f"{tuple(row['w4a8_plan'])} {cb / a8:5.2f}x cuBLAS {f8 / a8:5.2f}x fp8", flush=True)
+        print("   W4A16 " + " ".join(f"{v} {row.get(f'w4a16_{v}_us', float('nan')):.1f}" for v in VARIANTS))
+        print("   W4A8  " + " ".join(f"{v} {row.get(f'w4a8_{v}_us', float('nan')):.1f}" for v in VARIANTS))
+    return rows
+
+
+def main():
+    out = sys.argv[1]
+    ms = next((a[5:] for a in sys.argv[2:] if a.startswith("--ms=")), None)
+    ms = [int(v) for v in ms.split(",")] if ms else MS
+    names = next((a[9:].split(",") for a in sys.argv[2:] if a.startswith("--shapes=")), list(SHAPES))
+    meta = device_meta()
+    rows = []
+    for name in names:
+        rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"])
+        write_json(out, {"meta": meta, "gemm": rows})
+
+
+if __name__ == "__main__":
+    main()
