@@ -318,8 +318,7 @@ inline int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
 
 // Tokens per tile (wgmma n: 128 or 256) and split-K cluster size of the weight-stationary GEMMs (W4A16, W4A8):
 // the fewest microseconds by a rough cost model fitted to measured timings (docs/benchmarks_gpu.md, issue 15 third
-// round),
-// per CTA: k_blocks/split blocks at c128 or c256 us each (a 256-token block costs less than two 128-token ones:
+// round), per CTA: k_blocks/split blocks at c128 or c256 us each (a 256-token block costs less than two 128-token ones:
 // the dequantized fragment feeds twice the tokens), a fixed cost, and for split > 1 the cluster reduction
 // (proportional to the partial tile's size); times the waves of resident CTAs (slots per split, measured for each
 // tile's kernel). At few tiles (M <= 256 on 4096-wide layers) the 128-token tile doubles the CTAs; forced_tokens /
