@@ -29,9 +29,11 @@ WRITERS = {
     "ct_fp8_weight_only_channel": lambda p: ck.write_ct(p, "fp8_channel"),                     # wfp8a16
     "ct_fp8_weight_only_tensor": lambda p: ck.write_ct(p, "fp8_tensor"),                       # wfp8a16
 }
-# Activations quantized at run time round f16 and f32 inputs to different codes near a boundary: the bounds
-# test_gpu_engine.py gives those recipes (w8a8 4e-2, wfp8a8 8e-2); weight-only recipes 2e-2.
-TOLERANCE = {"ct_w8a8_dynamic": 4e-2, "ct_fp8_dynamic": 8e-2}
+# Activations quantized at run time round f16 and f32 inputs to different codes near a boundary; weight-only recipes
+# 2e-2. This two-layer model's logits are small (max ~3.2) and its int8 codes flip often: the CPU engine itself, run
+# with f16 instead of f32 activations, moves the W8A8 logits by 5.9e-2 of their max (fp8: 2.8e-2), and an H200
+# measured 5.95e-2 (fp8: 3.5e-2). So both take 8e-2, as wfp8a8 has in test_gpu_engine.py; a wrong layout costs O(1).
+TOLERANCE = {"ct_w8a8_dynamic": 8e-2, "ct_fp8_dynamic": 8e-2}
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
