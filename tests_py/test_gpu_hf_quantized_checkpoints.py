@@ -24,6 +24,7 @@ WRITERS = {
     "gptq_v2_asym_g128_act_order": lambda p: ck.write_gptq(p, sym=False, fmt="gptq_v2", desc_act=True),
     "ct_w4_asym_g64": lambda p: ck.write_ct(p, "w4_group_asym"),
     "ct_w8_channel": lambda p: ck.write_ct(p, "w8_channel"),                                   # w8a16
+    "ct_w8_group": lambda p: ck.write_ct(p, "w8_group"),                                       # w8a16g64
     "ct_w8a8_dynamic": lambda p: ck.write_ct(p, "w8_channel", activations="int8"),             # w8a8
     "ct_fp8_dynamic": lambda p: ck.write_ct(p, "fp8_channel", activations="fp8"),              # wfp8a8
     "ct_fp8_weight_only_channel": lambda p: ck.write_ct(p, "fp8_channel"),                     # wfp8a16
