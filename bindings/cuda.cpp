@@ -239,6 +239,32 @@ void bind_cuda(nb::module_& m) {
       "group 0, else [n, ceil(k / group)])");
 
   m.def(
+      "gemm_wfp8a16",
+      [](nb::handle x, nb::handle q, nb::handle scales, nb::handle y, int split_k, nb::handle workspace,
+         uintptr_t stream) {
+#ifdef LOWBIT_WITH_CUDA
+        PackedWeight w;
+        w.format = WeightFormat::e4m3;
+        w.target = PackTarget::sm80;
+        w.data = tensor_from_python(q, "q");
+        check_dim(w.data, 2, "gemm_wfp8a16", "q");
+        w.n = w.data.size(0);
+        w.k = w.data.size(1);
+        w.group = 0;
+        w.scales = tensor_from_python(scales, "scales");
+        Tensor out = tensor_from_python(y, "y");
+        cuda::gemm_wfp8a16(tensor_from_python(x, "x"), w, out, split_k, optional_tensor(workspace, "workspace"),
+                           as_stream(stream));
+#else
+        no_cuda("gemm_wfp8a16");
+#endif
+      },
+      nb::arg("x"), nb::arg("q"), nb::arg("scales"), nb::arg("y"), nb::arg("split_k") = 0,
+      nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0,
+      "GPU: y[m, n] = x[m, k] · Wᵀ for W = q * scale (q float8_e4m3fn [n, k] row-major on the device, scales f32 "
+      "[n]): weight-only FP8");
+
+  m.def(
       "gemm_w4a16_pick_split",
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA

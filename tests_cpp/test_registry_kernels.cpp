@@ -168,6 +168,14 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
                "gemm_w8a8_sm90");
   EXPECT_STREQ(select_gemm(gpu_gemm(89, ActivationMode::fp8_per_token, WeightFormat::e4m3, 0, 8)).kernel->name,
                "gemm_fp8_sm89");
+  // Weight-only FP8 (e4m3 x f16) from sm_80, every token count; grouped e4m3 is refused by name.
+  for (const int sm : {80, 90})
+    for (const int m : {1, 16, 300})
+      EXPECT_STREQ(select_gemm(gpu_gemm(sm, ActivationMode::float16, WeightFormat::e4m3, 0, m)).kernel->name,
+                   "gemm_wfp8a16_sm80");
+  const std::string fp8_g32 =
+      error_of([&] { select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::e4m3, 32, 1)); });
+  EXPECT_NE(fp8_g32.find("gemm_wfp8a16_sm80: needs per-channel weight scales"), std::string::npos) << fp8_g32;
   // W4A8: the mma.sync kernel below 128 tokens and on sm_80/89, the wgmma kernel from 128 tokens on sm_90.
   for (const WeightFormat f : {WeightFormat::qoq, WeightFormat::liquid}) {
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 1)).kernel->name, "gemm_w4a8_sm80");

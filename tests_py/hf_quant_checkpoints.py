@@ -196,7 +196,7 @@ def ct_config(num_bits, kind, strategy, group, symmetric, fmt, ignore=("lm_head"
 def write_ct(directory: Path, scheme: str, seed=0, quantize_lm_head=False, scale_dtype="bf16", activations=None):
     """compressed-tensors' PackedQuantizationCompressor.compress / pack_to_int32: signed values + 2^(bits-1),
     packed along the row (zero points along dim 0); float-quantized stores the fp8 tensor itself.
-    scheme: w4_group_sym | w4_group_asym | w4_channel_sym | w8_channel | fp8_channel | fp8_tensor."""
+    scheme: w4_group_sym | w4_group_asym | w4_channel_sym | w8_channel | w8_group | fp8_channel | fp8_tensor."""
     import torch
     model, rng = base_model(seed), np.random.default_rng(seed + 4)
     tensors, dense = float_part(model, "bf16")
@@ -219,10 +219,11 @@ def write_ct(directory: Path, scheme: str, seed=0, quantize_lm_head=False, scale
             if not sym:
                 tensors[m + ".weight_zero_point"] = np.ascontiguousarray(pack_rows_lsb_first(
                     np.ascontiguousarray(zeros.T), 4).T)  # along dim 0: [n/8, G]
-        elif scheme == "w8_channel":
-            q = rng.integers(-127, 128, (n, k)).astype(np.int8)
-            s = torch.from_numpy((rng.uniform(0.5, 1.5, (n, 1)) / (64 * np.sqrt(k))).astype(np.float32)).to(sd)
-            w = (q.astype(np.float32) * s.float().numpy()).astype(np.float32)
+        elif scheme in ("w8_channel", "w8_group"):  # w8_group: llm-compressor's W8A16 preset, here in groups of 64
+            q = rng.integers(-128, 128, (n, k)).astype(np.int8)
+            cols = np.arange(k) // 64 if scheme == "w8_group" else np.zeros(k, dtype=np.int64)
+            s = torch.from_numpy((rng.uniform(0.5, 1.5, (n, cols[-1] + 1)) / (64 * np.sqrt(k))).astype(np.float32)).to(sd)
+            w = (q.astype(np.float32) * s.float().numpy()[:, cols]).astype(np.float32)
             tensors[m + ".weight_packed"] = pack_rows_lsb_first((q.astype(np.int16) + 128).astype(np.uint8), 8)
             tensors[m + ".weight_scale"] = s
             tensors[m + ".weight_shape"] = torch.tensor([n, k], dtype=torch.int64)

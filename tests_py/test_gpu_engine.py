@@ -106,7 +106,7 @@ TOLERANCE = {"w8a8kv4": 4e-2, "wfp8a8kv8": 8e-2, "w4a8kv8": 4e-2, "w4a8kv4": 4e-
 
 
 @pytest.mark.parametrize("recipe", ["w16a16", "w4a16kv8", "w4a16g64k8v4", "w4a16g32kv8", "w8a16kv8", "w8a16g32kv8",
-                                    "w8a8kv4", "w16a16kv4", "wfp8a8kv8", "w4a8kv8", "w4a8kv4", "w4a8kv4-liquid",
+                                    "w8a8kv4", "w16a16kv4", "wfp8a8kv8", "wfp8a16kv8", "w4a8kv8", "w4a8kv4", "w4a8kv4-liquid",
                                     "w16a16kc4v4", "w4a16kc4g32v8", "w8a8kc4g128v4"])
 def test_random_llama_gqa4_head128_logits_match_cpu(recipe):
     cpu = random_llama(recipe, "cpu", "f32")
@@ -257,7 +257,6 @@ def test_gpu_model_info_and_load_errors():
     cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers = 10, 64, 64, 1
     cfg.num_heads, cfg.num_kv_heads, cfg.head_dim = 1, 1, 64
     for recipe, needle in [("w4a8g32", "recipe 'w4a8g32' .* has no GPU kernel for sm_.*group 32 has no W4A8"),
-                           ("wfp8a16", "has no GPU kernel for sm_"),
                            ("w4a4g32", "has no GPU kernel.*group 32 has no GPU kernel")]:
         with pytest.raises(NotImplementedError, match=needle):
             _core.Model(cfg, recipe, "cuda", "f16")

@@ -105,6 +105,7 @@ def test_gptq_8bit_per_channel_is_w8(tmp_path):
 
 @pytest.mark.parametrize("scheme,recipe", [("w4_group_sym", "w4a16g64"), ("w4_group_asym", "w4a16g64"),
                                            ("w4_channel_sym", "w4a16g128"), ("w8_channel", "w8a16"),
+                                           ("w8_group", "w8a16g64"),
                                            ("fp8_channel", "wfp8a16"), ("fp8_tensor", "wfp8a16")])
 def test_compressed_tensors_matches_float_model(tmp_path, scheme, recipe):
     path, model, dense = ck.write_ct(tmp_path / "ct", scheme)
@@ -153,7 +154,7 @@ def test_compressed_tensors_library_agrees(tmp_path):
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     from compressed_tensors.quantization import QuantizationConfig
     from safetensors.torch import load_file
-    for scheme in ("w4_group_asym", "w4_group_sym", "w8_channel"):
+    for scheme in ("w4_group_asym", "w4_group_sym", "w8_channel", "w8_group"):
         path, model, dense = ck.write_ct(tmp_path / scheme, scheme)
         qc = json.loads((path / "config.json").read_text())["quantization_config"]
         cfg = QuantizationConfig.model_validate(qc)
@@ -267,14 +268,18 @@ def test_bad_compressed_tensors_configs_name_the_field(tmp_path):
 
 
 def test_int8_group_and_asymmetric_are_refused(tmp_path):
-    path, _, _ = ck.write_ct(tmp_path / "c", "w8_channel")
+    """Grouped int8 runs with float activations only (W8A8 needs per-channel scales), in groups lowbit has; int8
+    has no zero point."""
+    path, _, _ = ck.write_ct(tmp_path / "c", "w8_group")
     cfg = json.loads((path / "config.json").read_text())
-    w = cfg["quantization_config"]["config_groups"]["group_0"]["weights"]
-    for change, words in (({"strategy": "group", "group_size": 128}, "per-group int8 has no exact form"),
-                          ({"symmetric": False}, "lowbit's w8 has no zero point")):
+    group_0 = cfg["quantization_config"]["config_groups"]["group_0"]
+    a8 = ck.ct_config(8, "int", "group", 64, True, "pack-quantized", activations="int8")["config_groups"]["group_0"]
+    for change, words in (({"input_activations": a8["input_activations"]}, "groups of 64 with int8_per_token "
+                           "activations: lowbit's W8A8 takes per-channel weight scales only"),
+                          ({"weights": group_0["weights"] | {"group_size": 48}}, "group size 48 cannot be represented"),
+                          ({"weights": group_0["weights"] | {"symmetric": False}}, "lowbit's w8 has no zero point")):
         (path / "config.json").write_text(json.dumps(cfg | {"quantization_config": cfg["quantization_config"] | {
-            "config_groups": {"group_0": cfg["quantization_config"]["config_groups"]["group_0"] | {
-                "weights": w | change}}}}))
+            "config_groups": {"group_0": group_0 | change}}}))
         with pytest.raises(ValueError, match=words):
             load_model_source(path, progress=False)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "support.md"
 
-RECIPES = ["w16a16", "w8a16", "w8a16g32", "w4a16", "w4a16g64", "w4a16g32", "w8a8", "wfp8a8", "w4a8", "w4a8-liquid", "w4a4"]
+RECIPES = ["w16a16", "w8a16", "w8a16g32", "w4a16", "w4a16g64", "w4a16g32", "w8a8", "wfp8a16", "wfp8a8", "w4a8", "w4a8-liquid", "w4a4"]
 # (label, device, sm, compute dtype)
 DEVICES = [("cpu", "cpu", 0, "f32"), ("sm_80", "cuda", 80, "f16"), ("sm_86", "cuda", 86, "f16"),
            ("sm_89", "cuda", 89, "f16"), ("sm_90", "cuda", 90, "f16")]

@@ -108,6 +108,7 @@ fi
 SANITIZE_CASES=(
   "w4a16|test_gpu_w4a16.py|bit_exact or bad_inputs or 0-33-576-128-17 or 3-256-1024-64-100 or 1-33-576-128-3 or (half_chunk and (272-576-32-9 or 4103-640-96-1 or 17-4160-32-130)) or mins_are_not"
   "w8a16|test_gpu_w8a16.py|0-33-576-0-1 or 3-272-576-32-17 or 0-4103-640-64-130 or 1-130-64-0-9 or poisoned or bad_inputs"
+  "wfp8a16|test_gpu_wfp8a16.py|every_e4m3 or (float64 and (1-33-576-1 or 3-130-64-7 or 0-17-4160-17)) or poisoned or bad_inputs"
   "w4a16_sm90|test_gpu_w4a16.py|(sm90_matches and (272-64-64-0-7 or 17-576-128-3-129 or 272-4160-128-0-300 or 4103-576-64-1-1)) or sm90_strided"
   "w4a16_large|test_gpu_w4a16.py|large_small_m or large_strided_x or large_default_dispatch or (large_split_k and 2-large) or 272-576-128-3-129 or 17-4160-128-1-129"
   "f16_gemm|test_gpu_f16_gemm.py|(forced and (2-200-72 or 17-200-576 or 65-8-16 or 7-1000-72 or 300-8-4100)) or (mma_matches_wmma and (2-200-576 or 1030)) or (default_dispatch and 65) or override"

@@ -128,6 +128,17 @@ Fit w8a16_can_run(const GemmDesc& d, std::string* why) {
   return fits(why, d.m == MBucket::m_large ? "mma.sync, 128x128 tiles (no wgmma version yet)"
                                            : "mma.sync, 8..64-token tiles, split-K to fill the SMs");
 }
+
+// Weight-only FP8: e4m3 weights (per channel) x f16 activations on the W8A16 kernel, codes -> f16 exactly.
+Fit wfp8a16_can_run(const GemmDesc& d, std::string* why) {
+  if (!gpu_gemm_common(d, why, 80)) return Fit::no;
+  if (d.act != ActivationMode::float16) return refuse(why, "float activations only");
+  if (d.x_type != ScalarType::f16) return refuse(why, "needs f16 activations");
+  if (d.weight != WeightFormat::e4m3) return refuse(why, std::string("needs e4m3 weights, got ") + name_of(d.weight));
+  if (d.group != 0) return refuse(why, "needs per-channel weight scales (e4m3 weights have no groups)");
+  if (d.k % 64 != 0) return refuse(why, "needs k a multiple of 64, got k=" + std::to_string(d.k));
+  return fits(why, "e4m3 -> f16 exactly in registers, then the W8A16 mma.sync kernel");
+}
 }  // namespace
 
 #ifdef LOWBIT_WITH_CUDA
@@ -214,6 +225,10 @@ void launch_w4a16(const GemmArgs& a) {
 void launch_w8a8_sm80(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, false); }
 void launch_w8a16_sm80(const GemmArgs& a) {
   cuda::gemm_w8a16(a.x, a.w, a.y, 0, Tensor(), cuda::current_stream());
+  add_bias(a);
+}
+void launch_wfp8a16_sm80(const GemmArgs& a) {
+  cuda::gemm_wfp8a16(a.x, a.w, a.y, 0, Tensor(), cuda::current_stream());
   add_bias(a);
 }
 void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
@@ -306,6 +321,8 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  LOWBIT_GPU_LAUNCH(launch_w8a8_sm80)});
   out.push_back({"gemm_w8a16_sm80", "W8A16 (s8 per channel or per group of k, f16 activations), mma.sync",
                  w8a16_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w8a16_sm80)});
+  out.push_back({"gemm_wfp8a16_sm80", "weight-only FP8 (e4m3 per channel, f16 activations) on the W8A16 mma.sync kernel",
+                 wfp8a16_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_wfp8a16_sm80)});
   out.push_back({"gemm_w4a8_sm80", "W4A8 QoQ / LiquidQuant u4 weights x s8 per-token activations, mma.sync",
                  w4a8_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w4a8_sm80)});
   out.push_back({"gemm_fmpq_sm80", "COMET W4Ax: FMPQ int4/int8 block activations x qoq/liquid u4 weights, mma.sync",

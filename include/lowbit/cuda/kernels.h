@@ -53,6 +53,10 @@ int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 // sm_80 and newer (cpp/kernels/sm80/gemm_w8a16_sm80.cu).
 void gemm_w8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream);
+// Weight-only FP8: the same for an e4m3 weight (e4m3 [n, k] row-major on the device, f32 per-channel scales
+// [n]; group 0 only), the codes converted to f16 exactly (cpp/kernels/sm80/gemm_wfp8a16_sm80.cu).
+void gemm_wfp8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
+                  cudaStream_t stream);
 
 // W4A8 over two-level weights (qoq / liquid packed by pack_sm80, on the device): y[m, n] =
 // (xq · Wᵀ)[m, n] * x_scale[m] * channel_scale[n], W the s8 weights (q*s + a) XOR 0x80 per group

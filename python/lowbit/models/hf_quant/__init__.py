@@ -125,4 +125,4 @@ def _recipe(fields, source) -> tuple[str, str]:
     if activation != "float16" and "lm_head.weight" in fields:
         raise CheckpointFormatError(f"{source}: lm_head is quantized together with activations; lowbit keeps lm_head "
                                     f"in float (f16) with float activations under {recipe}")
-    return (f"{recipe}g{group}" if fmt == "w4" else recipe), activation
+    return (f"{recipe}g{group}" if fmt == "w4" or (fmt == "w8" and group) else recipe), activation

@@ -16,7 +16,7 @@ LINEAR_SUFFIXES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "
                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 # Linears that read one input: the engine fuses them, so they need one input permutation and one symmetry.
 SHARED_INPUT = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
-LOWBIT_GROUPS = (128, 64, 32)  # w4 group sizes the engine has kernels for, largest first
+LOWBIT_GROUPS = (128, 64, 32)  # w4 / w8 group sizes the engine has kernels for, largest first
 
 
 class CheckpointFormatError(ValueError):
@@ -121,8 +121,8 @@ def lowbit_group(file_group: int, k: int, what: str) -> int:
     for g in LOWBIT_GROUPS:
         if file_group % g == 0:
             return g
-    raise CheckpointFormatError(f"{what}: group size {file_group} cannot be represented exactly: lowbit's w4 "
-                                f"groups are {', '.join(map(str, LOWBIT_GROUPS))} columns and a checkpoint group "
+    raise CheckpointFormatError(f"{what}: group size {file_group} cannot be represented exactly: lowbit's w4 and "
+                                f"w8 groups are {', '.join(map(str, LOWBIT_GROUPS))} columns and a checkpoint group "
                                 "must be a multiple of one of them")
 
 

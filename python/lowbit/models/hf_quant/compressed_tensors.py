@@ -1,6 +1,7 @@
-"""compressed-tensors checkpoints (llm-compressor's output, read by vLLM): pack-quantized int4/int8,
-naive-/int-quantized int8, float-quantized fp8 e4m3 -> lowbit w4 / w8 / e4m3; with dynamic per-token 8-bit
-input activations (the W8A8 and FP8_DYNAMIC presets) -> recipes w8a8 / wfp8a8.
+"""compressed-tensors checkpoints (llm-compressor's output, read by vLLM): pack-quantized int4/int8 (int8 per channel,
+per tensor or in groups: llm-compressor's W8A16 preset), naive-/int-quantized int8, float-quantized fp8 e4m3 ->
+lowbit w4 / w8 (grouped w8 as GGUF Q8_0 runs) / e4m3; with dynamic per-token 8-bit input activations (the W8A8 and
+FP8_DYNAMIC presets) -> recipes w8a8 / wfp8a8.
 
 Layout per quantized module `<m>`, as compressed_tensors.compressors.pack_quantized writes it:
   <m>.weight_packed     int32 [n, ceil(k*bits/32)]: each value stored as q + 2^(bits-1) (signed -> unsigned),
@@ -20,8 +21,8 @@ import re
 import numpy as np
 
 from ...quant_fields import QuantFields
-from .common import (CheckpointFormatError, exact_f32, linear_shape, lowbit_group, perm_from_g_idx, unpack_int32,
-                     w4_fields)
+from .common import (CheckpointFormatError, exact_f32, linear_shape, lowbit_group, perm_from_g_idx, regroup,
+                     unpack_int32, w4_fields)
 
 PACKED = "pack-quantized"
 FLOAT = "float-quantized"
@@ -193,9 +194,15 @@ def _w4(raw, module, n, k, scheme, what):
 def _w8(raw, module, n, k, scheme, what):
     import torch
     strategy = scheme["strategy"]
-    if strategy == "group":
-        raise CheckpointFormatError(f"{what}: int8 with strategy 'group': lowbit's 8-bit integer format is "
-                                    "per-channel; per-group int8 has no exact form")
+    file_group = group = 0
+    if strategy == "group":  # llm-compressor's W8A16 preset: int8 in groups of 128 -> grouped w8 (as GGUF Q8_0)
+        file_group = scheme.get("group_size")
+        if not isinstance(file_group, int) or file_group <= 0:
+            raise CheckpointFormatError(f"{what}: weights.group_size = {file_group!r} for strategy 'group'")
+        if scheme["activation"] != "float16":
+            raise CheckpointFormatError(f"{what}: int8 weights in groups of {file_group} with {scheme['activation']} "
+                                        "activations: lowbit's W8A8 takes per-channel weight scales only")
+        group = lowbit_group(file_group, k, what) if file_group < k else 0  # one group per row = per channel
     if not scheme.get("symmetric", True):
         raise CheckpointFormatError(f"{what}: weights.symmetric is false for int8: lowbit's w8 has no zero point")
     _check_shape(raw, module, n, k, what)
@@ -206,9 +213,14 @@ def _w8(raw, module, n, k, scheme, what):
         q = raw.pop(module + ".weight", what, (torch.int8,), (n, k)).numpy()
     if module + ".weight_zero_point" in raw and bool((raw.pop(module + ".weight_zero_point", what) != 0).any()):
         raise CheckpointFormatError(f"{what}: weight_zero_point is not zero for a symmetric int8 scheme")
-    f = QuantFields("w8", n, k)
+    f = QuantFields("w8", n, k, group=group)
     f.q = np.ascontiguousarray(q)
-    f.scales = np.ascontiguousarray(exact_f32(_scale(raw, module, n, 1, strategy, what), what + " scales")[:, 0])
+    if group:  # each lowbit group lies inside one file group: its scale, repeated (exact)
+        scales = exact_f32(_scale(raw, module, n, -(-k // file_group), strategy, what), what + " scales")
+        f.scales = np.ascontiguousarray(regroup(scales, file_group, group, k))
+    else:
+        scales = _scale(raw, module, n, 1, "channel" if strategy == "group" else strategy, what)
+        f.scales = np.ascontiguousarray(exact_f32(scales, what + " scales")[:, 0])
     return f
 
 
