@@ -5,7 +5,9 @@ zero-point conversion, then BaseQuantLinear.dequantize_weight with the file's sc
 field dequantizes to exactly that weight. Symmetric and asymmetric, desc_act on (act-order g_idx) and off, groups
 of 32 and 128. Some rows of the float model are made all-positive, so the asymmetric quantizer gives them zero
 point 0, which gptqmodel's v1 export stores by subtracting 0x11111111 from the whole int32 word (a borrow into the
-next field): the test that lowbit reads that convention. Skipped where gptqmodel is not installed."""
+next field): the test that lowbit reads that convention. The same through transformers' GPTQConfig (optimum's
+GPTQQuantizer on gptqmodel), which saves gptq_v2 (zero points as they are) for both symmetries.
+Skipped where gptqmodel (for the second test, optimum) is not installed."""
 import json
 import os
 import shutil
@@ -52,11 +54,7 @@ def gptq_checkpoint(request, tmp_path_factory):
     from gptqmodel import GPTQModel, QuantizeConfig
     sym, desc_act, group = request.param
     root = tmp_path_factory.mktemp("gptqmodel")
-    model = ck.base_model(seed=5)
-    for m in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight"):
-        w = model.tensors[m]
-        rows = list(POSITIVE_ROWS)
-        w[rows] = np.abs(w[rows]) + 0.25 * np.abs(w[rows]).max(axis=1, keepdims=True)
+    model = positive_rows(ck.base_model(seed=5))
     float_dir = write_float_dir(root / "float", model)
     qc = QuantizeConfig(bits=4, group_size=group, sym=sym, desc_act=desc_act)
     gm = GPTQModel.load(str(float_dir), qc, dtype=torch.float16)
@@ -68,6 +66,15 @@ def gptq_checkpoint(request, tmp_path_factory):
     gm.save(str(out))
     shutil.rmtree(float_dir)
     return out, model, request.param
+
+
+def positive_rows(model):
+    """Some rows all-positive: an asymmetric quantizer gives them zero point 0 (a borrow in GPTQModel's v1)."""
+    for m in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight"):
+        w = model.tensors[m]
+        rows = list(POSITIVE_ROWS)
+        w[rows] = np.abs(w[rows]) + 0.25 * np.abs(w[rows]).max(axis=1, keepdims=True)
+    return model
 
 
 def checkpoint_dense(path: Path):
@@ -132,4 +139,41 @@ def test_gptqmodel_checkpoint_matches_gptqmodels_own_unpacking(gptq_checkpoint):
     err = rel(got, reference_logits(model, dense, f"w4a16g{group}"))
     print(f"gptqmodel checkpoint sym={sym} desc_act={desc_act} g{group}: relative logit error vs the float64 "
           f"model of gptqmodel's own unpacking: {err:.2e}")
+    assert err < TOL
+
+
+@pytest.mark.parametrize("sym,desc_act,group", [(True, True, 128), (False, False, 32)],
+                         ids=["sym-desc_act-g128", "asym-no_desc_act-g32"])
+def test_transformers_gptqconfig_checkpoint_matches_gptqmodels_own_unpacking(tmp_path, sym, desc_act, group):
+    """transformers.GPTQConfig -> optimum's GPTQQuantizer (on gptqmodel) -> save_pretrained, loaded as above."""
+    pytest.importorskip("optimum.gptq")
+    import transformers
+    model = positive_rows(ck.base_model(seed=7))
+    float_dir = write_float_dir(tmp_path / "float", model)
+    tok = transformers.AutoTokenizer.from_pretrained(str(float_dir))
+    g = torch.Generator().manual_seed(8)
+    texts = [tok.decode(torch.randint(0, 256, (64,), generator=g).tolist()) for _ in range(16)]
+    cfg = transformers.GPTQConfig(bits=4, group_size=group, sym=sym, desc_act=desc_act, dataset=texts, tokenizer=tok)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(float_dir), quantization_config=cfg,
+                                                           dtype=torch.float16, device_map="cpu")
+    path = tmp_path / "gptq"
+    hf.save_pretrained(str(path))
+    model.tokenizer.save(path)
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert qc["checkpoint_format"] == "gptq_v2", qc["checkpoint_format"]
+    assert any(x.startswith("optimum:") for x in qc["meta"]["quantizer"]), qc["meta"]
+    t, dense = checkpoint_dense(path)
+    loaded = load_model_source(path, progress=False)
+    assert loaded.recipe == f"w4a16g{group}"
+    if not sym:  # zero points of 0 stored as such (v2)
+        assert (stored_zero_fields(t["model.layers.0.self_attn.q_proj.qzeros"])[:, 0, 0] == 0).all()
+    for name, f in loaded.fields.items():
+        perm = f.extra.get("input_perm")
+        assert (perm is not None) == desc_act and f.symmetric == sym
+        want = dense[name] if perm is None else dense[name][:, perm]
+        np.testing.assert_array_equal(dequantize(f).astype(np.float64), want, err_msg=name)
+    got = lowbit.LLM(str(path), dtype="f32", progress=False).logits(IDS)
+    err = rel(got, reference_logits(model, dense, f"w4a16g{group}"))
+    print(f"transformers GPTQConfig checkpoint sym={sym} desc_act={desc_act} g{group}: relative logit error vs the "
+          f"float64 model of gptqmodel's own unpacking: {err:.2e}")
     assert err < TOL
