@@ -34,7 +34,7 @@ from test_hf_quantized_checkpoints import IDS, TOL, reference_logits, rel  # noq
 
 # (sym, desc_act, group): both group sizes, act-order on and off, each symmetry with each.
 CASES = [(True, False, 128), (False, False, 32), (True, True, 32), (False, True, 128)]
-POSITIVE_ROWS = (0, 2, 9)  # layer-0 q_proj / gate_proj rows with zero point 0: qzeros word 0 fields 0, 2; word 1 field 1
+POSITIVE_ROWS = (0, 2, 9)  # layer-0 q_proj / gate_proj rows with zero 0: qzeros word 0 fields 0, 2; word 1 field 1
 
 
 def write_float_dir(directory: Path, model) -> Path:
