@@ -122,10 +122,12 @@ def awq_unpack_reference(qweight: np.ndarray) -> np.ndarray:
 
 # ---- GPTQ ------------------------------------------------------------------------------------------------------
 def write_gptq(directory: Path, seed=0, group=128, sym=True, desc_act=False, fmt="gptq", bits=4, lm_head=False,
-               extra_qc=None):
+               extra_qc=None, gptqmodel_v1=False):
     """GPTQModel's BaseQuantLinear.pack_block / auto-gptq's QuantLinear.pack: qweight [k/8, n] packs input channels
     down the rows (channel 8r+i at bits 4i of row r); qzeros [G, n/8] packs output channels along the row; scales
     [G, n]; g_idx [k]. fmt "gptq" (v1) stores zero - 1 in each 4-bit field, "gptq_v2" the zero.
+    gptqmodel_v1: v1 as GPTQModel exports it (convert_gptq_v2_to_v1_format): zeros from 0, each packed int32 word
+    minus 0x11111111 (a zero of 0 borrows from the next field), and meta.quantizer naming gptqmodel.
     desc_act: a random act-order permutation, g_idx[perm[i]] = i // group as GPTQ's act-order sets it, and all
     linears reading one input share it (GPTQ derives it from that input's Hessian)."""
     model, rng = base_model(seed), np.random.default_rng(seed + 2)
@@ -142,10 +144,14 @@ def write_gptq(directory: Path, seed=0, group=128, sym=True, desc_act=False, fmt
             perm = perms.setdefault(key, rng.permutation(k))
             g_idx = np.empty(k, dtype=np.int64)
             g_idx[perm] = np.arange(k) // file_group
-        q, scales, zeros, w = random_w4(rng, n, k, file_group, sym, g_idx, min_zero=1 if fmt == "gptq" else 0)
-        stored_zeros = zeros - 1 if fmt == "gptq" else zeros
+        per_field_v1 = fmt == "gptq" and not gptqmodel_v1
+        q, scales, zeros, w = random_w4(rng, n, k, file_group, sym, g_idx, min_zero=1 if per_field_v1 else 0)
         tensors[m + ".qweight"] = np.ascontiguousarray(pack_rows_lsb_first(q, 4).T)  # [k/8, n]
-        tensors[m + ".qzeros"] = pack_rows_lsb_first((stored_zeros & 0xF).T, 4)
+        if per_field_v1:
+            tensors[m + ".qzeros"] = pack_rows_lsb_first(((zeros - 1) & 0xF).T, 4)
+        else:
+            words = pack_rows_lsb_first(zeros.T, 4).view(np.uint32)
+            tensors[m + ".qzeros"] = (words - np.uint32(0x11111111 if fmt == "gptq" else 0)).view(np.int32)
         tensors[m + ".scales"] = np.ascontiguousarray(scales.T)
         tensors[m + ".g_idx"] = g_idx.astype(np.int32)
         dense[m + ".weight"] = w
@@ -153,6 +159,8 @@ def write_gptq(directory: Path, seed=0, group=128, sym=True, desc_act=False, fmt
         tensors.pop("lm_head.weight")
     qc = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": desc_act, "sym": sym,
           "checkpoint_format": fmt, "lm_head": lm_head, "static_groups": False, "true_sequential": True}
+    if gptqmodel_v1:
+        qc["meta"] = {"quantizer": ["gptqmodel:7.7.0"]}
     qc.update(extra_qc or {})
     return save(directory, model, tensors, qc), model, dense
 

@@ -339,6 +339,35 @@ def test_gptq_v1_zero_16_is_rewritten_exactly_or_refused(tmp_path):
         load_model_source(path, progress=False)
 
 
+@pytest.mark.parametrize("desc_act", [False, True], ids=["no_desc_act", "desc_act"])
+def test_gptqmodel_v1_word_offset_zero_0(tmp_path, desc_act):
+    """GPTQModel's v1 export subtracts 0x11111111 from each qzeros word, so a zero of 0 is stored as field 15 with
+    a borrow from the next field; lowbit reads it back exactly when meta.quantizer names gptqmodel. The same file
+    without that name is read per field (auto-gptq's zeros + 1) and gives other weights (or a zero-16 error)."""
+    from safetensors.numpy import load_file
+    path, model, dense = ck.write_gptq(tmp_path / "g", sym=False, desc_act=desc_act, fmt="gptq", gptqmodel_v1=True)
+    raw = load_file(str(path / "model.safetensors"))
+    stored = np.concatenate([((raw[k].view(np.uint32)[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF)
+                             .ravel() for k in raw if k.endswith(".qzeros")])
+    assert (stored == 15).sum() > 100  # zeros of 0 (borrows) are in the file, not only in theory
+    loaded = load_model_source(path, progress=False)
+    for name, f in loaded.fields.items():
+        perm = f.extra.get("input_perm")
+        np.testing.assert_array_equal(dequantize(f), dense[name] if perm is None else dense[name][:, perm])
+    _, got = engine_logits(path)
+    assert rel(got, reference_logits(model, dense, "w4a16g128")) < TOL
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["quantization_config"]["meta"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    try:
+        fields = load_model_source(path, progress=False).fields
+    except ValueError as e:
+        assert "zero point 16" in str(e)
+    else:
+        assert any(not np.array_equal(f.q, loaded.fields[n].q) or not np.array_equal(f.zeros, loaded.fields[n].zeros)
+                   for n, f in fields.items())
+
+
 def test_info_says_what_was_loaded_and_what_was_quantized_at_load(tmp_path):
     from lowbit.info import format_info, model_info
     path, _, _ = ck.write_gptq(tmp_path / "g", sym=False, desc_act=True, fmt="gptq")

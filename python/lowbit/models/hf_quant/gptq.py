@@ -7,10 +7,15 @@ value i of a word in bits [4i, 4i+4)):
   scales  f16   [G, n]
   g_idx   int32 [k]       the group of each input channel (act-order / desc_act: not i // group_size)
   w[o, c] = (q[c, o] - zero[g_idx[c], o]) * scale[g_idx[c], o]
-Zero points: checkpoint_format "gptq" (v1, auto-gptq and older) stores zero - 1, so the reader adds 1 to each
-4-bit field (auto-gptq's dequantization does `zeros + 1`); "gptq_v2" (GPTQModel's internal format) stores the
-zero itself. A v1 zero of 16 (stored 15) is outside w4's [0, 15]: it is rewritten exactly as zero 15 with q - 1
-when no q of its group is 0, and is an error otherwise.
+Zero points: "gptq_v2" (GPTQModel's internal format) stores the zero itself. checkpoint_format "gptq" (v1) stores
+zero - 1, in one of two ways that differ only where a zero is 0 (asymmetric groups that are all >= 0):
+  - GPTQModel (quantization_config.meta.quantizer names it; also what transformers and optimum now write and read)
+    subtracts 0x11111111 from each whole int32 word (convert_gptq_v2_to_v1_format), so a zero of 0 is stored as
+    15 with a borrow from the next field; the reader adds the word back (convert_gptq_v1_to_v2_format), exact.
+  - auto-gptq and other producers: the reader adds 1 to each 4-bit field (auto-gptq's dequantization does
+    `zeros + 1`). A zero of 16 (stored 15) is outside w4's [0, 15]: it is rewritten exactly as zero 15 with
+    q - 1 when no q of its group is 0, and is an error otherwise.
+Both readings agree on every file without a stored field of 15.
 """
 from __future__ import annotations
 
@@ -46,7 +51,22 @@ def read_options(qc: dict, where: str) -> dict:
         raise CheckpointFormatError(f"{where}: quantization_config.dynamic holds per-module overrides, which lowbit "
                                     "does not read; it would apply the wrong bits/group to some modules")
     return {"bits": bits, "group": group, "sym": bool(qc.get("sym", True)), "v1": fmt == "gptq",
+            "v1_word_offset": fmt == "gptq" and _written_by_gptqmodel(qc),
             "desc_act": bool(qc.get("desc_act", False)), "format": fmt}
+
+
+def _written_by_gptqmodel(qc: dict) -> bool:
+    """GPTQModel records itself in quantization_config.meta.quantizer (a list of "name:version", or one string)."""
+    meta = qc.get("meta")
+    names = meta.get("quantizer", ()) if isinstance(meta, dict) else ()
+    names = [names] if isinstance(names, str) else names
+    return any(isinstance(x, str) and x.lower().startswith("gptqmodel") for x in names)
+
+
+def _v1_zeros_word_offset(qzeros, bits: int):
+    """GPTQModel's v1 -> v2 zero points: add 1 to every field as one int32 addition (carries included, mod 2^32)."""
+    offset = sum(1 << (bits * i) for i in range(32 // bits))
+    return (np.ascontiguousarray(qzeros.numpy()).view(np.uint32) + np.uint32(offset)).view(np.int32)
 
 
 def read_linear(raw, module: str, config, opts: dict, where: str):
@@ -69,9 +89,12 @@ def read_linear(raw, module: str, config, opts: dict, where: str):
         raise CheckpointFormatError(f"{what}: quantization_config.desc_act is true but tensor {module}.g_idx is "
                                     "missing (act-order needs each input channel's group)")
     q = unpack_int32(qweight.T.contiguous(), bits, k)           # [n, k]
-    zeros = unpack_int32(qzeros, bits, n).T.astype(np.int32)     # [n, G]
-    if opts["v1"]:
-        zeros = zeros + 1
+    if opts["v1_word_offset"]:
+        zeros = unpack_int32(_v1_zeros_word_offset(qzeros, bits), bits, n).T.astype(np.int32)  # [n, G]
+    else:
+        zeros = unpack_int32(qzeros, bits, n).T.astype(np.int32)
+        if opts["v1"]:
+            zeros = zeros + 1
     perm = perm_from_g_idx(g_idx, file_group, k, what) if g_idx is not None else None
     if perm is not None:
         q = q[:, perm]  # groups now contiguous; the engine feeds x[:, perm]
@@ -93,7 +116,7 @@ def _w4(what, q, scales, zeros, file_group, group, opts):
             raise CheckpointFormatError(f"{what}: quantization_config.sym is true but qzeros hold zero points other "
                                         f"than 8 (found {sorted(set(np.unique(zeros).tolist()) - {8})[:4]})")
         return w4_fields(what, q, scales, None, file_group, group)
-    high = zeros == 16  # only from v1's stored 15 (zero - 1 overflow of auto-gptq's asymmetric packing)
+    high = zeros == 16  # only from the per-field v1 reading of a stored 15 (not GPTQModel's word offset)
     if high.any():
         q, zeros = _lower_zero_16(what, q, zeros, high, file_group)
     return w4_fields(what, q, scales, zeros, file_group, group)
