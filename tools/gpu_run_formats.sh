@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 18's GPU checks in two back-to-back calls on one warm machine, for when the SmolLM2 GGUF (98 MB) must travel in
-# two parts (a call carries at most 64 MiB):
+# Issue 18's GPU checks in two back-to-back steps on one GPU machine, for when the SmolLM2 GGUF (98 MB) reaches it in
+# two parts:
 #   stage1 TREE PART_A           copies TREE (this repo's files) to /tmp/lb-src and PART_A to /tmp/lb-sm.aa and starts
 #                                `pip install --no-build-isolation --no-deps .` of /tmp/lb-src in its own session (it
 #                                outlives the call; log and rc in /tmp/lb-build.*), then returns.
