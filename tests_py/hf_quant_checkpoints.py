@@ -65,18 +65,26 @@ def pack_rows_lsb_first(values: np.ndarray, bits: int) -> np.ndarray:
     return words.view(np.int32)
 
 
-def save(directory: Path, model, tensors: dict, qc: dict) -> Path:
+def save(directory: Path, model, tensors: dict, qc: dict | None) -> Path:
+    """An HF directory: config (with `qc` as quantization_config unless None), tokenizer, safetensors."""
     from safetensors.torch import save_file
     import torch
     directory.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_hf_config()
-    cfg["quantization_config"] = qc
+    if qc is not None:
+        cfg["quantization_config"] = qc
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     model.tokenizer.save(directory)
     out = {k: (torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v.contiguous())
            for k, v in tensors.items()}
     save_file(out, str(directory / "model.safetensors"))
     return directory
+
+
+def write_float_dir(directory: Path, model) -> Path:
+    """The model as a plain f16 HF directory: the input the real quantizer libraries (AutoAWQ, gptqmodel,
+    llm-compressor) read."""
+    return save(directory, model, {k: v.astype(np.float16) for k, v in model.tensors.items()}, None)
 
 
 def float_part(model, dtype="f16"):

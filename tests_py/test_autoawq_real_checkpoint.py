@@ -25,23 +25,12 @@ import hf_quant_checkpoints as ck  # noqa: E402
 from test_hf_quantized_checkpoints import IDS, TOL, reference_logits, rel  # noqa: E402
 
 
-def write_float_dir(directory: Path, model) -> Path:
-    """The tiny Llama as a plain f16 HF directory (config, tokenizer, safetensors), as AutoAWQ's input."""
-    from safetensors.torch import save_file
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(model.config.to_hf_config(), indent=1))
-    model.tokenizer.save(directory)
-    save_file({k: torch.from_numpy(v).half().contiguous() for k, v in model.tensors.items()},
-              str(directory / "model.safetensors"))
-    return directory
-
-
 @pytest.fixture(scope="module")
 def awq_checkpoint(tmp_path_factory):
     from awq import AutoAWQForCausalLM
     root = tmp_path_factory.mktemp("autoawq")
     model = ck.base_model(seed=3)  # untied lm_head, outlier channels for the scale search to find
-    float_dir = write_float_dir(root / "float", model)
+    float_dir = ck.write_float_dir(root / "float", model)
     awq_model = AutoAWQForCausalLM.from_pretrained(str(float_dir))
     g = torch.Generator().manual_seed(4)
     calib = [torch.randint(0, 256, (64,), generator=g).tolist() for _ in range(16)]  # token ids: no data set

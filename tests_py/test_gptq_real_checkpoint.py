@@ -37,17 +37,6 @@ CASES = [(True, False, 128), (False, False, 32), (True, True, 32), (False, True,
 POSITIVE_ROWS = (0, 2, 9)  # layer-0 q_proj / gate_proj rows with zero 0: qzeros word 0 fields 0, 2; word 1 field 1
 
 
-def write_float_dir(directory: Path, model) -> Path:
-    """The tiny Llama as a plain f16 HF directory (config, tokenizer, safetensors), as gptqmodel's input."""
-    from safetensors.torch import save_file
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(model.config.to_hf_config(), indent=1))
-    model.tokenizer.save(directory)
-    save_file({k: torch.from_numpy(v).half().contiguous() for k, v in model.tensors.items()},
-              str(directory / "model.safetensors"))
-    return directory
-
-
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{'sym' if c[0] else 'asym'}-"
                                                            f"{'desc_act' if c[1] else 'no_desc_act'}-g{c[2]}")
 def gptq_checkpoint(request, tmp_path_factory):
@@ -55,7 +44,7 @@ def gptq_checkpoint(request, tmp_path_factory):
     sym, desc_act, group = request.param
     root = tmp_path_factory.mktemp("gptqmodel")
     model = positive_rows(ck.base_model(seed=5))
-    float_dir = write_float_dir(root / "float", model)
+    float_dir = ck.write_float_dir(root / "float", model)
     qc = QuantizeConfig(bits=4, group_size=group, sym=sym, desc_act=desc_act)
     gm = GPTQModel.load(str(float_dir), qc, dtype=torch.float16)
     g = torch.Generator().manual_seed(6)
@@ -149,7 +138,7 @@ def test_transformers_gptqconfig_checkpoint_matches_gptqmodels_own_unpacking(tmp
     pytest.importorskip("optimum.gptq")
     import transformers
     model = positive_rows(ck.base_model(seed=7))
-    float_dir = write_float_dir(tmp_path / "float", model)
+    float_dir = ck.write_float_dir(tmp_path / "float", model)
     tok = transformers.AutoTokenizer.from_pretrained(str(float_dir))
     g = torch.Generator().manual_seed(8)
     texts = [tok.decode(torch.randint(0, 256, (64,), generator=g).tolist()) for _ in range(16)]

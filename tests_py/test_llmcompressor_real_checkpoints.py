@@ -24,7 +24,6 @@ from lowbit.models import load_model_source  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_quant_checkpoints as ck  # noqa: E402
-from test_autoawq_real_checkpoint import write_float_dir  # noqa: E402
 from test_hf_quantized_checkpoints import IDS, TOL, reference_logits, rel  # noqa: E402
 
 # preset -> (lowbit recipe, activation rule of the reference)
@@ -39,7 +38,7 @@ def checkpoints(tmp_path_factory):
     from transformers import AutoModelForCausalLM
     root = tmp_path_factory.mktemp("llmcompressor")
     model = ck.base_model(seed=5)
-    float_dir = write_float_dir(root / "float", model)
+    float_dir = ck.write_float_dir(root / "float", model)
     out = {}
     for preset in PRESETS:
         hf = AutoModelForCausalLM.from_pretrained(str(float_dir), dtype=torch.float16)
