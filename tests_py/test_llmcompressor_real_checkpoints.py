@@ -10,7 +10,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -24,7 +23,7 @@ from lowbit.models import load_model_source  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_quant_checkpoints as ck  # noqa: E402
-from test_hf_quantized_checkpoints import IDS, TOL, reference_logits, rel  # noqa: E402
+from test_hf_quantized_checkpoints import IDS, TOL, check_dynamic_activations, reference_logits, rel  # noqa: E402
 
 # preset -> (lowbit recipe, activation rule of the reference)
 PRESETS = {"W4A16": ("w4a16g128", None), "W8A16": ("w8a16g128", None), "W8A8": ("w8a8", "int8"),
@@ -85,19 +84,7 @@ def test_weight_only_presets_match_the_librarys_decompression(checkpoints, prese
 def test_dynamic_activation_presets_match_the_librarys_decompression(checkpoints, preset):
     """As test_compressed_tensors_dynamic_activations: most sequences agree to f32 precision, none by more than half
     of what activation quantization itself changes."""
-    from lowbit.quantize.torch_model import FakeQuant, TorchLlama
     paths, model = checkpoints
     recipe, act = PRESETS[preset]
     assert load_model_source(paths[preset], progress=False).recipe == recipe
-    llm = lowbit.LLM(str(paths[preset]), dtype="f32", progress=False)
-    ref = TorchLlama(model.config, decompressed(paths[preset]), FakeQuant(act_quant=act))
-    ref.weights = {k: v.double() for k, v in ref.weights.items()}
-    rng = np.random.default_rng(7)
-    seqs = [rng.integers(0, 256, 24).tolist() for _ in range(8)]
-    errs = sorted(rel(llm.logits(ids), ref.logits(torch.tensor([ids]))[0].numpy()) for ids in seqs)
-    with_act = ref.logits(torch.tensor([seqs[0]]))[0].numpy()
-    ref.fake.act_quant = None
-    effect = rel(ref.logits(torch.tensor([seqs[0]]))[0].numpy(), with_act)
-    print(preset, "relative logit errors:", errs, "activation quantization's own effect:", effect)
-    assert errs[len(errs) // 2] < 1e-5, errs
-    assert errs[-1] < 0.5 * effect, (errs, effect)
+    check_dynamic_activations(paths[preset], model.config, decompressed(paths[preset]), act, label=preset)
