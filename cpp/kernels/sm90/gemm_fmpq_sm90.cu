@@ -256,8 +256,7 @@ bool gemm_fmpq_sm90_usable(int device) {
 
 void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, cudaStream_t stream) {
   const char* op = "gemm_fmpq";
-  LOWBIT_CHECK(forced_split == 0 || forced_split == 1 || forced_split == 2 || forced_split == 4 || forced_split == 8,
-               op, ": the sm90 split must be 0, 1, 2, 4 or 8, got ", forced_split);
+  check_tile_split_choice(op, forced_split, 0);
   constexpr int kSmem = Config::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_fmpq_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_n = (p.n + kRows - 1) / kRows, tiles_m = (p.m + kBT - 1) / kBT;
@@ -277,16 +276,7 @@ void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, cudaStream_t stream)
   const Args args{p, k_blocks, p.k / 64, split, vector_y};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, kBT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  LOWBIT_CHECK(tiles_n <= 65535, op, ": n=", p.n, " is too large for the sm90 kernel's grid");
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = static_cast<unsigned>(split);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
-  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemm_fmpq_sm90_kernel, map_x, map_w, args));
-  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  launch_split_clusters(op, cfg, gemm_fmpq_sm90_kernel, p.n, tiles_m, tiles_n, split, map_x, map_w, args);
 }
 
 }  // namespace lowbit::cuda::detail

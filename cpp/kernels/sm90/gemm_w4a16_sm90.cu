@@ -273,15 +273,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Resident CTAs per split (1, 2, 4, 8) of the BT-token kernel, measured once.
 template <int BT, bool kOverlap>
 void slots_of(const char* op, int (&slots)[4]) {
-  auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap>;
-  constexpr int kSmem = Config<BT>::kSmemBytes;
   static std::atomic<int> slot_cache[4] = {};
-  if (slot_cache[3].load() == 0)  // the occupancy query needs the raised smem limit
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmem;
-  resident_ctas_per_split(op, kernel, cfg, slot_cache, slots);
+  resident_slots(op, gemm_w4a16_sm90_kernel<BT, kOverlap>, kThreads, Config<BT>::kSmemBytes, slot_cache, slots);
 }
 
 template <int BT, bool kOverlap>
@@ -301,16 +294,7 @@ void launch(const W4A16Problem& p, int split, cudaStream_t stream) {
   const Args args{p, k_chunks, split, vector_y};
   const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, kTiles, 1);
-  LOWBIT_CHECK(tiles_n <= 65535, op, ": n=", p.n, " is too large for the sm90 kernel's grid");
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = static_cast<unsigned>(split);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
-  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, map_x, map_w, args));
-  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  launch_split_clusters(op, cfg, kernel, p.n, tiles_m, tiles_n, split, map_x, map_w, args);
 }
 
 // Cost model constants (us per 64-k block at 128 / 256 tokens, fixed, reduction per 128-token partial;
@@ -345,18 +329,9 @@ bool gemm_w4a16_sm90_usable(int device) {
   return kernel_usable_on("gemm_w4a16", device, gemm_w4a16_sm90_kernel<256, true>, cache);
 }
 
-namespace {
-void check_choice(int split, int tokens) {
-  LOWBIT_CHECK(split == 0 || split == 1 || split == 2 || split == 4 || split == 8,
-               "gemm_w4a16: the sm90 split must be 0, 1, 2, 4 or 8, got ", split);
-  LOWBIT_CHECK(tokens == 0 || tokens == 128 || tokens == 256,
-               "gemm_w4a16: the sm90 tokens per tile must be 0, 128 or 256, got ", tokens);
-}
-}  // namespace
-
 // Tile and split by pick_tile_split's cost model unless forced.
 void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
-  check_choice(choice.split, choice.tokens);
+  check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
   if (choice.serial)
     run<false>(p, choice.split, choice.tokens, stream);
   else
@@ -364,7 +339,7 @@ void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream
 }
 
 Sm90Plan gemm_w4a16_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
-  check_choice(choice.split, choice.tokens);
+  check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
   W4A16Problem p{};
   p.m = m, p.n = n, p.k = k;
   const TilePlan t = choice.serial ? plan_for<false>(p, choice.split, choice.tokens)

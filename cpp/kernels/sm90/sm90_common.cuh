@@ -280,6 +280,37 @@ void resident_ctas_per_split(const char* op, Kernel kernel, cudaLaunchConfig_t c
   }
 }
 
+// resident_ctas_per_split for a kernel of `threads` threads and `smem` dynamic shared bytes (raising the kernel's
+// shared-memory limit first: the occupancy query needs it).
+template <class Kernel>
+void resident_slots(const char* op, Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[4],
+                    int (&slots)[4]) {
+  if (cache[3].load() == 0)
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  resident_ctas_per_split(op, kernel, cfg, cache, slots);
+}
+
+// Launches `kernel` (cfg: block size, smem, stream) on a (tiles_m, tiles_n, split) grid in clusters of `split` CTAs
+// along z: the split-K partners of one output tile, which reduce through distributed shared memory. `n` (the output
+// width the tiles_n tiles cover) names the problem when the grid cannot hold it.
+template <class Kernel, class... Args>
+void launch_split_clusters(const char* op, cudaLaunchConfig_t cfg, Kernel kernel, int64_t n, int tiles_m, int tiles_n,
+                           int split, const Args&... args) {
+  LOWBIT_CHECK(tiles_n <= 65535, op, ": n=", n, " is too large for the sm90 kernel's grid");
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(split);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
+  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, args...));
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
 // Whether `device` is an sm_90 whose driver encodes tensor maps and this library holds the sm_90a image of
 // `kernel` (asked once per device into `cache`: 0 unknown, 1 yes, 2 no).
 template <class Kernel>
@@ -314,6 +345,14 @@ inline int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
     if (cost < best_cost) best_cost = cost, best = s;
   }
   return best;
+}
+
+// A caller's pinned split (0 = free, else 1, 2, 4, 8) and tokens per tile (0 = free, else 128, 256).
+inline void check_tile_split_choice(const char* op, int split, int tokens) {
+  LOWBIT_CHECK(split == 0 || split == 1 || split == 2 || split == 4 || split == 8, op,
+               ": the sm90 split must be 0, 1, 2, 4 or 8, got ", split);
+  LOWBIT_CHECK(tokens == 0 || tokens == 128 || tokens == 256, op,
+               ": the sm90 tokens per tile must be 0, 128 or 256, got ", tokens);
 }
 
 // Tokens per tile (wgmma n: 128 or 256) and split-K cluster size of the weight-stationary GEMMs (W4A16, W4A8):
