@@ -44,7 +44,7 @@ constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kStages = 3;
 // Registers per thread after setmaxnreg. The launch gives every thread 168 (65536 / 384, rounded down to 8); the
 // warpgroups may only trade them: a larger total would block setmaxnreg.inc forever.
-constexpr int kProducerRegs = 72, kConsumerRegs = 216;
+constexpr int kProducerRegs = 88, kConsumerRegs = 208;
 static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * (65536 / kThreads / 8 * 8), "more registers than launched");
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp2(kNoScore - m) underflows to 0
 
@@ -150,30 +150,48 @@ __device__ __forceinline__ void copy_f16_rows(const uint8_t* k, const uint8_t* v
   }
 }
 
-// One dequantized side (K or V) of a tile into the tile at `tile`, for any thread p's row (`row`, -1 past kv_len)
-// read the same way as copy_f16_rows: each load instruction of a warp covers whole rows of codes (lane l takes
-// 16-byte vector l % kVecs of row l / kVecs of the group), the row's cache index, scale and zero come by shuffle
-// from the lane that owns it, and the lane dequantizes its vector in f32 (code * scale + zero, rounded once to
-// f16: the same values as the mma.sync kernel's) into kChunksPerVec 16-byte chunks of the tile.
+// The codes of one integer side (K or V) of a tile, read the same way as copy_f16_rows: each load instruction of a
+// warp covers whole rows of codes (lane l takes 16-byte vector l % kVecs of row l / kVecs of the group), the row's
+// cache index by shuffle from the thread that owns it. They are loaded into registers (load_codes) ahead of the
+// stage they go to, then dequantized into it (store_codes).
 template <int D, KvType T>
-__device__ __forceinline__ void dequant_rows(const uint8_t* data, const float* params, uint32_t tile, int p,
-                                             int64_t row) {
-  constexpr int kBits = kv_bits<T>(), kRowBytes = D * kBits / 8, kVecs = kRowBytes / 16;
-  constexpr int kRowsPerLoad = 32 / kVecs, kChunksPerVec = 16 / kBits;  // a vector holds 128 / kBits dims
+struct TileCodes {
+  static constexpr int kBits = kv_bits<T>(), kRowBytes = D * kBits / 8, kVecs = kRowBytes / 16;
+  static constexpr int kRowsPerLoad = 32 / kVecs, kChunksPerVec = 16 / kBits;  // a vector holds 128 / kBits dims
   static_assert(kRowBytes % 16 == 0 && 32 % kVecs == 0, "rows of codes are read as 16-byte vectors");
+  uint4 w[kVecs];  // load i: this lane's vector of the group's row i * kRowsPerLoad + lane / kVecs
+  float2 own;      // scale and zero of this thread's own row (0, 0 past kv_len)
+};
+
+template <int D, KvType T>
+__device__ __forceinline__ void load_codes(TileCodes<D, T>& codes, const uint8_t* data, const float* params, int p,
+                                           int64_t row) {
+  using C = TileCodes<D, T>;
+  const int lane = p & 31, vec = lane % C::kVecs;
+  codes.own = row >= 0 ? __ldg(reinterpret_cast<const float2*>(params) + row) : make_float2(0.f, 0.f);
+#pragma unroll  // every load in flight at once
+  for (int i = 0; i < C::kVecs; ++i) {
+    const int64_t src_row = __shfl_sync(0xffffffffu, row, i * C::kRowsPerLoad + lane / C::kVecs);
+    codes.w[i] = src_row >= 0 ? __ldg(reinterpret_cast<const uint4*>(data + src_row * C::kRowBytes) + vec)
+                              : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Dequantizes the loaded codes in f32 (code * scale + zero, rounded once to f16: the same values as the mma.sync
+// kernel's, the row's scale and zero by shuffle) into 16-byte chunks of the tile at `tile` (shared address).
+template <int D, KvType T>
+__device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32_t tile, int p) {
+  using C = TileCodes<D, T>;
   using L = Layout<D>;
-  const int lane = p & 31, vec = lane % kVecs, warp_row0 = p & ~31;
-  const float2 own = row >= 0 ? __ldg(reinterpret_cast<const float2*>(params) + row) : make_float2(0.f, 0.f);
-#pragma unroll  // every load in flight at once: one memory latency per side and tile
-  for (int i = 0; i < 32; i += kRowsPerLoad) {
-    const int rr = i + lane / kVecs;  // the group's row this lane dequantizes a vector of
-    const int64_t src_row = __shfl_sync(0xffffffffu, row, rr);
-    const float s = __shfl_sync(0xffffffffu, own.x, rr), z = __shfl_sync(0xffffffffu, own.y, rr);
-    const uint4 w = src_row >= 0 ? __ldg(reinterpret_cast<const uint4*>(data + src_row * kRowBytes) + vec)
-                                 : make_uint4(0, 0, 0, 0);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  constexpr int kBits = C::kBits;
+  const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
 #pragma unroll
-    for (int cc = 0; cc < kChunksPerVec; ++cc) {  // chunk vec * kChunksPerVec + cc: 8 dims
+  for (int i = 0; i < C::kVecs; ++i) {
+    const int rr = i * C::kRowsPerLoad + lane / C::kVecs;  // the group's row of this lane's vector
+    const float s = __shfl_sync(0xffffffffu, codes.own.x, rr), z = __shfl_sync(0xffffffffu, codes.own.y, rr);
+    const uint32_t words[4] = {codes.w[i].x, codes.w[i].y, codes.w[i].z, codes.w[i].w};
+#pragma unroll
+    for (int cc = 0; cc < C::kChunksPerVec; ++cc) {  // chunk vec * kChunksPerVec + cc: 8 dims
       float x[8];
       if constexpr (kBits == 8) {  // byte i = dim i
 #pragma unroll
@@ -186,12 +204,32 @@ __device__ __forceinline__ void dequant_rows(const uint8_t* data, const float* p
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((h >> (2 * e)) & 0x3u), s, z);
       }
-      const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, vec * kChunksPerVec + cc);
+      const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, vec * C::kChunksPerVec + cc);
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_half2(x[0], x[1])),
                    "r"(pack_half2(x[2], x[3])), "r"(pack_half2(x[4], x[5])), "r"(pack_half2(x[6], x[7]))
                    : "memory");
     }
   }
+}
+
+// Which integer sides the producer loads one tile ahead (under the dequantization of the current tile; the other
+// integer sides load once their stage is free, one after the other): the codes live at once, two tiles of each side
+// loaded ahead plus the other side, must fit about 48 of its registers (kProducerRegs) beside the addressing, or it
+// spills (the bounds below are what ptxas showed without spills). K is preferred.
+template <int D, KvType T>
+constexpr int code_regs() {
+  return T == KvType::f16 ? 0 : 4 * TileCodes<D, T>::kVecs;
+}
+template <int D, KvType KT, KvType VT>
+constexpr bool prefetch_k() {
+  return KT != KvType::f16 && 2 * code_regs<D, KT>() + code_regs<D, VT>() <= 48;
+}
+template <int D, KvType KT, KvType VT>
+constexpr bool prefetch_v() {
+  constexpr bool k_ahead = prefetch_k<D, KT, VT>();
+  // Both sides ahead keep four tiles' worth of codes live through the dequantization: a tighter bound.
+  return VT != KvType::f16 && (k_ahead ? 2 * (code_regs<D, VT>() + code_regs<D, KT>()) <= 32
+                                       : 2 * code_regs<D, VT>() + code_regs<D, KT>() <= 48);
 }
 
 // A tile's `full` barrier counts one arrival per producer thread for its f16 sides (by cp.async completion)
@@ -333,15 +371,36 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
         cp_async16(q_smem + chunk_offset<L::kQBlockBytes>(p, c), src + 8 * c, valid);
     }
     cp_async_arrive(q_full);
+    constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
+    constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
+    auto row_of = [&](int t) { return t * kKeys + p < kv_len ? cache_row(a, pages, kvh, t * kKeys + p) : int64_t{-1}; };
+    TileCodes<D, KT> kc;  // the next tile's codes of a side loaded ahead
+    TileCodes<D, VT> vc;
+    int64_t next_row = row_of(0);
+    if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
+    if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
     for (int t = 0; t < num_tiles; ++t) {
       const int stage = t % kStages;
+      const int64_t row = next_row;
+      if (t + 1 < num_tiles) next_row = row_of(t + 1);
+      TileCodes<D, KT> kcur;
+      TileCodes<D, VT> vcur;
+      if constexpr (kAheadK) kcur = kc;
+      if constexpr (kAheadV) vcur = vc;
+      if (t + 1 < num_tiles) {  // the next tile's codes load under this tile's dequantization
+        if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
+        if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+      }
       mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
-      const int key = t * kKeys + p;
-      const int64_t row = key < kv_len ? cache_row(a, pages, kvh, key) : -1;
-      constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
       if constexpr (kF16K || kF16V) copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row);
-      if constexpr (!kF16K) dequant_rows<D, KT>(a.k, a.k_params, k_tile(stage), p, row);
-      if constexpr (!kF16V) dequant_rows<D, VT>(a.v, a.v_params, v_tile(stage), p, row);
+      if constexpr (!kF16K) {
+        if constexpr (!kAheadK) load_codes<D, KT>(kcur, a.k, a.k_params, p, row);
+        store_codes<D, KT>(kcur, k_tile(stage), p);
+      }
+      if constexpr (!kF16V) {
+        if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
+        store_codes<D, VT>(vcur, v_tile(stage), p);
+      }
       publish_rows<KT, VT>(&full[stage]);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its thread
