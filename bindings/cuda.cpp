@@ -86,14 +86,22 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
   const int sm90 = parse_sm90(kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
   if (sm90 == 1) o.kernel = cuda::W4A16Kernel::sm90;
   else if (kernel == "small") o.kernel = cuda::W4A16Kernel::small;
+  else if (kernel.rfind("decode90", 0) == 0) {
+    // "decode90" or "decode90:S", S = the split-K cluster (1, 2, 4, 8)
+    const std::string s = kernel.size() > 9 && kernel[8] == ':' ? kernel.substr(9) : kernel.size() == 8 ? "0" : "?";
+    LOWBIT_CHECK(s == "0" || s == "1" || s == "2" || s == "4" || s == "8", "gemm_w4a16: argument 'kernel': the split "
+                 "in 'decode90:S' must be 1, 2, 4 or 8, got '", kernel, "'");
+    o.kernel = cuda::W4A16Kernel::decode_sm90;
+    o.sm90_split = s[0] - '0';
+  }
   else if (kernel == "large:64x128") o.large_tile = 64128;
   else if (kernel == "large:128x128") o.large_tile = 128128;
   else if (kernel == "large:128x256") o.large_tile = 128256;
   else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
-                 "'large:128x128', 'large:128x256', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; "
-                 "'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split free; 'sm90s...' the "
-                 "serial mainloop), got '", kernel, "'");
+                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: "
+                 "the split-K cluster; 'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split free; "
+                 "'sm90s...' the serial mainloop), got '", kernel, "'");
   return o;
 }
 
@@ -209,8 +217,8 @@ void bind_cuda(nb::module_& m) {
       nb::arg("group"), nb::arg("y"), nb::arg("split_k") = 0, nb::arg("workspace").none() = nb::none(),
       nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("mins") = false,
       "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device); mins: `zeros` holds the mins "
-      "of w = q*s + m. kernel: '' (small below 128 tokens, else large), 'small', 'large', 'large:64x128', "
-      "'large:128x128' or 'large:128x256'");
+      "of w = q*s + m. kernel: '' (automatic), 'small', 'large', 'large:64x128', 'large:128x128', "
+      "'large:128x256', 'decode90[:S]' or 'sm90[:S[:T]]' (see w4a16_options)");
 
   m.def(
       "gemm_w8a16",
@@ -290,6 +298,18 @@ void bind_cuda(nb::module_& m) {
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
       "GPU (sm_90): the W4A16 wgmma kernel's (tokens per tile, split-K cluster) for this shape");
+
+  m.def(
+      "gemm_w4a16_decode_sm90_split",
+      [](int64_t m, int64_t n, int64_t k, int device) {
+#ifdef LOWBIT_WITH_CUDA
+        return cuda::gemm_w4a16_decode_sm90_split(m, n, k, device);
+#else
+        no_cuda("gemm_w4a16_decode_sm90_split");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0,
+      "GPU (sm_90): the split-K cluster the W4A16 decode kernel takes for this shape");
 
   m.def(
       "quantize_per_token_s8",

@@ -72,7 +72,7 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
   }
   for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
                         "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
-                        "gemm_w4a8_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90",
+                        "gemm_w4a8_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90", "gemm_w4a16_decode_sm90",
                         "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80",
                         "prefill_attention_sm90"})
     EXPECT_TRUE(names.count(n)) << n;
@@ -149,7 +149,14 @@ TEST(Registry, GroupedW8IsRefusedByTheInt8Kernels) {
 }
 
 TEST(Registry, GpuGemmChoicesByDescriptor) {
+  // W4A16 up to 16 tokens: the TMA-fed decode kernel on sm_90, the small mma.sync kernel elsewhere.
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1)).kernel->name,
+               "gemm_w4a16_decode_sm90");
+  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 32, 16)).kernel->name,
+               "gemm_w4a16_decode_sm90");
+  EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::float16, WeightFormat::w4, 128, 1)).kernel->name,
+               "gemm_w4a16_sm80");
+  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 17)).kernel->name,
                "gemm_w4a16_sm80");
   // W4A16 from 128 tokens: the wgmma kernel on sm_90, the large mma.sync kernel elsewhere.
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 127)).kernel->name,

@@ -32,6 +32,9 @@
 #               kernels and the engine as regression, sanitizers over its small cases, then bench_gpu_attention.py
 #               --prefill (every prefill kernel forced by name vs causal SDPA, L = 512 / 2K / 8K / 32K);
 #               PREFILL_SANITIZE=0 skips the sanitizers, PREFILL_ENGINE=0 the engine regression
+#     decode90  the Hopper W4A16 decode kernel (gemm_w4a16_decode_sm90): its tests, the other W4A16 tests and the
+#               registry's as regression, sanitizers over its small cases, the engine (decode runs on it), then
+#               tools/bench_gpu_w4a16_decode.py (vs the sm80 small kernel and cuBLAS fp16 on 8B / 70B-TP2 shapes)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
@@ -121,6 +124,7 @@ SANITIZE_CASES=(
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
+  "w4a16_decode|test_gpu_w4a16_decode_sm90.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-9-True or 2-4103-640-96-16-False or 1-1000-4160-32-5-True)) or strided or bad_split"
   "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors"
 )
 if has sanitize; then
@@ -167,6 +171,24 @@ if has prefill; then
       -k "not smollm2" 2>&1 | tee "$OUT/pytest_prefill_engine.log" | tail -3
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_prefill_engine.log" | cut -c1-400 | head -20
   fi
+fi
+
+if has decode90; then
+  echo "== Hopper W4A16 decode kernel (gemm_w4a16_decode_sm90)"
+  timeout -k 5 300 "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_decode_sm90.py" "$TESTS/test_gpu_w4a16.py" \
+    "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=30 2>&1 | tee "$OUT/pytest_decode90.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode90.log" | cut -c1-400 | head -30
+  if [ "${DECODE90_SANITIZE:-1}" = 1 ]; then
+    expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a16_decode|' | cut -d'|' -f3)
+    sanitize_three w4a16_decode 150 "$expr" test_gpu_w4a16_decode_sm90.py
+  fi
+  if [ "${DECODE90_ENGINE:-1}" = 1 ]; then
+    echo "== regression: the engine on the GPU (decode GEMMs on the new kernel)"
+    timeout -k 5 400 "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=20 -k "not smollm2" 2>&1 \
+      | tee "$OUT/pytest_decode90_engine.log" | tail -3
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode90_engine.log" | cut -c1-400 | head -20
+  fi
+  timeout -k 5 400 python3 "$REPO/tools/bench_gpu_w4a16_decode.py" "$OUT/bench_w4a16_decode.json" 2>&1 | tail -20
 fi
 
 if has fmpq; then

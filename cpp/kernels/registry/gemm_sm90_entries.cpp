@@ -1,5 +1,5 @@
 // The wgmma/TMA GEMM kernels (cpp/kernels/sm90/, built for sm_90a only) in the GEMM registry:
-// preferred over their mma.sync twins on sm_90 (W4A8 and W4A16 from 128 tokens on).
+// preferred over their mma.sync twins on sm_90 (W4A8 and W4A16 from 128 tokens on, W4A16 up to 16 tokens).
 #include "kernels/registry/registration.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/kernels.h"
@@ -54,6 +54,17 @@ Fit w4a16_sm90_can_run(const GemmDesc& d, std::string* why) {
 // From 128 tokens on, above the large mma.sync kernel (rank 2 there); below, the small mma.sync kernel.
 int w4a16_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 3 : 0; }
 
+Fit w4a16_decode_sm90_can_run(const GemmDesc& d, std::string* why) {
+  if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)
+    return refuse(why, "TMA and clusters need sm_90 exactly (built as sm_90a), got " + arch_name(d.device, d.sm));
+  const Fit f = w4a16_can_run(d, why);
+  if (f == Fit::yes && why)
+    *why = "decode: one producer thread feeds the weights, scales and x by TMA, mma.sync consumers, split-K clusters";
+  return f;
+}
+// Up to 16 tokens, above the small mma.sync kernel (rank 2 there).
+int w4a16_decode_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m1 || d.m == MBucket::m16 ? 3 : 0; }
+
 Fit fmpq_sm90_can_run(const GemmDesc& d, std::string* why) {
   if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)
     return refuse(why, "wgmma/TMA need sm_90 exactly (built as sm_90a), got " + arch_name(d.device, d.sm));
@@ -72,6 +83,7 @@ void launch_w8a8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, f
 void launch_fp8(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm90, true); }
 void launch_w4a8_sm90(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm90); }
 void launch_w4a16_sm90(const GemmArgs& a) { launch_w4a16_kernel(a, cuda::W4A16Kernel::sm90); }
+void launch_w4a16_decode_sm90(const GemmArgs& a) { launch_w4a16_kernel(a, cuda::W4A16Kernel::decode_sm90); }
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
 #define LOWBIT_GPU_LAUNCH(f) nullptr
@@ -90,6 +102,9 @@ void register_gemm_sm90(std::vector<GemmKernel>& out) {
                  "(sm_90a)", fmpq_sm90_can_run, fmpq_sm90_rank, LOWBIT_GPU_LAUNCH(launch_fmpq_sm90)});
   out.push_back({"gemm_w4a16_sm90", "W4A16: register-dequantized u4 weights x f16 activations, f16 wgmma + TMA (sm_90a)",
                  w4a16_sm90_can_run, w4a16_sm90_rank, LOWBIT_GPU_LAUNCH(launch_w4a16_sm90)});
+  out.push_back({"gemm_w4a16_decode_sm90", "W4A16 decode (1-16 tokens): TMA-fed u4 weights x f16 activations, "
+                 "mma.sync, split-K clusters (sm_90a)", w4a16_decode_sm90_can_run, w4a16_decode_sm90_rank,
+                 LOWBIT_GPU_LAUNCH(launch_w4a16_decode_sm90)});
 }
 
 }  // namespace lowbit::kernels

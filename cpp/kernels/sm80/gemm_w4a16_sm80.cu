@@ -33,6 +33,7 @@
 #include "lowbit/cuda/kernels.h"
 #include "kernels/sm80/gemm_w4a16_large_sm80.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
+#include "kernels/sm90/gemm_w4a16_decode_sm90.h"
 #include "kernels/sm90/gemm_w4a16_sm90.h"
 
 namespace lowbit::cuda {
@@ -299,18 +300,25 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
 // the tiles of this kernel plus split-K fill the SMs better than 64-token blocks without split-K.
 constexpr int64_t kLargeMinTokens = 128;
 
+// Up to this many tokens the Hopper decode kernel (gemm_w4a16_decode_sm90.cu) runs on sm_90 when the caller
+// leaves both the kernel and the split to the op.
+constexpr int64_t kDecodeMaxTokens = 16;
+
 struct KernelChoice {
-  bool large, sm90;
+  bool large, sm90, decode;
   W4A16LargeTile tile;
 };
 
-// The kernel the caller named (a plan names it; the op-level API may leave it automatic: from
-// kLargeMinTokens tokens the wgmma kernel on sm_90, else the large mma.sync kernel) and the large
-// kernel's tile (W4A16Options::large_tile).
-KernelChoice pick_kernel(int64_t m, const W4A16Options& o, int device) {
-  const bool sm90 = o.kernel == W4A16Kernel::sm90 || (o.kernel == W4A16Kernel::automatic && m >= kLargeMinTokens &&
-                                                      detail::gemm_w4a16_sm90_usable(device));
-  const bool large = !sm90 && (o.kernel == W4A16Kernel::automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large);
+// The kernel the caller named (a plan names it; the op-level API may leave it automatic: up to
+// kDecodeMaxTokens tokens without a pinned split the Hopper decode kernel, from kLargeMinTokens tokens the wgmma
+// kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile (W4A16Options::large_tile).
+KernelChoice pick_kernel(int64_t m, int split_k, const W4A16Options& o, int device) {
+  const bool automatic = o.kernel == W4A16Kernel::automatic;
+  const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
+                      (automatic && m <= kDecodeMaxTokens && split_k <= 0 && detail::gemm_w4a16_decode_sm90_usable(device));
+  const bool sm90 = o.kernel == W4A16Kernel::sm90 ||
+                    (automatic && m >= kLargeMinTokens && detail::gemm_w4a16_sm90_usable(device));
+  const bool large = !sm90 && (automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large);
   W4A16LargeTile tile = W4A16LargeTile::automatic;
   switch (o.large_tile) {
     case 0: break;
@@ -320,7 +328,7 @@ KernelChoice pick_kernel(int64_t m, const W4A16Options& o, int device) {
     default:
       LOWBIT_CHECK(false, "gemm_w4a16: large_tile must be 0, 64128, 128128 or 128256, got ", o.large_tile);
   }
-  return {large, sm90, tile};
+  return {large, sm90, decode, tile};
 }
 
 }  // namespace
@@ -328,11 +336,11 @@ KernelChoice pick_kernel(int64_t m, const W4A16Options& o, int device) {
 // Split-K: fill one wave of resident blocks when the (n, m) tiles alone do not (every block is then
 // resident from the start and they finish together), with at least 4 chunks per split and the f32
 // partials (8 bytes per split and output, written then read) below the weight bytes n*k/2.
-// The large-M kernel has its own rule (split only below one block per SM); the sm90 kernel splits
-// inside a thread-block cluster and needs no partials (1).
+// The large-M kernel has its own rule (split only below one block per SM); the sm90 and decode kernels split
+// inside a thread-block cluster and need no partials (1).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
-  const KernelChoice choice = pick_kernel(m, options, device);
-  if (choice.sm90) return 1;
+  const KernelChoice choice = pick_kernel(m, 0, options, device);
+  if (choice.sm90 || choice.decode) return 1;
   if (choice.large)
     return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
   const ShapeInfo info = prepare(shape_for(m), device);
@@ -358,6 +366,16 @@ std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int de
       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
       {options.sm90_split, options.sm90_tokens, options.sm90_serial});
   return {plan.tokens, plan.split};
+}
+
+int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device) {
+  const char* op = "gemm_w4a16_decode_sm90_split";
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_decode_sm90_usable(device), op,
+                    ": the decode kernel needs an sm_90 device and a library built with sm_90a kernels");
+  LOWBIT_CHECK(m > 0 && m <= (1LL << 30) && n > 0 && n <= (1LL << 22) && k > 0 && k % kChunkK == 0, op,
+               ": bad shape m=", m, " n=", n, " k=", k);
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+  return detail::gemm_w4a16_decode_sm90_split(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0);
 }
 
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) { return split_k > 1 ? split_k * m * n : 0; }
@@ -402,7 +420,18 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  const KernelChoice choice = pick_kernel(m, options, dev);
+  const KernelChoice choice = pick_kernel(m, split_k, options, dev);
+  if (choice.decode) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_decode_sm90_usable(dev), op,
+                      ": the decode kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
+                      " does not qualify); name 'small' instead");
+    const detail::W4A16Problem problem{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
+                                       zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
+                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad),
+                                       mins};
+    detail::gemm_w4a16_decode_sm90(problem, options.sm90_split, options.pdl && pdl_supported(dev), stream);
+    return;
+  }
   if (choice.sm90) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_sm90_usable(dev), op,
                       ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,

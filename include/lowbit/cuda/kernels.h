@@ -29,7 +29,7 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // the cluster size 1/2/4/8; sm90_tokens: 0 automatic, else 128 or 256 tokens per tile; sm90_serial: the
 // earlier mainloop that waits for each stage's wgmmas (A/B timing only). pdl: programmatic dependent
 // launch of the small kernel where the device has it (sm_90+).
-enum class W4A16Kernel : uint8_t { automatic, small, large, sm90 };
+enum class W4A16Kernel : uint8_t { automatic, small, large, sm90, decode_sm90 };
 struct W4A16Options {
   W4A16Kernel kernel = W4A16Kernel::automatic;
   int large_tile = 0;
@@ -44,6 +44,8 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A
 // The sm90 kernel's {tokens per tile, split-K cluster} for this shape under `options` (sm_90 only).
 std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
                                          const W4A16Options& options = {});
+// The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
+int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
 // y[m, n] = x[m, k] · Wᵀ for a w8 weight as the W8A8 kernels read it (row-major s8 [n, k] on the device,

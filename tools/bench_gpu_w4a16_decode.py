@@ -1,0 +1,89 @@
+"""The W4A16 decode GEMMs on Hopper: the TMA-fed decode kernel ("decode90", automatic split and each cluster size
+forced) against the sm80 small-M kernel (its automatic split-K) and cuBLAS fp16 (torch F.linear) in the same
+process, on Llama-3-8B's linears and on one rank's shard of Llama-3-70B's at tensor parallelism 2, at 1 and 16
+tokens. Reports microseconds (CUDA graph replay, rotating weight copies past 3x L2) and weight bytes per second
+(packed codes + f16 scales and zeros; cuBLAS: its f16 weight), beside the device's copy bandwidth. JSON to argv[1].
+  python3 tools/bench_gpu_w4a16_decode.py out.json [--ms 1,16]
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import lowbit
+from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
+
+SHAPES = {
+    "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
+    "70b_tp2.qkv": (5120, 8192), "70b_tp2.o": (8192, 4096), "70b_tp2.gate_up": (28672, 8192),
+    "70b_tp2.down": (8192, 14336),
+}
+GROUP = 128
+
+
+def packed_copies(n, k, copies):
+    from lowbit import _core
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    s = (torch.rand(n, k // GROUP) * 0.02 + 0.002).half()
+    z = (torch.rand(n, k // GROUP) * 15).half()
+    data, ps, pz = (torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, GROUP))
+    return [tuple(lowbit.from_dlpack(t) for t in (data.clone(), ps.clone(), pz.clone())) for _ in range(copies)]
+
+
+def lowbit_calls(ws, n, k, m, kernel):
+    from lowbit import _core
+    x, y = torch.randn(m, k, device="cuda").half(), torch.empty(m, n, device="cuda").half()
+    work = torch.empty(max(1, 64 * m * n), device="cuda")  # the small kernel's split-K partials
+    lx, ly, lwork = lowbit.from_dlpack(x), lowbit.from_dlpack(y), lowbit.from_dlpack(work)
+    keep = (x, y, work)
+    stream = torch.cuda.current_stream
+    return [lambda w=w, keep=keep: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, GROUP, ly, 0, lwork,
+                                                    stream().cuda_stream, kernel) for w in ws]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--ms", default="1,16")
+    args = ap.parse_args()
+    from lowbit import _core
+    meta = device_meta()
+    l2 = meta["l2_bytes"]
+    copy = copy_bandwidth_gbs()
+    print(f"{meta['device']}: copy {copy:.0f} GB/s (read + write)")
+    print(f"{'shape':<16} {'M':>3} | {'cuBLAS':>7} {'small':>7} {'decode':>7} (S) | {'GB/s small':>10} {'decode':>6} | "
+          f"{'vs small':>8} {'vs cuBLAS':>9} | decode us by split")
+    rows = []
+    for m in (int(v) for v in args.ms.split(",")):
+        for name, (n, k) in SHAPES.items():
+            weight_bytes = n * k // 2 + n * (k // GROUP) * 4
+            ws = packed_copies(n, k, copies_for(weight_bytes, l2))
+            auto = _core.gemm_w4a16_decode_sm90_split(m, n, k)
+            t = {"small": graph_time_us(lowbit_calls(ws, n, k, m, "small")),
+                 "decode": graph_time_us(lowbit_calls(ws, n, k, m, "decode90"))}
+            by_split = {}
+            for split in (1, 2, 4, 8):
+                if k // 64 // split >= 2:
+                    by_split[split] = graph_time_us(lowbit_calls(ws, n, k, m, f"decode90:{split}"))
+            del ws
+            f16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
+            x = torch.randn(m, k, device="cuda").half()
+            t["cublas"] = graph_time_us([lambda w=w: F.linear(x, w) for w in f16])
+            del f16
+            torch.cuda.empty_cache()
+            gbs = {key: weight_bytes / (us * 1e-6) / 1e9 for key, us in t.items() if key != "cublas"}
+            row = {"shape": name, "n": n, "k": k, "m": m, "decode_split": auto, "us": {key: round(v, 2) for key, v in t.items()},
+                   "decode_us_by_split": {str(s): round(v, 2) for s, v in by_split.items()},
+                   "weight_gbs": {key: round(v, 1) for key, v in gbs.items()},
+                   "decode_vs_small": round(t["small"] / t["decode"], 3),
+                   "decode_vs_cublas": round(t["cublas"] / t["decode"], 3)}
+            rows.append(row)
+            splits = " ".join(f"{s}:{v:.1f}" for s, v in by_split.items())
+            print(f"{name:<16} {m:>3} | {t['cublas']:>7.2f} {t['small']:>7.2f} {t['decode']:>7.2f} ({auto}) | "
+                  f"{gbs['small']:>10.0f} {gbs['decode']:>6.0f} | {row['decode_vs_small']:>7.2f}x "
+                  f"{row['decode_vs_cublas']:>8.2f}x | {splits}", flush=True)
+    write_json(args.out, {"benchmark": "w4a16_decode_sm90", "meta": meta, "copy_gbs": round(copy, 1), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
