@@ -35,6 +35,7 @@
 #     decode90  the Hopper W4A16 decode kernel (gemm_w4a16_decode_sm90): its tests, the other W4A16 tests and the
 #               registry's as regression, sanitizers over its small cases, the engine (decode runs on it), then
 #               tools/bench_gpu_w4a16_decode.py (vs the sm80 small kernel and cuBLAS fp16 on 8B / 70B-TP2 shapes)
+#     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
@@ -189,6 +190,17 @@ if has decode90; then
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode90_engine.log" | cut -c1-400 | head -20
   fi
   timeout -k 5 400 python3 "$REPO/tools/bench_gpu_w4a16_decode.py" "$OUT/bench_w4a16_decode.json" 2>&1 | tail -20
+fi
+
+if has decode90_profile; then
+  echo "== ncu over the W4A16 decode GEMMs (8B down and gate_up, one token), with the stall reasons"
+  timeout -k 5 240 ncu --clock-control none -k regex:"gemm_w4a16_decode_sm90_kernel|gemm_w4a16_kernel" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+    --section LaunchStats --section InstructionStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    python3 "$REPO/tools/bench_gpu_w4a16_decode_profile.py" > "$OUT/ncu_decode90.txt" 2>&1; echo "ncu rc=$?"
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |read bandwidth|stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu_decode90.txt" \
+    | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | cut -c1-160 | head -120
 fi
 
 if has fmpq; then

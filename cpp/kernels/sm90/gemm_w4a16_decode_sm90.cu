@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
+      mbar_init(&empty[s], kConsumerWarps);  // one release per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -233,7 +233,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int s = it % C::kStages;
     mbar_wait(&full[s], (it / C::kStages) & 1);
     compute_stage<C, kMins>(smem + s * C::kStageBytes, min(kChunks, kc_end - (kc0 + it * kChunks)), warp, lane, acc);
-    mbar_arrive(&empty[s]);  // this thread's reads of the stage are done (their values fed the mma above)
+    // The warp's reads of the stage are done (their values fed the mma above): one arrival for the warp, not 32
+    // (a decode stage is short, and 256 arrivals per stage queue on the shared-memory atomics).
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
   }
   float flat[C::kR];
 #pragma unroll
