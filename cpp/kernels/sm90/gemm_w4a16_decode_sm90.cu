@@ -6,14 +6,16 @@
 // cp.async address arithmetic (one 16-byte copy per thread per unit, a runtime division for the group row) and the
 // per-stage __syncthreads. Here one producer thread moves everything with the copy engine (TMA): per stage of four
 // 64-k chunks, one 3-D box of the CTA's eight 16-row weight tiles (16 KB), one 1-D bulk copy per group row of
-// scales and of zeros (or mins) and one per token row of x; the eight consumer warps only dequantize and multiply.
+// scales and of zeros (or mins) and one per token row of x; the consumer warps only dequantize and multiply.
 // Full/empty mbarriers replace the block barrier, and four stages (three for 16 tokens) of two CTAs per SM keep
-// ~100 KB per SM in flight, which the per-thread copies could not.
+// ~100 KB per SM in flight.
 //
-// The math is the sm80 kernel's, step for step: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
-// (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16) and multiplies it into its 8-token tiles with
-// mma.sync m16n8k16 (for a few tokens the tensor cores idle either way). With the same split-K ranges
-// (per = ceil(k_chunks / split) chunks each) the sums are the sm80 kernel's bit for bit.
+// The math is the sm80 kernel's: each 16x16 weight fragment is dequantized once (w4a16_common_sm80.cuh: w = q*s - z*s,
+// or q*s + m, in f16, the same weights bit for bit) and multiplied into its 8-token tiles with mma.sync m16n8k16
+// (for a few tokens the tensor cores idle either way). A decode warp is bound by its dependency chains (ncu on an
+// H200 with one warp per tile: ~5 cycles per issued instruction, mostly fixed-latency waits and shared-memory loads,
+// with one CTA of eight consumer warps per SM), so two warps share each tile, one taking a stage's even chunks and
+// one its odd chunks, and their f32 sums meet once at the end (in a fixed order: deterministic).
 //
 // Split-K runs as a thread-block cluster along z (1, 2, 4, 8 CTAs) whose f32 partials meet in distributed shared
 // memory in rank order (sm90_common.cuh's reduce_split_k): no partials buffer and no second kernel. Launched as a
@@ -36,9 +38,10 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kRows = 128;                    // weight rows per CTA: one 16-row tile per consumer warp
+constexpr int kRows = 128;                    // weight rows per CTA: eight 16-row tiles
 constexpr int kTiles = kRows / 16;
-constexpr int kConsumerWarps = kTiles;
+constexpr int kWarpsPerTile = 2;              // the even and the odd chunks of each stage
+constexpr int kConsumerWarps = kTiles * kWarpsPerTile;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // + one producer warp
 constexpr int kChunks = 4;                    // 64-k chunks per stage
 constexpr int kChunkK = w4a16::kChunkK, kChunkBytes = w4a16::kChunkBytes;
@@ -57,6 +60,7 @@ struct Config {
   static constexpr int kStages = BT == 8 ? 4 : 3;                     // two CTAs per SM either way
   static constexpr int kSmemBytes = 128 + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
+  static_assert(kTiles * 32 * kR * 4 <= kStageBytes, "the odd-chunk warps' hand-off must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
 
@@ -127,6 +131,9 @@ struct Producer {
   }
 };
 
+// Barrier of all consumer warps (id 2; 1 is store_rows_through_smem's, among the eight even-chunk warps).
+__device__ inline void consumers_sync() { asm volatile("bar.sync 2, %0;" ::"n"(kConsumerWarps * 32) : "memory"); }
+
 struct Params {
   __half2 s_lo, nzs_lo, s_hi, nzs_hi;
 };
@@ -139,11 +146,12 @@ __device__ inline Params load_params(const __half* ps, int slot, int row) {
   return {__half2half2(s0), w4a16::addend_of(z0, s0, kMins), __half2half2(s8), w4a16::addend_of(z8, s8, kMins)};
 }
 
-// One consumer warp's share of a stage: per chunk, each k16 step's weight fragment dequantized once and
-// multiplied into each 8-token tile (the sm80 kernel's order: chunk, step, token tile). kMins: the second
+// One consumer warp's share of a stage: its tile's chunks `part`, `part` + 2 (two warps per tile: a decode warp is
+// bound by its dependency chains, so the SM needs many of them), each k16 step's weight fragment dequantized once
+// and multiplied into each 8-token tile. kMins: the second
 // parameter is a min (GGUF Q4_1), a compile-time choice so that neither kind issues the other's instructions.
 template <class C, bool kMins>
-__device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int gw, int lane,
+__device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int gw, int part, int lane,
                                               float (&acc)[C::kTilesM][4]) {
   const uint4* ws = reinterpret_cast<const uint4*>(st);
   const __half* ps = reinterpret_cast<const __half*>(st + C::kWBytes);
@@ -153,7 +161,8 @@ __device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int
   int slot = -1;
   Params prm{};
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
+  for (int i = 0; i < kChunks / kWarpsPerTile; ++i) {
+    const int c = i * kWarpsPerTile + part;
     if (c >= chunks) break;
     const uint4 wv = ws[(gw * kChunks + c) * 32 + lane];
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
@@ -228,24 +237,44 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
 
+  const int tile = warp % kTiles, part = warp / kTiles;
   float acc[C::kTilesM][4] = {};
   for (int it = 0; it < stages; ++it) {
     const int s = it % C::kStages;
     mbar_wait(&full[s], (it / C::kStages) & 1);
-    compute_stage<C, kMins>(smem + s * C::kStageBytes, min(kChunks, kc_end - (kc0 + it * kChunks)), warp, lane, acc);
+    compute_stage<C, kMins>(smem + s * C::kStageBytes, min(kChunks, kc_end - (kc0 + it * kChunks)), tile, part, lane,
+                            acc);
     // The warp's reads of the stage are done (their values fed the mma above): one arrival for the warp, not 32
-    // (a decode stage is short, and 256 arrivals per stage queue on the shared-memory atomics).
+    // (a decode stage is short, and 512 arrivals per stage would queue on the shared-memory atomics).
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
   }
   float flat[C::kR];
 #pragma unroll
   for (int v = 0; v < C::kR; ++v) flat[v] = acc[v / 4][v % 4];
+  // The odd-chunk warps hand their sums to the even-chunk warps through the idle pipeline smem; those add them
+  // (always in this order) and run the epilogue.
+  float* handoff = reinterpret_cast<float*>(smem) + (tile * 32 + lane) * C::kR;
+  consumers_sync();  // every consumer is done with the stages
+  if (part == 1) {
+#pragma unroll
+    for (int v = 0; v < C::kR; ++v) handoff[v] = flat[v];
+  }
+  consumers_sync();
+  if (part == 1) {
+    if (split > 1) {  // the two cluster barriers of the split-K reduction below
+      cooperative_groups::this_cluster().sync();
+      cooperative_groups::this_cluster().sync();
+    }
+    return;
+  }
+#pragma unroll
+  for (int v = 0; v < C::kR; ++v) flat[v] += handoff[v];
   if (split == 1) {
-    store_rows_through_smem<kRows, BT, kConsumerWarps>(smem, p.y, p.ldy, p.m, p.n, m0, n0, warp, lane, args.vector_y,
-                                                       [&](int v, int) { return __float2half_rn(flat[v]); });
+    store_rows_through_smem<kRows, BT, kTiles>(smem, p.y, p.ldy, p.m, p.n, m0, n0, tile, lane, args.vector_y,
+                                               [&](int v, int) { return __float2half_rn(flat[v]); });
   } else {
-    reduce_split_k<kConsumerWarps, float4>(smem, warp, lane, rank, split, flat, [&](int w, int ln, int v, float4 s) {
+    reduce_split_k<kTiles, float4>(smem, tile, lane, rank, split, flat, [&](int w, int ln, int v, float4 s) {
       store_acc(p, n0, m0, w, ln, v, s.x);
       store_acc(p, n0, m0, w, ln, v + 1, s.y);
       store_acc(p, n0, m0, w, ln, v + 2, s.z);
