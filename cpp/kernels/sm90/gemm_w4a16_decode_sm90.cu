@@ -38,14 +38,14 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kRows = 128;                    // weight rows per CTA: eight 16-row tiles
+constexpr int kRows = 128;                    // weight rows per CTA: one 16-row tile per consumer warp
 constexpr int kTiles = kRows / 16;
-constexpr int kWarpsPerTile = 2;              // the even and the odd chunks of each stage
-constexpr int kConsumerWarps = kTiles * kWarpsPerTile;
+constexpr int kConsumerWarps = kTiles;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // + one producer warp
 constexpr int kChunks = 4;                    // 64-k chunks per stage
 constexpr int kChunkK = w4a16::kChunkK, kChunkBytes = w4a16::kChunkBytes;
 constexpr int kParamSlots = 2 * kChunks;      // distinct group rows one stage can touch (g32: two per chunk)
+constexpr int kFlush = 0x80;                  // table bit: the group ends with this half chunk
 
 template <int BT>
 struct Config {
@@ -55,12 +55,11 @@ struct Config {
   static constexpr int kPBytes = kParamSlots * 2 * kRows * 2;         // [slot][scale | zero][row] f16
   static constexpr int kXRow = kChunks * kChunkK + 8;                 // halves; +16 bytes: conflict-free ldmatrix
   static constexpr int kXBytes = BT * kXRow * 2;
-  static constexpr int kTableBytes = 2 * kChunks;                     // slot of (chunk, k half)
+  static constexpr int kTableBytes = 2 * kChunks;                     // per (chunk, k half): slot | kFlush
   static constexpr int kStageBytes = (kWBytes + kPBytes + kXBytes + kTableBytes + 127) / 128 * 128;
   static constexpr int kStages = BT == 8 ? 4 : 3;                     // two CTAs per SM either way
   static constexpr int kSmemBytes = 128 + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
-  static_assert(kTiles * 32 * kR * 4 <= kStageBytes, "the odd-chunk warps' hand-off must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
 
@@ -94,8 +93,16 @@ struct Producer {
     const int slots = w4a16::param_row(kc + chunks - 1, 1, p.group) - first + 1;  // <= kParamSlots (group >= 32)
     uint8_t* table = st + C::kWBytes + C::kPBytes + C::kXBytes;
     for (int c = 0; c < kChunks; ++c)
-      for (int h = 0; h < 2; ++h)
-        table[2 * c + h] = static_cast<uint8_t>(c < chunks ? w4a16::param_row(kc + c, h, p.group) - first : 0);
+      for (int h = 0; h < 2; ++h) {
+        if (c >= chunks) {
+          table[2 * c + h] = 0;
+          continue;
+        }
+        const int row = w4a16::param_row(kc + c, h, p.group);
+        const bool last = kc + c + 1 == kc_end && h == 1;
+        const int next = h == 0 ? w4a16::param_row(kc + c, 1, p.group) : w4a16::param_row(kc + c + 1, 0, p.group);
+        table[2 * c + h] = static_cast<uint8_t>((row - first) | (last || next != row ? kFlush : 0));
+      }
     const int prow = min(kRows, p.npad - n0);  // parameter rows to copy: a multiple of 16
     // One arrival with every byte of the stage, x included (x may be issued later: the phase completes only
     // when all of them have landed). The table's stores above are ordered before it (release).
@@ -131,56 +138,72 @@ struct Producer {
   }
 };
 
-// Barrier of all consumer warps (id 2; 1 is store_rows_through_smem's, among the eight even-chunk warps).
-__device__ inline void consumers_sync() { asm volatile("bar.sync 2, %0;" ::"n"(kConsumerWarps * 32) : "memory"); }
-
-struct Params {
-  __half2 s_lo, nzs_lo, s_hi, nzs_hi;
-};
-
-// The scale and zero (or min) of rows g and g + 8 of warp gw's tile from parameter slot `slot` of a stage.
+// A group's parameters for rows g (low nibbles) and g + 8 (high nibbles) of warp gw's tile from slot `slot` of a
+// stage, as the f32 terms of its flush: y += s * sum(code * x) + d * sum(x). The low nibbles reach the mma as
+// 1024 + q and the high ones as 1024 + 16 q (the magic-number halves, unshifted), hence d = c - 1024 s and
+// d = c - 64 s with s / 16, where c = -z * s, or the min m of w = q*s + m.
 template <bool kMins>
-__device__ inline Params load_params(const __half* ps, int slot, int row) {
+__device__ inline void flush_group(const __half* ps, int slot, int row, const float (&part)[4], const float (&xsum)[4],
+                                   float (&acc)[4]) {
   const __half* h = ps + slot * 2 * kRows;
-  const __half s0 = h[row], s8 = h[row + 8], z0 = h[kRows + row], z8 = h[kRows + row + 8];
-  return {__half2half2(s0), w4a16::addend_of(z0, s0, kMins), __half2half2(s8), w4a16::addend_of(z8, s8, kMins)};
+  const float s0 = __half2float(h[row]), s8 = __half2float(h[row + 8]);
+  const float p0 = __half2float(h[kRows + row]), p8 = __half2float(h[kRows + row + 8]);
+  const float c0 = kMins ? p0 : -p0 * s0, c8 = kMins ? p8 : -p8 * s8;
+  const float d0 = fmaf(-1024.f, s0, c0), d8 = fmaf(-64.f, s8, c8), s8_16 = s8 * 0.0625f;
+  acc[0] += fmaf(s0, part[0], d0 * xsum[0]);
+  acc[1] += fmaf(s0, part[1], d0 * xsum[1]);
+  acc[2] += fmaf(s8_16, part[2], d8 * xsum[2]);
+  acc[3] += fmaf(s8_16, part[3], d8 * xsum[3]);
 }
 
-// One consumer warp's share of a stage: its tile's chunks `part`, `part` + 2 (two warps per tile: a decode warp is
-// bound by its dependency chains, so the SM needs many of them), each k16 step's weight fragment dequantized once
-// and multiplied into each 8-token tile. kMins: the second
-// parameter is a min (GGUF Q4_1), a compile-time choice so that neither kind issues the other's instructions.
+// One consumer warp's share of a stage. The weights are never rounded to f16: each k16 step's codes go to the mma
+// as they come out of the magic-number lop3 (four lop3 and one shift per 16x16 fragment, where dequantizing costs
+// eight more f16 operations), a second mma of an all-ones fragment sums x over the same k, and at the end of each
+// quantization group (the producer's kFlush bit) the group's f32 sums take its scale and zero into the
+// accumulators. A decode warp is bound by its instruction count and dependency chains (ncu, H200: ~110
+// instructions per 512-byte chunk at ~7 cycles each with the f16 dequantization), so this is where its time goes.
 template <class C, bool kMins>
-__device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int gw, int part, int lane,
+__device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int gw, int lane,
+                                              float (&part)[C::kTilesM][4], float (&xsum)[C::kTilesM][4],
                                               float (&acc)[C::kTilesM][4]) {
+  constexpr uint32_t kLowMask = 0x000f000f, kHighMask = 0x00f000f0, kExp = 0x64006400;  // 0x6400 = 1024.0
+  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;                                         // (a & b) | c
+  constexpr uint32_t kOnes = 0x3c003c00;                                               // f16x2 (1, 1)
+  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   const uint4* ws = reinterpret_cast<const uint4*>(st);
   const __half* ps = reinterpret_cast<const __half*>(st + C::kWBytes);
-  const __half* xs = reinterpret_cast<const __half*>(st + C::kWBytes + C::kPBytes);
   const uint8_t* table = st + C::kWBytes + C::kPBytes + C::kXBytes;
+  // This lane's ldmatrix row address (lanes 0-7: k 0-7 of token lane; 8-15: k 8-15), per token tile + 16 rows.
+  const uint32_t x_addr = w4a16::smem_addr(st + C::kWBytes + C::kPBytes) +
+                          ((lane & 7) * C::kXRow + 8 * ((lane >> 3) & 1)) * 2;
   const int row = gw * 16 + (lane >> 2);
-  int slot = -1;
-  Params prm{};
 #pragma unroll
-  for (int i = 0; i < kChunks / kWarpsPerTile; ++i) {
-    const int c = i * kWarpsPerTile + part;
+  for (int c = 0; c < kChunks; ++c) {
     if (c >= chunks) break;
     const uint4 wv = ws[(gw * kChunks + c) * 32 + lane];
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
-      if (step == 0 || step == 2) {  // k 0-31 and 32-63 of the chunk may lie in different groups (g32)
-        const int s = table[2 * c + step / 2];
-        if (s != slot) prm = load_params<kMins>(ps, s, row), slot = s;
-      }
-      uint32_t a[4];
-      w4a16::dequant_word(words[step], prm.s_lo, prm.nzs_lo, prm.s_hi, prm.nzs_hi, a);
+      const uint32_t w = words[step], w8 = w >> 8;
+      const uint32_t a[4] = {w4a16::lop3<kAndOr>(w, kLowMask, kExp), w4a16::lop3<kAndOr>(w, kHighMask, kExp),
+                             w4a16::lop3<kAndOr>(w8, kLowMask, kExp), w4a16::lop3<kAndOr>(w8, kHighMask, kExp)};
 #pragma unroll
       for (int j = 0; j < C::kTilesM; ++j) {
-        const int r = j * 8 + (lane & 7);
         uint32_t b0, b1;
-        w4a16::ldmatrix_x2(w4a16::smem_addr(xs + r * C::kXRow + c * kChunkK + 16 * step + 8 * ((lane >> 3) & 1)), b0,
-                           b1);
-        w4a16::mma_16816(acc[j], a, b0, b1);
+        w4a16::ldmatrix_x2(x_addr + (j * 8 * C::kXRow + c * kChunkK + 16 * step) * 2, b0, b1);
+        w4a16::mma_16816(part[j], a, b0, b1);
+        w4a16::mma_16816(xsum[j], ones, b0, b1);
+      }
+      if (step % 2 == 1) {
+        const int e = table[2 * c + step / 2];
+        if (e & kFlush) {
+#pragma unroll
+          for (int j = 0; j < C::kTilesM; ++j) {
+            flush_group<kMins>(ps, e & (kFlush - 1), row, part[j], xsum[j], acc[j]);
+#pragma unroll
+            for (int v = 0; v < 4; ++v) part[j][v] = 0.f, xsum[j][v] = 0.f;
+          }
+        }
       }
     }
   }
@@ -217,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);  // one release per consumer warp
+      mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -237,44 +260,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
 
-  const int tile = warp % kTiles, part = warp / kTiles;
-  float acc[C::kTilesM][4] = {};
+  float part[C::kTilesM][4] = {}, xsum[C::kTilesM][4] = {}, acc[C::kTilesM][4] = {};
   for (int it = 0; it < stages; ++it) {
     const int s = it % C::kStages;
     mbar_wait(&full[s], (it / C::kStages) & 1);
-    compute_stage<C, kMins>(smem + s * C::kStageBytes, min(kChunks, kc_end - (kc0 + it * kChunks)), tile, part, lane,
-                            acc);
-    // The warp's reads of the stage are done (their values fed the mma above): one arrival for the warp, not 32
-    // (a decode stage is short, and 512 arrivals per stage would queue on the shared-memory atomics).
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    compute_stage<C, kMins>(smem + s * C::kStageBytes, min(kChunks, kc_end - (kc0 + it * kChunks)), warp, lane, part,
+                            xsum, acc);
+    mbar_arrive(&empty[s]);  // this thread's reads of the stage are done (their values fed the mma above)
   }
   float flat[C::kR];
 #pragma unroll
   for (int v = 0; v < C::kR; ++v) flat[v] = acc[v / 4][v % 4];
-  // The odd-chunk warps hand their sums to the even-chunk warps through the idle pipeline smem; those add them
-  // (always in this order) and run the epilogue.
-  float* handoff = reinterpret_cast<float*>(smem) + (tile * 32 + lane) * C::kR;
-  consumers_sync();  // every consumer is done with the stages
-  if (part == 1) {
-#pragma unroll
-    for (int v = 0; v < C::kR; ++v) handoff[v] = flat[v];
-  }
-  consumers_sync();
-  if (part == 1) {
-    if (split > 1) {  // the two cluster barriers of the split-K reduction below
-      cooperative_groups::this_cluster().sync();
-      cooperative_groups::this_cluster().sync();
-    }
-    return;
-  }
-#pragma unroll
-  for (int v = 0; v < C::kR; ++v) flat[v] += handoff[v];
   if (split == 1) {
-    store_rows_through_smem<kRows, BT, kTiles>(smem, p.y, p.ldy, p.m, p.n, m0, n0, tile, lane, args.vector_y,
-                                               [&](int v, int) { return __float2half_rn(flat[v]); });
+    store_rows_through_smem<kRows, BT, kConsumerWarps>(smem, p.y, p.ldy, p.m, p.n, m0, n0, warp, lane, args.vector_y,
+                                                       [&](int v, int) { return __float2half_rn(flat[v]); });
   } else {
-    reduce_split_k<kTiles, float4>(smem, tile, lane, rank, split, flat, [&](int w, int ln, int v, float4 s) {
+    reduce_split_k<kConsumerWarps, float4>(smem, warp, lane, rank, split, flat, [&](int w, int ln, int v, float4 s) {
       store_acc(p, n0, m0, w, ln, v, s.x);
       store_acc(p, n0, m0, w, ln, v + 1, s.y);
       store_acc(p, n0, m0, w, ln, v + 2, s.z);
