@@ -149,14 +149,19 @@ TEST(Registry, GroupedW8IsRefusedByTheInt8Kernels) {
 }
 
 TEST(Registry, GpuGemmChoicesByDescriptor) {
-  // W4A16 up to 16 tokens: the TMA-fed decode kernel on sm_90, the small mma.sync kernel elsewhere.
+  // W4A16 up to 16 tokens: the TMA-fed decode kernel on sm_90 for layers of 16384 rows or more, the small
+  // mma.sync kernel for narrower layers, more tokens and other GPUs.
+  GemmDesc wide = gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1);
+  wide.n = 28672;
+  EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_decode_sm90");
+  wide.m = m_bucket_of(16);
+  EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_decode_sm90");
+  wide.m = m_bucket_of(17);
+  EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_sm80");
+  wide.m = m_bucket_of(1);
+  wide.sm = 80;
+  EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_sm80");
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1)).kernel->name,
-               "gemm_w4a16_decode_sm90");
-  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 32, 16)).kernel->name,
-               "gemm_w4a16_decode_sm90");
-  EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::float16, WeightFormat::w4, 128, 1)).kernel->name,
-               "gemm_w4a16_sm80");
-  EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 17)).kernel->name,
                "gemm_w4a16_sm80");
   // W4A16 from 128 tokens: the wgmma kernel on sm_90, the large mma.sync kernel elsewhere.
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 127)).kernel->name,

@@ -62,8 +62,12 @@ Fit w4a16_decode_sm90_can_run(const GemmDesc& d, std::string* why) {
     *why = "decode: one producer thread feeds the weights, scales and x by TMA, mma.sync consumers, split-K clusters";
   return f;
 }
-// Up to 16 tokens, above the small mma.sync kernel (rank 2 there).
-int w4a16_decode_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m1 || d.m == MBucket::m16 ? 3 : 0; }
+// Up to 16 tokens on layers of 16384 rows or more (gate_up: its unsplit CTAs cover the SMs), above the small
+// mma.sync kernel (rank 2 there); it was measured slower than that kernel on narrower layers (H200,
+// docs/benchmarks_gpu.md), which keep it.
+int w4a16_decode_sm90_rank(const GemmDesc& d) {
+  return (d.m == MBucket::m1 || d.m == MBucket::m16) && d.n >= 16384 ? 3 : 0;
+}
 
 Fit fmpq_sm90_can_run(const GemmDesc& d, std::string* why) {
   if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)

@@ -300,9 +300,12 @@ void launch(const GemmArgs& p, int split, cudaStream_t stream) {
 // the tiles of this kernel plus split-K fill the SMs better than 64-token blocks without split-K.
 constexpr int64_t kLargeMinTokens = 128;
 
-// Up to this many tokens the Hopper decode kernel (gemm_w4a16_decode_sm90.cu) runs on sm_90 when the caller
-// leaves both the kernel and the split to the op.
+// Up to this many tokens, on layers of at least this many rows, the Hopper decode kernel
+// (gemm_w4a16_decode_sm90.cu) runs on sm_90 when the caller leaves both the kernel and the split to the op: there
+// its unsplit CTAs cover the SMs and it was measured 1.03-1.15x faster than this kernel (H200); on narrower layers
+// it was slower (docs/benchmarks_gpu.md).
 constexpr int64_t kDecodeMaxTokens = 16;
+constexpr int64_t kDecodeMinRows = 16384;
 
 struct KernelChoice {
   bool large, sm90, decode;
@@ -310,12 +313,14 @@ struct KernelChoice {
 };
 
 // The kernel the caller named (a plan names it; the op-level API may leave it automatic: up to
-// kDecodeMaxTokens tokens without a pinned split the Hopper decode kernel, from kLargeMinTokens tokens the wgmma
+// kDecodeMaxTokens tokens on layers of kDecodeMinRows rows or more without a pinned split the Hopper decode kernel,
+// from kLargeMinTokens tokens the wgmma
 // kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile (W4A16Options::large_tile).
-KernelChoice pick_kernel(int64_t m, int split_k, const W4A16Options& o, int device) {
+KernelChoice pick_kernel(int64_t m, int64_t n, int split_k, const W4A16Options& o, int device) {
   const bool automatic = o.kernel == W4A16Kernel::automatic;
   const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
-                      (automatic && m <= kDecodeMaxTokens && split_k <= 0 && detail::gemm_w4a16_decode_sm90_usable(device));
+                      (automatic && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
+                       detail::gemm_w4a16_decode_sm90_usable(device));
   const bool sm90 = o.kernel == W4A16Kernel::sm90 ||
                     (automatic && m >= kLargeMinTokens && detail::gemm_w4a16_sm90_usable(device));
   const bool large = !sm90 && (automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large);
@@ -339,7 +344,7 @@ KernelChoice pick_kernel(int64_t m, int split_k, const W4A16Options& o, int devi
 // The large-M kernel has its own rule (split only below one block per SM); the sm90 and decode kernels split
 // inside a thread-block cluster and need no partials (1).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
-  const KernelChoice choice = pick_kernel(m, 0, options, device);
+  const KernelChoice choice = pick_kernel(m, n, 0, options, device);
   if (choice.sm90 || choice.decode) return 1;
   if (choice.large)
     return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
@@ -420,7 +425,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  const KernelChoice choice = pick_kernel(m, split_k, options, dev);
+  const KernelChoice choice = pick_kernel(m, n, split_k, options, dev);
   if (choice.decode) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_decode_sm90_usable(dev), op,
                       ": the decode kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,

@@ -6,16 +6,21 @@
 // cp.async address arithmetic (one 16-byte copy per thread per unit, a runtime division for the group row) and the
 // per-stage __syncthreads. Here one producer thread moves everything with the copy engine (TMA): per stage of four
 // 64-k chunks, one 3-D box of the CTA's eight 16-row weight tiles (16 KB), one 1-D bulk copy per group row of
-// scales and of zeros (or mins) and one per token row of x; the consumer warps only dequantize and multiply.
+// scales and of zeros (or mins) and one per token row of x; the eight consumer warps only dequantize and multiply.
 // Full/empty mbarriers replace the block barrier, and four stages (three for 16 tokens) of two CTAs per SM keep
-// ~100 KB per SM in flight.
+// ~100 KB per SM in flight, which the per-thread copies could not.
 //
-// The math is the sm80 kernel's: each 16x16 weight fragment is dequantized once (w4a16_common_sm80.cuh: w = q*s - z*s,
-// or q*s + m, in f16, the same weights bit for bit) and multiplied into its 8-token tiles with mma.sync m16n8k16
-// (for a few tokens the tensor cores idle either way). A decode warp is bound by its dependency chains (ncu on an
-// H200 with one warp per tile: ~5 cycles per issued instruction, mostly fixed-latency waits and shared-memory loads,
-// with one CTA of eight consumer warps per SM), so two warps share each tile, one taking a stage's even chunks and
-// one its odd chunks, and their f32 sums meet once at the end (in a fixed order: deterministic).
+// The math is the sm80 kernel's, step for step: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
+// (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16) and multiplies it into its 8-token tiles with
+// mma.sync m16n8k16 (for a few tokens the tensor cores idle either way). With the same split-K ranges
+// (per = ceil(k_chunks / split) chunks each) the sums are the sm80 kernel's bit for bit.
+//
+// Measured (H200, docs/benchmarks_gpu.md): 1.10-1.15x the small kernel at one token and 1.03-1.04x at 16 on the
+// 28672-row gate_up layers, where 224 unsplit CTAs cover the SMs; 0.7-0.97x on the 4096-8192-row layers, which need
+// a split-K cluster. Each CTA takes its weights at only ~9-15 GB/s: with the dequantization trimmed to half the
+// instructions (branch decode90-v3-unscaled) the consumers wait on the full barriers instead and nothing is gained,
+// so the delivery per CTA, not the consumers, is the limit. The registry and the op's automatic choice therefore
+// take this kernel only on layers of 16384 rows or more.
 //
 // Split-K runs as a thread-block cluster along z (1, 2, 4, 8 CTAs) whose f32 partials meet in distributed shared
 // memory in rank order (sm90_common.cuh's reduce_split_k): no partials buffer and no second kernel. Launched as a
@@ -45,7 +50,6 @@ constexpr int kThreads = 32 * (kConsumerWarps + 1);  // + one producer warp
 constexpr int kChunks = 4;                    // 64-k chunks per stage
 constexpr int kChunkK = w4a16::kChunkK, kChunkBytes = w4a16::kChunkBytes;
 constexpr int kParamSlots = 2 * kChunks;      // distinct group rows one stage can touch (g32: two per chunk)
-constexpr int kFlush = 0x80;                  // table bit: the group ends with this half chunk
 
 template <int BT>
 struct Config {
@@ -55,7 +59,7 @@ struct Config {
   static constexpr int kPBytes = kParamSlots * 2 * kRows * 2;         // [slot][scale | zero][row] f16
   static constexpr int kXRow = kChunks * kChunkK + 8;                 // halves; +16 bytes: conflict-free ldmatrix
   static constexpr int kXBytes = BT * kXRow * 2;
-  static constexpr int kTableBytes = 2 * kChunks;                     // per (chunk, k half): slot | kFlush
+  static constexpr int kTableBytes = 2 * kChunks;                     // slot of (chunk, k half)
   static constexpr int kStageBytes = (kWBytes + kPBytes + kXBytes + kTableBytes + 127) / 128 * 128;
   static constexpr int kStages = BT == 8 ? 4 : 3;                     // two CTAs per SM either way
   static constexpr int kSmemBytes = 128 + kStages * kStageBytes + 2 * kStages * 8;
@@ -93,16 +97,8 @@ struct Producer {
     const int slots = w4a16::param_row(kc + chunks - 1, 1, p.group) - first + 1;  // <= kParamSlots (group >= 32)
     uint8_t* table = st + C::kWBytes + C::kPBytes + C::kXBytes;
     for (int c = 0; c < kChunks; ++c)
-      for (int h = 0; h < 2; ++h) {
-        if (c >= chunks) {
-          table[2 * c + h] = 0;
-          continue;
-        }
-        const int row = w4a16::param_row(kc + c, h, p.group);
-        const bool last = kc + c + 1 == kc_end && h == 1;
-        const int next = h == 0 ? w4a16::param_row(kc + c, 1, p.group) : w4a16::param_row(kc + c + 1, 0, p.group);
-        table[2 * c + h] = static_cast<uint8_t>((row - first) | (last || next != row ? kFlush : 0));
-      }
+      for (int h = 0; h < 2; ++h)
+        table[2 * c + h] = static_cast<uint8_t>(c < chunks ? w4a16::param_row(kc + c, h, p.group) - first : 0);
     const int prow = min(kRows, p.npad - n0);  // parameter rows to copy: a multiple of 16
     // One arrival with every byte of the stage, x included (x may be issued later: the phase completes only
     // when all of them have landed). The table's stores above are ordered before it (release).
@@ -138,45 +134,31 @@ struct Producer {
   }
 };
 
-// A group's parameters for rows g (low nibbles) and g + 8 (high nibbles) of warp gw's tile from slot `slot` of a
-// stage, as the f32 terms of its flush: y += s * sum(code * x) + d * sum(x). The low nibbles reach the mma as
-// 1024 + q and the high ones as 1024 + 16 q (the magic-number halves, unshifted), hence d = c - 1024 s and
-// d = c - 64 s with s / 16, where c = -z * s, or the min m of w = q*s + m.
+struct Params {
+  __half2 s_lo, nzs_lo, s_hi, nzs_hi;
+};
+
+// The scale and zero (or min) of rows g and g + 8 of warp gw's tile from parameter slot `slot` of a stage.
 template <bool kMins>
-__device__ inline void flush_group(const __half* ps, int slot, int row, const float (&part)[4], const float (&xsum)[4],
-                                   float (&acc)[4]) {
+__device__ inline Params load_params(const __half* ps, int slot, int row) {
   const __half* h = ps + slot * 2 * kRows;
-  const float s0 = __half2float(h[row]), s8 = __half2float(h[row + 8]);
-  const float p0 = __half2float(h[kRows + row]), p8 = __half2float(h[kRows + row + 8]);
-  const float c0 = kMins ? p0 : -p0 * s0, c8 = kMins ? p8 : -p8 * s8;
-  const float d0 = fmaf(-1024.f, s0, c0), d8 = fmaf(-64.f, s8, c8), s8_16 = s8 * 0.0625f;
-  acc[0] += fmaf(s0, part[0], d0 * xsum[0]);
-  acc[1] += fmaf(s0, part[1], d0 * xsum[1]);
-  acc[2] += fmaf(s8_16, part[2], d8 * xsum[2]);
-  acc[3] += fmaf(s8_16, part[3], d8 * xsum[3]);
+  const __half s0 = h[row], s8 = h[row + 8], z0 = h[kRows + row], z8 = h[kRows + row + 8];
+  return {__half2half2(s0), w4a16::addend_of(z0, s0, kMins), __half2half2(s8), w4a16::addend_of(z8, s8, kMins)};
 }
 
-// One consumer warp's share of a stage. The weights are never rounded to f16: each k16 step's codes go to the mma
-// as they come out of the magic-number lop3 (four lop3 and one shift per 16x16 fragment, where dequantizing costs
-// eight more f16 operations), a second mma of an all-ones fragment sums x over the same k, and at the end of each
-// quantization group (the producer's kFlush bit) the group's f32 sums take its scale and zero into the
-// accumulators. A decode warp is bound by its instruction count and dependency chains (ncu, H200: ~110
-// instructions per 512-byte chunk at ~7 cycles each with the f16 dequantization), so this is where its time goes.
+// One consumer warp's share of a stage: per chunk, each k16 step's weight fragment dequantized once and
+// multiplied into each 8-token tile (the sm80 kernel's order: chunk, step, token tile). kMins: the second
+// parameter is a min (GGUF Q4_1), a compile-time choice so that neither kind issues the other's instructions.
 template <class C, bool kMins>
 __device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int gw, int lane,
-                                              float (&part)[C::kTilesM][4], float (&xsum)[C::kTilesM][4],
                                               float (&acc)[C::kTilesM][4]) {
-  constexpr uint32_t kLowMask = 0x000f000f, kHighMask = 0x00f000f0, kExp = 0x64006400;  // 0x6400 = 1024.0
-  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;                                         // (a & b) | c
-  constexpr uint32_t kOnes = 0x3c003c00;                                               // f16x2 (1, 1)
-  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   const uint4* ws = reinterpret_cast<const uint4*>(st);
   const __half* ps = reinterpret_cast<const __half*>(st + C::kWBytes);
+  const __half* xs = reinterpret_cast<const __half*>(st + C::kWBytes + C::kPBytes);
   const uint8_t* table = st + C::kWBytes + C::kPBytes + C::kXBytes;
-  // This lane's ldmatrix row address (lanes 0-7: k 0-7 of token lane; 8-15: k 8-15), per token tile + 16 rows.
-  const uint32_t x_addr = w4a16::smem_addr(st + C::kWBytes + C::kPBytes) +
-                          ((lane & 7) * C::kXRow + 8 * ((lane >> 3) & 1)) * 2;
   const int row = gw * 16 + (lane >> 2);
+  int slot = -1;
+  Params prm{};
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     if (c >= chunks) break;
@@ -184,26 +166,19 @@ __device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int
     const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
-      const uint32_t w = words[step], w8 = w >> 8;
-      const uint32_t a[4] = {w4a16::lop3<kAndOr>(w, kLowMask, kExp), w4a16::lop3<kAndOr>(w, kHighMask, kExp),
-                             w4a16::lop3<kAndOr>(w8, kLowMask, kExp), w4a16::lop3<kAndOr>(w8, kHighMask, kExp)};
+      if (step == 0 || step == 2) {  // k 0-31 and 32-63 of the chunk may lie in different groups (g32)
+        const int s = table[2 * c + step / 2];
+        if (s != slot) prm = load_params<kMins>(ps, s, row), slot = s;
+      }
+      uint32_t a[4];
+      w4a16::dequant_word(words[step], prm.s_lo, prm.nzs_lo, prm.s_hi, prm.nzs_hi, a);
 #pragma unroll
       for (int j = 0; j < C::kTilesM; ++j) {
+        const int r = j * 8 + (lane & 7);
         uint32_t b0, b1;
-        w4a16::ldmatrix_x2(x_addr + (j * 8 * C::kXRow + c * kChunkK + 16 * step) * 2, b0, b1);
-        w4a16::mma_16816(part[j], a, b0, b1);
-        w4a16::mma_16816(xsum[j], ones, b0, b1);
-      }
-      if (step % 2 == 1) {
-        const int e = table[2 * c + step / 2];
-        if (e & kFlush) {
-#pragma unroll
-          for (int j = 0; j < C::kTilesM; ++j) {
-            flush_group<kMins>(ps, e & (kFlush - 1), row, part[j], xsum[j], acc[j]);
-#pragma unroll
-            for (int v = 0; v < 4; ++v) part[j][v] = 0.f, xsum[j][v] = 0.f;
-          }
-        }
+        w4a16::ldmatrix_x2(w4a16::smem_addr(xs + r * C::kXRow + c * kChunkK + 16 * step + 8 * ((lane >> 3) & 1)), b0,
+                           b1);
+        w4a16::mma_16816(acc[j], a, b0, b1);
       }
     }
   }
@@ -260,12 +235,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
 
-  float part[C::kTilesM][4] = {}, xsum[C::kTilesM][4] = {}, acc[C::kTilesM][4] = {};
+  float acc[C::kTilesM][4] = {};
   for (int it = 0; it < stages; ++it) {
     const int s = it % C::kStages;
     mbar_wait(&full[s], (it / C::kStages) & 1);
-    compute_stage<C, kMins>(smem + s * C::kStageBytes, min(kChunks, kc_end - (kc0 + it * kChunks)), warp, lane, part,
-                            xsum, acc);
+    compute_stage<C, kMins>(smem + s * C::kStageBytes, min(kChunks, kc_end - (kc0 + it * kChunks)), warp, lane, acc);
     mbar_arrive(&empty[s]);  // this thread's reads of the stage are done (their values fed the mma above)
   }
   float flat[C::kR];
