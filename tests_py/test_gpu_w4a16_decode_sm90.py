@@ -132,3 +132,24 @@ def test_decode90_bad_split_names_the_parameter():
     y = torch.empty(1, 32, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match="decode90:S.*1, 2, 4 or 8.*decode90:3"):
         _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="decode90:3")
+
+
+# ---- end to end: a model whose gate_up is wide enough (2 x 8192 rows) for the registry to pick the kernel ----
+@pytest.mark.parametrize("recipe", ["w4a16kv8", "w4a16g32kv8"])
+def test_engine_decodes_gate_up_on_decode90(recipe):
+    """The plan names the decode kernel for gate_up up to 16 tokens (and the small kernel for the narrow layers);
+    greedy decoding with CUDA graphs then stays on the CPU engine's argmax (0.1 logits: the f16 drift, while a wrong
+    row or token costs whole logits)."""
+    from test_gpu_engine import greedy_margin_violations, random_llama, run_greedy
+    cpu = random_llama(recipe, "cpu", "f32", seed=7, inter=8192)
+    gpu = random_llama(recipe, "cuda", "f16", seed=7, inter=8192)
+    kernels = {p["role"]: p["kernel"] for p in gpu.plan() if p["role"].startswith("linear.")}
+    assert any(role.startswith("linear.gate_up ") for role in kernels), kernels
+    for role, kernel in kernels.items():
+        decode_bucket = role.endswith(" m1") or role.endswith(" m2-16")
+        assert (kernel == "gemm_w4a16_decode_sm90") == (role.startswith("linear.gate_up ") and decode_bucket), role
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (1, 5, 16, 40)]
+    gpu_tokens = run_greedy(_core.Engine(gpu, max_batch_tokens=64, cuda_graphs=True), prompts, 16)
+    assert all(len(t) == 16 for t in gpu_tokens)
+    assert greedy_margin_violations(_core.Engine(cpu), prompts, gpu_tokens, 0.1) == []
