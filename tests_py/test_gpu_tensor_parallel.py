@@ -322,7 +322,7 @@ def test_fused_all_reduce_rms_norm_quantize_matches_float64(codes):
             assert torch.equal(res[r].cpu(), want_res), f"{codes} {rows}x{cols}: rank {r} residual"
             s = scales[r].cpu().double()
             assert torch.isfinite(s).all() and ((s - want_scale).abs() <= 2e-3 * want_scale).all(), (codes, rows, cols)
-            deq = q[r].cpu().double() * s[:, None] if codes == "s8" else q[r].cpu().to(torch.float64) * s[:, None]
+            deq = q[r].cpu().float().double() * s[:, None]
             # int8: half a step of rounding (+ an f16 ulp of the input); e4m3: 3 mantissa bits (2^-4 relative)
             tol = (0.5 + 1e-2) * s[:, None] + 2e-3 * normed16.abs() if codes == "s8" else \
                 2 ** -4 * normed16.abs() + s[:, None] * 2 ** -9 + 2e-3 * normed16.abs()
