@@ -2,7 +2,8 @@
 //   embedding -> per layer: rms_norm, qkv linear (+bias), rope and kv_write (one fused op on the
 //   GPU), paged_attention, o linear, add_rms_norm, gate_up linear, silu_mul, down linear -> final
 //   add_rms_norm -> lm_head on the rows that need logits. Residual adds are fused into the next norm
-//   (add_rms_norm); with W8A8 / FP8 on the GPU the norm also quantizes the next linear's input.
+//   (add_rms_norm); with W8A8 / FP8 on the GPU the norm also quantizes the next linear's input. Under tensor
+//   parallelism the o / down partial sums are all-reduced there too, in the same kernel on the one-shot group.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
