@@ -3,9 +3,9 @@
 One GPU: the ranks share cuda:0 over the thread communicator (tensor_parallel_backend="threads"): every rank's
 shard shapes through the GPU kernels, the partial sums and the vocabulary gather, for every weight family.
 Two or more GPUs: NCCL ranks on cuda:0..N-1, eager and with CUDA graphs (the all-reduces and the gather captured in
-the decode graphs), logits and greedy tokens against one GPU, with the one-shot peer-memory all-reduce fused into the
-RMSNorm after it (the default where the GPUs have peer access), the one-shot all-reduce alone and NCCL alone; the
-one-shot all-reduce by itself against a float64 sum, back to back with skewed ranks and inside replayed CUDA graphs;
+the decode graphs), logits and greedy tokens against one GPU, with the one-shot peer-memory all-reduce (the default
+where the GPUs have peer access), the same fused into the RMSNorm after it (LOWBIT_TP_FUSED_NORM=1) and NCCL alone;
+the one-shot all-reduce by itself against a float64 sum, back to back with skewed ranks and inside replayed CUDA graphs;
 the fused all-reduce + residual add + RMSNorm (and its int8 / e4m3 codes) against float64, in replayed graphs too.
 Run by tools/gpu_run.sh on the installed package."""
 import random
@@ -275,7 +275,8 @@ def _fused(comms, parts, residual, weight, out=None, q=None, scales=None):
 
 @needs_peer
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
-def test_fused_all_reduce_add_rms_norm_matches_float64(dtype):
+def test_fused_all_reduce_add_rms_norm_matches_float64(monkeypatch, dtype):
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")  # off by default
     dt = DTYPES[dtype]
     comms = _group()
     assert "fused" in comms[0].all_reduce
@@ -304,7 +305,8 @@ def test_fused_all_reduce_add_rms_norm_matches_float64(dtype):
 
 @needs_peer
 @pytest.mark.parametrize("codes", ["s8", "e4m3"])
-def test_fused_all_reduce_rms_norm_quantize_matches_float64(codes):
+def test_fused_all_reduce_rms_norm_quantize_matches_float64(monkeypatch, codes):
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
     comms = _group()
     code_dt = torch.int8 if codes == "s8" else torch.float8_e4m3fn
     qmax = 127.0 if codes == "s8" else 448.0
@@ -335,8 +337,11 @@ def test_fused_all_reduce_rms_norm_quantize_matches_float64(codes):
 @needs_peer
 def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
     """Odd widths (not whole 16-byte packs), more rows than slots, messages above the bound: False, nothing written,
-    on every rank alike (the model then all-reduces and normalizes in two steps). LOWBIT_TP_FUSED_NORM=0: never."""
+    on every rank alike (the model then all-reduces and normalizes in two steps). Without LOWBIT_TP_FUSED_NORM=1
+    (the default) or with it 0: never."""
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
     comms = _group(65536)
+    assert "fused" in comms[0].all_reduce
     # 4099 f16: not whole packs; 65 rows: more than the group's 64 slots; 8 x 16 KB: above the 64 KiB bound
     for rows, cols in [(2, 4099), (65, 8), (8, 8192)]:
         parts, residual, weight, _, _ = _norm_case(rows, cols, torch.float16, rows, torch.float16)
@@ -346,6 +351,8 @@ def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
         out = [torch.zeros(rows, cols, dtype=torch.float16, device=f"cuda:{r}") for r in range(2)]
         assert _fused(comms, ps, res, ws, out=out) == [False, False], (rows, cols)
         assert torch.equal(res[0].cpu(), residual) and not out[0].any()
+    monkeypatch.delenv("LOWBIT_TP_FUSED_NORM")
+    assert "fused" not in _group()[0].all_reduce
     monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "0")
     off = _group()
     assert "fused" not in off[0].all_reduce
@@ -359,9 +366,10 @@ def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
 
 @needs_peer
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_fused_norm_in_cuda_graphs_replayed_with_fresh_inputs(dtype):
+def test_fused_norm_in_cuda_graphs_replayed_with_fresh_inputs(monkeypatch, dtype):
     """Each rank captures a plain all-reduce and two fused norms (they share the group's slots and step counters);
     40 replays with fresh inputs copied in before each."""
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
     dt = DTYPES[dtype]
     comms = _group()
     rows, cols, n = 3, 4104, 1003
