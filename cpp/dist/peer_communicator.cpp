@@ -117,14 +117,15 @@ class PeerBuffers {
 class PeerCommunicator final : public Communicator {
  public:
   PeerCommunicator(std::shared_ptr<Communicator> nccl, std::shared_ptr<PeerBuffers> buffers, int device,
-                   int64_t max_bytes)
+                   int64_t max_bytes, bool fused_norm)
       : nccl_(std::move(nccl)), buffers_(std::move(buffers)), args_(buffers_->args_for(nccl_->rank())),
-        device_(device), max_bytes_(max_bytes) {}
+        device_(device), max_bytes_(max_bytes), fused_norm_(fused_norm) {}
   int rank() const override { return nccl_->rank(); }
   int world_size() const override { return nccl_->world_size(); }
   std::string backend() const override { return "nccl"; }
   std::string all_reduce_name() const override {
-    return "one-shot peer memory <= " + std::to_string(max_bytes_ >> 10) + " KiB, nccl above";
+    return "one-shot peer memory <= " + std::to_string(max_bytes_ >> 10) + " KiB" +
+           (fused_norm_ ? " (fused with the residual add and RMSNorm)" : "") + ", nccl above";
   }
   bool capturable() const override { return true; }
 
@@ -145,6 +146,54 @@ class PeerCommunicator final : public Communicator {
     LOWBIT_CUDA_CHECK(op, cudaSetDevice(device_));
     cuda::oneshot_all_reduce(args_, t.data_ptr(), t.numel(), t.dtype(), cuda::current_stream());
   }
+  bool all_reduce_add_rms_norm(const Tensor& partial, Tensor& residual, const Tensor& weight, float eps, Tensor& out,
+                               Tensor& q, Tensor& scales) override {
+    constexpr const char* op = "Communicator.all_reduce_add_rms_norm";
+    if (!fused_norm_ || !partial.defined() || partial.dim() != 2 || !residual.defined() || !weight.defined())
+      return false;
+    cuda::OneShotNormRows n;
+    n.rows = partial.size(0);
+    n.cols = partial.size(1);
+    n.dtype = partial.dtype();
+    n.weight_dtype = weight.dtype();
+    const bool float_rows = n.dtype == ScalarType::f32 || n.dtype == ScalarType::f16 || n.dtype == ScalarType::bf16;
+    // the same bound as all_reduce_sum (above it NCCL is as fast), and what the kernel takes (shapes only)
+    if (!float_rows || n.rows * n.cols * (n.dtype == ScalarType::f32 ? 4 : 2) > max_bytes_) return false;
+    const bool codes = !out.defined();
+    const Tensor& rows_out = codes ? q : out;
+    if (residual.dtype() != n.dtype || residual.dim() != 2 || residual.size(0) != n.rows ||
+        residual.size(1) != n.cols || weight.numel() != n.cols || !rows_out.defined() || rows_out.dim() != 2 ||
+        rows_out.size(0) != n.rows || rows_out.size(1) != n.cols || (!codes && out.dtype() != n.dtype) ||
+        (codes && (!scales.defined() || scales.dtype() != ScalarType::f32 || scales.numel() != n.rows)))
+      return false;  // shapes the plain ops check and explain
+    if (partial.stride(1) != 1 || residual.stride(1) != 1 || rows_out.stride(1) != 1) return false;
+    if (!weight.is_contiguous()) return false;
+    n.ld_partial = partial.stride(0);
+    n.ld_residual = residual.stride(0);
+    n.eps = eps;
+    n.partial = partial.data_ptr();
+    n.residual = residual.data_ptr();
+    n.weight = weight.data_ptr();
+    if (codes) {
+      n.q = q.data_ptr();
+      n.ldq = q.stride(0);
+      n.q_type = q.dtype();
+      n.scales = static_cast<float*>(scales.data_ptr());
+    } else {
+      n.out = out.data_ptr();
+      n.ld_out = out.stride(0);
+    }
+    if (!cuda::oneshot_add_rms_norm_fits(args_, n)) return false;
+    LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !aborted_, op, ": the tensor-parallel group was aborted after an error ",
+                      "on another rank");
+    const Tensor* all[] = {&partial, &residual, &weight, &rows_out, &scales};
+    for (const Tensor* t : all)
+      LOWBIT_CHECK(!t->defined() || (t->device().is_cuda() && t->device().index == device_), op, ": rank ", rank(),
+                   " runs on cuda:", device_, ", a tensor is on ", t->device().str());
+    LOWBIT_CUDA_CHECK(op, cudaSetDevice(device_));
+    cuda::oneshot_add_rms_norm(args_, n, cuda::current_stream());
+    return true;
+  }
   void all_gather(const Tensor& in, Tensor& out) override { nccl_->all_gather(in, out); }
   void broadcast(Tensor& t, int root) override { nccl_->broadcast(t, root); }
   void abort(const std::string& why) override {
@@ -159,6 +208,7 @@ class PeerCommunicator final : public Communicator {
   const cuda::OneShotArgs args_;
   const int device_;
   const int64_t max_bytes_;
+  const bool fused_norm_;  // all_reduce_add_rms_norm in one kernel (LOWBIT_TP_FUSED_NORM=1; off by default)
   std::atomic<bool> aborted_{false};
 };
 
@@ -211,10 +261,14 @@ std::vector<std::shared_ptr<Communicator>> with_oneshot_all_reduce(std::vector<s
   enable_peer_access(devices);
   auto buffers = std::make_shared<PeerBuffers>(devices, max_bytes);
   LOWBIT_CUDA_CHECK("make_nccl_communicators", cudaSetDevice(previous));
+  // Off unless asked for: measured on 2x H200 it is slower end to end than the one-shot all-reduce + add_rms_norm
+  // in CUDA graphs (it does not let the next GEMM launch early, as the norm does: docs/benchmarks_gpu.md, issue 20).
+  const char* fused = std::getenv("LOWBIT_TP_FUSED_NORM");
+  const bool fused_norm = fused && std::string(fused) == "1";
   std::vector<std::shared_ptr<Communicator>> out;
   for (int r = 0; r < world; ++r)
     out.push_back(std::make_shared<PeerCommunicator>(nccl[size_t(r)], buffers, devices[size_t(r)],
-                                                     std::min(max_bytes, buffers->max_message_bytes())));
+                                                     std::min(max_bytes, buffers->max_message_bytes()), fused_norm));
   return out;
 }
 #endif

@@ -2,7 +2,8 @@
 //   embedding -> per layer: rms_norm, qkv linear (+bias), rope and kv_write (one fused op on the
 //   GPU), paged_attention, o linear, add_rms_norm, gate_up linear, silu_mul, down linear -> final
 //   add_rms_norm -> lm_head on the rows that need logits. Residual adds are fused into the next norm
-//   (add_rms_norm); with W8A8 / FP8 on the GPU the norm also quantizes the next linear's input.
+//   (add_rms_norm); with W8A8 / FP8 on the GPU the norm also quantizes the next linear's input. Under tensor
+//   parallelism the o / down partial sums are all-reduced there too, in the same kernel on the one-shot group.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -111,25 +112,32 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
   const ScalarType code_type = recipe_.activation == ActivationMode::fp8_per_token ? ScalarType::e4m3 : ScalarType::s8;
   // residual (+= added, when defined) -> norm -> linear into y. A plan with fused_norm_quant (W8A8 /
   // FP8 on the GPU) has the norm emit the linear's per-token codes (one kernel, the same bytes).
-  auto norm_then_linear = [&](const Tensor& added, const Tensor& norm_w, const LinearInput& in, const PackedWeight& w,
+  // `added` is a row-parallel linear's output: under tensor parallelism this rank's partial sum, summed over the
+  // ranks here, in the norm's kernel when the group fuses them (Communicator::all_reduce_add_rms_norm).
+  auto norm_then_linear = [&](Tensor& added, const Tensor& norm_w, const LinearInput& in, const PackedWeight& w,
                               const Tensor& bias, const kernels::LinearPlan& plan, Tensor& y) {
     if (plan.fused_norm_quant) {
       Tensor codes = Tensor::empty({T, residual.size(1)}, code_type, device_);
       Tensor scales = Tensor::empty({T}, ScalarType::f32, device_);
-      ops::rms_norm_quantize(residual, added, norm_w, eps, codes, scales);
+      Tensor no_out;
+      if (!added.defined() || !fused_reduce_norm(added, residual, norm_w, eps, no_out, codes, scales)) {
+        if (added.defined()) reduce_partial_sums(added);
+        ops::rms_norm_quantize(residual, added, norm_w, eps, codes, scales);
+      }
       ops::linear_quantized(codes, scales, w, bias, y, plan);
       return;
     }
-    if (added.defined())
-      ops::add_rms_norm(residual, added, norm_w, eps, normed);
-    else
+    if (!added.defined())
       ops::rms_norm(residual, norm_w, eps, normed);
+    else
+      reduce_add_rms_norm(added, residual, norm_w, eps, normed);
     run_linear(normed, in, w, bias, y, plan, ws);
   };
   ops::embedding(ids, embed_table_, residual);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
-    norm_then_linear(l == 0 ? Tensor() : hidden, L.input_norm, L.qkv_in, L.qkv, L.qkv_bias, plans_.qkv, qkv);
+    Tensor added = l == 0 ? Tensor() : hidden;
+    norm_then_linear(added, L.input_norm, L.qkv_in, L.qkv, L.qkv_bias, plans_.qkv, qkv);
     if (device_.is_cuda()) {
       ops::rope_kv_write(q, k, v, positions, rope, cache, l, attn);  // one kernel, same bytes as the two below
     } else {
@@ -138,17 +146,27 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
     }
     ops::paged_attention(q, cache, l, attn, scale, attn_heads, plans_.attention);
     run_linear(attn_out, L.o_in, L.o, no_bias, hidden, plans_.o, ws);
-    reduce_partial_sums(hidden);
     norm_then_linear(hidden, L.post_norm, L.gate_up_in, L.gate_up, no_bias, plans_.gate_up, gate_up);
     ops::silu_mul(gate_up, act);
     run_linear(act, L.down_in, L.down, no_bias, hidden, plans_.down, ws);
-    reduce_partial_sums(hidden);
   }
-  ops::add_rms_norm(residual, hidden, final_norm_, eps, normed);
+  reduce_add_rms_norm(hidden, residual, final_norm_, eps, normed);
 }
 
 void Model::reduce_partial_sums(Tensor& y) const {
   if (shard_.sharded()) comm_->all_reduce_sum(y);
+}
+
+bool Model::fused_reduce_norm(Tensor& partial, Tensor& residual, const Tensor& weight, float eps, Tensor& out,
+                              Tensor& q, Tensor& scales) const {
+  return shard_.sharded() && comm_->all_reduce_add_rms_norm(partial, residual, weight, eps, out, q, scales);
+}
+
+void Model::reduce_add_rms_norm(Tensor& partial, Tensor& residual, const Tensor& weight, float eps, Tensor& out) const {
+  Tensor no_q, no_scales;
+  if (fused_reduce_norm(partial, residual, weight, eps, out, no_q, no_scales)) return;
+  reduce_partial_sums(partial);
+  ops::add_rms_norm(residual, partial, weight, eps, out);
 }
 
 void Model::lm_head_logits(const Tensor& rows, Tensor& logits, ModelWorkspace& ws) const {

@@ -12,7 +12,9 @@
 //   - NCCL (make_nccl_communicators, builds with NCCL only): one GPU per rank, the collectives are
 //     enqueued on the calling thread's current stream (cuda/stream.h) and can be captured in graphs.
 //     When every pair of the GPUs has peer access, small all-reduces (a decode step's) take a one-shot
-//     kernel over peer memory instead (dist/peer_communicator.cpp); everything else stays on NCCL.
+//     kernel over peer memory instead (dist/peer_communicator.cpp); everything else stays on NCCL. With
+//     LOWBIT_TP_FUSED_NORM=1 that group also fuses the all-reduce after a row-parallel linear with the residual add
+//     and the RMSNorm (all_reduce_add_rms_norm; off by default: slower end to end so far, docs/benchmarks_gpu.md).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -41,6 +43,17 @@ class Communicator {
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   // t on every rank = t of rank `root`.
   virtual void broadcast(Tensor& t, int root) = 0;
+  // What follows a row-parallel linear, in one kernel where the group has one: residual += sum over ranks of
+  // `partial`, then `out` = rms_norm(residual) * weight (ops::add_rms_norm), or, when `out` is undefined, the per-token
+  // codes `q` (s8 / e4m3) and `scales` of that output (ops::rms_norm_quantize). Returns false when this group does not
+  // fuse these shapes (the default): the caller then runs all_reduce_sum(partial) and the op itself
+  // (model/reduce_norm.h does both). The answer depends only on the group and the tensors' shapes and dtypes, so every
+  // rank takes the same path. `partial` is left summed or unchanged.
+  virtual bool all_reduce_add_rms_norm(const Tensor& partial, Tensor& residual, const Tensor& weight, float eps,
+                                       Tensor& out, Tensor& q, Tensor& scales) {
+    (void)partial, (void)residual, (void)weight, (void)eps, (void)out, (void)q, (void)scales;
+    return false;
+  }
   // Marks the group failed (another rank raised): waiting and later collectives raise instead of
   // blocking. Safe to call from any thread.
   virtual void abort(const std::string& why) = 0;

@@ -203,6 +203,12 @@ class Model {
 
   // o / down outputs: the ranks' partial sums added up (nothing to do on one rank).
   void reduce_partial_sums(Tensor& y) const;
+  // residual += the ranks' partial sums (or `partial` itself on one rank), then out = rms_norm(residual) * weight:
+  // one kernel where the group fuses the all-reduce with the norm, else the all-reduce and ops::add_rms_norm.
+  void reduce_add_rms_norm(Tensor& partial, Tensor& residual, const Tensor& weight, float eps, Tensor& out) const;
+  // Whether the group did all of that (into out, or into q / scales when out is undefined) in one kernel.
+  bool fused_reduce_norm(Tensor& partial, Tensor& residual, const Tensor& weight, float eps, Tensor& out, Tensor& q,
+                         Tensor& scales) const;
   // rows (the final normed hidden states of the logit rows) -> logits [R, vocab] in the compute dtype: lm_head,
   // and with tensor parallelism the gather of every rank's vocabulary slice.
   void lm_head_logits(const Tensor& rows, Tensor& logits, ModelWorkspace& ws) const;
