@@ -47,8 +47,8 @@ class Communicator {
   // `partial`, then `out` = rms_norm(residual) * weight (ops::add_rms_norm), or, when `out` is undefined, the per-token
   // codes `q` (s8 / e4m3) and `scales` of that output (ops::rms_norm_quantize). Returns false when this group does not
   // fuse these shapes (the default): the caller then runs all_reduce_sum(partial) and the op itself
-  // (Model::reduce_add_rms_norm in model/forward.cpp does both). The answer depends only on the group and the tensors' shapes and dtypes, so every
-  // rank takes the same path. `partial` is left summed or unchanged.
+  // (Model::reduce_add_rms_norm in model/forward.cpp does both). The answer depends only on the group and the
+  // tensors' shapes and dtypes, so every rank takes the same path. `partial` is left summed or unchanged.
   virtual bool all_reduce_add_rms_norm(const Tensor& partial, Tensor& residual, const Tensor& weight, float eps,
                                        Tensor& out, Tensor& q, Tensor& scales) {
     (void)partial, (void)residual, (void)weight, (void)eps, (void)out, (void)q, (void)scales;
