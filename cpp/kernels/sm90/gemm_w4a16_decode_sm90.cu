@@ -10,10 +10,10 @@
 // Full/empty mbarriers replace the block barrier, and four stages (three for 16 tokens) of two CTAs per SM keep
 // ~100 KB per SM in flight, which the per-thread copies could not.
 //
-// The math is the sm80 kernel's: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
-// (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16: the same weights bit for bit) and multiplies it into its
-// 8-token tiles with mma.sync m16n8k16 (for a few tokens the tensor cores idle either way), into four accumulators
-// (one per k16 step of a chunk) summed in a fixed order at the end.
+// The math is the sm80 kernel's, step for step: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
+// (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16) and multiplies it into its 8-token tiles with
+// mma.sync m16n8k16 (for a few tokens the tensor cores idle either way). With the same split-K ranges
+// (per = ceil(k_chunks / split) chunks each) the sums are the sm80 kernel's bit for bit.
 //
 // Measured (H200, docs/benchmarks_gpu.md): 1.10-1.15x the small kernel at one token and 1.03-1.04x at 16 on the
 // 28672-row gate_up layers, where 224 unsplit CTAs cover the SMs; 0.7-0.97x on the 4096-8192-row layers, which need
@@ -147,13 +147,11 @@ __device__ inline Params load_params(const __half* ps, int slot, int row) {
 }
 
 // One consumer warp's share of a stage: per chunk, each k16 step's weight fragment dequantized once and
-// multiplied into each 8-token tile. Step s of every chunk accumulates into acc[s]: four independent mma chains
-// instead of one, because a warp's dependent mma.sync chain (16 per stage) was most of its time per stage (timed
-// in the kernel on an H200: ~0.9 us per 16 KB stage with one chain); they are summed once at the end. kMins: the second
+// multiplied into each 8-token tile (the sm80 kernel's order: chunk, step, token tile). kMins: the second
 // parameter is a min (GGUF Q4_1), a compile-time choice so that neither kind issues the other's instructions.
 template <class C, bool kMins>
 __device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int gw, int lane,
-                                              float (&acc)[4][C::kTilesM][4]) {
+                                              float (&acc)[C::kTilesM][4]) {
   const uint4* ws = reinterpret_cast<const uint4*>(st);
   const __half* ps = reinterpret_cast<const __half*>(st + C::kWBytes);
   const __half* xs = reinterpret_cast<const __half*>(st + C::kWBytes + C::kPBytes);
@@ -180,7 +178,7 @@ __device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int
         uint32_t b0, b1;
         w4a16::ldmatrix_x2(w4a16::smem_addr(xs + r * C::kXRow + c * kChunkK + 16 * step + 8 * ((lane >> 3) & 1)), b0,
                            b1);
-        w4a16::mma_16816(acc[step][j], a, b0, b1);
+        w4a16::mma_16816(acc[j], a, b0, b1);
       }
     }
   }
@@ -237,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
 
-  float acc[4][C::kTilesM][4] = {};  // one per k16 step of a chunk: four independent mma chains
+  float acc[C::kTilesM][4] = {};
   for (int it = 0; it < stages; ++it) {
     const int s = it % C::kStages;
     mbar_wait(&full[s], (it / C::kStages) & 1);
@@ -246,8 +244,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   float flat[C::kR];
 #pragma unroll
-  for (int v = 0; v < C::kR; ++v)
-    flat[v] = (acc[0][v / 4][v % 4] + acc[1][v / 4][v % 4]) + (acc[2][v / 4][v % 4] + acc[3][v / 4][v % 4]);
+  for (int v = 0; v < C::kR; ++v) flat[v] = acc[v / 4][v % 4];
   if (split == 1) {
     store_rows_through_smem<kRows, BT, kConsumerWarps>(smem, p.y, p.ldy, p.m, p.n, m0, n0, warp, lane, args.vector_y,
                                                        [&](int v, int) { return __float2half_rn(flat[v]); });
