@@ -131,6 +131,24 @@ def test_gptqmodel_checkpoint_matches_gptqmodels_own_unpacking(gptq_checkpoint):
     assert err < TOL
 
 
+def test_gptqmodel_checkpoint_without_its_name_reads_the_same(gptq_checkpoint, tmp_path):
+    """A gptqmodel v1 file whose meta.quantizer was stripped: the borrows in its qzeros (a 15 below a field that is
+    not 15) identify GPTQModel's word offset, so every linear reads as with the name (which the test above checks
+    against gptqmodel's own unpacking)."""
+    path, _, (sym, _, _) = gptq_checkpoint
+    stripped = tmp_path / "stripped"
+    shutil.copytree(path, stripped)
+    cfg = json.loads((stripped / "config.json").read_text())
+    assert any("gptqmodel" in str(x).lower() for x in cfg["quantization_config"]["meta"]["quantizer"])
+    del cfg["quantization_config"]["meta"]
+    (stripped / "config.json").write_text(json.dumps(cfg))
+    want = load_model_source(path, progress=False).fields
+    got = load_model_source(stripped, progress=False).fields
+    assert got.keys() == want.keys()
+    for name, f in got.items():
+        np.testing.assert_array_equal(dequantize(f), dequantize(want[name]), err_msg=name)
+
+
 @pytest.mark.parametrize("sym,desc_act,group", [(True, True, 128), (False, False, 32)],
                          ids=["sym-desc_act-g128", "asym-no_desc_act-g32"])
 def test_transformers_gptqconfig_checkpoint_matches_gptqmodels_own_unpacking(tmp_path, sym, desc_act, group):

@@ -15,7 +15,12 @@ zero - 1, in one of two ways that differ only where a zero is 0 (asymmetric grou
   - auto-gptq and other producers: the reader adds 1 to each 4-bit field (auto-gptq's dequantization does
     `zeros + 1`). A zero of 16 (stored 15) is outside w4's [0, 15]: it is rewritten exactly as zero 15 with
     q - 1 when no q of its group is 0, and is an error otherwise.
-Both readings agree on every file without a stored field of 15.
+Both readings agree on every word without a stored field of 15. Without the name (a GPTQModel file whose meta was
+stripped), a linear's qzeros still tell the two apart where a word holds a 15 with a field other than 15 above it:
+per field that would be a zero of 16, which no GPTQ quantizer writes (zero = round(-min / scale) <= 2^bits - 1),
+and auto-gptq's pack of a zero of 0 (-1 as uint32, OR-ed in) sets every higher field to 15. Such a word is GPTQModel's
+borrow, so that linear is read with the word offset, exactly. A linear whose 15s all have only 15s above them (a
+zero of 0 in the top field, or followed only by zeros of 1) stays ambiguous and is read per field.
 """
 from __future__ import annotations
 
@@ -69,6 +74,19 @@ def _v1_zeros_word_offset(qzeros, bits: int):
     return (np.ascontiguousarray(qzeros.numpy()).view(np.uint32) + np.uint32(offset)).view(np.int32)
 
 
+def _has_borrow(qzeros, bits: int) -> bool:
+    """A word with a stored all-ones field below a field that is not all ones: GPTQModel's word offset (see top)."""
+    words = np.ascontiguousarray(qzeros.numpy()).view(np.uint32).ravel()
+    full = (1 << bits) - 1
+    fields = [(words >> np.uint32(bits * i)) & np.uint32(full) for i in range(32 // bits)]
+    above_not_full = np.zeros(words.shape, dtype=bool)  # some field above field i is not all ones
+    for f in reversed(fields):
+        if ((f == full) & above_not_full).any():
+            return True
+        above_not_full |= f != full
+    return False
+
+
 def read_linear(raw, module: str, config, opts: dict, where: str):
     """One GPTQ linear -> QuantFields (input_perm in extra when g_idx is act-order)."""
     n, k = linear_shape(config, module)
@@ -89,7 +107,7 @@ def read_linear(raw, module: str, config, opts: dict, where: str):
         raise CheckpointFormatError(f"{what}: quantization_config.desc_act is true but tensor {module}.g_idx is "
                                     "missing (act-order needs each input channel's group)")
     q = unpack_int32(qweight.T.contiguous(), bits, k)           # [n, k]
-    if opts["v1_word_offset"]:
+    if opts["v1_word_offset"] or (opts["v1"] and _has_borrow(qzeros, bits)):
         zeros = unpack_int32(_v1_zeros_word_offset(qzeros, bits), bits, n).T.astype(np.int32)  # [n, G]
     else:
         zeros = unpack_int32(qzeros, bits, n).T.astype(np.int32)
