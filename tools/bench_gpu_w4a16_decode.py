@@ -12,22 +12,8 @@ import torch.nn.functional as F
 
 import lowbit
 from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
-
-SHAPES = {
-    "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
-    "70b_tp2.qkv": (5120, 8192), "70b_tp2.o": (8192, 4096), "70b_tp2.gate_up": (28672, 8192),
-    "70b_tp2.down": (8192, 14336),
-}
-GROUP = 128
-
-
-def packed_copies(n, k, copies):
-    from lowbit import _core
-    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
-    s = (torch.rand(n, k // GROUP) * 0.02 + 0.002).half()
-    z = (torch.rand(n, k // GROUP) * 15).half()
-    data, ps, pz = (torch.from_dlpack(t).cuda() for t in _core.pack_w4_sm80(q, s, z, GROUP))
-    return [tuple(lowbit.from_dlpack(t) for t in (data.clone(), ps.clone(), pz.clone())) for _ in range(copies)]
+# the 8B and 70B/TP2 linears; g128 u4 codes with f16 scales and zeros, packed once and copied
+from sweep_w4a16_decode_split import GROUP, SHAPES, weights as packed_copies
 
 
 def lowbit_calls(ws, n, k, m, kernel):

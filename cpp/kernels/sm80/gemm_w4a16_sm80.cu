@@ -360,13 +360,20 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
-std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
-  const char* op = "gemm_w4a16_sm90_plan";
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_sm90_usable(device), op,
-                    ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels");
+namespace {
+// The checks of the Hopper kernels' plan queries: the kernel exists on `device`, the shape is one the op takes; then
+// `device` is made current (the plans read its SM count and occupancy).
+void check_plan_query(const char* op, bool usable, const char* kernel, int64_t m, int64_t n, int64_t k, int device) {
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, usable, op, ": the ", kernel,
+                    " kernel needs an sm_90 device and a library built with sm_90a kernels");
   LOWBIT_CHECK(m > 0 && m <= (1LL << 30) && n > 0 && n <= (1LL << 22) && k > 0 && k % kChunkK == 0, op,
                ": bad shape m=", m, " n=", n, " k=", k);
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+}
+}  // namespace
+
+std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
+  check_plan_query("gemm_w4a16_sm90_plan", detail::gemm_w4a16_sm90_usable(device), "sm90", m, n, k, device);
   const detail::Sm90Plan plan = detail::gemm_w4a16_sm90_plan(
       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
       {options.sm90_split, options.sm90_tokens, options.sm90_serial});
@@ -374,12 +381,8 @@ std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int de
 }
 
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device) {
-  const char* op = "gemm_w4a16_decode_sm90_split";
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_decode_sm90_usable(device), op,
-                    ": the decode kernel needs an sm_90 device and a library built with sm_90a kernels");
-  LOWBIT_CHECK(m > 0 && m <= (1LL << 30) && n > 0 && n <= (1LL << 22) && k > 0 && k % kChunkK == 0, op,
-               ": bad shape m=", m, " n=", n, " k=", k);
-  LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
+  check_plan_query("gemm_w4a16_decode_sm90_split", detail::gemm_w4a16_decode_sm90_usable(device), "decode", m, n, k,
+                   device);
   return detail::gemm_w4a16_decode_sm90_split(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0);
 }
 
