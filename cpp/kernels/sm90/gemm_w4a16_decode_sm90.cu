@@ -2,13 +2,13 @@
 //
 // Why a Hopper kernel for decode: the sm80 small-M kernel (gemm_w4a16_sm80.cu) reaches ~2.0 TB/s of weight bytes
 // on an H200 (ncu: 42% of DRAM bandwidth, 8.5 cycles per issued instruction, ~148 warp instructions per 512-byte
-// weight chunk, more than the ~112 issue slots an SM has per chunk at 4.8 TB/s). Most of those instructions are its
-// cp.async address arithmetic (one 16-byte copy per thread per unit, a runtime division for the group row) and the
-// per-stage __syncthreads. Here one producer thread moves everything with the copy engine (TMA): per stage of four
-// 64-k chunks, one 3-D box of the CTA's eight 16-row weight tiles (16 KB), one 1-D bulk copy per group row of
+// weight chunk, more than the ~112 issue slots an SM has per chunk at 4.8 TB/s). Many of those are its cp.async
+// address arithmetic (one 16-byte copy per thread per unit, a runtime division for the group row) and the per-stage
+// __syncthreads, so here one producer thread moves every copy to the copy engine (TMA): per stage of four 64-k
+// chunks, one 3-D box of the CTA's eight 16-row weight tiles (16 KB), one 1-D bulk copy per group row of
 // scales and of zeros (or mins) and one per token row of x; the eight consumer warps only dequantize and multiply.
-// Full/empty mbarriers replace the block barrier, and four stages (three for 16 tokens) of two CTAs per SM keep
-// ~100 KB per SM in flight, which the per-thread copies could not.
+// Full/empty mbarriers replace the block barrier; four stages (three for 16 tokens) of two CTAs per SM keep up to
+// ~100 KB per SM in flight.
 //
 // The math is the sm80 kernel's, step for step: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
 // (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16) and multiplies it into its 8-token tiles with
