@@ -312,10 +312,10 @@ struct KernelChoice {
   W4A16LargeTile tile;
 };
 
-// The kernel the caller named (a plan names it; the op-level API may leave it automatic: up to
-// kDecodeMaxTokens tokens on layers of kDecodeMinRows rows or more without a pinned split the Hopper decode kernel,
-// from kLargeMinTokens tokens the wgmma
-// kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile (W4A16Options::large_tile).
+// The kernel the caller named (a plan names it; the op-level API may leave it automatic: up to kDecodeMaxTokens
+// tokens on layers of kDecodeMinRows rows or more, without a pinned split, the Hopper decode kernel; from
+// kLargeMinTokens tokens the wgmma kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile
+// (W4A16Options::large_tile). The decode kernel splits in clusters (W4A16Options::sm90_split), not by split_k.
 KernelChoice pick_kernel(int64_t m, int64_t n, int split_k, const W4A16Options& o, int device) {
   const bool automatic = o.kernel == W4A16Kernel::automatic;
   const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
