@@ -58,7 +58,8 @@ def main():
             del f16
             torch.cuda.empty_cache()
             gbs = {key: weight_bytes / (us * 1e-6) / 1e9 for key, us in t.items() if key != "cublas"}
-            row = {"shape": name, "n": n, "k": k, "m": m, "decode_split": auto, "us": {key: round(v, 2) for key, v in t.items()},
+            row = {"shape": name, "n": n, "k": k, "m": m, "decode_split": auto,
+                   "us": {key: round(v, 2) for key, v in t.items()},
                    "decode_us_by_split": {str(s): round(v, 2) for s, v in by_split.items()},
                    "weight_gbs": {key: round(v, 1) for key, v in gbs.items()},
                    "decode_vs_small": round(t["small"] / t["decode"], 3),

@@ -264,7 +264,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <int BT>
 void slots_of(int (&slots)[4]) {
   static std::atomic<int> cache[4] = {};
-  resident_slots("gemm_w4a16", gemm_w4a16_decode_sm90_kernel<BT, false>, kThreads, Config<BT>::kSmemBytes, cache, slots);
+  resident_slots("gemm_w4a16", gemm_w4a16_decode_sm90_kernel<BT, false>, kThreads, Config<BT>::kSmemBytes, cache,
+                 slots);
 }
 
 // Split-K cluster size: the smallest of 1, 2, 4, 8 whose CTAs cover every SM in one wave, keeping at least two
