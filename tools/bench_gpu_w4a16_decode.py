@@ -10,21 +10,9 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-import lowbit
 from bench_gpu_common import copies_for, copy_bandwidth_gbs, device_meta, graph_time_us, write_json
 # the 8B and 70B/TP2 linears; g128 u4 codes with f16 scales and zeros, packed once and copied
-from sweep_w4a16_decode_split import GROUP, SHAPES, weights as packed_copies
-
-
-def lowbit_calls(ws, n, k, m, kernel):
-    from lowbit import _core
-    x, y = torch.randn(m, k, device="cuda").half(), torch.empty(m, n, device="cuda").half()
-    work = torch.empty(max(1, 64 * m * n), device="cuda")  # the small kernel's split-K partials
-    lx, ly, lwork = lowbit.from_dlpack(x), lowbit.from_dlpack(y), lowbit.from_dlpack(work)
-    keep = (x, y, work)
-    stream = torch.cuda.current_stream
-    return [lambda w=w, keep=keep: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, GROUP, ly, 0, lwork,
-                                                    stream().cuda_stream, kernel) for w in ws]
+from sweep_w4a16_decode_split import GROUP, SHAPES, calls, weights as packed_copies
 
 
 def main():
@@ -45,12 +33,12 @@ def main():
             weight_bytes = n * k // 2 + n * (k // GROUP) * 4
             ws = packed_copies(n, k, copies_for(weight_bytes, l2))
             auto = _core.gemm_w4a16_decode_sm90_split(m, n, k)
-            t = {"small": graph_time_us(lowbit_calls(ws, n, k, m, "small")),
-                 "decode": graph_time_us(lowbit_calls(ws, n, k, m, "decode90"))}
+            t = {"small": graph_time_us(calls(ws, n, k, m, 0, "small")),
+                 "decode": graph_time_us(calls(ws, n, k, m, 0, "decode90"))}
             by_split = {}
             for split in (1, 2, 4, 8):
                 if k // 64 // split >= 2:
-                    by_split[split] = graph_time_us(lowbit_calls(ws, n, k, m, f"decode90:{split}"))
+                    by_split[split] = graph_time_us(calls(ws, n, k, m, 0, f"decode90:{split}"))
             del ws
             f16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
             x = torch.randn(m, k, device="cuda").half()

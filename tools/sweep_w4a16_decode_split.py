@@ -34,16 +34,17 @@ def weights(n, k, copies):
     return [tuple(lowbit.from_dlpack(t) for t in (data.clone(), ps.clone(), pz.clone())) for _ in range(copies)]
 
 
-def calls(ws, n, k, m, split):
-    """One gemm_w4a16 call per weight copy with a forced split (DLPack conversions done before any capture)."""
+def calls(ws, n, k, m, split, kernel=""):
+    """One gemm_w4a16 call per weight copy on `kernel` ("" = the op's choice) with a forced split (0 = the kernel's
+    own; DLPack conversions done before any capture)."""
     from lowbit import _core
     x, y = torch.randn(m, k, device="cuda").half(), torch.empty(m, n, device="cuda").half()
-    work = torch.empty(max(1, split * m * n), device="cuda")
+    work = torch.empty(max(1, (split or 64) * m * n), device="cuda")  # split-K partials (an automatic split <= 64)
     lx, ly, lwork = lowbit.from_dlpack(x), lowbit.from_dlpack(y), lowbit.from_dlpack(work)
     keep = (x, y, work)  # the torch tensors must outlive the calls
     stream = torch.cuda.current_stream
     return [lambda w=w, keep=keep: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, GROUP, ly, split, lwork,
-                                                    stream().cuda_stream) for w in ws]
+                                                    stream().cuda_stream, kernel) for w in ws]
 
 
 def main():
