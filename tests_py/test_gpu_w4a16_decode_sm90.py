@@ -1,13 +1,13 @@
 """GPU W4A16 decode kernel for Hopper (gemm_w4a16_decode_sm90.cu, "decode90"): 1-16 tokens, TMA-fed, split-K in
-clusters. Against float64 on odd shapes, bit for bit against the sm80 small kernel with the same split (the same
-dequantized f16 weights, the same f32 accumulation order and the same rank-order sum of the split partials), and
-under programmatic dependent launch right after the kernel that writes x."""
+clusters. Against float64 on odd shapes, against the sm80 small kernel (the same dequantized f16 weights: only the
+f32 accumulation order differs), and under programmatic dependent launch right after the kernel that writes x."""
 import pytest
 import torch
 
 import lowbit
 from lowbit import _core
-from test_gpu_w4a16 import check, gemm_forced_mins, half_chunk_problem, random_w4, reference_weight
+from test_gpu_w4a16 import (check, check_same_weights, gemm_forced_mins, half_chunk_problem, random_w4,
+                            reference_weight)
 
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")]
@@ -27,16 +27,17 @@ def test_decode90_matches_float64(with_mins, m, n, k, group, split):
     check(gemm_forced_mins(kernel, x, packed, n, k, group, with_mins), ref)
 
 
-# Same split ranges (ceil(k_chunks / split) chunks per rank) and the same order everywhere: equal bits.
+# The same f16 weights as the small kernel, summed in another order: within check_same_weights' bound.
 @pytest.mark.parametrize("with_mins", [False, True])
 @pytest.mark.parametrize("m", [1, 7, 16])
 @pytest.mark.parametrize("split", [1, 2, 4, 8])
-def test_decode90_equals_small_kernel_bit_for_bit(with_mins, m, split):
-    n, k, group = 4103, 4160, 64  # 65 chunks: 65 / 2, 4, 8 keeps each split count
-    x, packed, _, _ = half_chunk_problem(m, n, k, group, with_mins, seed=split * 31 + m)
+def test_decode90_matches_small_kernel(with_mins, m, split):
+    n, k, group = 4103, 4160, 64
+    x, packed, ref, ref_abs = half_chunk_problem(m, n, k, group, with_mins, seed=split * 31 + m)
     y_small = gemm_forced_mins("small", x, packed, n, k, group, with_mins, split_k=split)
     y = gemm_forced_mins(f"decode90:{split}", x, packed, n, k, group, with_mins)
-    assert torch.equal(y, y_small)
+    check(y, ref)
+    check_same_weights(y, y_small, ref_abs)
 
 
 def test_decode90_is_the_automatic_choice_for_wide_layers_up_to_16_tokens():

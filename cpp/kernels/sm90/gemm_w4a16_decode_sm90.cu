@@ -10,10 +10,10 @@
 // Full/empty mbarriers replace the block barrier; four stages (three for 16 tokens) of two CTAs per SM keep up to
 // ~100 KB per SM in flight.
 //
-// The math is the sm80 kernel's, step for step: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
-// (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16) and multiplies it into its 8-token tiles with
-// mma.sync m16n8k16 (for a few tokens the tensor cores idle either way). With the same split-K ranges
-// (per = ceil(k_chunks / split) chunks each) the sums are the sm80 kernel's bit for bit.
+// The math is the sm80 kernel's: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
+// (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16: the same weights bit for bit) and multiplies it into its
+// 8-token tiles with mma.sync m16n8k16 (for a few tokens the tensor cores idle either way), into four accumulators
+// (one per k16 step of a chunk) summed in a fixed order at the end.
 //
 // Measured (H200, docs/benchmarks_gpu.md): 1.10-1.15x the small kernel at one token and 1.03-1.04x at 16 on the
 // 28672-row gate_up layers, where 224 unsplit CTAs cover the SMs; 0.7-0.97x on the 4096-8192-row layers, which need
@@ -62,7 +62,7 @@ struct Config {
   static constexpr int kXBytes = BT * kXRow * 2;
   static constexpr int kTableBytes = 2 * kChunks;                     // slot of (chunk, k half)
   static constexpr int kStageBytes = (kWBytes + kPBytes + kXBytes + kTableBytes + 127) / 128 * 128;
-  static constexpr int kStages = BT == 8 ? 4 : 3;                     // two CTAs per SM either way
+  static constexpr int kStages = BT == 8 ? 8 : 7;                     // one CTA per SM, ~200 KB in flight
   static constexpr int kSmemBytes = 128 + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
@@ -75,6 +75,12 @@ struct Args {
 };
 
 #ifdef LOWBIT_SM90_DEVICE
+// Adds `bytes` to the barrier's expected transaction count without arriving (the producer arrives once its stage's
+// other stores are done).
+__device__ inline void mbar_expect_tx_only(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
 // The producer thread: stage `it` of this CTA's k range [kc0, kc_end) as weights + parameters (+ the slot table)
 // and, separately, x, so that under PDL the weights of the first stages go out before the wait for x.
 template <int BT>
@@ -94,16 +100,15 @@ struct Producer {
     uint8_t* st = stage(it);
     uint64_t* bar = &full[it % C::kStages];
     const int kc = kc0 + it * kChunks, chunks = chunks_of(it);
-    const int first = w4a16::param_row(kc, 0, p.group);
-    const int slots = w4a16::param_row(kc + chunks - 1, 1, p.group) - first + 1;  // <= kParamSlots (group >= 32)
-    uint8_t* table = st + C::kWBytes + C::kPBytes + C::kXBytes;
-    for (int c = 0; c < kChunks; ++c)
-      for (int h = 0; h < 2; ++h)
-        table[2 * c + h] = static_cast<uint8_t>(c < chunks ? w4a16::param_row(kc + c, h, p.group) - first : 0);
+    // Group rows in half chunks (groups are multiples of 32): half chunk h0 + i reads row (h0 + i) / halves.
+    const int halves = p.group / 32, h0 = 2 * kc;
+    const int first = h0 / halves;
+    const int slots = (h0 + 2 * chunks - 1) / halves - first + 1;  // <= kParamSlots
     const int prow = min(kRows, p.npad - n0);  // parameter rows to copy: a multiple of 16
-    // One arrival with every byte of the stage, x included (x may be issued later: the phase completes only
-    // when all of them have landed). The table's stores above are ordered before it (release).
-    mbar_expect_tx(bar, C::kWBytes + slots * 2 * prow * 2 + rows_x * chunks * kChunkK * 2);
+    // Every byte of the stage, x included (x may be issued later: the phase completes only when all of them have
+    // landed), is expected before any copy; the copies go out first, the slot table after them (it is not on the
+    // copies' path), and the producer's one arrival comes last, ordering the table's stores before the consumers.
+    mbar_expect_tx_only(bar, C::kWBytes + slots * 2 * prow * 2 + rows_x * chunks * kChunkK * 2);
     tma_load_3d(st, map_w, 0, kc, n0 / 16, bar);  // tiles past n and chunks past k read as zeros
     uint8_t* ps = st + C::kWBytes;
     for (int r = 0; r < slots; ++r) {
@@ -111,6 +116,13 @@ struct Producer {
       bulk_load(ps + r * 2 * kRows * 2, p.scales + row0, prow * 2, bar);
       bulk_load(ps + r * 2 * kRows * 2 + kRows * 2, p.zeros + row0, prow * 2, bar);
     }
+    uint8_t* table = st + C::kWBytes + C::kPBytes + C::kXBytes;
+    int slot = 0, into = h0 - first * halves;  // half chunks already into the current group
+    for (int i = 0; i < 2 * kChunks; ++i) {
+      table[i] = static_cast<uint8_t>(i < 2 * chunks ? slot : 0);
+      if (++into == halves) into = 0, ++slot;
+    }
+    mbar_arrive(bar);
   }
 
   __device__ void activations(int it) const {
@@ -148,11 +160,13 @@ __device__ inline Params load_params(const __half* ps, int slot, int row) {
 }
 
 // One consumer warp's share of a stage: per chunk, each k16 step's weight fragment dequantized once and
-// multiplied into each 8-token tile (the sm80 kernel's order: chunk, step, token tile). kMins: the second
+// multiplied into each 8-token tile. Step s of every chunk accumulates into acc[s]: four independent mma chains
+// instead of one, because a warp's dependent mma.sync chain (16 per stage) was most of its time per stage (timed
+// in the kernel on an H200: ~0.9 us per 16 KB stage with one chain); they are summed once at the end. kMins: the second
 // parameter is a min (GGUF Q4_1), a compile-time choice so that neither kind issues the other's instructions.
 template <class C, bool kMins>
 __device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int gw, int lane,
-                                              float (&acc)[C::kTilesM][4]) {
+                                              float (&acc)[4][C::kTilesM][4]) {
   const uint4* ws = reinterpret_cast<const uint4*>(st);
   const __half* ps = reinterpret_cast<const __half*>(st + C::kWBytes);
   const __half* xs = reinterpret_cast<const __half*>(st + C::kWBytes + C::kPBytes);
@@ -179,7 +193,7 @@ __device__ __forceinline__ void compute_stage(const uint8_t* st, int chunks, int
         uint32_t b0, b1;
         w4a16::ldmatrix_x2(w4a16::smem_addr(xs + r * C::kXRow + c * kChunkK + 16 * step + 8 * ((lane >> 3) & 1)), b0,
                            b1);
-        w4a16::mma_16816(acc[j], a, b0, b1);
+        w4a16::mma_16816(acc[step][j], a, b0, b1);
       }
     }
   }
@@ -196,7 +210,7 @@ __device__ inline void store_acc(const W4A16Problem& p, int n0, int m0, int gw, 
 
 // Grid: x = token tiles of BT, y = 128-row weight tiles, z = split-K rank (one cluster along z).
 template <int BT, bool kMins>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a16_decode_sm90_kernel(const __grid_constant__ CUtensorMap map_w, const Args args) {
 #ifdef LOWBIT_SM90_DEVICE
   using C = Config<BT>;
@@ -236,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     return;
   }
 
-  float acc[C::kTilesM][4] = {};
+  float acc[4][C::kTilesM][4] = {};  // one per k16 step of a chunk: four independent mma chains
   for (int it = 0; it < stages; ++it) {
     const int s = it % C::kStages;
     mbar_wait(&full[s], (it / C::kStages) & 1);
@@ -245,7 +259,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   float flat[C::kR];
 #pragma unroll
-  for (int v = 0; v < C::kR; ++v) flat[v] = acc[v / 4][v % 4];
+  for (int v = 0; v < C::kR; ++v)
+    flat[v] = (acc[0][v / 4][v % 4] + acc[1][v / 4][v % 4]) + (acc[2][v / 4][v % 4] + acc[3][v / 4][v % 4]);
   if (split == 1) {
     store_rows_through_smem<kRows, BT, kConsumerWarps>(smem, p.y, p.ldy, p.m, p.n, m0, n0, warp, lane, args.vector_y,
                                                        [&](int v, int) { return __float2half_rn(flat[v]); });
