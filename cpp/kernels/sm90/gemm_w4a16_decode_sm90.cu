@@ -7,8 +7,12 @@
 // __syncthreads, so here one producer thread moves every copy to the copy engine (TMA): per stage of four 64-k
 // chunks, one 3-D box of the CTA's eight 16-row weight tiles (16 KB), one 1-D bulk copy per group row of
 // scales and of zeros (or mins) and one per token row of x; the eight consumer warps only dequantize and multiply.
-// Full/empty mbarriers replace the block barrier; four stages (three for 16 tokens) of two CTAs per SM keep up to
-// ~100 KB per SM in flight.
+// Full/empty mbarriers replace the block barrier, and eight stages (seven for 16 tokens) of one CTA per SM keep
+// ~130 KB per SM in flight.
+//
+// UNMEASURED (branch decode90-next): this version combines the three levers the in-kernel timing of main's version
+// pointed at (see "Measured" below): the slot table computed without divisions and after the copies, eight / seven
+// stages, and four independent mma accumulators. It compiles without spills; it has not run on a GPU.
 //
 // The math is the sm80 kernel's: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
 // (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16: the same weights bit for bit) and multiplies it into its
