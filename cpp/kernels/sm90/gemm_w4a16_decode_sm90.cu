@@ -66,7 +66,7 @@ struct Config {
   static constexpr int kXBytes = BT * kXRow * 2;
   static constexpr int kTableBytes = 2 * kChunks;                     // slot of (chunk, k half)
   static constexpr int kStageBytes = (kWBytes + kPBytes + kXBytes + kTableBytes + 127) / 128 * 128;
-  static constexpr int kStages = BT == 8 ? 8 : 7;                     // one CTA per SM, ~200 KB in flight
+  static constexpr int kStages = BT == 8 ? 4 : 3;                     // two CTAs per SM either way
   static constexpr int kSmemBytes = 128 + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
@@ -214,7 +214,7 @@ __device__ inline void store_acc(const W4A16Problem& p, int n0, int m0, int gw, 
 
 // Grid: x = token tiles of BT, y = 128-row weight tiles, z = split-K rank (one cluster along z).
 template <int BT, bool kMins>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     gemm_w4a16_decode_sm90_kernel(const __grid_constant__ CUtensorMap map_w, const Args args) {
 #ifdef LOWBIT_SM90_DEVICE
   using C = Config<BT>;
