@@ -7,25 +7,21 @@
 // __syncthreads, so here one producer thread moves every copy to the copy engine (TMA): per stage of four 64-k
 // chunks, one 3-D box of the CTA's eight 16-row weight tiles (16 KB), one 1-D bulk copy per group row of
 // scales and of zeros (or mins) and one per token row of x; the eight consumer warps only dequantize and multiply.
-// Full/empty mbarriers replace the block barrier, and eight stages (seven for 16 tokens) of one CTA per SM keep
-// ~130 KB per SM in flight.
-//
-// UNMEASURED (branch decode90-next): this version combines the three levers the in-kernel timing of main's version
-// pointed at (see "Measured" below): the slot table computed without divisions and after the copies, eight / seven
-// stages, and four independent mma accumulators. It compiles without spills; it has not run on a GPU.
+// Full/empty mbarriers replace the block barrier; four stages (three for 16 tokens) of two CTAs per SM keep up to
+// ~100 KB per SM in flight. The producer expects a stage's bytes, issues its copies, and only then writes the
+// stage's slot table (without divisions) and arrives, so the weight box leaves first.
 //
 // The math is the sm80 kernel's: a warp owns one 16-row tile, dequantizes each 16x16 fragment once
 // (w4a16_common_sm80.cuh: w = q*s - z*s, or q*s + m, in f16: the same weights bit for bit) and multiplies it into its
 // 8-token tiles with mma.sync m16n8k16 (for a few tokens the tensor cores idle either way), into four accumulators
-// (one per k16 step of a chunk) summed in a fixed order at the end.
+// (one per k16 step of a chunk, independent mma chains) summed in a fixed order at the end.
 //
-// Measured (H200, docs/benchmarks_gpu.md): 1.10-1.15x the small kernel at one token and 1.03-1.04x at 16 on the
-// 28672-row gate_up layers, where 224 unsplit CTAs cover the SMs; 0.7-0.97x on the 4096-8192-row layers, which need
-// a split-K cluster. Each CTA takes its weights at only ~9-15 GB/s. Timed inside the kernel, a consumer stage takes
-// ~0.9 us while a stage spends ~0.6 us in the producer (the slot table's divisions come before the weight box) and
-// ~2.3 us in flight, so with four stages both limits meet at ~3.5 us and lifting one alone (fewer consumer
-// instructions on branch decode90-v3-unscaled, more stages, independent mma chains) gained nothing. The registry
-// and the op's automatic choice therefore take this kernel only on layers of 16384 rows or more.
+// Measured (H200, docs/benchmarks_gpu.md): 1.14-1.18x the small kernel at one token and 1.10-1.11x at 16 on the
+// 28672-row gate_up layers, where 224 unsplit CTAs cover the SMs; 0.72-1.05x on the 4096-8192-row layers, which
+// need a split-K cluster. The registry and the op's automatic choice therefore take this kernel only on layers of
+// 16384 rows or more. Timed inside the first version, a consumer stage took ~0.9 us, the producer ~0.6 us before its
+// weight box left and the box ~2.3 us to land; moving the table after the copies and four mma chains gained 2-7%.
+// Eight stages of one CTA per SM were slower (0.86x the small kernel on gate_up): 224 CTAs then need two waves.
 //
 // Split-K runs as a thread-block cluster along z (1, 2, 4, 8 CTAs) whose f32 partials meet in distributed shared
 // memory in rank order (sm90_common.cuh's reduce_split_k): no partials buffer and no second kernel. Launched as a
