@@ -10,6 +10,7 @@
 
 #include "cuda/allreduce_oneshot.cuh"
 #include "cuda/float_io.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/quantize_code.cuh"
 #include "lowbit/cuda/check.h"
 
@@ -41,6 +42,10 @@ __device__ __forceinline__ float round_to(float v) {
 template <typename T, typename W, Out kOut>
 __global__ void __launch_bounds__(kThreads) oneshot_norm_kernel(OneShotArgs a, OneShotNormRows n, int per_row,
                                                                 int64_t slot_bytes) {
+  // The GEMM that reads `out` may launch and prefetch its weights meanwhile, as after add_rms_norm. Safe with the
+  // spin below: the trigger takes effect only once every block of this grid (<= kOneShotMaxBlocks) has issued it,
+  // i.e. is resident, and the dependent waits for this grid to complete before it reads anything.
+  pdl_allow_dependents();
   constexpr int kVec = Pack<T>::kVec;
   __shared__ uint32_t s_step[kOneShotMaxBlocks];
   const int64_t r = blockIdx.x;
