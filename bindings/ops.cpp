@@ -125,16 +125,6 @@ void bind_ops(nb::module_& m) {
       },
       nb::arg("gate_up"), nb::arg("out") = nb::none(), "silu(gate) * up for gate_up = [gate | up] on the last dim");
   m.def(
-      "silu_mul_quantize",
-      [](nb::handle gate_up, nb::handle q, nb::handle scales) {
-        Tensor qt = tensor_from_python(q, "q"), st = tensor_from_python(scales, "scales");
-        if (qt.dtype() == ScalarType::u8 && qt.is_contiguous()) qt = qt.as_dtype_view(ScalarType::e4m3);  // e4m3 bytes
-        ops::silu_mul_quantize(tensor_from_python(gate_up, "gate_up"), qt, st);
-      },
-      nb::arg("gate_up"), nb::arg("q"), nb::arg("scales"),
-      "GPU: silu_mul's f16 rows as per-token codes in q (s8, or uint8 holding e4m3 bytes; [T, I]) and f32 scales "
-      "[T], the bytes quantize_per_token_s8 / _e4m3 would make of them (the down linear's fused input)");
-  m.def(
       "embedding",
       [](nb::handle ids, nb::handle table, nb::handle out) {
         const Tensor i = tensor_from_python(ids, "ids"), t = tensor_from_python(table, "table");

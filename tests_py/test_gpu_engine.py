@@ -199,17 +199,15 @@ def test_decode_graphs_agree_with_eager_steps(recipe):
 
 @pytest.mark.parametrize("recipe", ["w8a8kv8", "wfp8a8kv8", "w4a8kv8"])
 def test_fused_norm_quantize_gives_the_unfused_bytes(recipe):
-    """W8A8 / FP8 / W4A8: the pre-norms of qkv and gate_up and the SiLU·mul before down quantize their own output
-    (rms_norm_quantize / silu_mul_quantize + linear_quantized). The codes and scales are those the separate
-    quantizer makes of the f16 rows, so prefill logits (chunked: q_len < kv_len) and graph-replayed greedy
-    decoding must match the unfused path exactly (kernel_overrides fused_norm_quant=off)."""
+    """W8A8 / FP8: the pre-norms of qkv and gate_up quantize their own output (rms_norm_quantize +
+    linear_quantized). The codes and scales are those the separate quantizer makes of the f16 normed
+    rows, so prefill logits (chunked: q_len < kv_len) and graph-replayed greedy decoding must match the
+    unfused path exactly (kernel_overrides fused_norm_quant=off)."""
     ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(2)).tolist()
     prompts = [ids[:40], ids[:9], ids]
     runs = []
     for fused in ("on", "off"):
         model = random_llama(recipe, "cuda", "f16", seed=9, kernel_overrides={"fused_norm_quant": fused})
-        down = [p["desc"] for p in model.plan() if p["role"].startswith("linear.down")]
-        assert down and all(("x=s8" in d or "x=e4m3" in d) == (fused == "on") for d in down), down
         logits = torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(ids)).clone()
         events = run_events(_core.Engine(model, max_batch_tokens=256, cuda_graphs=True), prompts, 12,
                             dict(temperature=0.0))

@@ -71,60 +71,6 @@ def test_silu_mul(dtype, T, I):
     close(out, g * torch.sigmoid(g) * u, dtype)
 
 
-@pytest.mark.parametrize("codes", ["s8", "e4m3"])
-@pytest.mark.parametrize("T,I,strided", [(1, 96, False), (3, 14336, True), (7, 333, False), (2, 32768, False),
-                                         (65, 1000, True)])
-def test_silu_mul_quantize_gives_the_unfused_bytes(codes, T, I, strided):
-    """The down linear's fused input (W8A8 / FP8 / W4A8 plans): the per-token codes and scales of the f16 rows
-    silu_mul writes, bit for bit as the separate quantizer makes them of those rows, and within half a code step
-    of the float64 SiLU·mul. Row 1 is all zeros (scale 1, codes 0); gate_up may be a strided view."""
-    wide = rnd((T, 2 * I + (24 if strided else 0)), "f16", 11 + I, 3.0)
-    if T > 1:
-        wide[1] = 0
-    gu = wide.cuda()[:, :2 * I]
-    f16 = nan_like(torch.empty(T, I, dtype=torch.float16))
-    lb.silu_mul(gu, f16)
-    qdt = torch.int8 if codes == "s8" else torch.uint8
-    q_ref = torch.zeros(T, I, dtype=qdt, device="cuda")
-    s_ref = torch.zeros(T, dtype=torch.float32, device="cuda")
-    (lb.quantize_per_token_s8 if codes == "s8" else lb.quantize_per_token_e4m3)(f16, q_ref, s_ref)
-    q = torch.full((T, I), 0x55, dtype=qdt, device="cuda")
-    s = torch.full((T,), float("nan"), dtype=torch.float32, device="cuda")
-    lb.silu_mul_quantize(gu, q, s)
-    torch.cuda.synchronize()
-    assert torch.equal(s.cpu(), s_ref.cpu()) and torch.equal(q.cpu(), q_ref.cpu())
-    g, u = gu[:, :I].double().cpu(), gu[:, I:].double().cpu()
-    ref = g * torch.sigmoid(g) * u
-    scale = s.double().cpu()[:, None]
-    if codes == "s8":
-        deq = q.double().cpu() * scale
-        bound = 0.5 * scale + ref.abs() * 2.0 ** -11  # half a code step, plus the f16 rounding before it
-    else:
-        deq = q.cpu().view(torch.float8_e4m3fn).double() * scale
-        bound = ref.abs() * (2.0 ** -4 + 2.0 ** -11) + scale * 2.0 ** -10  # 3 mantissa bits; subnormal steps 2^-9
-    assert ((deq - ref).abs() <= bound + 1e-12).all()
-    if T > 1:
-        assert float(s[1]) == 1.0 and not q[1].any()
-
-
-def test_silu_mul_quantize_refuses_what_it_does_not_take():
-    gu = rnd((2, 64), "f16", 12).cuda()
-    q, s = torch.zeros(2, 32, dtype=torch.int8, device="cuda"), torch.zeros(2, dtype=torch.float32, device="cuda")
-    with pytest.raises(NotImplementedError, match="silu_mul_quantize: runs on the GPU only"):
-        lb.silu_mul_quantize(gu.cpu(), q.cpu(), s.cpu())
-    with pytest.raises(NotImplementedError, match="needs f16 .* rows of at most 2 x 32768 columns, got 65552"):
-        lb.silu_mul_quantize(rnd((1, 65552), "f16", 13).cuda(), torch.zeros(1, 32776, dtype=torch.int8, device="cuda"),
-                             s[:1])
-    with pytest.raises(NotImplementedError, match="got 64 columns of bf16"):
-        lb.silu_mul_quantize(gu.bfloat16(), q, s)
-    with pytest.raises(ValueError, match="'q'"):
-        lb.silu_mul_quantize(gu, q[:, :31], s)
-    with pytest.raises(TypeError, match="'q' must be s8 or e4m3"):
-        lb.silu_mul_quantize(gu, q.short(), s)
-    with pytest.raises(ValueError, match="even last dimension"):
-        lb.silu_mul_quantize(gu[:, :63], q, s)
-
-
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_embedding_is_an_exact_gather(dtype):
     table = rnd((301, 77), dtype, 6)

@@ -38,8 +38,6 @@
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS)
-#     siluq     SiLU·mul emitting the down linear's codes (W8A8 / FP8 / W4A8): its op tests, the engine's fused-vs-unfused
-#               bytes test, memcheck over the op tests, then tools/bench_gpu_silu_quant.py (fused vs two kernels)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
@@ -355,16 +353,6 @@ if has serve; then
     fi
   fi
 fi
-if has siluq; then
-  echo "== SiLU·mul emitting the down linear's codes"
-  timeout -k 5 300 "${PYTEST[@]}" "$TESTS/test_gpu_ops.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=20 \
-    -k "silu_mul or fused_norm_quantize or logits_match_cpu or graph" 2>&1 | tee "$OUT/pytest_siluq.log" | tail -3
-  grep -E "^(FAILED|ERROR) " "$OUT/pytest_siluq.log" | cut -c1-400 | head -20
-  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_ops.py" \
-    -k "silu_mul_quantize" > "$OUT/memcheck_siluq.log" 2>&1; echo "memcheck rc=$?"; tail -1 "$OUT/memcheck_siluq.log"
-  timeout -k 5 200 python3 "$REPO/tools/bench_gpu_silu_quant.py" "$OUT/bench_silu_quant.json" 2>&1 | tail -14
-fi
-
 if has tp; then
   echo "== tensor parallelism ($(python3 -c 'import torch; print(torch.cuda.device_count())') GPUs; NCCL: $(python3 -c 'from lowbit import _core; print(_core.nccl_available())'))"
   # smoke: one one-shot all-reduce on the first two GPUs, time-limited (a hang stops the step here, not after the tests)

@@ -28,16 +28,15 @@ __device__ float block_sum(float v) {
   return warp_sum(s);
 }
 
-// Block-wide max over kN threads; every thread gets the result.
-template <int kN = kThreads>
+// Block-wide max; every thread gets the result.
 __device__ float block_max(float v) {
-  __shared__ float partial[kN / 32];
+  __shared__ float partial[kThreads / 32];
   v = warp_max(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  return warp_max(lane < kN / 32 ? partial[lane] : 0.f);
+  return warp_max(lane < kThreads / 32 ? partial[lane] : 0.f);
 }
 
 // rsqrt(mean(v^2) + eps) over the row, with the square sum accumulated in f32 per thread and the
@@ -212,40 +211,6 @@ __global__ void silu_mul_kernel(Rows gu, Rows out) {
   }
 }
 
-// SiLU·mul that hands the down linear its per-token codes: one block per row, the row's values in registers
-// (kSiluPer per thread), each rounded to f16 exactly as silu_mul_kernel stores it, then the max and codes as
-// quantize_per_token_{s8,e4m3} makes them of those f16 values (the same f32 expressions). One kernel instead of two,
-// and the f16 row is never written. Wide blocks, so that one row (batch-1 decode) is not one slow warp loop.
-constexpr int kSiluThreads = 1024, kSiluPer = kSiluMulQuantizeMaxCols / kSiluThreads;
-template <bool kFp8>
-__global__ void __launch_bounds__(kSiluThreads) silu_mul_quantize_kernel(Rows gu, QuantOut qout) {
-  pdl_allow_dependents();  // the down GEMM that reads the codes may launch meanwhile
-  const int64_t r = blockIdx.x;
-  const int inter = static_cast<int>(gu.cols / 2);
-  const __half* g = static_cast<const __half*>(gu.base) + r * gu.stride;
-  float v[kSiluPer];
-  float amax = 0.f;
-#pragma unroll
-  for (int j = 0; j < kSiluPer; ++j) {
-    const int i = threadIdx.x + j * kSiluThreads;
-    v[j] = 0.f;
-    if (i < inter) {
-      const float a = load_f32(g + i), b = load_f32(g + inter + i);
-      v[j] = round_to<__half>(a / (1.f + expf(-a)) * b);
-      amax = fmaxf(amax, fabsf(v[j]));
-    }
-  }
-  amax = block_max<kSiluThreads>(amax);
-  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
-  if (threadIdx.x == 0) qout.scales[r] = s;
-  uint8_t* qrow = qout.q + r * qout.ldq;
-#pragma unroll
-  for (int j = 0; j < kSiluPer; ++j) {
-    const int i = threadIdx.x + j * kSiluThreads;
-    if (i < inter) qrow[i] = static_cast<uint8_t>(quantize_code<kFp8>(__fdiv_rn(v[j], s)));
-  }
-}
-
 __global__ void embedding_kernel(const int32_t* ids, Rows table, Rows out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= out.cols) return;
@@ -348,25 +313,6 @@ void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream) {
   if (out.rows == 0 || out.cols == 0) return;
   silu_mul_kernel<<<elementwise_grid(out.rows, out.cols, "silu_mul"), kThreads, 0, stream>>>(gate_up, out);
   LOWBIT_CUDA_CHECK_LAUNCH("silu_mul");
-}
-
-void silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_type, float* scales,
-                       cudaStream_t stream) {
-  constexpr const char* op = "silu_mul_quantize";
-  if (gate_up.rows == 0 || gate_up.cols == 0) return;
-  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, gate_up.dtype == ScalarType::f16 && gate_up.cols % 2 == 0 &&
-                        gate_up.cols / 2 <= kSiluMulQuantizeMaxCols,
-                    op, ": needs f16 [gate | up] rows of at most 2 x ", kSiluMulQuantizeMaxCols, " columns, got ",
-                    gate_up.cols, " columns of ", name_of(gate_up.dtype));
-  LOWBIT_CHECK_TYPE(q_type == ScalarType::s8 || q_type == ScalarType::e4m3, op, ": codes must be s8 or e4m3, got ",
-                    name_of(q_type));
-  const QuantOut qo{static_cast<uint8_t*>(q), ldq, scales};
-  const unsigned grid = grid_of(gate_up.rows, op);
-  if (q_type == ScalarType::e4m3)
-    silu_mul_quantize_kernel<true><<<grid, kSiluThreads, 0, stream>>>(gate_up, qo);
-  else
-    silu_mul_quantize_kernel<false><<<grid, kSiluThreads, 0, stream>>>(gate_up, qo);
-  LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream) {

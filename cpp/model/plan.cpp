@@ -5,7 +5,6 @@
 
 #include "lowbit/kernels/registry.h"
 #include "lowbit/model/model.h"
-#include "lowbit/ops/ops.h"
 
 namespace lowbit {
 namespace {
@@ -89,15 +88,14 @@ void Model::resolve_plans() {
   plan_lines_.clear();
   const ActivationMode act = recipe_.activation;
   const Layer& L = layers_.front();
-  // W8A8 / FP8 / W4A8 on the GPU: the pre-norms of qkv and gate_up, and SiLU·mul before down, emit the linear's
-  // codes themselves (one kernel instead of two, the same bytes) unless an input permutation sits between.
+  // W8A8 / FP8 on the GPU: the pre-norms of qkv and gate_up emit the linear's codes themselves (one
+  // kernel instead of a norm and a quantizer, the same bytes) unless an input permutation sits between.
   const bool quant_act = act == ActivationMode::int8_per_token || act == ActivationMode::fp8_per_token;
   const bool fuse = device_.is_cuda() && quant_act && kernel_options_.tuning.fused_norm_quant;
   plans_.qkv = plan_linear("qkv", L.qkv, act, fuse && !L.qkv_in.perm.defined());
   plans_.o = plan_linear("o", L.o, act, false);
   plans_.gate_up = plan_linear("gate_up", L.gate_up, act, fuse && !L.gate_up_in.perm.defined());
-  const bool f16_rows = dtype_ == ScalarType::f16 && L.down.k <= ops::kSiluMulQuantizeMaxCols;
-  plans_.down = plan_linear("down", L.down, act, fuse && f16_rows && !L.down_in.perm.defined());
+  plans_.down = plan_linear("down", L.down, act, false);
   plans_.lm_head = plan_linear("lm_head", lm_head_, ActivationMode::float16, false);  // float activations always
   plans_.attention = plan_attention();
 }

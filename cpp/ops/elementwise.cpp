@@ -156,35 +156,6 @@ void silu_mul(const Tensor& gate_up, Tensor& out) {
 #endif
 }
 
-void silu_mul_quantize(const Tensor& gate_up, Tensor& q, Tensor& scales) {
-  constexpr const char* op = "silu_mul_quantize";
-  check_float(gate_up, op, "gate_up");
-  check_dim(gate_up, 2, op, "gate_up");
-  LOWBIT_CHECK(gate_up.size(1) % 2 == 0, op, ": argument 'gate_up' must have an even last dimension [T, 2 * I], got ",
-               shape_str(gate_up.shape()));
-  const int64_t T = gate_up.size(0), inter = gate_up.size(1) / 2;
-  check_defined(q, op, "q");
-  LOWBIT_CHECK_TYPE(q.dtype() == ScalarType::s8 || q.dtype() == ScalarType::e4m3, op,
-                    ": argument 'q' must be s8 or e4m3, got ", name_of(q.dtype()));
-  check_shape(q, {T, inter}, op, "q");
-  LOWBIT_CHECK(q.stride(1) == 1 || q.size(1) <= 1, op, ": argument 'q' must be contiguous in its last dimension");
-  check_defined(scales, op, "scales");
-  check_dtype(scales, ScalarType::f32, op, "scales");
-  check_shape(scales, {T}, op, "scales");
-  check_contiguous(scales, op, "scales");
-  const Device dev = op_device(op, {{"gate_up", &gate_up}, {"q", &q}, {"scales", &scales}});
-  if (dev.is_cpu())
-    LOWBIT_NOT_SUPPORTED(op, ": runs on the GPU only (on the CPU, silu_mul and the linear's own quantizer)");
-#ifdef LOWBIT_WITH_CUDA
-  static_assert(kSiluMulQuantizeMaxCols == cuda::kSiluMulQuantizeMaxCols);
-  const cpu::RowView gv = rows_of(gate_up, op, "gate_up");
-  cuda::silu_mul_quantize(gpu_rows(gv), q.data_ptr(), q.stride(0), q.dtype(), scales.data<float>(),
-                          cuda::current_stream());
-#else
-  no_cuda_kernel(op);
-#endif
-}
-
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   constexpr const char* op = "embedding";
   check_defined(ids, op, "ids");

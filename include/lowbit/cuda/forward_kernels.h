@@ -33,13 +33,6 @@ void norm_quantize(const Rows& residual, const Rows& x, const Rows& weight, floa
                    ScalarType q_type, float* scales, cudaStream_t stream);
 // out[r, i] = silu(gu[r, i]) * gu[r, I + i] with I = out.cols.
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
-// Widest SiLU·mul output silu_mul_quantize takes (its row lives in one block's registers).
-constexpr int64_t kSiluMulQuantizeMaxCols = 32768;
-// The input of a W8A8 / FP8 / W4A8 down linear with its activation quantizer fused: the rows silu_mul would write
-// (f16, I = gate_up.cols / 2 <= kSiluMulQuantizeMaxCols) become per-token codes (s8 or e4m3, [rows, ldq]) and f32
-// scales, the bytes quantize_per_token_{s8,e4m3} would make of them. The f16 rows themselves are not written.
-void silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_type, float* scales,
-                       cudaStream_t stream);
 // out[r] = table[ids[r]] for device ids (s32); an id outside [0, table.rows) gives a NaN row (the
 // ids live on the device, so they cannot be checked on the host without a synchronizing copy).
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream);

@@ -23,7 +23,7 @@ struct KernelOptions {
 // Knobs inside a kernel (not which kernel runs): parsed once from the overrides, passed by value
 // into the launches, so a captured CUDA graph holds exactly what the plan says.
 struct KernelTuning {
-  bool fused_norm_quant = true;  // W8A8 / FP8 / W4A8 on the GPU: the pre-norms and SiLU·mul emit the GEMM's codes
+  bool fused_norm_quant = true;  // W8A8 / FP8 on the GPU: the pre-norm emits the next GEMM's codes
   bool pdl = true;               // sm_90+: programmatic dependent launch of the W4A16 kernel
   int w4a16_large_tile = 0;      // 0 automatic, else 64128, 128128 or 128256 (m x n)
   int sm90_split = 0;            // wgmma GEMMs: 0 automatic, else the split-K cluster size 1/2/4/8

@@ -68,11 +68,6 @@ void rms_norm_quantize(Tensor& residual, const Tensor& x, const Tensor& weight, 
                        Tensor& scales);
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]  for gu = [gate | up] of shape [T, 2I]
 void silu_mul(const Tensor& gate_up, Tensor& out);
-// The input of a W8A8 / FP8 / W4A8 down linear with the activation quantizer fused (GPU only): q (s8 or e4m3
-// [T, I]) and scales (f32 [T]) are the per-token codes linear(act=int8/fp8_per_token) would make of the f16 rows
-// silu_mul writes; gate_up f16 [T, 2I], I <= kSiluMulQuantizeMaxCols.
-constexpr int64_t kSiluMulQuantizeMaxCols = 32768;
-void silu_mul_quantize(const Tensor& gate_up, Tensor& q, Tensor& scales);
 void embedding(const Tensor& ids /*s32 [T]*/, const Tensor& table /*[V, H]*/, Tensor& out /*[T, H]*/);
 // out[t, j] = x[t, perm[j]]: the input permutation of an act-order linear (GPTQ desc_act, FMPQ reorder).
 // x and out: the same float dtype, [T, k] rows (x may be strided, out may not alias x); perm: s32 [k] on
