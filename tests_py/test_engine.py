@@ -134,6 +134,30 @@ def test_greedy_batched_equals_alone_and_transformers(llama):
     assert st["preemptions"] > 0 and st["num_free_blocks"] == st["num_blocks"] == 13
 
 
+@pytest.mark.parametrize("recipe", ["w16a16kc4g32v4", "w16a16kc2g32v2", "w16a16kc4g32v8"])
+def test_per_channel_k_window_survives_preemption(llama, recipe):
+    """Per-channel K (the K group is one block; a block's newest keys wait in the f16 window until it is full and
+    sealed): in a pool so small that requests wait and are preempted (blocks freed, the sequence recomputed by
+    prefill chunks), every request gets the tokens it gets alone. Prompts and generations cross group boundaries,
+    so sealed blocks, partial windows and recomputed groups all occur; every block comes back afterwards."""
+    hf, _ = llama
+    m = lowbit_model(hf, recipe=recipe)
+    jobs = [(1, tokens(45, 31), 30, 0), (2, tokens(70, 32), 25, 0), (3, tokens(33, 33), 40, 1),
+            (4, tokens(64, 34), 20, 2), (5, tokens(20, 35), 50, 5)]
+    alone = {}
+    for rid, prompt, n, _ in jobs:
+        alone.update(run(_core.Engine(m), {0: [(rid, prompt, dict(temperature=0.0, max_tokens=n))]})[0])
+    adds = {}
+    for rid, prompt, n, at in jobs:
+        adds.setdefault(at, []).append((rid, prompt, dict(temperature=0.0, max_tokens=n)))
+    small = _core.Engine(m, max_batch_tokens=16, kv_cache_bytes=6 * 32 * m.info()["kv_bytes_per_token"])
+    got, _ = run(small, adds)
+    st = small.stats()
+    assert st["block_size"] == 32 and st["num_blocks"] == 6
+    assert st["preemptions"] > 0 and st["num_free_blocks"] == st["num_blocks"]
+    assert got == alone
+
+
 def test_events_logprobs_and_stop(llama):
     hf, m = llama
     eng = _core.Engine(m)

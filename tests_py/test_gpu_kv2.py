@@ -155,6 +155,24 @@ def test_random_llama_2bit_batched_greedy_decode_follows_cpu(recipe):
     assert bad == [], bad
 
 
+@pytest.mark.parametrize("recipe", ["w16a16kc2g32v4", "w16a16kc4g32v2"])
+def test_per_channel_k_window_survives_preemption_on_the_gpu(recipe):
+    """A pool of 6 blocks for 4 requests of up to 4 blocks each: requests wait and are preempted (blocks freed with
+    their window rows, the sequence recomputed by prefill chunks). The GPU's tokens, teacher-forced through the CPU
+    engine, stay near its argmax (as the batched test's), and every block comes back."""
+    cpu = random_llama(recipe, "cpu", "f32", seed=3)
+    gpu = random_llama(recipe, "cuda", "f16", seed=3)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (70, 5, 40, 33)]
+    eng = _core.Engine(gpu, max_batch_tokens=16, kv_cache_bytes=6 * 32 * gpu.info()["kv_bytes_per_token"])
+    gpu_tokens = run_greedy(eng, prompts, 30)
+    st = eng.stats()
+    assert st["block_size"] == 32 and st["preemptions"] > 0 and st["num_free_blocks"] == st["num_blocks"]
+    assert all(len(t) == 30 for t in gpu_tokens)
+    bad = greedy_margin_violations(_core.Engine(cpu), prompts, gpu_tokens, 0.5)
+    assert bad == [], bad
+
+
 @pytest.mark.parametrize("head_dim", [256, 80])
 def test_2bit_kv_on_other_head_dims_is_refused_at_load(head_dim):
     with pytest.raises(NotImplementedError, match=f"2-bit KV.*head_dim 64 and 128 only, this model has {head_dim}"):
