@@ -238,7 +238,8 @@ fi
 if has kv2; then
   # Order: the 2-bit tests, the benchmark, the sanitizers, then the attention / engine tests as regression.
   # KV2_TESTS, KV2_BENCH, KV2_SANITIZE, KV2_REGRESSION (default 1) skip a part when 0; KV2_QUICK=1 runs only the
-  # decode attention tests (test_gpu_attention.py, the 2-bit decode cases) in place of the first part; KV2_VARIANTS=1
+  # decode attention tests (test_gpu_attention.py, the 2-bit decode cases) in place of the first part;
+  # KV2_SANITIZE_SECS caps each sanitizer (default 200 s); KV2_VARIANTS=1
   # builds and runs tools/bench_decode_attention_variants.cu (and KV2_VARIANTS_OLD=DIR, a tree whose cpp/ holds
   # another decode_attention_sm80.cuh and whose tools/ holds its harness, as the baseline in the same call).
   echo "== 2-bit KV on the GPU"
@@ -265,7 +266,7 @@ if has kv2; then
   fi
   [ "${KV2_BENCH:-1}" = 1 ] && timeout 300 python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -16
   if [ "${KV2_SANITIZE:-1}" = 1 ]; then
-    sanitize_three kv2 200 "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" test_gpu_kv2.py \
+    sanitize_three kv2 "${KV2_SANITIZE_SECS:-200}" "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" test_gpu_kv2.py \
       test_gpu_kv_per_channel.py
   fi
   if [ "${KV2_REGRESSION:-1}" = 1 ]; then
