@@ -767,11 +767,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 // its own tile (u4: no change).
 template <KvType KT, KvType VT>
 constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
-// sub_tiles: 16-token tiles per softmax step (decode_block's kSub). u2 K and V take two: at 2 bits a tile's loads
-// are few bytes and its fixed work (page lookup, max shuffles, P' transpose) a large share; two tiles per step keep
-// twice the bytes in flight per warp (159 registers at head_dim 128, 3 blocks per SM, no spills).
+// sub_tiles: 16-token tiles per softmax step (decode_block's kSub). Every instance takes one. Two (both tiles' loads in
+// flight together, one max update / rescale / P' transpose per 32 tokens; 159 registers for u2 K and V at head_dim
+// 128, no spills) were predicted to help 2-bit K/V and measured slower on an H200 (tools/bench_decode_attention_
+// variants.cu, u2 K and V, 3 blocks, V ahead): 64 x 8K 186 -> 204 us, 1 x 128K 55 -> 72, 16 x 32K 187 -> 197, 256 x
+// 1.5K 154 -> 166; u4 K (3 blocks, against 1 tile at 4) and u4 K with u2 V lost 8-30% too. Kept for experiments.
 template <int D, KvType KT, KvType VT>
-constexpr int sub_tiles() { return KT == KvType::u2 && VT == KvType::u2 ? 2 : 1; }
+constexpr int sub_tiles() { return 1; }
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
