@@ -14,7 +14,8 @@
 // mma, in f32: q·(1024 + c) = q·c + 1024 Σq, and Σ p'(1024 + c) = Σ p' c + 1024 Σ p'.
 // A dot product does not care about the order of its terms, so each lane loads a contiguous run
 // of dims (scores) or of dims for 4 tokens (output), and the query / P' operands use the same
-// order. Each warp keeps its own online softmax over 16-token tiles; the block's 4 warps merge
+// order. Each warp keeps its own online softmax over 16-token tiles (scores in log2 units, the running-max
+// update skipped by one vote when no score rises above it); the block's 4 warps merge
 // in shared memory; several splits per sequence are merged by a second kernel (flash-decoding).
 //
 // Per-channel K (KvType::u4c: one (scale, zero) per channel per block of bs tokens) cannot take its scale
