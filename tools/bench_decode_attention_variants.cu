@@ -1,5 +1,5 @@
 // Experiment harness for the decode attention kernel (decode_attention_sm80.cuh): instantiates variants the build
-// does not (resident blocks per SM, V loaded a tile ahead) at head_dim 128, 32 q / 8 kv heads, block 16, and times
+// does not (resident blocks per SM, V loaded a tile ahead, tiles per softmax step) at head_dim 128, 32 q / 8 kv heads, block 16, and times
 // one launch of each with CUDA events (median of 30 after 3 warm-ups) at several split sizes. The caches hold
 // constant bytes (timing only; the tests check results): the accumulator rescale, the one value-dependent branch,
 // runs less often than on real data, so the variants compare with each other, not with bench_gpu_kv2.py. The
@@ -13,7 +13,7 @@
 #include "kernels/sm80/decode_attention_sm80.cuh"
 using namespace lowbit::cuda;
 
-template <KvType KT, KvType VT, int MB, bool VA>
+template <KvType KT, KvType VT, int MB, bool VA, int SUB>
 float run(int B, int L, int hq, int hkv, int split_tokens, int reps) {
   constexpr int D = 128; const int bs = 16;
   const int per_seq = (L + bs - 1) / bs, blocks = B * per_seq;
@@ -36,7 +36,7 @@ float run(int B, int L, int hq, int hkv, int split_tokens, int reps) {
   p.hq = hq; p.hkv = hkv; p.group = hq / hkv; p.block_size = bs; p.max_blocks = per_seq; p.split_tokens = split_tokens;
   p.num_splits = splits; p.slices = (p.group + 7) / 8; p.block_shift = 4; p.tile_in_one_page = true; p.scale = 0.088f;
   dim3 grid(B, hkv * p.slices, splits);
-  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA>;
+  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, SUB>;
   for (int i = 0; i < 3; ++i) kern<<<grid, decode_attn::kThreads>>>(p);
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   std::vector<float> ts;
@@ -52,20 +52,22 @@ float run(int B, int L, int hq, int hkv, int split_tokens, int reps) {
 
 int main() {
   struct Cfg { int B, L, split; };
-  // Resident blocks per SM (5 spills) and V a tile ahead, at the split sizes decode_attention picks.
-  for (Cfg c : {Cfg{64, 8192, 4096}, Cfg{1, 131072, 2000}, Cfg{256, 1536, 1552}}) {
+  // Two tiles per softmax step (kSub 2) against one, at the split sizes decode_attention picks, beside the resident
+  // blocks per SM each is built for.
+  for (Cfg c : {Cfg{64, 8192, 4096}, Cfg{1, 131072, 2048}, Cfg{16, 32768, 4096}, Cfg{256, 1536, 1536}}) {
     printf("B=%d L=%d split=%d\n", c.B, c.L, c.split);
-    printf("  u4/u4  mb4      %8.1f us\n", run<KvType::u4, KvType::u4, 4, false>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb3      %8.1f us\n", run<KvType::u2, KvType::u2, 3, false>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb4      %8.1f us\n", run<KvType::u2, KvType::u2, 4, false>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb5      %8.1f us\n", run<KvType::u2, KvType::u2, 5, false>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb3 Vahd %8.1f us\n", run<KvType::u2, KvType::u2, 3, true>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u4/u4  mb4 sub1      %8.1f us\n", run<KvType::u4, KvType::u4, 4, false, 1>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u4/u4  mb3 sub2      %8.1f us\n", run<KvType::u4, KvType::u4, 3, false, 2>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u4/u2  mb3 sub1      %8.1f us\n", run<KvType::u4, KvType::u2, 3, false, 1>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u4/u2  mb3 sub2      %8.1f us\n", run<KvType::u4, KvType::u2, 3, false, 2>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u2/u2  mb3 Vahd sub1 %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 1>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u2/u2  mb3 Vahd sub2 %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 2>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u2/u2  mb3 sub2      %8.1f us\n", run<KvType::u2, KvType::u2, 3, false, 2>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u2/u2  mb2 Vahd sub2 %8.1f us\n", run<KvType::u2, KvType::u2, 2, true, 2>(c.B, c.L, 32, 8, c.split, 30));
   }
-  // Split sizes at 3 blocks per SM (396 slots on 132 SMs): 2, 3, 4 and 8 splits at B=64 L=8K.
-  for (Cfg c : {Cfg{64, 8192, 2736}, Cfg{64, 8192, 2048}, Cfg{64, 8192, 1024}, Cfg{16, 32768, 4096},
-                Cfg{16, 32768, 2048}, Cfg{256, 1536, 768}}) {
+  // Split sizes for kSub 2 at B=64 L=8K: 2, 3 and 4 splits.
+  for (Cfg c : {Cfg{64, 8192, 2736}, Cfg{64, 8192, 2048}}) {
     printf("B=%d L=%d split=%d\n", c.B, c.L, c.split);
-    printf("  u4/u4  mb4      %8.1f us\n", run<KvType::u4, KvType::u4, 4, false>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb3 Vahd %8.1f us\n", run<KvType::u2, KvType::u2, 3, true>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u2/u2  mb3 Vahd sub2 %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 2>(c.B, c.L, 32, 8, c.split, 30));
   }
 }

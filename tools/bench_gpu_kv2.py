@@ -5,6 +5,7 @@ profiler's kernel times (decode kernels and the split merge). Effective bandwidt
 (codes + parameters; SDPA: f16 K and V) / time, beside the copy bandwidth of the card (a 2 GiB device copy). Writes
 JSON (argv[1]) and prints a table."""
 import math
+import os
 import sys
 
 import torch
@@ -20,6 +21,9 @@ FORMATS = [("kv4", "u4", "u4", False, 0), ("kc4v4", "u4", "u4", True, 64), ("kv2
            ("kc2v2", "u2", "u2", True, 64), ("kc2g32v2", "u2", "u2", True, 32), ("k4v2", "u4", "u2", False, 0),
            ("kc4v2", "u4", "u2", True, 64)]
 BITS = {"u8": 8, "u4": 4, "u2": 2}
+# KV2_FORMATS=kv4,kv2 (comma list of the names above) times only those, for a short device call.
+if os.environ.get("KV2_FORMATS"):
+    FORMATS = [f for f in FORMATS if f[0] in os.environ["KV2_FORMATS"].split(",")]
 
 
 def bytes_per_step(b, length, kt, vt, per_channel, group):

@@ -237,20 +237,44 @@ fi
 
 if has kv2; then
   # Order: the 2-bit tests, the benchmark, the sanitizers, then the attention / engine tests as regression.
+  # KV2_TESTS, KV2_BENCH, KV2_SANITIZE, KV2_REGRESSION (default 1) skip a part when 0; KV2_QUICK=1 runs only the
+  # decode attention tests (test_gpu_attention.py, the 2-bit decode cases) in place of the first part;
+  # KV2_SANITIZE_SECS caps each sanitizer (default 200 s); KV2_VARIANTS=1
+  # builds and runs tools/bench_decode_attention_variants.cu (and KV2_VARIANTS_OLD=DIR, a tree whose cpp/ holds
+  # another decode_attention_sm80.cuh and whose tools/ holds its harness, as the baseline in the same call).
   echo "== 2-bit KV on the GPU"
-  "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_ops.py" \
-    "$TESTS/test_kv_formats.py" "$TESTS/test_kv.py" -q -rfEs --maxfail=40 -k "not smollm2 and (kv2 or 2bit or u2 or per_channel or kv_formats or cache or kv_write or prefill or decode)" \
-    2>&1 | tee "$OUT/pytest_kv2.log" | tail -3
-  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2.log" | cut -c1-400 | head -30
-  "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "cache or logits" 2>&1 \
-    | grep -E "worst relative error|relative logit error" | head -40
-  timeout 300 python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -16
-  sanitize_three kv2 200 "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" test_gpu_kv2.py \
-    test_gpu_kv_per_channel.py
-  echo "== regression: decode attention and engine tests"
-  "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 -k "not smollm2" \
-    2>&1 | tee "$OUT/pytest_kv2_regression.log" | tail -3
-  grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2_regression.log" | cut -c1-400 | head -20
+  if [ "${KV2_QUICK:-0}" = 1 ]; then
+    timeout -k 5 90 "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_kv2.py" -q -rfEs --maxfail=40 \
+      -k "decode_attention" 2>&1 | tee "$OUT/pytest_kv2_quick.log" | tail -3
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2_quick.log" | cut -c1-400 | head -30
+  elif [ "${KV2_TESTS:-1}" = 1 ]; then
+    "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_ops.py" \
+      "$TESTS/test_kv_formats.py" "$TESTS/test_kv.py" -q -rfEs --maxfail=40 -k "not smollm2 and (kv2 or 2bit or u2 or per_channel or kv_formats or cache or kv_write or prefill or decode)" \
+      2>&1 | tee "$OUT/pytest_kv2.log" | tail -3
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2.log" | cut -c1-400 | head -30
+    "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "cache or logits" 2>&1 \
+      | grep -E "worst relative error|relative logit error" | head -40
+  fi
+  if [ "${KV2_VARIANTS:-0}" = 1 ]; then
+    for tree in "${KV2_VARIANTS_OLD:-}" "$REPO"; do
+      [ -n "$tree" ] || continue
+      echo "-- variants harness: $tree"
+      nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I "$REPO/include" \
+        -I "$tree/cpp" -I "$REPO/cpp" "$tree/tools/bench_decode_attention_variants.cu" -o "$RUN/dv" \
+        && timeout 60 "$RUN/dv" 2>&1 | tee -a "$OUT/variants.log"
+    done
+  fi
+  [ "${KV2_BENCH:-1}" = 1 ] && timeout 300 python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -16
+  if [ "${KV2_SANITIZE:-1}" = 1 ]; then
+    sanitize_three kv2 "${KV2_SANITIZE_SECS:-200}" "lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2" test_gpu_kv2.py \
+      test_gpu_kv_per_channel.py
+  fi
+  if [ "${KV2_REGRESSION:-1}" = 1 ]; then
+    echo "== regression: decode attention and engine tests"
+    "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 -k "not smollm2" \
+      2>&1 | tee "$OUT/pytest_kv2_regression.log" | tail -3
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2_regression.log" | cut -c1-400 | head -20
+  fi
 fi
 
 if has engine; then

@@ -14,7 +14,8 @@
 // mma, in f32: q·(1024 + c) = q·c + 1024 Σq, and Σ p'(1024 + c) = Σ p' c + 1024 Σ p'.
 // A dot product does not care about the order of its terms, so each lane loads a contiguous run
 // of dims (scores) or of dims for 4 tokens (output), and the query / P' operands use the same
-// order. Each warp keeps its own online softmax over 16-token tiles; the block's 4 warps merge
+// order. Each warp keeps its own online softmax over 16-token tiles (scores in log2 units, the running-max
+// update skipped by one vote when no score rises above it); the block's 4 warps merge
 // in shared memory; several splits per sequence are merged by a second kernel (flash-decoding).
 //
 // Per-channel K (KvType::u4c: one (scale, zero) per channel per block of bs tokens) cannot take its scale
@@ -45,6 +46,15 @@ namespace lowbit::cuda {
 namespace decode_attn {
 
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m) underflows to 0
+
+// The block keeps its scores and running maxima in log2 units (the softmax scale times log2 e folded into one
+// multiply), so each exponential is one ex2 (flushing results below 2^-126 to 0: far below f16's P').
+__device__ inline float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 __device__ inline uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
@@ -206,10 +216,10 @@ struct TileV {
   uint32_t v[4][kVWords];
 };
 
-// The block's shared memory (one set per kernel, whichever body runs).
-template <int D>
+// The block's shared memory (one set per kernel, whichever body runs). kSub: 16-token tiles per softmax step.
+template <int D, int kSub = 1>
 struct DecodeSmem {
-  __align__(16) __half p_tile[kWarps][8][kTile];
+  __align__(16) __half p_tile[kWarps][8][kTile * kSub];
   float warp_m[kWarps][8], warp_l[kWarps][8];
   __align__(16) float warp_o[kWarps][8][D];
 };
@@ -218,11 +228,15 @@ struct DecodeSmem {
 // the f16-K body reads the window keys [(len / bs) * bs, len) of per-channel K from p.k_window.
 // D: any multiple of 16 (one k-step of the score mma per 16 dims).
 // kVAhead: V is loaded one tile ahead with K (integer K and V only), twice the bytes in flight per warp.
-template <KvType KT, KvType VT, int D, bool kVAhead = false>
-__device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D>& sm, int split, int slot_split,
-                                             bool window) {
+// kSub: a warp's step covers kSub consecutive 16-token tiles (per-token K only): their loads are in flight together
+// and one running-max update, rescale and P' transpose serve all of them.
+template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1>
+__device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D, kSub>& sm, int split,
+                                             int slot_split, bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
   static_assert((kv_bits<KT>() != 2 && kv_bits<VT>() != 2) || D % 64 == 0, "2-bit K/V need head_dim % 64 == 0");
+  static_assert(kSub == 1 || kSub == 2, "one or two tiles per softmax step");
+  static_assert(kSub == 1 || (!kv_per_channel<KT>() && KT != KvType::f16), "per-token integer K only");
   auto& p_tile = sm.p_tile;
   auto& warp_m = sm.warp_m;
   auto& warp_l = sm.warp_l;
@@ -419,7 +433,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
     }
   };
 
-  // Per head (2t, 2t+1): running max, Σp, Σ p z_v, and Σ p' (the f16 P' the mma saw, for the V offset).
+  // Per head (2t, 2t+1): running max (log2 units), Σp, Σ p z_v, and Σ p' (the f16 P' the mma saw, for the V offset).
+  const float scale_log2 = p.scale * kLog2e;
   float m0 = kNoScore, m1 = kNoScore, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f, w0 = 0.f, w1 = 0.f;
   float acc[kSteps][4] = {};
   const int v_dims = D / 8 * g;  // this lane's run for the output
@@ -490,29 +505,40 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   // Integer K: the next tile's K is issued before this tile is used (its registers are few); f16
   // tiles are large enough that occupancy hides the latency instead.
   constexpr bool kPrefetch = KT != KvType::f16 && VT != KvType::f16;
-  // The tiles this warp visits, in order: every 4th tile; for u4c every 4th block, its bs / 16 tiles in a
-  // row (the split starts on a block boundary), so the query is refolded once per block.
+  // The steps this warp visits, in order: every 4th step of kSub tiles; for u4c every 4th block, its bs / 16 tiles
+  // in a row (the split starts on a block boundary), so the query is refolded once per block.
   const int tiles_per_block = kChannelK ? p.block_size / kTile : 1;
   auto tile_of = [&](int i) -> int {
     if constexpr (kChannelK)
       return ((i / tiles_per_block) * kWarps + warp) * p.block_size + (i % tiles_per_block) * kTile;
-    return (i * kWarps + warp) * kTile;
+    return (i * kWarps + warp) * kTile * kSub;
   };
   static_assert(!kVAhead || kPrefetch, "V ahead needs integer K and V");
-  KRegs cur, nxt;
-  VRegs vcur, vnxt;
+  static_assert(kSub == 1 || kPrefetch, "two tiles per step need integer K and V");
+  // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
+  KRegs cur[kSub], nxt[kSub];
+  VRegs vcur[kSub], vnxt[kSub];
   if (tile_of(0) < n) {
-    load_k(tile_of(0), cur);
-    if constexpr (kVAhead) load_v(tile_of(0), vcur);
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      load_k(tile_of(0) + u * kTile, cur[u]);
+      if constexpr (kVAhead) load_v(tile_of(0) + u * kTile, vcur[u]);
+    }
     stage_params(tile_of(0), 0);
   }
   for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
     const int next = tile_of(i + 1);
-    if constexpr (!kVAhead) load_v(tile, vcur);
+    if constexpr (!kVAhead) {
+#pragma unroll
+      for (int u = 0; u < kSub; ++u) load_v(tile + u * kTile, vcur[u]);
+    }
     if constexpr (kPrefetch) {
       if (next < n) {
-        load_k(next, nxt);
-        if constexpr (kVAhead) load_v(next, vnxt);
+#pragma unroll
+        for (int u = 0; u < kSub; ++u) {
+          load_k(next + u * kTile, nxt[u]);
+          if constexpr (kVAhead) load_v(next + u * kTile, vnxt[u]);
+        }
       }
     }
     if constexpr (kChannelK) {
@@ -528,90 +554,114 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
         fold_query(blk & 1);
       }
     }
-    const bool ok_g = tile + g < n, ok_g8 = tile + g + 8 < n;
-    const uint32_t(&kg)[kKWords] = cur.kg;
-    const uint32_t(&kg8)[kKWords] = cur.kg8;
-    const float2 ksp_g = cur.ksp_g, ksp_g8 = cur.ksp_g8, vsp_g = cur.vsp_g, vsp_g8 = cur.vsp_g8;
+    bool ok_g[kSub], ok_g8[kSub];
+    float s[kSub][4];
+    float t0 = kNoScore, t1 = kNoScore;  // this lane's largest scores of the step, heads 2t and 2t+1
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      ok_g[u] = tile + u * kTile + g < n;
+      ok_g8[u] = tile + u * kTile + g + 8 < n;
+      const uint32_t(&kg)[kKWords] = cur[u].kg;
+      const uint32_t(&kg8)[kKWords] = cur[u].kg8;
+      const float2 ksp_g = cur[u].ksp_g, ksp_g8 = cur[u].ksp_g8;
+      float* const su = s[u];
 
-    // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8
-    float s[4] = {};
+      // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8
+      su[0] = su[1] = su[2] = su[3] = 0.f;
 #pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      uint32_t a0, a2, a1, a3;
-      k_frag<KT, kSteps>(kg, j, a0, a2);
-      k_frag<KT, kSteps>(kg8, j, a1, a3);
-      mma(s, a0, a1, a2, a3, qf[j][0], qf[j][1]);
+      for (int j = 0; j < kSteps; ++j) {
+        uint32_t a0, a2, a1, a3;
+        k_frag<KT, kSteps>(kg, j, a0, a2);
+        k_frag<KT, kSteps>(kg8, j, a1, a3);
+        mma(s[u], a0, a1, a2, a3, qf[j][0], qf[j][1]);
+      }
+      if constexpr (kChannelK) {  // (q ⊙ s)·c + q·z with (q ⊙ s)·c = mma / 16 - k_offset
+        su[0] = su[0] * (1.f / k_fold) - k_offset0 + zsum0;
+        su[1] = su[1] * (1.f / k_fold) - k_offset1 + zsum1;
+        su[2] = su[2] * (1.f / k_fold) - k_offset0 + zsum0;
+        su[3] = su[3] * (1.f / k_fold) - k_offset1 + zsum1;
+      } else if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq with q·c = mma / k_fold - k_offset
+        su[0] = ksp_g.x * (su[0] * (1.f / k_fold) - k_offset0) + ksp_g.y * qsum0;
+        su[1] = ksp_g.x * (su[1] * (1.f / k_fold) - k_offset1) + ksp_g.y * qsum1;
+        su[2] = ksp_g8.x * (su[2] * (1.f / k_fold) - k_offset0) + ksp_g8.y * qsum0;
+        su[3] = ksp_g8.x * (su[3] * (1.f / k_fold) - k_offset1) + ksp_g8.y * qsum1;
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) su[e] *= scale_log2;
+      t0 = fmaxf(t0, fmaxf(ok_g[u] ? su[0] : kNoScore, ok_g8[u] ? su[2] : kNoScore));
+      t1 = fmaxf(t1, fmaxf(ok_g[u] ? su[1] : kNoScore, ok_g8[u] ? su[3] : kNoScore));
     }
-    if constexpr (kChannelK) {  // (q ⊙ s)·c + q·z with (q ⊙ s)·c = mma / 16 - k_offset
-      s[0] = s[0] * (1.f / k_fold) - k_offset0 + zsum0;
-      s[1] = s[1] * (1.f / k_fold) - k_offset1 + zsum1;
-      s[2] = s[2] * (1.f / k_fold) - k_offset0 + zsum0;
-      s[3] = s[3] * (1.f / k_fold) - k_offset1 + zsum1;
-    } else if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq with q·c = mma / k_fold - k_offset
-      s[0] = ksp_g.x * (s[0] * (1.f / k_fold) - k_offset0) + ksp_g.y * qsum0;
-      s[1] = ksp_g.x * (s[1] * (1.f / k_fold) - k_offset1) + ksp_g.y * qsum1;
-      s[2] = ksp_g8.x * (s[2] * (1.f / k_fold) - k_offset0) + ksp_g8.y * qsum0;
-      s[3] = ksp_g8.x * (s[3] * (1.f / k_fold) - k_offset1) + ksp_g8.y * qsum1;
-    }
+    // ---- online softmax for heads 2t, 2t+1 (max over the step's tokens: lanes with the same t). Once the running
+    // maxima settle, a step rarely raises them: one vote decides that, and then the max shuffles, the alphas (exactly
+    // 1) and the accumulator rescale are skipped (the same numbers as computing them: n = m, alpha = exp(0) = 1).
+    if (__any_sync(0xffffffffu, t0 > m0 || t1 > m1)) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[i] *= p.scale;
-    // ---- online softmax for heads 2t, 2t+1 (max over the 16 tokens: lanes with the same t)
-    float t0 = fmaxf(ok_g ? s[0] : kNoScore, ok_g8 ? s[2] : kNoScore);
-    float t1 = fmaxf(ok_g ? s[1] : kNoScore, ok_g8 ? s[3] : kNoScore);
+      for (int o = 4; o < 32; o <<= 1) {
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, o));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, o));
+      }
+      const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+      const float alpha0 = exp2_ftz(m0 - n0), alpha1 = exp2_ftz(m1 - n1);
+      m0 = n0;
+      m1 = n1;
+      l0 *= alpha0; z0 *= alpha0; w0 *= alpha0;
+      l1 *= alpha1; z1 *= alpha1; w1 *= alpha1;
+      // Skipping a multiply by exactly 1 changes nothing (a warp-uniform branch).
+      if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, o));
-      t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, o));
-    }
-    const float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
-    const float alpha0 = __expf(m0 - n0), alpha1 = __expf(m1 - n1);
-    m0 = n0;
-    m1 = n1;
-    const float p0 = ok_g ? __expf(s[0] - n0) : 0.f, p1 = ok_g ? __expf(s[1] - n1) : 0.f;
-    const float p2 = ok_g8 ? __expf(s[2] - n0) : 0.f, p3 = ok_g8 ? __expf(s[3] - n1) : 0.f;
-    l0 = l0 * alpha0 + p0 + p2;
-    l1 = l1 * alpha1 + p1 + p3;
-    z0 = z0 * alpha0 + p0 * vsp_g.y + p2 * vsp_g8.y;
-    z1 = z1 * alpha1 + p1 * vsp_g.y + p3 * vsp_g8.y;
-    // Once the running maxima settle, a tile rarely raises them and every alpha is exactly 1: skip the
-    // accumulator rescale then (a warp-uniform branch; skipping a multiply by 1 changes nothing).
-    if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
-#pragma unroll
-      for (int mt = 0; mt < kSteps; ++mt) {
-        acc[mt][0] *= alpha0; acc[mt][1] *= alpha1; acc[mt][2] *= alpha0; acc[mt][3] *= alpha1;
+        for (int mt = 0; mt < kSteps; ++mt) {
+          acc[mt][0] *= alpha0; acc[mt][1] *= alpha1; acc[mt][2] *= alpha0; acc[mt][3] *= alpha1;
+        }
       }
     }
-    // ---- P' = p * s_v, transposed through shared memory into the B layout (head g, tokens 4t..4t+3)
-    __half(*pt)[kTile] = p_tile[warp];
-    const __half h0 = __float2half_rn(p0 * vsp_g.x), h1 = __float2half_rn(p1 * vsp_g.x);
-    const __half h2 = __float2half_rn(p2 * vsp_g8.x), h3 = __float2half_rn(p3 * vsp_g8.x);
-    pt[2 * t][g] = h0;
-    pt[2 * t + 1][g] = h1;
-    pt[2 * t][g + 8] = h2;
-    pt[2 * t + 1][g + 8] = h3;
-    if constexpr (VT != KvType::f16) {
-      w0 = w0 * alpha0 + (__half2float(h0) + __half2float(h2));
-      w1 = w1 * alpha1 + (__half2float(h1) + __half2float(h3));
+    // ---- P' = p * s_v, transposed through shared memory into the B layout (head g, tokens 4t..4t+3 of each tile)
+    __half(*pt)[kTile * kSub] = p_tile[warp];
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      const float2 vsp_g = cur[u].vsp_g, vsp_g8 = cur[u].vsp_g8;
+      const float p0 = ok_g[u] ? exp2_ftz(s[u][0] - m0) : 0.f, p1 = ok_g[u] ? exp2_ftz(s[u][1] - m1) : 0.f;
+      const float p2 = ok_g8[u] ? exp2_ftz(s[u][2] - m0) : 0.f, p3 = ok_g8[u] ? exp2_ftz(s[u][3] - m1) : 0.f;
+      l0 = l0 + p0 + p2;
+      l1 = l1 + p1 + p3;
+      z0 = z0 + p0 * vsp_g.y + p2 * vsp_g8.y;
+      z1 = z1 + p1 * vsp_g.y + p3 * vsp_g8.y;
+      const __half h0 = __float2half_rn(p0 * vsp_g.x), h1 = __float2half_rn(p1 * vsp_g.x);
+      const __half h2 = __float2half_rn(p2 * vsp_g8.x), h3 = __float2half_rn(p3 * vsp_g8.x);
+      pt[2 * t][u * kTile + g] = h0;
+      pt[2 * t + 1][u * kTile + g] = h1;
+      pt[2 * t][u * kTile + g + 8] = h2;
+      pt[2 * t + 1][u * kTile + g + 8] = h3;
+      if constexpr (VT != KvType::f16) {
+        w0 += __half2float(h0) + __half2float(h2);
+        w1 += __half2float(h1) + __half2float(h3);
+      }
     }
     __syncwarp();
-    const uint2 pb = *reinterpret_cast<const uint2*>(&pt[g][4 * t]);
+    uint2 pb[kSub];
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) pb[u] = *reinterpret_cast<const uint2*>(&pt[g][u * kTile + 4 * t]);
     __syncwarp();
     // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
 #pragma unroll
-    for (int mt = 0; mt < kSteps; ++mt) {
-      uint32_t a0, a1, a2, a3;
-      v_frag<VT>(vcur.v[0], vcur.v[1], mt, a0, a1);
-      v_frag<VT>(vcur.v[2], vcur.v[3], mt, a2, a3);
-      mma(acc[mt], a0, a1, a2, a3, pb.x, pb.y);
+    for (int u = 0; u < kSub; ++u) {
+#pragma unroll
+      for (int mt = 0; mt < kSteps; ++mt) {
+        uint32_t a0, a1, a2, a3;
+        v_frag<VT>(vcur[u].v[0], vcur[u].v[1], mt, a0, a1);
+        v_frag<VT>(vcur[u].v[2], vcur[u].v[3], mt, a2, a3);
+        mma(acc[mt], a0, a1, a2, a3, pb[u].x, pb[u].y);
+      }
     }
     if constexpr (kPrefetch) {
-      cur = nxt;
-      if constexpr (kVAhead) vcur = vnxt;
+#pragma unroll
+      for (int u = 0; u < kSub; ++u) {
+        cur[u] = nxt[u];
+        if constexpr (kVAhead) vcur[u] = vnxt[u];
+      }
     } else if (next < n) {
-      load_k(next, cur);
+      load_k(next, cur[0]);
     }
   }
-
   if constexpr (kChannelK) {  // warp_o takes back the staging rows
     cp_async_wait<0>();
     __syncwarp();
@@ -659,7 +709,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
     float o = 0.f, l = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float e = __expf(warp_m[w][h] - mx);
+      const float e = exp2_ftz(warp_m[w][h] - mx);
       o += e * warp_o[w][h][d];
       l += e * warp_l[w][h];
     }
@@ -670,7 +720,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       const int64_t slot = (static_cast<int64_t>(b) * p.hq + head) * num_splits + slot_split;
       p.part_out[slot * D + d] = o;
       if (d == 0) {
-        p.part_stats[slot * 2] = mx;
+        p.part_stats[slot * 2] = mx * kLn2;  // the merge kernel's natural units
         p.part_stats[slot * 2 + 1] = l;
       }
     }
@@ -679,15 +729,15 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
 
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
 // K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
-template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false>
+template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
-  __shared__ DecodeSmem<D> sm;
+  __shared__ DecodeSmem<D, kSub> sm;
   const int split = blockIdx.z;
   if constexpr (kv_per_channel<KT>()) {
     if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
   }
-  decode_block<KT, VT, D, kVAhead>(p, sm, split, split, false);
+  decode_block<KT, VT, D, kVAhead, kSub>(p, sm, split, split, false);
 }
 
 // Resident blocks per SM each instance is built for. 128: with 4 (128 registers) the f16 and u8 kernels spill;
@@ -718,6 +768,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 // its own tile (u4: no change).
 template <KvType KT, KvType VT>
 constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
+// sub_tiles: 16-token tiles per softmax step (decode_block's kSub). Every instance takes one. Two (both tiles' loads in
+// flight together, one max update / rescale / P' transpose per 32 tokens; 159 registers for u2 K and V at head_dim
+// 128, no spills) were predicted to help 2-bit K/V and measured slower on an H200 (tools/bench_decode_attention_
+// variants.cu, u2 K and V, 3 blocks, V ahead): 64 x 8K 186 -> 204 us, 1 x 128K 55 -> 72, 16 x 32K 187 -> 197, 256 x
+// 1.5K 154 -> 166; u4 K (3 blocks, against 1 tile at 4) and u4 K with u2 V lost 8-30% too. Kept for experiments.
+template <int D, KvType KT, KvType VT>
+constexpr int sub_tiles() { return 1; }
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
@@ -729,8 +786,8 @@ constexpr int min_blocks() {
 
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>()>
-      <<<grid, decode_attn::kThreads, 0, stream>>>(p);
+  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>(),
+                                      decode_attn::sub_tiles<D, KT, VT>()><<<grid, decode_attn::kThreads, 0, stream>>>(p);
 }
 
 }  // namespace lowbit::cuda
