@@ -109,16 +109,21 @@ def test_qwen2_bias_untied_head_match_transformers():
     assert rel_err(torch.from_dlpack(eng.logits(ids)), hf_logits(hf, ids)) < 1e-5
 
 
+def greedy_alone_and_schedule(m, jobs):
+    """jobs: (request id, prompt, max tokens, step to add it). Each request's greedy tokens run alone, and the
+    step -> requests schedule that run() takes to run them together."""
+    alone, adds = {}, {}
+    for rid, prompt, n, at in jobs:
+        alone.update(run(_core.Engine(m), {0: [(rid, prompt, dict(temperature=0.0, max_tokens=n))]})[0])
+        adds.setdefault(at, []).append((rid, prompt, dict(temperature=0.0, max_tokens=n)))
+    return alone, adds
+
+
 def test_greedy_batched_equals_alone_and_transformers(llama):
     hf, m = llama
     jobs = [(1, tokens(1, 10), 6, 0), (2, tokens(7, 11), 5, 0), (3, tokens(16, 12), 8, 1), (4, tokens(23, 13), 3, 3),
             (5, tokens(40, 14), 7, 4)]
-    alone = {}
-    for rid, prompt, n, _ in jobs:
-        alone.update(run(_core.Engine(m), {0: [(rid, prompt, dict(temperature=0.0, max_tokens=n))]})[0])
-    adds = {}
-    for rid, prompt, n, at in jobs:
-        adds.setdefault(at, []).append((rid, prompt, dict(temperature=0.0, max_tokens=n)))
+    alone, adds = greedy_alone_and_schedule(m, jobs)
     eng = _core.Engine(m, max_batch_tokens=16, max_seqs=3)
     got, reasons = run(eng, adds)
     assert got == alone and all(r == "length" for r in reasons.values())
@@ -144,12 +149,7 @@ def test_per_channel_k_window_survives_preemption(llama, recipe):
     m = lowbit_model(hf, recipe=recipe)
     jobs = [(1, tokens(45, 31), 30, 0), (2, tokens(70, 32), 25, 0), (3, tokens(33, 33), 40, 1),
             (4, tokens(64, 34), 20, 2), (5, tokens(20, 35), 50, 5)]
-    alone = {}
-    for rid, prompt, n, _ in jobs:
-        alone.update(run(_core.Engine(m), {0: [(rid, prompt, dict(temperature=0.0, max_tokens=n))]})[0])
-    adds = {}
-    for rid, prompt, n, at in jobs:
-        adds.setdefault(at, []).append((rid, prompt, dict(temperature=0.0, max_tokens=n)))
+    alone, adds = greedy_alone_and_schedule(m, jobs)
     small = _core.Engine(m, max_batch_tokens=16, kv_cache_bytes=6 * 32 * m.info()["kv_bytes_per_token"])
     got, _ = run(small, adds)
     st = small.stats()
