@@ -21,24 +21,6 @@ constexpr int kThreads = 256;
 constexpr int kPacks = 8;  // 16-byte packs per thread: rows up to 2048 packs (16384 f16 / 8192 f32 columns)
 enum class Out { rows, int8, e4m3 };
 
-__device__ float block_reduce(float v, bool max) {
-  __shared__ float partial[kThreads / 32];
-  v = max ? warp_max(v) : warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial[] may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const float s = lane < kThreads / 32 ? partial[lane] : 0.f;
-  return max ? warp_max(s) : warp_sum(s);
-}
-
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  T r;
-  store_f32(&r, v);
-  return load_f32(&r);
-}
-
 template <typename T, typename W, Out kOut>
 __global__ void __launch_bounds__(kThreads) oneshot_norm_kernel(OneShotArgs a, OneShotNormRows n, int per_row,
                                                                 int64_t slot_bytes) {
@@ -119,7 +101,7 @@ __global__ void __launch_bounds__(kThreads) oneshot_norm_kernel(OneShotArgs a, O
       reinterpret_cast<uint4*>(res)[p] = Pack<T>::round(v[j]);  // exact: v holds T values
     }
   }
-  const float total = block_reduce(ss, false);
+  const float total = block_reduce<kThreads, false>(ss);
   const float inv = static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(n.cols) + n.eps));
   const W* w = static_cast<const W*>(n.weight);
   if constexpr (kOut == Out::rows) {
@@ -146,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) oneshot_norm_kernel(OneShotArgs a, O
         amax = fmaxf(amax, fabsf(v[j][i]));
       }
     }
-    amax = block_reduce(amax, true);
+    amax = block_reduce<kThreads, true>(amax);
     const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
     if (threadIdx.x == 0) n.scales[r] = s;
     uint8_t* qrow = static_cast<uint8_t*>(n.q) + r * n.ldq;

@@ -55,4 +55,26 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Sum (kMax false) or max (kMax true) over a block of kThreads threads; every thread gets the result. Safe to call
+// again right away: the first barrier waits until the previous call's partials have been read.
+template <int kThreads, bool kMax>
+__device__ float block_reduce(float v) {
+  __shared__ float partial[kThreads / 32];
+  v = kMax ? warp_max(v) : warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const float s = lane < kThreads / 32 ? partial[lane] : 0.f;
+  return kMax ? warp_max(s) : warp_sum(s);
+}
+
+// What storing v as T keeps (T = float, __half or __nv_bfloat16).
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  T r;
+  store_f32(&r, v);
+  return load_f32(&r);
+}
+
 }  // namespace lowbit::cuda

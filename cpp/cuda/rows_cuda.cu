@@ -16,33 +16,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Block-wide sum; every thread gets the result.
-__device__ float block_sum(float v) {
-  __shared__ float partial[kThreads / 32];
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial[] may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float s = lane < kThreads / 32 ? partial[lane] : 0.f;
-  return warp_sum(s);
-}
-
-// Block-wide max; every thread gets the result.
-__device__ float block_max(float v) {
-  __shared__ float partial[kThreads / 32];
-  v = warp_max(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  return warp_max(lane < kThreads / 32 ? partial[lane] : 0.f);
-}
-
 // rsqrt(mean(v^2) + eps) over the row, with the square sum accumulated in f32 per thread and the
 // final mean and root in double (the CPU sums in double; the difference is far below f16/bf16 ulps).
 __device__ float inv_rms(float ss, int64_t cols, float eps) {
-  const float total = block_sum(ss);
+  const float total = block_reduce<kThreads, false>(ss);
   return static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(cols) + eps));
 }
 
@@ -59,12 +36,6 @@ __device__ __forceinline__ float round_as(ScalarType t, float v) {  // what stor
   if (t == ScalarType::f16) return __half2float(__float2half_rn(v));
   if (t == ScalarType::bf16) return __bfloat162float(__float2bfloat16_rn(v));
   return v;
-}
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  T r;
-  store_f32(&r, v);
-  return load_f32(&r);
 }
 
 // Where a norm that quantizes its output puts it: codes [rows, ldq] and one f32 scale per row.
@@ -123,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
       v[j] = round_to<T>(v[j] * inv * wv[j]);  // the value `out` would hold
       if (threadIdx.x + j * kThreads < cols) amax = fmaxf(amax, fabsf(v[j]));
     }
-    amax = block_max(amax);
+    amax = block_reduce<kThreads, true>(amax);
     const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
     if (threadIdx.x == 0) qout.scales[r] = s;
     uint8_t* qrow = qout.q + r * qout.ldq;
