@@ -410,11 +410,13 @@ void bind_cuda(nb::module_& m) {
       [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
          const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
-        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90",
-                     "gemm_fmpq: argument 'kernel' must be '', 'sm80' or 'sm90', got '", kernel, "'");
-        const cuda::FmpqKernel k = kernel == "sm80"   ? cuda::FmpqKernel::sm80
-                                   : kernel == "sm90" ? cuda::FmpqKernel::sm90
-                                                      : cuda::FmpqKernel::automatic;
+        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90" || kernel == "sm90s",
+                     "gemm_fmpq: argument 'kernel' must be '', 'sm80', 'sm90' or 'sm90s' (the serial mainloop), got '",
+                     kernel, "'");
+        const cuda::FmpqKernel k = kernel == "sm80"    ? cuda::FmpqKernel::sm80
+                                   : kernel == "sm90"  ? cuda::FmpqKernel::sm90
+                                   : kernel == "sm90s" ? cuda::FmpqKernel::sm90_serial
+                                                       : cuda::FmpqKernel::automatic;
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_fmpq(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
                         split_k, k);
