@@ -274,7 +274,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    // The overlapped consumers need 240 registers (f32 tile + two int32 sets); the serial ones keep 232.
+    if constexpr (kOverlap)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    else
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (threadIdx.x == 0) {  // producer
       const int tile0 = n0 / 16;
       const int prow = min(kRows, p.npad - n0);  // param bytes per row range (a multiple of 16)
@@ -314,7 +318,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       cooperative_groups::this_cluster().sync();
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    if constexpr (kOverlap)
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    else
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     int acc[kR];
     float facc[kR];
 #pragma unroll
