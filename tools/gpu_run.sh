@@ -39,7 +39,8 @@
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS);
 #               FMPQ_K=expr selects its tests with -k, FMPQ_ENGINE=0 skips the engine regression, FMPQ_SANITIZE=0
-#               the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s), FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
+#               the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s); FMPQ_BENCH_ARGS (e.g. --ms=256,1024)
+#               and FMPQ_BENCH_S pass to / cap the benchmark
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
