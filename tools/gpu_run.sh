@@ -38,9 +38,9 @@
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS);
-#               FMPQ_K=expr selects its tests with -k, FMPQ_ENGINE=0 skips the engine regression, FMPQ_SANITIZE=0
-#               the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s); FMPQ_BENCH_ARGS (e.g. --ms=256,1024)
-#               and FMPQ_BENCH_S pass to / cap the benchmark
+#               FMPQ_K=expr selects its tests with -k (FMPQ_TEST_S caps them), FMPQ_ENGINE=0 skips the engine
+#               regression, FMPQ_SANITIZE=0 the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s);
+#               FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
@@ -208,8 +208,8 @@ fi
 
 if has fmpq; then
   echo "== COMET FMPQ (w4a4) on the GPU"
-  "${PYTEST[@]}" "$TESTS/test_gpu_fmpq.py" "$TESTS/test_kernel_registry.py" "$TESTS/test_error_paths.py" -q -rfEs -s \
-    --maxfail=60 ${FMPQ_K:+-k "$FMPQ_K"} 2>&1 | tee "$OUT/pytest_fmpq.log" | grep -E "relative|passed|failed" | cut -c1-200 | head -40
+  timeout -k 5 "${FMPQ_TEST_S:-1800}" "${PYTEST[@]}" "$TESTS/test_gpu_fmpq.py" "$TESTS/test_kernel_registry.py" \
+    "$TESTS/test_error_paths.py" -q -rfEs -s --maxfail=60 ${FMPQ_K:+-k "$FMPQ_K"} 2>&1 | tee "$OUT/pytest_fmpq.log" | grep -E "relative|passed|failed" | cut -c1-200 | head -40
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_fmpq.log" | cut -c1-400 | head -30
   [ "${FMPQ_ENGINE:-1}" != 0 ] && "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=20 \
     -k "model_info_and_load_errors or linear_errors or (logits_match_cpu and (w4a8kv4 or w16a16kc4v4))" 2>&1 | tail -3

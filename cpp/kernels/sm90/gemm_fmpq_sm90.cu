@@ -5,10 +5,10 @@
 // each token's block scale: facc = fma(float(acc), scale, facc), blocks in order. Int4 blocks are s8 values in
 // [-7, 7]: on sm_90 they run on the s8 tensor cores like the int8 blocks (no fast s4 MMA here).
 // Overlapped mainloop (the default): each consumer warpgroup keeps two int32 accumulator sets and alternates
-// them by block, so block b+1's wgmmas run while block b's set is flushed (wait_group 1, as the W4A8 kernel's
-// overlap); a second producer warp copies each stage's 128 token scales (one column of the [m, blocks] scales)
-// into the stage by 4-byte cp.async, completing on the stage's full barrier, so the flush reads them from
-// shared memory. The serial mainloop (kept for A/B timing) waits for each stage's wgmmas and loads its scales
+// them by block, so block b+1's wgmmas run while block b's set is flushed (one fragment set: block b+1 is
+// dequantized once block b's wgmmas are done, while the other warpgroup's run); a second producer warp copies
+// each stage's 128 token scales (one column of the [m, blocks] scales) into the stage by 4-byte cp.async,
+// completing on the stage's full barrier, so the flush reads them from shared memory. The serial mainloop (kept for A/B timing) waits for each stage's wgmmas and loads its scales
 // from global memory. Both flush the same values in the same order: their outputs are bit-identical.
 // 128-token tiles only: the f32 tile beside the int32 sets fills the consumers' registers. Split-K runs as a
 // cluster along k (whole blocks per CTA) whose f32 partials are summed in rank order through distributed
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, &full[s]);
         }
       }
-    } else if (kOverlap && threadIdx.x < 64) {  // the scale warp: column kb of the tile's [m, blocks] scales
+    } else if (kOverlap && threadIdx.x / 32 == 1) {  // the scale warp: column kb of the tile's [m, blocks] scales
       const int lane_token = m0 + lane;
       for (int it = 0; it < nk; ++it) {
         const int s = it % kStages, kb = kb0 + it;
