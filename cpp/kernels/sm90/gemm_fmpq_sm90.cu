@@ -4,15 +4,16 @@
 // A stage is exactly one 128-channel FMPQ block, whose exact int32 sums are flushed into f32 accumulators with
 // each token's block scale: facc = fma(float(acc), scale, facc), blocks in order. Int4 blocks are s8 values in
 // [-7, 7]: on sm_90 they run on the s8 tensor cores like the int8 blocks (no fast s4 MMA here).
-// Overlapped mainloop (the default): each consumer warpgroup keeps two int32 accumulator sets and alternates
-// them by block, so block b+1's wgmmas run while block b's set is flushed (one fragment set: block b+1 is
-// dequantized once block b's wgmmas are done, while the other warpgroup's run); a second producer warp copies
-// each stage's 128 token scales (one column of the [m, blocks] scales) into the stage by 4-byte cp.async,
-// completing on the stage's full barrier, so the flush reads them from shared memory. The serial mainloop (kept for A/B timing) waits for each stage's wgmmas and loads its scales
-// from global memory. Both flush the same values in the same order: their outputs are bit-identical.
-// 128-token tiles only: the f32 tile beside the int32 sets fills the consumers' registers. Split-K runs as a
-// cluster along k (whole blocks per CTA) whose f32 partials are summed in rank order through distributed
-// shared memory.
+// Two mainloops. Serial (the default): each consumer waits for its stage's wgmmas, then flushes them with the
+// block scales it loaded from global memory meanwhile; the tensor cores idle during the flush. Overlapped
+// (opt-in, kernel name 'sm90o', until it has run on a GPU): each consumer warpgroup keeps two int32 accumulator
+// sets and alternates them by block, so block b+1's wgmmas run while block b's set is flushed (one fragment set:
+// block b+1 is dequantized once block b's wgmmas are done, while the other warpgroup's run); a second producer
+// warp copies each stage's 128 token scales (one column of the [m, blocks] scales) into the stage by 4-byte
+// cp.async, completing on the stage's full barrier, so the flush reads them from shared memory. Both flush the
+// same values in the same order: their outputs are bit-identical. 128-token tiles only: the f32 tile beside the
+// int32 set(s) fills the consumers' registers. Split-K runs as a cluster along k (whole blocks per CTA) whose
+// f32 partials are summed in rank order through distributed shared memory.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -369,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool gemm_fmpq_sm90_usable(int device) {
   static std::atomic<int> cache[64] = {};
-  return kernel_usable_on("gemm_fmpq", device, gemm_fmpq_sm90_kernel<true>, cache);
+  return kernel_usable_on("gemm_fmpq", device, gemm_fmpq_sm90_kernel<false>, cache);
 }
 
 namespace {
@@ -402,12 +403,12 @@ void launch(const FmpqProblem& p, int forced_split, cudaStream_t stream) {
 
 }  // namespace
 
-void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, bool serial, cudaStream_t stream) {
+void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, bool overlap, cudaStream_t stream) {
   check_tile_split_choice("gemm_fmpq", forced_split, 0);
-  if (serial)
-    launch<false>(p, forced_split, stream);
-  else
+  if (overlap)
     launch<true>(p, forced_split, stream);
+  else
+    launch<false>(p, forced_split, stream);
 }
 
 }  // namespace lowbit::cuda::detail
