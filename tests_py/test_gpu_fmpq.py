@@ -195,6 +195,79 @@ def test_gemm_fmpq_sm90_matches_float64(fmt, m, n, k, group, frac):
                         kernel="sm90")
 
 
+def blocked_ref_f64(q, w8):
+    """float64 [m, blocks, n]: each block's sum, exact (integer products below 2^15, sums below 2^53)."""
+    k = q.shape[1]
+    return torch.stack([q[:, b * BLOCK:(b + 1) * BLOCK].double() @ w8[:, b * BLOCK:(b + 1) * BLOCK].double().T
+                        for b in range(nblocks(k))], dim=1)
+
+
+# Both wgmma mainloops ('sm90' serial, 'sm90o' overlapped: two int32 sets per warpgroup, scales staged by the
+# producer): m across one to eight
+# 128-token tiles with tails (129, 257, 300, 600, 1024; 65 below one tile), n tails, k with a half block or below
+# one, 0% / 10% / 100% int8 blocks.
+SM90_EXACT_CASES = [("qoq", 129, 200, 576, 128, 0.0), ("liquid", 257, 130, 1088, 64, 0.1),
+                    ("qoq", 300, 1000, 704, 128, 1.0), ("liquid", 600, 520, 2048, 64, 0.1),
+                    ("qoq", 1024, 72, 192, 64, 1.0), ("liquid", 1024, 256, 4096, 64, 0.0),
+                    ("qoq", 131, 48, 64, 64, 0.1), ("qoq", 65, 136, 320, 64, 0.1)]
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("fmt,m,n,k,group,frac", SM90_EXACT_CASES)
+def test_gemm_fmpq_sm90_bit_exact_with_power_of_two_scales(fmt, m, n, k, group, frac):
+    """Scales 2^-3..2^0 keep every f32 sum the kernels form (each block's product, the running sum over blocks, a
+    split's partial and the sum of partials) exact while sum_b |acc_b| * s_b < 2^21, so y is exactly
+    fl(total * channel_scale) with total the int64-exact sum: f32 outputs bit for bit, f16 as torch rounds it."""
+    qw = two_level_weight(fmt, n, k, group, seed=m + 11 * n + k)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    bits = block_map(k, frac, seed=m + k)
+    q, _ = fmpq_codes(m, k, bits, seed=3 * m + n)
+    g = torch.Generator().manual_seed(m * 13 + k)
+    s = torch.pow(2.0, -torch.randint(0, 4, (m, nblocks(k)), generator=g).float())
+    acc = blocked_ref_f64(q, s8_weights(qw))
+    bound = (acc.abs() * s.double()[:, :, None]).sum(dim=1).max().item()
+    assert bound < 2 ** 21, f"test data too large for exact f32 sums: {bound:.3g}"
+    total = (acc * s.double()[:, :, None]).sum(dim=1).float()  # exact: multiples of 2^-3 below 2^21
+    cs = torch.from_dlpack(qw.channel_scales).float()[:n]
+    ref32 = total * cs[None, :]
+    for kernel in ("sm90", "sm90o"):
+        for split in (0, 1, 2, 4, 8):
+            for dtype in (torch.float32, torch.float16):
+                y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")  # poisoned
+                _core.gemm_fmpq(q.cuda(), s.cuda(), pw, y, split_k=split, kernel=kernel)
+                torch.cuda.synchronize()
+                got = y.cpu()
+                ref = ref32.to(dtype)
+                bad = (got != ref).sum().item()
+                assert bad == 0, f"{kernel} split={split} {dtype}: {bad} of {m * n} outputs differ (NaN: unwritten)"
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("fmt,m,n,k,group,frac", SM90_EXACT_CASES[:6])
+def test_gemm_fmpq_sm90_overlapped_equals_serial_bitwise(fmt, m, n, k, group, frac):
+    """Random f32 scales: the overlapped mainloop ('sm90o') flushes the same exact int32 block sums with the same
+    scales in the same order as the serial one ('sm90'), so the two agree bit for bit; both stay near float64."""
+    qw = two_level_weight(fmt, n, k, group, seed=2 * m + n)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    bits = block_map(k, frac, seed=n + k)
+    q, s = fmpq_codes(m, k, bits, seed=m + 7 * k)
+    cs = torch.from_dlpack(qw.channel_scales).double()
+    ref = (blocked_ref_f64(q, s8_weights(qw)) * s.double()[:, :, None]).sum(dim=1) * cs[None, :]
+    qc, sc = q.cuda(), s.cuda()
+    for split in (0, 1, 2, 4):
+        for dtype in (torch.float32, torch.float16):
+            ys = []
+            for kernel in ("sm90o", "sm90"):
+                y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                _core.gemm_fmpq(qc, sc, pw, y, split_k=split, kernel=kernel)
+                ys.append(y)
+            torch.cuda.synchronize()
+            assert torch.equal(ys[0], ys[1]), f"split={split} {dtype}: overlapped and serial differ"
+            assert torch.isfinite(ys[0]).all()
+            err = ((ys[0].cpu().double() - ref).abs().max() / ref.abs().max()).item()
+            assert err < (2e-6 if dtype == torch.float32 else 1e-3), f"split={split} {dtype}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize("m,n,k,frac", [(5, 200, 576, 0.25), (70, 256, 1024, 0.1), (1, 4096, 4096, 0.0),
                                         (300, 520, 1088, 0.2)])
 def test_linear_fmpq_op_on_gpu_matches_cpu_engine_path(m, n, k, frac):
@@ -232,6 +305,8 @@ def test_fmpq_gpu_errors_name_the_problem():
         _core.gemm_fmpq(q, None, pw, torch.empty(4, 3, n, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="x_scale"):
         _core.gemm_fmpq(q, torch.ones(4, 3, device="cuda"), pw, torch.empty(4, n, dtype=torch.float16, device="cuda"))
+    with pytest.raises(ValueError, match="'sm90o'.*got 'sm90x'"):
+        _core.gemm_fmpq(q, s, pw, torch.empty(4, n, dtype=torch.float16, device="cuda"), kernel="sm90x")
 
 
 # ---- the engine: w4a4 recipes on the GPU ------------------------------------------------------------

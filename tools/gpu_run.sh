@@ -37,7 +37,10 @@
 #               tools/bench_gpu_w4a16_decode.py (vs the sm80 small kernel and cuBLAS fp16 on 8B / 70B-TP2 shapes)
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
-#               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS)
+#               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS);
+#               FMPQ_K=expr selects its tests with -k (FMPQ_TEST_S caps them), FMPQ_ENGINE=0 skips the engine
+#               regression, FMPQ_SANITIZE=0 the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s);
+#               FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
@@ -205,18 +208,21 @@ fi
 
 if has fmpq; then
   echo "== COMET FMPQ (w4a4) on the GPU"
-  "${PYTEST[@]}" "$TESTS/test_gpu_fmpq.py" "$TESTS/test_kernel_registry.py" "$TESTS/test_error_paths.py" -q -rfEs -s \
-    --maxfail=60 2>&1 | tee "$OUT/pytest_fmpq.log" | grep -E "relative|passed|failed" | cut -c1-200 | head -40
+  timeout -k 5 "${FMPQ_TEST_S:-1800}" "${PYTEST[@]}" "$TESTS/test_gpu_fmpq.py" "$TESTS/test_kernel_registry.py" \
+    "$TESTS/test_error_paths.py" -q -rfEs -s --maxfail=60 ${FMPQ_K:+-k "$FMPQ_K"} 2>&1 | tee "$OUT/pytest_fmpq.log" | grep -E "relative|passed|failed" | cut -c1-200 | head -40
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_fmpq.log" | cut -c1-400 | head -30
-  "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=20 \
+  [ "${FMPQ_ENGINE:-1}" != 0 ] && "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=20 \
     -k "model_info_and_load_errors or linear_errors or (logits_match_cpu and (w4a8kv4 or w16a16kc4v4))" 2>&1 | tail -3
   expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^fmpq|' | cut -d'|' -f3)
+  [ "${FMPQ_SANITIZE:-1}" = 0 ] && expr=""
   for tool in memcheck racecheck synccheck; do
-    (timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_fmpq.py" \
+    [ -n "$expr" ] || break
+    (timeout "${FMPQ_SANITIZE_S:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_fmpq.py" \
       -k "$expr" > "$OUT/${tool}_fmpq.log" 2>&1; echo "$tool rc=$?") &
   done
   wait
   for tool in memcheck racecheck synccheck; do
+    [ -n "$expr" ] || break
     tail -2 "$OUT/${tool}_fmpq.log"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_fmpq.log" | head -4
   done
   timeout "${FMPQ_BENCH_S:-300}" python3 "$REPO/tools/bench_gpu_fmpq.py" "$OUT/bench_fmpq.json" ${FMPQ_BENCH_ARGS:-} 2>&1 | tail -30

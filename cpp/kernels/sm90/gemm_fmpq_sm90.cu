@@ -1,12 +1,19 @@
 // COMET W4Ax GEMM for Hopper (sm_90a): gemm_w4a8_sm90.cu's wgmma pipeline (the u4 weight dequantized in
 // registers as the wgmma A operand, (q*s + a) ^ 0x80 per byte; the s8 activations by TMA as the B operand;
 // one producer thread; two consumer warpgroups of 64 weight rows; stages of 128 k) over FMPQ activations.
-// A stage is exactly one 128-channel FMPQ block, so each consumer waits for its stage's wgmmas (as the W4A8
-// kernel does anyway), then flushes the block's exact int32 sums into f32 accumulators with each token's
-// block scale (loaded while the wgmmas run) and restarts from zero. Int4 blocks are s8 values in [-7, 7]:
-// on sm_90 they run on the s8 tensor cores like the int8 blocks (no fast s4 MMA here). 128-token tiles only:
-// the f32 tile doubles the consumers' accumulator registers. Split-K runs as a cluster along k (whole blocks
-// per CTA) whose f32 partials are summed in rank order through distributed shared memory.
+// A stage is exactly one 128-channel FMPQ block, whose exact int32 sums are flushed into f32 accumulators with
+// each token's block scale: facc = fma(float(acc), scale, facc), blocks in order. Int4 blocks are s8 values in
+// [-7, 7]: on sm_90 they run on the s8 tensor cores like the int8 blocks (no fast s4 MMA here).
+// Two mainloops. Serial (the default): each consumer waits for its stage's wgmmas, then flushes them with the
+// block scales it loaded from global memory meanwhile; the tensor cores idle during the flush. Overlapped
+// (opt-in, kernel name 'sm90o', until it has run on a GPU): each consumer warpgroup keeps two int32 accumulator
+// sets and alternates them by block, so block b+1's wgmmas run while block b's set is flushed (one fragment set:
+// block b+1 is dequantized once block b's wgmmas are done, while the other warpgroup's run); a second producer
+// warp copies each stage's 128 token scales (one column of the [m, blocks] scales) into the stage by 4-byte
+// cp.async, completing on the stage's full barrier, so the flush reads them from shared memory. Both flush the
+// same values in the same order: their outputs are bit-identical. 128-token tiles only: the f32 tile beside the
+// int32 set(s) fills the consumers' registers. Split-K runs as a cluster along k (whole blocks per CTA) whose
+// f32 partials are summed in rank order through distributed shared memory.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -36,7 +43,9 @@ struct Config {
   static constexpr int kXBytes = kBT * kBK;                 // activation tile (swizzled, 1024-aligned)
   static constexpr int kWBytes = kTiles * 2 * kChunkBytes;  // [tile][chunk][lane] 16-byte units
   static constexpr int kPBytes = 2 * 2 * kRows;             // [chunk][step | offset][row] u8
-  static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
+  static constexpr int kSBytes = kBT * 4;                   // the stage's block scale of each tile token (f32)
+  static constexpr int kSOffset = kXBytes + kWBytes + kPBytes;
+  static constexpr int kStageBytes = (kSOffset + kSBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kRows * kBT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
@@ -50,12 +59,29 @@ struct Args {
 };
 
 #ifdef LOWBIT_SM90_DEVICE
+// D += A · Bᵀ for one k32 step.
 __device__ inline void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " LOWBIT_REGS64 ", {%64, %65, %66, %67}, %68, p;\n}\n"
       : LOWBIT_ACC64("+r", d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+// D = A · Bᵀ (a block's first k32 step): D's earlier values are dead, which frees their registers until here.
+__device__ inline void wgmma_rs_first(int (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " LOWBIT_REGS64 ", {%64, %65, %66, %67}, %68, 0;\n"
+      : LOWBIT_ACC64("=r", d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// 4-byte async copy (zero fill when `valid` is false: nothing is read) and the arrival on `bar` when this thread's
+// earlier copies land (noinc: the barrier's count includes it).
+__device__ inline void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ inline void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 __device__ inline uint32_t dequant_bytes(uint32_t codes, uint32_t step, uint32_t offset4) {
   return (codes * step + offset4) ^ 0x80808080u;
@@ -131,6 +157,56 @@ __device__ __forceinline__ void consumer_step(int (&acc)[kR], float (&facc)[kR],
   fence_regs(acc);
 }
 
+// Issues stage `it`'s four wgmmas from fragments `f` into `acc`, overwriting it (each block starts from zero).
+template <class StageAt>
+__device__ __forceinline__ void issue_block(int (&acc)[kR], const uint32_t (&f)[16], int it, const StageAt& stage_at) {
+  const uint64_t db = smem_desc(smem_u32(stage_at(it)));
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t a[4] = {f[4 * i], f[4 * i + 1], f[4 * i + 2], f[4 * i + 3]};
+    if (i == 0)
+      wgmma_rs_first(acc, a, db);
+    else
+      wgmma_rs(acc, a, db + 2 * i);
+  }
+  wgmma_commit();
+}
+
+// facc += acc * scale for the finished block of stage `it` (scales from the stage), then releases the stage.
+template <class StageAt>
+__device__ __forceinline__ void flush_block(const int (&acc)[kR], float (&facc)[kR], int it, const StageAt& stage_at,
+                                            uint64_t* empty, int lane) {
+  const float* xs = reinterpret_cast<const float*>(stage_at(it) + Config::kSOffset) + (lane & 3) * 2;
+#pragma unroll
+  for (int q = 0; q < kR / 4; ++q) {
+    const float2 sc = *reinterpret_cast<const float2*>(xs + q * 8);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      facc[4 * q + 2 * h] = fmaf(exact_float(acc[4 * q + 2 * h]), sc.x, facc[4 * q + 2 * h]);
+      facc[4 * q + 2 * h + 1] = fmaf(exact_float(acc[4 * q + 2 * h + 1]), sc.y, facc[4 * q + 2 * h + 1]);
+    }
+  }
+  mbar_arrive(&empty[it % Config::kStages]);
+}
+
+// Overlapped stage `it` (it >= 1) of one consumer warpgroup: once block it-1 (in `acc_prev`) is complete, dequantize
+// stage it into the fragments `f` (one set: the registers go to the two accumulator sets), issue block it into
+// `acc_it`, and flush block it-1 while block it's wgmmas run. The other consumer warpgroup's wgmmas keep the tensor
+// cores busy during this one's dequantization.
+template <class StageAt, class ChunksAt>
+__device__ __forceinline__ void overlap_step(int (&acc_it)[kR], int (&acc_prev)[kR], uint32_t (&f)[16],
+                                             float (&facc)[kR], int it, const StageAt& stage_at,
+                                             const ChunksAt& chunks_at, uint64_t* full, uint64_t* empty, int gw,
+                                             int lane) {
+  wgmma_wait<0>();
+  fence_regs(acc_prev);
+  mbar_wait(&full[it % Config::kStages], (it / Config::kStages) & 1);
+  dequant_stage(stage_at(it), gw, lane, chunks_at(it), f);
+  issue_block(acc_it, f, it, stage_at);
+  flush_block(acc_prev, facc, it - 1, stage_at, empty, lane);
+}
+
 __device__ inline void store_value(const FmpqProblem& p, int n0, int m0, int gw, int lane, int v, float value) {
   const int n = n0 + gw * 16 + (lane >> 2) + ((v >> 1) & 1) * 8;
   const int m = m0 + (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
@@ -168,6 +244,7 @@ __device__ inline void store_tile(const FmpqProblem& p, bool vector_y, uint8_t* 
 #endif  // LOWBIT_SM90_DEVICE
 
 // Grid: x = token tiles of 128, y = weight-row tiles of 128, z = split (one cluster along z).
+template <bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_fmpq_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                           const Args args) {
@@ -189,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], kOverlap ? 1 + 32 : 1);  // the copies' arrival (+ the scale warp's 32 lanes)
       mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -198,7 +275,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    // The overlapped consumers need 240 registers (f32 tile + two int32 sets); the serial ones keep 232.
+    if constexpr (kOverlap)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    else
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (threadIdx.x == 0) {  // producer
       const int tile0 = n0 / 16;
       const int prow = min(kRows, p.npad - n0);  // param bytes per row range (a multiple of 16)
@@ -218,13 +299,30 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, &full[s]);
         }
       }
+    } else if (kOverlap && threadIdx.x / 32 == 1) {  // the scale warp: column kb of the tile's [m, blocks] scales
+      const int lane_token = m0 + lane;
+      for (int it = 0; it < nk; ++it) {
+        const int s = it % kStages, kb = kb0 + it;
+        mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+        float* xs = reinterpret_cast<float*>(smem + s * kStageBytes + C::kSOffset);
+#pragma unroll
+        for (int j = 0; j < kBT / 32; ++j) {
+          const int token = lane_token + 32 * j;
+          const bool valid = token < p.m;  // tokens past m: zero (their activations are zero-filled too)
+          cp_async4(xs + lane + 32 * j, p.x_scale + (valid ? static_cast<int64_t>(token) * p.blocks + kb : 0), valid);
+        }
+        cp_async_arrive(&full[s]);
+      }
     }
     if (split > 1) {  // the two cluster barriers of the consumers' split-K reduction
       cooperative_groups::this_cluster().sync();
       cooperative_groups::this_cluster().sync();
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    if constexpr (kOverlap)
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    else
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     int acc[kR];
     float facc[kR];
 #pragma unroll
@@ -237,10 +335,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&full[0], 0);
       dequant_stage(stage_at(0), gw, lane, chunks_at(0), fa);
     }
-    for (int it = 0; it < nk; it += 2) {
-      consumer_step(acc, facc, fa, fb, it, nk, kb0 + it, p, m0, stage_at, chunks_at, full, empty, gw, lane);
-      if (it + 1 >= nk) break;
-      consumer_step(acc, facc, fb, fa, it + 1, nk, kb0 + it + 1, p, m0, stage_at, chunks_at, full, empty, gw, lane);
+    if constexpr (kOverlap) {
+      // Blocks alternate between acc (even) and acc2 (odd).
+      int acc2[kR];
+      if (nk > 0) issue_block(acc, fa, 0, stage_at);
+      for (int it = 1; it < nk; it += 2) {
+        overlap_step(acc2, acc, fa, facc, it, stage_at, chunks_at, full, empty, gw, lane);
+        if (it + 1 >= nk) break;
+        overlap_step(acc, acc2, fa, facc, it + 1, stage_at, chunks_at, full, empty, gw, lane);
+      }
+      wgmma_wait<0>();
+      if (nk > 0) {
+        if ((nk - 1) & 1) {
+          fence_regs(acc2);
+          flush_block(acc2, facc, nk - 1, stage_at, empty, lane);
+        } else {
+          fence_regs(acc);
+          flush_block(acc, facc, nk - 1, stage_at, empty, lane);
+        }
+      }
+    } else {
+      for (int it = 0; it < nk; it += 2) {
+        consumer_step(acc, facc, fa, fb, it, nk, kb0 + it, p, m0, stage_at, chunks_at, full, empty, gw, lane);
+        if (it + 1 >= nk) break;
+        consumer_step(acc, facc, fb, fa, it + 1, nk, kb0 + it + 1, p, m0, stage_at, chunks_at, full, empty, gw, lane);
+      }
     }
     store_tile(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, facc);
   }
@@ -251,14 +370,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool gemm_fmpq_sm90_usable(int device) {
   static std::atomic<int> cache[64] = {};
-  return kernel_usable_on("gemm_fmpq", device, gemm_fmpq_sm90_kernel, cache);
+  return kernel_usable_on("gemm_fmpq", device, gemm_fmpq_sm90_kernel<false>, cache);
 }
 
-void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, cudaStream_t stream) {
+namespace {
+
+template <bool kOverlap>
+void launch(const FmpqProblem& p, int forced_split, cudaStream_t stream) {
   const char* op = "gemm_fmpq";
-  check_tile_split_choice(op, forced_split, 0);
+  auto kernel = gemm_fmpq_sm90_kernel<kOverlap>;
   constexpr int kSmem = Config::kSmemBytes;
-  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_fmpq_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_n = (p.n + kRows - 1) / kRows, tiles_m = (p.m + kBT - 1) / kBT;
   const int k_blocks = (p.k + kBK - 1) / kBK;
 
@@ -268,7 +390,7 @@ void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, cudaStream_t stream)
   cfg.stream = stream;
   static std::atomic<int> slot_cache[4] = {};
   int slots[4];
-  resident_ctas_per_split(op, gemm_fmpq_sm90_kernel, cfg, slot_cache, slots);
+  resident_ctas_per_split(op, kernel, cfg, slot_cache, slots);
   int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_blocks, slots);
   while (split > k_blocks) split /= 2;  // each CTA needs a k block
 
@@ -276,7 +398,17 @@ void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, cudaStream_t stream)
   const Args args{p, k_blocks, p.k / 64, split, vector_y};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, kBT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  launch_split_clusters(op, cfg, gemm_fmpq_sm90_kernel, p.n, tiles_m, tiles_n, split, map_x, map_w, args);
+  launch_split_clusters(op, cfg, kernel, p.n, tiles_m, tiles_n, split, map_x, map_w, args);
+}
+
+}  // namespace
+
+void gemm_fmpq_sm90(const FmpqProblem& p, int forced_split, bool overlap, cudaStream_t stream) {
+  check_tile_split_choice("gemm_fmpq", forced_split, 0);
+  if (overlap)
+    launch<true>(p, forced_split, stream);
+  else
+    launch<false>(p, forced_split, stream);
 }
 
 }  // namespace lowbit::cuda::detail
