@@ -4,9 +4,12 @@ random data around its tile edges, with pages that change inside a tile, chunked
 64 and 128 and every per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every
 sequence must stay NaN.
 
-Tolerance: the same rounding points as the mma.sync kernel (dequantized K/V and P rounded to f16 before the
-MMA, f32 accumulation, output rounded once), so test_gpu_ops' tensor-core tolerance holds (see TC_ATOL_SCALE
-there); a wrong key, row, page, mask or swizzle gives errors of ~0.1 and fails it."""
+Tolerance: test_gpu_ops' tensor-core tolerance (see TC_ATOL_SCALE there). f16 K/V: the mma.sync kernel's rounding
+points (P rounded to f16 before the MMA, f32 accumulation, output rounded once). Integer K/V enter the MMAs as
+exact f16 codes with scale and zero applied per key in f32, so K has no rounding at all and V's only one is P ·
+scale rounded to f16 (relative 2^-11 of |scale · (code - center)| <= range / 2, about the f16 rounding of a
+dequantized value that the mma.sync kernel has). A wrong key, row, page, mask, swizzle or parameter gives errors of
+~0.1 and fails it."""
 import math
 
 import pytest
