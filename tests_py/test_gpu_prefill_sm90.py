@@ -1,15 +1,15 @@
-"""The Hopper prefill attention kernel (prefill_attention_sm90: wgmma, 128-row query tiles, 128-key tiles
-gathered page by page by a producer warpgroup) forced by name against the CPU cache's attention, on fresh
-random data around its tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim
+"""The Hopper prefill attention kernels (prefill_attention_sm90 and its exact-code variant: wgmma, 128-row query
+tiles, 128-key tiles gathered page by page by a producer warpgroup) forced by name against the CPU cache's
+attention, on fresh random data around their tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim
 64 and 128 and every per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every
 sequence must stay NaN.
 
-Tolerance: test_gpu_ops' tensor-core tolerance (see TC_ATOL_SCALE there). f16 K/V: the mma.sync kernel's rounding
-points (P rounded to f16 before the MMA, f32 accumulation, output rounded once). Integer K/V enter the MMAs as
-exact f16 codes with scale and zero applied per key in f32, so K has no rounding at all and V's only one is P ·
-scale rounded to f16 (relative 2^-11 of |scale · (code - center)| <= range / 2, about the f16 rounding of a
-dequantized value that the mma.sync kernel has). A wrong key, row, page, mask, swizzle or parameter gives errors of
-~0.1 and fails it."""
+Tolerance: test_gpu_ops' tensor-core tolerance (see TC_ATOL_SCALE there). prefill_attention_sm90 has the mma.sync
+kernel's rounding points (dequantized K/V and P rounded to f16 before the MMA, f32 accumulation, output rounded
+once). Its variant prefill_attention_sm90_exact feeds integer K/V to the MMAs as exact f16 codes with scale and zero
+applied per key in f32: K has no rounding at all and V's only one is P · scale rounded to f16 (relative 2^-11 of
+|scale · (code - center)| <= range / 2, about the f16 rounding of a dequantized value). A wrong key, row, page,
+mask, swizzle or parameter gives errors of ~0.1 and fails either."""
 import math
 
 import pytest
