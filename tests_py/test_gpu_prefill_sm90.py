@@ -1,12 +1,15 @@
-"""The Hopper prefill attention kernel (prefill_attention_sm90: wgmma, 128-row query tiles, 128-key tiles
-gathered page by page by a producer warpgroup) forced by name against the CPU cache's attention, on fresh
-random data around its tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim
+"""The Hopper prefill attention kernels (prefill_attention_sm90 and its exact-code variant: wgmma, 128-row query
+tiles, 128-key tiles gathered page by page by a producer warpgroup) forced by name against the CPU cache's
+attention, on fresh random data around their tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim
 64 and 128 and every per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every
 sequence must stay NaN.
 
-Tolerance: the same rounding points as the mma.sync kernel (dequantized K/V and P rounded to f16 before the
-MMA, f32 accumulation, output rounded once), so test_gpu_ops' tensor-core tolerance holds (see TC_ATOL_SCALE
-there); a wrong key, row, page, mask or swizzle gives errors of ~0.1 and fails it."""
+Tolerance: test_gpu_ops' tensor-core tolerance (see TC_ATOL_SCALE there). prefill_attention_sm90 has the mma.sync
+kernel's rounding points (dequantized K/V and P rounded to f16 before the MMA, f32 accumulation, output rounded
+once). Its variant prefill_attention_sm90_exact feeds integer K/V to the MMAs as exact f16 codes with scale and zero
+applied per key in f32: K has no rounding at all and V's only one is P · scale rounded to f16 (relative 2^-11 of
+|scale · (code - center)| <= range / 2, about the f16 rounding of a dequantized value). A wrong key, row, page,
+mask, swizzle or parameter gives errors of ~0.1 and fails either."""
 import math
 
 import pytest
@@ -18,6 +21,9 @@ from test_gpu_ops import TC_ATOL_SCALE, check_tc_case, close, sm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 KERNEL = "prefill_attention_sm90"
+# Its exact-code variant (integer K/V as exact f16 codes, scale and zero per key in f32; only when named) must pass
+# every check the kernel does.
+KERNELS = pytest.mark.parametrize("kernel", [KERNEL, "prefill_attention_sm90_exact"], ids=["sm90", "exact"])
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +32,8 @@ def _needs_sm90():
         pytest.skip("the wgmma kernel runs on sm_90 only")
 
 
-def check(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, scale=None):
-    check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, kernel=KERNEL, scale=scale)
+def check(kernel, lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, scale=None):
+    check_tc_case(lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, kernel=kernel, scale=scale)
 
 
 LENS = {
@@ -42,39 +48,43 @@ KV = [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u2", "u2"), ("u8", "u4"), ("
 @pytest.mark.parametrize("lens", ["fresh", "chunked"])
 @pytest.mark.parametrize("kv", KV, ids=["-".join(k) for k in KV])
 @pytest.mark.parametrize("hq,hkv,d,bs", [(8, 2, 128, 16), (9, 3, 64, 24), (4, 4, 64, 16), (8, 1, 128, 24)])
-def test_prefill_sm90_matches_cpu(lens, kv, hq, hkv, d, bs):
+@KERNELS
+def test_prefill_sm90_matches_cpu(kernel, lens, kv, hq, hkv, d, bs):
     # bs 24 does not divide the 128-key tile: pages change inside a tile.
     lens_q, lens_kv = LENS[lens]
-    check(lens_q, lens_kv, hq, hkv, d, *kv, seed=hq * 31 + d + bs, bs=bs)
+    check(kernel, lens_q, lens_kv, hq, hkv, d, *kv, seed=hq * 31 + d + bs, bs=bs)
 
 
 @pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u2", "u2")], ids=lambda k: "-".join(k))
-def test_prefill_sm90_llama_heads_long(kv):
+@KERNELS
+def test_prefill_sm90_llama_heads_long(kernel, kv):
     # Llama-3-8B heads (GQA 4:1, D 128): a 700-row chunk over 1500 cached tokens in pages of 32, and pages of 1.
-    check([700], [1500], 32, 8, 128, *kv, seed=5, bs=32)
-    check([150, 3], [150, 9], 32, 8, 128, *kv, seed=6, bs=1)
+    check(kernel, [700], [1500], 32, 8, 128, *kv, seed=5, bs=32)
+    check(kernel, [150, 3], [150, 9], 32, 8, 128, *kv, seed=6, bs=1)
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.2, 0.4], ids=["zero", "negative", "sharp"])
 @pytest.mark.parametrize("kv", [("f16", "f16"), ("u4", "u8")], ids=lambda k: "-".join(k))
-def test_prefill_sm90_any_softmax_scale(scale, kv):
+@KERNELS
+def test_prefill_sm90_any_softmax_scale(kernel, scale, kv):
     # The kernel folds a positive scale into the exponent (max over raw scores); zero and negative scales take
     # the other path, and a sharp one (0.4 at D 64, logits ~ +-10) stresses the running max.
-    check([129, 70], [129, 300], 8, 2, 64, *kv, seed=17, bs=16, scale=scale)
+    check(kernel, [129, 70], [129, 300], 8, 2, 64, *kv, seed=17, bs=16, scale=scale)
 
 
 def test_prefill_sm90_is_the_registry_choice_for_per_token_kv():
     for d in (64, 128):
         r = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=d, q="f16", k="u4", v="u8",
                                         gqa=4)
-        assert r["kernel"] == KERNEL and not r["fallback"], r
+        assert r["kernel"] == KERNEL and not r["fallback"], r  # the exact-code variant only when named
     pc = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=128, q="f16", k="u4", v="u4",
                                      gqa=4, block_size=64, k_per_channel=True)
     assert pc["kernel"] == "prefill_attention_tc_sm80", pc
     assert "per-token K only" in pc["reasons"], pc
 
 
-def test_prefill_sm90_refuses_what_it_does_not_cover_by_name():
+@KERNELS
+def test_prefill_sm90_refuses_what_it_does_not_cover_by_name(kernel):
     cache = lb.KVCache(1, 2, 64, 4, 16, "f16", "f16", "cuda")
     table = torch.tensor([[0, 1]], dtype=torch.int32).cuda()
     meta = lb.AttentionMeta([0], [5], [5], table, torch.arange(5, dtype=torch.int32).cuda())
@@ -84,13 +94,13 @@ def test_prefill_sm90_refuses_what_it_does_not_cover_by_name():
     q = torch.randn(5, 4, 66, device="cuda").half()[:, :, :64]
     out = torch.full((5, 4, 64), float("nan"), device="cuda").half()
     with pytest.raises(NotImplementedError, match="q rows 16-byte aligned"):
-        lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(64), out, kernel=KERNEL)
+        lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(64), out, kernel=kernel)
     # The automatic choice takes the mma.sync kernel for these rows (it reads q in 4-byte pairs) and is right.
     lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(64), out)
     ref = torch.full_like(out, float("nan"))
-    lb.paged_attention(q.contiguous(), cache, 0, meta, 1 / math.sqrt(64), ref, kernel=KERNEL)
+    lb.paged_attention(q.contiguous(), cache, 0, meta, 1 / math.sqrt(64), ref, kernel=kernel)
     close(out.cpu(), ref.cpu(), "f16", atol_scale=TC_ATOL_SCALE)
     with pytest.raises(NotImplementedError, match="head_dim 64 and 128"):
         big = lb.KVCache(1, 1, 256, 2, 16, "f16", "f16", "cuda")
         x = torch.randn(5, 1, 256, device="cuda").half()
-        lb.paged_attention(x, big, 0, meta, 0.1, x.clone(), kernel=KERNEL)
+        lb.paged_attention(x, big, 0, meta, 0.1, x.clone(), kernel=kernel)

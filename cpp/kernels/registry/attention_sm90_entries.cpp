@@ -1,6 +1,7 @@
 // The Hopper attention kernel (cpp/kernels/sm90/prefill_attention_sm90.cuh, built for sm_90a only) in the
 // attention registry: prefill on wgmma, preferred over the mma.sync prefill kernel on sm_90 where it covers the
-// descriptor (per-token K and V; per-channel K stays on the mma.sync kernel).
+// descriptor (per-token K and V; per-channel K stays on the mma.sync kernel). Its exact-code variant
+// (prefill_attention_sm90_exact.cuh) covers the same descriptors and runs only when named.
 #include <string>
 
 #include "kernels/registry/registration.h"
@@ -34,6 +35,9 @@ Fit prefill_sm90_can_run(const AttnDesc& d, std::string* why) {
 }
 // Above the mma.sync prefill kernel (rank 2) for prefill; as a stand-in for decode, below it.
 int prefill_sm90_rank(const AttnDesc& d) { return d.phase == AttnPhase::decode ? 0 : 3; }
+// The exact-code variant covers the same operands and runs only when named (below both, until it is measured
+// faster than prefill_attention_sm90: docs/benchmarks_gpu.md, issue 16).
+int prefill_sm90_exact_rank(const AttnDesc& d) { return d.phase == AttnPhase::decode ? -1 : 1; }
 
 #ifdef LOWBIT_WITH_CUDA
 void launch_prefill_sm90(const AttnArgs& a) {
@@ -41,6 +45,12 @@ void launch_prefill_sm90(const AttnArgs& a) {
   cuda::prefill_attention(a.q, c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer), c.v_params(a.layer),
                           a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(),
                           cuda::PrefillKernel::hopper, cuda::k_window_of(c, a.layer));  // a window is refused there
+}
+void launch_prefill_sm90_exact(const AttnArgs& a) {
+  const KVCache& c = a.cache;
+  cuda::prefill_attention(a.q, c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer), c.v_params(a.layer),
+                          a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(),
+                          cuda::PrefillKernel::hopper_exact, cuda::k_window_of(c, a.layer));
 }
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
@@ -53,6 +63,9 @@ void register_attention_sm90(std::vector<AttnKernel>& out) {
   out.push_back({"prefill_attention_sm90",
                  "prefill on Hopper: wgmma, f16 q, per-token K/V f16/u8/u4/u2, head_dim 64/128",
                  prefill_sm90_can_run, prefill_sm90_rank, LOWBIT_GPU_LAUNCH(launch_prefill_sm90)});
+  out.push_back({"prefill_attention_sm90_exact",
+                 "prefill on Hopper, integer K/V as exact f16 codes (scale, zero per key in f32); only when named",
+                 prefill_sm90_can_run, prefill_sm90_exact_rank, LOWBIT_GPU_LAUNCH(launch_prefill_sm90_exact)});
 }
 
 }  // namespace lowbit::kernels

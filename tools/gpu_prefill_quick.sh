@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The Hopper prefill kernel's check in one short device call, on the package as users get it: install, its test
+# file, the prefill benchmark (PREFILL_LENS, default 2K / 8K / 32K) vs SDPA, then the engine regression and the
+# three sanitizers over small cases side by side (correctness only: nothing is timed then). Logs and JSON in $OUT.
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
+unset LOWBIT_DEV_BUILD
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+start=$(date +%s)
+(cd "$REPO" && python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
+echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
+cd "$(mktemp -d /tmp/lowbit-quick.XXXX)"
+P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
+timeout -k 5 120 "${P[@]}" "$REPO/tests_py/test_gpu_prefill_sm90.py" 2>&1 | tee "$OUT/pytest_prefill_sm90.log" | tail -4
+cp "$REPO"/tools/*.py . 2>/dev/null; sed -i "s/^PREFILL_LENS = .*/PREFILL_LENS = [${PREFILL_LENS:-2048, 8192, 32768}]/" bench_gpu_attention.py
+timeout -k 5 150 python3 bench_gpu_attention.py "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
+E="(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16 or f16-u2)) or refuses"
+echo "== engine regression and sanitizers side by side"
+(timeout -k 5 ${SIDE_S:-110} "${P[@]}" "$REPO/tests_py/test_gpu_engine.py" "$REPO/tests_py/test_gpu_kv2.py" --maxfail=20 \
+  -k "not smollm2" > "$OUT/pytest_prefill_engine.log" 2>&1; echo "engine rc=$?"; tail -2 "$OUT/pytest_prefill_engine.log") &
+for t in memcheck racecheck synccheck; do
+  (timeout -k 5 ${SIDE_S:-110} compute-sanitizer --tool $t --error-exitcode 9 "${P[@]}" "$REPO/tests_py/test_gpu_prefill_sm90.py" \
+    -k "$E" > "$OUT/${t}_prefill_sm90.log" 2>&1; echo "$t rc=$?"; tail -1 "$OUT/${t}_prefill_sm90.log"
+   grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${t}_prefill_sm90.log" | head -4) &
+done
+wait
