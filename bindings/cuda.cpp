@@ -410,12 +410,12 @@ void bind_cuda(nb::module_& m) {
       [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
          const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
-        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90" || kernel == "sm90o",
-                     "gemm_fmpq: argument 'kernel' must be '', 'sm80', 'sm90' or 'sm90o' (the overlapped mainloop), "
+        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90" || kernel == "sm90s",
+                     "gemm_fmpq: argument 'kernel' must be '', 'sm80', 'sm90' or 'sm90s' (the serial mainloop), "
                      "got '", kernel, "'");
         const cuda::FmpqKernel k = kernel == "sm80"    ? cuda::FmpqKernel::sm80
                                    : kernel == "sm90"  ? cuda::FmpqKernel::sm90
-                                   : kernel == "sm90o" ? cuda::FmpqKernel::sm90_overlap
+                                   : kernel == "sm90s" ? cuda::FmpqKernel::sm90_serial
                                                        : cuda::FmpqKernel::automatic;
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_fmpq(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
@@ -430,8 +430,8 @@ void bind_cuda(nb::module_& m) {
       "for sm80 on the device; y f16/f32 [m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b, or s32 "
       "[m, blocks, n]: the raw int32 sum of each 128-channel block (x_scale may be None). kernel: '' (wgmma on "
       "sm_90 from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic, else the number of splits, whole "
-      "blocks each), 'sm90' (scaled outputs; split_k: 0 automatic or the cluster size 1, 2, 4, 8) or 'sm90o' (the "
-      "same with the block flush overlapped with the next block's wgmmas; bit-identical outputs)");
+      "blocks each), 'sm90' (scaled outputs; split_k: 0 automatic or the cluster size 1, 2, 4, 8; each block's flush under "
+      "the next block's wgmmas) or 'sm90s' (the same kernel flushing between blocks; bit-identical outputs)");
 
   m.def(
       "quantize_per_token_e4m3",

@@ -202,7 +202,7 @@ def blocked_ref_f64(q, w8):
                         for b in range(nblocks(k))], dim=1)
 
 
-# Both wgmma mainloops ('sm90' serial, 'sm90o' overlapped: two int32 sets per warpgroup, scales staged by the
+# Both wgmma mainloops ('sm90' overlapped, 'sm90s' serial: two int32 sets per warpgroup, scales staged by the
 # producer): m across one to eight
 # 128-token tiles with tails (129, 257, 300, 600, 1024; 65 below one tile), n tails, k with a half block or below
 # one, 0% / 10% / 100% int8 blocks.
@@ -230,7 +230,7 @@ def test_gemm_fmpq_sm90_bit_exact_with_power_of_two_scales(fmt, m, n, k, group, 
     total = (acc * s.double()[:, :, None]).sum(dim=1).float()  # exact: multiples of 2^-3 below 2^21
     cs = torch.from_dlpack(qw.channel_scales).float()[:n]
     ref32 = total * cs[None, :]
-    for kernel in ("sm90", "sm90o"):
+    for kernel in ("sm90", "sm90s"):
         for split in (0, 1, 2, 4, 8):
             for dtype in (torch.float32, torch.float16):
                 y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")  # poisoned
@@ -245,7 +245,7 @@ def test_gemm_fmpq_sm90_bit_exact_with_power_of_two_scales(fmt, m, n, k, group, 
 @pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
 @pytest.mark.parametrize("fmt,m,n,k,group,frac", SM90_EXACT_CASES[:6])
 def test_gemm_fmpq_sm90_overlapped_equals_serial_bitwise(fmt, m, n, k, group, frac):
-    """Random f32 scales: the overlapped mainloop ('sm90o') flushes the same exact int32 block sums with the same
+    """Random f32 scales: the overlapped mainloop ('sm90', the default) flushes the same exact int32 block sums with the same
     scales in the same order as the serial one ('sm90'), so the two agree bit for bit; both stay near float64."""
     qw = two_level_weight(fmt, n, k, group, seed=2 * m + n)
     pw = _core.pack_weight(qw, "sm80", "cuda:0")
@@ -257,7 +257,7 @@ def test_gemm_fmpq_sm90_overlapped_equals_serial_bitwise(fmt, m, n, k, group, fr
     for split in (0, 1, 2, 4):
         for dtype in (torch.float32, torch.float16):
             ys = []
-            for kernel in ("sm90o", "sm90"):
+            for kernel in ("sm90", "sm90s"):
                 y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
                 _core.gemm_fmpq(qc, sc, pw, y, split_k=split, kernel=kernel)
                 ys.append(y)
@@ -305,7 +305,7 @@ def test_fmpq_gpu_errors_name_the_problem():
         _core.gemm_fmpq(q, None, pw, torch.empty(4, 3, n, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="x_scale"):
         _core.gemm_fmpq(q, torch.ones(4, 3, device="cuda"), pw, torch.empty(4, n, dtype=torch.float16, device="cuda"))
-    with pytest.raises(ValueError, match="'sm90o'.*got 'sm90x'"):
+    with pytest.raises(ValueError, match="'sm90s'.*got 'sm90x'"):
         _core.gemm_fmpq(q, s, pw, torch.empty(4, n, dtype=torch.float16, device="cuda"), kernel="sm90x")
 
 

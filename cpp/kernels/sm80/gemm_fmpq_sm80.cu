@@ -327,7 +327,7 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   // The wgmma kernel from 128 tokens on (its tile); below, the mma.sync kernel's small tiles and split-K.
-  const bool sm90 = kernel == FmpqKernel::sm90 || kernel == FmpqKernel::sm90_overlap ||
+  const bool sm90 = kernel == FmpqKernel::sm90 || kernel == FmpqKernel::sm90_serial ||
                     (kernel == FmpqKernel::automatic && m >= 128 && out != Out::raw && detail::gemm_fmpq_sm90_usable(dev));
   if (sm90) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_fmpq_sm90_usable(dev), op,
@@ -340,7 +340,7 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                                       y.data_ptr(), y.stride(0), static_cast<int>(m), static_cast<int>(n),
                                       static_cast<int>(k), static_cast<int>(blocks), w.group, static_cast<int>(npad),
                                       out == Out::f32};
-    detail::gemm_fmpq_sm90(problem, split_k, kernel == FmpqKernel::sm90_overlap, stream);
+    detail::gemm_fmpq_sm90(problem, split_k, /*overlap=*/kernel != FmpqKernel::sm90_serial, stream);
     return;
   }
   const Shape shape = shape_for(m);

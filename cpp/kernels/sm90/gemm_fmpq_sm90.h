@@ -26,7 +26,7 @@ struct FmpqProblem {
 // True when `device` is sm_90 and this library holds the sm_90a image of the kernel.
 bool gemm_fmpq_sm90_usable(int device);
 // split: 0 picks the split-K cluster size, else 1, 2, 4 or 8. overlap: the mainloop that flushes each block
-// while the next block's wgmmas run (bit-identical outputs; opt-in until it has run on a GPU), else the serial
+// while the next block's wgmmas run (the default; bit-identical outputs), else the serial
 // one that waits for each block's wgmmas before flushing them.
 void gemm_fmpq_sm90(const FmpqProblem& p, int split, bool overlap, cudaStream_t stream);
 

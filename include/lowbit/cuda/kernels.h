@@ -111,10 +111,10 @@ void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor&
 // (16-byte aligned rows), x_scale f32 [m, blocks] contiguous; y f16 or f32 [m, n], or s32 [m, blocks, n]:
 // the raw per-block accumulators (x_scale ignored). Two kernels: sm80 (mma.sync; split_k 0 picks the split,
 // whole blocks per split) and sm90 (wgmma + TMA, sm_90 only, scaled outputs only, 128-token tiles; split_k 0
-// automatic, else the split-K cluster size 1/2/4/8; sm90_overlap: the same kernel with its block flush
-// overlapped with the next block's wgmmas, same outputs bit for bit, opt-in until it has run on a GPU).
+// automatic, else the split-K cluster size 1/2/4/8; its block flush overlapped with the next block's wgmmas;
+// sm90_serial: the same kernel flushing between blocks, bit-identical outputs, kept for A/B timing).
 // `automatic` takes sm90 on sm_90 from 128 tokens on.
-enum class FmpqKernel : uint8_t { automatic, sm80, sm90, sm90_overlap };
+enum class FmpqKernel : uint8_t { automatic, sm80, sm90, sm90_serial };
 void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                int split_k = 0, FmpqKernel kernel = FmpqKernel::automatic);
 
