@@ -2,7 +2,6 @@
 // Sub-byte tensors arrive from torch as uint8 bytes (two u4 per byte, low nibble first) and are
 // viewed as u4 here. `stream` is a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
@@ -297,7 +296,8 @@ void bind_cuda(nb::module_& m) {
 #endif
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
-      "GPU (sm_90): the W4A16 wgmma kernel's (tokens per tile, split-K cluster) for this shape");
+      "GPU (sm_90): the W4A16 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape; head > 0: tiles "
+      "[0, head) run unsplit first, the rest at the split");
 
   m.def(
       "gemm_w4a16_decode_sm90_split",
@@ -389,7 +389,8 @@ void bind_cuda(nb::module_& m) {
 #endif
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
-      "GPU (sm_90): the W4A8 wgmma kernel's (tokens per tile, split-K cluster) for this shape");
+      "GPU (sm_90): the W4A8 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape; head > 0: tiles "
+      "[0, head) run unsplit first, the rest at the split");
 
   m.def(
       "quantize_fmpq_gpu",

@@ -339,7 +339,7 @@ if has sm90tiles; then
   for tool in memcheck racecheck synccheck; do
     (timeout "${SM90TILES_SAN_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
       "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" \
-      -k "(every_tile_and_split and 4103-576-64-65) or (bit_exact and (liquid-7-130 or qoq-65-200))" \
+      -k "(every_tile_and_split and 4103-576-64-65) or (bit_exact and (liquid-7-130 or qoq-65-200)) or (w4a16_sm90_plan and 1100-4103-4160)" \
       > "$OUT/${tool}_sm90tiles.log" 2>&1; echo "$tool rc=$?") &
   done
   wait

@@ -372,12 +372,13 @@ void check_plan_query(const char* op, bool usable, const char* kernel, int64_t m
 }
 }  // namespace
 
-std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
+std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
+                                               const W4A16Options& options) {
   check_plan_query("gemm_w4a16_sm90_plan", detail::gemm_w4a16_sm90_usable(device), "sm90", m, n, k, device);
   const detail::Sm90Plan plan = detail::gemm_w4a16_sm90_plan(
       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
       {options.sm90_split, options.sm90_tokens, options.sm90_serial});
-  return {plan.tokens, plan.split};
+  return {plan.tokens, plan.split, plan.head};
 }
 
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device) {

@@ -223,7 +223,8 @@ int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
-std::pair<int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A8Options& options) {
+std::tuple<int, int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
+                                              const W4A8Options& options) {
   const char* op = "gemm_w4a8_sm90_plan";
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a8_sm90_usable(device), op,
                     ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels");
@@ -233,7 +234,7 @@ std::pair<int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int dev
   const detail::Sm90Plan plan = detail::gemm_w4a8_sm90_plan(
       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
       {options.sm90_split, options.sm90_tokens, options.sm90_serial});
-  return {plan.tokens, plan.split};
+  return {plan.tokens, plan.split, plan.head};
 }
 
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,

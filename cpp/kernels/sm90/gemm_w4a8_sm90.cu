@@ -12,7 +12,8 @@
 // (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas; while they run it dequantizes
 // the next stage into a second fragment set (the dequant hides under the tensor-core work, and the
 // other consumer warpgroup's wgmmas fill the gaps), keeping one stage's wgmmas in flight across the next
-// issue (wait_group 1). The tile (128 or 256 tokens) and split come from a cost model (sm90_common.cuh). Accumulation is int32
+// issue (wait_group 1). The tile (128 or 256 tokens) and split come from a cost model (sm90_common.cuh; it may plan
+// two launches: whole unsplit waves, then the rest split). Accumulation is int32
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
 // through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end;
 // without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
@@ -55,6 +56,7 @@ struct Config {
 struct Args {
   W4A8Problem p;
   int k_blocks, k_chunks, split;
+  int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // f16 y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
 };
 
@@ -200,7 +202,8 @@ __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* 
 }
 #endif  // LOWBIT_SM90_DEVICE
 
-// Grid: x = token tiles of BT, y = weight-row tiles of 128, z = split (one cluster along z).
+// Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 weight rows (token tiles fastest),
+// z = split (one cluster along z).
 template <int BT, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
@@ -215,7 +218,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + kStages;
 
   const int split = args.split, rank = static_cast<int>(blockIdx.z);
-  const int m0 = static_cast<int>(blockIdx.x) * BT, n0 = static_cast<int>(blockIdx.y) * kRows;
+  const int tile = args.tile_base + static_cast<int>(blockIdx.x);  // token tiles vary fastest
+  const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
   const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
@@ -299,12 +303,12 @@ void slots_of(const char* op, int (&slots)[4]) {
 }
 
 template <int BT, bool kOverlap>
-void launch(const W4A8Problem& p, int split, cudaStream_t stream) {
+void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
   auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap>;
   constexpr int kSmem = Config<BT>::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const int tiles_n = (p.n + kRows - 1) / kRows, tiles_m = (p.m + BT - 1) / BT;
+  const int tiles_m = (p.m + BT - 1) / BT;
   const int k_blocks = (p.k + kBK - 1) / kBK;
   cudaLaunchConfig_t cfg = {};
   cfg.blockDim = dim3(kThreads);
@@ -312,10 +316,10 @@ void launch(const W4A8Problem& p, int split, cudaStream_t stream) {
   cfg.stream = stream;
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const Args args{p, k_blocks, p.k / 64, split, vector_y};
+  const Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  launch_split_clusters(op, cfg, kernel, p.n, tiles_m, tiles_n, split, map_x, map_w, args);
+  launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
 }
 
 // Cost model constants (us per 128-k block at 128 / 256 tokens, fixed, reduction per 128-token partial;
@@ -338,10 +342,11 @@ TilePlan plan_for(const W4A8Problem& p, int split, int tokens) {
 template <bool kOverlap>
 void run(const W4A8Problem& p, int split, int tokens, cudaStream_t stream) {
   const TilePlan plan = plan_for<kOverlap>(p, split, tokens);
-  if (plan.tokens == 128)
-    launch<128, kOverlap>(p, plan.split, stream);
-  else
-    launch<256, kOverlap>(p, plan.split, stream);
+  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
+  LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a8: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
+  const auto go = plan.tokens == 128 ? launch<128, kOverlap> : launch<256, kOverlap>;
+  if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
+  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
 }
 
 }  // namespace
@@ -366,7 +371,7 @@ Sm90Plan gemm_w4a8_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
   p.m = m, p.n = n, p.k = k;
   const TilePlan t = choice.serial ? plan_for<false>(p, choice.split, choice.tokens)
                                    : plan_for<true>(p, choice.split, choice.tokens);
-  return {t.tokens, t.split};
+  return {t.tokens, t.split, t.head};
 }
 
 }  // namespace lowbit::cuda::detail

@@ -12,6 +12,7 @@ struct Sm90Choice {
 
 struct Sm90Plan {
   int tokens, split;
+  int head;  // > 0: a first launch runs tiles [0, head) unsplit, a second the rest at `split`
 };
 
 }  // namespace lowbit::cuda::detail

@@ -295,7 +295,8 @@ void resident_slots(const char* op, Kernel kernel, int threads, int smem, std::a
 
 // Launches `kernel` (cfg: block size, smem, stream) on a (tiles_m, tiles_n, split) grid in clusters of `split` CTAs
 // along z: the split-K partners of one output tile, which reduce through distributed shared memory. `n` (the output
-// width the tiles_n tiles cover) names the problem when the grid cannot hold it.
+// width the tiles_n tiles cover) names the problem when the grid cannot hold it. Kernels that walk a linear tile
+// range (W4A16, W4A8: two-launch plans) pass their range's length as tiles_m and tiles_n = 1.
 template <class Kernel, class... Args>
 void launch_split_clusters(const char* op, cudaLaunchConfig_t cfg, Kernel kernel, int64_t n, int tiles_m, int tiles_n,
                            int split, const Args&... args) {
@@ -362,11 +363,15 @@ inline void check_tile_split_choice(const char* op, int split, int tokens) {
 // (proportional to the partial tile's size); times the waves of resident CTAs (slots per split, measured for each
 // tile's kernel). At few tiles (M <= 256 on 4096-wide layers) the 128-token tile doubles the CTAs; forced_tokens /
 // forced_split (0 = free) pin either. A free split stays <= 4: cluster size 8 was never measured to win.
+// A free split may also be a two-launch plan: `head` whole waves of unsplit tiles first, then the remaining tiles
+// (fewer than a wave) split to fill the last wave (qkv at M = 1024: 192 tiles of 256 tokens on 132 SMs run as 132
+// unsplit, then 60 x split 2, instead of a second wave with 72 SMs idle); gap is the second launch's cost.
 struct TileCosts {
-  double c128, c256, fixed, reduce128;
+  double c128, c256, fixed, reduce128, gap = 2.0;
 };
 struct TilePlan {
   int tokens, split;
+  int head = 0;  // tiles of the first, unsplit launch (0: one launch of all tiles at `split`)
 };
 inline TilePlan pick_tile_split(int tiles_n, int m, int k_blocks, const int (&slots128)[4], const int (&slots256)[4],
                                 const TileCosts& c, int forced_tokens, int forced_split) {
@@ -383,7 +388,13 @@ inline TilePlan pick_tile_split(int tiles_n, int m, int k_blocks, const int (&sl
       const double per_cta = (k_blocks + s - 1) / s * (bt == 128 ? c.c128 : c.c256) + c.fixed +
                              (s > 1 ? c.reduce128 * bt / 128 : 0.0);
       const double cost = static_cast<double>(waves) * per_cta;
-      if (cost < best_cost) best_cost = cost, best = {bt, s};
+      if (cost < best_cost) best_cost = cost, best = {bt, s, 0};
+      // Whole unsplit waves, then the rest split s within one wave.
+      const int64_t head = tiles / slots[0] * slots[0], rest = tiles - head;
+      if (forced_split != 0 || s == 1 || head == 0 || rest == 0 || rest * s > slots[i]) continue;
+      const double unsplit = k_blocks * (bt == 128 ? c.c128 : c.c256) + c.fixed;
+      const double two = static_cast<double>(head / slots[0]) * unsplit + per_cta + c.gap;
+      if (two < best_cost) best_cost = two, best = {bt, s, static_cast<int>(head)};
     }
   }
   if (forced_split != 0 && best_cost == 1e300) {  // a forced split over k_blocks: the largest that fits

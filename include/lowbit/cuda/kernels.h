@@ -4,7 +4,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include <utility>
+#include <tuple>
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/k_window.h"
@@ -41,9 +41,10 @@ struct W4A16Options {
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream, const W4A16Options& options = {});
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
-// The sm90 kernel's {tokens per tile, split-K cluster} for this shape under `options` (sm_90 only).
-std::pair<int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
-                                         const W4A16Options& options = {});
+// The sm90 kernel's {tokens per tile, split-K cluster, head} for this shape under `options` (sm_90 only); head > 0:
+// tiles [0, head) run unsplit in a first launch, the rest at the split in a second.
+std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
+                                               const W4A16Options& options = {});
 // The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
@@ -84,8 +85,10 @@ struct W4A8Options {
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
 int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device);
-// The wgmma kernel's {tokens per tile, split-K cluster} for this shape under `options` (sm_90 only).
-std::pair<int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device, const W4A8Options& options = {});
+// The wgmma kernel's {tokens per tile, split-K cluster, head} for this shape under `options` (sm_90 only); head > 0:
+// tiles [0, head) run unsplit in a first launch, the rest at the split in a second.
+std::tuple<int, int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
+                                              const W4A8Options& options = {});
 
 // Per-token symmetric int8 activations: q = rint(x / s), s[m] = max|x[m, :]| / 127 (1 for a zero
 // row), in f32 (activation.h semantics). x f16 [m, k], q s8 [m, k], scales f32 [m].
