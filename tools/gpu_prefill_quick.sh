@@ -24,7 +24,7 @@ if [ "$PAR" = 1 ]; then
       > "$OUT/pytest_prefill_sm90_${half// /_}.log" 2>&1; echo "tests ($half) rc=$?"; tail -3 "$OUT/pytest_prefill_sm90_${half// /_}.log") &
   done
 fi
-E="(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16 or f16-u2)) or refuses"
+E="(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16 or f16-u2)) or refuses or (climbing and near-slack and f16-f16)"
 echo "== engine regression and sanitizers side by side"
 (timeout -k 5 ${SIDE_S:-110} "${P[@]}" "$REPO/tests_py/test_gpu_engine.py" "$REPO/tests_py/test_gpu_kv2.py" --maxfail=20 \
   -k "not smollm2" > "$OUT/pytest_prefill_engine.log" 2>&1; echo "engine rc=$?"; tail -2 "$OUT/pytest_prefill_engine.log") &
