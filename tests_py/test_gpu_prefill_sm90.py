@@ -17,7 +17,7 @@ import torch
 
 import lowbit
 from lowbit import _core as lb
-from test_gpu_ops import TC_ATOL_SCALE, check_tc_case, close, sm
+from test_gpu_ops import TC_ATOL_SCALE, check_tc_case, close, nan_like, sm, twin_caches
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 KERNEL = "prefill_attention_sm90"
@@ -70,6 +70,38 @@ def test_prefill_sm90_any_softmax_scale(kernel, scale, kv):
     # The kernel folds a positive scale into the exponent (max over raw scores); zero and negative scales take
     # the other path, and a sharp one (0.4 at D 64, logits ~ +-10) stresses the running max.
     check(kernel, [129, 70], [129, 300], 8, 2, 64, *kv, seed=17, bs=16, scale=scale)
+
+
+@pytest.mark.parametrize("rise", [0.5, 4.0, 12.0], ids=["slow", "near-slack", "past-slack"])
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("f16", "u4")], ids=lambda k: "-".join(k))
+@KERNELS
+def test_prefill_sm90_climbing_row_maxima(kernel, rise, kv):
+    # Scores that rise along the keys by about `rise` log2 units per 128-key tile (one dimension of K grows with
+    # the position, every query leans on it), so each row's running maximum climbs tile after tile: by less than
+    # the kernel's slack of 8 (the old maximum stays and P grows past 1), near it, and past it (rescales every
+    # tile). Random rows alone rarely move a maximum after the first tiles. K stays f16: the scores reach ~60, where
+    # an integer K's f16 rounding alone (2^-11 of the score) would exceed the tolerance.
+    g = torch.Generator().manual_seed(int(rise * 10) + len(kernel))
+    hq, hkv, d, bs, L = 4, 2, 64, 16, 700
+    scale = 1 / math.sqrt(d)
+    nblk = L // bs + 1
+    table = torch.randperm(nblk, generator=g).to(torch.int32).view(1, nblk)
+    slots = (table[0, torch.arange(L) // bs].long() * bs + torch.arange(L) % bs).to(torch.int32)
+    k = torch.randn(L, hkv, d, generator=g)
+    v = torch.randn(L, hkv, d, generator=g)
+    q = torch.randn(L, hq, d, generator=g) * 0.5
+    q[:, :, 0] = 4.0
+    k[:, :, 0] = torch.arange(L).view(L, 1) * (rise / 128 / (4.0 * scale * math.log2(math.e)))
+    k, v, q = k.half(), v.half(), q.half()
+    gpu, cpu = twin_caches(1, hkv, d, nblk, bs, *kv)
+    lb.kv_write(cpu, 0, k, v, lb.AttentionMeta([0], [L], [L], table, slots))
+    lb.kv_write(gpu, 0, k.cuda(), v.cuda(), lb.AttentionMeta([0], [L], [L], table.cuda(), slots.cuda()))
+    out_c = torch.full_like(q, float("nan"))
+    out_g = nan_like(q)
+    lb.paged_attention(q, cpu, 0, lb.AttentionMeta([0], [L], [L], table, slots), scale, out_c)
+    lb.paged_attention(q.cuda(), gpu, 0, lb.AttentionMeta([0], [L], [L], table.cuda(), slots.cuda()), scale, out_g,
+                       kernel=kernel)
+    close(out_g.cpu(), out_c, "f16", atol_scale=TC_ATOL_SCALE)
 
 
 def test_prefill_sm90_is_the_registry_choice_for_per_token_kv():

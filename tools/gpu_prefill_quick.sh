@@ -2,6 +2,8 @@
 # The Hopper prefill kernel's check in one short device call, on the package as users get it: install, its test
 # file, the prefill benchmark (PREFILL_LENS, default 2K / 8K / 32K) vs SDPA, then the engine regression and the
 # three sanitizers over small cases side by side (correctness only: nothing is timed then). Logs and JSON in $OUT.
+# PREFILL_QUICK_PARALLEL=1 (a short device call): the benchmark right after the install, alone on the GPU, then the
+# test file (in two halves, one per kernel) beside the engine regression and the sanitizers, all capped at SIDE_S.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
@@ -12,10 +14,17 @@ start=$(date +%s)
 echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
 cd "$(mktemp -d /tmp/lowbit-quick.XXXX)"
 P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
-timeout -k 5 120 "${P[@]}" "$REPO/tests_py/test_gpu_prefill_sm90.py" 2>&1 | tee "$OUT/pytest_prefill_sm90.log" | tail -4
+PAR=${PREFILL_QUICK_PARALLEL:-0}
+[ "$PAR" = 1 ] || timeout -k 5 120 "${P[@]}" "$REPO/tests_py/test_gpu_prefill_sm90.py" 2>&1 | tee "$OUT/pytest_prefill_sm90.log" | tail -4
 cp "$REPO"/tools/*.py . 2>/dev/null; sed -i "s/^PREFILL_LENS = .*/PREFILL_LENS = [${PREFILL_LENS:-2048, 8192, 32768}]/" bench_gpu_attention.py
 timeout -k 5 150 python3 bench_gpu_attention.py "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
-E="(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16 or f16-u2)) or refuses"
+if [ "$PAR" = 1 ]; then
+  for half in "not exact" "exact"; do  # the exact-code variant's cases, and the others
+    (timeout -k 5 ${SIDE_S:-110} "${P[@]}" "$REPO/tests_py/test_gpu_prefill_sm90.py" -k "$half" \
+      > "$OUT/pytest_prefill_sm90_${half// /_}.log" 2>&1; echo "tests ($half) rc=$?"; tail -3 "$OUT/pytest_prefill_sm90_${half// /_}.log") &
+  done
+fi
+E="(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16 or f16-u2)) or refuses or (climbing and near-slack and f16-f16)"
 echo "== engine regression and sanitizers side by side"
 (timeout -k 5 ${SIDE_S:-110} "${P[@]}" "$REPO/tests_py/test_gpu_engine.py" "$REPO/tests_py/test_gpu_kv2.py" --maxfail=20 \
   -k "not smollm2" > "$OUT/pytest_prefill_engine.log" 2>&1; echo "engine rc=$?"; tail -2 "$OUT/pytest_prefill_engine.log") &
@@ -25,3 +34,5 @@ for t in memcheck racecheck synccheck; do
    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${t}_prefill_sm90.log" | head -4) &
 done
 wait
+# Logs in one archive (a device call brings back at most 8 files).
+(cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)

@@ -303,13 +303,18 @@ if has profile; then
     | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | head -90
 fi
 if has prefill_profile; then
-  echo "== ncu over the Hopper prefill kernel (8K fresh prompt, f16 and u4 KV), with the stall reasons"
-  timeout -k 5 240 ncu --clock-control none -k regex:"prefill_attention_sm90" \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
-    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
-    python3 "$REPO/tools/bench_gpu_prefill_profile.py" > "$OUT/ncu_prefill.txt" 2>&1; echo "ncu rc=$?"
-  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |gmma_cycles|stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu_prefill.txt" \
-    | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | head -60
+  # PREFILL_PROFILE_KV (default "f16 u4") picks the caches; the full set with source counters goes into a report
+  # ($OUT/prefill.ncu-rep), printed as details (ncu_prefill.txt) and per SASS instruction (ncu_prefill_sass.csv:
+  # executed instructions and stall samples, which separate the producer's code from the consumers').
+  echo "== ncu over the Hopper prefill kernel (8K fresh prompt, ${PREFILL_PROFILE_KV:-f16 u4} KV), full set"
+  timeout -k 5 ${PREFILL_PROFILE_S:-240} ncu --clock-control none -k regex:"prefill_attention_sm90" --set full \
+    --import-source no --metrics "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active" \
+    -f -o "$OUT/prefill" python3 "$REPO/tools/bench_gpu_prefill_profile.py" ${PREFILL_PROFILE_KV:-f16 u4} \
+    > "$OUT/ncu_prefill_run.log" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncu_prefill_run.log"
+  ncu -i "$OUT/prefill.ncu-rep" --page details > "$OUT/ncu_prefill.txt" 2>&1
+  ncu -i "$OUT/prefill.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_prefill_sass.csv" 2>&1
+  wc -c "$OUT/ncu_prefill.txt" "$OUT/ncu_prefill_sass.csv"
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |gmma_cycles|Issue Slots Busy|Shared Memory|L2 Cache Throughput" "$OUT/ncu_prefill.txt" | head -60
 fi
 if has bench; then
   echo "== benchmarks"

@@ -87,10 +87,16 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 // leading offset is unused; for V read MN-major it would be the distance between 64-wide column blocks, but each
 // wgmma here reads one column block (n = 64 per instruction), so both offsets are the 8-row group stride and
 // the descriptor means the same under either reading.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1024 >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
+// The high word (the stride, bits 32-45, and the swizzle mode, bits 62-63) is the same for every operand, and the
+// low word is address / 16 (bits 0-13) plus the leading offset (bits 16-29): a descriptor of base + offset is the
+// base's low word + offset / 16 (shared addresses stay below 2^18), so each wgmma's descriptor costs one add rather
+// than being rebuilt from its address (that was about 8 instructions per wgmma, 24 wgmmas a tile).
+constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | ((1024 >> 4) << 16); }
+__device__ __forceinline__ uint64_t desc_at(uint32_t lo, uint32_t byte_offset) {
+  return (static_cast<uint64_t>(kDescHi) << 32) | (lo + (byte_offset >> 4));
 }
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) { return desc_at(desc_lo(addr), 0); }
 
 // S += Q · Kᵀ for one k16 step (64 rows x 128 keys), both operands from shared memory.
 __device__ __forceinline__ void wgmma_qk(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
@@ -261,14 +267,21 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// A row's maximum is raised only when a tile's scores pass it by more than kMaxSlack (log2 domain): below that the
+// old maximum stays, P = 2^(score - max) is at most 2^kMaxSlack (f16 holds such values as precisely as those below
+// 1; O and l accumulate in f32 and share the maximum, so O / l is unchanged), and O needs no rescale. Once a row has
+// seen a few tiles its maximum rarely moves by that much, so most tiles of a warp skip the rescale of O entirely.
+constexpr float kMaxSlack = 8.f;
+
 // Turns one tile's raw scores s into unnormalized probabilities P (f32, in place) and updates the row max and
 // sums; returns in alpha the factors that rescale O (applied by the caller once the previous tile's P·V has
-// landed, so that P·V runs under this softmax). Keys past each row's position are masked where `mask`.
+// landed, so that P·V runs under this softmax; 1 where the row kept its maximum). kMask: keys past each row's
+// position are masked (only tiles that reach past the warpgroup's first row need it; the others skip the compares).
 // kPositiveScale: the scale is folded into the exponent's FMA (max over raw scores, then 2^(s·c - m)), which
 // needs c > 0; otherwise the scores are scaled first.
-template <bool kPositiveScale>
+template <bool kPositiveScale, bool kMask>
 __device__ __forceinline__ void softmax_scores(float (&s)[64], RowState& st, float& alpha_lo, float& alpha_hi,
-                                               int key0, int pos_lo, int pos_hi, bool mask, float scale_log2) {
+                                               int key0, int pos_lo, int pos_hi, float scale_log2) {
   const int t = threadIdx.x & 3;
   float mx_lo = kNoScore, mx_hi = kNoScore;
 #pragma unroll
@@ -276,7 +289,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[64], RowState& st, flo
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = kPositiveScale ? s[4 * j + e] : s[4 * j + e] * scale_log2;
-      if (mask && key0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_lo : pos_hi)) x = kNoScore;
+      if (kMask && key0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_lo : pos_hi)) x = kNoScore;
       s[4 * j + e] = x;
     }
     mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j], s[4 * j + 1]));
@@ -287,22 +300,21 @@ __device__ __forceinline__ void softmax_scores(float (&s)[64], RowState& st, flo
   mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
   mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
   mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-  // A row's first tile always holds an unmasked key (key 0), so its max is a real score from then on.
+  // A row's first tile always holds an unmasked key (key 0), so its max is a real score from then on (and the
+  // first tile always raises it: kNoScore + kMaxSlack is kNoScore).
   if (kPositiveScale) mx_lo *= scale_log2, mx_hi *= scale_log2;
-  mx_lo = fmaxf(mx_lo, st.m_lo);
-  mx_hi = fmaxf(mx_hi, st.m_hi);
-  alpha_lo = exp2_ftz(st.m_lo - mx_lo);
-  alpha_hi = exp2_ftz(st.m_hi - mx_hi);
-  st.m_lo = mx_lo;
-  st.m_hi = mx_hi;
+  alpha_lo = alpha_hi = 1.f;
+  if (mx_lo > st.m_lo + kMaxSlack) alpha_lo = exp2_ftz(st.m_lo - mx_lo), st.m_lo = mx_lo;
+  if (mx_hi > st.m_hi + kMaxSlack) alpha_hi = exp2_ftz(st.m_hi - mx_hi), st.m_hi = mx_hi;
   const float c = kPositiveScale ? scale_log2 : 1.f;
+  const float m_lo = st.m_lo, m_hi = st.m_hi;
   float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    s[4 * j] = exp2_ftz(fmaf(s[4 * j], c, -mx_lo));
-    s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], c, -mx_lo));
-    s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], c, -mx_hi));
-    s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], c, -mx_hi));
+    s[4 * j] = exp2_ftz(fmaf(s[4 * j], c, -m_lo));
+    s[4 * j + 1] = exp2_ftz(fmaf(s[4 * j + 1], c, -m_lo));
+    s[4 * j + 2] = exp2_ftz(fmaf(s[4 * j + 2], c, -m_hi));
+    s[4 * j + 3] = exp2_ftz(fmaf(s[4 * j + 3], c, -m_hi));
     sum_lo += s[4 * j] + s[4 * j + 1];
     sum_hi += s[4 * j + 2] + s[4 * j + 3];
   }
@@ -445,26 +457,27 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     auto release_previous = [&](int r) {
       if (r > 0) mbar_arrive(&empty[(r - 1) % kStages]);
     };
+    const uint32_t q_desc = desc_lo(q_wg), k_desc0 = desc_lo(k_tile(0));
     auto issue_qk = [&](int t) {
-      const uint32_t kt = k_tile(t % kStages);
+      const uint32_t kt = k_desc0 + (t % kStages) * (L::kStageBytes >> 4);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t col = (kk & 3) << 5;  // k16 step within the 128-byte row
-        wgmma_qk(s, desc_sw128(q_wg + (kk >> 2) * L::kQBlockBytes + col),
-                 desc_sw128(kt + (kk >> 2) * L::kTileBlockBytes + col), kk > 0);
+        const uint32_t off = (kk >> 2) * L::kTileBlockBytes + ((kk & 3) << 5);  // k16 step within the 128-byte row
+        static_assert(L::kQBlockBytes == L::kTileBlockBytes, "Q and K column blocks alike");
+        wgmma_qk(s, desc_at(q_desc, off), desc_at(kt, off), kk > 0);
       }
       wgmma_commit();
     };
     auto issue_pv = [&](int t) {
-      const uint32_t vt = v_tile(t % kStages);
+      const uint32_t vt = k_desc0 + (t % kStages) * (L::kStageBytes >> 4) + (L::kTileBytes >> 4);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
         for (int b = 0; b < L::kBlocks; ++b)
           wgmma_pv(*reinterpret_cast<float(*)[32]>(o + 32 * b), pa + 4 * kk,
-                   desc_sw128(vt + b * L::kTileBlockBytes + kk * 2048));
+                   desc_at(vt, b * L::kTileBlockBytes + kk * 2048));
       }
       wgmma_commit();
     };
@@ -472,13 +485,21 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       const int key0 = t * kKeys;
       // The mask only where the tile reaches past the warpgroup's first row (that covers keys past kv_len).
       const bool mask = key0 + kKeys - 1 > first_pos + wg_row0;
-      if (positive_scale)
-        softmax_scores<true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, mask, a.scale_log2);
-      else
-        softmax_scores<false>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, mask, a.scale_log2);
+      if (positive_scale) {
+        if (mask)
+          softmax_scores<true, true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2);
+        else
+          softmax_scores<true, false>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2);
+      } else {
+        if (mask)
+          softmax_scores<false, true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2);
+        else
+          softmax_scores<false, false>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2);
+      }
     };
     auto rescale_and_pack_p = [&]() {
-      rescale_rows<kO>(o, alpha_lo, alpha_hi);
+      // O is rescaled only where a row of this warp raised its maximum (a warp-uniform branch).
+      if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f)) rescale_rows<kO>(o, alpha_lo, alpha_hi);
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         pa[4 * kk] = pack_half2(s[8 * kk], s[8 * kk + 1]);
