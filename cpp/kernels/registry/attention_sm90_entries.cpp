@@ -1,7 +1,7 @@
 // The Hopper attention kernel (cpp/kernels/sm90/prefill_attention_sm90.cuh, built for sm_90a only) in the
 // attention registry: prefill on wgmma, preferred over the mma.sync prefill kernel on sm_90 where it covers the
 // descriptor (per-token K and V; per-channel K stays on the mma.sync kernel). Its exact-code variant
-// (prefill_attention_sm90_exact.cuh) covers the same descriptors and is preferred where it was measured faster.
+// (prefill_attention_sm90_exact.cuh) covers the same descriptors and runs only when named.
 #include <string>
 
 #include "kernels/registry/registration.h"
@@ -35,14 +35,11 @@ Fit prefill_sm90_can_run(const AttnDesc& d, std::string* why) {
 }
 // Above the mma.sync prefill kernel (rank 2) for prefill; as a stand-in for decode, below it.
 int prefill_sm90_rank(const AttnDesc& d) { return d.phase == AttnPhase::decode ? 0 : 3; }
-// The exact-code variant covers the same operands. Measured on an H200 (docs/benchmarks_gpu.md, issue 16, head_dim
-// 128): with u8 or u4 K and V it is 0-10% faster than prefill_attention_sm90 at 2K-32K tokens, so it leads there;
-// with f16 (10% slower) or u2 (1-2% slower) on either side, and at head_dim 64 (not timed), it runs only when named.
-bool u8_or_u4(ScalarType t) { return t == ScalarType::u8 || t == ScalarType::u4; }
-int prefill_sm90_exact_rank(const AttnDesc& d) {
-  if (d.phase == AttnPhase::decode) return -1;
-  return d.head_dim == 128 && u8_or_u4(d.k_type) && u8_or_u4(d.v_type) ? 4 : 1;
-}
+// The exact-code variant covers the same operands and runs only when named. Measured on an H200
+// (docs/benchmarks_gpu.md, issue 16, head_dim 128): it beat the kernel above for u8/u4 caches until that kernel's
+// consumers shed ~35% of their instructions (1226c6b); since then it is slower in 5 of the 6 u8/u4 cells (2K-32K)
+// and 10-25% slower with f16 or u2.
+int prefill_sm90_exact_rank(const AttnDesc& d) { return d.phase == AttnPhase::decode ? -1 : 1; }
 
 #ifdef LOWBIT_WITH_CUDA
 void launch_prefill_sm90(const AttnArgs& a) {
@@ -69,8 +66,7 @@ void register_attention_sm90(std::vector<AttnKernel>& out) {
                  "prefill on Hopper: wgmma, f16 q, per-token K/V f16/u8/u4/u2, head_dim 64/128",
                  prefill_sm90_can_run, prefill_sm90_rank, LOWBIT_GPU_LAUNCH(launch_prefill_sm90)});
   out.push_back({"prefill_attention_sm90_exact",
-                 "prefill on Hopper, integer K/V as exact f16 codes (scale, zero per key in f32); leads for u8/u4 K and V at "
-                 "head_dim 128",
+                 "prefill on Hopper, integer K/V as exact f16 codes (scale, zero per key in f32); only when named",
                  prefill_sm90_can_run, prefill_sm90_exact_rank, LOWBIT_GPU_LAUNCH(launch_prefill_sm90_exact)});
 }
 
