@@ -67,7 +67,7 @@ def worker(args, recipe):
     g = torch.Generator().manual_seed(11)
     rid = 0
     for b in batches:
-        warm = torch.randint(0, shape.vocab, (b, 256), generator=g).tolist()
+        warm = torch.randint(0, shape.vocab, (b, min(256, args.context)), generator=g).tolist()
         lowbit_run(eng, warm, 8, rid)  # kernels, allocator caches and this batch's decode graphs
         rid += b
         prompts = torch.randint(0, shape.vocab, (b, args.context), generator=g).tolist()
