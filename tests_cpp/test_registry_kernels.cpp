@@ -74,7 +74,7 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
                         "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
                         "gemm_w4a8_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90", "gemm_w4a16_decode_sm90",
                         "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80",
-                        "prefill_attention_sm90", "prefill_attention_sm90_exact"})
+                        "prefill_attention_sm90"})
     EXPECT_TRUE(names.count(n)) << n;
 }
 
@@ -226,10 +226,6 @@ TEST(Registry, AttentionChoicesByDescriptor) {
   // Prefill: the wgmma kernel on sm_90, the mma.sync kernel before it and for per-channel K.
   AttnDesc pre = gpu_attention(AttnPhase::prefill, 128, ScalarType::f16, ScalarType::f16, 4);
   EXPECT_STREQ(select_attention(pre).kernel->name, "prefill_attention_sm90");
-  // Its exact-code variant covers the same descriptors but runs only when named.
-  const AttnDesc int_kv = gpu_attention(AttnPhase::prefill, 128, ScalarType::u4, ScalarType::u8, 4);
-  EXPECT_STREQ(select_attention(int_kv, "prefill_attention_sm90_exact").kernel->name, "prefill_attention_sm90_exact");
-  EXPECT_STREQ(select_attention(int_kv).kernel->name, "prefill_attention_sm90");
   pre.sm = 89;
   EXPECT_STREQ(select_attention(pre).kernel->name, "prefill_attention_tc_sm80");
   AttnDesc pre_pc = gpu_attention(AttnPhase::prefill, 64, ScalarType::u4, ScalarType::u4, 4);

@@ -1,15 +1,12 @@
-"""The Hopper prefill attention kernels (prefill_attention_sm90 and its exact-code variant: wgmma, 128-row query
-tiles, 128-key tiles gathered page by page by a producer warpgroup) forced by name against the CPU cache's
-attention, on fresh random data around their tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim
-64 and 128 and every per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every
-sequence must stay NaN.
+"""The Hopper prefill attention kernel (prefill_attention_sm90: wgmma, 128-row query tiles, 128-key tiles gathered
+page by page by a producer warpgroup) forced by name against the CPU cache's attention, on fresh random data around
+its tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim 64 and 128 and every
+per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every sequence must stay NaN.
 
-Tolerance: test_gpu_ops' tensor-core tolerance (see TC_ATOL_SCALE there). prefill_attention_sm90 has the mma.sync
-kernel's rounding points (dequantized K/V and P rounded to f16 before the MMA, f32 accumulation, output rounded
-once). Its variant prefill_attention_sm90_exact feeds integer K/V to the MMAs as exact f16 codes with scale and zero
-applied per key in f32: K has no rounding at all and V's only one is P · scale rounded to f16 (relative 2^-11 of
-|scale · (code - center)| <= range / 2, about the f16 rounding of a dequantized value). A wrong key, row, page,
-mask, swizzle or parameter gives errors of ~0.1 and fails either."""
+Tolerance: the same rounding points as the mma.sync kernel (dequantized K/V and P rounded to f16 before the MMA, f32
+accumulation, output rounded once), so test_gpu_ops' tensor-core tolerance holds (see TC_ATOL_SCALE there); a wrong
+key, row, page, mask, swizzle or parameter gives errors of ~0.1 and fails it. (An exact-code variant that fed integer
+K/V to the MMAs as f16 codes was measured slower after round 7 and removed: docs/benchmarks_gpu.md, round 6.)"""
 import math
 
 import pytest
@@ -21,9 +18,8 @@ from test_gpu_ops import TC_ATOL_SCALE, check_tc_case, close, nan_like, sm, twin
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 KERNEL = "prefill_attention_sm90"
-# Its exact-code variant (integer K/V as exact f16 codes, scale and zero per key in f32; only when named) must pass
-# every check the kernel does.
-KERNELS = pytest.mark.parametrize("kernel", [KERNEL, "prefill_attention_sm90_exact"], ids=["sm90", "exact"])
+# The cases name the kernel they force (one Hopper kernel today; a variant joins this list).
+KERNELS = pytest.mark.parametrize("kernel", [KERNEL], ids=["sm90"])
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +101,6 @@ def test_prefill_sm90_climbing_row_maxima(kernel, rise, kv):
 
 
 def test_prefill_sm90_is_the_registry_choice_for_per_token_kv():
-    # The exact-code variant runs only when named (slower than the default since 1226c6b).
     for d, k, v, want in [(64, "u4", "u8", KERNEL), (128, "u4", "u8", KERNEL), (128, "u8", "u8", KERNEL),
                           (128, "u4", "u2", KERNEL), (128, "f16", "f16", KERNEL)]:
         r = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=d, q="f16", k=k, v=v, gqa=4)

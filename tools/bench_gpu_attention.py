@@ -4,8 +4,7 @@ times each explicit split size (SPLITS).
 
 Prefill (run by default after decode; --prefill runs it alone, --decode skips it): one fresh prompt (q_len = kv_len) of
 PREFILL_LENS tokens through paged_attention, each prefill kernel forced by name (on sm_90 the wgmma kernel
-prefill_attention_sm90, its exact-code variant prefill_attention_sm90_exact and the mma.sync kernel
-prefill_attention_tc_sm80), vs causal SDPA on contiguous f16
+prefill_attention_sm90 and the mma.sync kernel prefill_attention_tc_sm80), vs causal SDPA on contiguous f16
 q/k/v; the f16-cache output is checked against SDPA's (max abs difference recorded). paged_attention copies its seq_info to the device on each call, so the lowbit
 time is the prefill kernel's own device time from the profiler (the SDPA time is its kernels' too).
 Prefill is compute bound: TFLOPS count the causal half, 4 * Hq * D * L(L+1)/2."""
@@ -109,8 +108,7 @@ def bench_prefill(length):
     heads_first = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # [1, H, L, D]
     ref = F.scaled_dot_product_attention(*heads_first, is_causal=True, enable_gqa=True)[0].transpose(0, 1).float()
     major, minor = torch.cuda.get_device_capability()
-    hopper = ["prefill_attention_sm90", "prefill_attention_sm90_exact"]  # the default, then its exact-code variant
-    kernels = (hopper if (major, minor) == (9, 0) else []) + ["prefill_attention_tc_sm80"]
+    kernels = (["prefill_attention_sm90"] if (major, minor) == (9, 0) else []) + ["prefill_attention_tc_sm80"]
     for kv in PREFILL_KV:
         cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, meta)

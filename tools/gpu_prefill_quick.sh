@@ -19,7 +19,7 @@ PAR=${PREFILL_QUICK_PARALLEL:-0}
 cp "$REPO"/tools/*.py . 2>/dev/null; sed -i "s/^PREFILL_LENS = .*/PREFILL_LENS = [${PREFILL_LENS:-2048, 8192, 32768}]/" bench_gpu_attention.py
 timeout -k 5 150 python3 bench_gpu_attention.py "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
 if [ "$PAR" = 1 ]; then
-  for half in "not exact" "exact"; do  # the exact-code variant's cases, and the others
+  for half in "not matches_cpu" "matches_cpu"; do  # the file in two halves of similar length
     (timeout -k 5 ${SIDE_S:-110} "${P[@]}" "$REPO/tests_py/test_gpu_prefill_sm90.py" -k "$half" \
       > "$OUT/pytest_prefill_sm90_${half// /_}.log" 2>&1; echo "tests ($half) rc=$?"; tail -3 "$OUT/pytest_prefill_sm90_${half// /_}.log") &
   done

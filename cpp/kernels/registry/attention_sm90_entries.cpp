@@ -1,7 +1,6 @@
 // The Hopper attention kernel (cpp/kernels/sm90/prefill_attention_sm90.cuh, built for sm_90a only) in the
 // attention registry: prefill on wgmma, preferred over the mma.sync prefill kernel on sm_90 where it covers the
-// descriptor (per-token K and V; per-channel K stays on the mma.sync kernel). Its exact-code variant
-// (prefill_attention_sm90_exact.cuh) covers the same descriptors and runs only when named.
+// descriptor (per-token K and V; per-channel K stays on the mma.sync kernel).
 #include <string>
 
 #include "kernels/registry/registration.h"
@@ -35,11 +34,6 @@ Fit prefill_sm90_can_run(const AttnDesc& d, std::string* why) {
 }
 // Above the mma.sync prefill kernel (rank 2) for prefill; as a stand-in for decode, below it.
 int prefill_sm90_rank(const AttnDesc& d) { return d.phase == AttnPhase::decode ? 0 : 3; }
-// The exact-code variant covers the same operands and runs only when named. Measured on an H200
-// (docs/benchmarks_gpu.md, issue 16, head_dim 128): it beat the kernel above for u8/u4 caches until that kernel's
-// consumers shed ~35% of their instructions (1226c6b); since then it is slower in 5 of the 6 u8/u4 cells (2K-32K)
-// and 10-25% slower with f16 or u2.
-int prefill_sm90_exact_rank(const AttnDesc& d) { return d.phase == AttnPhase::decode ? -1 : 1; }
 
 #ifdef LOWBIT_WITH_CUDA
 void launch_prefill_sm90(const AttnArgs& a) {
@@ -47,12 +41,6 @@ void launch_prefill_sm90(const AttnArgs& a) {
   cuda::prefill_attention(a.q, c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer), c.v_params(a.layer),
                           a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(),
                           cuda::PrefillKernel::hopper, cuda::k_window_of(c, a.layer));  // a window is refused there
-}
-void launch_prefill_sm90_exact(const AttnArgs& a) {
-  const KVCache& c = a.cache;
-  cuda::prefill_attention(a.q, c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer), c.v_params(a.layer),
-                          a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(),
-                          cuda::PrefillKernel::hopper_exact, cuda::k_window_of(c, a.layer));
 }
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
@@ -65,9 +53,6 @@ void register_attention_sm90(std::vector<AttnKernel>& out) {
   out.push_back({"prefill_attention_sm90",
                  "prefill on Hopper: wgmma, f16 q, per-token K/V f16/u8/u4/u2, head_dim 64/128",
                  prefill_sm90_can_run, prefill_sm90_rank, LOWBIT_GPU_LAUNCH(launch_prefill_sm90)});
-  out.push_back({"prefill_attention_sm90_exact",
-                 "prefill on Hopper, integer K/V as exact f16 codes (scale, zero per key in f32); only when named",
-                 prefill_sm90_can_run, prefill_sm90_exact_rank, LOWBIT_GPU_LAUNCH(launch_prefill_sm90_exact)});
 }
 
 }  // namespace lowbit::kernels

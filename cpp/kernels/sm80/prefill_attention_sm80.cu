@@ -130,9 +130,6 @@ void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_da
   const int64_t num_seqs = block_tables.size(0);
   if (num_seqs == 0 || max_q_len <= 0) return;
   // A named kernel that cannot run throws inside its launch (never a quiet warp run).
-  if (kernel == PrefillKernel::hopper_exact)
-    return prefill_attention_sm90(q, k_data, v_data, k_params, v_params, block_tables, seq_info, max_q_len, scale, out,
-                                  stream, window, /*exact=*/true);
   if (kernel == PrefillKernel::hopper ||
       (kernel == PrefillKernel::automatic && prefill_attention_sm90_supported(q, k_data, v_data, out, window)))
     return prefill_attention_sm90(q, k_data, v_data, k_params, v_params, block_tables, seq_info, max_q_len, scale, out,

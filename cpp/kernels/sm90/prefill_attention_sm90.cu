@@ -29,20 +29,9 @@ const Entry kTable[] = {LOWBIT_SM90_ROW(64, f16),  LOWBIT_SM90_ROW(64, u8),  LOW
                         LOWBIT_SM90_ROW(64, u2),   LOWBIT_SM90_ROW(128, f16), LOWBIT_SM90_ROW(128, u8),
                         LOWBIT_SM90_ROW(128, u4),  LOWBIT_SM90_ROW(128, u2)};
 #undef LOWBIT_SM90_ROW
-// The exact-code variant (prefill_attention_sm90_exact.cuh): the same (head_dim, K, V) coverage.
-#define LOWBIT_SM90_EXACT_ROW(D, K)                                                                 \
-  {D, KvType::K, KvType::f16, &launch_prefill_attention_sm90_exact<D, KvType::K, KvType::f16>},    \
-      {D, KvType::K, KvType::u8, &launch_prefill_attention_sm90_exact<D, KvType::K, KvType::u8>},  \
-      {D, KvType::K, KvType::u4, &launch_prefill_attention_sm90_exact<D, KvType::K, KvType::u4>},  \
-      {D, KvType::K, KvType::u2, &launch_prefill_attention_sm90_exact<D, KvType::K, KvType::u2>}
-const Entry kExactTable[] = {LOWBIT_SM90_EXACT_ROW(64, f16),  LOWBIT_SM90_EXACT_ROW(64, u8),
-                             LOWBIT_SM90_EXACT_ROW(64, u4),   LOWBIT_SM90_EXACT_ROW(64, u2),
-                             LOWBIT_SM90_EXACT_ROW(128, f16), LOWBIT_SM90_EXACT_ROW(128, u8),
-                             LOWBIT_SM90_EXACT_ROW(128, u4),  LOWBIT_SM90_EXACT_ROW(128, u2)};
-#undef LOWBIT_SM90_EXACT_ROW
 
-Launch find_launch(int64_t d, KvType kt, KvType vt, bool exact = false) {
-  for (const Entry& e : exact ? kExactTable : kTable)
+Launch find_launch(int64_t d, KvType kt, KvType vt) {
+  for (const Entry& e : kTable)
     if (e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
   return nullptr;
 }
@@ -94,7 +83,7 @@ bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, con
 
 void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                             const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window, bool exact) {
+                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window) {
   const char* op = "prefill_attention";
   std::string why;
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_sm90_supported(q, k_data, v_data, out, window, &why),
@@ -106,7 +95,7 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   kv_type_of(v_data.dtype(), vt);
   const dim3 grid(static_cast<unsigned>(a.hq), static_cast<unsigned>((max_q_len + kRows - 1) / kRows),
                   static_cast<unsigned>(a.num_seqs));
-  find_launch(q.size(2), kt, vt, exact)(a, grid, stream);
+  find_launch(q.size(2), kt, vt)(a, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 

@@ -19,19 +19,14 @@ bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, con
                                       const KWindow& window = {}, std::string* why = nullptr);
 
 // Same contract as prefill_attention (include/lowbit/cuda/forward_kernels.h); throws NotSupported where
-// prefill_attention_sm90_supported does not hold. `exact`: the variant that feeds integer K/V to the MMAs as exact
-// f16 codes (prefill_attention_sm90_exact.cuh; the same coverage).
+// prefill_attention_sm90_supported does not hold.
 void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                             const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window = {},
-                            bool exact = false);
+                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window = {});
 
 // The launch of one (head_dim, K, V) instance (defined in prefill_attention_sm90.cuh, compiled by the
 // prefill_attention_sm90_d*_k*.cu files, one per head_dim and K type with every V type).
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream);
-// Same for the exact-code variant (prefill_attention_sm90_exact.cuh, prefill_attention_sm90_exact_d*_k*.cu).
-template <int D, KvType KT, KvType VT>
-void launch_prefill_attention_sm90_exact(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream);
 
 }  // namespace lowbit::cuda

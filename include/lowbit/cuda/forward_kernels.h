@@ -78,11 +78,10 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // max_q_len bounds every q_len (it sizes the grid). Two kernels: tensor_core (f16 q/out with aligned
 // rows, head_dim 64/128, f16/u8/u4 caches: 64-row query tiles, P and dequantized K/V in f16) and warp
 // (one warp per (query token, head) in f32, head_dim <= 256); f32 online softmax either way. On sm_90,
-// hopper (wgmma, 128-row query tiles, per-token f16/u8/u4/u2 K and V, head_dim 64/128), and hopper_exact
-// (its variant with integer K/V fed to the MMAs as exact f16 codes; only when named). A kernel that
+// hopper (wgmma, 128-row query tiles, per-token f16/u8/u4/u2 K and V, head_dim 64/128). A kernel that
 // cannot run its operands throws NotSupported; `automatic` takes hopper, else tensor_core, where it can
 // run (the op-level API; plans name the kernel). Rows of out outside every sequence are left untouched.
-enum class PrefillKernel : uint8_t { automatic, tensor_core, warp, hopper, hopper_exact };
+enum class PrefillKernel : uint8_t { automatic, tensor_core, warp, hopper };
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
                        float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel = PrefillKernel::automatic,
