@@ -24,47 +24,21 @@
 // Rows past n (npad = 16*ceil(n/16)) are zero-padded. k must be a multiple of 64 and the group a
 // multiple of 32 (g32 as GGUF stores it, g64, g128, ...: a 64-k chunk then spans one or two groups);
 // the last group may be short (k = 576 with g128).
-#include <cstring>
-
 #include "lowbit/quant/pack.h"
+#include "quant/packed_nibbles.h"
 
 namespace lowbit {
 namespace {
 
-constexpr int kTileN = 16, kChunkK = 64, kChunkBytes = 512;
+using packed_nibbles::kChunkBytes;
+using packed_nibbles::kChunkK;
+using packed_nibbles::kTileN;
 constexpr int kHalfChunkK = kChunkK / 2;  // the kernels read a group's parameters per half chunk
 
-// Fragment position of nibble i of a lane's word: row offset in the 16-row tile, k offset from 16j + 2t.
-inline int nibble_row(int i) { return (i & 1) * 8; }
-inline int nibble_k(int i) { return ((i >> 1) & 1) * 8 + (i >> 2); }
-
-inline uint8_t get_u4(const uint8_t* q, int64_t row, int64_t col, int64_t k) {
-  const int64_t e = row * k + col;
-  return (q[e >> 1] >> ((e & 1) * 4)) & 0xF;
-}
-inline void set_u4(uint8_t* q, int64_t row, int64_t col, int64_t k, uint8_t v) {
-  const int64_t e = row * k + col;
-  const int shift = (e & 1) * 4;
-  q[e >> 1] = static_cast<uint8_t>((q[e >> 1] & ~(0xF << shift)) | ((v & 0xF) << shift));
-}
-
-// Calls fn(byte_offset_of_word, nibble, row, col) for every weight of the packed layout.
-template <typename Fn>
-void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
-  const int64_t n_tiles = (n + kTileN - 1) / kTileN, k_chunks = k / kChunkK;
-  for (int64_t nt = 0; nt < n_tiles; ++nt)
-    for (int64_t kc = 0; kc < k_chunks; ++kc)
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4, t = lane % 4;
-        for (int j = 0; j < 4; ++j) {
-          const int64_t word = ((nt * k_chunks + kc) * 32 + lane) * 16 + 4 * j;
-          for (int i = 0; i < 8; ++i) {
-            const int64_t row = nt * kTileN + g + nibble_row(i);
-            const int64_t col = kc * kChunkK + 16 * j + 2 * t + nibble_k(i);
-            fn(word, i, row, col);
-          }
-        }
-      }
+// The layout above: nibble i of word j of a lane holds row g + 8*(i&1), k 16j + 2t + 8*((i>>1)&1) + (i>>2).
+packed_nibbles::Source w4a16_source(int lane, int j, int i) {
+  const int g = lane / 4, t = lane % 4;
+  return {static_cast<int8_t>(g + 8 * (i & 1)), static_cast<int8_t>(16 * j + 2 * t + 8 * ((i >> 1) & 1) + (i >> 2))};
 }
 
 void check_w4_for_sm80(const QuantizedWeight& w) {
@@ -104,16 +78,7 @@ PackedWeight pack_sm80(const QuantizedWeight& w, const Device& device) {
   const int64_t n = w.n, k = w.k, groups = w.num_groups();
   const int64_t n_tiles = (n + kTileN - 1) / kTileN, npad = n_tiles * kTileN;
 
-  Tensor data = Tensor::zeros({n_tiles, (k / kChunkK) * kChunkBytes}, ScalarType::u8);
-  const uint8_t* qp = q.data<uint8_t>();
-  uint8_t* dp = data.data<uint8_t>();
-  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
-    if (row >= n) return;  // padding rows stay 0
-    uint32_t v;
-    std::memcpy(&v, dp + word, 4);
-    v |= static_cast<uint32_t>(get_u4(qp, row, col, k)) << (4 * i);
-    std::memcpy(dp + word, &v, 4);
-  });
+  const Tensor data = packed_nibbles::pack(q.data<uint8_t>(), n, k, w4a16_source);
 
   // Group-major parameters; padding rows get scale 0 and zero (or min) 0: they contribute nothing.
   const bool mins = w.mins.defined();
@@ -155,15 +120,8 @@ QuantizedWeight unpack_sm80(const PackedWeight& p) {
   check_shape(p.scales, {groups, -1}, "unpack_sm80", "scales");
 
   const Tensor data = p.data.to(Device::cpu()).contiguous();
-  const uint8_t* dp = data.data<uint8_t>();
   w.q = Tensor::zeros({n, k}, ScalarType::u4);
-  uint8_t* qp = w.q.data<uint8_t>();
-  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
-    if (row >= n) return;
-    uint32_t v;
-    std::memcpy(&v, dp + word, 4);
-    set_u4(qp, row, col, k, static_cast<uint8_t>((v >> (4 * i)) & 0xF));
-  });
+  packed_nibbles::unpack(data.data<uint8_t>(), n, k, w.q.data<uint8_t>(), w4a16_source);
 
   const bool mins = p.mins.defined();
   const Tensor s = p.scales.to(Device::cpu()).contiguous();

@@ -23,48 +23,22 @@
 // channel_scales: f32 [npad], the level-1 per-channel scale (0 on padding rows).
 // Rows past n are zero-padded with s = 0 and a = 128, i.e. s8 weight 0. k and the group must be
 // multiples of 64 (the last group may be short: k = 576 with g128).
-#include <cstring>
-
 #include "lowbit/quant/pack.h"
+#include "quant/packed_nibbles.h"
 
 namespace lowbit {
 namespace {
 
-constexpr int kTileN = 16, kChunkK = 64, kChunkBytes = 512;
+using packed_nibbles::kChunkBytes;
+using packed_nibbles::kChunkK;
+using packed_nibbles::kTileN;
 
-inline uint8_t get_u4(const uint8_t* q, int64_t row, int64_t col, int64_t k) {
-  const int64_t e = row * k + col;
-  return (q[e >> 1] >> ((e & 1) * 4)) & 0xF;
+// The layout above: word w of a lane is row g + 8*(w%2) of k16 step w/2; nibble i of it (byte i/2, the high half
+// for odd i) is column 32*(w/2) + 16*(i%2) + 4t + i/2.
+packed_nibbles::Source w4a8_source(int lane, int w, int i) {
+  const int g = lane / 4, t = lane % 4;
+  return {static_cast<int8_t>(g + 8 * (w % 2)), static_cast<int8_t>(32 * (w / 2) + 16 * (i % 2) + 4 * t + i / 2)};
 }
-inline void set_u4(uint8_t* q, int64_t row, int64_t col, int64_t k, uint8_t v) {
-  const int64_t e = row * k + col;
-  const int shift = (e & 1) * 4;
-  q[e >> 1] = static_cast<uint8_t>((q[e >> 1] & ~(0xF << shift)) | ((v & 0xF) << shift));
-}
-
-// Calls fn(byte_offset_of_word, nibble, row, col) for every weight of the packed layout.
-template <typename Fn>
-void for_each_packed_nibble(int64_t n, int64_t k, Fn fn) {
-  const int64_t n_tiles = (n + kTileN - 1) / kTileN, k_chunks = k / kChunkK;
-  for (int64_t nt = 0; nt < n_tiles; ++nt)
-    for (int64_t kc = 0; kc < k_chunks; ++kc)
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4, t = lane % 4;
-        for (int word = 0; word < 4; ++word) {
-          const int step = word / 2, h = word % 2;
-          const int64_t offset = ((nt * k_chunks + kc) * 32 + lane) * 16 + 4 * word;
-          for (int i = 0; i < 8; ++i) {
-            const int byte = i / 2, high = i % 2;
-            const int64_t row = nt * kTileN + g + 8 * h;
-            const int64_t col = kc * kChunkK + 32 * step + 16 * high + 4 * t + byte;
-            fn(offset, i, row, col);
-          }
-        }
-      }
-}
-
-// Nibble i of a word sits at bit 4i: byte i/2, low nibble for even i.
-inline int nibble_shift(int i) { return 4 * i; }
 
 void check_two_level_for_sm80(const QuantizedWeight& w) {
   LOWBIT_CHECK(w.k % kChunkK == 0, "pack_sm80: ", name_of(w.format), " weight needs k a multiple of ", kChunkK,
@@ -95,16 +69,7 @@ PackedWeight pack_sm80_w4a8(const QuantizedWeight& w, const Device& device) {
   const int64_t n = w.n, k = w.k, groups = w.num_groups();
   const int64_t n_tiles = (n + kTileN - 1) / kTileN, npad = n_tiles * kTileN;
 
-  Tensor data = Tensor::zeros({n_tiles, (k / kChunkK) * kChunkBytes}, ScalarType::u8);
-  const uint8_t* qp = q.data<uint8_t>();
-  uint8_t* dp = data.data<uint8_t>();
-  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
-    if (row >= n) return;  // padding rows stay 0
-    uint32_t v;
-    std::memcpy(&v, dp + word, 4);
-    v |= static_cast<uint32_t>(get_u4(qp, row, col, k)) << nibble_shift(i);
-    std::memcpy(dp + word, &v, 4);
-  });
+  const Tensor data = packed_nibbles::pack(q.data<uint8_t>(), n, k, w4a8_source);
 
   Tensor steps = Tensor::zeros({groups, npad}, ScalarType::u8);
   Tensor offsets = Tensor::empty({groups, npad}, ScalarType::u8);
@@ -150,15 +115,8 @@ QuantizedWeight unpack_sm80_w4a8(const PackedWeight& p) {
   check_shape(p.channel_scales, {npad}, "unpack_sm80_w4a8", "channel_scales");
 
   const Tensor data = p.data.to(Device::cpu()).contiguous();
-  const uint8_t* dp = data.data<uint8_t>();
   w.q = Tensor::zeros({n, k}, ScalarType::u4);
-  uint8_t* qp = w.q.data<uint8_t>();
-  for_each_packed_nibble(n, k, [&](int64_t word, int i, int64_t row, int64_t col) {
-    if (row >= n) return;
-    uint32_t v;
-    std::memcpy(&v, dp + word, 4);
-    set_u4(qp, row, col, k, static_cast<uint8_t>((v >> nibble_shift(i)) & 0xF));
-  });
+  packed_nibbles::unpack(data.data<uint8_t>(), n, k, w.q.data<uint8_t>(), w4a8_source);
 
   const Tensor s = p.scales.to(Device::cpu()).contiguous();
   const Tensor a = p.zeros.to(Device::cpu()).contiguous();
