@@ -103,7 +103,9 @@ def render() -> str:
         cells = [kv_format_cell(core, word, dev, sm, dtype, phase) for _, dev, sm, dtype in (cpu, gpu)
                  for phase in ("decode", "prefill")]
         lines.append(f"| `{word}` | " + " | ".join(cells) + " |")
-    lines += ["", "sm_80, sm_86 and sm_89 attention cells equal the sm_90 ones (the sm80-family kernels serve them all).",
+    lines += ["", "On sm_80, sm_86 and sm_89 the decode cells equal the sm_90 ones (the sm80-family kernels serve them "
+              "all); prefill runs `prefill_attention_tc_sm80` wherever the sm_90 tables name the wgmma kernel "
+              "`prefill_attention_sm90` (built for sm_90a only).",
               "", "These tables are those of a default build (every attention instance). A build configured with "
               "`LOWBIT_ATTN_ALL_INSTANCES=OFF` leaves decode at head_dim 80 and 96 out, and using one there is an "
               "error naming the option, not a fallback (docs/build.md).", ""]
