@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "lowbit/quant/pack.h"
 
@@ -18,32 +19,11 @@ uint8_t code(const uint8_t* q, int64_t row, int64_t col, int64_t k) {
   return (q[e >> 1] >> ((e & 1) * 4)) & 0xF;
 }
 
-// The replaced W4A16 loop: for n-tile nt, chunk kc, lane (g, t), step j, nibble i -> row g + 8*(i&1),
-// col 16j + 2t + 8*((i>>1)&1) + (i>>2), at byte ((nt*chunks + kc)*32 + lane)*16 + 4j.
-Tensor reference_w4a16(const uint8_t* q, int64_t n, int64_t k) {
-  const int64_t tiles = (n + 15) / 16, chunks = k / 64;
-  Tensor data = Tensor::zeros({tiles, chunks * 512}, ScalarType::u8);
-  uint8_t* dp = data.data<uint8_t>();
-  for (int64_t nt = 0; nt < tiles; ++nt)
-    for (int64_t kc = 0; kc < chunks; ++kc)
-      for (int lane = 0; lane < 32; ++lane)
-        for (int j = 0; j < 4; ++j)
-          for (int i = 0; i < 8; ++i) {
-            const int64_t row = nt * 16 + lane / 4 + (i & 1) * 8;
-            const int64_t col = kc * 64 + 16 * j + 2 * (lane % 4) + ((i >> 1) & 1) * 8 + (i >> 2);
-            if (row >= n) continue;
-            const int64_t word = ((nt * chunks + kc) * 32 + lane) * 16 + 4 * j;
-            uint32_t v;
-            std::memcpy(&v, dp + word, 4);
-            v |= uint32_t(code(q, row, col, k)) << (4 * i);
-            std::memcpy(dp + word, &v, 4);
-          }
-  return data;
-}
-
-// The replaced W4A8 loop: word w = (step w/2, half w%2), nibble i = (byte i/2, high i%2) -> row g + 8*half,
-// col 32*step + 16*high + 4t + byte.
-Tensor reference_w4a8(const uint8_t* q, int64_t n, int64_t k) {
+// The replaced loops, one nibble at a time by read-modify-write: for n-tile nt, chunk kc, lane, word w and nibble i
+// the 32-bit word at byte ((nt*chunks + kc)*32 + lane)*16 + 4w gets code (row, col) = where(lane, w, i) (relative to
+// the tile and chunk) at bit 4i.
+template <class Where>
+Tensor reference_pack(const uint8_t* q, int64_t n, int64_t k, Where where) {
   const int64_t tiles = (n + 15) / 16, chunks = k / 64;
   Tensor data = Tensor::zeros({tiles, chunks * 512}, ScalarType::u8);
   uint8_t* dp = data.data<uint8_t>();
@@ -52,8 +32,8 @@ Tensor reference_w4a8(const uint8_t* q, int64_t n, int64_t k) {
       for (int lane = 0; lane < 32; ++lane)
         for (int w = 0; w < 4; ++w)
           for (int i = 0; i < 8; ++i) {
-            const int64_t row = nt * 16 + lane / 4 + 8 * (w % 2);
-            const int64_t col = kc * 64 + 32 * (w / 2) + 16 * (i % 2) + 4 * (lane % 4) + i / 2;
+            const auto [r, c] = where(lane, w, i);
+            const int64_t row = nt * 16 + r, col = kc * 64 + c;
             if (row >= n) continue;
             const int64_t word = ((nt * chunks + kc) * 32 + lane) * 16 + 4 * w;
             uint32_t v;
@@ -62,6 +42,21 @@ Tensor reference_w4a8(const uint8_t* q, int64_t n, int64_t k) {
             std::memcpy(dp + word, &v, 4);
           }
   return data;
+}
+
+// W4A16 (lane = (g, t), step j): nibble i is row g + 8*(i&1), col 16j + 2t + 8*((i>>1)&1) + (i>>2).
+Tensor reference_w4a16(const uint8_t* q, int64_t n, int64_t k) {
+  return reference_pack(q, n, k, [](int lane, int j, int i) {
+    return std::pair<int, int>{lane / 4 + (i & 1) * 8, 16 * j + 2 * (lane % 4) + ((i >> 1) & 1) * 8 + (i >> 2)};
+  });
+}
+
+// W4A8: word w = (step w/2, half w%2), nibble i = (byte i/2, high i%2) -> row g + 8*half,
+// col 32*step + 16*high + 4t + byte.
+Tensor reference_w4a8(const uint8_t* q, int64_t n, int64_t k) {
+  return reference_pack(q, n, k, [](int lane, int w, int i) {
+    return std::pair<int, int>{lane / 4 + 8 * (w % 2), 32 * (w / 2) + 16 * (i % 2) + 4 * (lane % 4) + i / 2};
+  });
 }
 
 Tensor random_codes(int64_t n, int64_t k, uint32_t seed) {
