@@ -374,6 +374,24 @@ def test_decode_step_takes_the_decode_kernel_and_matches_cpu(kv, hq, hkv, d):
     close(out_g[:-1], out_c[:-1], "f16", atol_scale=1.0)
 
 
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u2", "u2")])
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128)])
+def test_mixed_step_runs_its_decode_rows_on_the_decode_kernel(kv, hq, hkv, d):
+    """A mixed step as the scheduler builds it (running decodes first, then prefill chunks, one of them over a
+    cached prefix, and a decode row after them) runs the leading decode rows on the decode kernel and the rest on
+    the prefill kernel (a prefill kernel would spend a whole query tile per decode row); both parts match the
+    CPU."""
+    lens_q, lens_kv = [1, 1, 1, 40, 7, 1], [300, 17, 1, 40, 90, 33]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out_g, out_c = attention_case(lens_q, lens_kv, hq, hkv, d, *kv, "f16", seed=d + 5 * hq)
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages()]
+    assert any("decode_attention" in n for n in names), names
+    assert any("prefill_attention" in n for n in names), names
+    assert torch.isnan(out_g[-1]).all()  # the row outside every sequence is left untouched
+    close(out_g[:-1], out_c[:-1], "f16", atol_scale=1.0)
+
+
 def test_forcing_the_decode_kernel_on_a_prefill_step_names_the_reason():
     with pytest.raises(NotImplementedError, match="forced kernel decode_attention_sm80 cannot run .*decode steps only"):
         attention_case([5, 1], [29, 17], 8, 2, 64, "u8", "u8", "f16", seed=1, kernel="decode_attention_sm80")

@@ -137,10 +137,12 @@ def core_weight(name, w, recipe, dtype):
     return _core.QuantizedWeight(f, w.to(getattr(torch, {"f16": "float16", "f32": "float32"}[f])).cpu())
 
 
-def lowbit_model(shape, recipe, device, dtype):
+def lowbit_model(shape, recipe, device, dtype, kernel_overrides=None):
     from lowbit import _core
     gen = "cuda" if cuda() else "cpu"
     m = _core.Model(core_config(shape), recipe, device, dtype)
+    if kernel_overrides:
+        m.set_kernel_options(kernel_overrides)
     for name, shp, linear in weight_names(shape):
         w = weight(name, shp, gen)
         if linear:

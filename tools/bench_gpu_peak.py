@@ -18,6 +18,9 @@ Per engine, in its own child process (bench_gpu_llama8b's driver: clean memory f
   python3 tools/bench_gpu_peak.py out.json [--parts torch,lowbit] [--recipes w8a8kv8,w4a16kv8] [--ladder ...]
   python3 tools/bench_gpu_peak.py out.json --parts '' --merge a.json b.json    # combine the slices of a session
   python3 tools/bench_gpu_peak.py out.json --tiny --parts lowbit --recipes w4a16kv8   # CPU test of the harness
+A recipe may carry kernel overrides for an A/B in one run: --recipes w4a8kv4,w4a8kv4+split_mixed_attention=off.
+--profile-prefill also profiles two mixed steps of the prefill phase (half the requests decoding, the rest still
+prefilling), kernel by kernel, beside their wall time.
 """
 import argparse
 import gc
@@ -129,6 +132,41 @@ def lowbit_fits(model, batch):
     return True, ""
 
 
+def split_recipe(spec):
+    """'w4a8kv4+split_mixed_attention=off' -> ('w4a8kv4', {'split_mixed_attention': 'off'})."""
+    recipe, *overrides = spec.split("+")
+    return recipe, dict(o.split("=", 1) for o in overrides)
+
+
+def lowbit_profile_prefill(model, batch, shape, steps=2):
+    """Mixed steps of the prefill phase: once half the requests have their first token (so half decode while
+    the rest prefill in chunks of max_batch_tokens), `steps` eager steps under the profiler, with their wall
+    time and what they held. The requests are aborted afterwards."""
+    eng = lowbit_engine(model, batch, graphs=False)
+    ids = [800000 + i for i in range(batch)]
+    for rid, p in zip(ids, prompt_batch(batch, shape.vocab).tolist()):
+        eng.add_request(rid, p, temperature=0.0, max_tokens=NEW)
+    first = set()
+    while len(first) < batch // 2:
+        first.update(ev.request_id for ev in eng.step() if ev.token >= 0)
+    sync()
+    walls = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            t = time.perf_counter()
+            eng.step()
+            sync()
+            walls.append(time.perf_counter() - t)
+    decoding = len(first)
+    for rid in ids:
+        eng.abort(rid)
+    while eng.has_unfinished():
+        eng.step()
+    del eng
+    return {"batch": batch, "decoding_rows": decoding, "wall_ms": round(1e3 * sum(walls) / steps, 2),
+            **breakdown(prof, steps)}
+
+
 def lowbit_profile(model, batch, shape, steps=4):
     """Eager decode steps with all `batch` requests decoding (contexts just past the prompt), kernel by kernel.
     Prefill is chunked (max_batch_tokens), so the first requests decode while later ones still prefill: their
@@ -156,12 +194,13 @@ def lowbit_profile(model, batch, shape, steps=4):
     return breakdown(prof, steps)
 
 
-def part_lowbit(args, shape, out, recipe):
+def part_lowbit(args, shape, out, spec):
     from lowbit import _core
-    part = Part(out, "lowbit", recipe)
+    part = Part(out, "lowbit", spec)
+    recipe, overrides = split_recipe(spec)
     device, dtype = ("cuda", "f16") if cuda() else ("cpu", "f32")
     t = time.perf_counter()
-    model = lowbit_model(shape, recipe, device, dtype)
+    model = lowbit_model(shape, recipe, device, dtype, overrides)
     part.d["load_s"] = round(time.perf_counter() - t, 2)
     part.d["kv_bytes_per_token"] = model.info()["kv_bytes_per_token"]
     part.sample_memory()
@@ -188,7 +227,13 @@ def part_lowbit(args, shape, out, recipe):
     def record_allocator():
         part.d["memory"]["allocator"] = dict(_core.allocator_stats(device)) if device == "cuda" else {}
 
-    peak = run_batches(part, "lowbit", recipe, args.fixed, candidates, run, gc.collect, record_allocator)
+    peak = run_batches(part, "lowbit", spec, args.fixed, candidates, run, gc.collect, record_allocator)
+    if peak and cuda() and args.profile_prefill:
+        try:
+            part.d["prefill_step_breakdown"] = lowbit_profile_prefill(model, peak, shape)
+        except Exception as e:  # noqa: BLE001
+            part.d["prefill_step_breakdown"] = {"error": repr(e)[:300]}
+        part.save()
     if peak and cuda() and not args.no_profile:
         try:
             part.d["step_breakdown"] = {"batch": peak, **lowbit_profile(model, peak, shape)}
@@ -294,6 +339,11 @@ def table(payload):
             mark = "*" if c.get("peak_search") else " "
             lines.append(f"{name:<22} | {c['batch']:<4}{mark}| {c['decode_tok_s']:>12.0f} | {c['e2e_tok_s']:>9.0f} | "
                          f"{c['prefill_tok_s']:>13.0f} | {c['decode_ms_per_step']:>7.2f} | {peak_gb:>7.1f} | {step}")
+        pb = p.get("prefill_step_breakdown") or {}
+        if "wall_ms" in pb:
+            lines.append(f"{'':<22} | prefill-phase step at {pb['batch']} ({pb['decoding_rows']} decoding): wall "
+                         f"{pb['wall_ms']:.1f} ms, GEMM {pb['gemm_ms']:.1f} / attn {pb['attention_ms']:.1f} / other "
+                         f"{pb['other_ms']:.1f} / copy {pb['copy_ms']:.1f} ms")
     lines.append("* the peak batch (largest that fits)")
     return "\n".join(lines)
 
@@ -310,6 +360,7 @@ def main():
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--profile-prefill", action="store_true")
     ap.add_argument("--part-timeout", type=float, default=560)
     ap.add_argument("--deadline", type=float, default=0)
     ap.add_argument("--merge", nargs="*", default=[])
@@ -339,6 +390,7 @@ def main():
         return
     args.deadline_at = time.time() + (args.deadline or 1e9)
     args.passthrough = ["--tiny"] * args.tiny + ["--no-compile"] * args.no_compile + ["--no-profile"] * args.no_profile
+    args.passthrough += ["--profile-prefill"] * args.profile_prefill
     args.passthrough += ["--layers", str(args.layers), "--fixed", ",".join(map(str, args.fixed)),
                          "--ladder", ",".join(map(str, args.ladder)), "--repeats", str(args.repeats)]
     merged = []

@@ -41,6 +41,11 @@
 #               FMPQ_K=expr selects its tests with -k (FMPQ_TEST_S caps them), FMPQ_ENGINE=0 skips the engine
 #               regression, FMPQ_SANITIZE=0 the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s);
 #               FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
+#     peak      tools/bench_gpu_peak.py (the QServe / LiquidGEMM peak-throughput protocol) after the mixed-step
+#               attention and engine tests (PEAK_TESTS=0 skips them, PEAK_K selects with -k) and a sanitizer pass
+#               over the mixed-step split (PEAK_SANITIZE=0 skips it); PEAK_PARTS, PEAK_RECIPES (overrides per recipe:
+#               w4a8kv4+split_mixed_attention=off), PEAK_LADDER, PEAK_FIXED, PEAK_ARGS (e.g. --profile-prefill
+#               --no-profile), PEAK_S caps the benchmark
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
@@ -356,6 +361,21 @@ fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"
   timeout 560 python3 "$REPO/tools/bench_gpu_llama8b.py" "$OUT/llama8b.json" --deadline 540 2>&1 | tail -20
+fi
+if has peak; then
+  echo "== peak serving throughput (1024 in / 512 out, largest batch): mixed-step attention and engine tests first"
+  if [ "${PEAK_TESTS:-1}" != 0 ]; then
+    "${PYTEST[@]}" "$TESTS/test_gpu_ops.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 \
+      -k "${PEAK_K:-mixed or prefill_attention or decode_step or engine or graphs or logits}" \
+      2>&1 | tee "$OUT/pytest_peak.log" | tail -3
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest_peak.log" | cut -c1-300 | head -20
+  fi
+  [ "${PEAK_SANITIZE:-1}" != 0 ] && sanitize_three mixed_split "${PEAK_SANITIZE_S:-90}" \
+    "mixed_step and (9-3-64 and (u4-u4 or u2-u2))" test_gpu_ops.py
+  # PEAK_RECIPES may carry kernel overrides per recipe (w4a8kv4+split_mixed_attention=off) for an A/B.
+  timeout -k 5 "${PEAK_S:-420}" python3 "$REPO/tools/bench_gpu_peak.py" "$OUT/peak.json" \
+    --parts "${PEAK_PARTS:-torch,lowbit}" --recipes "${PEAK_RECIPES:-w4a8kv4}" --ladder "${PEAK_LADDER:-512,1024,1280}" \
+    --fixed "${PEAK_FIXED:-128}" ${PEAK_ARGS:-} 2>&1 | tail -40
 fi
 if has serve; then
   echo "== lowbit serve: the serve tests, then bench_gpu_serving.py (Llama-3-8B shape, random weights, ${SERVE_RECIPE:-w4a8kv4})"

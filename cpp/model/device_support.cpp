@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace lowbit::model_detail {
 void check_device_recipe(const Recipe& recipe, ScalarType dtype, const Device& device, const ModelConfig& cfg) {
@@ -128,6 +129,15 @@ void upload_step(const ForwardBatch& b, ModelWorkspace& ws, Tensor& ids, Tensor&
   p = std::copy(b.attn.q_len.begin(), b.attn.q_len.end(), p);
   p = std::copy(b.attn.kv_len.begin(), b.attn.kv_len.end(), p);
   p = std::copy(b.logit_rows.begin(), b.logit_rows.end(), p);
+  // A mixed step's attention runs its leading decode sequences and the rest on two kernels
+  // (ops::paged_attention): their rows again, each part contiguous.
+  const int64_t d = int64_t(decode_prefix(b.attn));
+  const bool mixed = d > 0 && d < n;
+  const int64_t parts_at = p - h;
+  if (mixed)
+    for (const auto [first, end] : {std::pair<int64_t, int64_t>{0, d}, {d, n}})
+      for (const std::vector<int32_t>* v : {&b.attn.q_start, &b.attn.q_len, &b.attn.kv_len})
+        p = std::copy(v->begin() + first, v->begin() + end, p);
   const int64_t used = p - h;
   upload_async(ws.step_device.slice(0, 0, used), ws.step_host.slice(0, 0, used));
   ids = ws.step_device.slice(0, 0, T);
@@ -135,6 +145,11 @@ void upload_step(const ForwardBatch& b, ModelWorkspace& ws, Tensor& ids, Tensor&
   ws.attn = b.attn;  // vectors keep their capacity across steps
   ws.attn.seq_info = ws.step_device.slice(0, 2 * T, 2 * T + 3 * n).view({3, n});
   logit_rows = ws.step_device.slice(0, 2 * T + 3 * n, 2 * T + 3 * n + R);
+  ws.attn.decode_seq_info = ws.attn.prefill_seq_info = Tensor();
+  if (mixed) {
+    ws.attn.decode_seq_info = ws.step_device.slice(0, parts_at, parts_at + 3 * d).view({3, d});
+    ws.attn.prefill_seq_info = ws.step_device.slice(0, parts_at + 3 * d, parts_at + 3 * n).view({3, n - d});
+  }
 }
 
 void place_vocab_slices(const Tensor& gathered, int world, int64_t R, int64_t stride, Tensor& logits) {

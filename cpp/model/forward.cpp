@@ -28,9 +28,9 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   ws.positions = device_.is_cpu() ? ws.positions_host : Tensor::empty({T}, ScalarType::s32, device_);
   if (!device_.is_cpu()) {
     // One s32 upload per step: ids, positions (T each), (q_start, q_len, kv_len) of <= T sequences,
-    // logit rows.
-    ws.step_host = Tensor::empty({5 * T + max_logit_rows}, ScalarType::s32);
-    ws.step_device = Tensor::empty({5 * T + max_logit_rows}, ScalarType::s32, device_);
+    // logit rows, and the same sequence rows split at a mixed step's decode prefix.
+    ws.step_host = Tensor::empty({8 * T + max_logit_rows}, ScalarType::s32);
+    ws.step_device = Tensor::empty({8 * T + max_logit_rows}, ScalarType::s32, device_);
     ws.logits_device = Tensor::empty({max_logit_rows, cfg_.vocab_size}, ScalarType::f32, device_);
   }
   ws.residual = Tensor::empty({T, H}, dtype_, device_);

@@ -265,19 +265,45 @@ Device check_attention_args(const Tensor& q, const KVCache& cache, int layer, co
 
 }  // namespace
 
+namespace {
+
+// A mixed step (decode rows first, then prefill chunks) on two kernels: `decode` over the leading decode
+// sequences, `prefill` over the rest. Returns false (nothing run) when the step is not mixed, or when one
+// kernel serves both phases anyway.
+bool run_mixed_step(const kernels::AttnKernel* decode, const kernels::AttnKernel* prefill, const Tensor& q,
+                    const KVCache& cache, int layer, const AttentionMeta& meta, float scale, Tensor& out,
+                    const Device& dev) {
+  const size_t n = meta.q_len.size(), d = decode_prefix(meta);
+  if (d == 0 || d == n || decode == prefill || decode == nullptr || prefill == nullptr) return false;
+  const AttentionMeta head = meta_part(meta, 0, d, meta.decode_seq_info);
+  const AttentionMeta tail = meta_part(meta, d, n - d, meta.prefill_seq_info);
+  run_attention(decode, q, cache, layer, head, scale, out, dev, step_shape(head));
+  run_attention(prefill, q, cache, layer, tail, scale, out, dev, step_shape(tail));
+  return true;
+}
+
+}  // namespace
+
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                      Tensor& out, const std::string& kernel) {
   const Device dev = check_attention_args(q, cache, layer, meta, scale, out);
   const StepShape shape = step_shape(meta);
-  const kernels::AttnSelection s =
-      kernels::select_attention(describe_attention(q, out, cache, shape.decode), kernel, false, "paged_attention");
-  run_attention(s.kernel, q, cache, layer, meta, scale, out, dev, shape);
+  const kernels::AttnKernel* chosen =
+      kernels::select_attention(describe_attention(q, out, cache, shape.decode), kernel, false, "paged_attention")
+          .kernel;
+  // A kernel forced by name serves every row; the registry's choice splits a mixed step by phase.
+  if (!shape.decode && kernel.empty() && decode_prefix(meta) > 0) {
+    const kernels::AttnKernel* decode = kernels::try_select_attention(describe_attention(q, out, cache, true)).kernel;
+    if (run_mixed_step(decode, chosen, q, cache, layer, meta, scale, out, dev)) return;
+  }
+  run_attention(chosen, q, cache, layer, meta, scale, out, dev, shape);
 }
 
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                      Tensor& out, const kernels::AttentionPlan& plan) {
   const Device dev = check_attention_args(q, cache, layer, meta, scale, out);
   const StepShape shape = step_shape(meta);
+  if (!shape.decode && plan.split_mixed && run_mixed_step(plan.decode, plan.prefill, q, cache, layer, meta, scale, out, dev)) return;
   run_attention(shape.decode ? plan.decode : plan.prefill, q, cache, layer, meta, scale, out, dev, shape);
 }
 

@@ -49,6 +49,8 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
       t.sm90_pairs = on_off(key, value);
     } else if (key == "fp8_fast_accum") {
       t.fp8_fast_accum = on_off(key, value);
+    } else if (key == "split_mixed_attention") {
+      t.split_mixed_attention = on_off(key, value);
     } else if (key == "w4a16_large_tile") {
       t.w4a16_large_tile = value == "auto" ? 0 : value == "64x128" ? 64128 : value == "128x128" ? 128128
                            : value == "128x256" ? 128256 : -1;
@@ -61,7 +63,8 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
     } else {
       LOWBIT_CHECK_KIND(ErrorKind::kValue, false, "kernel_overrides: unknown key '", key, "'; forced kernels: ",
                         "linear, linear.{qkv,o,gate_up,down,lm_head}, attention, attention.{prefill,decode}; ",
-                        "tuning: fused_norm_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, fp8_fast_accum");
+                        "tuning: fused_norm_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, fp8_fast_accum, ",
+                        "split_mixed_attention");
     }
   }
   return p;

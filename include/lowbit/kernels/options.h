@@ -13,7 +13,8 @@ namespace lowbit::kernels {
 //                   "linear.lm_head", "attention", "attention.prefill", "attention.decode"
 //                   -> a registered kernel name; one that cannot run is an error, never ignored.
 //   tuning          "fused_norm_quant" on|off, "pdl" on|off, "w4a16_large_tile" auto|64x128|128x128|128x256,
-//                   "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off, "fp8_fast_accum" on|off
+//                   "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off, "fp8_fast_accum" on|off,
+//                   "split_mixed_attention" on|off
 // strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
 struct KernelOptions {
   std::map<std::string, std::string> overrides;
@@ -29,6 +30,7 @@ struct KernelTuning {
   int sm90_split = 0;            // wgmma GEMMs: 0 automatic, else the split-K cluster size 1/2/4/8
   bool sm90_pairs = false;       // wgmma 8-bit GEMMs: multicast weight tiles to pairs of A tiles
   bool fp8_fast_accum = false;   // wgmma fp8: no per-stage promotion of the sums to f32
+  bool split_mixed_attention = true;  // a mixed step's decode rows on the decode attention kernel
 };
 
 // The forced kernel names by role and the tuning, validated (unknown keys and bad values throw a
