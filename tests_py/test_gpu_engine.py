@@ -235,6 +235,28 @@ def test_decode_graphs_mixed_greedy_and_host_sampled_rows():
         assert max(abs(la - lb) for (_, la), (_, lb) in zip(a, b)) < 1e-2
 
 
+def test_eager_steps_sample_on_the_device():
+    """Eager GPU steps (prefill and mixed steps) sample on the device, downloading logits only for rows the host
+    must sample. Each request's first token comes from such a step: greedy rows must be the argmax of the host's
+    logits of the same prompt (Engine.logits; within 0.05 of it: another batch shape may sum differently) with a
+    matching log-softmax, while a row with a repetition penalty in the same step is sampled on the host."""
+    model = random_llama("w4a16kv8", "cuda", "f16", seed=3)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (5, 33, 17, 60)]
+    opts = [dict(temperature=0.0), dict(temperature=0.0), dict(temperature=0.0, repetition_penalty=1.5),
+            dict(temperature=0.0)]
+    got = run_events(_core.Engine(model, cuda_graphs=False, max_batch_tokens=256), prompts, 3, opts)
+    for p, o, events in zip(prompts, opts, got):
+        logits = torch.from_dlpack(_core.Engine(model, max_batch_tokens=256).logits(p))[-1].double()
+        if "repetition_penalty" in o:  # the host's penalty: seen tokens' positive logits / 1.5, negative * 1.5
+            seen = torch.tensor(sorted(set(p)))
+            logits[seen] = torch.where(logits[seen] > 0, logits[seen] / 1.5, logits[seen] * 1.5)
+        token, logprob = events[0]
+        assert logits[token] >= logits.max() - 0.05, (token, int(logits.argmax()))
+        if "repetition_penalty" not in o:
+            assert abs(logprob - float(torch.log_softmax(logits, 0)[token])) < 1e-2
+
+
 def test_gpu_memory_fraction_sizes_the_kv_pool():
     """With a context long enough that max_seqs full sequences would not fit, gpu_memory_fraction
     decides the pool: more memory, more blocks; a fraction below what is already used is a clear error."""

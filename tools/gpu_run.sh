@@ -366,12 +366,12 @@ if has peak; then
   echo "== peak serving throughput (1024 in / 512 out, largest batch): mixed-step attention and engine tests first"
   if [ "${PEAK_TESTS:-1}" != 0 ]; then
     "${PYTEST[@]}" "$TESTS/test_gpu_ops.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=40 \
-      -k "${PEAK_K:-mixed or prefill_attention or decode_step or engine or graphs or logits}" \
+      -k "${PEAK_K:-mixed or prefill_attention or decode_step or engine or graphs or logits or sample}" \
       2>&1 | tee "$OUT/pytest_peak.log" | tail -3
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_peak.log" | cut -c1-300 | head -20
   fi
-  [ "${PEAK_SANITIZE:-1}" != 0 ] && sanitize_three mixed_split "${PEAK_SANITIZE_S:-90}" \
-    "mixed_step and (9-3-64 and (u4-u4 or u2-u2))" test_gpu_ops.py
+  [ "${PEAK_SANITIZE:-1}" != 0 ] && sanitize_three mixed_split "${PEAK_SANITIZE_S:-120}" \
+    "(mixed_step and 9-3-64 and (u4-u4 or u2-u2)) or eager_steps_sample" test_gpu_ops.py test_gpu_engine.py
   # PEAK_RECIPES may carry kernel overrides per recipe (w4a8kv4+split_mixed_attention=off) for an A/B.
   timeout -k 5 "${PEAK_S:-420}" python3 "$REPO/tools/bench_gpu_peak.py" "$OUT/peak.json" \
     --parts "${PEAK_PARTS:-torch,lowbit}" --recipes "${PEAK_RECIPES:-w4a8kv4}" --ladder "${PEAK_LADDER:-512,1024,1280}" \

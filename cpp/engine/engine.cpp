@@ -335,8 +335,9 @@ void Engine::fill_batch(const std::vector<ScheduledChunk>& chunks, bool all_rows
 
 // Runs the model on `chunks` (fill_batch, then each rank's copy with the tables on its device);
 // returns rank 0's logits.
-Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows) {
+Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows, bool sampled) {
   fill_batch(chunks, all_rows);
+  const bool host_rows = sampled && device_row_sampling(chunks);
   Tensor logits;
   run_ranks([&](int r) {
     Rank& rank = ranks_[size_t(r)];
@@ -350,7 +351,9 @@ Tensor Engine::forward_chunks(const std::vector<ScheduledChunk>& chunks, bool al
       model_detail::upload_async(m.block_tables, host_tables);
       model_detail::upload_async(m.slot_mapping, host_slots);
     }
-    Tensor out = rank.model->forward(rank.batch, *rank.cache, rank.ws);
+    Tensor out = sampled ? rank.model->forward_sampled(rank.batch, row_sampling_, host_rows, *rank.cache, rank.ws,
+                                                       rank.tokens, rank.logprobs)
+                         : rank.model->forward(rank.batch, *rank.cache, rank.ws);
     if (r == 0) logits = out;
   });
   return logits;
@@ -379,20 +382,27 @@ bool device_sampled(const Sequence& seq) {
 }
 }  // namespace
 
-Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
-  fill_batch(chunks, false);
-  row_sampling_.assign(chunks.size(), RowSampling{});  // greedy placeholders for host-sampled rows
+bool Engine::device_row_sampling(const std::vector<ScheduledChunk>& chunks) {
+  row_sampling_.clear();
   bool host_rows = false;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Sequence& seq = *chunks[i].seq;
+  for (const ScheduledChunk& c : chunks) {
+    if (!c.sample) continue;
+    const Sequence& seq = *c.seq;
     if (!device_sampled(seq)) {
       host_rows = true;
+      row_sampling_.push_back(RowSampling{});  // a greedy placeholder; the host samples this row
       continue;
     }
     const RequestOptions& o = seq.opts;
-    row_sampling_[i] = RowSampling{o.temperature, o.top_k, o.top_p, o.min_p,
-                                   counter_uniform(o.seed, uint64_t(seq.num_generated()))};
+    row_sampling_.push_back(RowSampling{o.temperature, o.top_k, o.top_p, o.min_p,
+                                        counter_uniform(o.seed, uint64_t(seq.num_generated()))});
   }
+  return host_rows;
+}
+
+Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
+  fill_batch(chunks, false);
+  const bool host_rows = device_row_sampling(chunks);  // every chunk of a graph step samples
   run_ranks([&](int r) {
     Rank& rank = ranks_[size_t(r)];
     ops::prepare_k_window(*rank.cache, batch_.attn.slot_mapping, block_live());
@@ -419,8 +429,10 @@ std::vector<TokenEvent> Engine::step() {
 
   Tensor logits;
   const bool graph_step = graph_decode_step(chunks);
+  // Eager GPU steps sample on the device too: a mixed step would otherwise download [rows, vocab] f32 logits.
+  const bool device_step = graph_step || !model_.device().is_cpu();
   try {
-    logits = graph_step ? graph_decode(chunks) : forward_chunks(chunks, false);
+    logits = graph_step ? graph_decode(chunks) : forward_chunks(chunks, false, device_step);
   } catch (...) {
     // Nothing of this step counts: every scheduled sequence recomputes from scratch later, so a
     // failing step (e.g. a kernel missing for the recipe) never leaves a half-written cache behind.
@@ -452,7 +464,7 @@ std::vector<TokenEvent> Engine::step() {
       Sampler& sampler = samplers_[0];
 #endif
       const Sequence* seq = to_sample[size_t(i)];
-      if (graph_step && device_sampled(*seq)) {
+      if (device_step && device_sampled(*seq)) {
         results[size_t(i)].token = ranks_[0].tokens[size_t(i)];
         results[size_t(i)].logprob = ranks_[0].logprobs[size_t(i)];
       } else {

@@ -33,13 +33,7 @@ DecodeGraphs::DecodeGraphs(const KVCache& c, int64_t rows, int64_t longest_token
   const int64_t width = (longest + block_size - 1) / block_size;
   meta_host = Tensor::empty({meta_elems(max_rows, width)}, ScalarType::s32);
   meta_device = Tensor::empty({meta_elems(max_rows, width)}, ScalarType::s32, device);
-  // f64 values in s64 storage (lowbit tensors have no f64 dtype; only the kernel reads them)
-  params_host = Tensor::empty({max_rows, 5}, ScalarType::s64);
-  params_device = Tensor::empty({max_rows, 5}, ScalarType::s64, device);
-  tokens_device = Tensor::empty({max_rows}, ScalarType::s32, device);
-  logprobs_device = Tensor::empty({max_rows}, ScalarType::f32, device);
-  tokens_host = Tensor::empty({max_rows}, ScalarType::s32);
-  logprobs_host = Tensor::empty({max_rows}, ScalarType::f32);
+  sampler = DeviceSampler(max_rows, device);
   LOWBIT_CUDA_CHECK("Model.decode_step", cudaSetDevice(device.index));
   // A blocking stream: it stays ordered with eager steps on the legacy default stream.
   LOWBIT_CUDA_CHECK("Model.decode_step", cudaStreamCreate(&stream));
@@ -133,9 +127,7 @@ void Model::decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWo
   Tensor logits = ws.logits_compute.slice(0, 0, rows);
   lm_head_logits(ws.normed.slice(0, 0, rows), logits, ws);
   if (shard_.rank != 0) return;  // rank 0 samples; the engine hands its tokens to every rank's next step
-  const auto* params = static_cast<const double*>(g.params_device.data_ptr());
-  cuda::sample_rows(cuda::Rows{logits.data_ptr(), logits.dtype(), rows, logits.size(1), logits.stride(0)}, params,
-                    g.tokens_device.data<int32_t>(), g.logprobs_device.data<float>(), cuda::current_stream());
+  g.sampler.sample(logits);
 }
 
 void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& sampling, KVCache& cache,
@@ -174,19 +166,10 @@ void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& s
     std::fill(row, row + width, -1);
     if (real) std::copy_n(bt.data<int32_t>() + i * in_width, std::min(in_width, width), row);
   }
-  double* params = static_cast<double*>(g.params_host.data_ptr());
-  for (int64_t i = 0; i < rows; ++i) {
-    const RowSampling s = i < n ? sampling[size_t(i)] : RowSampling{};
-    LOWBIT_CHECK(s.temperature >= 0.f && s.top_p > 0.f && s.top_p <= 1.f && s.min_p >= 0.f && s.min_p <= 1.f &&
-                     s.uniform >= 0.0 && s.uniform < 1.0,
-                 op, ": row ", i, " has sampling parameters out of range");
-    double* p = params + i * 5;
-    p[0] = s.temperature, p[1] = s.top_k, p[2] = s.top_p, p[3] = s.min_p, p[4] = s.uniform;
-  }
   const int64_t used = DecodeGraphs::meta_elems(rows, width);
   cuda::StreamScope on_graph_stream(g.stream);
   model_detail::upload_async(g.meta_device.slice(0, 0, used), g.meta_host.slice(0, 0, used));
-  model_detail::upload_async(g.params_device.slice(0, 0, rows), g.params_host.slice(0, 0, rows));
+  g.sampler.stage(sampling, rows, op);
 
   auto& entry = g.graphs[{rows, kv_bucket}];
   if (!entry) {
@@ -215,13 +198,7 @@ void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& s
     logprobs.clear();
     return;
   }
-  LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(g.tokens_host.data_ptr(), g.tokens_device.data_ptr(), size_t(n) * 4,
-                                        cudaMemcpyDeviceToHost, g.stream));
-  LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(g.logprobs_host.data_ptr(), g.logprobs_device.data_ptr(), size_t(n) * 4,
-                                        cudaMemcpyDeviceToHost, g.stream));
-  LOWBIT_CUDA_CHECK(op, cudaStreamSynchronize(g.stream));  // the step's one sync; kernel faults surface here
-  tokens.assign(g.tokens_host.data<int32_t>(), g.tokens_host.data<int32_t>() + n);
-  logprobs.assign(g.logprobs_host.data<float>(), g.logprobs_host.data<float>() + n);
+  g.sampler.fetch(n, tokens, logprobs, op);  // the step's one sync
 }
 
 Tensor Model::decode_logits(ModelWorkspace& ws, int64_t n) const {

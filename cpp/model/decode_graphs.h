@@ -12,6 +12,7 @@
 #include "lowbit/core/allocator.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/kv_cache.h"
+#include "model/device_sampler.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/graph.h"
 #endif
@@ -43,10 +44,8 @@ struct DecodeGraphs {
   const KVCache* cache;       // the graphs bake in this cache's tensors
   int64_t max_rows, longest;  // bucket caps
   int block_size;
-  Tensor meta_host, meta_device;          // s32, meta_elems(max_rows, max width)
-  Tensor params_host, params_device;      // [max_rows, 5] f64 bits (s64 storage): RowSampling per row
-  Tensor tokens_device, logprobs_device;  // s32 / f32 [max_rows]: the sampled tokens
-  Tensor tokens_host, logprobs_host;
+  Tensor meta_host, meta_device;  // s32, meta_elems(max_rows, max width)
+  DeviceSampler sampler;          // the graphs bake in its buffers
   int64_t last_rows = 0;  // rows (bucket) of the last step, whose logits ws.logits_compute holds
 #ifdef LOWBIT_WITH_CUDA
   cudaStream_t stream = nullptr;  // graphs are captured and replayed here (not the legacy stream)

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "lowbit/model/model.h"
+#include "model/device_sampler.h"
 #include "model/device_support.h"
 #include "model/host_convert.h"
 
@@ -186,6 +187,22 @@ void Model::lm_head_logits(const Tensor& rows, Tensor& logits, ModelWorkspace& w
 }
 
 Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws) const {
+  return run_forward(b, cache, ws, nullptr);
+}
+
+Tensor Model::forward_sampled(const ForwardBatch& b, const std::vector<RowSampling>& sampling, bool download_logits,
+                              KVCache& cache, ModelWorkspace& ws, std::vector<int32_t>& tokens,
+                              std::vector<float>& logprobs) const {
+  constexpr const char* op = "Model.forward_sampled";
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !device_.is_cpu(), op, ": sampling on the device needs a CUDA model, ",
+                    "this one is on ", device_.str());
+  LOWBIT_CHECK(sampling.size() == b.logit_rows.size(), op, ": ", sampling.size(), " sampling entries for ",
+               b.logit_rows.size(), " logit rows");
+  EagerSampling s{&sampling, download_logits, &tokens, &logprobs};
+  return run_forward(b, cache, ws, &s);
+}
+
+Tensor Model::run_forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws, const EagerSampling* s) const {
   LOWBIT_CHECK(finalized_, "Model.forward: call finalize() after setting the weights");
   const int64_t T = int64_t(b.token_ids.size());
   const int64_t R = int64_t(b.logit_rows.size());
@@ -200,6 +217,11 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   for (int32_t r : b.logit_rows)
     LOWBIT_CHECK(r >= 0 && r < T, "Model.forward: logit row ", r, " is outside [0, ", T, ")");
 
+  if (s && shard_.rank == 0) {  // parameters checked (and uploaded) before any kernel runs
+    if (!ws.sampler) ws.sampler = std::make_shared<DeviceSampler>(ws.max_logit_rows, device_);
+    ws.sampler->stage(*s->sampling, R, "Model.forward_sampled");
+  }
+  if (s) s->tokens->clear(), s->logprobs->clear();
   std::copy(b.token_ids.begin(), b.token_ids.end(), ws.ids_host.data<int32_t>());
   std::copy(b.positions.begin(), b.positions.end(), ws.positions_host.data<int32_t>());
   Tensor ids = ws.ids_host.slice(0, 0, T), positions = ws.positions_host.slice(0, 0, T);
@@ -222,6 +244,11 @@ Tensor Model::forward(const ForwardBatch& b, KVCache& cache, ModelWorkspace& ws)
   lm_head_logits(rows, logits_c, ws);
   if (!device_.is_cpu() && shard_.rank != 0) {
     model_detail::sync_stream("Model.forward");  // only rank 0's logits are read (the engine samples there)
+  } else if (s) {
+    ws.sampler->sample(logits_c);
+    if (!s->download_logits) logits = Tensor();
+    else model_detail::download_logits(logits_c, ws.logits_device.slice(0, 0, R), logits);
+    ws.sampler->fetch(R, *s->tokens, *s->logprobs, "Model.forward_sampled");  // the step's sync
   } else if (!device_.is_cpu()) {
     model_detail::download_logits(logits_c, ws.logits_device.slice(0, 0, R), logits);  // the step's one sync
   } else if (logits_c.data_ptr() != logits.data_ptr()) {

@@ -97,7 +97,12 @@ class Engine {
   int64_t blocks_for_tokens(int64_t tokens) const;
   // Fills batch_ (host tables in block_tables_host_ / slot_mapping_host_) for `chunks`.
   void fill_batch(const std::vector<ScheduledChunk>& chunks, bool all_rows);
-  Tensor forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows);
+  // sampled: GPU, the logit rows sampled on the device (row_sampling_, set by device_row_sampling); the
+  // returned logits are then those of the rows it cannot sample, or undefined when there are none.
+  Tensor forward_chunks(const std::vector<ScheduledChunk>& chunks, bool all_rows, bool sampled = false);
+  // row_sampling_ for the chunks that sample, in order (greedy placeholders for rows the device's sampler
+  // cannot answer); returns whether there are such rows.
+  bool device_row_sampling(const std::vector<ScheduledChunk>& chunks);
   bool graph_decode_step(const std::vector<ScheduledChunk>& chunks) const;  // decode_step applies
   // A decode-only GPU step: graph replay, sampling on the device into device_tokens_/_logprobs_;
   // returns the step's host logits when some row is sampled on the host (undefined otherwise).
@@ -120,7 +125,7 @@ class Engine {
     ModelWorkspace ws;
     Tensor block_tables_dev, slot_mapping_dev;
     ForwardBatch batch;
-    std::vector<int32_t> tokens;  // decode_step's (rank 0 only)
+    std::vector<int32_t> tokens;  // sampled on the device (rank 0 only)
     std::vector<float> logprobs;
   };
 
@@ -137,7 +142,7 @@ class Engine {
   int64_t max_blocks_per_seq_ = 0;
   std::map<int64_t, Session> sessions_;
   std::vector<TokenEvent> pending_events_;   // abort events for the next step
-  std::vector<RowSampling> row_sampling_;    // per row of a graph decode step
+  std::vector<RowSampling> row_sampling_;    // per logit row of a step sampled on the device
   int64_t clock_ = 0;
   int64_t prefill_tokens_ = 0, generated_tokens_ = 0;
 };

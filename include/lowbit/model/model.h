@@ -29,6 +29,7 @@
 namespace lowbit {
 
 struct DecodeGraphs;
+struct DeviceSampler;
 
 // One forward step's tokens (host side). Tokens of sequence i are rows
 // [attn.q_start[i], attn.q_start[i] + attn.q_len[i]). attn.block_tables / attn.slot_mapping are
@@ -62,6 +63,8 @@ struct ModelWorkspace {
   ops::AttentionMeta attn;
   // CUDA only: the captured decode steps, their memory and metadata buffers (model/decode_graphs.h).
   std::shared_ptr<DecodeGraphs> decode_graphs;
+  // CUDA only: samples the logit rows of eager steps on the device (forward_sampled), made on first use.
+  std::shared_ptr<DeviceSampler> sampler;
   Tensor residual, normed, hidden;  // [max_tokens, hidden]
   Tensor qkv;                       // [max_tokens, q + 2 kv]; rope rotates q and k in place
   Tensor attn_out;                  // [max_tokens, q]
@@ -151,6 +154,13 @@ class Model {
   // view of ws.logits: f32 [logit_rows.size(), vocab] on the host. On GPUs with tensor parallelism only
   // rank 0 downloads them (the engine samples there); the other ranks return the view unfilled.
   Tensor forward(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws) const;
+  // GPU: forward() with the logit rows sampled on the device (sampling[i] for row i, as decode_step does):
+  // tokens / logprobs get each row's token and its log-softmax, on rank 0 (other ranks: cleared). The f32
+  // logits are downloaded too only with `download_logits` (rows the device cannot sample); otherwise the
+  // returned tensor is undefined. Saves the [rows, vocab] f32 download and the host sampling of a mixed step.
+  Tensor forward_sampled(const ForwardBatch& batch, const std::vector<RowSampling>& sampling, bool download_logits,
+                         KVCache& cache, ModelWorkspace& ws, std::vector<int32_t>& tokens,
+                         std::vector<float>& logprobs) const;
 
   // GPU decode step: every sequence of `batch` adds one token (q_start[i] = i, q_len[i] = 1, one
   // logit row per sequence) and attn.block_tables / attn.slot_mapping are HOST s32 tensors. The step
@@ -166,6 +176,14 @@ class Model {
   int64_t max_decode_rows(const ModelWorkspace& ws) const;
 
  private:
+  // forward_sampled's request: the rows' sampling, whether the logits are downloaded too, where tokens go.
+  struct EagerSampling {
+    const std::vector<RowSampling>* sampling;
+    bool download_logits;
+    std::vector<int32_t>* tokens;
+    std::vector<float>* logprobs;
+  };
+  Tensor run_forward(const ForwardBatch& batch, KVCache& cache, ModelWorkspace& ws, const EagerSampling* s) const;
   // What a (fused) linear's input goes through before the GEMM; both undefined for most models.
   struct LinearInput {
     Tensor perm;        // s32 [k] on the model's device: feed x[:, perm]
