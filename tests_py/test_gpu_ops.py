@@ -374,7 +374,8 @@ def test_decode_step_takes_the_decode_kernel_and_matches_cpu(kv, hq, hkv, d):
     close(out_g[:-1], out_c[:-1], "f16", atol_scale=1.0)
 
 
-@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u2", "u2")])
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u2", "u2")],
+                         ids=["f16-f16", "u8-u8", "u4-u4", "u2-u2"])
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (32, 8, 128)])
 def test_mixed_step_runs_its_decode_rows_on_the_decode_kernel(kv, hq, hkv, d):
     """A mixed step as the scheduler builds it (running decodes first, then prefill chunks, one of them over a
