@@ -43,7 +43,7 @@
 #               FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
 #     peak      tools/bench_gpu_peak.py (the QServe / LiquidGEMM peak-throughput protocol) after the mixed-step
 #               attention and engine tests (PEAK_TESTS=0 skips them, PEAK_K selects with -k) and a sanitizer pass
-#               over the mixed-step split (PEAK_SANITIZE=0 skips it); PEAK_PARTS, PEAK_RECIPES (overrides per recipe:
+#               over the mixed-step split (PEAK_SANITIZE=0 skips it, PEAK_SANITIZE_K selects); PEAK_PARTS, PEAK_RECIPES (overrides per recipe:
 #               w4a8kv4+split_mixed_attention=off), PEAK_LADDER, PEAK_FIXED, PEAK_ARGS (e.g. --profile-prefill
 #               --no-profile), PEAK_S caps the benchmark
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
@@ -371,7 +371,8 @@ if has peak; then
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_peak.log" | cut -c1-300 | head -20
   fi
   [ "${PEAK_SANITIZE:-1}" != 0 ] && sanitize_three mixed_split "${PEAK_SANITIZE_S:-120}" \
-    "(mixed_step and 9-3-64 and (u4-u4 or u2-u2)) or eager_steps_sample" test_gpu_ops.py test_gpu_engine.py
+    "${PEAK_SANITIZE_K:-(mixed_step and 9-3-64 and (u4-u4 or u2-u2)) or eager_steps_sample}" test_gpu_ops.py \
+    test_gpu_engine.py
   # PEAK_RECIPES may carry kernel overrides per recipe (w4a8kv4+split_mixed_attention=off) for an A/B.
   timeout -k 5 "${PEAK_S:-420}" python3 "$REPO/tools/bench_gpu_peak.py" "$OUT/peak.json" \
     --parts "${PEAK_PARTS:-torch,lowbit}" --recipes "${PEAK_RECIPES:-w4a8kv4}" --ladder "${PEAK_LADDER:-512,1024,1280}" \

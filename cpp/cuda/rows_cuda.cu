@@ -29,8 +29,46 @@ __device__ float inv_rms(float ss, int64_t cols, float eps) {
 // next load.) The weight is read in the same round trip, before the reduction. They are typed (T for
 // x, residual and out; W for the weight): branching on dtypes per element made a 6.7K-instruction
 // kernel (typing it measured only 7% faster, 11.4 -> 10.6 us at batch 1; the weight prefetch, 4.7 us).
+// A thread owns groups of kVec adjacent columns (kVec 8: 16-byte loads of f16 rows, where the
+// columns, strides and bases allow it; 2-byte loads ran a prefill's norms at ~1.1 TB/s).
 constexpr int kPer = 32;
 constexpr int64_t kMaxRegisterCols = int64_t{kPer} * kThreads;
+
+// kVec elements of T at p as f32 (kVec 8: p 16-byte aligned), and back (stores round to nearest even).
+template <int kVec, typename T>
+__device__ __forceinline__ void load_group(const T* p, float* out) {
+  if constexpr (kVec == 1) {
+    out[0] = load_f32(p);
+  } else {
+    constexpr int kWords = kVec * int(sizeof(T)) / 16;
+    static_assert(kWords * 16 == kVec * int(sizeof(T)), "a group is whole 16-byte words");
+    uint4 raw[kWords];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) raw[k] = reinterpret_cast<const uint4*>(p)[k];
+    const T* t = reinterpret_cast<const T*>(raw);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = load_f32(t + e);
+  }
+}
+template <int kVec, typename T>
+__device__ __forceinline__ void store_group(T* p, const float* in) {
+  if constexpr (kVec == 1) {
+    store_f32(p, in[0]);
+  } else {
+    constexpr int kWords = kVec * int(sizeof(T)) / 16;
+    uint4 raw[kWords];
+    T* t = reinterpret_cast<T*>(raw);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) store_f32(t + e, in[e]);
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) reinterpret_cast<uint4*>(p)[k] = raw[k];
+  }
+}
+
+// Whether rows of `r` allow 8-element groups: 16-byte aligned base and a stride of whole groups.
+bool groups_of_8(const Rows& r) {
+  return reinterpret_cast<uintptr_t>(r.base) % 16 == 0 && r.stride % 8 == 0;
+}
 
 __device__ __forceinline__ float round_as(ScalarType t, float v) {  // what storing v as t keeps
   if (t == ScalarType::f16) return __half2float(__float2half_rn(v));
@@ -49,61 +87,100 @@ enum class NormOut { rows, int8, e4m3 };
 // kOut = rows: `out` gets the normed row. Otherwise the normed row, rounded to T exactly as `out` would
 // hold it, is quantized per token as quantize_per_token_{s8,e4m3} would quantize that `out` (same
 // scale and codes), so the linear after it reads codes without a separate quantize kernel.
-template <bool kAdd, typename T, typename W, NormOut kOut = NormOut::rows>
+// kVec 8 needs cols % 8 == 0 and groups_of_8 of x, res and w (out: out_groups says, else element stores).
+template <bool kAdd, typename T, typename W, NormOut kOut = NormOut::rows, int kVec = 1>
 __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, Rows w, float eps, Rows out,
-                                                             QuantOut qout = {}) {
+                                                             QuantOut qout = {}, bool out_groups = false) {
+  static_assert(kPer % kVec == 0, "whole groups per thread");
+  constexpr int kGroups = kPer / kVec;
   pdl_allow_dependents();  // the GEMM that reads `out` may launch and prefetch its weights meanwhile
   const int64_t r = blockIdx.x;
   const T* xr = static_cast<const T*>(x.base) + r * x.stride;
   T* rr = kAdd ? static_cast<T*>(res.base) + r * res.stride : nullptr;
   const W* wr = static_cast<const W*>(w.base);
   const int cols = static_cast<int>(x.cols);
+  const auto first_col = [](int g) { return (static_cast<int>(threadIdx.x) + g * kThreads) * kVec; };
   float v[kPer], wv[kPer];
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    v[j] = wv[j] = 0.f;
+  for (int g = 0; g < kGroups; ++g) {
+    const int i = first_col(g);
+    float* vg = v + g * kVec;
+    float* wg = wv + g * kVec;
     if (i < cols) {
-      v[j] = kAdd ? load_f32(rr + i) + load_f32(xr + i) : load_f32(xr + i);
-      wv[j] = load_f32(wr + i);
+      load_group<kVec>(xr + i, vg);
+      if (kAdd) {
+        float rg[kVec];
+        load_group<kVec>(rr + i, rg);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) vg[e] += rg[e];
+      }
+      load_group<kVec>(wr + i, wg);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) vg[e] = wg[e] = 0.f;
     }
   }
   float ss = 0.f;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    if (kAdd) v[j] = round_to<T>(v[j]);  // normalize what the residual now holds (rounded)
-    if (i < cols) {
-      if (kAdd) store_f32(rr + i, v[j]);
-      ss += v[j] * v[j];
+  for (int g = 0; g < kGroups; ++g) {
+    float* vg = v + g * kVec;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e)
+      if (kAdd) vg[e] = round_to<T>(vg[e]);  // normalize what the residual now holds (rounded)
+    if (first_col(g) < cols) {
+      if (kAdd) store_group<kVec>(rr + first_col(g), vg);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) ss += vg[e] * vg[e];
     }
   }
   const float inv = inv_rms(ss, cols, eps);
   if constexpr (kOut == NormOut::rows) {
     T* orow = static_cast<T*>(out.base) + r * out.stride;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kThreads;
-      if (i < cols) store_f32(orow + i, v[j] * inv * wv[j]);
+    for (int g = 0; g < kGroups; ++g) {
+      const int i = first_col(g);
+      if (i >= cols) continue;
+      float og[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) og[e] = v[g * kVec + e] * inv * wv[g * kVec + e];
+      if (kVec == 1 || out_groups) {
+        store_group<kVec>(orow + i, og);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) store_f32(orow + i + e, og[e]);
+      }
     }
   } else {
     constexpr bool kFp8 = kOut == NormOut::e4m3;
     float amax = 0.f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      v[j] = round_to<T>(v[j] * inv * wv[j]);  // the value `out` would hold
-      if (threadIdx.x + j * kThreads < cols) amax = fmaxf(amax, fabsf(v[j]));
+    for (int g = 0; g < kGroups; ++g) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        float& val = v[g * kVec + e];
+        val = round_to<T>(val * inv * wv[g * kVec + e]);  // the value `out` would hold
+        if (first_col(g) < cols) amax = fmaxf(amax, fabsf(val));
+      }
     }
     amax = block_reduce<kThreads, true>(amax);
     const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
     if (threadIdx.x == 0) qout.scales[r] = s;
     uint8_t* qrow = qout.q + r * qout.ldq;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kThreads;
-      if (i < cols) qrow[i] = static_cast<uint8_t>(quantize_code<kFp8>(__fdiv_rn(v[j], s)));
+    for (int g = 0; g < kGroups; ++g) {
+      const int i = first_col(g);
+      if (i >= cols) continue;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        qrow[i + e] = static_cast<uint8_t>(quantize_code<kFp8>(__fdiv_rn(v[g * kVec + e], s)));
     }
   }
+}
+
+// Whether a norm reads its rows in 8-column groups: the fused quantizing norm decides alike, so for the same
+// rows both sum the squares in the same order and give the same scale.
+bool norm_groups_of_8(bool add, const Rows& res, const Rows& x, const Rows& w) {
+  return x.cols % 8 == 0 && groups_of_8(x) && (!add || groups_of_8(res)) && groups_of_8(w);
 }
 
 // The typed kernel for x/residual/out of one dtype and a weight of that dtype or f32 (every model
@@ -115,12 +192,22 @@ bool launch_typed_norm(const Rows& res, const Rows& x, const Rows& w, float eps,
       (w.dtype != x.dtype && w.dtype != ScalarType::f32))
     return false;
   const unsigned grid = static_cast<unsigned>(x.rows);
+  const bool groups = norm_groups_of_8(kAdd, res, x, w), out_groups = groups_of_8(out);
   dispatch_float(x.dtype, "rms_norm", [&](auto t) {
     using T = decltype(t);
-    if (w.dtype == ScalarType::f32)
-      norm_rows_kernel<kAdd, T, float><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
-    else
-      norm_rows_kernel<kAdd, T, T><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
+    if (w.dtype == ScalarType::f32) {
+      if (groups)
+        norm_rows_kernel<kAdd, T, float, NormOut::rows, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
+                                                                                            out_groups);
+      else
+        norm_rows_kernel<kAdd, T, float><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
+    } else {
+      if (groups)
+        norm_rows_kernel<kAdd, T, T, NormOut::rows, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
+                                                                                        out_groups);
+      else
+        norm_rows_kernel<kAdd, T, T><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
+    }
   });
   return true;
 }
@@ -130,10 +217,14 @@ template <bool kAdd, NormOut kOut>
 void launch_norm_quantize(const Rows& res, const Rows& x, const Rows& w, float eps, const QuantOut& q,
                           cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(x.rows);
-  if (w.dtype == ScalarType::f32)
-    norm_rows_kernel<kAdd, __half, float, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
-  else
-    norm_rows_kernel<kAdd, __half, __half, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+  const bool groups = norm_groups_of_8(kAdd, res, x, w);
+  if (w.dtype == ScalarType::f32) {
+    if (groups) norm_rows_kernel<kAdd, __half, float, kOut, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+    else norm_rows_kernel<kAdd, __half, float, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+  } else {
+    if (groups) norm_rows_kernel<kAdd, __half, __half, kOut, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+    else norm_rows_kernel<kAdd, __half, __half, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+  }
 }
 
 // Other dtype mixes, and rows wider than kMaxRegisterCols: the row is streamed twice (sum of squares,
@@ -179,6 +270,25 @@ __global__ void silu_mul_kernel(Rows gu, Rows out) {
     void* o = static_cast<char*>(out.base) + r * out.stride * float_bytes(out.dtype);
     const float a = load_any(g, gu.dtype, i), b = load_any(g, gu.dtype, inter + i);
     store_any(o, out.dtype, i, a / (1.f + expf(-a)) * b);
+  }
+}
+
+// f16/bf16 rows whose columns, strides and bases allow 16-byte accesses: 8 columns per thread (one load of the
+// gate, one of the up half, one store), the same f32 expression per element as silu_mul_kernel. The scalar
+// kernel ran a prefill's SiLU·mul at ~1.3 TB/s.
+template <typename T>
+__global__ void silu_mul_groups_kernel(Rows gu, Rows out) {
+  pdl_allow_dependents();
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 8, inter = out.cols;
+  if (i >= inter) return;
+  for (int64_t r = blockIdx.y; r < out.rows; r += gridDim.y) {
+    const T* g = static_cast<const T*>(gu.base) + r * gu.stride;
+    float a[8], b[8], o[8];
+    load_group<8>(g + i, a);
+    load_group<8>(g + inter + i, b);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = a[e] / (1.f + expf(-a[e])) * b[e];
+    store_group<8>(static_cast<T*>(out.base) + r * out.stride + i, o);
   }
 }
 
@@ -282,7 +392,16 @@ void norm_quantize(const Rows& residual, const Rows& x, const Rows& weight, floa
 
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream) {
   if (out.rows == 0 || out.cols == 0) return;
-  silu_mul_kernel<<<elementwise_grid(out.rows, out.cols, "silu_mul"), kThreads, 0, stream>>>(gate_up, out);
+  if (gate_up.dtype == out.dtype && out.dtype != ScalarType::f32 && out.cols % 8 == 0 && groups_of_8(gate_up) &&
+      groups_of_8(out)) {
+    dispatch_float(out.dtype, "silu_mul", [&](auto t) {
+      using T = decltype(t);
+      silu_mul_groups_kernel<T><<<elementwise_grid(out.rows, out.cols / 8, "silu_mul"), kThreads, 0, stream>>>(
+          gate_up, out);
+    });
+  } else {
+    silu_mul_kernel<<<elementwise_grid(out.rows, out.cols, "silu_mul"), kThreads, 0, stream>>>(gate_up, out);
+  }
   LOWBIT_CUDA_CHECK_LAUNCH("silu_mul");
 }
 
