@@ -65,6 +65,7 @@ struct Layout {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = 1024 + kBarrierOffset + (1 + 2 * kStages) * 8;  // + 1024: alignment slack
+  static constexpr int kPlanBytes = 32;  // per-channel K: the ChannelPlan's words after the barriers
 };
 
 // Byte offset of 16-byte chunk c (8 halves of the row) of row r in a [rows][D] tile of column blocks.
@@ -233,30 +234,36 @@ __device__ __forceinline__ int codes_end(int pos, int bs) { return (pos + 1) / b
 // The CTA's walk over its key tiles with per-channel K, one pipeline stage per view. Tiles before w0 are seen as
 // codes only; from w0 on, every tile holds window keys of some row (superset: keys [codes_end(p0), p1]), and the
 // first nb of them codes too (keys below codes_end(p1)), those as codes then window. View v of the walk is tile
-// tile(v); window(v) says which K it reads.
+// tile(v); window(v) says which K it reads. The plan lives in shared memory and is read at each use: both
+// warpgroups are short of registers, and these few loads are not on their critical path.
 struct ChannelPlan {
-  int w0, nb, views;
+  static constexpr int kWords = 5;
+  const volatile int* f;  // w0, nb, views, codes_end(p0), p1
+  __device__ __forceinline__ int views() const { return f[2]; }
+  __device__ __forceinline__ int ce0() const { return f[3]; }
+  __device__ __forceinline__ int p1() const { return f[4]; }
   __device__ __forceinline__ int tile(int v) const {
-    const int j = v - w0;
+    const int w0 = f[0], nb = f[1], j = v - w0;
     return j < 0 ? v : j < 2 * nb ? w0 + (j >> 1) : w0 + j - nb;
   }
   __device__ __forceinline__ bool window(int v) const {
-    const int j = v - w0;
+    const int w0 = f[0], nb = f[1], j = v - w0;
     return j >= 0 && (j >= 2 * nb || (j & 1));
   }
   __device__ __forceinline__ int views_through(int t) const {  // views of tiles 0..t
+    const int w0 = f[0], nb = f[1];
     if (t < w0) return t + 1;
     const int k = t - w0 + 1;
     return w0 + k + min(k, nb);
   }
+  // p0, p1: the cache positions of the CTA's first and last stored query rows; num_tiles covers keys [0, p1].
+  __device__ __forceinline__ void write(volatile int* out, int bs, int p0, int p1, int num_tiles) const {
+    const int ce0 = codes_end(p0, bs), ce1 = codes_end(p1, bs);
+    const int w0 = ce0 <= p1 ? ce0 / kKeys : num_tiles;  // no window key at all: one row at a block's last key
+    const int nb = max(0, (ce1 + kKeys - 1) / kKeys - w0);
+    out[0] = w0, out[1] = nb, out[2] = num_tiles + nb, out[3] = ce0, out[4] = p1;
+  }
 };
-// p0, p1: the cache positions of the CTA's first and last stored query rows; num_tiles covers keys [0, p1].
-__device__ __forceinline__ ChannelPlan channel_plan(int bs, int p0, int p1, int num_tiles) {
-  const int ce0 = codes_end(p0, bs), ce1 = codes_end(p1, bs);
-  const int w0 = ce0 <= p1 ? ce0 / kKeys : num_tiles;  // no window key at all: one row at a block's last key
-  const int nb = max(0, (ce1 + kKeys - 1) / kKeys - w0);
-  return {w0, nb, num_tiles + nb};
-}
 
 // The codes of a per-channel K tile, loaded as load_codes does (the parameters are the block's, not the row's).
 template <int D, KvType T>
@@ -367,13 +374,13 @@ __device__ __forceinline__ void publish_rows(uint64_t* full) {
 // rest zero-filled), and V as for per-token K. Codes load one view ahead where prefetch_k / prefetch_v allow it
 // (the K codes only for a codes view).
 template <int D, KvType KT, KvType VT>
-__device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan& plan,
-                                                      const int32_t* pages, int kvh, int kv_len, int p0, int p1,
-                                                      uint32_t k_tile0, uint64_t* full, uint64_t* empty, int p) {
+__device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
+                                                      const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
+                                                      uint64_t* full, uint64_t* empty, int p) {
   using L = Layout<D>;
   constexpr bool kF16V = VT == KvType::f16;
   constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
-  const int bs = a.block_size, ce0 = codes_end(p0, bs);
+  const int bs = a.block_size;
   // This thread's key of view v: its page (-1 past kv_len) and cache row.
   auto page_of = [&](int v) {
     const int pos = plan.tile(v) * kKeys + p;
@@ -390,18 +397,18 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
     if (!plan.window(0)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
   }
   if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
-  for (int v = 0; v < plan.views; ++v) {
+  for (int v = 0; v < plan.views(); ++v) {
     const int stage = v % kStages;
     const uint32_t k_tile = k_tile0 + stage * L::kStageBytes, v_tile = k_tile + L::kTileBytes;
     const int page = next_page;
     const int64_t row = next_row;
     const bool window = plan.window(v);
-    if (v + 1 < plan.views) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
+    if (v + 1 < plan.views()) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
     TileCodes<D, KT> kcur;
     TileCodes<D, VT> vcur;
     if constexpr (kAheadK) kcur = kc;
     if constexpr (kAheadV) vcur = vc;
-    if (v + 1 < plan.views) {
+    if (v + 1 < plan.views()) {
       if constexpr (kAheadK) {
         if (!plan.window(v + 1)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
       }
@@ -411,7 +418,7 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
     if (window) {  // CTA-uniform: copy_f16_rows shuffles across the warp
       const int key0 = plan.tile(v) * kKeys, key = key0 + p;
       int64_t wrow = -1;
-      if (key >= max(key0, ce0) && key <= p1 && page >= 0) {
+      if (key >= plan.ce0() && key <= plan.p1() && page >= 0) {
         const int slot = a.window_map[page];
         if (slot >= 0) wrow = (static_cast<int64_t>(slot) * a.hkv + kvh) * bs + key % bs;
       }
@@ -544,9 +551,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int first_pos = kv_len - q_len;  // cache position of query row 0
   const int num_tiles = (first_pos + min(row0 + kRows, q_len) - 1) / kKeys + 1;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
-  ChannelPlan plan{};  // per-channel K: the views of the key tiles, one stage each
-  if constexpr (kPerChannel)
-    plan = channel_plan(a.block_size, first_pos + row0, first_pos + min(row0 + kRows, q_len) - 1, num_tiles);
+  // Per-channel K: the views of the key tiles, one stage each (after the barriers).
+  const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 128);
@@ -555,6 +561,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       mbar_init(&empty[s], 256);                   // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if constexpr (kPerChannel)
+      plan.write(const_cast<volatile int*>(plan.f), a.block_size, first_pos + row0,
+                 first_pos + min(row0 + kRows, q_len) - 1, num_tiles);
   }
   __syncthreads();
 
@@ -573,8 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     cp_async_arrive(q_full);
     if constexpr (kPerChannel) {
-      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, first_pos + row0,
-                                       first_pos + min(row0 + kRows, q_len) - 1, k_tile(0), full, empty, p);
+      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p);
     } else {
       constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
       constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
@@ -636,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     const int me = wg - 1;
     if (me == 1) named_arrive(2);
     // Rounds: one per pipeline stage the producer fills (per-channel K: one per view of a tile).
-    const int rounds = kPerChannel ? plan.views : num_tiles;
+    const int rounds = kPerChannel ? plan.views() : num_tiles;
     const int n = !wg_live ? 0 : kPerChannel ? plan.views_through(wg_last_key / kKeys) : min(num_tiles, wg_last_key / kKeys + 1);
     // A positive scale is folded into the exponent (softmax_scores); with per-channel K only if it is not so small
     // that the start of the row maxima below would come near real scores.
@@ -648,13 +656,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       // until the row's first real score replaces it (alpha = 0 then).
       st.m_lo = st.m_hi = 0.5f * kNoScore * (positive_scale ? a.scale_log2 : 1.f);
     }
-    // Per-channel K: the codes of this thread's rows end at ce_lo / ce_hi (their window rows follow up to pos), and
-    // the warpgroup's first row's codes at ce_wg (no row of it needs a mask in a codes view below that).
-    int ce_lo = 0, ce_hi = 0, ce_wg = 0;
-    if constexpr (kPerChannel) {
-      ce_lo = codes_end(pos_lo, a.block_size), ce_hi = codes_end(pos_hi, a.block_size);
-      ce_wg = codes_end(first_pos + wg_row0, a.block_size);
-    }
+    // Per-channel K: the codes of this thread's row lo end at ce_lo (its window rows follow up to pos_lo).
+    int ce_lo = 0;
+    if constexpr (kPerChannel) ce_lo = codes_end(pos_lo, a.block_size);
     float s[64];
     uint32_t pa[32];  // P of the previous tile as the A fragments of its 8 k16 steps
     float alpha_lo, alpha_hi;
@@ -695,6 +699,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     };
     auto softmax_views = [&](int r) {  // per-channel K: the masks of view r
       const int key0 = plan.tile(r) * kKeys;
+      // Row hi is 8 positions after row lo, and blocks are longer than that: its codes end at ce_lo or one block on
+      // (derived here: one register less across the loop).
+      const int ce_hi = pos_hi + 1 >= ce_lo + a.block_size ? ce_lo + a.block_size : ce_lo;
       if (plan.window(r)) {  // keys [ce, pos] of each row
         if (positive_scale)
           softmax_scores<true, true, true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2, ce_lo, ce_hi);
@@ -702,8 +709,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
           softmax_scores<false, true, true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2, ce_lo, ce_hi);
         return;
       }
-      // Codes: keys [0, ce) of each row; no mask where the tile ends below the warpgroup's first row's ce.
-      const bool mask = key0 + kKeys > ce_wg;
+      // Codes: keys [0, ce) of each row; no mask where the tile ends below the codes end of the warp's first row
+      // (lane 0's row lo; a warp-uniform branch).
+      const bool mask = key0 + kKeys > __shfl_sync(0xffffffffu, ce_lo, 0);
       if (positive_scale) {
         if (mask)
           softmax_scores<true, true>(s, st, alpha_lo, alpha_hi, key0, ce_lo - 1, ce_hi - 1, a.scale_log2);
@@ -813,7 +821,7 @@ __global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   using namespace prefill_sm90;
-  constexpr int bytes = Layout<D>::kSmemBytes;
+  constexpr int bytes = Layout<D>::kSmemBytes + (kv_per_channel<KT>() ? Layout<D>::kPlanBytes : 0);
   auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
   LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                               bytes));
