@@ -35,6 +35,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/sm80/attention_math.cuh"
 #include "kernels/sm80/kv_type.cuh"
@@ -291,9 +292,6 @@ __device__ __forceinline__ void store_channel_codes(const TileCodes<D, T>& codes
   constexpr int kBits = C::kBits;
   static_assert(kBits == 4 || kBits == 2, "u4c / u2c");
   const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
-  int block[C::kVecs];
-#pragma unroll
-  for (int i = 0; i < C::kVecs; ++i) block[i] = __shfl_sync(0xffffffffu, own_block, i * C::kRowsPerLoad + lane / C::kVecs);
 #pragma unroll
   for (int cc = 0; cc < C::kChunksPerVec; ++cc) {
     const int chunk = vec * C::kChunksPerVec + cc;
@@ -301,8 +299,9 @@ __device__ __forceinline__ void store_channel_codes(const TileCodes<D, T>& codes
     int cur = -2;
 #pragma unroll
     for (int i = 0; i < C::kVecs; ++i) {
-      if (block[i] != cur) {
-        cur = block[i];
+      const int block = __shfl_sync(0xffffffffu, own_block, i * C::kRowsPerLoad + lane / C::kVecs);
+      if (block != cur) {
+        cur = block;
         float4 s0 = make_float4(0.f, 0.f, 0.f, 0.f), s1 = s0, z0 = s0, z1 = s0;
         if (cur >= 0) {
           const float4* pp = reinterpret_cast<const float4*>(params + static_cast<int64_t>(cur) * (2 * D) + 8 * chunk);
@@ -379,20 +378,25 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
                                                       uint64_t* full, uint64_t* empty, int p) {
   using L = Layout<D>;
   constexpr bool kF16V = VT == KvType::f16;
-  constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
+  // The per-token rules, but K not ahead beside f16 V (the per-channel scales and zeros take 16 more registers
+  // while K is dequantized; that one spilled).
+  constexpr bool kAheadK = prefetch_k<D, KT, VT>() && VT != KvType::f16, kAheadV = prefetch_v<D, KT, VT>();
   const int bs = a.block_size;
   // This thread's key of view v: its page (-1 past kv_len) and cache row.
   auto page_of = [&](int v) {
     const int pos = plan.tile(v) * kKeys + p;
     return pos < kv_len ? pages[pos / bs] : -1;
   };
+  // Cache rows in 32 bits (a pool below 2^31 token-heads: 512 GB of f16 K at head_dim 128) hold fewer registers;
+  // with u8 V and with f16 V at head_dim 64, 64 bits are what ptxas allocated without spills.
+  using Row = std::conditional_t<VT == KvType::u8 || (D == 64 && VT == KvType::f16), int64_t, int>;
   auto row_of = [&](int v, int page) {
-    return page >= 0 ? (static_cast<int64_t>(page) * a.hkv + kvh) * bs + (plan.tile(v) * kKeys + p) % bs : int64_t{-1};
+    return page >= 0 ? (static_cast<Row>(page) * a.hkv + kvh) * bs + (plan.tile(v) * kKeys + p) % bs : Row{-1};
   };
   TileCodes<D, KT> kc;
   TileCodes<D, VT> vc;
   int next_page = page_of(0);
-  int64_t next_row = row_of(0, next_page);
+  Row next_row = row_of(0, next_page);
   if constexpr (kAheadK) {
     if (!plan.window(0)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
   }
@@ -401,7 +405,7 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
     const int stage = v % kStages;
     const uint32_t k_tile = k_tile0 + stage * L::kStageBytes, v_tile = k_tile + L::kTileBytes;
     const int page = next_page;
-    const int64_t row = next_row;
+    const Row row = next_row;
     const bool window = plan.window(v);
     if (v + 1 < plan.views()) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
     TileCodes<D, KT> kcur;
@@ -793,17 +797,26 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
 
     // O / l as f16; rows past q_len are not stored.
+    int row_lo = r_lo;
+    if constexpr (kPerChannel) {  // read again here: held across the loop, ptxas spilled it
+      uint32_t tid, cta, ctas;
+      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+      asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(cta));
+      asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(ctas));
+      row_lo = (ctas - 1 - cta) * kRows + 64 * (tid / 128 - 1) + 16 * (tid / 32 % 4) + (tid % 32) / 4;
+    }
+    const int row_hi = kPerChannel ? row_lo + 8 : r_hi;
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
     const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
     // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
-    if (r_lo < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + r_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_lo < q_len) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
     }
-    if (r_hi < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + r_hi) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_hi < q_len) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_hi) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
