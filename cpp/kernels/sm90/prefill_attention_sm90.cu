@@ -70,6 +70,8 @@ bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, con
     return no(why, window.defined() ? "reads per-channel K of u4 or u2 (V f16, u8, u4 or u2)"
                                     : "reads f16, u8, u4 or u2 K and V");
   if (q.dim() != 3 || find_launch(q.size(2), kt, vt) == nullptr) return no(why, "has head_dim 64 and 128");
+  if (window.defined() && !(k_data.dim() == 4 && k_data.size(2) % 16 == 0))
+    return no(why, "reads per-channel K in blocks of a multiple of 16 tokens (the GPU cache's rule)");
   // q rows are copied in 16-byte pieces; out is written as f16 pairs.
   if (!(q.stride(2) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && aligned(q.data_ptr(), 16)))
     return no(why, "needs q rows 16-byte aligned");
