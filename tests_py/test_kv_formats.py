@@ -49,7 +49,7 @@ def test_gpu_attention_registry_plans_2bit_kv(k, v, per_channel, phase):
     refuses them by name (its other formats have 256 instances; the prefill kernel has none at 256 at all): per
     channel nothing runs, per token only the slow warp kernel is left, flagged as a fallback."""
     # Prefill on sm_90: the wgmma kernel, per-token K and per-channel K (its window) alike.
-    want = "decode_attention_sm80" if phase == "decode" else "prefill_attention_sm90
+    want = "decode_attention_sm80" if phase == "decode" else "prefill_attention_sm90"
     for d in (64, 128):
         r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=d, q="f16", k=k, v=v, gqa=4,
                                            block_size=64 if per_channel else 16, k_per_channel=per_channel)
