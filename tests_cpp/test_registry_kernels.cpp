@@ -238,9 +238,14 @@ TEST(Registry, AttentionChoicesByDescriptor) {
   pre_pc.sm = 89;
   EXPECT_STREQ(select_attention(pre_pc).kernel->name, "prefill_attention_tc_sm80");
   pre_pc.sm = 90;
-  pre_pc.k_type = ScalarType::u8;  // per-channel K is u4 or u2 only
-  EXPECT_NE(select_attention(pre_pc).reasons().find("per-channel K of u4 or u2, not u8"), std::string::npos)
-      << select_attention(pre_pc).reasons();
+  pre_pc.k_type = ScalarType::u8;  // per-channel K is u4 or u2 only: no GPU kernel, each one says why
+  try {
+    select_attention(pre_pc);
+    ADD_FAILURE() << "per-channel u8 K found a GPU kernel";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("prefill_attention_sm90: reads per-channel K of u4 or u2, not u8"),
+              std::string::npos) << e.what();
+  }
   // GQA 16 decodes on tensor cores (two slices of 8 heads); head_dim 256 too.
   const AttnSelection g16 =
       select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 16));
