@@ -223,7 +223,7 @@ TEST(Registry, AttentionChoicesByDescriptor) {
   const AttnSelection d = select_attention(gpu_attention(AttnPhase::decode, 64, ScalarType::u8, ScalarType::u4, 3));
   EXPECT_STREQ(d.kernel->name, "decode_attention_sm80");
   EXPECT_FALSE(d.fallback);
-  // Prefill: the wgmma kernel on sm_90, the mma.sync kernel before it and for per-channel K.
+  // Prefill: the wgmma kernel on sm_90 (per-channel K too), the mma.sync kernel before it.
   AttnDesc pre = gpu_attention(AttnPhase::prefill, 128, ScalarType::f16, ScalarType::f16, 4);
   EXPECT_STREQ(select_attention(pre).kernel->name, "prefill_attention_sm90");
   pre.sm = 89;
@@ -232,8 +232,20 @@ TEST(Registry, AttentionChoicesByDescriptor) {
   pre_pc.kv_granularity = KvGranularity::per_channel_k;
   pre_pc.block_size = 64;
   const AttnSelection pc = select_attention(pre_pc);
-  EXPECT_STREQ(pc.kernel->name, "prefill_attention_tc_sm80");
-  EXPECT_NE(pc.reasons().find("per-token K only"), std::string::npos) << pc.reasons();
+  EXPECT_STREQ(pc.kernel->name, "prefill_attention_sm90");
+  EXPECT_FALSE(pc.fallback);
+  EXPECT_NE(pc.why_chosen().find("per-channel K dequantized per block"), std::string::npos) << pc.why_chosen();
+  pre_pc.sm = 89;
+  EXPECT_STREQ(select_attention(pre_pc).kernel->name, "prefill_attention_tc_sm80");
+  pre_pc.sm = 90;
+  pre_pc.k_type = ScalarType::u8;  // per-channel K is u4 or u2 only: no GPU kernel, each one says why
+  try {
+    select_attention(pre_pc);
+    ADD_FAILURE() << "per-channel u8 K found a GPU kernel";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("prefill_attention_sm90: reads per-channel K of u4 or u2, not u8"),
+              std::string::npos) << e.what();
+  }
   // GQA 16 decodes on tensor cores (two slices of 8 heads); head_dim 256 too.
   const AttnSelection g16 =
       select_attention(gpu_attention(AttnPhase::decode, 128, ScalarType::f16, ScalarType::f16, 16));

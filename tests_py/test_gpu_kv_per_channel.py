@@ -117,7 +117,8 @@ def test_window_slots_run_out_with_a_named_error():
 
 @pytest.mark.parametrize("k_type", ["u4", "u2"])
 def test_registry_plans_per_channel_k_on_the_tensor_cores(k_type):
-    for phase, kernel in [("decode", "decode_attention_sm80"), ("prefill", "prefill_attention_tc_sm80")]:
+    # Prefill on sm_90 takes the wgmma kernel (its own per-channel tests: test_gpu_prefill_sm90.py).
+    for phase, kernel in [("decode", "decode_attention_sm80"), ("prefill", "prefill_attention_sm90")]:
         r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=128, q="f16", k=k_type, v="u4",
                                            gqa=4, block_size=64, k_per_channel=True)
         assert r["kernel"] == kernel and not r["fallback"], r

@@ -1,7 +1,9 @@
 """The Hopper prefill attention kernel (prefill_attention_sm90: wgmma, 128-row query tiles, 128-key tiles gathered
 page by page by a producer warpgroup) forced by name against the CPU cache's attention, on fresh random data around
 its tile edges, with pages that change inside a tile, chunked prefill, GQA 1-8, head_dim 64 and 128 and every
-per-token K/V type. Outputs are NaN-poisoned (attention_case), rows outside every sequence must stay NaN.
+per-token K/V type; per-channel K (u4 / u2 with its f16 window, every V type) against a float64 reference of the cache's
+contents (per_channel_ref.py, itself held to the CPU cache in test_per_channel_reference.py). Outputs are NaN-poisoned,
+rows outside every sequence must stay NaN.
 
 Tolerance: the same rounding points as the mma.sync kernel (dequantized K/V and P rounded to f16 before the MMA, f32
 accumulation, output rounded once), so test_gpu_ops' tensor-core tolerance holds (see TC_ATOL_SCALE there); a wrong
@@ -14,6 +16,7 @@ import torch
 
 import lowbit
 from lowbit import _core as lb
+from per_channel_ref import per_channel_case
 from test_gpu_ops import TC_ATOL_SCALE, check_tc_case, close, nan_like, sm, twin_caches
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
@@ -100,15 +103,61 @@ def test_prefill_sm90_climbing_row_maxima(kernel, rise, kv):
     close(out_g.cpu(), out_c, "f16", atol_scale=TC_ATOL_SCALE)
 
 
+def check_per_channel(kernel, prefix, chunk, hq, hkv, d, kt, vt, bs, seed, scale=None):
+    out, ref, inside = per_channel_case(prefix, chunk, hq, hkv, d, kt, vt, bs, seed, "cuda", kernel=kernel, scale=scale)
+    assert torch.isnan(out[~inside]).all(), "a row outside every sequence was written"
+    # The model of the kernel's roundings (K, V and P to f16, the output once) against this reference used at most
+    # 32% of the tolerance on these shapes (an outlier channel of +6 in K included).
+    close(out[inside], ref[inside], "f16", atol_scale=TC_ATOL_SCALE)
+
+
+# (K, V, head_dim, block size = K group, Hq, Hkv): 4- and 2-bit K with every V type, GQA 1-8, blocks of 16-128 keys
+# (48: blocks end inside 128-key tiles and 32-row warps at odd places).
+PC = [("u4", "u4", 128, 64, 8, 2), ("u4", "u8", 64, 32, 9, 3), ("u2", "u2", 128, 64, 8, 1), ("u2", "u4", 64, 48, 4, 4),
+      ("u4", "f16", 128, 128, 8, 2), ("u4", "u2", 64, 16, 8, 2), ("u2", "u8", 128, 32, 16, 2), ("u2", "f16", 64, 64, 6, 2)]
+PC_LENS = {
+    # fresh prompts around the 128-row / 128-key edges: windows partly full at every length, one token
+    "fresh": lambda bs: ([0, 0, 0, 0, 0], [1, 63, 65, 129, 300]),
+    # chunked prefill over a cached prefix: one token inside a block (its window), one token at a block's last key
+    # (no window at all: the block seals), a chunk sealing blocks inside itself, the diagonal crossing key tiles
+    "chunked": lambda bs: ([100, bs - 1, 255, 500, 7], [1, 1, 129, 200, 58]),
+}
+
+
+@pytest.mark.parametrize("lens", ["fresh", "chunked"])
+@pytest.mark.parametrize("kt,vt,d,bs,hq,hkv", PC, ids=["kc-{}-{}-d{}-bs{}-{}-{}".format(*c) for c in PC])
+@KERNELS
+def test_prefill_sm90_per_channel_k_matches_float64(kernel, lens, kt, vt, d, bs, hq, hkv):
+    prefix, chunk = PC_LENS[lens](bs)
+    check_per_channel(kernel, prefix, chunk, hq, hkv, d, kt, vt, bs, seed=hq * 7 + d + bs)
+
+
+@pytest.mark.parametrize("kv", [("u4", "u4"), ("u2", "u2")], ids=lambda k: "-".join(k))
+@KERNELS
+def test_prefill_sm90_per_channel_k_llama_heads_long(kernel, kv):
+    # Llama-3-8B heads (GQA 4:1, D 128), G = 64: a 700-row chunk over 1000 cached tokens (tiles read as codes, then
+    # the diagonal ones twice), beside a short sequence.
+    check_per_channel(kernel, [1000, 30], [700, 40], 32, 8, 128, *kv, 64, seed=9)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.2, 1e-30], ids=["zero", "negative", "tiny"])
+@KERNELS
+def test_prefill_sm90_per_channel_k_any_softmax_scale(kernel, scale):
+    # A row can see no key in a view of a tile (all its keys in the other view): its maximum must not take a masked
+    # score. Zero and negative scales take the unfolded path; a tiny positive one (1e-30) too (its folded start
+    # would sit near real scores).
+    check_per_channel(kernel, [70, 0], [129, 100], 8, 2, 64, "u4", "u4", 32, seed=19, scale=scale)
+
+
 def test_prefill_sm90_is_the_registry_choice_for_per_token_kv():
     for d, k, v, want in [(64, "u4", "u8", KERNEL), (128, "u4", "u8", KERNEL), (128, "u8", "u8", KERNEL),
                           (128, "u4", "u2", KERNEL), (128, "f16", "f16", KERNEL)]:
         r = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=d, q="f16", k=k, v=v, gqa=4)
         assert r["kernel"] == want and not r["fallback"], r
-    pc = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=128, q="f16", k="u4", v="u4",
-                                     gqa=4, block_size=64, k_per_channel=True)
-    assert pc["kernel"] == "prefill_attention_tc_sm80", pc
-    assert "per-token K only" in pc["reasons"], pc
+    for k, v in [("u4", "u4"), ("u2", "u8")]:  # per-channel K too
+        pc = lb.kernels.select_attention(device="cuda", sm=sm(), phase="prefill", head_dim=128, q="f16", k=k, v=v,
+                                         gqa=4, block_size=64, k_per_channel=True)
+        assert pc["kernel"] == KERNEL and not pc["fallback"], pc
 
 
 @KERNELS

@@ -48,9 +48,8 @@ def test_gpu_attention_registry_plans_2bit_kv(k, v, per_channel, phase):
     """2-bit K/V take the tensor-core kernels at head_dim 64 and 128 (no fallback). At 256 the decode kernel
     refuses them by name (its other formats have 256 instances; the prefill kernel has none at 256 at all): per
     channel nothing runs, per token only the slow warp kernel is left, flagged as a fallback."""
-    # Prefill on sm_90: the wgmma kernel for per-token K, the mma.sync kernel for per-channel K (its window).
-    want = ("decode_attention_sm80" if phase == "decode" else
-            "prefill_attention_tc_sm80" if per_channel else "prefill_attention_sm90")
+    # Prefill on sm_90: the wgmma kernel, per-token K and per-channel K (its window) alike.
+    want = "decode_attention_sm80" if phase == "decode" else "prefill_attention_sm90"
     for d in (64, 128):
         r = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=d, q="f16", k=k, v=v, gqa=4,
                                            block_size=64 if per_channel else 16, k_per_channel=per_channel)
@@ -75,7 +74,7 @@ def test_gpu_attention_registry_plans_2bit_kv(k, v, per_channel, phase):
     assert ok["kernel"] == "decode_attention_sm80"
     pc = _core.kernels.select_attention(device="cuda", sm=90, phase=phase, head_dim=64, q="f16", k="u4", v="u4",
                                         gqa=4, block_size=64, k_per_channel=True)
-    assert pc["kernel"] == ("decode_attention_sm80" if phase == "decode" else "prefill_attention_tc_sm80"), pc
+    assert pc["kernel"] == ("decode_attention_sm80" if phase == "decode" else "prefill_attention_sm90"), pc
     assert "per-channel K runs on the tensor-core kernels only" in pc["reasons"], pc
 
 

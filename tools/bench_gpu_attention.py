@@ -5,7 +5,9 @@ times each explicit split size (SPLITS).
 Prefill (run by default after decode; --prefill runs it alone, --decode skips it): one fresh prompt (q_len = kv_len) of
 PREFILL_LENS tokens through paged_attention, each prefill kernel forced by name (on sm_90 the wgmma kernel
 prefill_attention_sm90 and the mma.sync kernel prefill_attention_tc_sm80), vs causal SDPA on contiguous f16
-q/k/v; the f16-cache output is checked against SDPA's (max abs difference recorded). paged_attention copies its seq_info to the device on each call, so the lowbit
+q/k/v; the f16-cache output is checked against SDPA's (max abs difference recorded). PREFILL_KV also holds per-channel
+K formats (kc4v4, kc2v2: K per channel over blocks of PREFILL_PC_BLOCK = 64 tokens, the recipe default, V per token);
+the prompt fills whole blocks, so every query reads its own block as f16 window rows. paged_attention copies its seq_info to the device on each call, so the lowbit
 time is the prefill kernel's own device time from the profiler (the SDPA time is its kernels' too).
 Prefill is compute bound: TFLOPS count the causal half, 4 * Hq * D * L(L+1)/2."""
 import math
@@ -24,7 +26,8 @@ HQ, HKV, D, BLOCK = 32, 8, 128, 16
 CONFIGS = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096), (64, 8192)]
 SPLITS = [256, 512, 1024, 2048, 4096, 8192]  # --split-sweep: explicit split_tokens tried per config
 PREFILL_LENS = [512, 2048, 8192, 32768]
-PREFILL_KV = ["f16", "u8", "u4", "u2"]
+PREFILL_KV = ["f16", "u8", "u4", "u2", "kc4v4", "kc2v2"]
+PREFILL_PC_BLOCK = 64
 PREFILL_REPS = 10
 
 
@@ -110,13 +113,25 @@ def bench_prefill(length):
     major, minor = torch.cuda.get_device_capability()
     kernels = (["prefill_attention_sm90"] if (major, minor) == (9, 0) else []) + ["prefill_attention_tc_sm80"]
     for kv in PREFILL_KV:
-        cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
-        _core.kv_write(cache, 0, k, v, meta)
+        if kv.startswith("kc"):  # per-channel K: its own block size, window slots prepared before the write
+            bits = {"4": "u4", "2": "u2"}
+            pc_blk = -(-length // PREFILL_PC_BLOCK)
+            pc_table = torch.randperm(pc_blk, dtype=torch.int32).view(1, pc_blk)
+            pc_slots = (pc_table[0, torch.arange(length) // PREFILL_PC_BLOCK].long() * PREFILL_PC_BLOCK +
+                        torch.arange(length) % PREFILL_PC_BLOCK).to(torch.int32)
+            cache = _core.KVCache(1, HKV, D, pc_blk, block_size=PREFILL_PC_BLOCK, k_type=bits[kv[2]],
+                                  v_type=bits[kv[4]], device="cuda", k_per_channel=True, k_window_slots=pc_blk)
+            kv_meta = _core.AttentionMeta([0], [length], [length], pc_table.cuda(), pc_slots.cuda())
+            _core.prepare_k_window(cache, pc_slots)
+        else:
+            cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
+            kv_meta = meta
+        _core.kv_write(cache, 0, k, v, kv_meta)
         for name in kernels:
             tag = f"{kv}" if name == kernels[0] else f"{kv}_{name}"
             out.fill_(float("nan"))
-            call = (lambda name=name, cache=cache: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out,
-                                                                         kernel=name))
+            call = (lambda name=name, cache=cache, kv_meta=kv_meta:
+                    _core.paged_attention(q, cache, 0, kv_meta, 1 / math.sqrt(D), out, kernel=name))
             t = profiled_kernel_us(call, PREFILL_REPS, "prefill_attention")
             row[f"lowbit_{tag}_us"] = t
             row[f"lowbit_{tag}_tflops"] = flops / (t * 1e6)

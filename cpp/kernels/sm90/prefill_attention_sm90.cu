@@ -26,8 +26,9 @@ struct Entry {
       {D, KvType::K, KvType::u4, &launch_prefill_attention_sm90<D, KvType::K, KvType::u4>}, \
       {D, KvType::K, KvType::u2, &launch_prefill_attention_sm90<D, KvType::K, KvType::u2>}
 const Entry kTable[] = {LOWBIT_SM90_ROW(64, f16),  LOWBIT_SM90_ROW(64, u8),  LOWBIT_SM90_ROW(64, u4),
-                        LOWBIT_SM90_ROW(64, u2),   LOWBIT_SM90_ROW(128, f16), LOWBIT_SM90_ROW(128, u8),
-                        LOWBIT_SM90_ROW(128, u4),  LOWBIT_SM90_ROW(128, u2)};
+                        LOWBIT_SM90_ROW(64, u2),   LOWBIT_SM90_ROW(64, u4c), LOWBIT_SM90_ROW(64, u2c),
+                        LOWBIT_SM90_ROW(128, f16), LOWBIT_SM90_ROW(128, u8), LOWBIT_SM90_ROW(128, u4),
+                        LOWBIT_SM90_ROW(128, u2),  LOWBIT_SM90_ROW(128, u4c), LOWBIT_SM90_ROW(128, u2c)};
 #undef LOWBIT_SM90_ROW
 
 Launch find_launch(int64_t d, KvType kt, KvType vt) {
@@ -62,13 +63,15 @@ bool no(std::string* why, const char* reason) {
 
 bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& out,
                                       const KWindow& window, std::string* why) {
-  if (window.defined()) return no(why, "per-channel K (its f16 window) runs on the mma.sync kernel");
   if (!q.device().is_cuda() || !sm90_device(q.device().index)) return no(why, "needs an sm_90 GPU");
   if (q.dtype() != ScalarType::f16 || out.dtype() != ScalarType::f16) return no(why, "needs f16 q and out");
   KvType kt, vt;
-  if (!kv_type_of(k_data.dtype(), kt) || !kv_type_of(v_data.dtype(), vt))
-    return no(why, "reads f16, u8, u4 or u2 K and V");
+  if (!kv_type_of(k_data.dtype(), kt, window.defined()) || !kv_type_of(v_data.dtype(), vt))
+    return no(why, window.defined() ? "reads per-channel K of u4 or u2 (V f16, u8, u4 or u2)"
+                                    : "reads f16, u8, u4 or u2 K and V");
   if (q.dim() != 3 || find_launch(q.size(2), kt, vt) == nullptr) return no(why, "has head_dim 64 and 128");
+  if (window.defined() && !(k_data.dim() == 4 && k_data.size(2) % 16 == 0))
+    return no(why, "reads per-channel K in blocks of a multiple of 16 tokens (the GPU cache's rule)");
   // q rows are copied in 16-byte pieces; out is written as f16 pairs.
   if (!(q.stride(2) == 1 && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && aligned(q.data_ptr(), 16)))
     return no(why, "needs q rows 16-byte aligned");
@@ -88,10 +91,11 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   std::string why;
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_sm90_supported(q, k_data, v_data, out, window, &why),
                     op, ": the Hopper kernel ", why);
-  const PrefillTcArgs a = prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out);
+  const PrefillTcArgs a =
+      prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out, window);
   if (a.num_seqs == 0 || max_q_len <= 0) return;
   KvType kt = KvType::f16, vt = KvType::f16;
-  kv_type_of(k_data.dtype(), kt);
+  kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
   const dim3 grid(static_cast<unsigned>(a.hq), static_cast<unsigned>((max_q_len + kRows - 1) / kRows),
                   static_cast<unsigned>(a.num_seqs));

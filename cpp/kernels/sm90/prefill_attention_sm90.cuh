@@ -1,6 +1,6 @@
 // Causal paged prefill attention for Hopper (sm_90a) on wgmma: f16 queries and outputs, head_dim 64 or 128,
-// K and V each f16, u8, u4 or u2 with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h).
-// Per-channel K (its f16 window) stays on the mma.sync kernel (prefill_attention_tc_sm80.cuh).
+// K and V each f16, u8, u4 or u2 with per-token (scale, zero) f32 parameters (include/lowbit/kv/kv_cache.h), or K
+// per channel (u4c / u2c: one (scale, zero) per channel per block, the newest keys in an f16 window; below).
 //
 // A CTA owns 128 query rows of one (sequence, query head) and walks key tiles of 128 up to the last key its last
 // row sees. Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
@@ -21,6 +21,13 @@
 //     the previous one, runs this tile's softmax while that P·V runs, and releases the previous tile; the two
 //     warpgroups take turns issuing (named barriers), so one's softmax also overlaps the other's MMAs
 //     (FlashAttention-3's ping-pong).
+// Per-channel K (u4c / u2c; the format and the window rule as in prefill_attention_tc_sm80.cuh): a query at
+// position pos sees keys [0, codes_end(pos)) as codes (dequantized with the per-channel scale and zero of their
+// block) and [codes_end(pos), pos] (its own, unsealed block) as f16 window rows. A key tile that some row of the
+// CTA sees in each view (near the diagonal) goes through the pipeline twice, as two "views" of the tile: the same
+// V tile with K as dequantized codes, then with K as window rows, and the consumers mask each view to the keys
+// their rows see in it (complementary, so the online softmax sums every key once). The other tiles pass once, as
+// codes. The plan of views (ChannelPlan) is the CTA's: producer and consumers walk the same list of stages.
 // Every tile in shared memory is [rows][D] f16 as D/64 column blocks of [rows][64] (128 bytes per row, 16-byte
 // chunks XOR-swizzled by row % 8): the canonical 128B-swizzle layout wgmma's descriptors read, for Q and K along
 // K (head_dim) and for V along N (head_dim again).
@@ -28,6 +35,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/sm80/attention_math.cuh"
 #include "kernels/sm80/kv_type.cuh"
@@ -58,6 +66,7 @@ struct Layout {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = 1024 + kBarrierOffset + (1 + 2 * kStages) * 8;  // + 1024: alignment slack
+  static constexpr int kPlanBytes = 32;  // per-channel K: the ChannelPlan's words after the barriers
 };
 
 // Byte offset of 16-byte chunk c (8 halves of the row) of row r in a [rows][D] tile of column blocks.
@@ -218,6 +227,108 @@ __device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32
   }
 }
 
+// ---- per-channel K (u4c / u2c) ----------------------------------------------------------------------------
+
+// Keys [0, codes_end) a query at position pos sees as codes: the blocks that end at or before pos + 1.
+__device__ __forceinline__ int codes_end(int pos, int bs) { return (pos + 1) / bs * bs; }
+
+// The CTA's walk over its key tiles with per-channel K, one pipeline stage per view. Tiles before w0 are seen as
+// codes only; from w0 on, every tile holds window keys of some row (superset: keys [codes_end(p0), p1]), and the
+// first nb of them codes too (keys below codes_end(p1)), those as codes then window. View v of the walk is tile
+// tile(v); window(v) says which K it reads. The plan lives in shared memory and is read at each use: both
+// warpgroups are short of registers, and these few loads are not on their critical path.
+struct ChannelPlan {
+  static constexpr int kWords = 5;
+  const volatile int* f;  // w0, nb, views, codes_end(p0), p1
+  __device__ __forceinline__ int views() const { return f[2]; }
+  __device__ __forceinline__ int ce0() const { return f[3]; }
+  __device__ __forceinline__ int p1() const { return f[4]; }
+  __device__ __forceinline__ int tile(int v) const {
+    const int w0 = f[0], nb = f[1], j = v - w0;
+    return j < 0 ? v : j < 2 * nb ? w0 + (j >> 1) : w0 + j - nb;
+  }
+  __device__ __forceinline__ bool window(int v) const {
+    const int w0 = f[0], nb = f[1], j = v - w0;
+    return j >= 0 && (j >= 2 * nb || (j & 1));
+  }
+  __device__ __forceinline__ int views_through(int t) const {  // views of tiles 0..t
+    const int w0 = f[0], nb = f[1];
+    if (t < w0) return t + 1;
+    const int k = t - w0 + 1;
+    return w0 + k + min(k, nb);
+  }
+  // p0, p1: the cache positions of the CTA's first and last stored query rows; num_tiles covers keys [0, p1].
+  __device__ __forceinline__ void write(volatile int* out, int bs, int p0, int p1, int num_tiles) const {
+    const int ce0 = codes_end(p0, bs), ce1 = codes_end(p1, bs);
+    const int w0 = ce0 <= p1 ? ce0 / kKeys : num_tiles;  // no window key at all: one row at a block's last key
+    const int nb = max(0, (ce1 + kKeys - 1) / kKeys - w0);
+    out[0] = w0, out[1] = nb, out[2] = num_tiles + nb, out[3] = ce0, out[4] = p1;
+  }
+};
+
+// The codes of a per-channel K tile, loaded as load_codes does (the parameters are the block's, not the row's).
+template <int D, KvType T>
+__device__ __forceinline__ void load_channel_codes(TileCodes<D, T>& codes, const uint8_t* data, int p, int64_t row) {
+  using C = TileCodes<D, T>;
+  const int lane = p & 31, vec = lane % C::kVecs;
+#pragma unroll
+  for (int i = 0; i < C::kVecs; ++i) {
+    const int64_t src_row = __shfl_sync(0xffffffffu, row, i * C::kRowsPerLoad + lane / C::kVecs);
+    codes.w[i] = src_row >= 0 ? __ldg(reinterpret_cast<const uint4*>(data + src_row * C::kRowBytes) + vec)
+                              : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Dequantizes per-channel K codes into the tile: code * scale[dim] + zero[dim] of the row's block in f32, rounded
+// once to f16 (the mma.sync kernel's values). own_block: the (block, kv head) row of k_params [blocks, Hkv, 2, D]
+// of this thread's tile row (-1 past kv_len). Chunk by chunk (8 dims: 8 scales and 8 zeros in registers, read
+// through L1), the lane's rows one load after the other; the parameters are read again only where the block of
+// the lane's row changes (at most once in a warp's 32 rows for block sizes of 32 and up).
+template <int D, KvType T>
+__device__ __forceinline__ void store_channel_codes(const TileCodes<D, T>& codes, uint32_t tile, int p, int own_block,
+                                                    const float* params) {
+  using C = TileCodes<D, T>;
+  using L = Layout<D>;
+  constexpr int kBits = C::kBits;
+  static_assert(kBits == 4 || kBits == 2, "u4c / u2c");
+  const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
+#pragma unroll
+  for (int cc = 0; cc < C::kChunksPerVec; ++cc) {
+    const int chunk = vec * C::kChunksPerVec + cc;
+    float sc[8], zr[8];
+    int cur = -2;
+#pragma unroll
+    for (int i = 0; i < C::kVecs; ++i) {
+      const int block = __shfl_sync(0xffffffffu, own_block, i * C::kRowsPerLoad + lane / C::kVecs);
+      if (block != cur) {
+        cur = block;
+        float4 s0 = make_float4(0.f, 0.f, 0.f, 0.f), s1 = s0, z0 = s0, z1 = s0;
+        if (cur >= 0) {
+          const float4* pp = reinterpret_cast<const float4*>(params + static_cast<int64_t>(cur) * (2 * D) + 8 * chunk);
+          s0 = __ldg(pp), s1 = __ldg(pp + 1), z0 = __ldg(pp + D / 4), z1 = __ldg(pp + D / 4 + 1);
+        }
+        sc[0] = s0.x, sc[1] = s0.y, sc[2] = s0.z, sc[3] = s0.w, sc[4] = s1.x, sc[5] = s1.y, sc[6] = s1.z, sc[7] = s1.w;
+        zr[0] = z0.x, zr[1] = z0.y, zr[2] = z0.z, zr[3] = z0.w, zr[4] = z1.x, zr[5] = z1.y, zr[6] = z1.z, zr[7] = z1.w;
+      }
+      const int rr = i * C::kRowsPerLoad + lane / C::kVecs;
+      const uint32_t words[4] = {codes.w[i].x, codes.w[i].y, codes.w[i].z, codes.w[i].w};
+      float x[8];
+      if constexpr (kBits == 4) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[cc] >> (4 * e)) & 0xFu), sc[e], zr[e]);
+      } else {
+        const uint32_t h = (words[cc / 2] >> (16 * (cc % 2))) & 0xFFFFu;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((h >> (2 * e)) & 0x3u), sc[e], zr[e]);
+      }
+      const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, chunk);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_half2(x[0], x[1])),
+                   "r"(pack_half2(x[2], x[3])), "r"(pack_half2(x[4], x[5])), "r"(pack_half2(x[6], x[7]))
+                   : "memory");
+    }
+  }
+}
+
 // Which integer sides the producer loads one tile ahead (under the dequantization of the current tile; the other
 // integer sides load once their stage is free, one after the other): the codes live at once, two tiles of each side
 // loaded ahead plus the other side, must fit about 48 of its registers (kProducerRegs) beside the addressing, or it
@@ -242,6 +353,11 @@ constexpr bool prefetch_v() {
 // and one for its dequantized sides (stored with st.shared, then fenced for wgmma's async-proxy reads).
 template <KvType KT, KvType VT>
 constexpr int kFullArrivals = 128 * ((KT == KvType::f16 || VT == KvType::f16) + (KT != KvType::f16 || VT != KvType::f16));
+// Per-channel K: a stage's K is copied (window rows) or dequantized (codes) by view, so every view arrives both ways.
+template <KvType KT, KvType VT>
+constexpr int full_arrivals() {
+  return kv_per_channel<KT>() ? 256 : kFullArrivals<KT, VT>;
+}
 
 template <KvType KT, KvType VT>
 __device__ __forceinline__ void publish_rows(uint64_t* full) {
@@ -249,6 +365,81 @@ __device__ __forceinline__ void publish_rows(uint64_t* full) {
   if constexpr (KT != KvType::f16 || VT != KvType::f16) {
     fence_proxy_async();
     mbar_arrive(full);
+  }
+}
+
+// The producer's walk with per-channel K: for each view of the plan, K as codes (dequantized with the block's
+// per-channel parameters) or as the window rows of keys [max(key0, codes_end(p0)), min(key0 + kKeys, p1 + 1)) (the
+// rest zero-filled), and V as for per-token K. Codes load one view ahead where prefetch_k / prefetch_v allow it
+// (the K codes only for a codes view).
+template <int D, KvType KT, KvType VT>
+__device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
+                                                      const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
+                                                      uint64_t* full, uint64_t* empty, int p) {
+  using L = Layout<D>;
+  constexpr bool kF16V = VT == KvType::f16;
+  // The per-token rules, but K not ahead beside f16 V (the per-channel scales and zeros take 16 more registers
+  // while K is dequantized; that one spilled).
+  constexpr bool kAheadK = prefetch_k<D, KT, VT>() && VT != KvType::f16, kAheadV = prefetch_v<D, KT, VT>();
+  const int bs = a.block_size;
+  // This thread's key of view v: its page (-1 past kv_len) and cache row.
+  auto page_of = [&](int v) {
+    const int pos = plan.tile(v) * kKeys + p;
+    return pos < kv_len ? pages[pos / bs] : -1;
+  };
+  // Cache rows in 32 bits (a pool below 2^31 token-heads: 512 GB of f16 K at head_dim 128) hold fewer registers;
+  // with u8 V and with f16 V at head_dim 64, 64 bits are what ptxas allocated without spills.
+  using Row = std::conditional_t<VT == KvType::u8 || (D == 64 && VT == KvType::f16), int64_t, int>;
+  auto row_of = [&](int v, int page) {
+    return page >= 0 ? (static_cast<Row>(page) * a.hkv + kvh) * bs + (plan.tile(v) * kKeys + p) % bs : Row{-1};
+  };
+  TileCodes<D, KT> kc;
+  TileCodes<D, VT> vc;
+  int next_page = page_of(0);
+  Row next_row = row_of(0, next_page);
+  if constexpr (kAheadK) {
+    if (!plan.window(0)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
+  }
+  if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+  for (int v = 0; v < plan.views(); ++v) {
+    const int stage = v % kStages;
+    const uint32_t k_tile = k_tile0 + stage * L::kStageBytes, v_tile = k_tile + L::kTileBytes;
+    const int page = next_page;
+    const Row row = next_row;
+    const bool window = plan.window(v);
+    if (v + 1 < plan.views()) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
+    TileCodes<D, KT> kcur;
+    TileCodes<D, VT> vcur;
+    if constexpr (kAheadK) kcur = kc;
+    if constexpr (kAheadV) vcur = vc;
+    if (v + 1 < plan.views()) {
+      if constexpr (kAheadK) {
+        if (!plan.window(v + 1)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
+      }
+      if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+    }
+    mbar_wait(&empty[stage], ((v / kStages) & 1) ^ 1);
+    if (window) {  // CTA-uniform: copy_f16_rows shuffles across the warp
+      const int key0 = plan.tile(v) * kKeys, key = key0 + p;
+      int64_t wrow = -1;
+      if (key >= plan.ce0() && key <= plan.p1() && page >= 0) {
+        const int slot = a.window_map[page];
+        if (slot >= 0) wrow = (static_cast<int64_t>(slot) * a.hkv + kvh) * bs + key % bs;
+      }
+      copy_f16_rows<D, true, false>(reinterpret_cast<const uint8_t*>(a.k_window), nullptr, k_tile, 0, p, wrow);
+    }
+    if constexpr (kF16V) copy_f16_rows<D, false, true>(nullptr, a.v, 0, v_tile, p, row);
+    if (!window) {
+      if constexpr (!kAheadK) load_channel_codes<D, KT>(kcur, a.k, p, row);
+      store_channel_codes<D, KT>(kcur, k_tile, p, page >= 0 ? page * a.hkv + kvh : -1, a.k_params);
+    }
+    if constexpr (!kF16V) {
+      if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
+      store_codes<D, VT>(vcur, v_tile, p);
+    }
+    cp_async_arrive(&full[stage]);  // full_arrivals: both ways for every view
+    fence_proxy_async();
+    mbar_arrive(&full[stage]);
   }
 }
 
@@ -278,10 +469,12 @@ constexpr float kMaxSlack = 8.f;
 // landed, so that P·V runs under this softmax; 1 where the row kept its maximum). kMask: keys past each row's
 // position are masked (only tiles that reach past the warpgroup's first row need it; the others skip the compares).
 // kPositiveScale: the scale is folded into the exponent's FMA (max over raw scores, then 2^(s·c - m)), which
-// needs c > 0; otherwise the scores are scaled first.
-template <bool kPositiveScale, bool kMask>
+// needs c > 0; otherwise the scores are scaled first. kLower (per-channel K's window view): keys below first_lo /
+// first_hi are masked too, and pos_lo / pos_hi are the last keys the rows see rather than their positions.
+template <bool kPositiveScale, bool kMask, bool kLower = false>
 __device__ __forceinline__ void softmax_scores(float (&s)[64], RowState& st, float& alpha_lo, float& alpha_hi,
-                                               int key0, int pos_lo, int pos_hi, float scale_log2) {
+                                               int key0, int pos_lo, int pos_hi, float scale_log2, int first_lo = 0,
+                                               int first_hi = 0) {
   const int t = threadIdx.x & 3;
   float mx_lo = kNoScore, mx_hi = kNoScore;
 #pragma unroll
@@ -289,7 +482,10 @@ __device__ __forceinline__ void softmax_scores(float (&s)[64], RowState& st, flo
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = kPositiveScale ? s[4 * j + e] : s[4 * j + e] * scale_log2;
-      if (kMask && key0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_lo : pos_hi)) x = kNoScore;
+      if (kMask) {
+        const int key = key0 + 8 * j + 2 * t + (e & 1);
+        if (key > (e < 2 ? pos_lo : pos_hi) || (kLower && key < (e < 2 ? first_lo : first_hi))) x = kNoScore;
+      }
       s[4 * j + e] = x;
     }
     mx_lo = fmaxf(mx_lo, fmaxf(s[4 * j], s[4 * j + 1]));
@@ -336,7 +532,8 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kO], float alpha_lo, flo
 template <int D, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const PrefillTcArgs a) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static_assert(!kv_per_channel<KT>() && !kv_per_channel<VT>(), "per-token K and V");
+  static_assert(!kv_per_channel<VT>(), "V per token");
+  constexpr bool kPerChannel = kv_per_channel<KT>();
   using L = Layout<D>;
   constexpr int kO = D / 2;  // O accumulators per thread: 64 rows x D over 128 threads
   extern __shared__ uint8_t smem_raw[];
@@ -358,14 +555,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int first_pos = kv_len - q_len;  // cache position of query row 0
   const int num_tiles = (first_pos + min(row0 + kRows, q_len) - 1) / kKeys + 1;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
+  // Per-channel K: the views of the key tiles, one stage each (after the barriers).
+  const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 128);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kFullArrivals<KT, VT>);  // every producer thread publishes its rows
+      mbar_init(&full[s], full_arrivals<KT, VT>());  // every producer thread publishes its rows
       mbar_init(&empty[s], 256);                   // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if constexpr (kPerChannel)
+      plan.write(const_cast<volatile int*>(plan.f), a.block_size, first_pos + row0,
+                 first_pos + min(row0 + kRows, q_len) - 1, num_tiles);
   }
   __syncthreads();
 
@@ -383,37 +585,41 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
         cp_async16(q_smem + chunk_offset<L::kQBlockBytes>(p, c), src + 8 * c, valid);
     }
     cp_async_arrive(q_full);
-    constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
-    constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
-    auto row_of = [&](int t) { return t * kKeys + p < kv_len ? cache_row(a, pages, kvh, t * kKeys + p) : int64_t{-1}; };
-    TileCodes<D, KT> kc;  // the next tile's codes of a side loaded ahead
-    TileCodes<D, VT> vc;
-    int64_t next_row = row_of(0);
-    if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
-    if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
-    for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % kStages;
-      const int64_t row = next_row;
-      if (t + 1 < num_tiles) next_row = row_of(t + 1);
-      TileCodes<D, KT> kcur;
-      TileCodes<D, VT> vcur;
-      if constexpr (kAheadK) kcur = kc;
-      if constexpr (kAheadV) vcur = vc;
-      if (t + 1 < num_tiles) {  // the next tile's codes load under this tile's dequantization
-        if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
-        if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+    if constexpr (kPerChannel) {
+      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p);
+    } else {
+      constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
+      constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
+      auto row_of = [&](int t) { return t * kKeys + p < kv_len ? cache_row(a, pages, kvh, t * kKeys + p) : int64_t{-1}; };
+      TileCodes<D, KT> kc;  // the next tile's codes of a side loaded ahead
+      TileCodes<D, VT> vc;
+      int64_t next_row = row_of(0);
+      if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
+      if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+      for (int t = 0; t < num_tiles; ++t) {
+        const int stage = t % kStages;
+        const int64_t row = next_row;
+        if (t + 1 < num_tiles) next_row = row_of(t + 1);
+        TileCodes<D, KT> kcur;
+        TileCodes<D, VT> vcur;
+        if constexpr (kAheadK) kcur = kc;
+        if constexpr (kAheadV) vcur = vc;
+        if (t + 1 < num_tiles) {  // the next tile's codes load under this tile's dequantization
+          if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
+          if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+        }
+        mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
+        if constexpr (kF16K || kF16V) copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row);
+        if constexpr (!kF16K) {
+          if constexpr (!kAheadK) load_codes<D, KT>(kcur, a.k, a.k_params, p, row);
+          store_codes<D, KT>(kcur, k_tile(stage), p);
+        }
+        if constexpr (!kF16V) {
+          if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
+          store_codes<D, VT>(vcur, v_tile(stage), p);
+        }
+        publish_rows<KT, VT>(&full[stage]);
       }
-      mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
-      if constexpr (kF16K || kF16V) copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row);
-      if constexpr (!kF16K) {
-        if constexpr (!kAheadK) load_codes<D, KT>(kcur, a.k, a.k_params, p, row);
-        store_codes<D, KT>(kcur, k_tile(stage), p);
-      }
-      if constexpr (!kF16V) {
-        if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
-        store_codes<D, VT>(vcur, v_tile(stage), p);
-      }
-      publish_rows<KT, VT>(&full[stage]);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");  // no copy outlives its thread
   } else {
@@ -441,18 +647,32 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     // passes no turn after its last round (nobody would take it).
     const int me = wg - 1;
     if (me == 1) named_arrive(2);
-    const int n = wg_live ? min(num_tiles, wg_last_key / kKeys + 1) : 0;
-    const bool positive_scale = a.scale_log2 > 0.f;
+    // Rounds: one per pipeline stage the producer fills (per-channel K: one per view of a tile).
+    const int rounds = kPerChannel ? plan.views() : num_tiles;
+    const int n = !wg_live ? 0 : kPerChannel ? plan.views_through(wg_last_key / kKeys) : min(num_tiles, wg_last_key / kKeys + 1);
+    // A positive scale is folded into the exponent (softmax_scores); with per-channel K only if it is not so small
+    // that the start of the row maxima below would come near real scores.
+    const bool positive_scale = a.scale_log2 > (kPerChannel ? 1e-20f : 0.f);
+    if constexpr (kPerChannel) {
+      // Per token, every row's first tile holds an unmasked key (key 0). A per-channel view can mask all of a row's
+      // keys (those it sees in the other view): its maximum starts at half of kNoScore (in the domain the maxima
+      // are compared in), above every masked score, so their P is exp2(-huge) = 0, not exp2(0), and l and O stay 0
+      // until the row's first real score replaces it (alpha = 0 then).
+      st.m_lo = st.m_hi = 0.5f * kNoScore * (positive_scale ? a.scale_log2 : 1.f);
+    }
+    // Per-channel K: the codes of this thread's row lo end at ce_lo (its window rows follow up to pos_lo).
+    int ce_lo = 0;
+    if constexpr (kPerChannel) ce_lo = codes_end(pos_lo, a.block_size);
     float s[64];
     uint32_t pa[32];  // P of the previous tile as the A fragments of its 8 k16 steps
     float alpha_lo, alpha_hi;
 
     auto begin_round = [&](int r) {
-      if (r < num_tiles) mbar_wait(&full[r % kStages], (r / kStages) & 1);
+      if (r < rounds) mbar_wait(&full[r % kStages], (r / kStages) & 1);
       named_sync(2 + me);
     };
     auto pass_turn = [&](int r) {
-      if (!(me == 1 && r == num_tiles)) named_arrive(2 + (me ^ 1));
+      if (!(me == 1 && r == rounds)) named_arrive(2 + (me ^ 1));
     };
     auto release_previous = [&](int r) {
       if (r > 0) mbar_arrive(&empty[(r - 1) % kStages]);
@@ -481,7 +701,35 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       }
       wgmma_commit();
     };
+    auto softmax_views = [&](int r) {  // per-channel K: the masks of view r
+      const int key0 = plan.tile(r) * kKeys;
+      // Row hi is 8 positions after row lo, and blocks are longer than that: its codes end at ce_lo or one block on
+      // (derived here: one register less across the loop).
+      const int ce_hi = pos_hi + 1 >= ce_lo + a.block_size ? ce_lo + a.block_size : ce_lo;
+      if (plan.window(r)) {  // keys [ce, pos] of each row
+        if (positive_scale)
+          softmax_scores<true, true, true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2, ce_lo, ce_hi);
+        else
+          softmax_scores<false, true, true>(s, st, alpha_lo, alpha_hi, key0, pos_lo, pos_hi, a.scale_log2, ce_lo, ce_hi);
+        return;
+      }
+      // Codes: keys [0, ce) of each row; no mask where the tile ends below the codes end of the warp's first row
+      // (lane 0's row lo; a warp-uniform branch).
+      const bool mask = key0 + kKeys > __shfl_sync(0xffffffffu, ce_lo, 0);
+      if (positive_scale) {
+        if (mask)
+          softmax_scores<true, true>(s, st, alpha_lo, alpha_hi, key0, ce_lo - 1, ce_hi - 1, a.scale_log2);
+        else
+          softmax_scores<true, false>(s, st, alpha_lo, alpha_hi, key0, ce_lo - 1, ce_hi - 1, a.scale_log2);
+      } else {
+        if (mask)
+          softmax_scores<false, true>(s, st, alpha_lo, alpha_hi, key0, ce_lo - 1, ce_hi - 1, a.scale_log2);
+        else
+          softmax_scores<false, false>(s, st, alpha_lo, alpha_hi, key0, ce_lo - 1, ce_hi - 1, a.scale_log2);
+      }
+    };
     auto softmax = [&](int t) {
+      if constexpr (kPerChannel) return softmax_views(t);
       const int key0 = t * kKeys;
       // The mask only where the tile reaches past the warpgroup's first row (that covers keys past kv_len).
       const bool mask = key0 + kKeys - 1 > first_pos + wg_row0;
@@ -542,24 +790,33 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       release_previous(n);
       r = n + 1;
     }
-    for (; r <= num_tiles; ++r) {  // tiles past this warpgroup's rows
+    for (; r <= rounds; ++r) {  // tiles past this warpgroup's rows
       begin_round(r);
       pass_turn(r);
       release_previous(r);
     }
 
     // O / l as f16; rows past q_len are not stored.
+    int row_lo = r_lo;
+    if constexpr (kPerChannel) {  // read again here: held across the loop, ptxas spilled it
+      uint32_t tid, cta, ctas;
+      asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+      asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(cta));
+      asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(ctas));
+      row_lo = (ctas - 1 - cta) * kRows + 64 * (tid / 128 - 1) + 16 * (tid / 32 % 4) + (tid % 32) / 4;
+    }
+    const int row_hi = kPerChannel ? row_lo + 8 : r_hi;
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
     const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
     // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
-    if (r_lo < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + r_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_lo < q_len) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
     }
-    if (r_hi < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + r_hi) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_hi < q_len) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_hi) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
@@ -577,7 +834,7 @@ __global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   using namespace prefill_sm90;
-  constexpr int bytes = Layout<D>::kSmemBytes;
+  constexpr int bytes = Layout<D>::kSmemBytes + (kv_per_channel<KT>() ? Layout<D>::kPlanBytes : 0);
   auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
   LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                               bytes));

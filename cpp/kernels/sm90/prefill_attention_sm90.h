@@ -12,8 +12,8 @@
 namespace lowbit::cuda {
 
 // Whether prefill_attention_sm90 covers these operands on the current device: an sm_90 GPU with this
-// library's sm_90a image, f16 q/out, per-token K and V of f16/u8/u4/u2 (no per-channel K window), head_dim
-// 64 or 128, q rows 16-byte aligned, out rows 4-byte aligned, contiguous 16-byte aligned caches. `why` (if
+// library's sm_90a image, f16 q/out, K and V of f16/u8/u4/u2 per token or K of u4/u2 per channel (with its
+// window; V per token), head_dim 64 or 128, q rows 16-byte aligned, out rows 4-byte aligned, contiguous 16-byte aligned caches. `why` (if
 // given) names the first reason it does not.
 bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& out,
                                       const KWindow& window = {}, std::string* why = nullptr);
