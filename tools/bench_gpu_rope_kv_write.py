@@ -1,4 +1,5 @@
-"""RoPE + KV write on the GPU: the fused kernel (`rope_kv_write`) against `rope` then `kv_write`, Llama-3-8B heads (32 q, 8 kv,
+"""RoPE + KV write on the GPU: the fused kernel (`rope_kv_write`, one block per token, its cosines and sines computed
+once) against `rope` then `kv_write` (the rope kernel computes them per row and pair), Llama-3-8B heads (32 q, 8 kv,
 head_dim 128, theta 500000 with llama3 scaling), a u4 cache, token counts of a decode step (1, 1536) and of a prefill
 step (8192). Device time per call from the profiler (kernels only), the mean over 20 calls.
 

@@ -176,8 +176,10 @@ Side side_of(const Tensor& x, Tensor& data, Tensor& params, const KWindow& windo
   return s;
 }
 
-// RoPE of q and k (in place) and the cache write of the rotated k and of v. One warp per row of a
-// token: rows [0, hq) are q heads, [hq, hq + hkv) k heads, then hkv v heads.
+// RoPE of q and k (in place) and the cache write of the rotated k and of v. One block per token, one warp per row of
+// it at a time: rows [0, hq) are q heads, [hq, hq + hkv) k heads, then hkv v heads. The token's cosines and sines
+// are computed once into shared memory (double-precision sincos per row and pair ran a prefill's RoPE + KV write at
+// ~0.7 TB/s); every row turns by the same f32 values as the rope kernel computes per pair, so the bits match it.
 struct RopeKvArgs {
   void* q;
   ScalarType q_type;
@@ -192,31 +194,34 @@ struct RopeKvArgs {
 };
 
 __global__ void rope_kv_write_kernel(RopeKvArgs a) {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int rows = a.hq + 2 * a.hkv;
-  if (warp >= a.tokens * rows) return;  // warp-uniform: the shuffles and __syncwarp below see all lanes
-  const int64_t t = warp / rows;
-  const int r = static_cast<int>(warp % rows), lane = threadIdx.x % 32;
-  if (r < a.hq + a.hkv) {
-    const bool is_q = r < a.hq;
-    const ScalarType type = is_q ? a.q_type : a.k.src_type;
-    char* row = is_q ? static_cast<char*>(a.q) + (t * a.q_stride_t + r * a.q_stride_h) * float_bytes(type)
-                     : static_cast<char*>(const_cast<void*>(a.k.src)) +
-                           (t * a.k.src_stride_t + (r - a.hq) * a.k.src_stride_h) * float_bytes(type);
-    const double pos = static_cast<double>(a.positions[t]);
-    for (int i = lane; i < a.half; i += 32) rope_turn_pair(row, type, pos, a.inv_freq[i], i, a.half, a.neox);
-    if (is_q) return;
-    // write_row re-reads the rotated k row, rounded to k's dtype as rope then kv_write would see it;
-    // lanes read elements other lanes wrote, so order the warp's global stores first.
-    __syncwarp();
-  }
+  __shared__ float turn[2][kMaxRopeHalf];  // this token's cosines and sines
+  const int64_t t = blockIdx.x;
+  const int rows = a.hq + 2 * a.hkv, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const double pos = static_cast<double>(a.positions[t]);
+  for (int i = threadIdx.x; i < a.half; i += blockDim.x) rope_angle(pos, a.inv_freq[i], turn[0][i], turn[1][i]);
+  __syncthreads();
   const int32_t slot = a.slots[t];
-  if (slot < 0 || slot >= a.num_slots) return;  // padding; a slot past the cache is never written
-  const bool is_k = r < a.hq + a.hkv;
-  const int h = is_k ? r - a.hq : r - a.hq - a.hkv;
-  const Side& side = is_k ? a.k : a.v;
-  const int64_t row = side_row(side, slot, h, a.hkv, a.block_size);
-  if (row >= 0) write_row(side, t, h, row, a.d);
+  const bool write = slot >= 0 && slot < a.num_slots;  // padding; a slot past the cache is never written
+  for (int r = static_cast<int>(threadIdx.x) / 32; r < rows; r += warps) {  // warp-uniform: whole warps loop
+    if (r < a.hq + a.hkv) {
+      const bool is_q = r < a.hq;
+      const ScalarType type = is_q ? a.q_type : a.k.src_type;
+      char* row = is_q ? static_cast<char*>(a.q) + (t * a.q_stride_t + r * a.q_stride_h) * float_bytes(type)
+                       : static_cast<char*>(const_cast<void*>(a.k.src)) +
+                             (t * a.k.src_stride_t + (r - a.hq) * a.k.src_stride_h) * float_bytes(type);
+      for (int i = lane; i < a.half; i += 32) rope_turn_pair(row, type, turn[0][i], turn[1][i], i, a.half, a.neox);
+      if (is_q) continue;
+      // write_row re-reads the rotated k row, rounded to k's dtype as rope then kv_write would see it;
+      // lanes read elements other lanes wrote, so order the warp's global stores first.
+      __syncwarp();
+    }
+    if (!write) continue;
+    const bool is_k = r < a.hq + a.hkv;
+    const int h = is_k ? r - a.hq : r - a.hq - a.hkv;
+    const Side& side = is_k ? a.k : a.v;
+    const int64_t row = side_row(side, slot, h, a.hkv, a.block_size);
+    if (row >= 0) write_row(side, t, h, row, a.d);
+  }
 }
 
 }  // namespace
@@ -231,9 +236,9 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
   const int hq = q.defined() ? static_cast<int>(q.size(1)) : 0;
   const int hkv = static_cast<int>(k_data.size(1)), block_size = static_cast<int>(k_data.size(2));
   if (tokens == 0) return;
-  const int64_t threads = tokens * (hq + 2 * hkv) * 32;
-  constexpr int kThreads = 128;
-  LOWBIT_CHECK((threads + kThreads - 1) / kThreads < (1LL << 31), op, ": too many tokens or heads");
+  LOWBIT_CHECK(tokens < (1LL << 31), op, ": too many tokens (", tokens, ")");
+  // Up to 16 warps per token, each turning and writing about 3 of Llama's 48 rows (32 q, 8 k, 8 v heads).
+  const int rows = hq + 2 * hkv, warps = std::min(16, (rows + 2) / 3);
   RopeKvArgs a{};
   if (q.defined()) {
     a.q = q.data_ptr();
@@ -254,7 +259,7 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
   a.half = static_cast<int>(inv_freq.size());
   a.neox = neox;
   for (size_t i = 0; i < inv_freq.size(); ++i) a.inv_freq[i] = inv_freq[i];
-  rope_kv_write_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a);
+  rope_kv_write_kernel<<<static_cast<unsigned>(tokens), 32 * warps, 0, stream>>>(a);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (window.defined()) seal_k_blocks(window, slot_mapping, tokens, k_data, k_params, stream, op);
 }

@@ -7,17 +7,29 @@ namespace lowbit::cuda {
 
 constexpr int kMaxRopeHalf = 128;  // rotary_dim <= 256
 
-// Turns pair i of `row` (dtype t) by pos * inv_freq_i: neox pairs (i, i + half), GPT-J (2i, 2i+1).
-// The angle and its sine/cosine are in double (pos * inv_freq reaches 1e5+ rad).
-__device__ __forceinline__ void rope_turn_pair(void* row, ScalarType t, double pos, double inv_freq_i, int i, int half,
-                                               bool neox) {
+// The cosine and sine of the angle pos * inv_freq_i, computed in double (the angle reaches 1e5+ rad), as f32.
+__device__ __forceinline__ void rope_angle(double pos, double inv_freq_i, float& cf, float& sf) {
   double s, c;
   sincos(pos * inv_freq_i, &s, &c);
-  const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+  cf = static_cast<float>(c);
+  sf = static_cast<float>(s);
+}
+
+// Turns pair i of `row` (dtype t) by the angle whose cosine and sine are cf, sf: neox pairs (i, i + half), GPT-J
+// (2i, 2i+1).
+__device__ __forceinline__ void rope_turn_pair(void* row, ScalarType t, float cf, float sf, int i, int half, bool neox) {
   const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
   const float x0 = load_any(row, t, ia), x1 = load_any(row, t, ib);
   store_any(row, t, ia, x0 * cf - x1 * sf);
   store_any(row, t, ib, x1 * cf + x0 * sf);
+}
+
+// Turns pair i of `row` by pos * inv_freq_i.
+__device__ __forceinline__ void rope_turn_pair(void* row, ScalarType t, double pos, double inv_freq_i, int i, int half,
+                                               bool neox) {
+  float cf, sf;
+  rope_angle(pos, inv_freq_i, cf, sf);
+  rope_turn_pair(row, t, cf, sf, i, half, neox);
 }
 
 }  // namespace lowbit::cuda
