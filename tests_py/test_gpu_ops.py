@@ -80,7 +80,7 @@ def off_boundary(t):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("T,H", [(300, 4096), (3, 8192)])
+@pytest.mark.parametrize("T,H", [(300, 4096), (9, 5120), (3, 8192)])
 @pytest.mark.parametrize("layout", ["aligned", "x_offset", "out_offset"])
 def test_rms_norm_wide_rows_in_every_layout(dtype, T, H, layout):
     """Rows the norm reads in 8-column groups (aligned), element by element (x one element off a 16-byte

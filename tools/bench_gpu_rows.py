@@ -13,7 +13,8 @@ from lowbit import _core as lb
 
 from bench_gpu_common import profiled_kernel_us
 
-CASES = [(1, 576), (1, 4096), (1, 8192), (64, 4096), (512, 4096)]
+# decode rows, then a peak-protocol decode step (1536) and a prefill-phase step (8192 tokens), 8B and 70B widths
+CASES = [(1, 576), (1, 4096), (1, 8192), (64, 4096), (512, 4096), (1536, 4096), (8192, 4096), (8192, 8192)]
 REPS = 50
 
 
@@ -34,6 +35,8 @@ def main():
             r = {"rows": t, "cols": h, "weight": str(wdt).split(".")[-1]}
             r["lowbit_rms_norm_us"] = kernel_us(lambda: lb.rms_norm(x, w, 1e-5, o))
             r["lowbit_add_rms_norm_us"] = kernel_us(lambda: lb.add_rms_norm(res, x, w, 1e-5, o))
+            # bytes moved: x, residual in and out, the output (f16), the weight once
+            r["lowbit_add_rms_norm_tbps"] = (4 * t * h * 2 + h * w.element_size()) / r["lowbit_add_rms_norm_us"] / 1e6
             r["torch_rms_norm_us"] = kernel_us(lambda: torch.nn.functional.rms_norm(x, (h,), w.half(), 1e-5))
             gu = torch.randn(t, 3 * h, device="cuda").half()
             act = torch.empty(t, gu.shape[1] // 2, device="cuda").half()

@@ -4,6 +4,7 @@
 // (cpp/kernels/cpu/elementwise_cpu.cpp).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/float_io.cuh"
 #include "cuda/pdl.cuh"
@@ -30,7 +31,9 @@ __device__ float inv_rms(float ss, int64_t cols, float eps) {
 // x, residual and out; W for the weight): branching on dtypes per element made a 6.7K-instruction
 // kernel (typing it measured only 7% faster, 11.4 -> 10.6 us at batch 1; the weight prefetch, 4.7 us).
 // A thread owns groups of kVec adjacent columns (kVec 8: 16-byte loads of f16 rows, where the
-// columns, strides and bases allow it; 2-byte loads ran a prefill's norms at ~1.1 TB/s).
+// columns, strides and bases allow it; 2-byte loads ran a prefill's norms at ~1.1 TB/s), kPer / kVec
+// groups by default; 16-byte rows of up to 4096 columns hold only the two groups they use (kGroups 2): 32
+// live values instead of 64 double the blocks per SM (88 -> ~56 registers), the rows in flight.
 constexpr int kPer = 32;
 constexpr int64_t kMaxRegisterCols = int64_t{kPer} * kThreads;
 
@@ -88,11 +91,11 @@ enum class NormOut { rows, int8, e4m3 };
 // hold it, is quantized per token as quantize_per_token_{s8,e4m3} would quantize that `out` (same
 // scale and codes), so the linear after it reads codes without a separate quantize kernel.
 // kVec 8 needs cols % 8 == 0 and groups_of_8 of x, res and w (out: out_groups says, else element stores).
-template <bool kAdd, typename T, typename W, NormOut kOut = NormOut::rows, int kVec = 1>
+template <bool kAdd, typename T, typename W, NormOut kOut = NormOut::rows, int kVec = 1, int kGroups = kPer / kVec>
 __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, Rows w, float eps, Rows out,
                                                              QuantOut qout = {}, bool out_groups = false) {
-  static_assert(kPer % kVec == 0, "whole groups per thread");
-  constexpr int kGroups = kPer / kVec;
+  static_assert(kGroups * kVec <= kPer, "at most kPer values per thread");
+  constexpr int kValues = kGroups * kVec;
   pdl_allow_dependents();  // the GEMM that reads `out` may launch and prefetch its weights meanwhile
   const int64_t r = blockIdx.x;
   const T* xr = static_cast<const T*>(x.base) + r * x.stride;
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
   const W* wr = static_cast<const W*>(w.base);
   const int cols = static_cast<int>(x.cols);
   const auto first_col = [](int g) { return (static_cast<int>(threadIdx.x) + g * kThreads) * kVec; };
-  float v[kPer], wv[kPer];
+  float v[kValues], wv[kValues];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const int i = first_col(g);
@@ -183,6 +186,14 @@ bool norm_groups_of_8(bool add, const Rows& res, const Rows& x, const Rows& w) {
   return x.cols % 8 == 0 && groups_of_8(x) && (!add || groups_of_8(res)) && groups_of_8(w);
 }
 
+// Calls f with the groups of 8 columns a thread holds for rows of `cols` columns: 2 up to 4096 columns (the
+// 8B's hidden size), else kPer / 8. The plain and the quantizing norm choose alike, so their sums agree.
+template <typename F>
+void with_groups_of_8(int64_t cols, F&& f) {
+  if (cols <= int64_t{2} * 8 * kThreads) f(std::integral_constant<int, 2>{});
+  else f(std::integral_constant<int, kPer / 8>{});
+}
+
 // The typed kernel for x/residual/out of one dtype and a weight of that dtype or f32 (every model
 // on the GPU); false for other mixes, which take the generic kernels below.
 template <bool kAdd>
@@ -197,14 +208,18 @@ bool launch_typed_norm(const Rows& res, const Rows& x, const Rows& w, float eps,
     using T = decltype(t);
     if (w.dtype == ScalarType::f32) {
       if (groups)
-        norm_rows_kernel<kAdd, T, float, NormOut::rows, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
-                                                                                            out_groups);
+        with_groups_of_8(x.cols, [&](auto g) {
+          norm_rows_kernel<kAdd, T, float, NormOut::rows, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
+                                                                                               out_groups);
+        });
       else
         norm_rows_kernel<kAdd, T, float><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
     } else {
       if (groups)
-        norm_rows_kernel<kAdd, T, T, NormOut::rows, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
-                                                                                        out_groups);
+        with_groups_of_8(x.cols, [&](auto g) {
+          norm_rows_kernel<kAdd, T, T, NormOut::rows, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
+                                                                                           out_groups);
+        });
       else
         norm_rows_kernel<kAdd, T, T><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
     }
@@ -219,10 +234,16 @@ void launch_norm_quantize(const Rows& res, const Rows& x, const Rows& w, float e
   const unsigned grid = static_cast<unsigned>(x.rows);
   const bool groups = norm_groups_of_8(kAdd, res, x, w);
   if (w.dtype == ScalarType::f32) {
-    if (groups) norm_rows_kernel<kAdd, __half, float, kOut, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+    if (groups)
+      with_groups_of_8(x.cols, [&](auto g) {
+        norm_rows_kernel<kAdd, __half, float, kOut, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+      });
     else norm_rows_kernel<kAdd, __half, float, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
   } else {
-    if (groups) norm_rows_kernel<kAdd, __half, __half, kOut, 8><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+    if (groups)
+      with_groups_of_8(x.cols, [&](auto g) {
+        norm_rows_kernel<kAdd, __half, __half, kOut, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+      });
     else norm_rows_kernel<kAdd, __half, __half, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
   }
 }
