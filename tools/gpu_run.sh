@@ -15,7 +15,10 @@
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     prefill_profile  ncu over the Hopper prefill kernel (tools/bench_gpu_prefill_profile.py: 8K prompt, f16 / u4)
-#     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min)
+#     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min); LLAMA8B_ARGS replaces its default arguments
+#               (e.g. "--parts torch,lowbit --recipes w4a8kv4,w4a16kv8 --batches 16": the issue-15 prefill shape)
+#     rows      the row kernels (RMSNorm, + residual, SiLU·mul, RoPE + KV write): their op tests, then
+#               tools/bench_gpu_rows.py and tools/bench_gpu_rope_kv_write.py (decode and prefill token counts)
 #     serve     the serve tests (tests_py/test_serve*.py, test_bench_serving.py, test_bench_gpu_serving.py), the load
 #               tests again with a GPU server (LOWBIT_SERVE_TEST_DEVICE=cuda), then
 #               tools/bench_gpu_serving.py on a random-weight Llama-3-8B: `lowbit serve` vs offline LLM.generate,
@@ -360,7 +363,16 @@ if has sm90tiles; then
 fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"
-  timeout 560 python3 "$REPO/tools/bench_gpu_llama8b.py" "$OUT/llama8b.json" --deadline 540 2>&1 | tail -20
+  timeout "${LLAMA8B_S:-560}" python3 "$REPO/tools/bench_gpu_llama8b.py" "$OUT/llama8b.json" \
+    --deadline $(( ${LLAMA8B_S:-560} - 20 )) ${LLAMA8B_ARGS:-} 2>&1 | tail -20
+fi
+if has rows; then
+  echo "== row kernels: op tests, then the norm / SiLU·mul and RoPE + KV write benchmarks"
+  "${PYTEST[@]}" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=20 -k "rms_norm or silu or rope" 2>&1 \
+    | tee "$OUT/pytest_rows.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_rows.log" | cut -c1-300 | head -20
+  timeout 120 python3 "$REPO/tools/bench_gpu_rows.py" "$OUT/bench_rows.json" 2>&1 | tail -10
+  timeout 120 python3 "$REPO/tools/bench_gpu_rope_kv_write.py" "$OUT/bench_rope_kv_write.json" 2>&1 | tail -8
 fi
 if has peak; then
   echo "== peak serving throughput (1024 in / 512 out, largest batch): mixed-step attention and engine tests first"
