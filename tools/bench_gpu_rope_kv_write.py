@@ -43,7 +43,7 @@ def main():
     rows = [case(t) for t in (1, 1536, 8192)]
     for r in rows:
         print(r, flush=True)
-    json.dump({"meta": device_meta(), "rows": rows}, open(out, "w"), indent=1)
+    json.dump({"meta": {**device_meta(), "timing": "profiler kernel time, mean of 20 calls"}, "rows": rows}, open(out, "w"), indent=1)
 
 
 if __name__ == "__main__":

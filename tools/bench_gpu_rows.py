@@ -11,7 +11,7 @@ import torch
 import lowbit  # noqa: F401
 from lowbit import _core as lb
 
-from bench_gpu_common import profiled_kernel_us
+from bench_gpu_common import device_meta, profiled_kernel_us
 
 # decode rows, then a peak-protocol decode step (1536) and a prefill-phase step (8192 tokens), 8B and 70B widths
 CASES = [(1, 576), (1, 4096), (1, 8192), (64, 4096), (512, 4096), (1536, 4096), (8192, 4096), (8192, 8192)]
@@ -46,7 +46,7 @@ def main():
             rows.append(r)
             print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
     with open(out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        json.dump({"meta": {**device_meta(), "timing": "profiler kernel time, mean of 50 calls"}, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -459,3 +459,5 @@ fi
 python3 "$REPO/tools/gpu_summary.py" "$OUT"
 # Remote runs may bring back only a few files: the logs travel as one archive (the JSONs stay beside it).
 (cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log)
+# ... and so do the per-part files the engine benchmarks merge from (the merged JSON stays beside them).
+(cd "$OUT" && ls ./*.part >/dev/null 2>&1 && tar czf parts.tgz ./*.part && rm -f ./*.part)
