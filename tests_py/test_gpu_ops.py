@@ -231,7 +231,7 @@ ROPE_KW = {"default": {}, "llama3_gptj": dict(theta=500000.0, neox=False, llama3
 
 
 @pytest.mark.parametrize("kt,vt", [("f16", "f16"), ("u8", "u8"), ("u4", "u4"), ("u8", "u4"), ("u2", "u2"), ("u8", "u2")])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])  # the 16-byte kernel's three widths ("partial": the general kernel)
 @pytest.mark.parametrize("hq,hkv", [(8, 2), (6, 3), (4, 4)])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("rope", list(ROPE_KW))
