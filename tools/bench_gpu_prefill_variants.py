@@ -1,5 +1,6 @@
 """The Hopper prefill kernel's build variants side by side in one process (LOWBIT_PREFILL_SM90_VARIANT, read at each
-launch: bit 1 = the producer's per-row f16 copies, bit 2 = P·V as one n128 wgmma at head_dim 128; 0 = the default),
+launch, f16 K/V at head_dim 128 only: bit 1 = the producer's per-row f16 copies, bit 2 = P·V as two n64 wgmmas per
+16 keys rather than one n128; 0 = the default, round 8 of docs/benchmarks_gpu.md),
 against causal SDPA on the same prompt: bench_gpu_attention.py --prefill's shapes and timing (Llama-3-8B heads, one
 fresh prompt, pages of BLOCK tokens in random order, the profiler's kernel time, mean of PREFILL_REPS). The f16
 variants run twice in alternating order (A B C D A B C D), so a drift of the device shows as a difference between
@@ -18,7 +19,7 @@ from bench_gpu_common import device_meta, profiled_kernel_us, write_json
 
 KERNEL = "prefill_attention_sm90"
 F16_VARIANTS = [0, 1, 2, 3]
-OTHER_KV = {"u8": [0, 2], "u4": [0, 2], "u2": [0, 2], "kc4v4": [0, 2]}
+OTHER_KV = {"u8": [0], "u4": [0], "u2": [0], "kc4v4": [0]}  # the variants exist for f16 K/V only
 
 
 def cache_for(kv, k, v, length, meta):

@@ -2,13 +2,14 @@
 # A change to the Hopper prefill kernel measured against its own variants in one short device call: install (pass
 # CMAKE_ARGS through the environment to shorten the build), bench_gpu_prefill_variants.py alone on the GPU, then side
 # by side, each capped to what is left of BUDGET_S (seconds from the start): the kernel's test file in two halves on the
-# default build, its head_dim-128 cases again under LOWBIT_PREFILL_SM90_VARIANT=$ALT_VARIANT, the engine regression,
-# and the three sanitizers over small cases (memcheck once more under the variant). Logs and JSON in $OUT.
+# default build, its head_dim-128 cases again under LOWBIT_PREFILL_SM90_VARIANT=$ALT_VARIANT (f16 K/V instances only),
+# the engine regression, and the three sanitizers over small cases (memcheck once more under the variant). Logs and
+# JSON in $OUT.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
 unset LOWBIT_DEV_BUILD LOWBIT_PREFILL_SM90_VARIANT
-BUDGET_S=${BUDGET_S:-280}; ALT_VARIANT=${ALT_VARIANT:-2}
+BUDGET_S=${BUDGET_S:-280}; ALT_VARIANT=${ALT_VARIANT:-1}
 t0=$(date +%s); left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 (cd "$REPO" && python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }

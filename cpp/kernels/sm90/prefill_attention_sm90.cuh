@@ -6,7 +6,7 @@
 // row sees. Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
 //   - warpgroup 0, the producer: thread p looks up the page of key row p of a tile (any block size); each warp
 //     then reads its 32 rows together, whole rows per instruction. f16 rows go straight into the tile by
-//     cp.async; u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
+//     cp.async (where a 16-row run is one page's, one row lookup per run: copy_f16_rows); u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
 //     f16: the same values as the mma.sync kernel's) and stored. Tiles go through kStages stages, the producer
 //     running ahead as far as the stages allow. It publishes a tile on the stage's `full` barrier without waiting:
 //     cp.async completion arrives there by itself, and the dequantized stores arrive after a proxy fence (so
@@ -16,7 +16,8 @@
 //       online softmax per row in f32, log2 domain; the causal mask only where a tile reaches past a row
 //       O[64, D] += P · V       wgmma with P from registers (the S accumulators rounded to f16: the A
 //                               fragment layout is the accumulator's) and V from shared memory read
-//                               MN-major (the transpose bit), so K and V tiles share one layout
+//                               MN-major (the transpose bit), so K and V tiles share one layout; at
+//                               head_dim 128 one m64n128k16 per 16 keys spans both column blocks
 //     and release the stage on its `empty` barrier. Each round of a warpgroup issues Q·Kᵀ of this tile and P·V of
 //     the previous one, runs this tile's softmax while that P·V runs, and releases the previous tile; the two
 //     warpgroups take turns issuing (named barriers), so one's softmax also overlaps the other's MMAs
@@ -56,10 +57,10 @@ constexpr int kStages = 3;
 constexpr int kProducerRegs = 88, kConsumerRegs = 208;
 static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * (65536 / kThreads / 8 * 8), "more registers than launched");
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp2(kNoScore - m) underflows to 0
-// Variants for measuring one change against the other (bits of the kernel's kVar; 0 is the default):
+// Round 8's changes undone, for measuring them (bits of the kernel's kVar; 0 is the default, with both):
 // kVarRowCopies: the producer copies f16 rows one lookup per row (the general path of copy_f16_rows) everywhere;
-// kVarPv128: at head_dim 128, P·V as one m64n128k16 wgmma per k16 step (both column blocks of V) instead of two n64.
-constexpr int kVarRowCopies = 1, kVarPv128 = 2;
+// kVarPv64: at head_dim 128, P·V as two m64n64k16 wgmmas per k16 step (one per column block of V), not one n128.
+constexpr int kVarRowCopies = 1, kVarPv64 = 2;
 
 template <int D>
 struct Layout {
@@ -101,9 +102,9 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 }
 
 // Descriptor of a 128B-swizzled operand: 8-row groups 1024 bytes apart. For K-major operands (Q, K) the
-// leading offset is unused; for V read MN-major it would be the distance between 64-wide column blocks, but each
-// wgmma here reads one column block (n = 64 per instruction), so both offsets are the 8-row group stride and
-// the descriptor means the same under either reading.
+// leading offset is unused; for V read MN-major it is the distance between 64-wide column blocks: a wgmma of
+// n = 64 reads one column block, so that offset is unused too and set to the 8-row group stride like the rest;
+// the n = 128 P·V at head_dim 128 sets it to the column block's size (pv128_lo).
 // The high word (the stride, bits 32-45, and the swizzle mode, bits 62-63) is the same for every operand, and the
 // low word is address / 16 (bits 0-13) plus the leading offset (bits 16-29): a descriptor of base + offset is the
 // base's low word + offset / 16 (shared addresses stay below 2^18), so each wgmma's descriptor costs one add rather
@@ -581,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(!kv_per_channel<VT>(), "V per token");
   constexpr bool kPerChannel = kv_per_channel<KT>();
-  constexpr bool kPv128 = D == 128 && (kVar & kVarPv128);
+  constexpr bool kPv128 = D == 128 && !(kVar & kVarPv64);
   using L = Layout<D>;
   constexpr int kO = D / 2;  // O accumulators per thread: 64 rows x D over 128 threads
   extern __shared__ uint8_t smem_raw[];
@@ -898,20 +899,20 @@ void launch_variant(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
 }
 }  // namespace prefill_sm90
 
-// Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences). The environment's
-// LOWBIT_PREFILL_SM90_VARIANT (bits kVarRowCopies, kVarPv128; unset: 0) picks a variant for a measurement: P·V
-// at n128 for any head_dim-128 instance, the per-row copies for f16 K and V at head_dim 128 only.
+// Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences). For f16 K and V at
+// head_dim 128 (the benchmark's case; only there, to keep the build small) the environment's
+// LOWBIT_PREFILL_SM90_VARIANT (bits kVarRowCopies, kVarPv64; unset: 0) undoes round 8's changes for a measurement.
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   using namespace prefill_sm90;
-  const char* env = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
-  const int var = env ? std::atoi(env) : 0;
-  if constexpr (D == 128) {
-    if constexpr (KT == KvType::f16 && VT == KvType::f16) {
-      if (var == kVarRowCopies) return launch_variant<D, KT, VT, kVarRowCopies>(a, grid, stream);
-      if (var == (kVarRowCopies | kVarPv128)) return launch_variant<D, KT, VT, kVarRowCopies | kVarPv128>(a, grid, stream);
+  if constexpr (D == 128 && KT == KvType::f16 && VT == KvType::f16) {
+    const char* env = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
+    switch (env ? std::atoi(env) : 0) {
+      case kVarRowCopies: return launch_variant<D, KT, VT, kVarRowCopies>(a, grid, stream);
+      case kVarPv64: return launch_variant<D, KT, VT, kVarPv64>(a, grid, stream);
+      case kVarRowCopies | kVarPv64: return launch_variant<D, KT, VT, kVarRowCopies | kVarPv64>(a, grid, stream);
+      default: break;
     }
-    if (var & kVarPv128) return launch_variant<D, KT, VT, kVarPv128>(a, grid, stream);
   }
   launch_variant<D, KT, VT, 0>(a, grid, stream);
 }
