@@ -6,7 +6,7 @@
 // row sees. Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
 //   - warpgroup 0, the producer: thread p looks up the page of key row p of a tile (any block size); each warp
 //     then reads its 32 rows together, whole rows per instruction. f16 rows go straight into the tile by
-//     cp.async; u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
+//     cp.async (where a 16-row run is one page's, one row lookup per run: copy_f16_rows); u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
 //     f16: the same values as the mma.sync kernel's) and stored. Tiles go through kStages stages, the producer
 //     running ahead as far as the stages allow. It publishes a tile on the stage's `full` barrier without waiting:
 //     cp.async completion arrives there by itself, and the dequantized stores arrive after a proxy fence (so
@@ -16,7 +16,8 @@
 //       online softmax per row in f32, log2 domain; the causal mask only where a tile reaches past a row
 //       O[64, D] += P · V       wgmma with P from registers (the S accumulators rounded to f16: the A
 //                               fragment layout is the accumulator's) and V from shared memory read
-//                               MN-major (the transpose bit), so K and V tiles share one layout
+//                               MN-major (the transpose bit), so K and V tiles share one layout; at
+//                               head_dim 128 one m64n128k16 per 16 keys spans both column blocks
 //     and release the stage on its `empty` barrier. Each round of a warpgroup issues Q·Kᵀ of this tile and P·V of
 //     the previous one, runs this tile's softmax while that P·V runs, and releases the previous tile; the two
 //     warpgroups take turns issuing (named barriers), so one's softmax also overlaps the other's MMAs
@@ -35,6 +36,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/sm80/attention_math.cuh"
@@ -55,6 +57,10 @@ constexpr int kStages = 3;
 constexpr int kProducerRegs = 88, kConsumerRegs = 208;
 static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * (65536 / kThreads / 8 * 8), "more registers than launched");
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp2(kNoScore - m) underflows to 0
+// Round 8's changes undone, for measuring them (bits of the kernel's kVar; 0 is the default, with both):
+// kVarRowCopies: the producer copies f16 rows one lookup per row (the general path of copy_f16_rows) everywhere;
+// kVarPv64: at head_dim 128, P·V as two m64n64k16 wgmmas per k16 step (one per column block of V), not one n128.
+constexpr int kVarRowCopies = 1, kVarPv64 = 2;
 
 template <int D>
 struct Layout {
@@ -84,6 +90,9 @@ using attn_math::pack_half2;
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {  // zeros when !valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
+__device__ __forceinline__ void cp_async16_all(uint32_t dst, const void* src) {  // the whole 16 bytes, no zero-fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
 // Generic-proxy writes of this thread (st.shared, landed cp.async) made visible to wgmma's async-proxy reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Arrives on `bar` once every cp.async this thread issued so far has landed (the thread does not wait): the
@@ -93,9 +102,9 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 }
 
 // Descriptor of a 128B-swizzled operand: 8-row groups 1024 bytes apart. For K-major operands (Q, K) the
-// leading offset is unused; for V read MN-major it would be the distance between 64-wide column blocks, but each
-// wgmma here reads one column block (n = 64 per instruction), so both offsets are the 8-row group stride and
-// the descriptor means the same under either reading.
+// leading offset is unused; for V read MN-major it is the distance between 64-wide column blocks: a wgmma of
+// n = 64 reads one column block, so that offset is unused too and set to the 8-row group stride like the rest;
+// the n = 128 P·V at head_dim 128 sets it to the column block's size (pv128_lo).
 // The high word (the stride, bits 32-45, and the swizzle mode, bits 62-63) is the same for every operand, and the
 // low word is address / 16 (bits 0-13) plus the leading offset (bits 16-29): a descriptor of base + offset is the
 // base's low word + offset / 16 (shared addresses stay below 2^18), so each wgmma's descriptor costs one add rather
@@ -123,6 +132,21 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[32], const uint32_t* a, uint
       : LOWBIT_ACC32("+f", d, 0)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+// O[:, 0:128] += P · V for one k16 step at head_dim 128: both 64-column blocks of V in one wgmma. Read MN-major,
+// V's 64-wide swizzle atoms along N are a column block (kTileBlockBytes) apart: the descriptor's leading offset
+// (bits 16-29) says so, the stride stays the 8-key group's 1024 bytes (pv128_lo). The accumulators are the two
+// n64 ones' side by side (4j + e is column 8j + 2 (lane % 4) + e % 2 either way).
+__device__ __forceinline__ void wgmma_pv128(float (&d)[64], const uint32_t* a, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " LOWBIT_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : LOWBIT_ACC64("+f", d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+template <int kBlockBytes>
+__device__ __forceinline__ uint32_t pv128_lo(uint32_t lo) {  // desc_lo's leading offset 1024 -> kBlockBytes
+  return lo + (((kBlockBytes >> 4) - (1024 >> 4)) << 16);
+}
 
 template <int R>
 __device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
@@ -147,12 +171,36 @@ __device__ __forceinline__ int64_t cache_row(const PrefillTcArgs& a, const int32
 // whole rows (lane l takes 16-byte chunk l % (D / 8) of row l / (D / 8) of the group, its cache row by shuffle),
 // so every instruction reads full 32-byte sectors; one row per thread read a half sector of each of 32 rows per
 // instruction and fetched every sector from L2 twice.
-template <int D, bool kK, bool kV>
+//
+// Runs (`runs16`: the block size is a multiple of 16, so every 16-row run of a tile, which starts 16-aligned, lies in
+// one page as consecutive cache rows): where all 32 rows of the warp are in the cache, a lane looks up two rows (the
+// first of each run it copies from) and every further copy is that address plus a constant, the destination's
+// swizzle a constant XOR: about 1 instruction per cp.async instead of 6-7 (the shuffle, the 64-bit address, the
+// zero-fill size and the swizzle per row), which the producer's warps had spent beside the consumers' on each
+// scheduler. Rows past kv_len (the last tile) and other block sizes take the general path.
+template <int D, bool kK, bool kV, typename Row>
 __device__ __forceinline__ void copy_f16_rows(const uint8_t* k, const uint8_t* v, uint32_t k_tile, uint32_t v_tile,
-                                              int p, int64_t row) {
+                                              int p, Row row, bool runs16) {
   constexpr int kChunks = D / 8, kRowsPerCopy = 32 / kChunks;
   using L = Layout<D>;
   const int lane = p & 31, c = lane % kChunks, warp_row0 = p & ~31;
+  if (runs16 && __all_sync(0xffffffffu, row >= 0)) {
+    const int rr = lane / kChunks;  // rows rr + i of each run, i a multiple of kRowsPerCopy (so rr + i = rr | i)
+    const uint32_t dst0 = (c >> 3) * L::kTileBlockBytes + (warp_row0 + rr) * 128;
+    const uint32_t x = (c & 7) ^ rr;  // the swizzle of row rr; row rr + i's is x ^ (i & 7)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t src_row = __shfl_sync(0xffffffffu, row, 16 * h + rr);
+      const int64_t offset = src_row * (D * 2) + 16 * c;
+#pragma unroll
+      for (int i = 0; i < 16; i += kRowsPerCopy) {
+        const uint32_t dst = dst0 + (16 * h + i) * 128 + ((x ^ (i & 7)) << 4);
+        if constexpr (kK) cp_async16_all(k_tile + dst, k + offset + i * (D * 2));
+        if constexpr (kV) cp_async16_all(v_tile + dst, v + offset + i * (D * 2));
+      }
+    }
+    return;
+  }
 #pragma unroll 4
   for (int i = 0; i < 32; i += kRowsPerCopy) {
     const int rr = i + lane / kChunks;  // the group's row this lane copies a chunk of
@@ -375,7 +423,7 @@ __device__ __forceinline__ void publish_rows(uint64_t* full) {
 template <int D, KvType KT, KvType VT>
 __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
                                                       const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
-                                                      uint64_t* full, uint64_t* empty, int p) {
+                                                      uint64_t* full, uint64_t* empty, int p, bool runs16) {
   using L = Layout<D>;
   constexpr bool kF16V = VT == KvType::f16;
   // The per-token rules, but K not ahead beside f16 V (the per-channel scales and zeros take 16 more registers
@@ -426,9 +474,9 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
         const int slot = a.window_map[page];
         if (slot >= 0) wrow = (static_cast<int64_t>(slot) * a.hkv + kvh) * bs + key % bs;
       }
-      copy_f16_rows<D, true, false>(reinterpret_cast<const uint8_t*>(a.k_window), nullptr, k_tile, 0, p, wrow);
+      copy_f16_rows<D, true, false>(reinterpret_cast<const uint8_t*>(a.k_window), nullptr, k_tile, 0, p, wrow, runs16);
     }
-    if constexpr (kF16V) copy_f16_rows<D, false, true>(nullptr, a.v, 0, v_tile, p, row);
+    if constexpr (kF16V) copy_f16_rows<D, false, true>(nullptr, a.v, 0, v_tile, p, row, runs16);
     if (!window) {
       if constexpr (!kAheadK) load_channel_codes<D, KT>(kcur, a.k, p, row);
       store_channel_codes<D, KT>(kcur, k_tile, p, page >= 0 ? page * a.hkv + kvh : -1, a.k_params);
@@ -529,11 +577,12 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kO], float alpha_lo, flo
   }
 }
 
-template <int D, KvType KT, KvType VT>
+template <int D, KvType KT, KvType VT, int kVar>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const PrefillTcArgs a) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(!kv_per_channel<VT>(), "V per token");
   constexpr bool kPerChannel = kv_per_channel<KT>();
+  constexpr bool kPv128 = D == 128 && !(kVar & kVarPv64);
   using L = Layout<D>;
   constexpr int kO = D / 2;  // O accumulators per thread: 64 rows x D over 128 threads
   extern __shared__ uint8_t smem_raw[];
@@ -576,6 +625,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     // Producer: thread p owns row p of the Q tile and of every K/V tile.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     const int p = threadIdx.x;
+    const bool runs16 = a.block_size % 16 == 0 && !(kVar & kVarRowCopies);  // copy_f16_rows
     {
       const int r = row0 + p;
       const bool valid = r < q_len;
@@ -586,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     cp_async_arrive(q_full);
     if constexpr (kPerChannel) {
-      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p);
+      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16);
     } else {
       constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
       constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
@@ -609,7 +659,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
           if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
         }
         mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
-        if constexpr (kF16K || kF16V) copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row);
+        if constexpr (kF16K || kF16V)
+          copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row, runs16);
         if constexpr (!kF16K) {
           if constexpr (!kAheadK) load_codes<D, KT>(kcur, a.k, a.k_params, p, row);
           store_codes<D, KT>(kcur, k_tile(stage), p);
@@ -692,12 +743,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     auto issue_pv = [&](int t) {
       const uint32_t vt = k_desc0 + (t % kStages) * (L::kStageBytes >> 4) + (L::kTileBytes >> 4);
       wgmma_fence();
+      if constexpr (kPv128) {
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
+        for (int kk = 0; kk < 8; ++kk)
+          wgmma_pv128(*reinterpret_cast<float(*)[64]>(o), pa + 4 * kk,
+                      desc_at(pv128_lo<L::kTileBlockBytes>(vt), kk * 2048));
+      } else {
 #pragma unroll
-        for (int b = 0; b < L::kBlocks; ++b)
-          wgmma_pv(*reinterpret_cast<float(*)[32]>(o + 32 * b), pa + 4 * kk,
-                   desc_at(vt, b * L::kTileBlockBytes + kk * 2048));
+        for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+          for (int b = 0; b < L::kBlocks; ++b)
+            wgmma_pv(*reinterpret_cast<float(*)[32]>(o + 32 * b), pa + 4 * kk,
+                     desc_at(vt, b * L::kTileBlockBytes + kk * 2048));
+        }
       }
       wgmma_commit();
     };
@@ -824,21 +882,39 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   }
 }
 #else
-template <int D, KvType KT, KvType VT>
+template <int D, KvType KT, KvType VT, int kVar>
 __global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm_90a image is the only real one
 #endif  // LOWBIT_SM90_DEVICE
 
 }  // namespace prefill_sm90
 
-// Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences).
-template <int D, KvType KT, KvType VT>
-void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
-  using namespace prefill_sm90;
+namespace prefill_sm90 {
+template <int D, KvType KT, KvType VT, int kVar>
+void launch_variant(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr int bytes = Layout<D>::kSmemBytes + (kv_per_channel<KT>() ? Layout<D>::kPlanBytes : 0);
-  auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
+  auto kernel = prefill_attention_sm90_kernel<D, KT, VT, kVar>;
   LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                               bytes));
   kernel<<<grid, kThreads, bytes, stream>>>(a);
+}
+}  // namespace prefill_sm90
+
+// Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences). For f16 K and V at
+// head_dim 128 (the benchmark's case; only there, to keep the build small) the environment's
+// LOWBIT_PREFILL_SM90_VARIANT (bits kVarRowCopies, kVarPv64; unset: 0) undoes round 8's changes for a measurement.
+template <int D, KvType KT, KvType VT>
+void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
+  using namespace prefill_sm90;
+  if constexpr (D == 128 && KT == KvType::f16 && VT == KvType::f16) {
+    const char* env = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
+    switch (env ? std::atoi(env) : 0) {
+      case kVarRowCopies: return launch_variant<D, KT, VT, kVarRowCopies>(a, grid, stream);
+      case kVarPv64: return launch_variant<D, KT, VT, kVarPv64>(a, grid, stream);
+      case kVarRowCopies | kVarPv64: return launch_variant<D, KT, VT, kVarRowCopies | kVarPv64>(a, grid, stream);
+      default: break;
+    }
+  }
+  launch_variant<D, KT, VT, 0>(a, grid, stream);
 }
 
 }  // namespace lowbit::cuda
