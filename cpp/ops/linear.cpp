@@ -172,7 +172,8 @@ void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight&
   launch(plan.kernel_for(q.size(0)), q, scales, w, bias, y, plan.act, plan.tuning);
 }
 
-void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y) {
+void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                 const std::string& kernel) {
   constexpr const char* op = "linear_fmpq";
   check_defined(x.q, op, "x.q");
   check_dtype(x.q, ScalarType::s8, op, "x.q");
@@ -209,7 +210,7 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
   if (m == 0) return;
   const kernels::GemmDesc desc =
       kernels::describe_gemm(dev, LinearActivation::fmpq_mixed, x.q.dtype(), y.dtype(), w, m, true);
-  launch(kernels::select_gemm(desc, "", false, op).kernel, x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, {},
+  launch(kernels::select_gemm(desc, kernel, false, op).kernel, x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, {},
          x.block_bits.defined() ? &x.block_bits : nullptr);
 }
 
