@@ -21,8 +21,11 @@
 // stream reads (first version: activations arrive as s8 codes and are narrowed in registers; an s4
 // activation layout from the quantizer would halve their bytes and is not written).
 //
-// Hopper runs this code (correctness is tested there) but its s4 mma is slow: the registry takes this
-// kernel by default on sm_80/86/87/89 only; on sm_90 it runs only when forced by name.
+// Hopper runs this code (test_gpu_fmpq.py forces it there for correctness) but its s4 mma is slow: the
+// registry takes this kernel by default on sm_80/86/87/89 only; on sm_90 it runs only when forced by name.
+// Tiles: gemm_fmpq_sm80.cu's, except 64-token tiles from 33 tokens on (its 128-token tile spilled on sm_80)
+// and 3 CTAs per SM at <= 8 tokens (4 spilled on sm_90a); 0 spills on sm_80 and sm_90a. Speed: unmeasured
+// (no int4 tensor cores lent; docs/benchmarks_gpu.md, COMET round 3).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -286,7 +289,7 @@ __global__ void sum_partials_s4_kernel(S4Args p, int split) {
   store_scaled(p, static_cast<int>(i / p.n), static_cast<int>(i % p.n), s);
 }
 
-// gemm_fmpq_sm80.cu's shapes by token count.
+// Shapes by token count (see the header comment for where they differ from gemm_fmpq_sm80.cu's).
 using CfgM8 = Cfg<8, 1, 1, 1, 4, 3>;
 using CfgM16 = Cfg<8, 1, 1, 2, 4, 3>;
 using CfgM32 = Cfg<8, 1, 1, 4, 4, 2>;

@@ -19,7 +19,6 @@
 #include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
-#include "lowbit/kernels/desc.h"
 #include "lowbit/quant/activation.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm80/w4a8_common_sm80.cuh"
@@ -330,9 +329,14 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   // Ampere/Ada's int4 tensor cores (gemm_fmpq_s4_sm80.cu) when the block map is known: by default on
   // sm_80/86/87/89, forced anywhere (sm_90 runs it slowly).
-  const int cc = kernels::compute_capability(xq.device());
-  const bool s4 = kernel == FmpqKernel::sm80_s4 ||
-                  (kernel == FmpqKernel::automatic && block_bits.defined() && (cc == 80 || cc == 86 || cc == 87 || cc == 89));
+  bool s4 = kernel == FmpqKernel::sm80_s4;
+  if (kernel == FmpqKernel::automatic && block_bits.defined()) {
+    int major = 0, minor = 0;
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const int cc = 10 * major + minor;
+    s4 = cc == 80 || cc == 86 || cc == 87 || cc == 89;
+  }
   if (s4) {
     LOWBIT_CHECK(block_bits.defined(), op, ": the s4 kernel needs the block map (block_bits)");
     const FmpqBits bits = fmpq_bits_of(block_bits, op);
