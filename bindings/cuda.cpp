@@ -409,29 +409,32 @@ void bind_cuda(nb::module_& m) {
   m.def(
       "gemm_fmpq",
       [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
-         const std::string& kernel) {
+         const std::string& kernel, nb::handle block_bits) {
 #ifdef LOWBIT_WITH_CUDA
-        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90" || kernel == "sm90s",
-                     "gemm_fmpq: argument 'kernel' must be '', 'sm80', 'sm90' or 'sm90s' (the serial mainloop), "
+        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90" || kernel == "sm90s" || kernel == "s4",
+                     "gemm_fmpq: argument 'kernel' must be '', 'sm80', 's4', 'sm90' or 'sm90s' (the serial mainloop), "
                      "got '", kernel, "'");
         const cuda::FmpqKernel k = kernel == "sm80"    ? cuda::FmpqKernel::sm80
+                                   : kernel == "s4"    ? cuda::FmpqKernel::sm80_s4
                                    : kernel == "sm90"  ? cuda::FmpqKernel::sm90
                                    : kernel == "sm90s" ? cuda::FmpqKernel::sm90_serial
                                                        : cuda::FmpqKernel::automatic;
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_fmpq(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
-                        split_k, k);
+                        split_k, k, optional_tensor(block_bits, "block_bits"));
 #else
         no_cuda("gemm_fmpq");
 #endif
       },
       nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("w"), nb::arg("y"), nb::arg("split_k") = 0,
-      nb::arg("stream") = 0, nb::arg("kernel") = "",
+      nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("block_bits") = nb::none(),
       "GPU, COMET W4Ax: FMPQ codes xq s8 [m, k] and scales f32 [m, blocks] times a qoq/liquid PackedWeight packed "
       "for sm80 on the device; y f16/f32 [m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b, or s32 "
       "[m, blocks, n]: the raw int32 sum of each 128-channel block (x_scale may be None). kernel: '' (wgmma on "
       "sm_90 from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic, else the number of splits, whole "
-      "blocks each), 'sm90' (scaled outputs; split_k: 0 automatic or the cluster size 1, 2, 4, 8; each block's flush under "
+      "blocks each), 's4' (int4 tensor cores for the int4 blocks of `block_bits`, a host uint8 tensor of 4 / 8 "
+      "per block; as 'sm80' otherwise, the same int32 block sums; the default on sm_80/86/87/89 when block_bits is "
+      "given), 'sm90' (scaled outputs; split_k: 0 automatic or the cluster size 1, 2, 4, 8; each block's flush under "
       "the next block's wgmmas) or 'sm90s' (the same kernel flushing between blocks; bit-identical outputs)");
 
   m.def(

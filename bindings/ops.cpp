@@ -82,17 +82,22 @@ void bind_ops(nb::module_& m) {
       "'' for the registry's choice.");
   m.def(
       "linear_fmpq",
-      [](nb::handle q, nb::handle scales, const PackedWeight& w, nb::handle bias, nb::handle out) {
+      [](nb::handle q, nb::handle scales, const PackedWeight& w, nb::handle bias, nb::handle out,
+         nb::handle block_bits, const std::string& kernel) {
         FmpqActivation x;
         x.q = tensor_from_python(q, "q");
         x.scales = tensor_from_python(scales, "scales");
+        x.block_bits = optional_tensor(block_bits, "block_bits");
         Tensor y = output(out, {x.q.dim() == 2 ? x.q.size(0) : 0, w.n}, ScalarType::f32, x.q.device());
-        ops::linear_fmpq(x, w, optional_tensor(bias, "bias"), y);
+        ops::linear_fmpq(x, w, optional_tensor(bias, "bias"), y, kernel);
         return result(out, y);
       },
       nb::arg("q"), nb::arg("scales"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::arg("out") = nb::none(),
+      nb::arg("block_bits") = nb::none(), nb::arg("kernel") = "",
       "COMET W4Ax: (q, scales) from quantize_fmpq times a qoq/liquid/w8 weight, exact int32 per 128-channel "
-      "block; returns f32 [m, n] unless `out` (f32/f16/bf16) is given");
+      "block; returns f32 [m, n] unless `out` (f32/f16/bf16) is given. block_bits (a host uint8 tensor of 4 / 8 "
+      "per block, optional) lets the GPU run the int4 blocks on int4 tensor cores (gemm_fmpq_s4_sm80); kernel: a "
+      "registered GEMM kernel name to force, '' for the registry's choice");
   m.def(
       "rms_norm",
       [](nb::handle x, nb::handle weight, float eps, nb::handle out) {

@@ -1,7 +1,8 @@
 """GPU COMET W4Ax (FMPQ activations: per token and 128-channel block, int4 or int8 by a block map):
 quantize_fmpq's codes and scales bit for bit against the CPU quantizer and an independent torch rounding;
 the GEMM's int32 sum of every block bit-exact against int64 torch products of the paper's s8 weights
-(odd M, N and K tails, block maps from 0% to 100% int8, split-K, poisoned outputs); the scaled output
+(odd M, N and K tails, block maps from 0% to 100% int8, split-K, poisoned outputs), on the s8 kernel and on the
+s4 one (int4 blocks on s4 mma.sync, forced by name where it is not the default); the scaled output
 against float64 and the CPU linear_fmpq; the op through the kernel registry; clear errors."""
 import pytest
 import torch
@@ -142,6 +143,109 @@ def test_gemm_fmpq_block_sums_bit_exact(fmt, m, n, k, group, frac):
         _core.gemm_fmpq(q.cuda(), None, pw, y, split_k=split)
         torch.cuda.synchronize()
         assert torch.equal(y.cpu().long(), ref), f"split_k={split}"
+
+
+# ---- gemm_fmpq_s4_sm80: int4 blocks on s4 mma.sync m16n8k64, int8 blocks on s8, one accumulator per block --------
+# Ampere/Ada's int4 tensor cores; Hopper runs the same code slowly (tested here, forced by name).
+S4 = "gemm_fmpq_s4_sm80"
+INT4_TENSOR_CORES = lowbit.cuda_available() and torch.cuda.get_device_capability() in ((8, 0), (8, 6), (8, 7), (8, 9))
+
+# Odd m (1, 7, 65, 300) and every m-shape of the kernel (<= 8, 16, 32, 64, more), n tails, k with a half block
+# (576, 1088, 704, 192) or below one (64), groups 64 / 128, int8 fractions 0 / 10% / 50% / 90% / 100%.
+S4_CASES = [("qoq", 1, 64, 64, 64, 0.0), ("liquid", 7, 130, 576, 64, 0.1), ("qoq", 65, 200, 576, 128, 0.5),
+            ("liquid", 300, 96, 1024, 64, 0.9), ("qoq", 300, 520, 1088, 64, 0.0), ("liquid", 16, 72, 4096, 128, 0.1),
+            ("qoq", 33, 136, 704, 128, 1.0), ("liquid", 1, 1000, 2048, 128, 0.5), ("qoq", 129, 48, 192, 64, 0.1),
+            ("liquid", 64, 256, 1024, 64, 0.5)]
+
+
+def s4_codes(m, k, bits, seed):
+    """fmpq_codes, with the int4 blocks over the whole s4 range [-8, 7] (the quantizer writes [-7, 7]; the kernel
+    takes -8 too) on even seeds."""
+    q, s = fmpq_codes(m, k, bits, seed)
+    if seed % 2 == 0:
+        g = torch.Generator().manual_seed(seed + 1)
+        for b, nb in enumerate(bits):
+            if nb == 4:
+                blk = q[:, b * BLOCK:(b + 1) * BLOCK]
+                blk.copy_(torch.randint(-8, 8, blk.shape, generator=g, dtype=torch.int8))
+    return q, s
+
+
+@pytest.mark.parametrize("fmt,m,n,k,group,frac", S4_CASES)
+def test_gemm_fmpq_s4_block_sums_bit_exact(fmt, m, n, k, group, frac):
+    """The int32 sum of every block (int4 ones through s4 (q - 8) x plus the zero-point term, int8 ones on s8)
+    equals the int64 torch product of the paper's s8 weights, and the s8 kernel's sums, at every split."""
+    qw = two_level_weight(fmt, n, k, group, seed=m * 5 + n + 3 * k)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    bits = block_map(k, frac, seed=m + 2 * k)
+    q, _ = s4_codes(m, k, bits, seed=m + n)
+    ref = blocked_ref(q, s8_weights(qw))
+    bb, qc = torch.tensor(bits, dtype=torch.uint8), q.cuda()
+    y8 = torch.full((m, nblocks(k), n), -7, dtype=torch.int32, device="cuda")
+    _core.gemm_fmpq(qc, None, pw, y8, kernel="sm80")  # the s8 kernel on the same codes
+    for split in (0, 1, 3):
+        y = torch.full((m, nblocks(k), n), -7, dtype=torch.int32, device="cuda")  # poisoned
+        _core.gemm_fmpq(qc, None, pw, y, split_k=split, kernel="s4", block_bits=bb)
+        torch.cuda.synchronize()
+        assert torch.equal(y.cpu().long(), ref), f"split_k={split}: {(y.cpu().long() != ref).sum().item()} sums differ"
+    assert torch.equal(y8.cpu().long(), ref), "the s8 kernel"
+
+
+@pytest.mark.parametrize("fmt,m,n,k,group,frac", S4_CASES)
+def test_gemm_fmpq_s4_scaled_bit_exact_with_power_of_two_scales(fmt, m, n, k, group, frac):
+    """Scaled f32 / f16 rows with block scales 2^-3..2^0: every f32 sum stays exact (as the sm90 test argues), so y is
+    fl(total * channel_scale), total the int64-exact sum: bit for bit at every split."""
+    qw = two_level_weight(fmt, n, k, group, seed=m + 13 * n + k)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    bits = block_map(k, frac, seed=3 * m + k)
+    q, _ = s4_codes(m, k, bits, seed=2 * m + n + 1)
+    g = torch.Generator().manual_seed(m * 17 + k)
+    s = torch.pow(2.0, -torch.randint(0, 4, (m, nblocks(k)), generator=g).float())
+    acc = blocked_ref_f64(q, s8_weights(qw))
+    bound = (acc.abs() * s.double()[:, :, None]).sum(dim=1).max().item()
+    assert bound < 2 ** 21, f"test data too large for exact f32 sums: {bound:.3g}"
+    total = (acc * s.double()[:, :, None]).sum(dim=1).float()
+    ref32 = total * torch.from_dlpack(qw.channel_scales).float()[:n][None, :]
+    bb, qc, sc = torch.tensor(bits, dtype=torch.uint8), q.cuda(), s.cuda()
+    for split in (0, 1, 2):
+        for dtype in (torch.float32, torch.float16):
+            y = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")  # poisoned
+            _core.gemm_fmpq(qc, sc, pw, y, split_k=split, kernel="s4", block_bits=bb)
+            torch.cuda.synchronize()
+            bad = (y.cpu() != ref32.to(dtype)).sum().item()
+            assert bad == 0, f"split={split} {dtype}: {bad} of {m * n} outputs differ (NaN: unwritten)"
+
+
+@pytest.mark.parametrize("m,n,k,frac", [(7, 200, 576, 0.25), (300, 520, 1088, 0.1)])
+def test_linear_fmpq_forces_the_s4_kernel_by_name(m, n, k, frac):
+    """f16 x -> quantize_fmpq -> linear_fmpq with kernel=gemm_fmpq_s4_sm80 through the registry (+ bias) against the
+    CPU linear_fmpq; the block map travels with the activations."""
+    qw = two_level_weight("liquid", n, k, 64, seed=n + 1)
+    bits = block_map(k, frac, seed=k + 1)
+    x = activations(m, k, seed=m + 1)
+    bias = (torch.randn(n, generator=torch.Generator().manual_seed(2)) * 0.1).half()
+    q_cpu, s_cpu = _core.quantize_fmpq(x, bits)
+    y_cpu = torch.from_dlpack(_core.linear_fmpq(q_cpu, s_cpu, _core.pack_weight(qw, "cpu"), bias.float())).double()
+    q, s = _core.quantize_fmpq(x.cuda(), bits)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+    _core.linear_fmpq(q, s, pw, bias.cuda(), out, block_bits=torch.tensor(bits, dtype=torch.uint8), kernel=S4)
+    torch.cuda.synchronize()
+    err = ((out.cpu().double() - y_cpu).abs().max() / y_cpu.abs().max()).item()
+    assert err < 2e-6, f"relative error {err:.2e}"
+
+
+def test_gemm_fmpq_s4_errors_name_the_problem():
+    k, n = 256, 64
+    q, s = _core.quantize_fmpq(activations(4, k, seed=2).cuda(), [4, 8])
+    pw = _core.pack_weight(two_level_weight("liquid", n, k, 64, seed=1), "sm80", "cuda:0")
+    y = torch.empty(4, n, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="block map"):
+        _core.gemm_fmpq(q, s, pw, y, kernel="s4")
+    with pytest.raises(ValueError, match="block_bits.*3 blocks.*has 2"):
+        _core.gemm_fmpq(q, s, pw, y, kernel="s4", block_bits=torch.tensor([4, 8, 4], dtype=torch.uint8))
+    with pytest.raises(ValueError, match="4 or 8"):
+        _core.gemm_fmpq(q, s, pw, y, kernel="s4", block_bits=torch.tensor([4, 6], dtype=torch.uint8))
 
 
 @pytest.mark.parametrize("fmt,m,n,k,group,frac", GEMM_CASES[1:6])
@@ -365,10 +469,11 @@ def engine_logits(model, ids):
 @pytest.mark.parametrize("frac", [1.0, 0.1, 0.0])
 def test_w4a4_engine_logits_match_cpu(recipe, frac):
     gpu = fmpq_llama(recipe, "cuda", "f16", frac)
-    large = "gemm_fmpq_sm90" if SM90 else "gemm_fmpq_sm80"
+    small = S4 if INT4_TENSOR_CORES else "gemm_fmpq_sm80"  # never the s4 kernel on sm_90 unless forced
+    large = "gemm_fmpq_sm90" if SM90 else small
     kernels = {p["role"]: p["kernel"] for p in gpu.plan()
                if p["role"].startswith("linear.") and not p["role"].startswith("linear.lm_head")}
-    assert kernels and all(k == (large if r.endswith("m128+") else "gemm_fmpq_sm80") for r, k in kernels.items())
+    assert kernels and all(k == (large if r.endswith("m128+") else small) for r, k in kernels.items())
     cpu16, cpu32 = fmpq_llama(recipe, "cpu", "f16", frac), fmpq_llama(recipe, "cpu", "f32", frac)
     wrong = fmpq_llama(recipe, "cuda", "f16", frac, permute=False)
     errs, gaps, wrongs = [], [], []

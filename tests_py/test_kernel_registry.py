@@ -174,10 +174,13 @@ def test_paged_attention_forced_kernel_on_the_cpu():
 
 
 def test_fmpq_gpu_kernel_and_its_refusals():
-    """COMET W4Ax on the GPU: FMPQ s8 codes x qoq/liquid weights take gemm_fmpq_sm80 on every sm_80+ device,
-    gemm_fmpq_sm90 on sm_90 from 128 tokens; w8 weights and f16 rows (no block map) are refused by name."""
-    for sm, m, expected in ((80, 1, "gemm_fmpq_sm80"), (80, 4096, "gemm_fmpq_sm80"), (90, 16, "gemm_fmpq_sm80"),
-                            (90, 4096, "gemm_fmpq_sm90"), (89, 4096, "gemm_fmpq_sm80")):
+    """COMET W4Ax on the GPU: FMPQ s8 codes x qoq/liquid weights take gemm_fmpq_s4_sm80 (int4 tensor cores) on
+    sm_80/86/87/89, gemm_fmpq_sm80 on sm_90 below 128 tokens and gemm_fmpq_sm90 from 128 on; w8 weights and f16
+    rows (no block map) are refused by name."""
+    for sm, m, expected in ((80, 1, "gemm_fmpq_s4_sm80"), (80, 4096, "gemm_fmpq_s4_sm80"),
+                            (86, 16, "gemm_fmpq_s4_sm80"), (89, 4096, "gemm_fmpq_s4_sm80"),
+                            (87, 100, "gemm_fmpq_s4_sm80"), (90, 1, "gemm_fmpq_sm80"), (90, 16, "gemm_fmpq_sm80"),
+                            (90, 100, "gemm_fmpq_sm80"), (90, 4096, "gemm_fmpq_sm90")):
         r = _core.kernels.select_gemm(device="cuda", sm=sm, act="fmpq_mixed", x="s8", y="f16", weight="liquid",
                                       packed="sm80", group=64, n=4096, k=4096, m=m)
         assert r["kernel"] == expected and not r["fallback"], r
@@ -187,3 +190,16 @@ def test_fmpq_gpu_kernel_and_its_refusals():
     rows = _core.kernels.select_gemm(device="cuda", sm=90, act="fmpq_mixed", x="f16", y="f16", weight="qoq",
                                      packed="sm80", group=128, n=4096, k=4096)
     assert rows["kernel"] is None and "gemm_fmpq_sm80: takes s8 codes" in rows["reasons"]
+
+
+@pytest.mark.parametrize("sm,m", [(90, 1), (90, 100), (90, 4096), (80, 16)])
+def test_fmpq_s4_kernel_is_forcible_by_name_everywhere_it_can_run(sm, m):
+    """On sm_90 (no int4 tensor cores) the s4 kernel is never the automatic choice, but forcing it by name works and
+    says so; its reasons name the slow path."""
+    r = _core.kernels.select_gemm(device="cuda", sm=sm, act="fmpq_mixed", x="s8", y="f16", weight="qoq",
+                                  packed="sm80", group=128, n=4096, k=4096, m=m, forced="gemm_fmpq_s4_sm80")
+    assert r["kernel"] == "gemm_fmpq_s4_sm80" and r["why"].startswith("forced") and not r["fallback"], r
+    assert ("slow on sm_90" in r["why"]) == (sm == 90), r
+    w8 = _core.kernels.select_gemm(device="cuda", sm=sm, act="fmpq_mixed", x="s8", y="f16", weight="w8",
+                                   packed="sm80", n=4096, k=4096)
+    assert "gemm_fmpq_s4_sm80: needs qoq or liquid weights, got w8" in w8["reasons"]

@@ -42,7 +42,8 @@
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS);
 #               FMPQ_K=expr selects its tests with -k (FMPQ_TEST_S caps them), FMPQ_ENGINE=0 skips the engine
-#               regression, FMPQ_SANITIZE=0 the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s);
+#               regression, FMPQ_SANITIZE=0 the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s; FMPQ_SANITIZE_K
+#               replaces their -k expression);
 #               FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
 #     peak      tools/bench_gpu_peak.py (the QServe / LiquidGEMM peak-throughput protocol) after the mixed-step
 #               attention and engine tests (PEAK_TESTS=0 skips them, PEAK_K selects with -k) and a sanitizer pass
@@ -137,7 +138,7 @@ SANITIZE_CASES=(
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
   "w4a16_decode|test_gpu_w4a16_decode_sm90.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-9-True or 2-4103-640-96-16-False or 1-1000-4160-32-5-True)) or strided or bad_split"
-  "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors"
+  "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors or (s4 and (liquid-64-256 or forces and 7-200))"
 )
 if has sanitize; then
   echo "== compute-sanitizer: memcheck, racecheck, synccheck over small cases of every GPU kernel test"
@@ -222,6 +223,7 @@ if has fmpq; then
   [ "${FMPQ_ENGINE:-1}" != 0 ] && "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=20 \
     -k "model_info_and_load_errors or linear_errors or (logits_match_cpu and (w4a8kv4 or w16a16kc4v4))" 2>&1 | tail -3
   expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^fmpq|' | cut -d'|' -f3)
+  [ -n "${FMPQ_SANITIZE_K:-}" ] && expr=$FMPQ_SANITIZE_K
   [ "${FMPQ_SANITIZE:-1}" = 0 ] && expr=""
   for tool in memcheck racecheck synccheck; do
     [ -n "$expr" ] || break

@@ -74,10 +74,11 @@ void check_cpu_linear(const PackedWeight& w, LinearActivation act) {
 
 // Runs `kernel` (the plan's, or the registry's choice).
 void launch(const kernels::GemmKernel* kernel, const Tensor& x, const Tensor& x_scales, const PackedWeight& w,
-            const Tensor& bias, Tensor& y, LinearActivation act, const kernels::KernelTuning& tuning) {
+            const Tensor& bias, Tensor& y, LinearActivation act, const kernels::KernelTuning& tuning,
+            const Tensor* block_bits = nullptr) {
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, kernel != nullptr && kernel->launch != nullptr, kOp, ": kernel ",
                     kernel ? kernel->name : "(none)", " is not built into this library");
-  kernel->launch(kernels::GemmArgs{x, x_scales, w, bias, y, act, tuning});
+  kernel->launch(kernels::GemmArgs{x, x_scales, w, bias, y, act, tuning, block_bits});
 }
 
 
@@ -171,7 +172,8 @@ void linear_quantized(const Tensor& q, const Tensor& scales, const PackedWeight&
   launch(plan.kernel_for(q.size(0)), q, scales, w, bias, y, plan.act, plan.tuning);
 }
 
-void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y) {
+void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                 const std::string& kernel) {
   constexpr const char* op = "linear_fmpq";
   check_defined(x.q, op, "x.q");
   check_dtype(x.q, ScalarType::s8, op, "x.q");
@@ -208,7 +210,8 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
   if (m == 0) return;
   const kernels::GemmDesc desc =
       kernels::describe_gemm(dev, LinearActivation::fmpq_mixed, x.q.dtype(), y.dtype(), w, m, true);
-  launch(kernels::select_gemm(desc, "", false, op).kernel, x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, {});
+  launch(kernels::select_gemm(desc, kernel, false, op).kernel, x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, {},
+         x.block_bits.defined() ? &x.block_bits : nullptr);
 }
 
 void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
@@ -216,7 +219,8 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
   LOWBIT_CHECK(x.q.dim() == 2 && x.q.size(1) == w.k && y.size(0) == x.q.size(0), "linear_fmpq: x.q ",
                shape_str(x.q.shape()), " does not match the weight [n=", w.n, ", k=", w.k, "]");
   if (x.q.size(0) == 0) return;
-  launch(plan.kernel_for(x.q.size(0)), x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, plan.tuning);
+  launch(plan.kernel_for(x.q.size(0)), x.q, x.scales, w, bias, y, LinearActivation::fmpq_mixed, plan.tuning,
+         x.block_bits.defined() ? &x.block_bits : nullptr);
 }
 
 }  // namespace lowbit::ops

@@ -212,8 +212,11 @@ void launch_w4a8(const GemmArgs& a, cuda::Gemm8Kernel kernel) {
 }
 
 // Runs the FMPQ GEMM on `kernel`: x holds the codes, x_scales their [m, blocks] scales (ops::linear_fmpq).
+// The s4 kernel needs the block map; a call without one runs every block on the s8 kernel (same sums).
 void launch_fmpq(const GemmArgs& a, cuda::FmpqKernel kernel) {
-  cuda::gemm_fmpq(a.x, a.x_scales, a.w, a.y, cuda::current_stream(), 0, kernel);
+  if (kernel == cuda::FmpqKernel::sm80_s4 && a.block_bits == nullptr) kernel = cuda::FmpqKernel::sm80;
+  cuda::gemm_fmpq(a.x, a.x_scales, a.w, a.y, cuda::current_stream(), 0, kernel,
+                  a.block_bits != nullptr ? *a.block_bits : Tensor());
   add_bias(a);
 }
 
@@ -234,6 +237,7 @@ void launch_wfp8a16_sm80(const GemmArgs& a) {
 void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
 void launch_fmpq_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80); }
+void launch_fmpq_s4_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80_s4); }
 }  // namespace
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
@@ -303,6 +307,22 @@ Fit fmpq_sm80_can_run(const GemmDesc& d, std::string* why) {
            "block scale, split-K over whole blocks";
   return f;
 }
+
+// Ampere/Ada have int4 tensor cores (twice the s8 rate); Hopper's s4 mma.sync is slow (no int4 tensor cores),
+// so there this kernel runs only when forced by name.
+bool int4_tensor_cores(int sm) { return sm == 80 || sm == 86 || sm == 87 || sm == 89; }
+Fit fmpq_s4_sm80_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = fmpq_can_run(d, why, 80);
+  if (f == Fit::yes && why)
+    *why = int4_tensor_cores(d.sm)
+               ? "int4 blocks on s4 mma.sync m16n8k64 (u4 weights as q - 8, the zero point folded in via the block's "
+                 "activation sums), int8 blocks on s8 mma.sync, one int32 sum per block"
+               : "int4 blocks on s4 mma.sync (slow on " + arch_name(d.device, d.sm) +
+                     ": no int4 tensor cores; taken only when forced), int8 blocks on s8 mma.sync";
+  return f;
+}
+// Above gemm_fmpq_sm80 (rank 1) where int4 tensor cores exist; below it elsewhere.
+int fmpq_s4_sm80_rank(const GemmDesc& d) { return int4_tensor_cores(d.sm) ? 2 : 0; }
 }  // namespace
 
 void register_gemm_sm80(std::vector<GemmKernel>& out) {
@@ -327,6 +347,9 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  w4a8_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w4a8_sm80)});
   out.push_back({"gemm_fmpq_sm80", "COMET W4Ax: FMPQ int4/int8 block activations x qoq/liquid u4 weights, mma.sync",
                  fmpq_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_fmpq_sm80)});
+  out.push_back({"gemm_fmpq_s4_sm80", "COMET W4Ax with int4 tensor cores: int4 blocks on s4 mma.sync, int8 blocks on "
+                 "s8, one accumulator (sm_80/86/89 default; sm_90 only when forced)", fmpq_s4_sm80_can_run,
+                 fmpq_s4_sm80_rank, LOWBIT_GPU_LAUNCH(launch_fmpq_s4_sm80)});
   out.push_back({"gemm_fp8_sm89", "FP8 e4m3 x e4m3 mma.sync (sm_89+), per-token activations", fp8_sm89_can_run,
                  rank_one, LOWBIT_GPU_LAUNCH(launch_fp8_sm89)});
 }

@@ -8,7 +8,7 @@
 // (two 64-k chunks), the block's int32 sums are exact, and at the stage's end each is flushed into an f32
 // accumulator with its token's block scale (cp.async'd with the stage), then reset. Every block, int4
 // or int8, runs on the s8 tensor cores: on sm_90 there are no fast s4 ones (this is COMET's int4 blocks
-// widened to s8), and the s4 m16n8k64 stream for Ampere/Ada is a separate kernel not written yet.
+// widened to s8); the s4 m16n8k64 stream for Ampere/Ada is gemm_fmpq_s4_sm80.cu, dispatched from here.
 // The channel scale applies once at the end; split-K partials are f32 (each split owns whole blocks).
 #include <cuda_fp16.h>
 
@@ -22,6 +22,7 @@
 #include "lowbit/quant/activation.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm80/w4a8_common_sm80.cuh"
+#include "kernels/sm80/gemm_fmpq_s4_sm80.h"
 #include "kernels/sm90/gemm_fmpq_sm90.h"
 
 namespace lowbit::cuda {
@@ -273,7 +274,7 @@ int pick_split(int64_t m, int64_t n, int64_t k, int device) {
 }  // namespace
 
 void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
-               int split_k, FmpqKernel kernel) {
+               int split_k, FmpqKernel kernel, const Tensor& block_bits) {
   const char* op = "gemm_fmpq";
   LOWBIT_CHECK((w.format == WeightFormat::qoq || w.format == WeightFormat::liquid) && w.target == PackTarget::sm80,
                op, ": argument 'w' must be a qoq or liquid weight packed for sm80 (pack_sm80), got ",
@@ -326,6 +327,29 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  // Ampere/Ada's int4 tensor cores (gemm_fmpq_s4_sm80.cu) when the block map is known: by default on
+  // sm_80/86/87/89, forced anywhere (sm_90 runs it slowly).
+  bool s4 = kernel == FmpqKernel::sm80_s4;
+  if (kernel == FmpqKernel::automatic && block_bits.defined()) {
+    int major = 0, minor = 0;
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const int cc = 10 * major + minor;
+    s4 = cc == 80 || cc == 86 || cc == 87 || cc == 89;
+  }
+  if (s4) {
+    LOWBIT_CHECK(block_bits.defined(), op, ": the s4 kernel needs the block map (block_bits)");
+    const FmpqBits bits = fmpq_bits_of(block_bits, op);
+    LOWBIT_CHECK(block_bits.size(0) == blocks, op, ": argument 'block_bits' has ", block_bits.size(0),
+                 " blocks, k=", k, " has ", blocks);
+    const detail::FmpqProblem problem{xq.data<int8_t>(), xq.stride(0), out == Out::raw ? nullptr : x_scale.data<float>(),
+                                      w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
+                                      w.channel_scales.data<float>(), y.data_ptr(), out == Out::raw ? 0 : y.stride(0),
+                                      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                      static_cast<int>(blocks), w.group, static_cast<int>(npad), out == Out::f32};
+    detail::gemm_fmpq_s4_sm80(problem, bits.int8_mask, out == Out::raw, split_k, pdl_supported(dev), stream);
+    return;
+  }
   // The wgmma kernel from 128 tokens on (its tile); below, the mma.sync kernel's small tiles and split-K.
   const bool sm90 = kernel == FmpqKernel::sm90 || kernel == FmpqKernel::sm90_serial ||
                     (kernel == FmpqKernel::automatic && m >= 128 && out != Out::raw && detail::gemm_fmpq_sm90_usable(dev));

@@ -32,6 +32,7 @@ struct GemmArgs {
   Tensor& y;
   ActivationMode act;
   KernelTuning tuning;
+  const Tensor* block_bits = nullptr;  // act fmpq_mixed: the host u8 block map (4 / 8 per 128 channels), if known
 };
 
 struct AttnArgs {

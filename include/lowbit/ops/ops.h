@@ -46,8 +46,10 @@ void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& b
 // COMET W4Ax: x quantized by quantize_fmpq (s8 [m, k] with int4 or int8 values per 128-channel block,
 // scales f32 [m, ceil(k / 128)]); w a qoq/liquid/w8 weight (s8 per group). Each block's s8 x s8 sum is
 // exact in int32; y[m, n] = channel_scale[n] * sum_b scale[m, b] * acc_b[m, n] (+ bias), y f32/f16/bf16.
-// On the GPU (gemm_fmpq_sm80): qoq/liquid weights packed for sm80, y f16 or f32.
-void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y);
+// On the GPU (gemm_fmpq_sm80; gemm_fmpq_s4_sm80 on sm_80/86/87/89, which reads x.block_bits and without it runs
+// the s8 kernel): qoq/liquid weights packed for sm80, y f16 or f32. `kernel` forces a registered kernel by name.
+void linear_fmpq(const FmpqActivation& x, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                 const std::string& kernel = "");
 // quantize_fmpq (activation.h) on x's device: the CPU reference, or on the GPU (x f16/f32, block_bits
 // on the host) the same codes and scales bit for bit into out.q / out.scales, which must then be
 // allocated on x's device (undefined ones are allocated here).
