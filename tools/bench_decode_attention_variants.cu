@@ -53,8 +53,8 @@ float run(int B, int L, int hq, int hkv, int split_tokens, int reps) {
 int main() {
   struct Cfg { int B, L, split; };
   // The shipped per-token 4- and 2-bit builds (u4/u4 at 4 blocks; u2/u2 at 3 with V a tile ahead), each with the score
-  // mma in two independent chains (the default) and in one, at the split sizes decode_attention picks; u4/u4 also with
-  // the next tile's V issued mid-tile (Vmid: spills 8 bytes at 4 blocks, one chain).
+  // mma in two independent chains and in one (the default since measured here), at the split sizes decode_attention
+  // picks; u4/u4 also with the next tile's V issued mid-tile (Vmid: spills 8 bytes at 4 blocks, one chain).
   for (Cfg c : {Cfg{64, 8192, 4096}, Cfg{1, 131072, 2048}, Cfg{16, 32768, 4096}, Cfg{256, 1536, 1536}}) {
     printf("B=%d L=%d split=%d\n", c.B, c.L, c.split);
     printf("  u4/u4  mb4 ch2       %8.1f us\n", run<KvType::u4, KvType::u4, 4, false, 1, 2>(c.B, c.L, 32, 8, c.split, 30));

@@ -239,10 +239,11 @@ struct DecodeSmem {
 // kVAhead: V is loaded one tile ahead with K (integer K and V only), twice the bytes in flight per warp.
 // kSub: a warp's step covers kSub consecutive 16-token tiles (per-token K only): their loads are in flight together
 // and one running-max update, rescale and P' transpose serve all of them.
-// kChains: independent accumulators of the score mma (1 or 2).
-// kVMid: the next tile's V is issued right after this tile's score mma (its K registers are dead by then: no more
-// registers than V at the top of its own tile), so V's latency has the softmax and output mma of this tile to hide in.
-template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 2, bool kVMid = false>
+// kChains: independent accumulators of the score mma (1 or 2; see score_chains()).
+// kVMid: the next tile's V is issued right after this tile's score mma (its K registers are dead by then), so V's
+// latency has the softmax and output mma of this tile to hide in. Measured 47% slower for u4/u4 at 4 blocks (it spills
+// 8 bytes there: 261.6 vs 177.5 us at 64 x 8K, H200): no instance takes it.
+template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 1, bool kVMid = false>
 __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D, kSub>& sm, int split,
                                              int slot_split, bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
@@ -262,7 +263,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   constexpr bool kTokenKParams = KT == KvType::u8 || KT == KvType::u4 || KT == KvType::u2;
   constexpr bool kChannelK = kv_per_channel<KT>();
   // The sm_80 code of per-token u4 K at head_dim 128 (pinned to 128 registers) has fewer to spare than sm_90's: it
-  // keeps one score chain and looks its rows up where it loads (else it spills 4-12 bytes).
+  // looks its rows up where it loads, and keeps one score chain if two are asked for (else it spills 4-12 bytes).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   constexpr bool kTight = D == 128 && KT == KvType::u4;
 #else
@@ -791,7 +792,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
 
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
 // K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
-template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1, int kChains = 2,
+template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1, int kChains = 1,
           bool kVMid = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
@@ -838,13 +839,12 @@ constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
 // 1.5K 154 -> 166; u4 K (3 blocks, against 1 tile at 4) and u4 K with u2 V lost 8-30% too. Kept for experiments.
 template <int D, KvType KT, KvType VT>
 constexpr int sub_tiles() { return 1; }
-// score_chains: independent accumulators of the score mma (decode_block's kChains). Two halve the chain of dependent
-// mmas each tile waits on, for 4 more registers in the score phase; per-token u4 K with u8 or f16 V at head_dim 128
-// (pinned to 128 registers) would spill 32 / 8 bytes with two, so it keeps one.
+// score_chains: independent accumulators of the score mma (decode_block's kChains). Two were predicted to help (the
+// tile's 8 dependent score mmas as two chains of 4) and measured slower on an H200 in the same call as one (kernel
+// alone, tools/bench_decode_attention_variants.cu): u4/u4 64 x 8K 180.1 vs 177.5 us, 1 x 128K 54.0 vs 52.8; u2/u2
+// 186.4 vs 148.3, 68.6 vs 45.4. Every instance takes one; the parameter stays for experiments.
 template <int D, KvType KT, KvType VT>
-constexpr int score_chains() {
-  return D == 128 && KT == KvType::u4 && (VT == KvType::u8 || VT == KvType::f16) ? 1 : 2;
-}
+constexpr int score_chains() { return 1; }
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
