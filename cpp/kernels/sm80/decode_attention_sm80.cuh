@@ -619,8 +619,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       const float2 ksp_g = cur[u].ksp_g, ksp_g8 = cur[u].ksp_g8;
       float* const su = s[u];
 
-      // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8. kChains independent accumulators
-      // (k-step j into chain j % kCh) shorten the chain of dependent mmas the tile waits on.
+      // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8; with kChains 2 (experiments only: measured
+      // slower, see score_chains()) k-step j goes into accumulator j % 2. Chain 0 starts from the magic offset.
       constexpr int kCh = kTight ? 1 : kChains;
       float sc[kCh][4];
 #pragma unroll
