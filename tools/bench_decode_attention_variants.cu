@@ -1,5 +1,5 @@
 // Experiment harness for the decode attention kernel (decode_attention_sm80.cuh): instantiates variants the build
-// does not (resident blocks per SM, V loaded a tile ahead, tiles per softmax step) at head_dim 128, 32 q / 8 kv heads, block 16, and times
+// does not (resident blocks per SM, V loaded a tile ahead, tiles per softmax step, score mma chains) at head_dim 128, 32 q / 8 kv heads, block 16, and times
 // one launch of each with CUDA events (median of 30 after 3 warm-ups) at several split sizes. The caches hold
 // constant bytes (timing only; the tests check results): the accumulator rescale, the one value-dependent branch,
 // runs less often than on real data, so the variants compare with each other, not with bench_gpu_kv2.py. The
@@ -13,7 +13,7 @@
 #include "kernels/sm80/decode_attention_sm80.cuh"
 using namespace lowbit::cuda;
 
-template <KvType KT, KvType VT, int MB, bool VA, int SUB>
+template <KvType KT, KvType VT, int MB, bool VA, int SUB, int CH = 2, bool VM = false>
 float run(int B, int L, int hq, int hkv, int split_tokens, int reps) {
   constexpr int D = 128; const int bs = 16;
   const int per_seq = (L + bs - 1) / bs, blocks = B * per_seq;
@@ -36,7 +36,7 @@ float run(int B, int L, int hq, int hkv, int split_tokens, int reps) {
   p.hq = hq; p.hkv = hkv; p.group = hq / hkv; p.block_size = bs; p.max_blocks = per_seq; p.split_tokens = split_tokens;
   p.num_splits = splits; p.slices = (p.group + 7) / 8; p.block_shift = 4; p.tile_in_one_page = true; p.scale = 0.088f;
   dim3 grid(B, hkv * p.slices, splits);
-  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, SUB>;
+  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, SUB, CH, VM>;
   for (int i = 0; i < 3; ++i) kern<<<grid, decode_attn::kThreads>>>(p);
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   std::vector<float> ts;
@@ -52,22 +52,15 @@ float run(int B, int L, int hq, int hkv, int split_tokens, int reps) {
 
 int main() {
   struct Cfg { int B, L, split; };
-  // Two tiles per softmax step (kSub 2) against one, at the split sizes decode_attention picks, beside the resident
-  // blocks per SM each is built for.
+  // The shipped per-token 4- and 2-bit builds (u4/u4 at 4 blocks; u2/u2 at 3 with V a tile ahead), each with the score
+  // mma in two independent chains and in one (the default since measured here), at the split sizes decode_attention
+  // picks; u4/u4 also with the next tile's V issued mid-tile (Vmid: spills 8 bytes at 4 blocks, one chain).
   for (Cfg c : {Cfg{64, 8192, 4096}, Cfg{1, 131072, 2048}, Cfg{16, 32768, 4096}, Cfg{256, 1536, 1536}}) {
     printf("B=%d L=%d split=%d\n", c.B, c.L, c.split);
-    printf("  u4/u4  mb4 sub1      %8.1f us\n", run<KvType::u4, KvType::u4, 4, false, 1>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u4/u4  mb3 sub2      %8.1f us\n", run<KvType::u4, KvType::u4, 3, false, 2>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u4/u2  mb3 sub1      %8.1f us\n", run<KvType::u4, KvType::u2, 3, false, 1>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u4/u2  mb3 sub2      %8.1f us\n", run<KvType::u4, KvType::u2, 3, false, 2>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb3 Vahd sub1 %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 1>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb3 Vahd sub2 %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 2>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb3 sub2      %8.1f us\n", run<KvType::u2, KvType::u2, 3, false, 2>(c.B, c.L, 32, 8, c.split, 30));
-    printf("  u2/u2  mb2 Vahd sub2 %8.1f us\n", run<KvType::u2, KvType::u2, 2, true, 2>(c.B, c.L, 32, 8, c.split, 30));
-  }
-  // Split sizes for kSub 2 at B=64 L=8K: 2, 3 and 4 splits.
-  for (Cfg c : {Cfg{64, 8192, 2736}, Cfg{64, 8192, 2048}}) {
-    printf("B=%d L=%d split=%d\n", c.B, c.L, c.split);
-    printf("  u2/u2  mb3 Vahd sub2 %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 2>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u4/u4  mb4 ch2       %8.1f us\n", run<KvType::u4, KvType::u4, 4, false, 1, 2>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u4/u4  mb4 ch1       %8.1f us\n", run<KvType::u4, KvType::u4, 4, false, 1, 1>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u4/u4  mb4 ch1 Vmid  %8.1f us\n", run<KvType::u4, KvType::u4, 4, false, 1, 1, true>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u2/u2  mb3 Vahd ch2  %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 1, 2>(c.B, c.L, 32, 8, c.split, 30));
+    printf("  u2/u2  mb3 Vahd ch1  %8.1f us\n", run<KvType::u2, KvType::u2, 3, true, 1, 1>(c.B, c.L, 32, 8, c.split, 30));
   }
 }

@@ -122,6 +122,15 @@ __device__ inline uint32_t bytes_plus_1024(uint32_t w, uint32_t sel) {  // two b
   return __byte_perm(w, 0x64646464, sel);
 }
 
+// P' to the B operand of the output mma without shared memory: lane (g, t) holds tokens g (or g + 8), heads 2t, 2t+1
+// (the score accumulator's layout); the transpose gives it head g, tokens 2t, 2t+1 (or 2t + 8, 2t + 9).
+__device__ inline uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+constexpr uint32_t kOnes = 0x3c003c00;  // f16 pair (1, 1)
+
 __device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                            uint32_t b1) {
   asm volatile(
@@ -204,8 +213,9 @@ __device__ inline void v_frag(const uint32_t (&wa)[kWords], const uint32_t (&wb)
 }
 
 // One 16-token tile's operands for one lane: K rows g and g+8 with the (scale, zero) of both K and V
-// (TileK, loaded one tile ahead), and V tokens 4t..4t+3 (TileV, loaded at the top of its own tile:
-// the score and softmax work covers its latency, and the registers of a second V tile are saved).
+// (TileK, loaded one tile ahead), and V tokens 2t, 2t+1, 2t+8, 2t+9 (TileV, the k indices of the output mma's A
+// operand in their natural order, loaded at the top of its own tile: the score and softmax work covers its latency,
+// and the registers of a second V tile are saved).
 template <int kKWords>
 struct TileK {
   uint32_t kg[kKWords], kg8[kKWords];
@@ -219,7 +229,6 @@ struct TileV {
 // The block's shared memory (one set per kernel, whichever body runs). kSub: 16-token tiles per softmax step.
 template <int D, int kSub = 1>
 struct DecodeSmem {
-  __align__(16) __half p_tile[kWarps][8][kTile * kSub];
   float warp_m[kWarps][8], warp_l[kWarps][8];
   __align__(16) float warp_o[kWarps][8][D];
 };
@@ -230,14 +239,17 @@ struct DecodeSmem {
 // kVAhead: V is loaded one tile ahead with K (integer K and V only), twice the bytes in flight per warp.
 // kSub: a warp's step covers kSub consecutive 16-token tiles (per-token K only): their loads are in flight together
 // and one running-max update, rescale and P' transpose serve all of them.
-template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1>
+// kChains: independent accumulators of the score mma (1 or 2; see score_chains()).
+// kVMid: the next tile's V is issued right after this tile's score mma (its K registers are dead by then), so V's
+// latency has the softmax and output mma of this tile to hide in. Measured 47% slower for u4/u4 at 4 blocks (it spills
+// 8 bytes there: 261.6 vs 177.5 us at 64 x 8K, H200): no instance takes it.
+template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 1, bool kVMid = false>
 __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D, kSub>& sm, int split,
                                              int slot_split, bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
   static_assert((kv_bits<KT>() != 2 && kv_bits<VT>() != 2) || D % 64 == 0, "2-bit K/V need head_dim % 64 == 0");
   static_assert(kSub == 1 || kSub == 2, "one or two tiles per softmax step");
   static_assert(kSub == 1 || (!kv_per_channel<KT>() && KT != KvType::f16), "per-token integer K only");
-  auto& p_tile = sm.p_tile;
   auto& warp_m = sm.warp_m;
   auto& warp_l = sm.warp_l;
   auto& warp_o = sm.warp_o;
@@ -250,6 +262,13 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   // Per-token (scale, zero) of K in k_params: u8, u4 and u2 (u4c/u2c keep one pair per channel per block).
   constexpr bool kTokenKParams = KT == KvType::u8 || KT == KvType::u4 || KT == KvType::u2;
   constexpr bool kChannelK = kv_per_channel<KT>();
+  // The sm_80 code of per-token u4 K at head_dim 128 (pinned to 128 registers) has fewer to spare than sm_90's: it
+  // looks its rows up where it loads, and keeps one score chain if two are asked for (else it spills 4-12 bytes).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kTight = D == 128 && KT == KvType::u4;
+#else
+  constexpr bool kTight = false;
+#endif
   constexpr bool kTwoBitK = kv_bits<KT>() == 2;
   const int b = blockIdx.x, kvh = blockIdx.y / p.slices;
   const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
@@ -433,29 +452,54 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
     }
   };
 
-  // Per head (2t, 2t+1): running max (log2 units), Σp, Σ p z_v, and Σ p' (the f16 P' the mma saw, for the V offset).
+  // Per head (2t, 2t+1): running max (log2 units), Σp, Σ p z_v, and Σ p' (the f16 P' the mma saw, for the V offset;
+  // a tensor-core sum, below: wsum[0] / wsum[1] hold it whole, for the lane's two heads).
   const float scale_log2 = p.scale * kLog2e;
-  float m0 = kNoScore, m1 = kNoScore, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f, w0 = 0.f, w1 = 0.f;
+  float m0 = kNoScore, m1 = kNoScore, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+  float wsum[4] = {};
   float acc[kSteps][4] = {};
   const int v_dims = D / 8 * g;  // this lane's run for the output
+  // Per-token integer K: the score mma starts from -k_fold * k_offset (exact: k_fold is a power of two), so it ends
+  // at k_fold (q·c), and the score in log2 units is one fma per element:
+  //   s (q·c) scale + z Σq scale = mma * (s scale / k_fold) + z (Σq scale).
+  const float init0 = kTokenKParams ? -k_fold * k_offset0 : 0.f, init1 = kTokenKParams ? -k_fold * k_offset1 : 0.f;
+  const float qz0 = qsum0 * scale_log2, qz1 = qsum1 * scale_log2;
+  constexpr float kScoreMul = 1.f / k_fold;
 
   using KRegs = TileK<kKWords>;
   using VRegs = TileV<kVWords>;
   constexpr int kKRow = D * kv_bits<KT>() / 8, kVRow = D * kv_bits<VT>() / 8;  // bytes of one token's row
   // This lane's byte offsets inside a tile whose 16 rows are consecutive (one page): K rows g and
-  // g + 8 at its run of dims, V rows 4t..4t+3 at its run; fixed for the whole loop.
+  // g + 8 at its run of dims, V rows 2t, 2t+1, 2t+8, 2t+9 at its run; fixed for the whole loop.
   const int k_off = g * kKRow + kv_dims * kv_bits<KT>() / 8;
-  const int v_off = 4 * t * kVRow + v_dims * kv_bits<VT>() / 8;
+  const int v_off = 2 * t * kVRow + v_dims * kv_bits<VT>() / 8;
+  auto v_row = [](int u) { return (u & 1) + 8 * (u >> 1); };  // V token u of the lane, past 2t
   // A whole tile inside one page takes one page lookup, then every address is the tile's first row
   // plus a lane constant (no per-row index math or bounds checks: most of the loop's integer work).
   // Otherwise (a partial last tile, or pages not aligned to tiles) rows are looked up one by one and
   // rows past the split read as zeros with neutral parameters.
   auto full_tile = [&](int tile) { return p.tile_in_one_page && tile + kTile <= n; };
+  // The page of a whole tile is read one step before its K loads are issued (page_ahead below), so those loads do
+  // not wait for the lookup; its first row (base) then serves K, both parameter rows and V.
+  auto page_of = [&](int tile) -> int {
+    const int tok = start + tile;
+    return __ldg(pages + (p.block_shift >= 0 ? tok >> p.block_shift : tok / p.block_size));
+  };
+  auto base_of = [&](int tile, int page) -> int64_t {
+    const int tok = start + tile;
+    const int in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+    return (static_cast<int64_t>(page) * p.hkv + kvh) * p.block_size + in_page;
+  };
   const float2 none = make_float2(1.f, 0.f);
-  auto load_k = [&](int tile, KRegs& r) {
+  // The page of the next step's tile is looked up a step ahead (kRowAhead: one tile per step, per-token K; the
+  // per-channel bodies keep their registers for the query fold) and base is its first row; otherwise the loads look
+  // their row up here. Per-token u4 K with u8 V at head_dim 128 looks up too: the 3 registers the lookup ahead holds
+  // would make it spill at its pinned 128.
+  constexpr bool kRowAhead = kSub == 1 && !kChannelK && !(D == 128 && KT == KvType::u4 && VT == KvType::u8) && !kTight;
+  auto load_k = [&](int tile, KRegs& r, int64_t base) {
     r.ksp_g = r.ksp_g8 = r.vsp_g = r.vsp_g8 = none;
     if (full_tile(tile)) {
-      const int64_t base = row_of(tile);
+      if constexpr (!kRowAhead) base = row_of(tile);
       const uint8_t* kt = k_base + k_row_of(base) * kKRow + k_off;
       load_bytes<kKBytes>(kt, r.kg);
       load_bytes<kKBytes>(kt + 8 * kKRow, r.kg8);
@@ -486,19 +530,19 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       if constexpr (VT != KvType::f16) r.vsp_g8 = __ldg(reinterpret_cast<const float2*>(p.v_params) + rg8);
     }
   };
-  auto load_v = [&](int tile, VRegs& r) {
+  auto load_v = [&](int tile, VRegs& r, int64_t base) {
     if (full_tile(tile)) {
-      const uint8_t* vt = p.v + row_of(tile) * kVRow + v_off;
+      const uint8_t* vt = p.v + (kRowAhead ? base : row_of(tile)) * kVRow + v_off;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) load_bytes<kVBytes>(vt + u * kVRow, r.v[u]);
+      for (int u = 0; u < 4; ++u) load_bytes<kVBytes>(vt + v_row(u) * kVRow, r.v[u]);
       return;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
       for (int w = 0; w < kVWords; ++w) r.v[u][w] = 0;
-      if (tile + 4 * t + u < n)
-        load_bytes<kVBytes>(p.v + row_of(tile + 4 * t + u) * kVRow + v_dims * kv_bits<VT>() / 8, r.v[u]);
+      const int tok = tile + 2 * t + v_row(u);
+      if (tok < n) load_bytes<kVBytes>(p.v + row_of(tok) * kVRow + v_dims * kv_bits<VT>() / 8, r.v[u]);
     }
   };
 
@@ -515,29 +559,38 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   };
   static_assert(!kVAhead || kPrefetch, "V ahead needs integer K and V");
   static_assert(kSub == 1 || kPrefetch, "two tiles per step need integer K and V");
+  static_assert(!kVMid || (kPrefetch && !kVAhead && kSub == 1), "V mid-tile: integer K and V, one tile per step");
+  // kRowAhead: the first row of the step's tile (base_cur) and of the next one come from page lookups made a step
+  // earlier (of a tile in the split: its page is in the table).
+  auto page_ahead = [&](int tile) { return kRowAhead && tile < n ? page_of(tile) : 0; };
+  auto base_ahead = [&](int tile, int page) -> int64_t { return kRowAhead ? base_of(tile, page) : 0; };
+  int64_t base_cur = base_ahead(tile_of(0), page_ahead(tile_of(0)));
+  int page_next = page_ahead(tile_of(1));
   // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
   KRegs cur[kSub], nxt[kSub];
   VRegs vcur[kSub], vnxt[kSub];
   if (tile_of(0) < n) {
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      load_k(tile_of(0) + u * kTile, cur[u]);
-      if constexpr (kVAhead) load_v(tile_of(0) + u * kTile, vcur[u]);
+      load_k(tile_of(0) + u * kTile, cur[u], base_cur);
+      if constexpr (kVAhead || kVMid) load_v(tile_of(0) + u * kTile, vcur[u], base_cur);
     }
     stage_params(tile_of(0), 0);
   }
   for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
     const int next = tile_of(i + 1);
-    if constexpr (!kVAhead) {
+    const int64_t base_next = base_ahead(next, page_next);
+    page_next = page_ahead(tile_of(i + 2));
+    if constexpr (!kVAhead && !kVMid) {
 #pragma unroll
-      for (int u = 0; u < kSub; ++u) load_v(tile + u * kTile, vcur[u]);
+      for (int u = 0; u < kSub; ++u) load_v(tile + u * kTile, vcur[u], base_cur);
     }
     if constexpr (kPrefetch) {
       if (next < n) {
 #pragma unroll
         for (int u = 0; u < kSub; ++u) {
-          load_k(next + u * kTile, nxt[u]);
-          if constexpr (kVAhead) load_v(next + u * kTile, vnxt[u]);
+          load_k(next + u * kTile, nxt[u], base_next);
+          if constexpr (kVAhead) load_v(next + u * kTile, vnxt[u], base_next);
         }
       }
     }
@@ -566,30 +619,48 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       const float2 ksp_g = cur[u].ksp_g, ksp_g8 = cur[u].ksp_g8;
       float* const su = s[u];
 
-      // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8
-      su[0] = su[1] = su[2] = su[3] = 0.f;
+      // ---- scores Sᵀ = K Qᵀ: c0/c1 token g heads 2t/2t+1, c2/c3 token g+8; with kChains 2 (experiments only: measured
+      // slower, see score_chains()) k-step j goes into accumulator j % 2. Chain 0 starts from the magic offset.
+      constexpr int kCh = kTight ? 1 : kChains;
+      float sc[kCh][4];
+#pragma unroll
+      for (int c = 0; c < kCh; ++c) {
+        sc[c][0] = sc[c][2] = c == 0 ? init0 : 0.f;
+        sc[c][1] = sc[c][3] = c == 0 ? init1 : 0.f;
+      }
 #pragma unroll
       for (int j = 0; j < kSteps; ++j) {
         uint32_t a0, a2, a1, a3;
         k_frag<KT, kSteps>(kg, j, a0, a2);
         k_frag<KT, kSteps>(kg8, j, a1, a3);
-        mma(s[u], a0, a1, a2, a3, qf[j][0], qf[j][1]);
-      }
-      if constexpr (kChannelK) {  // (q ⊙ s)·c + q·z with (q ⊙ s)·c = mma / 16 - k_offset
-        su[0] = su[0] * (1.f / k_fold) - k_offset0 + zsum0;
-        su[1] = su[1] * (1.f / k_fold) - k_offset1 + zsum1;
-        su[2] = su[2] * (1.f / k_fold) - k_offset0 + zsum0;
-        su[3] = su[3] * (1.f / k_fold) - k_offset1 + zsum1;
-      } else if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq with q·c = mma / k_fold - k_offset
-        su[0] = ksp_g.x * (su[0] * (1.f / k_fold) - k_offset0) + ksp_g.y * qsum0;
-        su[1] = ksp_g.x * (su[1] * (1.f / k_fold) - k_offset1) + ksp_g.y * qsum1;
-        su[2] = ksp_g8.x * (su[2] * (1.f / k_fold) - k_offset0) + ksp_g8.y * qsum0;
-        su[3] = ksp_g8.x * (su[3] * (1.f / k_fold) - k_offset1) + ksp_g8.y * qsum1;
+        mma(sc[j % kCh], a0, a1, a2, a3, qf[j][0], qf[j][1]);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) su[e] *= scale_log2;
+      for (int e = 0; e < 4; ++e) {
+        su[e] = sc[0][e];
+#pragma unroll
+        for (int c = 1; c < kCh; ++c) su[e] += sc[c][e];
+      }
+      if constexpr (kChannelK) {  // (q ⊙ s)·c + q·z with (q ⊙ s)·c = mma / 16 - k_offset
+        su[0] = (su[0] * (1.f / k_fold) - k_offset0 + zsum0) * scale_log2;
+        su[1] = (su[1] * (1.f / k_fold) - k_offset1 + zsum1) * scale_log2;
+        su[2] = (su[2] * (1.f / k_fold) - k_offset0 + zsum0) * scale_log2;
+        su[3] = (su[3] * (1.f / k_fold) - k_offset1 + zsum1) * scale_log2;
+      } else if constexpr (KT != KvType::f16) {  // s (q·c) + z Σq, in log2 units (init0 / init1 above)
+        const float a_g = ksp_g.x * (scale_log2 * kScoreMul), a_g8 = ksp_g8.x * (scale_log2 * kScoreMul);
+        su[0] = fmaf(su[0], a_g, ksp_g.y * qz0);
+        su[1] = fmaf(su[1], a_g, ksp_g.y * qz1);
+        su[2] = fmaf(su[2], a_g8, ksp_g8.y * qz0);
+        su[3] = fmaf(su[3], a_g8, ksp_g8.y * qz1);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) su[e] *= scale_log2;
+      }
       t0 = fmaxf(t0, fmaxf(ok_g[u] ? su[0] : kNoScore, ok_g8[u] ? su[2] : kNoScore));
       t1 = fmaxf(t1, fmaxf(ok_g[u] ? su[1] : kNoScore, ok_g8[u] ? su[3] : kNoScore));
+    }
+    if constexpr (kVMid) {
+      if (next < n) load_v(next, vnxt[0], base_next);
     }
     // ---- online softmax for heads 2t, 2t+1 (max over the step's tokens: lanes with the same t). Once the running
     // maxima settle, a step rarely raises them: one vote decides that, and then the max shuffles, the alphas (exactly
@@ -604,8 +675,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       const float alpha0 = exp2_ftz(m0 - n0), alpha1 = exp2_ftz(m1 - n1);
       m0 = n0;
       m1 = n1;
-      l0 *= alpha0; z0 *= alpha0; w0 *= alpha0;
-      l1 *= alpha1; z1 *= alpha1; w1 *= alpha1;
+      l0 *= alpha0; z0 *= alpha0; wsum[0] *= alpha0;
+      l1 *= alpha1; z1 *= alpha1; wsum[1] *= alpha1;
       // Skipping a multiply by exactly 1 changes nothing (a warp-uniform branch).
       if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
 #pragma unroll
@@ -614,8 +685,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
         }
       }
     }
-    // ---- P' = p * s_v, transposed through shared memory into the B layout (head g, tokens 4t..4t+3 of each tile)
-    __half(*pt)[kTile * kSub] = p_tile[warp];
+    // ---- P' = p * s_v, transposed in registers into the B layout (head g, tokens 2t, 2t+1 | 2t+8, 2t+9 of each tile)
+    uint32_t pb[kSub][2];
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
       const float2 vsp_g = cur[u].vsp_g, vsp_g8 = cur[u].vsp_g8;
@@ -623,24 +694,16 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       const float p2 = ok_g8[u] ? exp2_ftz(s[u][2] - m0) : 0.f, p3 = ok_g8[u] ? exp2_ftz(s[u][3] - m1) : 0.f;
       l0 = l0 + p0 + p2;
       l1 = l1 + p1 + p3;
-      z0 = z0 + p0 * vsp_g.y + p2 * vsp_g8.y;
-      z1 = z1 + p1 * vsp_g.y + p3 * vsp_g8.y;
-      const __half h0 = __float2half_rn(p0 * vsp_g.x), h1 = __float2half_rn(p1 * vsp_g.x);
-      const __half h2 = __float2half_rn(p2 * vsp_g8.x), h3 = __float2half_rn(p3 * vsp_g8.x);
-      pt[2 * t][u * kTile + g] = h0;
-      pt[2 * t + 1][u * kTile + g] = h1;
-      pt[2 * t][u * kTile + g + 8] = h2;
-      pt[2 * t + 1][u * kTile + g + 8] = h3;
       if constexpr (VT != KvType::f16) {
-        w0 += __half2float(h0) + __half2float(h2);
-        w1 += __half2float(h1) + __half2float(h3);
+        z0 = fmaf(p0, vsp_g.y, fmaf(p2, vsp_g8.y, z0));
+        z1 = fmaf(p1, vsp_g.y, fmaf(p3, vsp_g8.y, z1));
       }
+      pb[u][0] = transpose8x8(h2u(__floats2half2_rn(p0 * vsp_g.x, p1 * vsp_g.x)));
+      pb[u][1] = transpose8x8(h2u(__floats2half2_rn(p2 * vsp_g8.x, p3 * vsp_g8.x)));
+      // Σ p' per head, exactly as the mma sees P' (for the V codes' magic offset): a ones operand sums the
+      // tile's 16 tokens in the tensor core (wsum[0] / wsum[1]: this lane's heads 2t / 2t+1, already whole).
+      if constexpr (VT != KvType::f16) mma(wsum, kOnes, kOnes, kOnes, kOnes, pb[u][0], pb[u][1]);
     }
-    __syncwarp();
-    uint2 pb[kSub];
-#pragma unroll
-    for (int u = 0; u < kSub; ++u) pb[u] = *reinterpret_cast<const uint2*>(&pt[g][u * kTile + 4 * t]);
-    __syncwarp();
     // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
@@ -649,18 +712,19 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
         uint32_t a0, a1, a2, a3;
         v_frag<VT>(vcur[u].v[0], vcur[u].v[1], mt, a0, a1);
         v_frag<VT>(vcur[u].v[2], vcur[u].v[3], mt, a2, a3);
-        mma(acc[mt], a0, a1, a2, a3, pb[u].x, pb[u].y);
+        mma(acc[mt], a0, a1, a2, a3, pb[u][0], pb[u][1]);
       }
     }
     if constexpr (kPrefetch) {
 #pragma unroll
       for (int u = 0; u < kSub; ++u) {
         cur[u] = nxt[u];
-        if constexpr (kVAhead) vcur[u] = vnxt[u];
+        if constexpr (kVAhead || kVMid) vcur[u] = vnxt[u];
       }
     } else if (next < n) {
-      load_k(next, cur[0]);
+      load_k(next, cur[0], base_next);
     }
+    base_cur = base_next;
   }
   if constexpr (kChannelK) {  // warp_o takes back the staging rows
     cp_async_wait<0>();
@@ -673,12 +737,11 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
     l1 += __shfl_xor_sync(0xffffffffu, l1, o);
     z0 += __shfl_xor_sync(0xffffffffu, z0, o);
     z1 += __shfl_xor_sync(0xffffffffu, z1, o);
-    w0 += __shfl_xor_sync(0xffffffffu, w0, o);
-    w1 += __shfl_xor_sync(0xffffffffu, w1, o);
   }
   // Integer V: each dim's accumulator is v_fold * (Σ p' c) + 1024 Σ p' (v_fold 16 for u4's odd dims; u2: 4^f
   // for field f, m-tile mt holding fields 2 (mt % 2) and 2 (mt % 2) + 1).
-  const float v_off0 = 1024.f * w0, v_off1 = 1024.f * w1;
+  // Σ p' (wsum) came whole from the tensor core: no shuffles.
+  const float v_off0 = 1024.f * wsum[0], v_off1 = 1024.f * wsum[1];
   if (g == 0) {
     warp_m[warp][2 * t] = m0; warp_m[warp][2 * t + 1] = m1;
     warp_l[warp][2 * t] = l0; warp_l[warp][2 * t + 1] = l1;
@@ -729,7 +792,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
 
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
 // K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
-template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1>
+template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1, int kChains = 1,
+          bool kVMid = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
   __shared__ DecodeSmem<D, kSub> sm;
@@ -737,7 +801,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
   if constexpr (kv_per_channel<KT>()) {
     if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
   }
-  decode_block<KT, VT, D, kVAhead, kSub>(p, sm, split, split, false);
+  decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid>(p, sm, split, split, false);
 }
 
 // Resident blocks per SM each instance is built for. 128: with 4 (128 registers) the f16 and u8 kernels spill;
@@ -775,6 +839,12 @@ constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
 // 1.5K 154 -> 166; u4 K (3 blocks, against 1 tile at 4) and u4 K with u2 V lost 8-30% too. Kept for experiments.
 template <int D, KvType KT, KvType VT>
 constexpr int sub_tiles() { return 1; }
+// score_chains: independent accumulators of the score mma (decode_block's kChains). Two were predicted to help (the
+// tile's 8 dependent score mmas as two chains of 4) and measured slower on an H200 in the same call as one (kernel
+// alone, tools/bench_decode_attention_variants.cu): u4/u4 64 x 8K 180.1 vs 177.5 us, 1 x 128K 54.0 vs 52.8; u2/u2
+// 186.4 vs 148.3, 68.6 vs 45.4. Every instance takes one; the parameter stays for experiments.
+template <int D, KvType KT, KvType VT>
+constexpr int score_chains() { return 1; }
 template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
@@ -787,7 +857,8 @@ constexpr int min_blocks() {
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
   decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>(),
-                                      decode_attn::sub_tiles<D, KT, VT>()><<<grid, decode_attn::kThreads, 0, stream>>>(p);
+                                      decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>()>
+      <<<grid, decode_attn::kThreads, 0, stream>>>(p);
 }
 
 }  // namespace lowbit::cuda

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The decode attention kernel's check in one short device call, on the package as users get it: install; a same-call
+# A/B of the kernel alone (tools/bench_decode_attention_variants.cu built from this tree and from OLD_TREE, a folder
+# whose cpp/ holds the baseline decode_attention_sm80.cuh and whose tools/ holds its harness; both built while the
+# package installs) and tools/bench_gpu_kv2.py (the op vs SDPA fp16, KV2_FORMATS, default kv4,kv2), each alone on the
+# GPU; then the decode tests (test_gpu_attention.py and the 2-bit decode cases of test_gpu_kv2.py) beside memcheck,
+# racecheck and synccheck over small 2-bit and 4-bit cases, all capped at SIDE_S (correctness only: nothing is timed
+# then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON in $OUT
+# (logs in one archive: a device call brings back at most 8 files).
+set -uo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
+unset LOWBIT_DEV_BUILD
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+T0=$(date +%s)
+BIN=$(mktemp -d /tmp/lowbit-dv.XXXX)
+NVCC=(nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I "$REPO/include")
+(
+  [ -n "${OLD_TREE:-}" ] && "${NVCC[@]}" -I "$OLD_TREE/cpp" -I "$REPO/cpp" "$OLD_TREE/tools/bench_decode_attention_variants.cu" \
+    -o "$BIN/dv_old" > "$OUT/harness_old.log" 2>&1 &
+  "${NVCC[@]}" -I "$REPO/cpp" "$REPO/tools/bench_decode_attention_variants.cu" -o "$BIN/dv_new" > "$OUT/harness_new.log" 2>&1
+  wait
+) &
+HARNESS=$!
+start=$(date +%s)
+(cd "$REPO" && python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
+echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
+wait $HARNESS
+echo "harness built at $(( $(date +%s) - start )) s"
+for bin in dv_old dv_new; do
+  [ -x "$BIN/$bin" ] || { echo "no $bin"; tail -5 "$OUT/harness_${bin#dv_}.log"; continue; }
+  echo "-- $bin"; timeout -k 5 60 "$BIN/$bin" 2>&1 | tee -a "$OUT/variants.log"
+done
+cd "$(mktemp -d /tmp/lowbit-quick.XXXX)"
+KV2_FORMATS=${KV2_FORMATS:-kv4,kv2} timeout -k 5 ${BENCH_S:-120} python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -12
+P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
+T="$REPO/tests_py"
+SIDE_S=${SIDE_S:-110}
+if [ -n "${TOTAL_S:-}" ]; then left=$(( TOTAL_S - ($(date +%s) - T0) - 10 )); [ "$left" -lt "$SIDE_S" ] && SIDE_S=$left; fi
+echo "== decode tests and sanitizers side by side (capped at $SIDE_S s)"
+(timeout -k 5 $SIDE_S "${P[@]}" "$T/test_gpu_attention.py" "$T/test_gpu_kv2.py" --maxfail=40 -k "decode_attention" \
+  > "$OUT/pytest_decode.log" 2>&1; echo "tests rc=$?"; tail -2 "$OUT/pytest_decode.log"
+ grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode.log" | cut -c1-300 | head -20) &
+E="lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2 or (float64 and lens2-64-32-8-128 and not 2bit) or (straddling and 16-40)"
+for t in memcheck racecheck synccheck; do
+  (timeout -k 5 $SIDE_S compute-sanitizer --tool $t --error-exitcode 9 "${P[@]}" "$T/test_gpu_kv2.py" \
+    "$T/test_gpu_kv_per_channel.py" "$T/test_gpu_attention.py" -k "$E" > "$OUT/${t}_decode.log" 2>&1; echo "$t rc=$?"; tail -1 "$OUT/${t}_decode.log"
+   grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${t}_decode.log" | head -4) &
+done
+wait
+(cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
