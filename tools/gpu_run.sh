@@ -17,7 +17,8 @@
 #     prefill_profile  ncu over the Hopper prefill kernel (tools/bench_gpu_prefill_profile.py: 8K prompt, f16 / u4)
 #     llama8b   the Llama-3-8B-shaped end-to-end benchmark (~7 min); LLAMA8B_ARGS replaces its default arguments
 #               (e.g. "--parts torch,lowbit --recipes w4a8kv4,w4a16kv8 --batches 16": the issue-15 prefill shape)
-#     rows      the row kernels (RMSNorm, + residual, SiLU·mul, RoPE + KV write): their op tests, then
+#     rows      the row kernels (RMSNorm, + residual, SiLU·mul, RoPE + KV write): their op tests, the sanitizers over
+#               small RoPE + KV write cases (ROWS_SANITIZE=0 skips them, ROWS_SANITIZE_S caps each), then
 #               tools/bench_gpu_rows.py and tools/bench_gpu_rope_kv_write.py (decode and prefill token counts)
 #     serve     the serve tests (tests_py/test_serve*.py, test_bench_serving.py, test_bench_gpu_serving.py), the load
 #               tests again with a GPU server (LOWBIT_SERVE_TEST_DEVICE=cuda), then
@@ -34,7 +35,8 @@
 #     prefill   the Hopper prefill attention kernel (prefill_attention_sm90): its tests, the prefill tests of the other
 #               kernels and the engine as regression, sanitizers over its small cases, then bench_gpu_attention.py
 #               --prefill (every prefill kernel forced by name vs causal SDPA, L = 512 / 2K / 8K / 32K);
-#               PREFILL_SANITIZE=0 skips the sanitizers, PREFILL_ENGINE=0 the engine regression
+#               PREFILL_SANITIZE=0 skips the sanitizers, PREFILL_BENCH=0 the benchmark, PREFILL_ENGINE=0 the engine
+#               regression
 #     decode90  the Hopper W4A16 decode kernel (gemm_w4a16_decode_sm90): its tests, the other W4A16 tests and the
 #               registry's as regression, sanitizers over its small cases, the engine (decode runs on it), then
 #               tools/bench_gpu_w4a16_decode.py (vs the sm80 small kernel and cuBLAS fp16 on 8B / 70B-TP2 shapes)
@@ -177,7 +179,8 @@ if has prefill; then
     expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^prefill_sm90|' | cut -d'|' -f3)
     sanitize_three prefill_sm90 150 "$expr" test_gpu_prefill_sm90.py
   fi
-  timeout -k 5 400 python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
+  [ "${PREFILL_BENCH:-1}" = 1 ] && timeout -k 5 400 python3 "$REPO/tools/bench_gpu_attention.py" "$OUT/bench_prefill.json" \
+    --prefill 2>&1 | tail -8
   if [ "${PREFILL_ENGINE:-1}" = 1 ]; then
     echo "== regression: the engine on the GPU"
     timeout -k 5 400 "${PYTEST[@]}" "$TESTS/test_gpu_engine.py" "$TESTS/test_gpu_kv2.py" -q -rfEs --maxfail=20 \
@@ -373,6 +376,9 @@ if has rows; then
   "${PYTEST[@]}" "$TESTS/test_gpu_ops.py" -q -rfEs --maxfail=20 -k "rms_norm or silu or rope" 2>&1 \
     | tee "$OUT/pytest_rows.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_rows.log" | cut -c1-300 | head -20
+  # the fused RoPE + KV write's kernels (both paths) under the three sanitizers, small cases
+  [ "${ROWS_SANITIZE:-1}" = 1 ] && sanitize_three rope_kv_write "${ROWS_SANITIZE_S:-60}" \
+    "rope_kv_write_equals and (default-f16-8-2 or llama3_gptj-bf16-6-3) and (u4-u4 or u2-u2 or f16-f16)" test_gpu_ops.py
   timeout 120 python3 "$REPO/tools/bench_gpu_rows.py" "$OUT/bench_rows.json" 2>&1 | tail -10
   timeout 120 python3 "$REPO/tools/bench_gpu_rope_kv_write.py" "$OUT/bench_rope_kv_write.json" 2>&1 | tail -8
 fi
