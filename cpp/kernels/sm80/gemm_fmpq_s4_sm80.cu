@@ -25,7 +25,7 @@
 // registry takes this kernel by default on sm_80/86/87/89 only; on sm_90 it runs only when forced by name.
 // Tiles: gemm_fmpq_sm80.cu's, except 64-token tiles from 33 tokens on (its 128-token tile spilled on sm_80)
 // and 3 CTAs per SM at <= 8 tokens (4 spilled on sm_90a); 0 spills on sm_80 and sm_90a. Speed: unmeasured
-// (no int4 tensor cores lent; docs/benchmarks_gpu.md, COMET round 3).
+// (no GPU with int4 tensor cores measured yet; docs/benchmarks_gpu.md, COMET round 3).
 #include <cuda_fp16.h>
 
 #include <algorithm>
