@@ -8,12 +8,15 @@
 // (two 64-k chunks), the block's int32 sums are exact, and at the stage's end each is flushed into an f32
 // accumulator with its token's block scale (cp.async'd with the stage), then reset. Every block, int4
 // or int8, runs on the s8 tensor cores: on sm_90 there are no fast s4 ones (this is COMET's int4 blocks
-// widened to s8); the s4 m16n8k64 stream for Ampere/Ada is gemm_fmpq_s4_sm80.cu, dispatched from here.
+// widened to s8). With kS4 (Ampere/Ada, the registry's gemm_fmpq_s4_sm80) the int4 blocks run on the s4 m16n8k64
+// stream of fmpq_s4_stream_sm80.cuh instead, the same pipeline otherwise.
 // The channel scale applies once at the end; split-K partials are f32 (each split owns whole blocks).
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/pdl.cuh"
@@ -22,7 +25,7 @@
 #include "lowbit/quant/activation.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm80/w4a8_common_sm80.cuh"
-#include "kernels/sm80/gemm_fmpq_s4_sm80.h"
+#include "kernels/sm80/fmpq_s4_stream_sm80.cuh"
 #include "kernels/sm90/gemm_fmpq_sm90.h"
 
 namespace lowbit::cuda {
@@ -53,6 +56,13 @@ struct FmpqArgs {
   Out out;
   bool pdl;
 };
+// The s4 kernels' arguments: the block map besides (a derived struct, so that the s8 kernels' parameters, and with
+// them their code, stay as they were).
+struct FmpqS4Args : FmpqArgs {
+  uint32_t int8_mask[kFmpqMaxBlocks / 32];  // bit b set = block b is int8 (the others run on the s4 stream)
+};
+template <bool kS4>
+using KernelArgs = std::conditional_t<kS4, FmpqS4Args, FmpqArgs>;
 
 // kWarpsN x kWarpsM warps, each owning kTilesN 16-row weight tiles x kTilesM 8-token tiles; a stage is
 // two 64-k chunks (one FMPQ block), kStages stages.
@@ -139,8 +149,17 @@ __device__ inline void store_scaled(const FmpqArgs& p, int token, int col, float
     static_cast<__half*>(p.y)[token * p.ldy + col] = __float2half_rn(y);
 }
 
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_fmpq_kernel(FmpqArgs p) {
+// Whether block b is int8: unrolled selects, since indexing the parameter array with a variable makes a local copy.
+__device__ inline bool is_int8(const FmpqS4Args& p, int b) {
+  uint32_t word = 0;
+#pragma unroll
+  for (int w = 0; w < kFmpqMaxBlocks / 32; ++w) word = (b >> 5) == w ? p.int8_mask[w] : word;
+  return (word >> (b & 31)) & 1u;
+}
+
+// kS4: int4 blocks on the s4 stream, int8 blocks on the s8 one; otherwise every block on the s8 stream.
+template <class C, bool kS4>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_fmpq_kernel(KernelArgs<kS4> p) {
   extern __shared__ uint4 smem_u4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_u4);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -170,7 +189,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_fmpq_kernel(F
     const int kc0 = kc_begin + it * C::kChunks;
     const uint8_t* stage = smem + (it % C::kStages) * C::kStageBytes;
     if (active) {
-      compute_stage<C>(stage, kc_end - kc0, warp_n, warp_m, acc);
+      if constexpr (kS4) {  // the block map is uniform over the CTA: one stream or the other, no divergence
+        if (is_int8(p, kc0 / 2))
+          compute_stage<C>(stage, kc_end - kc0, warp_n, warp_m, acc);
+        else
+          fmpq_s4::compute_stage_s4<C>(stage, kc_end - kc0, warp_n, warp_m, acc);
+      } else {
+        compute_stage<C>(stage, kc_end - kc0, warp_n, warp_m, acc);
+      }
       flush_block<C>(p, stage, kc0 / 2, m0, n0, warp_n, warp_m, acc, facc);
     }
   }
@@ -203,11 +229,16 @@ __global__ void sum_partials_kernel(FmpqArgs p, int split) {
 
 // Shapes by token count, gemm_w4a8_sm80.cu's: decode 8 warps x one 16-row weight tile (128 rows per
 // block), up to 64 tokens up to 8 token tiles per warp, beyond 128 x 128 blocks of 2 x 8 tiles per warp.
-using CfgM8 = Cfg<8, 1, 1, 1, 4, 4>;
-using CfgM16 = Cfg<8, 1, 1, 2, 4, 3>;  // 3 blocks: 64 registers spill (the f32 block sums)
-using CfgM32 = Cfg<8, 1, 1, 4, 4, 2>;
-using CfgM64 = Cfg<8, 1, 1, 8, 4, 2>;
-using CfgLarge = Cfg<4, 2, 2, 8, 4, 1>;
+// The s4 kernels (kS4) hold more registers: 3 blocks per SM at <= 8 tokens (4 spilled on sm_90a) and 64-token
+// tiles from 33 tokens on (the 128-token tile spilled on sm_80).
+template <bool kS4>
+struct FmpqShapes {
+  using M8 = Cfg<8, 1, 1, 1, 4, kS4 ? 3 : 4>;
+  using M16 = Cfg<8, 1, 1, 2, 4, 3>;  // 3 blocks: 64 registers spill (the f32 block sums)
+  using M32 = Cfg<8, 1, 1, 4, 4, 2>;
+  using M64 = std::conditional_t<kS4, Cfg<4, 2, 1, 4, 4, 2>, Cfg<8, 1, 1, 8, 4, 2>>;
+  using Large = Cfg<4, 2, 2, kS4 ? 4 : 8, 4, 1>;
+};
 
 enum class Shape { m8, m16, m32, m64, large };
 Shape shape_for(int64_t m) {
@@ -219,7 +250,7 @@ struct ShapeInfo {
 };
 
 // Raises the kernel's dynamic shared-memory limit (once per device) and reports its occupancy.
-template <class C>
+template <class C, bool kS4>
 ShapeInfo prepare(int device) {
   static std::mutex mu;
   static std::vector<int> cache;  // blocks per SM, 0 = not yet prepared
@@ -230,11 +261,11 @@ ShapeInfo prepare(int device) {
     int previous = 0;
     LOWBIT_CUDA_CHECK(op, cudaGetDevice(&previous));
     LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_fmpq_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(gemm_fmpq_kernel<C, kS4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                C::kSmemBytes));
     int blocks = 0;
-    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_fmpq_kernel<C>, C::kThreads,
-                                                                        C::kSmemBytes));
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemm_fmpq_kernel<C, kS4>,
+                                                                        C::kThreads, C::kSmemBytes));
     LOWBIT_CUDA_CHECK(op, cudaSetDevice(previous));
     LOWBIT_CHECK(blocks > 0, op, ": the kernel for this token count does not fit on device ", device);
     cache[device] = blocks;
@@ -242,26 +273,41 @@ ShapeInfo prepare(int device) {
   return {C::kBlockN, C::kBlockM, cache[device]};
 }
 
+template <bool kS4>
 ShapeInfo prepare(Shape s, int device) {
+  using S = FmpqShapes<kS4>;
   switch (s) {
-    case Shape::m8: return prepare<CfgM8>(device);
-    case Shape::m16: return prepare<CfgM16>(device);
-    case Shape::m32: return prepare<CfgM32>(device);
-    case Shape::m64: return prepare<CfgM64>(device);
-    default: return prepare<CfgLarge>(device);
+    case Shape::m8: return prepare<typename S::M8, kS4>(device);
+    case Shape::m16: return prepare<typename S::M16, kS4>(device);
+    case Shape::m32: return prepare<typename S::M32, kS4>(device);
+    case Shape::m64: return prepare<typename S::M64, kS4>(device);
+    default: return prepare<typename S::Large, kS4>(device);
   }
 }
 
-template <class C>
-void launch(const FmpqArgs& p, int split, cudaStream_t stream) {
+template <class C, bool kS4>
+void launch(const KernelArgs<kS4>& p, int split, cudaStream_t stream) {
   const dim3 grid((p.m + C::kBlockM - 1) / C::kBlockM, (p.n + C::kBlockN - 1) / C::kBlockN, split);
-  launch_maybe_pdl("gemm_fmpq", p.pdl, gemm_fmpq_kernel<C>, grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
+  launch_maybe_pdl("gemm_fmpq", p.pdl, gemm_fmpq_kernel<C, kS4>, grid, dim3(C::kThreads), C::kSmemBytes, stream, p);
+}
+
+template <bool kS4>
+void launch(Shape s, const KernelArgs<kS4>& p, int split, cudaStream_t stream) {
+  using S = FmpqShapes<kS4>;
+  switch (s) {
+    case Shape::m8: return launch<typename S::M8, kS4>(p, split, stream);
+    case Shape::m16: return launch<typename S::M16, kS4>(p, split, stream);
+    case Shape::m32: return launch<typename S::M32, kS4>(p, split, stream);
+    case Shape::m64: return launch<typename S::M64, kS4>(p, split, stream);
+    default: return launch<typename S::Large, kS4>(p, split, stream);
+  }
 }
 
 // Split-K over whole FMPQ blocks, as gemm_w4a8_pick_split splits chunks: fill one wave of resident
 // blocks when the (n, m) tiles alone do not, >= 2 blocks per split, partials below the weight bytes.
+template <bool kS4>
 int pick_split(int64_t m, int64_t n, int64_t k, int device) {
-  const ShapeInfo info = prepare(shape_for(m), device);
+  const ShapeInfo info = prepare<kS4>(shape_for(m), device);
   const int64_t blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
   const int64_t tiles = ((n + info.block_n - 1) / info.block_n) * ((m + info.block_m - 1) / info.block_m);
   const int64_t slots = static_cast<int64_t>(info.blocks_per_sm) * multiprocessor_count(device);
@@ -327,8 +373,8 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  // Ampere/Ada's int4 tensor cores (gemm_fmpq_s4_sm80.cu) when the block map is known: by default on
-  // sm_80/86/87/89, forced anywhere (sm_90 runs it slowly).
+  // Ampere/Ada's int4 tensor cores (the kS4 kernels) when the block map is known: by default on sm_80/86/87/89,
+  // forced anywhere (sm_90 runs it slowly).
   bool s4 = kernel == FmpqKernel::sm80_s4;
   if (kernel == FmpqKernel::automatic && block_bits.defined()) {
     int major = 0, minor = 0;
@@ -337,22 +383,17 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
     const int cc = 10 * major + minor;
     s4 = cc == 80 || cc == 86 || cc == 87 || cc == 89;
   }
+  FmpqBits bits{};
   if (s4) {
     LOWBIT_CHECK(block_bits.defined(), op, ": the s4 kernel needs the block map (block_bits)");
-    const FmpqBits bits = fmpq_bits_of(block_bits, op);
+    bits = fmpq_bits_of(block_bits, op);
     LOWBIT_CHECK(block_bits.size(0) == blocks, op, ": argument 'block_bits' has ", block_bits.size(0),
                  " blocks, k=", k, " has ", blocks);
-    const detail::FmpqProblem problem{xq.data<int8_t>(), xq.stride(0), out == Out::raw ? nullptr : x_scale.data<float>(),
-                                      w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
-                                      w.channel_scales.data<float>(), y.data_ptr(), out == Out::raw ? 0 : y.stride(0),
-                                      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                      static_cast<int>(blocks), w.group, static_cast<int>(npad), out == Out::f32};
-    detail::gemm_fmpq_s4_sm80(problem, bits.int8_mask, out == Out::raw, split_k, pdl_supported(dev), stream);
-    return;
   }
   // The wgmma kernel from 128 tokens on (its tile); below, the mma.sync kernel's small tiles and split-K.
-  const bool sm90 = kernel == FmpqKernel::sm90 || kernel == FmpqKernel::sm90_serial ||
-                    (kernel == FmpqKernel::automatic && m >= 128 && out != Out::raw && detail::gemm_fmpq_sm90_usable(dev));
+  const bool sm90 = !s4 && (kernel == FmpqKernel::sm90 || kernel == FmpqKernel::sm90_serial ||
+                            (kernel == FmpqKernel::automatic && m >= 128 && out != Out::raw &&
+                             detail::gemm_fmpq_sm90_usable(dev)));
   if (sm90) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_fmpq_sm90_usable(dev), op,
                       ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
@@ -368,9 +409,11 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
     return;
   }
   const Shape shape = shape_for(m);
-  prepare(shape, dev);
-  const int k_chunks = static_cast<int>(k / kChunkK);
-  int split = split_k > 0 ? std::min<int>(split_k, static_cast<int>(blocks)) : pick_split(m, n, k, dev);
+  if (s4) prepare<true>(shape, dev);
+  else prepare<false>(shape, dev);
+  int split = split_k > 0 ? std::min<int>(split_k, static_cast<int>(blocks))
+              : s4        ? pick_split<true>(m, n, k, dev)
+                          : pick_split<false>(m, n, k, dev);
   const int per_blocks = static_cast<int>((blocks + split - 1) / split);
   split = static_cast<int>((blocks + per_blocks - 1) / per_blocks);
   LOWBIT_CHECK(split <= 65535, op, ": split_k too large");
@@ -383,13 +426,12 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
              y.data_ptr(), out == Out::raw ? 0 : y.stride(0), partial.defined() ? partial.data<float>() : nullptr,
              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), static_cast<int>(blocks), w.group,
              static_cast<int>(npad), 2 * per_blocks, out, pdl_supported(dev)};
-  (void)k_chunks;
-  switch (shape) {
-    case Shape::m8: launch<CfgM8>(p, split, stream); break;
-    case Shape::m16: launch<CfgM16>(p, split, stream); break;
-    case Shape::m32: launch<CfgM32>(p, split, stream); break;
-    case Shape::m64: launch<CfgM64>(p, split, stream); break;
-    default: launch<CfgLarge>(p, split, stream); break;
+  if (s4) {
+    FmpqS4Args p4{p, {}};
+    std::copy(std::begin(bits.int8_mask), std::end(bits.int8_mask), p4.int8_mask);
+    launch<true>(shape, p4, split, stream);
+  } else {
+    launch<false>(shape, p, split, stream);
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (split > 1 && out != Out::raw) {

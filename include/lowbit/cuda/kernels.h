@@ -116,9 +116,10 @@ void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor&
 // whole blocks per split) and sm90 (wgmma + TMA, sm_90 only, scaled outputs only, 128-token tiles; split_k 0
 // automatic, else the split-K cluster size 1/2/4/8; its block flush overlapped with the next block's wgmmas;
 // sm90_serial: the same kernel flushing between blocks, bit-identical outputs, kept for A/B timing).
-// sm80_s4 (cpp/kernels/sm80/gemm_fmpq_s4_sm80.cu): int4 blocks on mma.sync m16n8k64 s4, int8 blocks on the
-// sm80 kernel's s8 stream, by the host u8 block map `block_bits` (4 / 8 per block; int4 blocks must hold codes in
-// [-8, 7]); split_k and raw outputs as sm80, the same int32 block sums bit for bit; slow on sm_90 (no fast s4).
+// sm80_s4 (the sm80 kernel with the s4 stream of cpp/kernels/sm80/fmpq_s4_stream_sm80.cuh): int4 blocks on
+// mma.sync m16n8k64 s4, int8 blocks on the sm80 kernel's s8 stream, by the host u8 block map `block_bits` (4 / 8
+// per block; int4 blocks must hold codes in [-8, 7]); split_k and raw outputs as sm80, the same int32 block sums
+// bit for bit; slow on sm_90 (no fast s4).
 // `automatic` takes sm90 on sm_90 from 128 tokens on, sm80_s4 on sm_80/86/87/89 when block_bits is given.
 enum class FmpqKernel : uint8_t { automatic, sm80, sm90, sm90_serial, sm80_s4 };
 void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
