@@ -186,12 +186,15 @@ bool norm_groups_of_8(bool add, const Rows& res, const Rows& x, const Rows& w) {
   return x.cols % 8 == 0 && groups_of_8(x) && (!add || groups_of_8(res)) && groups_of_8(w);
 }
 
-// Calls f with the groups of 8 columns a thread holds for rows of `cols` columns: 2 up to 4096 columns (the
-// 8B's hidden size), else kPer / 8. The plain and the quantizing norm choose alike, so their sums agree.
+// Calls f with the kernel's (kVec, kGroups) for rows of `cols` columns: 8-column groups where `groups` (the rows
+// allow 16-byte accesses), two per thread up to 4096 columns (the 8B's hidden size) else kPer / 8; otherwise single
+// columns. The plain and the quantizing norm choose alike, so their sums agree.
 template <typename F>
-void with_groups_of_8(int64_t cols, F&& f) {
-  if (cols <= int64_t{2} * 8 * kThreads) f(std::integral_constant<int, 2>{});
-  else f(std::integral_constant<int, kPer / 8>{});
+void with_row_layout(bool groups, int64_t cols, F&& f) {
+  using std::integral_constant;
+  if (!groups) f(integral_constant<int, 1>{}, integral_constant<int, kPer>{});
+  else if (cols <= int64_t{2} * 8 * kThreads) f(integral_constant<int, 8>{}, integral_constant<int, 2>{});
+  else f(integral_constant<int, 8>{}, integral_constant<int, kPer / 8>{});
 }
 
 // The typed kernel for x/residual/out of one dtype and a weight of that dtype or f32 (every model
@@ -206,23 +209,15 @@ bool launch_typed_norm(const Rows& res, const Rows& x, const Rows& w, float eps,
   const bool groups = norm_groups_of_8(kAdd, res, x, w), out_groups = groups_of_8(out);
   dispatch_float(x.dtype, "rms_norm", [&](auto t) {
     using T = decltype(t);
-    if (w.dtype == ScalarType::f32) {
-      if (groups)
-        with_groups_of_8(x.cols, [&](auto g) {
-          norm_rows_kernel<kAdd, T, float, NormOut::rows, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
-                                                                                               out_groups);
-        });
-      else
-        norm_rows_kernel<kAdd, T, float><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
-    } else {
-      if (groups)
-        with_groups_of_8(x.cols, [&](auto g) {
-          norm_rows_kernel<kAdd, T, T, NormOut::rows, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {},
-                                                                                           out_groups);
-        });
-      else
-        norm_rows_kernel<kAdd, T, T><<<grid, kThreads, 0, stream>>>(res, x, w, eps, out);
-    }
+    const auto run = [&](auto weight) {  // the weight's element type: f32 or T
+      using W = decltype(weight);
+      with_row_layout(groups, x.cols, [&](auto vec, auto per) {
+        norm_rows_kernel<kAdd, T, W, NormOut::rows, decltype(vec)::value, decltype(per)::value>
+            <<<grid, kThreads, 0, stream>>>(res, x, w, eps, out, {}, out_groups);
+      });
+    };
+    if (w.dtype == ScalarType::f32) run(float{});
+    else run(t);
   });
   return true;
 }
@@ -233,19 +228,15 @@ void launch_norm_quantize(const Rows& res, const Rows& x, const Rows& w, float e
                           cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(x.rows);
   const bool groups = norm_groups_of_8(kAdd, res, x, w);
-  if (w.dtype == ScalarType::f32) {
-    if (groups)
-      with_groups_of_8(x.cols, [&](auto g) {
-        norm_rows_kernel<kAdd, __half, float, kOut, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
-      });
-    else norm_rows_kernel<kAdd, __half, float, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
-  } else {
-    if (groups)
-      with_groups_of_8(x.cols, [&](auto g) {
-        norm_rows_kernel<kAdd, __half, __half, kOut, 8, decltype(g)::value><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
-      });
-    else norm_rows_kernel<kAdd, __half, __half, kOut><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
-  }
+  const auto run = [&](auto weight) {  // the weight's element type: f32 or f16
+    using W = decltype(weight);
+    with_row_layout(groups, x.cols, [&](auto vec, auto per) {
+      norm_rows_kernel<kAdd, __half, W, kOut, decltype(vec)::value, decltype(per)::value>
+          <<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+    });
+  };
+  if (w.dtype == ScalarType::f32) run(float{});
+  else run(__half{});
 }
 
 // Other dtype mixes, and rows wider than kMaxRegisterCols: the row is streamed twice (sum of squares,
