@@ -36,7 +36,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/sm80/attention_math.cuh"
@@ -57,10 +56,6 @@ constexpr int kStages = 3;
 constexpr int kProducerRegs = 88, kConsumerRegs = 208;
 static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * (65536 / kThreads / 8 * 8), "more registers than launched");
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp2(kNoScore - m) underflows to 0
-// Round 8's changes undone, for measuring them (bits of the kernel's kVar; 0 is the default, with both):
-// kVarRowCopies: the producer copies f16 rows one lookup per row (the general path of copy_f16_rows) everywhere;
-// kVarPv64: at head_dim 128, P·V as two m64n64k16 wgmmas per k16 step (one per column block of V), not one n128.
-constexpr int kVarRowCopies = 1, kVarPv64 = 2;
 
 template <int D>
 struct Layout {
@@ -577,12 +572,12 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kO], float alpha_lo, flo
   }
 }
 
-template <int D, KvType KT, KvType VT, int kVar>
+template <int D, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const PrefillTcArgs a) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(!kv_per_channel<VT>(), "V per token");
   constexpr bool kPerChannel = kv_per_channel<KT>();
-  constexpr bool kPv128 = D == 128 && !(kVar & kVarPv64);
+  constexpr bool kPv128 = D == 128;  // P·V: one m64n128k16 per k16 step (D 64: one n64)
   using L = Layout<D>;
   constexpr int kO = D / 2;  // O accumulators per thread: 64 rows x D over 128 threads
   extern __shared__ uint8_t smem_raw[];
@@ -625,7 +620,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     // Producer: thread p owns row p of the Q tile and of every K/V tile.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     const int p = threadIdx.x;
-    const bool runs16 = a.block_size % 16 == 0 && !(kVar & kVarRowCopies);  // copy_f16_rows
+    const bool runs16 = a.block_size % 16 == 0;  // copy_f16_rows
     {
       const int r = row0 + p;
       const bool valid = r < q_len;
@@ -882,39 +877,21 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   }
 }
 #else
-template <int D, KvType KT, KvType VT, int kVar>
+template <int D, KvType KT, KvType VT>
 __global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm_90a image is the only real one
 #endif  // LOWBIT_SM90_DEVICE
 
 }  // namespace prefill_sm90
 
-namespace prefill_sm90 {
-template <int D, KvType KT, KvType VT, int kVar>
-void launch_variant(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
-  constexpr int bytes = Layout<D>::kSmemBytes + (kv_per_channel<KT>() ? Layout<D>::kPlanBytes : 0);
-  auto kernel = prefill_attention_sm90_kernel<D, KT, VT, kVar>;
-  LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              bytes));
-  kernel<<<grid, kThreads, bytes, stream>>>(a);
-}
-}  // namespace prefill_sm90
-
-// Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences). For f16 K and V at
-// head_dim 128 (the benchmark's case; only there, to keep the build small) the environment's
-// LOWBIT_PREFILL_SM90_VARIANT (bits kVarRowCopies, kVarPv64; unset: 0) undoes round 8's changes for a measurement.
+// Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences).
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   using namespace prefill_sm90;
-  if constexpr (D == 128 && KT == KvType::f16 && VT == KvType::f16) {
-    const char* env = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
-    switch (env ? std::atoi(env) : 0) {
-      case kVarRowCopies: return launch_variant<D, KT, VT, kVarRowCopies>(a, grid, stream);
-      case kVarPv64: return launch_variant<D, KT, VT, kVarPv64>(a, grid, stream);
-      case kVarRowCopies | kVarPv64: return launch_variant<D, KT, VT, kVarRowCopies | kVarPv64>(a, grid, stream);
-      default: break;
-    }
-  }
-  launch_variant<D, KT, VT, 0>(a, grid, stream);
+  constexpr int bytes = Layout<D>::kSmemBytes + (kv_per_channel<KT>() ? Layout<D>::kPlanBytes : 0);
+  auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
+  LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              bytes));
+  kernel<<<grid, kThreads, bytes, stream>>>(a);
 }
 
 }  // namespace lowbit::cuda
