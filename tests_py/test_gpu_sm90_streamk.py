@@ -1,0 +1,70 @@
+"""GPU W4A16 stream-K (gemm_w4a16_sm90's persistent launch: every resident CTA an equal range of tile x k blocks,
+split tiles fixed up through a workspace in CTA order) vs a float64 reference and the small mma.sync kernel (the same
+dequantized weights); each fix-up path reached by pinning the CTA count ('sm90k:T:G'); bit-determinism."""
+import pytest
+import torch
+
+import lowbit
+from lowbit import _core
+from test_gpu_w4a16 import check, check_same_weights, gemm_forced, w4_problem
+
+SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")]
+
+
+# m odd and past one and two tiles; n with partial 16-row and 128-row tiles; k with a short last g128 group and 65
+# chunks; g64 and g128; y with a padded, NaN-poisoned row stride (gemm_forced checks the padding).
+@pytest.mark.parametrize("m", [1, 7, 65, 129, 256, 300])
+@pytest.mark.parametrize("n,k,group", [(4103, 576, 64), (272, 4160, 128), (17, 1088, 64)])
+def test_streamk_matches_float64_and_small(m, n, k, group):
+    x, packed, ref, ref_abs = w4_problem(m, n, k, group, seed=7 * m + n + k)
+    y_small = gemm_forced("small", x, packed, n, k, group, 1)
+    check(y_small, ref)
+    for kernel in ("sm90k:128", "sm90k:256"):
+        y = gemm_forced(kernel, x, packed, n, k, group, 1)
+        check(y, ref)
+        check_same_weights(y, y_small, ref_abs)
+
+
+# (m, n, k, ctas): one 100-row tile of 9 k blocks over 3 CTAs (an owner, two contributors) and over 9 (one block
+# each: eight partials into one owner); 3 row tiles x 10 blocks over 4 CTAs (ranges 7, 8, 7, 8: CTAs covering one
+# tile's end and the next one's start); 2 blocks over 5 CTAs (more CTAs than work: empty ranges between the owner and
+# its contributor); one CTA walking several whole tiles (the pipeline runs on across segments); two token tiles.
+PATHS = [(65, 100, 576, 3), (65, 100, 576, 9), (65, 272, 640, 4), (7, 17, 128, 5), (300, 272, 640, 1),
+         (300, 272, 640, 7), (129, 4103, 576, 13)]
+
+
+@pytest.mark.parametrize("m,n,k,ctas", PATHS)
+@pytest.mark.parametrize("tokens", [128, 256])
+def test_streamk_every_fixup_path(m, n, k, ctas, tokens):
+    x, packed, ref, ref_abs = w4_problem(m, n, k, 64, seed=m + n + k + ctas)
+    y_small = gemm_forced("small", x, packed, n, k, 64, 3)
+    kernel = f"sm90k:{tokens}:{ctas}"
+    y = gemm_forced(kernel, x, packed, n, k, 64, 3)
+    check(y, ref)
+    check_same_weights(y, y_small, ref_abs)
+    # Same partition, same sums in the same order: bit-identical on a second run (the flags were cleared).
+    assert torch.equal(y, gemm_forced(kernel, x, packed, n, k, 64, 3)), kernel
+
+
+@pytest.mark.parametrize("m,n,k", [(256, 6144, 4096), (256, 4096, 4096), (300, 1000, 2048)])
+def test_streamk_resident_grid_deterministic(m, n, k):
+    """Every resident CTA (the benchmark's launch) on 8B shapes: matches float64, bit-identical across runs."""
+    x, packed, ref, _ = w4_problem(m, n, k, 128, seed=m + n + 1)
+    for tokens in (128, 256):
+        y = gemm_forced(f"sm90k:{tokens}", x, packed, n, k, 128)
+        check(y, ref)
+        assert torch.equal(y, gemm_forced(f"sm90k:{tokens}", x, packed, n, k, 128))
+
+
+def test_streamk_plan_and_names():
+    tokens, split, head = _core.gemm_w4a16_sm90_plan(256, 6144, 4096, kernel="sm90k:256")
+    assert (tokens, split, head) == (256, 0, 0)
+    assert _core.gemm_w4a16_sm90_plan(256, 6144, 4096, kernel="sm90k")[1:] == (0, 0)
+    x, packed, _, _ = w4_problem(2, 32, 128, 64, seed=1)
+    y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
+    for bad in ("sm90k:64", "sm90k:128:", "sm90k:128:x", "sm90kk"):
+        with pytest.raises(ValueError, match=f"'sm90k:T:G'.*got '{bad}'"):
+            _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel=bad)
+    with pytest.raises(ValueError, match="resident"):
+        _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="sm90k:128:9999")
