@@ -76,9 +76,11 @@ int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial)
   return 1;
 }
 
-// W4A16's stream-K launch: "sm90k", "sm90k:T" (T = 128 or 256 tokens per tile), "sm90k:T:G" (G CTAs, at most the
-// resident ones; tests reach each fix-up path with few). Returns false for another name.
-bool parse_sm90k(const std::string& kernel, cuda::W4A16Options& o) {
+// The W4A16 / W4A8 wgmma kernels' stream-K launch: "sm90k", "sm90k:T" (T = 128 or 256 tokens per tile), "sm90k:T:G"
+// (G CTAs, at most the resident ones; tests reach each fix-up path with few). Returns false for another name; sets
+// the options' stream-K fields (the caller names the kernel).
+template <class Options>
+bool parse_sm90k(const char* op, const std::string& kernel, Options& o) {
   if (kernel.rfind("sm90k", 0) != 0) return false;
   const std::string rest = kernel.substr(5);
   const size_t colon = rest.find(':', 1);
@@ -87,9 +89,8 @@ bool parse_sm90k(const std::string& kernel, cuda::W4A16Options& o) {
   const bool ok = (rest.empty() || (rest[0] == ':' && (t == "128" || t == "256"))) &&
                   (g.empty() || (g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos)) &&
                   !(colon != std::string::npos && g.empty());
-  LOWBIT_CHECK(ok, "gemm_w4a16: argument 'kernel': stream-K is 'sm90k', 'sm90k:T' or 'sm90k:T:G' (T = 128 or 256 "
+  LOWBIT_CHECK(ok, op, ": argument 'kernel': stream-K is 'sm90k', 'sm90k:T' or 'sm90k:T:G' (T = 128 or 256 "
                "tokens per tile, G CTAs), got '", kernel, "'");
-  o.kernel = cuda::W4A16Kernel::sm90;
   o.sm90_streamk = true;
   o.sm90_tokens = t.empty() ? 0 : std::stoi(t);
   o.sm90_ctas = g.empty() ? 0 : std::stoi(g);
@@ -102,7 +103,10 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
   cuda::W4A16Options o;
   if (kernel.empty()) return o;
   o.kernel = cuda::W4A16Kernel::large;
-  if (parse_sm90k(kernel, o)) return o;
+  if (parse_sm90k("gemm_w4a16", kernel, o)) {
+    o.kernel = cuda::W4A16Kernel::sm90;
+    return o;
+  }
   const int sm90 = parse_sm90(kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
   if (sm90 == 1) o.kernel = cuda::W4A16Kernel::sm90;
   else if (kernel == "small") o.kernel = cuda::W4A16Kernel::small;
@@ -308,7 +312,7 @@ void bind_cuda(nb::module_& m) {
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A16Options o;
-        if (parse_sm90k(kernel, o)) return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
+        if (parse_sm90k("gemm_w4a16_sm90_plan", kernel, o)) return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");
@@ -372,7 +376,9 @@ void bind_cuda(nb::module_& m) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options options;
         options.split_k = split_k;
-        const int sm90 = parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
+        const int sm90 = parse_sm90k("gemm_w4a8", kernel, options)
+                             ? 1
+                             : parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
         LOWBIT_CHECK(sm90 != 2, "gemm_w4a8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8 (or 0 "
                      "with a tile: 'sm90:S:T', T = 128 or 256 tokens; 'sm90s...' the serial mainloop), got '", kernel,
                      "'");
@@ -403,6 +409,7 @@ void bind_cuda(nb::module_& m) {
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options o;
+        if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o)) return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a8_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");
@@ -412,7 +419,7 @@ void bind_cuda(nb::module_& m) {
 #endif
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
-      "GPU (sm_90): the W4A8 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape; head > 0: tiles "
+      "GPU (sm_90): the W4A8 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape (split 0: stream-K); head > 0: tiles "
       "[0, head) run unsplit first, the rest at the split");
 
   m.def(

@@ -361,7 +361,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int halves = w4a16::halves_differ(p.group) ? 2 : 1;
     int g = 0;
     for (int pe = end; pe > beg;) {  // segments last to first (sm90_streamk.cuh)
-      const int tile = (pe - 1) / kb_n, ps = max(beg, tile * kb_n), kb = ps - tile * kb_n, ke = pe - tile * kb_n;
+      int tile, ps;
+      streamk_segment(sp, beg, pe, tile, ps);
+      const int kb = ps - tile * kb_n, ke = pe - tile * kb_n;
       const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
       const int tile0 = n0 / 16, prow = min(kRows, p.npad - n0);
       for (int kc = kb; kc < ke; ++kc, ++g) {
@@ -388,13 +390,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
   const bool two_halves = w4a16::halves_differ(p.group);
   const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
-  float4* slots = reinterpret_cast<float4*>(args.ws.partials);
-  constexpr int kSlot4 = kR / 4 * 256;  // float4s per slot: [v/4][consumer thread]
   uint32_t fa[16], fb[16];
   float acc[kR];
   int g = 0;
   for (int pe = end; pe > beg;) {  // segments last to first, as the producer loads them
-    const int tile = (pe - 1) / kb_n, ps = max(beg, tile * kb_n);
+    int tile, ps;
+    streamk_segment(sp, beg, pe, tile, ps);
     const int g_end = g + (pe - ps);
 #pragma unroll
     for (int i = 0; i < kR; ++i) acc[i] = 0.f;
@@ -409,41 +410,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_regs(acc);
     mbar_arrive(&empty[(g_end - 1) % kStages]);
-    const int tile0 = tile * kb_n, m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
-    if (pe < tile0 + kb_n) {  // the tile's end is a later CTA's: the partial goes to this CTA's slot, then the flag
-      float4* dst = slots + static_cast<int64_t>(cta) * kSlot4 + t;
-#pragma unroll
-      for (int v = 0; v < kR; v += 4) dst[(v / 4) * 256] = make_float4(acc[v], acc[v + 1], acc[v + 2], acc[v + 3]);
-      consumer_sync();
-      if (t == 0) {
-        __threadfence();
-        st_release(&args.ws.flags[cta], 1);
-      }
-    } else {
-      if (ps > tile0) {  // this CTA owns a tile whose earlier k blocks earlier CTAs hold: add theirs, last CTA first
-        int first = cta;
-        for (int c = cta - 1; c >= 0 && sp.begin(c + 1) > tile0; --c) first = c;
-        if (t == 0)
-          for (int c = cta - 1; c >= first; --c)
-            if (sp.begin(c) < sp.begin(c + 1))
-              while (ld_acquire(&args.ws.flags[c]) == 0) {
-              }
-        consumer_sync();
-        for (int c = cta - 1; c >= first; --c) {
-          if (sp.begin(c) == sp.begin(c + 1)) continue;  // an empty range holds nothing
-          const float4* src = slots + static_cast<int64_t>(c) * kSlot4 + t;
-#pragma unroll
-          for (int v = 0; v < kR; v += 4) {
-            const float4 q = __ldcg(src + (v / 4) * 256);
-            acc[v] += q.x, acc[v + 1] += q.y, acc[v + 2] += q.z, acc[v + 3] += q.w;
-          }
-        }
-        consumer_sync();  // every consumer read them: clear the flags for the next launch
-        if (t == 0)
-          for (int c = cta - 1; c >= first; --c) args.ws.flags[c] = 0;
-      }
-      store_tile_staged<BT>(p, args.vector_y, out, n0, m0, gw, lane, acc);
-    }
+    if (streamk_fixup<float4>(sp, args.ws, cta, t, tile, ps, pe, acc))
+      store_tile_staged<BT>(p, args.vector_y, out, tile / args.tiles_m * kRows, tile % args.tiles_m * BT, gw, lane,
+                            acc);
     pe = ps;
     g = g_end;
   }

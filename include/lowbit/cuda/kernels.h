@@ -83,6 +83,8 @@ struct W4A8Options {
   int sm90_split = 0;
   int sm90_tokens = 0;
   bool sm90_serial = false;
+  bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
+  int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
