@@ -77,10 +77,15 @@ int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial)
 }
 
 // The W4A16 / W4A8 wgmma kernels' stream-K launch: "sm90k", "sm90k:T" (T = 128 or 256 tokens per tile), "sm90k:T:G"
-// (G CTAs, at most the resident ones; tests reach each fix-up path with few). Returns false for another name; sets
-// the options' stream-K fields (the caller names the kernel).
+// (G CTAs, at most the resident ones; tests reach each fix-up path with few); "sm90n": the automatic plan without the
+// stream-K candidate. Returns false for another name; sets the options' stream-K fields (the caller names the
+// kernel).
 template <class Options>
 bool parse_sm90k(const char* op, const std::string& kernel, Options& o) {
+  if (kernel == "sm90n") {  // the cost model's plan without stream-K (the earlier plans, A/B timing)
+    o.sm90_no_streamk = true;
+    return true;
+  }
   if (kernel.rfind("sm90k", 0) != 0) return false;
   const std::string rest = kernel.substr(5);
   const size_t colon = rest.find(':', 1);

@@ -501,7 +501,7 @@ Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_stream
   slots_of<256, kOverlap>("gemm_w4a16", s256);
   const TilePlan t = pick_tile_split((p.n + kRows - 1) / kRows, p.m, p.k / kBK, s128, s256, costs, ch.tokens, ch.split);
   Sm90Plan plan{t.tokens, t.split, t.head, false};
-  if (kOverlap && allow_streamk && ch.split == 0) {
+  if (kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0) {
     double best = t.cost;
     for (const int bt : {128, 256}) {
       if (ch.tokens != 0 && bt != ch.tokens) continue;

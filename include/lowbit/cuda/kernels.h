@@ -38,6 +38,7 @@ struct W4A16Options {
   bool sm90_serial = false;
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
+  bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
   bool pdl = true;
 };
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
@@ -85,6 +86,7 @@ struct W4A8Options {
   bool sm90_serial = false;
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
+  bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
