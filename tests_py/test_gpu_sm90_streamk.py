@@ -63,6 +63,9 @@ def test_streamk_plan_and_names():
     tokens, split, head = _core.gemm_w4a16_sm90_plan(256, 6144, 4096, kernel="sm90k:256")
     assert (tokens, split, head) == (256, 0, 0)
     assert _core.gemm_w4a16_sm90_plan(256, 6144, 4096, kernel="sm90k")[1:] == (0, 0)
+    # The automatic plan takes stream-K up to 128 tokens; 'sm90n' is the plan without it.
+    assert _core.gemm_w4a16_sm90_plan(128, 4096, 14336) == (128, 0, 0)
+    assert _core.gemm_w4a16_sm90_plan(128, 4096, 14336, kernel="sm90n")[1] > 0
     x, packed, _, _ = w4_problem(2, 32, 128, 64, seed=1)
     y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
     for bad in ("sm90k:64", "sm90k:128:", "sm90k:128:x", "sm90kk"):
@@ -111,6 +114,11 @@ def test_w4a8_streamk_scaled_f16(m, n, k):
 
 def test_w4a8_streamk_plan_and_names():
     assert _core.gemm_w4a8_sm90_plan(256, 6144, 4096, kernel="sm90k:128") == (128, 0, 0)
+    # Automatic: stream-K up to 128 tokens and in place of a split-K cluster plan ('sm90n': the plan without it).
+    assert _core.gemm_w4a8_sm90_plan(128, 6144, 4096) == (128, 0, 0)
+    tokens, split, head = _core.gemm_w4a8_sm90_plan(256, 4096, 14336, kernel="sm90n")
+    assert _core.gemm_w4a8_sm90_plan(256, 4096, 14336) == ((tokens, 0, 0) if split > 1 and not head else
+                                                           (tokens, split, head))
     qw = two_level_weight("qoq", 48, 128, 64, seed=1)
     pw = _core.pack_weight(qw, "sm80", "cuda:0")
     xq = torch.zeros(2, 128, dtype=torch.int8, device="cuda")

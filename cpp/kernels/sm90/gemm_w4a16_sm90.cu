@@ -473,43 +473,22 @@ bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
 constexpr TileCosts kSerialCosts{0.54, 0.68, 2.0, 3.7};
 constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
 
-// Stream-K's fix-up (a partial written and read back, a second epilogue in some CTAs), us per 128 tokens: a guess
-// before the first measurement (the cluster reduction of split-K costs 3.7; this one streams 64 KB through L2).
-constexpr double kStreamKFixup128 = 2.0;
-
-// us of the stream-K kernel at BT tokens: every resident CTA runs ceil(tiles x k blocks / CTAs) blocks.
-template <int BT>
-double streamk_cost(const W4A16Problem& p, const TileCosts& c) {
-  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + BT - 1) / BT);
-  const int64_t ctas = streamk_resident<BT>("gemm_w4a16"), work = tiles * (p.k / kBK);
-  return static_cast<double>((work + ctas - 1) / ctas) * (BT == 128 ? c.c128 : c.c256) + c.fixed +
-         kStreamKFixup128 * BT / 128;
-}
-
-// The plan: pick_tile_split's tile x split (or two launches), or stream-K where the model prices it lower (free
-// choice, overlapped mainloop, allow_streamk) or the caller forces it.
+// The plan: pick_tile_split's tile x split (or two launches), or stream-K at 128 tokens when the tokens fit one
+// 128-token tile (free choice, overlapped mainloop, allow_streamk), or where the caller forces it. Measured on an H200
+// (docs/benchmarks_gpu.md, "Stream-K"): at M = 128 it won or tied on every Llama-3-8B layer (down 55.9 -> 36.4 us);
+// from M = 256 it lost or tied on most (qkv 256: 29.7 -> 29.9 / 31.3): with every SM busy the 64-k block costs more
+// than pick_tile_split's fit, each CTA re-reading its activation tile through L2.
 template <bool kOverlap>
 Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
-  const TileCosts& costs = kOverlap ? kOverlapCosts : kSerialCosts;
-  if (ch.streamk) {
-    const int bt = ch.tokens != 0 ? ch.tokens
-                                  : (streamk_cost<128>(p, costs) < streamk_cost<256>(p, costs) ? 128 : 256);
-    return {bt, 0, 0, true};
-  }
+  if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
+  if (kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0 && ch.tokens != 256 && p.m <= 128)
+    return {128, 0, 0, true};
   int s128[4], s256[4];
   slots_of<128, kOverlap>("gemm_w4a16", s128);
   slots_of<256, kOverlap>("gemm_w4a16", s256);
-  const TilePlan t = pick_tile_split((p.n + kRows - 1) / kRows, p.m, p.k / kBK, s128, s256, costs, ch.tokens, ch.split);
-  Sm90Plan plan{t.tokens, t.split, t.head, false};
-  if (kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0) {
-    double best = t.cost;
-    for (const int bt : {128, 256}) {
-      if (ch.tokens != 0 && bt != ch.tokens) continue;
-      const double c = bt == 128 ? streamk_cost<128>(p, costs) : streamk_cost<256>(p, costs);
-      if (c < best) best = c, plan = {bt, 0, 0, true};
-    }
-  }
-  return plan;
+  const TilePlan t = pick_tile_split((p.n + kRows - 1) / kRows, p.m, p.k / kBK, s128, s256,
+                                     kOverlap ? kOverlapCosts : kSerialCosts, ch.tokens, ch.split);
+  return {t.tokens, t.split, t.head, false};
 }
 
 template <bool kOverlap>

@@ -495,42 +495,23 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
 constexpr TileCosts kSerialCosts{0.70, 0.95, 2.0, 6.5};
 constexpr TileCosts kOverlapCosts{0.70, 0.80, 2.0, 6.5};
 
-// Stream-K's fix-up (an s32 partial written and read back, a second epilogue in some CTAs), us per 128 tokens: a
-// guess before the first measurement.
-constexpr double kStreamKFixup128 = 2.0;
-
-template <int BT>
-double streamk_cost(const W4A8Problem& p, const TileCosts& c) {
-  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + BT - 1) / BT);
-  const int64_t ctas = streamk_resident<BT>("gemm_w4a8"), work = tiles * ((p.k + kBK - 1) / kBK);
-  return static_cast<double>((work + ctas - 1) / ctas) * (BT == 128 ? c.c128 : c.c256) + c.fixed +
-         kStreamKFixup128 * BT / 128;
-}
-
-// pick_tile_split's plan, or stream-K where the model prices it lower (free split, overlapped mainloop) or forced.
+// The plan: pick_tile_split's, with stream-K in place of its split-K cluster plans (one launch, split > 1: at the same
+// tile) and at 128 tokens when the tokens fit one 128-token tile (free choice, overlapped mainloop, allow_streamk), or
+// where the caller forces it. Measured on an H200 (docs/benchmarks_gpu.md, "Stream-K"): it won or tied in every such
+// Llama-3-8B case (down M = 128 45.7 -> 29.1 us, M = 256 47.0 -> 39.4 at 256 tokens); in place of unsplit plans it
+// lost about as often as it won.
 template <bool kOverlap>
 Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
-  const TileCosts& costs = kOverlap ? kOverlapCosts : kSerialCosts;
-  if (ch.streamk) {
-    const int bt = ch.tokens != 0 ? ch.tokens
-                                  : (streamk_cost<128>(p, costs) < streamk_cost<256>(p, costs) ? 128 : 256);
-    return {bt, 0, 0, true};
-  }
+  if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
+  const bool auto_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
+  if (auto_sk && ch.tokens != 256 && p.m <= 128) return {128, 0, 0, true};
   int s128[4], s256[4];
   slots_of<128, kOverlap>("gemm_w4a8", s128);
   slots_of<256, kOverlap>("gemm_w4a8", s256);
-  const TilePlan t = pick_tile_split((p.n + kRows - 1) / kRows, p.m, (p.k + kBK - 1) / kBK, s128, s256, costs,
-                                     ch.tokens, ch.split);
-  Sm90Plan plan{t.tokens, t.split, t.head, false};
-  if (kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0) {
-    double best = t.cost;
-    for (const int bt : {128, 256}) {
-      if (ch.tokens != 0 && bt != ch.tokens) continue;
-      const double c = bt == 128 ? streamk_cost<128>(p, costs) : streamk_cost<256>(p, costs);
-      if (c < best) best = c, plan = {bt, 0, 0, true};
-    }
-  }
-  return plan;
+  const TilePlan t = pick_tile_split((p.n + kRows - 1) / kRows, p.m, (p.k + kBK - 1) / kBK, s128, s256,
+                                     kOverlap ? kOverlapCosts : kSerialCosts, ch.tokens, ch.split);
+  if (auto_sk && t.split > 1 && t.head == 0) return {t.tokens, 0, 0, true};
+  return {t.tokens, t.split, t.head, false};
 }
 
 template <bool kOverlap>

@@ -372,7 +372,6 @@ struct TileCosts {
 struct TilePlan {
   int tokens, split;
   int head = 0;  // tiles of the first, unsplit launch (0: one launch of all tiles at `split`)
-  double cost = 0;  // the model's us
 };
 inline TilePlan pick_tile_split(int tiles_n, int m, int k_blocks, const int (&slots128)[4], const int (&slots256)[4],
                                 const TileCosts& c, int forced_tokens, int forced_split) {
@@ -403,7 +402,6 @@ inline TilePlan pick_tile_split(int tiles_n, int m, int k_blocks, const int (&sl
     best.split = forced_split;
     while (best.split > k_blocks) best.split /= 2;
   }
-  best.cost = best_cost;
   return best;
 }
 
