@@ -76,12 +76,42 @@ int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial)
   return 1;
 }
 
+// The W4A16 / W4A8 wgmma kernels' stream-K launch: "sm90k", "sm90k:T" (T = 128 or 256 tokens per tile), "sm90k:T:G"
+// (G CTAs, at most the resident ones; tests reach each fix-up path with few); "sm90n": the automatic plan without the
+// stream-K candidate. Returns false for another name; sets the options' stream-K fields (the caller names the
+// kernel).
+template <class Options>
+bool parse_sm90k(const char* op, const std::string& kernel, Options& o) {
+  if (kernel == "sm90n") {  // the cost model's plan without stream-K (the earlier plans, A/B timing)
+    o.sm90_no_streamk = true;
+    return true;
+  }
+  if (kernel.rfind("sm90k", 0) != 0) return false;
+  const std::string rest = kernel.substr(5);
+  const size_t colon = rest.find(':', 1);
+  const std::string t = rest.empty() ? "" : rest.substr(1, colon == std::string::npos ? std::string::npos : colon - 1);
+  const std::string g = colon == std::string::npos ? "" : rest.substr(colon + 1);
+  const bool ok = (rest.empty() || (rest[0] == ':' && (t == "128" || t == "256"))) &&
+                  (g.empty() || (g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos)) &&
+                  !(colon != std::string::npos && g.empty());
+  LOWBIT_CHECK(ok, op, ": argument 'kernel': stream-K is 'sm90k', 'sm90k:T' or 'sm90k:T:G' (T = 128 or 256 "
+               "tokens per tile, G CTAs), got '", kernel, "'");
+  o.sm90_streamk = true;
+  o.sm90_tokens = t.empty() ? 0 : std::stoi(t);
+  o.sm90_ctas = g.empty() ? 0 : std::stoi(g);
+  return true;
+}
+
 // The raw GEMM ops take the kernel by a short name (tests and benchmarks compare kernels this way;
 // models name theirs through plans). "" = the op's automatic choice.
 cuda::W4A16Options w4a16_options(const std::string& kernel) {
   cuda::W4A16Options o;
   if (kernel.empty()) return o;
   o.kernel = cuda::W4A16Kernel::large;
+  if (parse_sm90k("gemm_w4a16", kernel, o)) {
+    o.kernel = cuda::W4A16Kernel::sm90;
+    return o;
+  }
   const int sm90 = parse_sm90(kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
   if (sm90 == 1) o.kernel = cuda::W4A16Kernel::sm90;
   else if (kernel == "small") o.kernel = cuda::W4A16Kernel::small;
@@ -98,7 +128,7 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
   else if (kernel == "large:128x256") o.large_tile = 128256;
   else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
-                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: "
+                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'sm90k[:T[:G]]' (stream-K), 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: "
                  "the split-K cluster; 'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split "
                  "free; 'sm90s...' the serial mainloop), got '", kernel, "'");
   return o;
@@ -287,6 +317,7 @@ void bind_cuda(nb::module_& m) {
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A16Options o;
+        if (parse_sm90k("gemm_w4a16_sm90_plan", kernel, o)) return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");
@@ -297,7 +328,8 @@ void bind_cuda(nb::module_& m) {
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
       "GPU (sm_90): the W4A16 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape; head > 0: tiles "
-      "[0, head) run unsplit first, the rest at the split");
+      "[0, head) run unsplit first, the rest at the split; split 0: one stream-K launch (every resident CTA an equal "
+      "range of tile x k blocks)");
 
   m.def(
       "gemm_w4a16_decode_sm90_split",
@@ -349,7 +381,9 @@ void bind_cuda(nb::module_& m) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options options;
         options.split_k = split_k;
-        const int sm90 = parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
+        const int sm90 = parse_sm90k("gemm_w4a8", kernel, options)
+                             ? 1
+                             : parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
         LOWBIT_CHECK(sm90 != 2, "gemm_w4a8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8 (or 0 "
                      "with a tile: 'sm90:S:T', T = 128 or 256 tokens; 'sm90s...' the serial mainloop), got '", kernel,
                      "'");
@@ -380,6 +414,7 @@ void bind_cuda(nb::module_& m) {
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options o;
+        if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o)) return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a8_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");
@@ -389,7 +424,7 @@ void bind_cuda(nb::module_& m) {
 #endif
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
-      "GPU (sm_90): the W4A8 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape; head > 0: tiles "
+      "GPU (sm_90): the W4A8 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape (split 0: stream-K); head > 0: tiles "
       "[0, head) run unsplit first, the rest at the split");
 
   m.def(

@@ -81,8 +81,8 @@ def test_gemm_w4a8_sm90_plan_is_what_runs(m, n, k):
     """The cost model's (tokens, split, head) is valid, and the automatic launch is exact (int32, any split)."""
     tokens, split, head = _core.gemm_w4a8_sm90_plan(m, n, k)
     tiles = -(-n // 128) * -(-m // tokens)
-    assert tokens in (128, 256) and split in (1, 2, 4) and 0 <= head < tiles and (head == 0 or split > 1)
-    assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90:4:256") == (256, 4, 0)
+    assert tokens in (128, 256) and split in (0, 1, 2, 4) and 0 <= head < tiles and (head == 0 or split > 1)
+    assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90:4:256") == (256, 4, 0)  # split 0 above: stream-K
     qw = two_level_weight("qoq", n, k, 128, seed=m + n)
     pw = _core.pack_weight(qw, "sm80", "cuda:0")
     xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=torch.Generator().manual_seed(k))

@@ -3,13 +3,16 @@ serial and overlapped mainloop, vs cuBLAS fp16 and torch._scaled_mm fp8 in the s
 shapes (random weights: cost does not depend on values).
 
   python tools/bench_gpu_sm90_tiles.py OUT.json [--ms=128,256,1024] [--shapes=qkv,o] [--variants=sm90:1:256,...]
+      [--streamk=128,256] [--w4a8=auto]
 
 Per (shape, M) row: cublas_fp16_us, torch_scaled_mm_fp8_us (per-tensor scales), and for each kernel
 w4a16_<name>_us / w4a8_<name>_us where <name> is a gemm_w4a16 / gemm_w4a8 kernel string: 'sm90' (the cost
 model's choice, its (tokens, split, head) in *_plan; head > 0: tiles [0, head) unsplit in a first launch, the rest
 at the split in a second), 'sm90:S:T' (overlapped mainloop, split S, T tokens per tile, one launch) and 'sm90s:S:T'
 (the serial mainloop the kernels had before); --variants limits the forced ones. W4A8 is the GEMM alone on int8 codes
-(QoQ g128 weights).
+(QoQ g128 weights). Stream-K columns, both kernels: *_sm90k:T_us (one persistent launch over every resident CTA, T
+tokens per tile; --streamk=128,256 picks the tiles, --streamk= none) and *_sm90n_us (the automatic plan without the
+stream-K candidate: the previous rounds' plan, in *_plan_n); --w4a8=auto times W4A8 at those columns only.
 """
 import sys
 
@@ -52,7 +55,7 @@ def time_or_error(row, key, fns):
         row[key.replace("_us", "_error")] = str(e).splitlines()[0][:160]
 
 
-def bench_shape(name, n, k, ms, l2, variants=VARIANTS):
+def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm90k:256"), w4a8_all=True):
     rows = []
     stream = torch.cuda.current_stream
     wf16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
@@ -74,23 +77,29 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS):
         lxq, lxs = lowbit.from_dlpack(xq), lowbit.from_dlpack(xs)
         row["w4a16_plan"] = list(_core.gemm_w4a16_sm90_plan(m, n, k))
         row["w4a8_plan"] = list(_core.gemm_w4a8_sm90_plan(m, n, k))
-        for kernel in ["sm90"] + variants:
+        row["w4a16_plan_n"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90n"))
+        row["w4a8_plan_n"] = list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90n"))
+        for kernel in ["sm90", "sm90n"] + variants + list(streamk):
             time_or_error(row, f"w4a16_{kernel}_us", [
                 lambda w=w, kn=kernel: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, 128, ly, 0, None,
                                                         stream().cuda_stream, kernel=kn) for w in w16])
+            if not w4a8_all and kernel in variants:
+                continue
             time_or_error(row, f"w4a8_{kernel}_us", [
                 lambda w=w, kn=kernel: _core.gemm_w4a8(lxq, lxs, w, ly, 0, stream().cuda_stream, kn) for w in w8])
         rows.append(row)
         # The fastest one-launch pair timed (with every overlapped pair: the best the one-launch plans can do).
-        before16 = min([row.get(f"w4a16_{v}_us", 1e9) for v in variants] or [float("nan")])
-        before8 = min([row.get(f"w4a8_{v}_us", 1e9) for v in variants] or [float("nan")])
+        before16 = row.get("w4a16_sm90n_us", float("nan"))
+        before8 = row.get("w4a8_sm90n_us", float("nan"))
         cb, f8 = row["cublas_fp16_us"], row.get("torch_scaled_mm_fp8_us", float("nan"))
         a16, a8 = row.get("w4a16_sm90_us", float("nan")), row.get("w4a8_sm90_us", float("nan"))
-        print(f"{name:8s} M={m:5d} cuBLAS {cb:7.1f} fp8 {f8:7.1f} | W4A16 best forced {before16:7.1f} now {a16:7.1f} "
-              f"{tuple(row['w4a16_plan'])} {cb / a16:5.2f}x | W4A8 best forced {before8:7.1f} now {a8:7.1f} "
+        print(f"{name:8s} M={m:5d} cuBLAS {cb:7.1f} fp8 {f8:7.1f} | W4A16 no-SK {before16:7.1f} now {a16:7.1f} "
+              f"{tuple(row['w4a16_plan'])} {cb / a16:5.2f}x | W4A8 no-SK {before8:7.1f} now {a8:7.1f} "
               f"{tuple(row['w4a8_plan'])} {cb / a8:5.2f}x cuBLAS {f8 / a8:5.2f}x fp8", flush=True)
-        print("   W4A16 " + " ".join(f"{v} {row.get(f'w4a16_{v}_us', float('nan')):.1f}" for v in variants))
-        print("   W4A8  " + " ".join(f"{v} {row.get(f'w4a8_{v}_us', float('nan')):.1f}" for v in variants))
+        print("   W4A16 " + " ".join(f"{v} {row.get(f'w4a16_{v}_us', float('nan')):.1f}"
+                                     for v in variants + list(streamk)))
+        print("   W4A8  " + " ".join(f"{v} {row.get(f'w4a8_{v}_us', float('nan')):.1f}"
+                                     for v in variants + list(streamk)))
     return rows
 
 
@@ -99,11 +108,14 @@ def main():
     ms = next((a[5:] for a in sys.argv[2:] if a.startswith("--ms=")), None)
     ms = [int(v) for v in ms.split(",")] if ms else MS
     names = next((a[9:].split(",") for a in sys.argv[2:] if a.startswith("--shapes=")), list(SHAPES))
-    variants = next((a[11:].split(",") for a in sys.argv[2:] if a.startswith("--variants=")), VARIANTS)
+    variants = next(([v for v in a[11:].split(",") if v] for a in sys.argv[2:] if a.startswith("--variants=")), VARIANTS)
+    sk = next((a[10:] for a in sys.argv[2:] if a.startswith("--streamk=")), "128,256")
+    streamk = [f"sm90k:{t}" for t in sk.split(",") if t]
+    w4a8_all = "--w4a8=auto" not in sys.argv[2:]
     meta = device_meta()
     rows = []
     for name in names:
-        rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"], variants)
+        rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"], variants, streamk, w4a8_all)
         write_json(out, {"meta": meta, "gemm": rows})
 
 

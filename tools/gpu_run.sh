@@ -10,8 +10,9 @@
 #     bench     GEMM sweep and attention benchmarks
 #     w4a8      the W4A8 GEMMs (QoQ, LiquidQuant) vs cuBLAS fp16, lowbit W4A16/W8A8 and torch fp8 on 8B shapes
 #     w4a16     the W4A16 GEMMs (each kernel forced: small, large tiles, sm90 splits) vs cuBLAS fp16 on 8B shapes
-#     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop vs cuBLAS fp16 and torch fp8
-#               (tools/bench_gpu_sm90_tiles.py), their test files, sanitizers over small cases of each path
+#     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
+#               fp8 (tools/bench_gpu_sm90_tiles.py, SM90TILES_ARGS), their test files (SM90TILES_K selects), sanitizers
+#               over small cases of each path (SM90TILES_SAN_K replaces their -k expression)
 #     engine    forward-pass op and model/engine tests only, and the SmolLM2 engine benchmark
 #     profile   ncu over the W4A16 decode GEMM and decode attention
 #     prefill_profile  ncu over the Hopper prefill kernel (tools/bench_gpu_prefill_profile.py: 8K prompt, f16 / u4)
@@ -351,13 +352,14 @@ if has sm90tiles; then
   timeout "${SM90TILES_BENCH_S:-200}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_sm90_tiles.json" \
     ${SM90TILES_ARGS:-} 2>&1 | tee "$OUT/bench_sm90_tiles.log" | grep -v "^   "
   timeout "${SM90TILES_TEST_S:-200}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" \
-    "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=30 -k "${SM90TILES_K:-not nothing}" 2>&1 \
+    "$TESTS/test_gpu_sm90_streamk.py" "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=30 \
+    -k "${SM90TILES_K:-not nothing}" 2>&1 \
     | tee "$OUT/pytest_sm90tiles.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_sm90tiles.log" | cut -c1-300 | head -20
   for tool in memcheck racecheck synccheck; do
     (timeout "${SM90TILES_SAN_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-      "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" \
-      -k "(every_tile_and_split and 4103-576-64-65) or (bit_exact and (liquid-7-130 or qoq-65-200)) or (w4a16_sm90_plan and 1100-4103-4160)" \
+      "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" "$TESTS/test_gpu_sm90_streamk.py" \
+      -k "${SM90TILES_SAN_K:-(every_tile_and_split and 4103-576-64-65) or (bit_exact and (liquid-7-130 or qoq-65-200)) or (w4a16_sm90_plan and 1100-4103-4160) or every_fixup_path}" \
       > "$OUT/${tool}_sm90tiles.log" 2>&1; echo "$tool rc=$?") &
   done
   wait

@@ -15,7 +15,8 @@
 // they run, keeping one stage's wgmmas in flight across the next issue (wait_group 1). The tile (128 or 256
 // tokens) and split come from a cost model (sm90_common.cuh's pick_tile_split): at M = 256 on 4096-wide
 // layers the 128-token tile with split 2 fills 128 SMs where 256 tokens left 64; past a whole wave the plan may be two
-// launches over one linear tile range (whole unsplit waves, then the rest split). Accumulation is f32; split-K runs
+// launches over one linear tile range (whole unsplit waves, then the rest split), or one stream-K launch (every
+// resident CTA an equal range of tile x k blocks: sm90_streamk.cuh). Accumulation is f32; split-K runs
 // as a thread-block cluster along k whose f32 partial
 // tiles are summed through distributed shared memory in a fixed order (deterministic). Without split,
 // the tile leaves through shared memory as 16-byte row segments (coalesced stores). Token tiles vary
@@ -30,6 +31,7 @@
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm90/gemm_w4a16_sm90.h"
 #include "kernels/sm90/sm90_common.cuh"
+#include "kernels/sm90/sm90_streamk.cuh"
 #include "lowbit/cuda/check.h"
 
 namespace lowbit::cuda::detail {
@@ -134,7 +136,8 @@ __device__ __forceinline__ void wgmma_frag(float (&acc)[N], const uint32_t (&a)[
 template <bool kOverlap, class C, int N, class StageAt>
 __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16],
                                               int it, int nk, const StageAt& stage_at, uint64_t* full,
-                                              uint64_t* empty, int gw, int lane, bool two_halves, bool mins) {
+                                              uint64_t* empty, int gw, int lane, bool two_halves, bool mins,
+                                              int first = 0) {
   constexpr int kStages = C::kStages;
   const uint64_t db = smem_desc(smem_u32(stage_at(it)));
   wgmma_fence();
@@ -143,7 +146,7 @@ __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&
   wgmma_commit();
   if constexpr (kOverlap) {
     wgmma_wait<1>();
-    if (it > 0) mbar_arrive(&empty[(it - 1) % kStages]);
+    if (it > first) mbar_arrive(&empty[(it - 1) % kStages]);  // first: the segment's first stage (stream-K)
   }
   if (it + 1 < nk) {
     mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
@@ -302,6 +305,167 @@ void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStre
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
 }
 
+// ---- Stream-K (sm90_streamk.cuh): a persistent grid of the resident CTAs, equal k-block ranges ----
+
+// Config<BT>'s stages, fewer where needed so the epilogue tile has smem of its own: the producer fills the next
+// segment's stages while the consumers store this one's tile (BT 128: 8 stages; 256: 4).
+template <int BT>
+struct SkConfig : Config<BT> {
+  static constexpr int kOutBytes = BT * (kRows + 8) * 2;
+  static constexpr int kStages = std::min(8, (230400 - kOutBytes) / Config<BT>::kStageBytes);
+  static constexpr int kSmemBytes = 1024 + kStages * Config<BT>::kStageBytes + kOutBytes + 2 * kStages * 8;
+};
+
+struct SkArgs {
+  W4A16Problem p;
+  StreamKSpace space;  // tiles x k blocks over gridDim.x CTAs
+  int tiles_m;
+  bool vector_y;
+  StreamKWorkspace ws;  // partial slots of kRows x BT f32, flags
+};
+
+// One CTA's range of (tile, k block): the producer and the consumers walk the same segments with one running stage
+// counter g (stage g % kStages, phase (g / kStages) & 1), so the pipeline runs on across segments.
+template <int BT>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_w4a16_sm90_streamk_kernel(const __grid_constant__ CUtensorMap map_x,
+                                   const __grid_constant__ CUtensorMap map_w, const SkArgs args) {
+#ifdef LOWBIT_SM90_DEVICE
+  using C = SkConfig<BT>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
+  const W4A16Problem& p = args.p;
+  const StreamKSpace& sp = args.space;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* out = smem + kStages * kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(out + C::kOutBytes);
+  uint64_t* empty = full + kStages;
+  const int cta = static_cast<int>(blockIdx.x), kb_n = sp.k_blocks;
+  const int beg = sp.begin(cta), end = sp.begin(cta + 1);
+  const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps * 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x != 0) return;
+    const int halves = w4a16::halves_differ(p.group) ? 2 : 1;
+    int g = 0;
+    for (int pe = end; pe > beg;) {  // segments last to first (sm90_streamk.cuh)
+      int tile, ps;
+      streamk_segment(sp, beg, pe, tile, ps);
+      const int kb = ps - tile * kb_n, ke = pe - tile * kb_n;
+      const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
+      const int tile0 = n0 / 16, prow = min(kRows, p.npad - n0);
+      for (int kc = kb; kc < ke; ++kc, ++g) {
+        const int s = g % kStages;
+        mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
+        uint8_t* st = smem + s * kStageBytes;
+        mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + halves * 2 * prow * 2);
+        tma_load_2d(st, &map_x, kc * kBK, m0, &full[s]);
+        uint8_t* ws = st + C::kXBytes;
+        tma_load_3d(ws, &map_w, 0, kc, tile0, &full[s]);
+        for (int h = 0; h < halves; ++h) {
+          uint8_t* ps = ws + C::kWBytes + h * 2 * kRows * 2;
+          const int64_t row0 = static_cast<int64_t>(w4a16::param_row(kc, h, p.group)) * p.npad + n0;
+          bulk_load(ps, p.scales + row0, prow * 2, &full[s]);
+          bulk_load(ps + kRows * 2, p.zeros + row0, prow * 2, &full[s]);
+        }
+      }
+      pe = ps;
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int t = threadIdx.x - 128;                          // consumer thread: its float4s in a partial slot
+  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
+  const bool two_halves = w4a16::halves_differ(p.group);
+  const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+  uint32_t fa[16], fb[16];
+  float acc[kR];
+  int g = 0;
+  for (int pe = end; pe > beg;) {  // segments last to first, as the producer loads them
+    int tile, ps;
+    streamk_segment(sp, beg, pe, tile, ps);
+    const int g_end = g + (pe - ps);
+#pragma unroll
+    for (int i = 0; i < kR; ++i) acc[i] = 0.f;
+    fence_regs(acc);
+    mbar_wait(&full[g % kStages], (g / kStages) & 1);
+    dequant_stage<C>(stage_at(g), gw, lane, two_halves, p.mins, fa);
+    for (int it = g; it < g_end; it += 2) {
+      consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, full, empty, gw, lane, two_halves, p.mins, g);
+      if (it + 1 >= g_end) break;
+      consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, full, empty, gw, lane, two_halves, p.mins, g);
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    mbar_arrive(&empty[(g_end - 1) % kStages]);
+    if (streamk_fixup<float4>(sp, args.ws, cta, t, tile, ps, pe, acc))
+      store_tile_staged<BT>(p, args.vector_y, out, tile / args.tiles_m * kRows, tile % args.tiles_m * BT, gw, lane,
+                            acc);
+    pe = ps;
+    g = g_end;
+  }
+#endif
+}
+
+// Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile.
+template <int BT>
+int streamk_resident(const char* op) {
+  static std::atomic<int> cache{0};
+  int v = cache.load();
+  if (v == 0) {
+    auto kernel = gemm_w4a16_sm90_streamk_kernel<BT>;
+    constexpr int kSmem = SkConfig<BT>::kSmemBytes;
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    int per_sm = 0, dev = 0, sms = 0;
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem));
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    v = std::max(1, per_sm * sms);
+    cache.store(v);
+  }
+  return v;
+}
+
+// Launches the stream-K kernel over `ctas` CTAs (0: every resident one); false when its workspace cannot be had
+// (first use inside a graph capture: the caller takes the one-launch plans).
+template <int BT>
+bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
+  const char* op = "gemm_w4a16";
+  const int resident = streamk_resident<BT>(op);
+  LOWBIT_CHECK(ctas >= 0 && ctas <= resident, op, ": stream-K over ", ctas, " CTAs; at most ", resident,
+               " are resident at once");
+  if (ctas == 0) ctas = resident;
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
+  // One size for both tiles (the 256-token slot), so switching tiles never regrows it.
+  const StreamKWorkspace ws = streamk_workspace(op, dev, std::max(streamk_resident<128>(op), streamk_resident<256>(op)),
+                                                int64_t{kRows} * 256, stream);
+  if (ws.partials == nullptr) return false;
+  const int tiles_m = (p.m + BT - 1) / BT;
+  const int k_chunks = p.k / kBK;
+  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * tiles_m;
+  const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
+  LOWBIT_CHECK(tiles * k_chunks <= INT32_MAX, op, ": m=", p.m, " n=", p.n, " k=", p.k, " is too large for stream-K");
+  const SkArgs args{p, {static_cast<int>(tiles * k_chunks), ctas, k_chunks}, tiles_m, vector_y, ws};
+  const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
+  const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, kTiles, 1);
+  gemm_w4a16_sm90_streamk_kernel<BT><<<ctas, kThreads, SkConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  return true;
+}
+
 // Cost model constants (us per 64-k block at 128 / 256 tokens, fixed, reduction per 128-token partial;
 // sm90_common.cuh's pick_tile_split), fitted to each mainloop's forced tile x split timings on an H200
 // (bench/results/h200-2026-11-26-sm90-tiles-db5be10.json): the model's pick is the fastest measured pair on every
@@ -309,18 +473,34 @@ void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStre
 constexpr TileCosts kSerialCosts{0.54, 0.68, 2.0, 3.7};
 constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
 
+// The plan: pick_tile_split's tile x split (or two launches), or stream-K at 128 tokens when the tokens fit one
+// 128-token tile (free choice, overlapped mainloop, allow_streamk), or where the caller forces it. Measured on an H200
+// (docs/benchmarks_gpu.md, "Stream-K"): at M = 128 it won or tied on every Llama-3-8B layer (down 55.9 -> 36.4 us);
+// from M = 256 it lost or tied on most (qkv 256: 29.7 -> 29.9 / 31.3): with every SM busy the 64-k block costs more
+// than pick_tile_split's fit, each CTA re-reading its activation tile through L2.
 template <bool kOverlap>
-TilePlan plan_for(const W4A16Problem& p, int split, int tokens) {
+Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
+  if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
+  if (kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0 && ch.tokens != 256 && p.m <= 128)
+    return {128, 0, 0, true};
   int s128[4], s256[4];
   slots_of<128, kOverlap>("gemm_w4a16", s128);
   slots_of<256, kOverlap>("gemm_w4a16", s256);
-  return pick_tile_split((p.n + kRows - 1) / kRows, p.m, p.k / kBK, s128, s256,
-                         kOverlap ? kOverlapCosts : kSerialCosts, tokens, split);
+  const TilePlan t = pick_tile_split((p.n + kRows - 1) / kRows, p.m, p.k / kBK, s128, s256,
+                                     kOverlap ? kOverlapCosts : kSerialCosts, ch.tokens, ch.split);
+  return {t.tokens, t.split, t.head, false};
 }
 
 template <bool kOverlap>
-void run(const W4A16Problem& p, int split, int tokens, cudaStream_t stream) {
-  const TilePlan plan = plan_for<kOverlap>(p, split, tokens);
+void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
+  Sm90Plan plan = plan_for<kOverlap>(p, choice);
+  if (plan.streamk) {
+    if (plan.tokens == 128 ? launch_streamk<128>(p, choice.ctas, stream) : launch_streamk<256>(p, choice.ctas, stream))
+      return;
+    LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a16: the stream-K workspace is allocated on "
+                      "first use, which a graph capture forbids: run the op once before capturing");
+    plan = plan_for<kOverlap>(p, choice, false);
+  }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
   const auto go = plan.tokens == 128 ? launch<128, kOverlap> : launch<256, kOverlap>;
@@ -335,22 +515,22 @@ bool gemm_w4a16_sm90_usable(int device) {
   return kernel_usable_on("gemm_w4a16", device, gemm_w4a16_sm90_kernel<256, true>, cache);
 }
 
-// Tile and split by pick_tile_split's cost model unless forced.
+// Tile and split (or stream-K) by the cost model unless forced.
 void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
+  LOWBIT_CHECK(!choice.streamk || (!choice.serial && choice.split == 0), "gemm_w4a16: stream-K runs the overlapped "
+               "mainloop without a split");
   if (choice.serial)
-    run<false>(p, choice.split, choice.tokens, stream);
+    run<false>(p, choice, stream);
   else
-    run<true>(p, choice.split, choice.tokens, stream);
+    run<true>(p, choice, stream);
 }
 
 Sm90Plan gemm_w4a16_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
   check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
   W4A16Problem p{};
   p.m = m, p.n = n, p.k = k;
-  const TilePlan t = choice.serial ? plan_for<false>(p, choice.split, choice.tokens)
-                                   : plan_for<true>(p, choice.split, choice.tokens);
-  return {t.tokens, t.split, t.head};
+  return choice.serial ? plan_for<false>(p, choice) : plan_for<true>(p, choice);
 }
 
 }  // namespace lowbit::cuda::detail

@@ -8,11 +8,15 @@ struct Sm90Choice {
   int split = 0;        // 0 = the cost model's, else 1, 2, 4 or 8
   int tokens = 0;       // 0 = the cost model's, else 128 or 256
   bool serial = false;  // the earlier mainloop (each stage's wgmmas waited for before the next issue), for A/B timing
+  bool streamk = false;  // W4A16: force stream-K (a persistent grid, equal k-block ranges per CTA)
+  int ctas = 0;          // stream-K's CTAs: 0 = every resident one (tests pin fewer to reach each fix-up path)
+  bool no_streamk = false;  // the model's plan without the stream-K candidate (the earlier plans, for A/B timing)
 };
 
 struct Sm90Plan {
   int tokens, split;
   int head;  // > 0: a first launch runs tiles [0, head) unsplit, a second the rest at `split`
+  bool streamk = false;  // W4A16: one stream-K launch of `tokens`-token tiles (split and head 0)
 };
 
 }  // namespace lowbit::cuda::detail

@@ -36,13 +36,16 @@ struct W4A16Options {
   int sm90_split = 0;
   int sm90_tokens = 0;
   bool sm90_serial = false;
+  bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
+  int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
+  bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
   bool pdl = true;
 };
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
                 cudaStream_t stream, const W4A16Options& options = {});
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
 // The sm90 kernel's {tokens per tile, split-K cluster, head} for this shape under `options` (sm_90 only); head > 0:
-// tiles [0, head) run unsplit in a first launch, the rest at the split in a second.
+// tiles [0, head) run unsplit in a first launch, the rest at the split in a second; split 0: one stream-K launch.
 std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
                                                const W4A16Options& options = {});
 // The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
@@ -81,6 +84,9 @@ struct W4A8Options {
   int sm90_split = 0;
   int sm90_tokens = 0;
   bool sm90_serial = false;
+  bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
+  int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
+  bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
