@@ -93,12 +93,20 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
     o.kernel = cuda::W4A16Kernel::decode_sm90;
     o.sm90_split = s[0] - '0';
   }
+  else if (kernel.rfind("gemv", 0) == 0) {
+    // "gemv" or "gemv:T", T = 16-row tiles per CTA (1, 2, 4, 8)
+    const std::string t = kernel.size() > 5 && kernel[4] == ':' ? kernel.substr(5) : kernel.size() == 4 ? "0" : "?";
+    LOWBIT_CHECK(t == "0" || t == "1" || t == "2" || t == "4" || t == "8", "gemm_w4a16: argument 'kernel': the tiles "
+                 "in 'gemv:T' must be 1, 2, 4 or 8, got '", kernel, "'");
+    o.kernel = cuda::W4A16Kernel::gemv;
+    o.gemv_tiles = t[0] - '0';
+  }
   else if (kernel == "large:64x128") o.large_tile = 64128;
   else if (kernel == "large:128x128") o.large_tile = 128128;
   else if (kernel == "large:128x256") o.large_tile = 128256;
   else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
-                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: "
+                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'gemv', 'gemv:T', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: "
                  "the split-K cluster; 'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split "
                  "free; 'sm90s...' the serial mainloop), got '", kernel, "'");
   return o;
@@ -217,7 +225,7 @@ void bind_cuda(nb::module_& m) {
       nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("mins") = false,
       "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device); mins: `zeros` holds the mins "
       "of w = q*s + m. kernel: '' (automatic), 'small', 'large', 'large:64x128', 'large:128x128', "
-      "'large:128x256', 'decode90[:S]' or 'sm90[:S[:T]]' (see w4a16_options)");
+      "'large:128x256', 'decode90[:S]', 'gemv[:T]' or 'sm90[:S[:T]]' (see w4a16_options)");
 
   m.def(
       "gemm_w8a16",

@@ -71,7 +71,7 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
     EXPECT_GT(std::string(k.summary).size(), 10u) << k.name;
   }
   for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
-                        "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
+                        "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w4a16_gemv_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
                         "gemm_w4a8_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90", "gemm_w4a16_decode_sm90",
                         "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80",
                         "prefill_attention_sm90"})

@@ -29,13 +29,14 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // the cluster size 1/2/4/8; sm90_tokens: 0 automatic, else 128 or 256 tokens per tile; sm90_serial: the
 // earlier mainloop that waits for each stage's wgmmas (A/B timing only). pdl: programmatic dependent
 // launch of the small kernel where the device has it (sm_90+).
-enum class W4A16Kernel : uint8_t { automatic, small, large, sm90, decode_sm90 };
+enum class W4A16Kernel : uint8_t { automatic, small, large, sm90, decode_sm90, gemv };
 struct W4A16Options {
   W4A16Kernel kernel = W4A16Kernel::automatic;
   int large_tile = 0;
   int sm90_split = 0;
   int sm90_tokens = 0;
   bool sm90_serial = false;
+  int gemv_tiles = 0;  // the gemv kernel's 16-row tiles per CTA (1, 2, 4, 8); 0 = its own pick
   bool pdl = true;
 };
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
