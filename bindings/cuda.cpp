@@ -308,6 +308,22 @@ void bind_cuda(nb::module_& m) {
       "[0, head) run unsplit first, the rest at the split");
 
   m.def(
+      "gemm_w4a16_gemv_plan",
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) -> std::tuple<int, int> {
+#ifdef LOWBIT_WITH_CUDA
+        const cuda::W4A16Options o = w4a16_options(kernel.empty() ? "gemv" : kernel);
+        LOWBIT_CHECK(o.kernel == cuda::W4A16Kernel::gemv, "gemm_w4a16_gemv_plan: argument 'kernel' must be '' or "
+                     "'gemv[:T]', got '", kernel, "'");
+        const auto [tiles, split] = cuda::gemm_w4a16_gemv_plan(m, n, k, device, o.gemv_tiles);
+        return {tiles, split};
+#else
+        no_cuda("gemm_w4a16_gemv_plan");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
+      "GPU: the register-direct W4A16 GEMV's (16-row tiles per CTA, CTAs along k) for this shape (1-8 tokens)");
+
+  m.def(
       "gemm_w4a16_decode_sm90_split",
       [](int64_t m, int64_t n, int64_t k, int device) {
 #ifdef LOWBIT_WITH_CUDA

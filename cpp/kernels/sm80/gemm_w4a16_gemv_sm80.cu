@@ -8,8 +8,9 @@
 // Shape of the work: a warp owns one 16-row weight tile and a contiguous run of its 64-k chunks (pack_sm80 stores a
 // tile's chunks back to back: one 16-byte word per lane per chunk, already the lane's mma A fragment for the four
 // k16 steps). It streams them with 16-byte ld.global.nc.L1::no_allocate loads, kDepth chunks ahead (a register
-// ring: the load of chunk i + kDepth is issued before chunk i is computed), so with 3 CTAs x 8 warps per SM about
-// 24 x 8 x 512 B = 96 KB of weights are in flight per SM (Little's law at ~4.8 TB/s and ~1.5 us: ~55 KB).
+// ring: the load of chunk i + kDepth is issued before chunk i is computed), so with 2 CTAs x 8 warps per SM (the
+// ring takes ~40 of ~118 registers) 16 x 8 x 512 B = 64 KB of weights are in flight per SM (Little's law at
+// ~4.8 TB/s and ~1.5 us: ~55 KB).
 // A CTA is T tiles x 8/T k-slices (T = 1, 2, 4, 8: the "gemv:T" name); its slices meet in shared memory in a fixed
 // order at the end, so one launch and no partials buffer for every layer whose x fits (below). The ring's first
 // loads are issued before the programmatic-dependent wait (the weights do not depend on the kernel before).
@@ -24,7 +25,7 @@
 // 16-31 those of half 1 (one 2-byte load each of scale and zero), and each lane takes its rows g and g+8 by two
 // shuffles when the chunk is computed.
 //
-// When x for the CTA's k range would not fit (~64 KB: 8 tokens at k 4096, 2 at 14336), the k range is split over
+// When x for the CTA's k range would not fit (~100 KB: 8 tokens past k ~5500, 3 at k 14336), the k range is split over
 // gridDim.y CTAs whose f32 partials the shared sum kernel adds in a fixed order (deterministic), as the small
 // kernel does.
 #include <cuda_fp16.h>
@@ -44,8 +45,8 @@ using namespace w4a16;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kDepth = 8;        // chunks in flight per warp
-constexpr int kMinBlocks = 2;    // CTAs per SM the registers are budgeted for (85 per thread)
-constexpr int kXBudget = 66000;  // bytes of x per CTA (3 CTAs per SM with the reduction area)
+constexpr int kMinBlocks = 2;    // CTAs per SM the registers are budgeted for (128 per thread)
+constexpr int kXBudget = 100000;  // bytes of x per CTA (2 CTAs per SM with the reduction area)
 constexpr int kRedBytes = kWarps * 32 * 16;
 
 struct Args {
@@ -221,8 +222,9 @@ GemvPlan gemm_w4a16_gemv_plan(int m, int n, int k, int tiles) {
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
   if (tiles == 0) {
-    // The most tiles per CTA (longer runs per warp) that still leave >= 3 CTAs per SM to balance the SMs.
-    const int want = 3 * sm_count();
+    // The most tiles per CTA (longer runs per warp) that still leave >= 6 CTAs per SM (3 waves of 2): the SMs then
+    // finish together within ~1/3 of a CTA.
+    const int want = 6 * sm_count();
     tiles = 1;
     for (int t = 8; t >= 2; t /= 2)
       if ((n_tiles + t - 1) / t * split >= want) {

@@ -394,6 +394,16 @@ int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device) {
   return detail::gemm_w4a16_decode_sm90_split(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0);
 }
 
+std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles) {
+  LOWBIT_CHECK(m > 0 && m <= detail::kGemvMaxTokens && n > 0 && n <= (1LL << 22) && k > 0 && k % kChunkK == 0,
+               "gemm_w4a16_gemv_plan: bad shape m=", m, " n=", n, " k=", k, " (1-", detail::kGemvMaxTokens,
+               " tokens, k a multiple of 64)");
+  LOWBIT_CUDA_CHECK("gemm_w4a16_gemv_plan", cudaSetDevice(device));
+  const detail::GemvPlan plan =
+      detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), tiles);
+  return {plan.tiles, plan.split};
+}
+
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) { return split_k > 1 ? split_k * m * n : 0; }
 
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,

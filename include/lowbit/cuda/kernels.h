@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <tuple>
+#include <utility>
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/k_window.h"
@@ -48,6 +49,8 @@ std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, 
                                                const W4A16Options& options = {});
 // The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device);
+// The register-direct GEMV's {16-row tiles per CTA, CTAs along k} for 1-8 tokens; `tiles` != 0 pins the first.
+std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles = 0);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
 // y[m, n] = x[m, k] · Wᵀ for a w8 weight as the W8A8 kernels read it (row-major s8 [n, k] on the device,
