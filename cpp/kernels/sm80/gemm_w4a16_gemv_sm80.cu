@@ -44,7 +44,7 @@ namespace {
 using namespace w4a16;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kDepth = 8;        // chunks in flight per warp
+constexpr int kDepthOneGroup = 8;  // chunks in flight per warp (6 with two groups per chunk: their registers)
 constexpr int kMinBlocks = 2;    // CTAs per SM the registers are budgeted for (128 per thread)
 constexpr int kXBudget = 100000;  // bytes of x per CTA (2 CTAs per SM with the reduction area)
 constexpr int kRedBytes = kWarps * 32 * 16;
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemm_w4a16_gemv_kernel(A
   // 0-15, lanes 16-31 their zeros (or mins), for k half 0 of the chunk and, with two groups per chunk, half 1.
   const uint4* wp = reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(nt) * a.k_chunks * kChunkBytes) + lane;
   const __half* pp = (lane < 16 ? p.scales : p.zeros) + nt * kTileN + (lane & 15);
-  constexpr int kHalves = kTwoHalves ? 2 : 1;
+  constexpr int kHalves = kTwoHalves ? 2 : 1, kDepth = kTwoHalves ? 6 : kDepthOneGroup;
   uint4 wbuf[kDepth];
   uint32_t pbuf[kDepth][kHalves];
   auto issue = [&](int d, int kc) {
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemm_w4a16_gemv_kernel(A
   }
   if (a.pdl) pdl_wait_for_producers();
 
-  // x rows [0, m) of k range [zb, ze) chunks, then one 16-byte zero row that tokens past m read.
+  // x rows [0, m) of k range [zb, ze) chunks, then 80 zero bytes that tokens past m read (both ldmatrix of a chunk).
   const int len8 = (ze - zb) * (kChunkK / 8);
   for (int u = threadIdx.x; u < p.m * len8; u += kThreads) {
     const int r = u / len8, q = u % len8;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemm_w4a16_gemv_kernel(A
         *reinterpret_cast<const uint4*>(p.x + r * p.ldx + zb * kChunkK + q * 8);
   }
   __half* zero_row = xs + p.m * a.x_row;
-  if (threadIdx.x == 0) *reinterpret_cast<uint4*>(zero_row) = make_uint4(0, 0, 0, 0);
+  if (threadIdx.x < 5) reinterpret_cast<uint4*>(zero_row)[threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();
 
   // ldmatrix.x4 rows: lane l addresses token l & 7 of matrix l >> 3 = (k16 step parity, k half): its regs are then
@@ -216,6 +216,8 @@ GemvPlan gemm_w4a16_gemv_plan(int m, int n, int k, int tiles) {
                "gemm_w4a16: the gemv kernel's tiles per CTA must be 0 (automatic), 1, 2, 4 or 8, got ", tiles);
   LOWBIT_CHECK(m >= 1 && m <= kGemvMaxTokens, "gemm_w4a16: the gemv kernel takes 1-", kGemvMaxTokens,
                " tokens, got m=", m);
+  // The group row of a chunk is found in f32 ((2 kc + half + 0.5) / (group / 32)): exact while k stays below ~46K.
+  LOWBIT_CHECK(k <= 32768, "gemm_w4a16: the gemv kernel takes k up to 32768, got k=", k);
   const int k_chunks = k / kChunkK, n_tiles = (n + kTileN - 1) / kTileN;
   int split = 1;
   while (x_bytes(m, (k_chunks + split - 1) / split) > kXBudget) ++split;
