@@ -118,14 +118,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemm_w4a16_gemv_kernel(A
   if (a.pdl) pdl_wait_for_producers();
 
   // x rows [0, m) of k range [zb, ze) chunks, then 80 zero bytes that tokens past m read (both ldmatrix of a chunk).
+  // cp.async: every 16-byte copy of the thread leaves at once (no register round trip per copy: k 14336 is 7 per
+  // thread), landing while the weight ring fills.
   const int len8 = (ze - zb) * (kChunkK / 8);
-  for (int u = threadIdx.x; u < p.m * len8; u += kThreads) {
-    const int r = u / len8, q = u % len8;
-    reinterpret_cast<uint4*>(xs + r * a.x_row)[q] =
-        *reinterpret_cast<const uint4*>(p.x + r * p.ldx + zb * kChunkK + q * 8);
-  }
+  for (int r = 0; r < p.m; ++r)
+    for (int q = threadIdx.x; q < len8; q += kThreads)
+      cp_async16(xs + r * a.x_row + q * 8, p.x + r * p.ldx + zb * kChunkK + q * 8);
+  cp_async_commit();
   __half* zero_row = xs + p.m * a.x_row;
   if (threadIdx.x < 5) reinterpret_cast<uint4*>(zero_row)[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  cp_async_wait<0>();
   __syncthreads();
 
   // ldmatrix.x4 rows: lane l addresses token l & 7 of matrix l >> 3 = (k16 step parity, k half): its regs are then
