@@ -106,9 +106,10 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
   else if (kernel == "large:128x256") o.large_tile = 128256;
   else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
-                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'gemv', 'gemv:T', 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: "
-                 "the split-K cluster; 'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split "
-                 "free; 'sm90s...' the serial mainloop), got '", kernel, "'");
+                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'gemv', 'gemv:T' (T = 1, 2, 4, 8 tiles "
+                 "per CTA), 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; 'sm90:S:T' also pins T = 128 or "
+                 "256 tokens per tile, S = 0 leaving the split free; 'sm90s...' the serial mainloop), got '", kernel,
+                 "'");
   return o;
 }
 

@@ -1,8 +1,9 @@
 """The W4A16 decode GEMMs on Hopper: the TMA-fed decode kernel ("decode90", automatic split and each cluster size
 forced) and the register-direct GEMV ("gemv", its automatic tiles per CTA and each forced, up to 8 tokens) against
 the sm80 small-M kernel (its automatic split-K) and cuBLAS fp16 (torch F.linear) in the same process, on
-Llama-3-8B's linears and on one rank's shard of Llama-3-70B's at tensor parallelism 2, at 1 and 16 tokens. Reports microseconds (CUDA graph replay, rotating weight copies past 3x L2) and weight bytes per second
-(packed codes + f16 scales and zeros; cuBLAS: its f16 weight), beside the device's copy bandwidth. JSON to argv[1].
+Llama-3-8B's linears and on one rank's shard of Llama-3-70B's at tensor parallelism 2, at 1 and 16 tokens.
+Reports microseconds (CUDA graph replay, rotating weight copies past 3x L2) and weight bytes per second (packed
+codes + f16 scales and zeros; cuBLAS: its f16 weight), beside the device's copy bandwidth. JSON to argv[1].
   python3 tools/bench_gpu_w4a16_decode.py out.json [--ms 1,16] [--splits 1,2,4,8] [--gemv-tiles 1,2,4,8]
 (an empty --splits / --gemv-tiles skips those sweeps)
 """
