@@ -313,15 +313,18 @@ struct KernelChoice {
   W4A16LargeTile tile;
 };
 
-// The kernel the caller named (a plan names it; the op-level API may leave it automatic: up to kDecodeMaxTokens
+// The kernel the caller named (a plan names it; the op-level API may leave it automatic: at one token on sm_90, on
+// layers of at most kGemvAutoMaxWeights weights, the register-direct GEMV; up to kDecodeMaxTokens
 // tokens on layers of kDecodeMinRows rows or more, without a pinned split, the Hopper decode kernel; from
 // kLargeMinTokens tokens the wgmma kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile
 // (W4A16Options::large_tile). The decode kernel splits in clusters (W4A16Options::sm90_split), not by split_k.
-KernelChoice pick_kernel(int64_t m, int64_t n, int split_k, const W4A16Options& o, int device) {
+KernelChoice pick_kernel(int64_t m, int64_t n, int64_t k, int split_k, const W4A16Options& o, int device) {
   const bool automatic = o.kernel == W4A16Kernel::automatic;
-  const bool gemv = o.kernel == W4A16Kernel::gemv;
+  const bool gemv = o.kernel == W4A16Kernel::gemv ||
+                    (automatic && m == 1 && n * k <= detail::kGemvAutoMaxWeights && split_k <= 0 &&
+                     compute_capability_major(device) == 9);
   const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
-                      (automatic && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
+                      (automatic && !gemv && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
                        detail::gemm_w4a16_decode_sm90_usable(device));
   const bool sm90 = o.kernel == W4A16Kernel::sm90 ||
                     (automatic && m >= kLargeMinTokens && detail::gemm_w4a16_sm90_usable(device));
@@ -346,7 +349,7 @@ KernelChoice pick_kernel(int64_t m, int64_t n, int split_k, const W4A16Options& 
 // The large-M kernel has its own rule (split only below one block per SM); the sm90 and decode kernels split
 // inside a thread-block cluster and need no partials (1).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
-  const KernelChoice choice = pick_kernel(m, n, 0, options, device);
+  const KernelChoice choice = pick_kernel(m, n, k, 0, options, device);
   if (choice.sm90 || choice.decode) return 1;
   if (choice.gemv)
     return m <= detail::kGemvMaxTokens
@@ -446,7 +449,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  const KernelChoice choice = pick_kernel(m, n, split_k, options, dev);
+  const KernelChoice choice = pick_kernel(m, n, k, split_k, options, dev);
   if (choice.decode) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_decode_sm90_usable(dev), op,
                       ": the decode kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
