@@ -25,6 +25,12 @@
 // 16-31 those of half 1 (one 2-byte load each of scale and zero), and each lane takes its rows g and g+8 by two
 // shuffles when the chunk is computed.
 //
+// Measured (H200, one token, docs/benchmarks_gpu.md "W4A16 decode on Hopper", round 3): 1.07x / 1.20x the small
+// kernel on Llama-3-8B qkv / o, where everything is issued in the prologue and the fixed cost per call is lower; but
+// only ~1.5-1.65 TB/s on the large layers (0.76-0.90x the small kernel, below decode90), whatever T: with 16 warps
+// per SM (the ring's registers) each warp's dependent chain per chunk, not the bytes in flight, sets the pace. So
+// the automatic choice takes it at one token on sm_90 for layers of <= 6144 x 4096 weights only, with T = 1.
+//
 // When x for the CTA's k range would not fit (~100 KB: 8 tokens past k ~5500, 3 at k 14336), the k range is split over
 // gridDim.y CTAs whose f32 partials the shared sum kernel adds in a fixed order (deterministic), as the small
 // kernel does.
@@ -202,40 +208,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemm_w4a16_gemv_kernel(A
   }
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  LOWBIT_CUDA_CHECK("gemm_w4a16", cudaGetDevice(&device));
-  LOWBIT_CUDA_CHECK("gemm_w4a16", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 int x_bytes(int m, int chunks) { return ((m + 1) * (chunks * kChunkK + 8) * 2 + 15) / 16 * 16; }
 
 }  // namespace
 
-GemvPlan gemm_w4a16_gemv_plan(int m, int n, int k, int tiles) {
+GemvPlan gemm_w4a16_gemv_plan(int m, int /*n: no part of the rule today*/, int k, int tiles) {
   LOWBIT_CHECK(tiles == 0 || tiles == 1 || tiles == 2 || tiles == 4 || tiles == 8,
                "gemm_w4a16: the gemv kernel's tiles per CTA must be 0 (automatic), 1, 2, 4 or 8, got ", tiles);
   LOWBIT_CHECK(m >= 1 && m <= kGemvMaxTokens, "gemm_w4a16: the gemv kernel takes 1-", kGemvMaxTokens,
                " tokens, got m=", m);
   // The group row of a chunk is found in f32 ((2 kc + half + 0.5) / (group / 32)): exact while k stays below ~46K.
   LOWBIT_CHECK(k <= 32768, "gemm_w4a16: the gemv kernel takes k up to 32768, got k=", k);
-  const int k_chunks = k / kChunkK, n_tiles = (n + kTileN - 1) / kTileN;
+  const int k_chunks = k / kChunkK;
   int split = 1;
   while (x_bytes(m, (k_chunks + split - 1) / split) > kXBudget) ++split;
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
-  if (tiles == 0) {
-    // The most tiles per CTA (longer runs per warp) that still leave >= 6 CTAs per SM (3 waves of 2): the SMs then
-    // finish together within ~1/3 of a CTA.
-    const int want = 6 * sm_count();
-    tiles = 1;
-    for (int t = 8; t >= 2; t /= 2)
-      if ((n_tiles + t - 1) / t * split >= want) {
-        tiles = t;
-        break;
-      }
-  }
+  // One tile per CTA (8 k slices): measured best or within 3% of the best T on every Llama-3-8B / 70B-TP2 shape
+  // at one token (H200; more tiles per CTA, i.e. longer runs per warp, gained nothing: docs/benchmarks_gpu.md).
+  if (tiles == 0) tiles = 1;
   return {tiles, split, per};
 }
 
