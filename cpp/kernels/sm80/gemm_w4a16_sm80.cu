@@ -321,8 +321,8 @@ struct KernelChoice {
 KernelChoice pick_kernel(int64_t m, int64_t n, int64_t k, int split_k, const W4A16Options& o, int device) {
   const bool automatic = o.kernel == W4A16Kernel::automatic;
   const bool gemv = o.kernel == W4A16Kernel::gemv ||
-                    (automatic && m == 1 && n * k <= detail::kGemvAutoMaxWeights && split_k <= 0 &&
-                     compute_capability_major(device) == 9);
+                    (automatic && m == 1 && n < kDecodeMinRows && n * k <= detail::kGemvAutoMaxWeights &&
+                     split_k <= 0 && compute_capability_major(device) == 9);
   const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
                       (automatic && !gemv && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
                        detail::gemm_w4a16_decode_sm90_usable(device));
