@@ -29,7 +29,8 @@
 // kernel on Llama-3-8B qkv / o, where everything is issued in the prologue and the fixed cost per call is lower; but
 // only ~1.5-1.65 TB/s on the large layers (0.76-0.90x the small kernel, below decode90), whatever T: with 16 warps
 // per SM (the ring's registers) each warp's dependent chain per chunk, not the bytes in flight, sets the pace. So
-// the automatic choice takes it at one token on sm_90 for layers of <= 6144 x 4096 weights only, with T = 1.
+// the automatic choice takes it at one token on sm_90 for layers of <= 6144 x 4096 weights (and < 16384 rows) only,
+// with T = 1.
 //
 // When x for the CTA's k range would not fit (~100 KB: 8 tokens past k ~5500, 3 at k 14336), the k range is split over
 // gridDim.y CTAs whose f32 partials the shared sum kernel adds in a fixed order (deterministic), as the small

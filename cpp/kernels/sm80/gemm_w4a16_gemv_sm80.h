@@ -9,8 +9,8 @@
 namespace lowbit::cuda::detail {
 
 constexpr int kGemvMaxTokens = 8;
-// The op's and the registry's automatic choice on sm_90 at one token: layers of at most this many weights (Llama-3-8B
-// qkv 6144 x 4096 and o), where it was measured 1.07-1.20x the small kernel (H200, docs/benchmarks_gpu.md, round 3);
+// The op's and the registry's automatic choice on sm_90 at one token: layers of at most this many weights and fewer
+// than 16384 rows (decode90's; Llama-3-8B qkv 6144 x 4096 and o), where it was measured 1.07-1.20x the small kernel (H200, docs/benchmarks_gpu.md, round 3);
 // on larger layers its streaming rate (~1.5-1.65 TB/s) is below the small and decode90 kernels'.
 constexpr int64_t kGemvAutoMaxWeights = 6144LL * 4096;
 
