@@ -123,14 +123,23 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
     o.kernel = cuda::W4A16Kernel::decode_sm90;
     o.sm90_split = s[0] - '0';
   }
+  else if (kernel.rfind("gemv", 0) == 0) {
+    // "gemv" or "gemv:T", T = 16-row tiles per CTA (1, 2, 4, 8)
+    const std::string t = kernel.size() > 5 && kernel[4] == ':' ? kernel.substr(5) : kernel.size() == 4 ? "0" : "?";
+    LOWBIT_CHECK(t == "0" || t == "1" || t == "2" || t == "4" || t == "8", "gemm_w4a16: argument 'kernel': the tiles "
+                 "in 'gemv:T' must be 1, 2, 4 or 8, got '", kernel, "'");
+    o.kernel = cuda::W4A16Kernel::gemv;
+    o.gemv_tiles = t[0] - '0';
+  }
   else if (kernel == "large:64x128") o.large_tile = 64128;
   else if (kernel == "large:128x128") o.large_tile = 128128;
   else if (kernel == "large:128x256") o.large_tile = 128256;
   else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
-                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'sm90k[:T[:G]]' (stream-K), 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: "
-                 "the split-K cluster; 'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split "
-                 "free; 'sm90s...' the serial mainloop), got '", kernel, "'");
+                 "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'gemv', 'gemv:T' (T = 1, 2, 4, 8 tiles "
+                 "per CTA), 'sm90k[:T[:G]]' (stream-K), 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; "
+                 "'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split free; 'sm90s...' the "
+                 "serial mainloop), got '", kernel, "'");
   return o;
 }
 
@@ -247,7 +256,7 @@ void bind_cuda(nb::module_& m) {
       nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("mins") = false,
       "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device); mins: `zeros` holds the mins "
       "of w = q*s + m. kernel: '' (automatic), 'small', 'large', 'large:64x128', 'large:128x128', "
-      "'large:128x256', 'decode90[:S]' or 'sm90[:S[:T]]' (see w4a16_options)");
+      "'large:128x256', 'decode90[:S]', 'gemv[:T]', 'sm90k[:T[:G]]' or 'sm90[:S[:T]]' (see w4a16_options)");
 
   m.def(
       "gemm_w8a16",
@@ -330,6 +339,22 @@ void bind_cuda(nb::module_& m) {
       "GPU (sm_90): the W4A16 wgmma kernel's (tokens per tile, split-K cluster, head) for this shape; head > 0: tiles "
       "[0, head) run unsplit first, the rest at the split; split 0: one stream-K launch (every resident CTA an equal "
       "range of tile x k blocks)");
+
+  m.def(
+      "gemm_w4a16_gemv_plan",
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) -> std::tuple<int, int> {
+#ifdef LOWBIT_WITH_CUDA
+        const cuda::W4A16Options o = w4a16_options(kernel.empty() ? "gemv" : kernel);
+        LOWBIT_CHECK(o.kernel == cuda::W4A16Kernel::gemv, "gemm_w4a16_gemv_plan: argument 'kernel' must be '' or "
+                     "'gemv[:T]', got '", kernel, "'");
+        const auto [tiles, split] = cuda::gemm_w4a16_gemv_plan(m, n, k, device, o.gemv_tiles);
+        return {tiles, split};
+#else
+        no_cuda("gemm_w4a16_gemv_plan");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
+      "GPU: the register-direct W4A16 GEMV's (16-row tiles per CTA, CTAs along k) for this shape (1-8 tokens)");
 
   m.def(
       "gemm_w4a16_decode_sm90_split",

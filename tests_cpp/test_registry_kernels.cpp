@@ -71,7 +71,7 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
     EXPECT_GT(std::string(k.summary).size(), 10u) << k.name;
   }
   for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
-                        "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
+                        "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w4a16_gemv_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
                         "gemm_w4a8_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90", "gemm_w4a16_decode_sm90",
                         "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80",
                         "prefill_attention_sm90"})
@@ -150,7 +150,7 @@ TEST(Registry, GroupedW8IsRefusedByTheInt8Kernels) {
 
 TEST(Registry, GpuGemmChoicesByDescriptor) {
   // W4A16 up to 16 tokens: the TMA-fed decode kernel on sm_90 for layers of 16384 rows or more, the small
-  // mma.sync kernel for narrower layers, more tokens and other GPUs.
+  // mma.sync kernel for narrower layers (but the GEMV below), more tokens and other GPUs.
   GemmDesc wide = gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1);
   wide.n = 28672;
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_decode_sm90");
@@ -161,8 +161,18 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   wide.m = m_bucket_of(1);
   wide.sm = 80;
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_sm80");
+  // One token on sm_90 on layers of at most 6144 x 4096 weights: the register-direct GEMV; larger: the small kernel.
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1)).kernel->name,
-               "gemm_w4a16_sm80");
+               "gemm_w4a16_gemv_sm80");
+  GemmDesc mid = gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1);
+  mid.n = 8192;
+  EXPECT_STREQ(select_gemm(mid).kernel->name, "gemm_w4a16_sm80");
+  mid.n = 4096;
+  mid.m = m_bucket_of(2);
+  EXPECT_STREQ(select_gemm(mid).kernel->name, "gemm_w4a16_sm80");
+  mid.m = m_bucket_of(1);
+  mid.sm = 80;
+  EXPECT_STREQ(select_gemm(mid).kernel->name, "gemm_w4a16_sm80");
   // W4A16 from 128 tokens: the wgmma kernel on sm_90, the large mma.sync kernel elsewhere.
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 127)).kernel->name,
                "gemm_w4a16_sm80");

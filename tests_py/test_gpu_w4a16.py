@@ -399,6 +399,7 @@ def test_gemm_w4a16_half_chunk_groups_and_mins_every_kernel(with_mins, m, n, k, 
     y_split = gemm_forced_mins("small", x, packed, n, k, group, with_mins, split_k=3)
     check(y_split, ref)
     kernels = ["large:64x128", "large:128x128"] + (["sm90", "sm90:2", "sm90:8"] if SM90 else [])
+    kernels += ["gemv", "gemv:1"] if m <= 8 else []
     for kernel in kernels:
         y = gemm_forced_mins(kernel, x, packed, n, k, group, with_mins)
         check(y, ref)

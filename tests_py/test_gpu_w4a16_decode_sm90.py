@@ -42,8 +42,8 @@ def test_decode90_matches_small_kernel(with_mins, m, split):
 
 def test_decode90_is_the_automatic_choice_for_wide_layers_up_to_16_tokens():
     """Without a kernel or split named the op takes the decode kernel up to 16 tokens on layers of 16384 rows or
-    more (where it was measured faster), the small kernel on narrower layers, from 17 tokens or when a split is
-    pinned."""
+    more (where it was measured faster), on narrower layers the small kernel (at one token the register-direct GEMV,
+    for layers of at most 6144 x 4096 weights), and the small kernel from 17 tokens or when a split is pinned."""
     k, group = 4160, 64
     for m in (1, 16):
         n = 16400  # 129 CTAs of 128 rows, the last one partial
@@ -54,11 +54,12 @@ def test_decode90_is_the_automatic_choice_for_wide_layers_up_to_16_tokens():
         assert torch.equal(auto, gemm_forced_mins(f"decode90:{split}", x, packed, n, k, group, False))
         assert torch.equal(gemm_forced_mins("", x, packed, n, k, group, False, split_k=3),
                            gemm_forced_mins("small", x, packed, n, k, group, False, split_k=3))
-        n = 4103
+        n = 4103  # narrow: at one token the register-direct GEMV (<= 6144 x 4096 weights), else the small kernel
         x, packed, _, _ = half_chunk_problem(m, n, k, group, False, seed=m + 1)
-        small_split = _core.gemm_w4a16_pick_split(m, n, k)
+        narrow = "gemv" if m == 1 else "small"
+        split = _core.gemm_w4a16_pick_split(m, n, k)
         assert torch.equal(gemm_forced_mins("", x, packed, n, k, group, False),
-                           gemm_forced_mins("small", x, packed, n, k, group, False, split_k=small_split))
+                           gemm_forced_mins(narrow, x, packed, n, k, group, False, split_k=split if m > 1 else 0))
 
 
 def test_decode90_picks_clusters_that_cover_the_gpu():

@@ -29,7 +29,7 @@ def test_every_kernel_is_listed_once():
     assert cpu["gemm_f32act_cpu"]  # CPU kernels are in every build
 
 
-@pytest.mark.parametrize("sm,m,expected", [(90, 1, "gemm_w4a16_sm80"), (90, 16, "gemm_w4a16_sm80"),
+@pytest.mark.parametrize("sm,m,expected", [(90, 1, "gemm_w4a16_gemv_sm80"), (90, 16, "gemm_w4a16_sm80"),
                                            (90, 17, "gemm_w4a16_sm80"), (90, 100, "gemm_w4a16_sm80"),
                                            (90, 128, "gemm_w4a16_sm90"),
                                            (90, 4096, "gemm_w4a16_sm90"), (80, 128, "gemm_w4a16_large_sm80"),
@@ -47,6 +47,22 @@ def test_w4a16_kernel_by_token_bucket(sm, m, expected):
 def test_w4a16_decode_kernel_on_wide_layers(sm, m, n, expected):
     r = _core.kernels.select_gemm(device="cuda", sm=sm, act="float16", x="f16", y="f16", weight="w4", packed="sm80",
                                   group=128, n=n, k=4096, m=m)
+    assert r["kernel"] == expected and not r["fallback"], r
+
+
+# One token on sm_90: the register-direct GEMV on layers of at most 6144 x 4096 weights (Llama-3-8B qkv and o), where it
+# was measured faster than the small kernel; the small kernel on larger ones (70B/TP2 o 8192 x 4096), elsewhere and
+# from 2 tokens; decode90 on layers of 16384 rows or more, however few their weights.
+@pytest.mark.parametrize("sm,m,n,k,expected", [(90, 1, 6144, 4096, "gemm_w4a16_gemv_sm80"),
+                                               (90, 1, 4096, 4096, "gemm_w4a16_gemv_sm80"),
+                                               (90, 1, 8192, 4096, "gemm_w4a16_sm80"),
+                                               (90, 1, 4096, 14336, "gemm_w4a16_sm80"),
+                                               (90, 2, 4096, 4096, "gemm_w4a16_sm80"),
+                                               (80, 1, 4096, 4096, "gemm_w4a16_sm80"),
+                                               (90, 1, 16384, 1024, "gemm_w4a16_decode_sm90")])
+def test_w4a16_gemv_on_small_layers_at_one_token(sm, m, n, k, expected):
+    r = _core.kernels.select_gemm(device="cuda", sm=sm, act="float16", x="f16", y="f16", weight="w4", packed="sm80",
+                                  group=128, n=n, k=k, m=m)
     assert r["kernel"] == expected and not r["fallback"], r
 
 

@@ -41,6 +41,10 @@
 #     decode90  the Hopper W4A16 decode kernel (gemm_w4a16_decode_sm90): its tests, the other W4A16 tests and the
 #               registry's as regression, sanitizers over its small cases, the engine (decode runs on it), then
 #               tools/bench_gpu_w4a16_decode.py (vs the sm80 small kernel and cuBLAS fp16 on 8B / 70B-TP2 shapes)
+#     gemv      the register-direct W4A16 GEMV (gemm_w4a16_gemv_sm80): its tests and the registry's, with memcheck,
+#               racecheck and synccheck over its small cases at the same time (GEMV_SANITIZE=0 skips them,
+#               GEMV_SANITIZE_S caps each, default 120 s), then tools/bench_gpu_w4a16_decode.py alone on the GPU
+#               (GEMV_BENCH_ARGS, default "--ms 1 --splits=": one token, decode90 at its own split only; GEMV_BENCH_S caps it)
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS);
@@ -140,6 +144,7 @@ SANITIZE_CASES=(
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
+  "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names"
   "w4a16_decode|test_gpu_w4a16_decode_sm90.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-9-True or 2-4103-640-96-16-False or 1-1000-4160-32-5-True)) or strided or bad_split"
   "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors or (s4 and (liquid-64-256 or forces and 7-200))"
 )
@@ -206,6 +211,29 @@ if has decode90; then
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode90_engine.log" | cut -c1-400 | head -20
   fi
   timeout -k 5 400 python3 "$REPO/tools/bench_gpu_w4a16_decode.py" "$OUT/bench_w4a16_decode.json" 2>&1 | tail -20
+fi
+
+if has gemv; then
+  echo "== register-direct W4A16 GEMV (gemm_w4a16_gemv_sm80)"
+  expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a16_gemv|' | cut -d'|' -f3)
+  [ "${GEMV_SANITIZE:-1}" = 0 ] && expr=""
+  for tool in memcheck racecheck synccheck; do
+    [ -n "$expr" ] || break
+    (timeout -k 5 "${GEMV_SANITIZE_S:-120}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+      "$TESTS/test_gpu_w4a16_gemv.py" -k "$expr" > "$OUT/${tool}_w4a16_gemv.log" 2>&1; echo "$tool rc=$?") &
+  done
+  timeout -k 5 "${GEMV_TEST_S:-150}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_gemv.py" "$TESTS/test_kernel_registry.py" -q \
+    -rfEs --maxfail=30 2>&1 | tee "$OUT/pytest_gemv.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_gemv.log" | cut -c1-400 | head -30
+  wait
+  for tool in memcheck racecheck synccheck; do
+    [ -f "$OUT/${tool}_w4a16_gemv.log" ] || continue
+    echo "$tool: $(tail -1 "$OUT/${tool}_w4a16_gemv.log")"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_w4a16_gemv.log" | head -4
+  done
+  # shellcheck disable=SC2086
+  timeout -k 5 "${GEMV_BENCH_S:-240}" python3 "$REPO/tools/bench_gpu_w4a16_decode.py" "$OUT/bench_w4a16_gemv.json" \
+    ${GEMV_BENCH_ARGS:---ms 1 --splits=} 2>&1 | tail -20
 fi
 
 if has decode90_profile; then

@@ -93,6 +93,22 @@ Fit w4a16_large_can_run(const GemmDesc& d, std::string* why) {
   if (f == Fit::yes && why) *why = "64/128-token tiles, dequantize once per block";
   return f;
 }
+// The register-direct GEMV (gemm_w4a16_gemv_sm80.cu): one token per plan bucket (the op takes 1-8 when named).
+Fit w4a16_gemv_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = w4a16_can_run(d, why);
+  if (f != Fit::yes) return f;
+  if (d.m != MBucket::m1) return refuse(why, "a GEMV: its plans serve one token (the op takes 1-8 when named)");
+  if (why) *why = "weights streamed straight into registers (no shared-memory staging), mma.sync, k split in the CTA";
+  return f;
+}
+// At one token on sm_90, on layers of at most 6144 x 4096 weights and fewer than 16384 rows (decode90's layers; Llama-3-8B
+// qkv and o), above the small kernel
+// (rank 2): measured 1.07-1.20x it there (H200, docs/benchmarks_gpu.md, "W4A16 decode on Hopper", round 3); on larger
+// layers it was 0.76-0.90x, and on other GPUs it is unmeasured, so forced only (kGemvAutoMaxWeights in
+// gemm_w4a16_gemv_sm80.h is the op's copy of this rule).
+int w4a16_gemv_rank(const GemmDesc& d) {
+  return d.m == MBucket::m1 && d.sm == 90 && d.n < 16384 && d.n * d.k <= 6144LL * 4096 ? 3 : 0;
+}
 // From 128 tokens the large-M kernel wins (it dequantizes each weight chunk once per block).
 int w4a16_small_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 1 : 2; }
 int w4a16_large_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 2 : 0; }
@@ -337,6 +353,8 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  LOWBIT_GPU_LAUNCH((launch_w4a16<cuda::W4A16Kernel::small>))});
   out.push_back({"gemm_w4a16_large_sm80", "W4A16, large-M tiles (prefill)", w4a16_large_can_run, w4a16_large_rank,
                  LOWBIT_GPU_LAUNCH((launch_w4a16<cuda::W4A16Kernel::large>))});
+  out.push_back({"gemm_w4a16_gemv_sm80", "W4A16 GEMV (1 token): u4 weights streamed into registers, mma.sync",
+                 w4a16_gemv_can_run, w4a16_gemv_rank, LOWBIT_GPU_LAUNCH((launch_w4a16<cuda::W4A16Kernel::gemv>))});
   out.push_back({"gemm_w8a8_sm80", "W8A8 s8 x s8 mma.sync, per-token activations", w8a8_sm80_can_run, rank_one,
                  LOWBIT_GPU_LAUNCH(launch_w8a8_sm80)});
   out.push_back({"gemm_w8a16_sm80", "W8A16 (s8 per channel or per group of k, f16 activations), mma.sync",

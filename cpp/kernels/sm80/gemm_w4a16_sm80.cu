@@ -31,6 +31,7 @@
 #include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
+#include "kernels/sm80/gemm_w4a16_gemv_sm80.h"
 #include "kernels/sm80/gemm_w4a16_large_sm80.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm90/gemm_w4a16_decode_sm90.h"
@@ -308,18 +309,22 @@ constexpr int64_t kDecodeMaxTokens = 16;
 constexpr int64_t kDecodeMinRows = 16384;
 
 struct KernelChoice {
-  bool large, sm90, decode;
+  bool large, sm90, decode, gemv;
   W4A16LargeTile tile;
 };
 
-// The kernel the caller named (a plan names it; the op-level API may leave it automatic: up to kDecodeMaxTokens
+// The kernel the caller named (a plan names it; the op-level API may leave it automatic: at one token on sm_90, on
+// layers of at most kGemvAutoMaxWeights weights, the register-direct GEMV; up to kDecodeMaxTokens
 // tokens on layers of kDecodeMinRows rows or more, without a pinned split, the Hopper decode kernel; from
 // kLargeMinTokens tokens the wgmma kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile
 // (W4A16Options::large_tile). The decode kernel splits in clusters (W4A16Options::sm90_split), not by split_k.
-KernelChoice pick_kernel(int64_t m, int64_t n, int split_k, const W4A16Options& o, int device) {
+KernelChoice pick_kernel(int64_t m, int64_t n, int64_t k, int split_k, const W4A16Options& o, int device) {
   const bool automatic = o.kernel == W4A16Kernel::automatic;
+  const bool gemv = o.kernel == W4A16Kernel::gemv ||
+                    (automatic && m == 1 && n < kDecodeMinRows && n * k <= detail::kGemvAutoMaxWeights &&
+                     split_k <= 0 && compute_capability_major(device) == 9);
   const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
-                      (automatic && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
+                      (automatic && !gemv && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
                        detail::gemm_w4a16_decode_sm90_usable(device));
   const bool sm90 = o.kernel == W4A16Kernel::sm90 ||
                     (automatic && m >= kLargeMinTokens && detail::gemm_w4a16_sm90_usable(device));
@@ -333,7 +338,7 @@ KernelChoice pick_kernel(int64_t m, int64_t n, int split_k, const W4A16Options& 
     default:
       LOWBIT_CHECK(false, "gemm_w4a16: large_tile must be 0, 64128, 128128 or 128256, got ", o.large_tile);
   }
-  return {large, sm90, decode, tile};
+  return {large, sm90, decode, gemv, tile};
 }
 
 }  // namespace
@@ -344,8 +349,13 @@ KernelChoice pick_kernel(int64_t m, int64_t n, int split_k, const W4A16Options& 
 // The large-M kernel has its own rule (split only below one block per SM); the sm90 and decode kernels split
 // inside a thread-block cluster and need no partials (1).
 int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
-  const KernelChoice choice = pick_kernel(m, n, 0, options, device);
+  const KernelChoice choice = pick_kernel(m, n, k, 0, options, device);
   if (choice.sm90 || choice.decode) return 1;
+  if (choice.gemv)
+    return m <= detail::kGemvMaxTokens
+               ? detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                              options.gemv_tiles).split
+               : 1;
   if (choice.large)
     return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
   const ShapeInfo info = prepare(shape_for(m), device);
@@ -385,6 +395,16 @@ int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device) {
   check_plan_query("gemm_w4a16_decode_sm90_split", detail::gemm_w4a16_decode_sm90_usable(device), "decode", m, n, k,
                    device);
   return detail::gemm_w4a16_decode_sm90_split(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0);
+}
+
+std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles) {
+  LOWBIT_CHECK(m > 0 && m <= detail::kGemvMaxTokens && n > 0 && n <= (1LL << 22) && k > 0 && k % kChunkK == 0,
+               "gemm_w4a16_gemv_plan: bad shape m=", m, " n=", n, " k=", k, " (1-", detail::kGemvMaxTokens,
+               " tokens, k a multiple of 64)");
+  LOWBIT_CUDA_CHECK("gemm_w4a16_gemv_plan", cudaSetDevice(device));
+  const detail::GemvPlan plan =
+      detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), tiles);
+  return {plan.tiles, plan.split};
 }
 
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k) { return split_k > 1 ? split_k * m * n : 0; }
@@ -429,7 +449,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
 
   const int dev = x.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  const KernelChoice choice = pick_kernel(m, n, split_k, options, dev);
+  const KernelChoice choice = pick_kernel(m, n, k, split_k, options, dev);
   if (choice.decode) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a16_decode_sm90_usable(dev), op,
                       ": the decode kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
@@ -439,6 +459,32 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                                        static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad),
                                        mins};
     detail::gemm_w4a16_decode_sm90(problem, options.sm90_split, options.pdl && pdl_supported(dev), stream);
+    return;
+  }
+  if (choice.gemv) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, m <= detail::kGemvMaxTokens, op, ": the gemv kernel takes 1-",
+                      detail::kGemvMaxTokens, " tokens, got m=", m, "; name 'small' instead");
+    const detail::GemvPlan plan = detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n),
+                                                               static_cast<int>(k), options.gemv_tiles);
+    Tensor ws = workspace;
+    if (plan.split > 1) {
+      const int64_t need = gemm_w4a16_workspace_elems(m, n, plan.split);
+      if (!ws.defined() || ws.numel() < need) ws = Tensor::empty({need}, ScalarType::f32, x.device());
+      check_same_device(ws, x, op, "workspace");
+      check_dtype(ws, ScalarType::f32, op, "workspace");
+      LOWBIT_CHECK(ws.is_contiguous(), op, ": argument 'workspace' must be contiguous");
+    }
+    const detail::W4A16Problem problem{x.data<__half>(), x.stride(0), w.data.data<uint8_t>(), w.scales.data<__half>(),
+                                       zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
+                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad),
+                                       mins};
+    float* partial = plan.split > 1 ? ws.data<float>() : nullptr;
+    detail::gemm_w4a16_gemv(problem, partial, plan, options.pdl && pdl_supported(dev), stream);
+    if (plan.split > 1) {
+      sum_split_partials(partial, plan.split, static_cast<int>(m), static_cast<int>(n), y.data<__half>(), y.stride(0),
+                         stream);
+      LOWBIT_CUDA_CHECK_LAUNCH(op);
+    }
     return;
   }
   if (choice.sm90) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <tuple>
+#include <utility>
 
 #include "lowbit/core/tensor.h"
 #include "lowbit/cuda/k_window.h"
@@ -29,7 +30,7 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // the cluster size 1/2/4/8; sm90_tokens: 0 automatic, else 128 or 256 tokens per tile; sm90_serial: the
 // earlier mainloop that waits for each stage's wgmmas (A/B timing only). pdl: programmatic dependent
 // launch of the small kernel where the device has it (sm_90+).
-enum class W4A16Kernel : uint8_t { automatic, small, large, sm90, decode_sm90 };
+enum class W4A16Kernel : uint8_t { automatic, small, large, sm90, decode_sm90, gemv };
 struct W4A16Options {
   W4A16Kernel kernel = W4A16Kernel::automatic;
   int large_tile = 0;
@@ -39,6 +40,7 @@ struct W4A16Options {
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
+  int gemv_tiles = 0;  // the gemv kernel's 16-row tiles per CTA (1, 2, 4, 8); 0 = its own pick
   bool pdl = true;
 };
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
@@ -50,6 +52,8 @@ std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, 
                                                const W4A16Options& options = {});
 // The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device);
+// The register-direct GEMV's {16-row tiles per CTA, CTAs along k} for 1-8 tokens; `tiles` != 0 pins the first.
+std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles = 0);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
 // y[m, n] = x[m, k] · Wᵀ for a w8 weight as the W8A8 kernels read it (row-major s8 [n, k] on the device,
