@@ -1,9 +1,9 @@
 """Decode attention over 2-bit KV (kv2 per token, kc2v2 per-channel K with its f16 window) beside kv4, kc4v4 and
 SDPA fp16 on Llama-3-8B heads (32 q / 8 kv heads, head_dim 128), at issue 16's decode shapes: the kernel time of one
 decode step over a paged cache written by kv_write (tools/bench_gpu_kv_per_channel.py's filled_cache), as the
-profiler's kernel times (decode kernels and the split merge; each also alone: {name}_attn_us, {name}_merge_us). For
-kv4 and kv2 it also times the op's internals at other forced split sizes (the rule before the whole-wave split
-plan, and one more) on the same cache (split_sweep). Effective bandwidth = the cache bytes one step reads
+profiler's kernel times (decode kernels and the split merge; each also alone: {name}_attn_us, {name}_merge_us). With
+KV2_SWEEP=1, for kv4 and kv2 it also times the op's internals at other forced split sizes (the rule before the
+whole-wave split plan, and one more) on a cache of the same shape (split_sweep; written 2026-11-27, not yet run). Effective bandwidth = the cache bytes one step reads
 (codes + parameters; SDPA: f16 K and V) / time, beside the copy bandwidth of the card (a 2 GiB device copy). Writes
 JSON (argv[1]) and prints a table."""
 import math
@@ -96,7 +96,7 @@ def bench(b, length):
         row[f"{name}_gbps"] = bytes_per_step(b, length, kt, vt, pc, group or 16) / t / 1e3
         step = None  # frees the cache
         torch.cuda.empty_cache()
-        if name in ("kv4", "kv2") and os.environ.get("KV2_SWEEP", "1") == "1":
+        if name in ("kv4", "kv2") and os.environ.get("KV2_SWEEP") == "1":
             old = old_rule_split(b, length)
             other = 8192 if old != 8192 else 4096
             row[f"{name}_split_sweep_us"] = split_sweep(q3, out, b, length, kt, vt, sorted({old, other}))
