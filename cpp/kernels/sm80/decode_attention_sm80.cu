@@ -25,9 +25,9 @@ constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m
 // out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s over the splits of one (sequence, head), in split order (the
 // same bits every run). The block reads the splits in parallel: each thread loads one split's (m, l) per chunk of
 // kCombineChunk splits, and groups of d/4 threads (one float4 column each) take every groups-th split of the chunk,
-// several loads in flight per thread; the groups' sums meet in shared memory. (Its first version, one thread per dim
-// walking every split with one dependent load at a time, took ~10 us at 66 splits: the op's cost over its kernel at
-// 1 x 128K.) d: a multiple of 4, at most 4 * kCombineThreads.
+// several loads in flight per thread; the groups' sums meet in shared memory. Its first version (one thread per dim
+// walking every split, one dependent load at a time) took ~13 us at 1 x 128K (66 splits, inferred from the op minus
+// its decode kernel); this one 5.3-5.6 us there (H200; docs/benchmarks_gpu.md). d: a multiple of 4, <= 512.
 constexpr int kCombineThreads = 128, kCombineChunk = kCombineThreads;
 
 __device__ inline float block_reduce(float x, bool max_op, float* scratch) {
