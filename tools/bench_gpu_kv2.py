@@ -1,7 +1,9 @@
 """Decode attention over 2-bit KV (kv2 per token, kc2v2 per-channel K with its f16 window) beside kv4, kc4v4 and
 SDPA fp16 on Llama-3-8B heads (32 q / 8 kv heads, head_dim 128), at issue 16's decode shapes: the kernel time of one
 decode step over a paged cache written by kv_write (tools/bench_gpu_kv_per_channel.py's filled_cache), as the
-profiler's kernel times (decode kernels and the split merge). Effective bandwidth = the cache bytes one step reads
+profiler's kernel times (decode kernels and the split merge; each also alone: {name}_attn_us, {name}_merge_us). With
+KV2_SWEEP=1, for kv4 and kv2 it also times the op's internals at other forced split sizes (the rule before the
+whole-wave split plan, and one more) on a cache of the same shape (split_sweep; written 2026-11-27, not yet run). Effective bandwidth = the cache bytes one step reads
 (codes + parameters; SDPA: f16 K and V) / time, beside the copy bandwidth of the card (a 2 GiB device copy). Writes
 JSON (argv[1]) and prints a table."""
 import math
@@ -11,10 +13,14 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from bench_gpu_common import copy_bandwidth_gbs, device_meta, profiled_kernel_us, write_json
-from bench_gpu_kv_per_channel import D, HKV, HQ, decode_step
+from lowbit import _core
+from bench_gpu_common import copy_bandwidth_gbs, device_meta, kernel_times, profiled_kernel_us, write_json
+from bench_gpu_kv_per_channel import D, HKV, HQ, decode_step, filled_cache
 
 CONFIGS = [(64, 8192), (1, 131072), (16, 32768), (256, 1536)]
+# KV2_CONFIGS=64x8192,1x131072 times only those shapes.
+if os.environ.get("KV2_CONFIGS"):
+    CONFIGS = [tuple(int(x) for x in c.split("x")) for c in os.environ["KV2_CONFIGS"].split(",")]
 REPS = 20
 # name, K type, V type, K per channel, group
 FORMATS = [("kv4", "u4", "u4", False, 0), ("kc4v4", "u4", "u4", True, 64), ("kv2", "u2", "u2", False, 0),
@@ -33,6 +39,44 @@ def bytes_per_step(b, length, kt, vt, per_channel, group):
     return tok * D * (BITS[kt] + BITS[vt]) // 8 + k_params + tok * 8
 
 
+def profiled_parts_us(fn, reps):
+    """(all kernels, the decode kernel, the split merge) in device microseconds per call, from one profile."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per = {n: t for n, (t, _) in kernel_times(prof).items() if not n.startswith("Memcpy")}
+    part = lambda key: sum(t for n, t in per.items() if key in n) / reps
+    return sum(per.values()) / reps, part("decode_attention_kernel"), part("combine_splits")
+
+
+def old_rule_split(b, length):
+    """decode_attention's split before the whole-wave plan: ceil(4 SMs / (B x kv heads)) splits, >= min(512, L/16)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_split_blocks = b * HKV * ((HQ // HKV + 7) // 8)
+    wanted = max(1, -(-4 * sms // per_split_blocks))
+    floor = min(max(-(-length // 16), 64), 512)
+    per = max(-(-length // wanted), floor)
+    return -(-min(per, length + 16) // 16) * 16
+
+
+def split_sweep(q3, out, b, length, kt, vt, splits):
+    """The op's kernels (decode + merge) at forced split sizes over one cache of that format: {split: us}."""
+    cache, table = filled_cache(b, length, kt, vt, False)
+    raw = lambda t: torch.from_dlpack(t)
+    k, v = raw(cache.k_data(0).view_as_bytes()), raw(cache.v_data(0).view_as_bytes())
+    kp, vp = raw(cache.k_params(0)), raw(cache.v_params(0))
+    tab, lens = table.cuda(), torch.full((b,), length, dtype=torch.int32, device="cuda")
+    res = {}
+    for s in splits:
+        fn = lambda: _core.decode_attention(q3, k, v, kp, vp, tab, lens, length, 1 / math.sqrt(D), out, kv_dtype=kt,
+                                            split_tokens=s, v_dtype=vt)
+        res[str(s)] = profiled_parts_us(fn, REPS)[0]
+    return res
+
+
 def bench(b, length):
     row = {"batch": b, "seq_len": length}
     q = torch.randn(b, HQ, 1, D, device="cuda").half()
@@ -46,12 +90,17 @@ def bench(b, length):
     out = torch.empty_like(q3)
     for name, kt, vt, pc, group in FORMATS:
         step = decode_step(q3, out, b, length, kt, vt, pc, group)
-        t = profiled_kernel_us(step, REPS)
+        t, row[f"{name}_attn_us"], row[f"{name}_merge_us"] = profiled_parts_us(step, REPS)
         row[f"{name}_us"] = t
         row[f"{name}_vs_sdpa"] = row["sdpa_fp16_us"] / t
         row[f"{name}_gbps"] = bytes_per_step(b, length, kt, vt, pc, group or 16) / t / 1e3
         step = None  # frees the cache
         torch.cuda.empty_cache()
+        if name in ("kv4", "kv2") and os.environ.get("KV2_SWEEP") == "1":
+            old = old_rule_split(b, length)
+            other = 8192 if old != 8192 else 4096
+            row[f"{name}_split_sweep_us"] = split_sweep(q3, out, b, length, kt, vt, sorted({old, other}))
+            torch.cuda.empty_cache()
     return row
 
 
@@ -69,6 +118,10 @@ def main():
         print(f"{'':>12} {'1.00x':>8} " + " ".join(f"{r[n + '_vs_sdpa']:7.2f}x" for n in names))
         print(f"{'':>12} {r['sdpa_fp16_gbps'] / copy:7.0%} " + " ".join(f"{r[n + '_gbps'] / copy:8.0%}" for n in names),
               flush=True)
+        print(f"{'attn+merge':>12} {'':>8} " + " ".join(f"{r[n + '_attn_us']:4.0f}+{r[n + '_merge_us']:<3.1f}" for n in names))
+        for n in names:
+            if f"{n}_split_sweep_us" in r:
+                print(f"{'':>12} {n} forced splits: " + ", ".join(f"{k} tok {v:.1f} us" for k, v in r[f"{n}_split_sweep_us"].items()))
     write_json(out, {"meta": device_meta(), "copy_gbps": copy, "decode_attention": rows})
 
 

@@ -43,12 +43,13 @@ class Kernel:
     instance_list: str  # host-side list in attention_instance_list.h
     default_dims: tuple[int, ...]
     extra_dims: tuple[int, ...]  # left out by LOWBIT_ATTN_ALL_INSTANCES=OFF
+    occupancy: str = ""  # a template int(): resident blocks per SM, a second column of the table (decode only)
 
 
 KERNELS = [
     Kernel("decode_attention", "kernels/sm80/decode_attention_sm80.cuh", "kernels/sm80/decode_attention_launch.h",
            "launch_decode_attention", "DecodeAttnArgs", "DecodeAttnEntry", "kDecodeAttnTable", "kDecodeAttnInstances",
-           default_dims=(64, 128, 256), extra_dims=(80, 96)),
+           default_dims=(64, 128, 256), extra_dims=(80, 96), occupancy="decode_attention_blocks_per_sm"),
     Kernel("prefill_attention_tc", "kernels/sm80/prefill_attention_tc_sm80.cuh",
            "kernels/sm80/prefill_attention_tc_launch.h", "launch_prefill_attention_tc", "PrefillTcArgs", "PrefillTcEntry",
            "kPrefillTcTable", "kPrefillTcInstances", default_dims=(64, 128), extra_dims=()),
@@ -84,14 +85,16 @@ def instance_file(kernel: Kernel, d: int, k: str, v: str) -> str:
     return (HEADER + f'#include "{kernel.kernel_header}"\n\n'
             "namespace lowbit::cuda {\n\n"
             f"template void {kernel.launch}<{template_args(d, k, v)}>(const {kernel.args}&, dim3, "
-            "cudaStream_t);\n\n"
-            "}  // namespace lowbit::cuda\n")
+            "cudaStream_t);\n"
+            + (f"template int {kernel.occupancy}<{template_args(d, k, v)}>();\n" if kernel.occupancy else "")
+            + "\n}  // namespace lowbit::cuda\n")
 
 
 def table_file(kernel: Kernel) -> str:
     rows = []
     for d, k, v, extra in instances(kernel):
-        row = f"    {{{d}, KvType::{k}, KvType::{v}, &{kernel.launch}<{template_args(d, k, v)}>}},"
+        occupancy = f", &{kernel.occupancy}<{template_args(d, k, v)}>" if kernel.occupancy else ""
+        row = f"    {{{d}, KvType::{k}, KvType::{v}, &{kernel.launch}<{template_args(d, k, v)}>{occupancy}}},"
         rows.append((extra, row))
     body = [row for extra, row in rows if not extra]
     extras = [row for extra, row in rows if extra]

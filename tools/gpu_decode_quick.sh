@@ -6,7 +6,8 @@
 # GPU; then the decode tests (test_gpu_attention.py and the 2-bit decode cases of test_gpu_kv2.py) beside memcheck,
 # racecheck and synccheck over small 2-bit and 4-bit cases, all capped at SIDE_S (correctness only: nothing is timed
 # then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON in $OUT
-# (logs in one archive: a device call brings back at most 8 files).
+# (logs in one archive: a device call brings back at most 8 files). NO_HARNESS=1 skips the kernel-alone A/B (the op's
+# bench then splits its time into the decode kernel and the split merge from the same profile).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
@@ -15,7 +16,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/dev
 T0=$(date +%s)
 BIN=$(mktemp -d /tmp/lowbit-dv.XXXX)
 NVCC=(nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I "$REPO/include")
-(
+[ "${NO_HARNESS:-0}" = 1 ] || (
   [ -n "${OLD_TREE:-}" ] && "${NVCC[@]}" -I "$OLD_TREE/cpp" -I "$REPO/cpp" "$OLD_TREE/tools/bench_decode_attention_variants.cu" \
     -o "$BIN/dv_old" > "$OUT/harness_old.log" 2>&1 &
   "${NVCC[@]}" -I "$REPO/cpp" "$REPO/tools/bench_decode_attention_variants.cu" -o "$BIN/dv_new" > "$OUT/harness_new.log" 2>&1
@@ -27,7 +28,7 @@ start=$(date +%s)
 echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
 wait $HARNESS
 echo "harness built at $(( $(date +%s) - start )) s"
-for bin in dv_old dv_new; do
+[ "${NO_HARNESS:-0}" = 1 ] || for bin in dv_old dv_new; do
   [ -x "$BIN/$bin" ] || { echo "no $bin"; tail -5 "$OUT/harness_${bin#dv_}.log"; continue; }
   echo "-- $bin"; timeout -k 5 60 "$BIN/$bin" 2>&1 | tee -a "$OUT/variants.log"
 done
@@ -38,13 +39,13 @@ T="$REPO/tests_py"
 SIDE_S=${SIDE_S:-110}
 if [ -n "${TOTAL_S:-}" ]; then left=$(( TOTAL_S - ($(date +%s) - T0) - 10 )); [ "$left" -lt "$SIDE_S" ] && SIDE_S=$left; fi
 echo "== decode tests and sanitizers side by side (capped at $SIDE_S s)"
-(timeout -k 5 $SIDE_S "${P[@]}" "$T/test_gpu_attention.py" "$T/test_gpu_kv2.py" --maxfail=40 -k "decode_attention" \
+(timeout -k 5 $SIDE_S "${P[@]}" "$T/test_gpu_attention.py" "$T/test_gpu_kv2.py" "$T/test_gpu_decode_splits.py" --maxfail=40 -k "decode_attention" \
   > "$OUT/pytest_decode.log" 2>&1; echo "tests rc=$?"; tail -2 "$OUT/pytest_decode.log"
  grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode.log" | cut -c1-300 | head -20) &
-E="lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2 or (float64 and lens2-64-32-8-128 and not 2bit) or (straddling and 16-40)"
+E="lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2 or (float64 and lens2-64-32-8-128 and not 2bit) or (straddling and 16-40) or (forced_splits and (lens3 or lens4))"
 for t in memcheck racecheck synccheck; do
   (timeout -k 5 $SIDE_S compute-sanitizer --tool $t --error-exitcode 9 "${P[@]}" "$T/test_gpu_kv2.py" \
-    "$T/test_gpu_kv_per_channel.py" "$T/test_gpu_attention.py" -k "$E" > "$OUT/${t}_decode.log" 2>&1; echo "$t rc=$?"; tail -1 "$OUT/${t}_decode.log"
+    "$T/test_gpu_kv_per_channel.py" "$T/test_gpu_attention.py" "$T/test_gpu_decode_splits.py" -k "$E" > "$OUT/${t}_decode.log" 2>&1; echo "$t rc=$?"; tail -1 "$OUT/${t}_decode.log"
    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${t}_decode.log" | head -4) &
 done
 wait

@@ -138,6 +138,7 @@ SANITIZE_CASES=(
   "w8a8|test_gpu_w8a8.py|(bit_exact and (3-130 or 17 or 1-8)) or (int32 and 130-200)"
   "fp8|test_gpu_fp8.py|3-130-128 or 1-576-576 or (bit_exact and 5-200) or (small_integers and (65-257-576 or 1-257-4160 or 130-77-256)) or (split_k and (5-300-1088 or 65-520-1088-2)) or (pairs and 129-1000-320)"
   "decode_attention|test_gpu_attention.py|lens1-0-9-3-64 or lens3-64-32-8-128 or lens1-0-32-8-128-u4 or lens3-64-9-3-64-u8 or lens1-0-16-1-256-u8 or lens2-64-32-2-128-u4 or lens0-0-12-1-80-u4 or lens0-0-16-1-96-u8"
+  "decode_splits|test_gpu_decode_splits.py|forced_splits and (lens0 or lens2 or lens3 or lens4)"
   "prefill_attention_tc|test_gpu_ops.py|(prefill_tc_tile_edges and chunked and 4-1-64 and (u8-u4 or f16-f16)) or (prefill_tc_tile_edges and fresh and 8-2-128 and u4-u8 and 24)"
   "rows_rope_kv_sampling|test_gpu_ops.py|(rms_norm and 7-576) or (silu and 17-333) or embedding or (rope_matches and f16) or (kv_write_bit_exact and 80) or (prefill and 9-3-64) or (decode and 9-3-64) or (w4a16 and 200-576) or (f16_linear and 49-100) or (rope_kv_write and (llama3_gptj-f16-8-2 or partial-bf16-6-3 or without_q or gpu_errors)) or (sample_rows_picks and f16)"
   "w4a8|test_gpu_w4a8.py|(bit_exact and (qoq-1-16 or liquid-7-130 or qoq-129 or liquid-128-136)) or adversarial or (scaled and liquid) or strided"
@@ -292,12 +293,12 @@ if has kv2; then
   # another decode_attention_sm80.cuh and whose tools/ holds its harness, as the baseline in the same call).
   echo "== 2-bit KV on the GPU"
   if [ "${KV2_QUICK:-0}" = 1 ]; then
-    timeout -k 5 90 "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_kv2.py" -q -rfEs --maxfail=40 \
+    timeout -k 5 90 "${PYTEST[@]}" "$TESTS/test_gpu_attention.py" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_decode_splits.py" -q -rfEs --maxfail=40 \
       -k "decode_attention" 2>&1 | tee "$OUT/pytest_kv2_quick.log" | tail -3
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2_quick.log" | cut -c1-400 | head -30
   elif [ "${KV2_TESTS:-1}" = 1 ]; then
     "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" "$TESTS/test_gpu_ops.py" \
-      "$TESTS/test_kv_formats.py" "$TESTS/test_kv.py" -q -rfEs --maxfail=40 -k "not smollm2 and (kv2 or 2bit or u2 or per_channel or kv_formats or cache or kv_write or prefill or decode)" \
+      "$TESTS/test_gpu_decode_splits.py" "$TESTS/test_kv_formats.py" "$TESTS/test_kv.py" -q -rfEs --maxfail=40 -k "not smollm2 and (kv2 or 2bit or u2 or per_channel or kv_formats or cache or kv_write or prefill or decode)" \
       2>&1 | tee "$OUT/pytest_kv2.log" | tail -3
     grep -E "^(FAILED|ERROR) " "$OUT/pytest_kv2.log" | cut -c1-400 | head -30
     "${PYTEST[@]}" "$TESTS/test_gpu_kv2.py" "$TESTS/test_gpu_kv_per_channel.py" -q -s -k "cache or logits" 2>&1 \

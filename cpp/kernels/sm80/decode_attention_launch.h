@@ -47,11 +47,17 @@ struct DecodeAttnArgs {
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream);
 
+// Resident blocks per SM of the instance on the current device (0 when the query fails).
+template <int D, KvType KT, KvType VT>
+int decode_attention_blocks_per_sm();
+
 using DecodeAttnLaunch = void (*)(const DecodeAttnArgs&, dim3, cudaStream_t);
+using DecodeAttnOccupancy = int (*)();
 struct DecodeAttnEntry {
   int head_dim;
   KvType k, v;
   DecodeAttnLaunch launch;
+  DecodeAttnOccupancy blocks_per_sm;
 };
 // The instances compiled into this build (instances/decode_attention_table.cu, generated).
 extern const DecodeAttnEntry kDecodeAttnTable[];

@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "cuda/pdl.cuh"
 #include "kernels/sm80/decode_attention_launch.h"
@@ -20,24 +22,83 @@ constexpr int kMaxGroup = 16;  // query heads per kv head: slices of 8 (the mma'
 constexpr int kMinSplitTokens = 512;  // the split-size heuristic's floor for long contexts (see decode_attention)
 constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m) underflows to 0
 
-// out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s over the splits of one (sequence, head).
-__global__ void combine_splits_kernel(const float* __restrict__ part_out, const float* __restrict__ part_stats,
-                                      int splits, int hq, int d, __half* out, int64_t out_stride_b,
-                                      int64_t out_stride_h) {
-  pdl_allow_dependents();
-  const int b = blockIdx.x, h = blockIdx.y;
-  const int64_t slot0 = (static_cast<int64_t>(b) * hq + h) * splits;
-  float m = kNoScore;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, part_stats[(slot0 + s) * 2]);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float w = part_stats[(slot0 + s) * 2 + 1] > 0.f ? __expf(part_stats[(slot0 + s) * 2] - m) : 0.f;
-      num += w * part_out[(slot0 + s) * d + i];
-      den += w * part_stats[(slot0 + s) * 2 + 1];
-    }
-    out[b * out_stride_b + h * out_stride_h + i] = __float2half_rn(den > 0.f ? num / den : 0.f);
+// out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s over the splits of one (sequence, head), in split order (the
+// same bits every run). The block reads the splits in parallel: each thread loads one split's (m, l) per chunk of
+// kCombineChunk splits, and groups of d/4 threads (one float4 column each) take every groups-th split of the chunk,
+// several loads in flight per thread; the groups' sums meet in shared memory. Its first version (one thread per dim
+// walking every split, one dependent load at a time) took ~13 us at 1 x 128K (66 splits, inferred from the op minus
+// its decode kernel); this one 5.3-5.6 us there (H200; docs/benchmarks_gpu.md). d: a multiple of 4, <= 512.
+constexpr int kCombineThreads = 128, kCombineChunk = kCombineThreads;
+
+__device__ inline float block_reduce(float x, bool max_op, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = max_op ? fmaxf(x, y) : x + y;
   }
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();  // scratch free (an earlier reduction's readers are done)
+  if ((threadIdx.x & 31) == 0) scratch[warp] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) x = max_op ? fmaxf(x, scratch[w]) : x + scratch[w];
+  return x;
+}
+
+__global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const float* __restrict__ part_out,
+                                                                         const float2* __restrict__ part_stats,
+                                                                         int splits, int hq, int d, __half* out,
+                                                                         int64_t out_stride_b, int64_t out_stride_h) {
+  pdl_allow_dependents();
+  __shared__ float scratch[kCombineThreads / 32];
+  __shared__ float weight[kCombineChunk];
+  __shared__ __align__(16) float group_sum[4 * kCombineThreads];
+  const int b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int64_t slot0 = (static_cast<int64_t>(b) * hq + h) * splits;
+  const float2* stats = part_stats + slot0;
+  float m = kNoScore;
+  for (int s = tid; s < splits; s += kCombineThreads) m = fmaxf(m, __ldg(stats + s).x);
+  m = block_reduce(m, true, scratch);
+  const int cols = d / 4, groups = kCombineThreads / cols, group = tid / cols, col = tid % cols;
+  float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+  float den = 0.f;
+  for (int c0 = 0; c0 < splits; c0 += kCombineChunk) {
+    const int cn = min(kCombineChunk, splits - c0);
+    __syncthreads();  // the previous chunk's weights are read
+    if (tid < cn) {
+      const float2 st = __ldg(stats + c0 + tid);
+      const float w = st.y > 0.f ? __expf(st.x - m) : 0.f;
+      weight[tid] = w;
+      den += w * st.y;
+    }
+    __syncthreads();
+    if (group < groups) {
+      const float4* po = reinterpret_cast<const float4*>(part_out + (slot0 + c0) * d) + col;
+#pragma unroll 4
+      for (int s = group; s < cn; s += groups) {
+        const float w = weight[s];
+        const float4 x = __ldg(po + static_cast<int64_t>(s) * cols);
+        num.x += w * x.x; num.y += w * x.y; num.z += w * x.z; num.w += w * x.w;
+      }
+    }
+  }
+  den = block_reduce(den, false, scratch);
+  if (group < groups) reinterpret_cast<float4*>(group_sum)[group * cols + col] = num;
+  __syncthreads();
+  for (int i = tid; i < d; i += kCombineThreads) {
+    float o = 0.f;
+    for (int g = 0; g < groups; ++g) o += group_sum[g * d + i];
+    out[b * out_stride_b + h * out_stride_h + i] = __float2half_rn(den > 0.f ? o / den : 0.f);
+  }
+}
+
+// Resident blocks per SM of an instance on `device`, asked once per (instance, device).
+int blocks_per_sm(const DecodeAttnEntry& e, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const DecodeAttnEntry*, int>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find({&e, device});
+  if (it == known.end()) it = known.emplace(std::make_pair(&e, device), e.blocks_per_sm ? e.blocks_per_sm() : 0).first;
+  return it->second;
 }
 
 KvType kv_type_of(const Tensor& t, const char* op, const char* arg, bool per_channel = false) {
@@ -49,10 +110,10 @@ KvType kv_type_of(const Tensor& t, const char* op, const char* arg, bool per_cha
 }
 
 // The compiled instance for (head_dim, K, V); a loud error when there is none or the build left it out.
-DecodeAttnLaunch find_launch(int d, KvType kt, KvType vt, ScalarType k_dtype, ScalarType v_dtype, const char* op) {
+const DecodeAttnEntry& find_instance(int d, KvType kt, KvType vt, ScalarType k_dtype, ScalarType v_dtype, const char* op) {
   for (int i = 0; i < kDecodeAttnTableSize; ++i) {
     const DecodeAttnEntry& e = kDecodeAttnTable[i];
-    if (e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
+    if (e.head_dim == d && e.k == kt && e.v == vt) return e;
   }
   const bool per_channel = kv_per_channel_type(kt);
   const InstanceState s = instance_state(kDecodeAttnInstances, d, k_dtype, v_dtype, per_channel);
@@ -86,7 +147,7 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   check_contiguous(v_data, op, "v_data");
   const bool per_channel = window.defined();
   const KvType kt = kv_type_of(k_data, op, "k_data", per_channel), vt = kv_type_of(v_data, op, "v_data");
-  const DecodeAttnLaunch launch = find_launch(static_cast<int>(d), kt, vt, k_data.dtype(), v_data.dtype(), op);
+  const DecodeAttnEntry& instance = find_instance(static_cast<int>(d), kt, vt, k_data.dtype(), v_data.dtype(), op);
   if (per_channel) {
     check_same_device(k_params, q, op, "k_params");
     check_dtype(k_params, ScalarType::f32, op, "k_params");
@@ -138,14 +199,22 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   const int dev = q.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
   if (split_tokens == 0) {
-    // About one wave of blocks (3-4 resident per SM), with splits long enough that a block's fixed
-    // costs (query and page loads, merging its warps, writing partials) stay small: at least
-    // min(512, L/16) tokens (and 64). Measured on an H100 (tools/bench_gpu_attention.py
-    // --split-sweep): B=64 L=8K is fastest at 4096 tokens per split, 1x128K at 2048, 1x8K at 256-512,
-    // while a short context (L ~ 500, batch 1) wants splits of 64.
-    const int64_t want = 4LL * multiprocessor_count(dev);
+    // Splits long enough that a block's fixed costs (query and page loads, merging its warps, writing partials) stay
+    // small: at least min(512, L/16) tokens (and 64). How many: when one split of every (sequence, kv head, slice)
+    // fills at most half of the resident block slots (small batches), as many splits as make one whole wave of the
+    // instance's resident blocks (the ceiling of 4 blocks per SM, the rule before, overshot into a second, mostly
+    // empty wave: 16 x 32K ran 5 splits = 640 blocks on 528 slots); otherwise about one wave at 4 blocks per SM
+    // (2 splits at B=64 L=8K, measured fastest on an H100 by tools/bench_gpu_attention.py --split-sweep; a short
+    // context, L ~ 500 at batch 1, wants splits of 64).
+    const int64_t sms = multiprocessor_count(dev);
+    const int64_t slots = std::max(1, blocks_per_sm(instance, dev)) * sms;
     const int64_t blocks_per_split = batch * hkv * ((hq / hkv + 7) / 8);  // (sequence, kv head, slice)
-    const int64_t splits_wanted = std::max<int64_t>(1, (want + blocks_per_split - 1) / blocks_per_split);
+    int64_t splits_wanted;
+    if (2 * blocks_per_split <= slots) {
+      splits_wanted = std::max<int64_t>(1, slots / blocks_per_split - (per_channel ? 1 : 0));  // + the window split
+    } else {
+      splits_wanted = std::max<int64_t>(1, (4 * sms + blocks_per_split - 1) / blocks_per_split);
+    }
     const int64_t floor_tokens = std::clamp<int64_t>((max_seq_len + 15) / 16, 64, kMinSplitTokens);
     const int64_t per_split = std::max<int64_t>((max_seq_len + splits_wanted - 1) / splits_wanted, floor_tokens);
     split_tokens = static_cast<int>((std::min<int64_t>(per_split, max_seq_len + kTile) + kTile - 1) / kTile * kTile);
@@ -185,21 +254,21 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.split_tokens = split_tokens;
   p.tile_in_one_page = bs % kTile == 0 && split_tokens % kTile == 0;
   p.scale = scale;
-  Tensor part_out, part_stats;
+  Tensor partials;  // one allocation: the splits' outputs [B, Hq, splits, D], then their (max, sum) [B, Hq, splits, 2]
   if (total_splits > 1) {
-    part_out = Tensor::empty({batch, hq, total_splits, d}, ScalarType::f32, q.device());
-    part_stats = Tensor::empty({batch, hq, total_splits, 2}, ScalarType::f32, q.device());
-    p.part_out = part_out.data<float>();
-    p.part_stats = part_stats.data<float>();
+    const int64_t out_elems = batch * hq * total_splits * d;
+    partials = Tensor::empty({out_elems + batch * hq * total_splits * 2}, ScalarType::f32, q.device());
+    p.part_out = partials.data<float>();
+    p.part_stats = p.part_out + out_elems;  // 16-byte aligned: d is a multiple of 16
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(hkv * p.slices),
                   static_cast<unsigned>(total_splits));
-  launch(p, grid, stream);
+  instance.launch(p, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (total_splits > 1) {
-    combine_splits_kernel<<<dim3(batch, hq), 128, 0, stream>>>(p.part_out, p.part_stats, total_splits, p.hq,
-                                                               static_cast<int>(d), p.out, p.out_stride_b,
-                                                               p.out_stride_h);
+    combine_splits_kernel<<<dim3(batch, hq), kCombineThreads, 0, stream>>>(
+        p.part_out, reinterpret_cast<const float2*>(p.part_stats), total_splits, p.hq, static_cast<int>(d), p.out,
+        p.out_stride_b, p.out_stride_h);
     LOWBIT_CUDA_CHECK_LAUNCH(op);
   }
 }

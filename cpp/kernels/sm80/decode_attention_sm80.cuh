@@ -861,4 +861,17 @@ void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t st
       <<<grid, decode_attn::kThreads, 0, stream>>>(p);
 }
 
+// Resident blocks per SM of that instance on the current device (what its registers and shared memory allow, which
+// may be more than min_blocks): the split-KV plan sizes its grid to whole waves of these.
+template <int D, KvType KT, KvType VT>
+int decode_attention_blocks_per_sm() {
+  int blocks = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &blocks,
+      decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>(),
+                                           decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>()>,
+      decode_attn::kThreads, 0);
+  return err == cudaSuccess ? blocks : 0;
+}
+
 }  // namespace lowbit::cuda

@@ -4,5 +4,6 @@
 namespace lowbit::cuda {
 
 template void launch_decode_attention<128, KvType::f16, KvType::f16>(const DecodeAttnArgs&, dim3, cudaStream_t);
+template int decode_attention_blocks_per_sm<128, KvType::f16, KvType::f16>();
 
 }  // namespace lowbit::cuda

@@ -4,5 +4,6 @@
 namespace lowbit::cuda {
 
 template void launch_decode_attention<256, KvType::u4c, KvType::u4>(const DecodeAttnArgs&, dim3, cudaStream_t);
+template int decode_attention_blocks_per_sm<256, KvType::u4c, KvType::u4>();
 
 }  // namespace lowbit::cuda

@@ -4,5 +4,6 @@
 namespace lowbit::cuda {
 
 template void launch_decode_attention<96, KvType::u8, KvType::u8>(const DecodeAttnArgs&, dim3, cudaStream_t);
+template int decode_attention_blocks_per_sm<96, KvType::u8, KvType::u8>();
 
 }  // namespace lowbit::cuda
