@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "bindings/bind.h"
@@ -124,12 +125,20 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
     o.sm90_split = s[0] - '0';
   }
   else if (kernel.rfind("gemv", 0) == 0) {
-    // "gemv" or "gemv:T", T = 16-row tiles per CTA (1, 2, 4, 8)
-    const std::string t = kernel.size() > 5 && kernel[4] == ':' ? kernel.substr(5) : kernel.size() == 4 ? "0" : "?";
-    LOWBIT_CHECK(t == "0" || t == "1" || t == "2" || t == "4" || t == "8", "gemm_w4a16: argument 'kernel': the tiles "
-                 "in 'gemv:T' must be 1, 2, 4 or 8, got '", kernel, "'");
+    // "gemv", "gemv:T" (T = 16-row tiles per CTA: 1, 2, 4, 8) or "gemv:T:rDbB" (a compiled configuration: D chunks
+    // in flight per warp, B CTAs per SM; the op checks that it exists)
+    const std::string t = kernel.size() > 5 && kernel[4] == ':' ? kernel.substr(5, 1) : kernel.size() == 4 ? "0" : "?";
+    const std::string rest = kernel.size() > 6 ? kernel.substr(6) : "";
+    int ring = 0, blocks = 0, used = 0;
+    const bool cfg_ok = rest.empty() || (std::sscanf(rest.c_str(), ":r%db%d%n", &ring, &blocks, &used) == 2 &&
+                                         used == static_cast<int>(rest.size()) && ring > 0 && blocks > 0);
+    LOWBIT_CHECK((t == "0" || t == "1" || t == "2" || t == "4" || t == "8") && cfg_ok, "gemm_w4a16: argument 'kernel': "
+                 "the tiles in 'gemv:T' must be 1, 2, 4 or 8 (optionally 'gemv:T:rDbB', D chunks in flight per warp, B "
+                 "CTAs per SM, e.g. 'gemv:1:r4b4'), got '", kernel, "'");
     o.kernel = cuda::W4A16Kernel::gemv;
     o.gemv_tiles = t[0] - '0';
+    o.gemv_ring = ring;
+    o.gemv_blocks = blocks;
   }
   else if (kernel == "large:64x128") o.large_tile = 64128;
   else if (kernel == "large:128x128") o.large_tile = 128128;
@@ -137,7 +146,8 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
   else
     LOWBIT_CHECK(kernel == "large", "gemm_w4a16: argument 'kernel' must be '', 'small', 'large', 'large:64x128', "
                  "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'gemv', 'gemv:T' (T = 1, 2, 4, 8 tiles "
-                 "per CTA), 'sm90k[:T[:G]]' (stream-K), 'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; "
+                 "per CTA), 'gemv:T:rDbB' (a compiled ring depth D / CTAs per SM B), 'sm90k[:T[:G]]' (stream-K), "
+                 "'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; "
                  "'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split free; 'sm90s...' the "
                  "serial mainloop), got '", kernel, "'");
   return o;
@@ -256,7 +266,7 @@ void bind_cuda(nb::module_& m) {
       nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("mins") = false,
       "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device); mins: `zeros` holds the mins "
       "of w = q*s + m. kernel: '' (automatic), 'small', 'large', 'large:64x128', 'large:128x128', "
-      "'large:128x256', 'decode90[:S]', 'gemv[:T]', 'sm90k[:T[:G]]' or 'sm90[:S[:T]]' (see w4a16_options)");
+      "'large:128x256', 'decode90[:S]', 'gemv[:T[:rDbB]]', 'sm90k[:T[:G]]' or 'sm90[:S[:T]]' (see w4a16_options)");
 
   m.def(
       "gemm_w8a16",
@@ -346,8 +356,9 @@ void bind_cuda(nb::module_& m) {
 #ifdef LOWBIT_WITH_CUDA
         const cuda::W4A16Options o = w4a16_options(kernel.empty() ? "gemv" : kernel);
         LOWBIT_CHECK(o.kernel == cuda::W4A16Kernel::gemv, "gemm_w4a16_gemv_plan: argument 'kernel' must be '' or "
-                     "'gemv[:T]', got '", kernel, "'");
-        const auto [tiles, split] = cuda::gemm_w4a16_gemv_plan(m, n, k, device, o.gemv_tiles);
+                     "'gemv[:T[:rDbB]]', got '", kernel, "'");
+        const auto [tiles, split] = cuda::gemm_w4a16_gemv_plan(m, n, k, device, o.gemv_tiles, o.gemv_ring,
+                                                                o.gemv_blocks);
         return {tiles, split};
 #else
         no_cuda("gemm_w4a16_gemv_plan");

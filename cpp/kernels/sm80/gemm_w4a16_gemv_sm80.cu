@@ -51,10 +51,12 @@ namespace {
 using namespace w4a16;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kDepthOneGroup = 8;  // chunks in flight per warp (6 with two groups per chunk: their registers)
-constexpr int kMinBlocks = 2;    // CTAs per SM the registers are budgeted for (128 per thread)
-constexpr int kXBudget = 100000;  // bytes of x per CTA (2 CTAs per SM with the reduction area)
 constexpr int kRedBytes = kWarps * 32 * 16;
+// Bytes of x per CTA: what leaves `blocks` CTAs per SM room on Hopper / A100 (228 KB, 1 KB reserved per CTA) with the
+// reduction area, at most 100000 (today's 2-CTA budget).
+constexpr int x_budget(int blocks) { return std::min(100000, 228 * 1024 / blocks - 1024 - kRedBytes - 512); }
+// Ring depth with two groups per chunk (two parameter words per chunk): 8 -> 6 keeps the 2-CTA budget.
+constexpr int two_group_depth(int depth) { return depth >= 8 ? depth - 2 : depth; }
 
 struct Args {
   W4A16Problem p;
@@ -89,8 +91,9 @@ __device__ __forceinline__ void row_params(uint32_t sz, __half2& s2, __half2& ad
   }
 }
 
-template <bool kMins, bool kTwoHalves>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) gemm_w4a16_gemv_kernel(Args a) {
+// kRing: chunks in flight per warp (one group per chunk); kBlocks: CTAs per SM the registers are budgeted for.
+template <bool kMins, bool kTwoHalves, int kRing, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a16_gemv_kernel(Args a) {
   extern __shared__ uint4 smem_u4[];
   __half* xs = reinterpret_cast<__half*>(smem_u4);
   const W4A16Problem& p = a.p;
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemm_w4a16_gemv_kernel(A
   // 0-15, lanes 16-31 their zeros (or mins), for k half 0 of the chunk and, with two groups per chunk, half 1.
   const uint4* wp = reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(nt) * a.k_chunks * kChunkBytes) + lane;
   const __half* pp = (lane < 16 ? p.scales : p.zeros) + nt * kTileN + (lane & 15);
-  constexpr int kHalves = kTwoHalves ? 2 : 1, kDepth = kTwoHalves ? 6 : kDepthOneGroup;
+  constexpr int kHalves = kTwoHalves ? 2 : 1, kDepth = kTwoHalves ? two_group_depth(kRing) : kRing;
   uint4 wbuf[kDepth];
   uint32_t pbuf[kDepth][kHalves];
   auto issue = [&](int d, int kc) {
@@ -213,38 +216,67 @@ int x_bytes(int m, int chunks) { return ((m + 1) * (chunks * kChunkK + 8) * 2 + 
 
 }  // namespace
 
-GemvPlan gemm_w4a16_gemv_plan(int m, int /*n: no part of the rule today*/, int k, int tiles) {
+GemvPlan gemm_w4a16_gemv_plan(int m, int /*n: no part of the rule today*/, int k, int tiles, int ring, int blocks) {
   LOWBIT_CHECK(tiles == 0 || tiles == 1 || tiles == 2 || tiles == 4 || tiles == 8,
                "gemm_w4a16: the gemv kernel's tiles per CTA must be 0 (automatic), 1, 2, 4 or 8, got ", tiles);
+  int config = 0;
+  if (ring != 0 || blocks != 0) {
+    while (config < kGemvConfigCount && (kGemvConfigs[config].depth != ring || kGemvConfigs[config].blocks != blocks))
+      ++config;
+    LOWBIT_CHECK(config < kGemvConfigCount, "gemm_w4a16: the gemv kernel has no configuration r", ring, "b", blocks,
+                 " (compiled: r8b2, r4b2, r12b1, r6b3, r4b4, r3b5, r2b6)");
+  }
   LOWBIT_CHECK(m >= 1 && m <= kGemvMaxTokens, "gemm_w4a16: the gemv kernel takes 1-", kGemvMaxTokens,
                " tokens, got m=", m);
   // The group row of a chunk is found in f32 ((2 kc + half + 0.5) / (group / 32)): exact while k stays below ~46K.
   LOWBIT_CHECK(k <= 32768, "gemm_w4a16: the gemv kernel takes k up to 32768, got k=", k);
+  const int budget = x_budget(kGemvConfigs[config].blocks);
   const int k_chunks = k / kChunkK;
   int split = 1;
-  while (x_bytes(m, (k_chunks + split - 1) / split) > kXBudget) ++split;
+  while (x_bytes(m, (k_chunks + split - 1) / split) > budget) ++split;
   const int per = (k_chunks + split - 1) / split;
   split = (k_chunks + per - 1) / per;
   // One tile per CTA (8 k slices): measured best or within 3% of the best T on every Llama-3-8B / 70B-TP2 shape
   // at one token (H200; more tiles per CTA, i.e. longer runs per warp, gained nothing: docs/benchmarks_gpu.md).
   if (tiles == 0) tiles = 1;
-  return {tiles, split, per};
+  return {tiles, split, per, config};
 }
+
+namespace {
+template <int kRing, int kBlocks>
+void launch_config(const W4A16Problem& p, const Args& args, dim3 grid, int smem, bool pdl, cudaStream_t stream) {
+  const char* op = "gemm_w4a16";
+  const bool two_halves = p.group % kChunkK != 0;  // halves_differ
+  auto kernel = p.mins ? (two_halves ? gemm_w4a16_gemv_kernel<true, true, kRing, kBlocks>
+                                     : gemm_w4a16_gemv_kernel<true, false, kRing, kBlocks>)
+                       : (two_halves ? gemm_w4a16_gemv_kernel<false, true, kRing, kBlocks>
+                                     : gemm_w4a16_gemv_kernel<false, false, kRing, kBlocks>);
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  launch_maybe_pdl(op, pdl, kernel, grid, dim3(kThreads), static_cast<size_t>(smem), stream, args);
+}
+}  // namespace
 
 void gemm_w4a16_gemv(const W4A16Problem& p, float* partial, const GemvPlan& plan, bool pdl, cudaStream_t stream) {
   const char* op = "gemm_w4a16";
   const int k_chunks = p.k / kChunkK, n_tiles = (p.n + kTileN - 1) / kTileN;
   const int x_row = plan.chunks_per_split * kChunkK + 8;
   const int smem = x_bytes(p.m, plan.chunks_per_split) + (plan.tiles < kWarps ? kRedBytes : 0);
-  const bool two_halves = p.group % kChunkK != 0;  // halves_differ
-  auto kernel = p.mins ? (two_halves ? gemm_w4a16_gemv_kernel<true, true> : gemm_w4a16_gemv_kernel<true, false>)
-                       : (two_halves ? gemm_w4a16_gemv_kernel<false, true> : gemm_w4a16_gemv_kernel<false, false>);
-  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   LOWBIT_CHECK(plan.split <= 65535, op, ": split too large");
   const Args args{p, partial, k_chunks, plan.tiles, kWarps / plan.tiles, plan.chunks_per_split, x_row,
                   1.f / static_cast<float>(p.group / 32), pdl};
   const dim3 grid(static_cast<unsigned>((n_tiles + plan.tiles - 1) / plan.tiles), static_cast<unsigned>(plan.split));
-  launch_maybe_pdl(op, pdl, kernel, grid, dim3(kThreads), static_cast<size_t>(smem), stream, args);
+  // One case per kGemvConfigs entry (gemm_w4a16_gemv_sm80.h), in its order.
+  static_assert(kGemvConfigCount == 7, "a launch case per configuration");
+  switch (plan.config) {
+    case 0: launch_config<kGemvConfigs[0].depth, kGemvConfigs[0].blocks>(p, args, grid, smem, pdl, stream); break;
+    case 1: launch_config<kGemvConfigs[1].depth, kGemvConfigs[1].blocks>(p, args, grid, smem, pdl, stream); break;
+    case 2: launch_config<kGemvConfigs[2].depth, kGemvConfigs[2].blocks>(p, args, grid, smem, pdl, stream); break;
+    case 3: launch_config<kGemvConfigs[3].depth, kGemvConfigs[3].blocks>(p, args, grid, smem, pdl, stream); break;
+    case 4: launch_config<kGemvConfigs[4].depth, kGemvConfigs[4].blocks>(p, args, grid, smem, pdl, stream); break;
+    case 5: launch_config<kGemvConfigs[5].depth, kGemvConfigs[5].blocks>(p, args, grid, smem, pdl, stream); break;
+    case 6: launch_config<kGemvConfigs[6].depth, kGemvConfigs[6].blocks>(p, args, grid, smem, pdl, stream); break;
+    default: LOWBIT_CHECK(false, op, ": bad gemv configuration ", plan.config);
+  }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 

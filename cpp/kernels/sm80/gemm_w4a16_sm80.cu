@@ -354,7 +354,8 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A
   if (choice.gemv)
     return m <= detail::kGemvMaxTokens
                ? detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                              options.gemv_tiles).split
+                                              options.gemv_tiles, options.gemv_ring, options.gemv_blocks)
+                     .split
                : 1;
   if (choice.large)
     return gemm_w4a16_large_pick_split(m, n, k, gemm_w4a16_large_tile(m, n, choice.tile, device), device);
@@ -397,13 +398,14 @@ int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device) {
   return detail::gemm_w4a16_decode_sm90_split(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0);
 }
 
-std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles) {
+std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles, int ring,
+                                         int blocks) {
   LOWBIT_CHECK(m > 0 && m <= detail::kGemvMaxTokens && n > 0 && n <= (1LL << 22) && k > 0 && k % kChunkK == 0,
                "gemm_w4a16_gemv_plan: bad shape m=", m, " n=", n, " k=", k, " (1-", detail::kGemvMaxTokens,
                " tokens, k a multiple of 64)");
   LOWBIT_CUDA_CHECK("gemm_w4a16_gemv_plan", cudaSetDevice(device));
   const detail::GemvPlan plan =
-      detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), tiles);
+      detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), tiles, ring, blocks);
   return {plan.tiles, plan.split};
 }
 
@@ -465,7 +467,8 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, m <= detail::kGemvMaxTokens, op, ": the gemv kernel takes 1-",
                       detail::kGemvMaxTokens, " tokens, got m=", m, "; name 'small' instead");
     const detail::GemvPlan plan = detail::gemm_w4a16_gemv_plan(static_cast<int>(m), static_cast<int>(n),
-                                                               static_cast<int>(k), options.gemv_tiles);
+                                                               static_cast<int>(k), options.gemv_tiles,
+                                                               options.gemv_ring, options.gemv_blocks);
     Tensor ws = workspace;
     if (plan.split > 1) {
       const int64_t need = gemm_w4a16_workspace_elems(m, n, plan.split);

@@ -41,6 +41,8 @@ struct W4A16Options {
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
   int gemv_tiles = 0;  // the gemv kernel's 16-row tiles per CTA (1, 2, 4, 8); 0 = its own pick
+  int gemv_ring = 0;    // the gemv kernel's configuration ('gemv:T:rDbB'): chunks in flight per warp and
+  int gemv_blocks = 0;  // CTAs per SM; 0, 0 = its own pick
   bool pdl = true;
 };
 void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, const Tensor& workspace,
@@ -53,7 +55,9 @@ std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, 
 // The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device);
 // The register-direct GEMV's {16-row tiles per CTA, CTAs along k} for 1-8 tokens; `tiles` != 0 pins the first.
-std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles = 0);
+// ring, blocks: a configuration ('gemv:T:rDbB'), 0, 0 = the automatic one.
+std::pair<int, int> gemm_w4a16_gemv_plan(int64_t m, int64_t n, int64_t k, int device, int tiles = 0, int ring = 0,
+                                         int blocks = 0);
 int64_t gemm_w4a16_workspace_elems(int64_t m, int64_t n, int split_k);
 
 // y[m, n] = x[m, k] · Wᵀ for a w8 weight as the W8A8 kernels read it (row-major s8 [n, k] on the device,
