@@ -1,7 +1,8 @@
-"""GPU W4A16 register-direct GEMV (gemm_w4a16_gemv_sm80.cu, "gemv[:T]"): 1-8 tokens, weights streamed into registers.
-Against float64 on odd shapes (the same bound as the other W4A16 kernels), against the small kernel (the same f16
-weights, another f32 summation order), with zero points and mins, strided x, NaN-poisoned y, every tile count, the
-k split of long rows, and right after the kernel that writes x (programmatic dependent launch)."""
+"""GPU W4A16 register-direct GEMV (gemm_w4a16_gemv_sm80.cu, "gemv[:T[:rDbB]]"): 1-8 tokens, weights streamed into
+registers. Against float64 on odd shapes (the same bound as the other W4A16 kernels), against the small kernel (the
+same f16 weights, another f32 summation order), with zero points and mins, strided x, NaN-poisoned y, every tile
+count, every compiled ring depth / CTAs-per-SM configuration, the k split of long rows, and right after the kernel
+that writes x (programmatic dependent launch)."""
 import pytest
 import torch
 
@@ -23,6 +24,37 @@ def test_gemv_matches_float64(with_mins, m, n, k, group, tiles):
     x, packed, ref, _ = half_chunk_problem(m, n, k, group, with_mins, seed=m + n + k + group + tiles + with_mins)
     kernel = "gemv" if tiles == 0 else f"gemv:{tiles}"
     check(gemm_forced_mins(kernel, x, packed, n, k, group, with_mins), ref)
+
+
+# Every compiled configuration (gemm_w4a16_gemv_sm80.h: D chunks in flight per warp, B CTAs per SM). Cases: runs of
+# one to two chunks per warp (k 640 over 8 slices: shorter than every ring), 8-9 per warp (4160 / 8) and 193 per warp
+# (T = 8: one warp streams the whole 12352-k row, the ring wraps many times); g32 / g96 (two groups per chunk: the
+# other ring depth) and g64 / g128; mins and zero points; 5 tokens over 14336 k (x split over CTAs whatever the
+# budget); y NaN-poisoned with a column past n.
+GEMV_CONFIGS = ["r8b2", "r4b2", "r12b1", "r6b3", "r4b4", "r3b5", "r2b6"]
+
+
+@pytest.mark.parametrize("cfg", GEMV_CONFIGS)
+@pytest.mark.parametrize("m,n,k,group,with_mins,tiles", [(8, 17, 640, 96, False, 8), (1, 4103, 4160, 128, False, 1),
+                                                         (3, 1000, 4160, 32, True, 1), (5, 272, 14336, 64, True, 2),
+                                                         (1, 130, 12352, 32, False, 8), (2, 4103, 640, 96, True, 4)])
+def test_gemv_configs_match_float64(cfg, m, n, k, group, with_mins, tiles):
+    x, packed, ref, _ = half_chunk_problem(m, n, k, group, with_mins, seed=m + n + k + group + tiles)
+    check(gemm_forced_mins(f"gemv:{tiles}:{cfg}", x, packed, n, k, group, with_mins), ref)
+
+
+def test_gemv_config_plan_and_names():
+    """x's shared-memory budget follows the CTAs per SM: 14336 k at one token fits one CTA at 2 per SM, not at 6."""
+    assert _core.gemm_w4a16_gemv_plan(1, 4096, 14336, kernel="gemv:1:r8b2") == (1, 1)
+    assert _core.gemm_w4a16_gemv_plan(1, 4096, 14336, kernel="gemv:1:r2b6")[1] > 1
+    assert _core.gemm_w4a16_gemv_plan(1, 4096, 4096, kernel="gemv:2:r4b4") == (2, 1)
+    x, packed, _, _ = half_chunk_problem(1, 32, 128, 64, False, seed=2)
+    y = torch.empty(1, 32, dtype=torch.float16, device="cuda")
+    with pytest.raises(Exception, match="no configuration r5b5"):
+        _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel="gemv:1:r5b5")
+    for bad in ["gemv:1:", "gemv:1:r4", "gemv:1:r4b4x", "gemv:r4b4"]:
+        with pytest.raises(ValueError, match="gemv:T:rDbB"):
+            _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel=bad)
 
 
 @pytest.mark.parametrize("m", [1, 4, 8])

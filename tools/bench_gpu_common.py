@@ -71,6 +71,16 @@ def profiled_kernel_us(fns, reps, name_part="", warmup=1):
     return total / (reps * len(fns))
 
 
+def read_bandwidth_gbs(nbytes=2 << 30):
+    """A pure read: torch's sum over an f32 tensor of `nbytes` (one pass, the result a scalar), bytes read per second.
+    What the device can stream from DRAM, to hold a kernel's weight bytes per second against (the copy figure below
+    counts a read and a write per byte and is not a read ceiling)."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    out = torch.empty((), dtype=torch.float32, device="cuda")
+    t = graph_time_us([lambda: torch.sum(a, out=out)], reps=10)
+    return nbytes / (t * 1e-6) / 1e9
+
+
 def copy_bandwidth_gbs(nbytes=2 << 30):
     """Device-to-device copy, bytes read + written per second (the memory roofline we compare to)."""
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
