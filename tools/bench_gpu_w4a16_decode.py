@@ -6,7 +6,7 @@ Reports microseconds (CUDA graph replay, rotating weight copies past 3x L2) and 
 codes + f16 scales and zeros; cuBLAS: its f16 weight), beside the device's copy bandwidth (read + write) and its read bandwidth (a 2 GiB f32 sum, bytes read).
 JSON to argv[1], rewritten after every row (a run cut short keeps its rows).
   python3 tools/bench_gpu_w4a16_decode.py out.json [--ms 1,16] [--splits 1,2,4,8] [--gemv-tiles 1,2,4,8]
-      [--gemv-configs r8b2,r4b2,...]
+      [--gemv-configs r8b2,r4b2,...] [--shapes 8b.gate_up,70b_tp2.gate_up,...]
 (an empty --splits / --gemv-tiles / --gemv-configs skips those sweeps)
 """
 import argparse
@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--ms", default="1,16")
     ap.add_argument("--splits", default="1,2,4,8", help="decode90 cluster sizes to force")
     ap.add_argument("--gemv-tiles", default="1,2,4,8", help="gemv tiles per CTA to force")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="shape names in the order to run them")
     ap.add_argument("--gemv-configs", default="r8b2,r4b2,r12b1,r6b3,r4b4,r3b5,r2b6",
                     help="gemv ring depth / CTAs per SM configurations to force (at T = 1)")
     args = ap.parse_args()
@@ -43,7 +44,8 @@ def main():
           f"{'decode':>6} {'gemv':>6} | {'decode/small':>8} {'gemv/small':>8} | decode us by split | gemv us by T")
     rows = []
     for m in (int(v) for v in args.ms.split(",")):
-        for name, (n, k) in SHAPES.items():
+        for name in (v for v in args.shapes.split(",") if v):
+            n, k = SHAPES[name]
             weight_bytes = n * k // 2 + n * (k // GROUP) * 4
             ws = packed_copies(n, k, copies_for(weight_bytes, l2))
             auto = _core.gemm_w4a16_decode_sm90_split(m, n, k)

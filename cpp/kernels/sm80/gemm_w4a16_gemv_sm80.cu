@@ -105,19 +105,25 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a16_gemv_kernel(Args
   const int kb = zb + slice * per, ke = min(kb + per, ze);
   const bool active = nt < n_tiles && slice < a.slices;
 
-  // This lane's 16 bytes of chunk kc are at wp + kc * 32. Parameters: lanes 0-15 load the scales of the tile's rows
+  // This lane's 16 bytes of chunk kc are at p.w + 16 * (wofs + kc * 32). Parameters: lanes 0-15 load the scales of the tile's rows
   // 0-15, lanes 16-31 their zeros (or mins), for k half 0 of the chunk and, with two groups per chunk, half 1.
-  const uint4* wp = reinterpret_cast<const uint4*>(p.w + static_cast<int64_t>(nt) * a.k_chunks * kChunkBytes) + lane;
-  const __half* pp = (lane < 16 ? p.scales : p.zeros) + nt * kTileN + (lane & 15);
+  // 32-bit offsets from the kernel parameters' pointers, not 64-bit pointers held in registers (two registers fewer
+  // for the small-ring configurations; a layer's weights stay below 2^31 16-byte words).
+  const uint32_t wofs = static_cast<uint32_t>(nt) * a.k_chunks * (kChunkBytes / 16) + lane;
+  const uint32_t pofs = nt * kTileN + (lane & 15);
+  const bool scale_lane = lane < 16;
+  // Where registers are tight (3+ CTAs per SM) a slot is refilled after its chunk is computed, not before: the
+  // chunk's word and the refill's never live together (D - 1 chunks in flight while one is computed).
+  constexpr bool kLateRefill = kBlocks >= 3;
   constexpr int kHalves = kTwoHalves ? 2 : 1, kDepth = kTwoHalves ? two_group_depth(kRing) : kRing;
   uint4 wbuf[kDepth];
   uint32_t pbuf[kDepth][kHalves];
   auto issue = [&](int d, int kc) {
-    wbuf[d] = ld_stream(wp + kc * 32);
+    wbuf[d] = ld_stream(reinterpret_cast<const uint4*>(p.w) + (wofs + static_cast<uint32_t>(kc) * 32));
 #pragma unroll
     for (int hh = 0; hh < kHalves; ++hh) {
       const int row = static_cast<int>((static_cast<float>(2 * kc + hh) + 0.5f) * a.inv_half_groups);
-      pbuf[d][hh] = ld_u16(pp + static_cast<int64_t>(row) * p.npad);
+      pbuf[d][hh] = ld_u16((scale_lane ? p.scales : p.zeros) + (pofs + static_cast<int64_t>(row) * p.npad));
     }
   };
   if (active) {
@@ -127,7 +133,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a16_gemv_kernel(Args
   }
   if (a.pdl) pdl_wait_for_producers();
 
-  // x rows [0, m) of k range [zb, ze) chunks, then 80 zero bytes that tokens past m read (both ldmatrix of a chunk).
+  // x rows [0, m) of k range [zb, ze) chunks, then a zero row that tokens past m read (the whole range: their
+  // ldmatrix addresses step by one chunk like the others', so the step is a constant, not a register).
   // cp.async: every 16-byte copy of the thread leaves at once (no register round trip per copy: k 14336 is 7 per
   // thread), landing while the weight ring fills.
   const int len8 = (ze - zb) * (kChunkK / 8);
@@ -136,7 +143,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a16_gemv_kernel(Args
       cp_async16(xs + r * a.x_row + q * 8, p.x + r * p.ldx + zb * kChunkK + q * 8);
   cp_async_commit();
   __half* zero_row = xs + p.m * a.x_row;
-  if (threadIdx.x < 5) reinterpret_cast<uint4*>(zero_row)[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  if (p.m < 8)
+    for (int q = threadIdx.x; q < len8; q += kThreads) reinterpret_cast<uint4*>(zero_row)[q] = make_uint4(0, 0, 0, 0);
   cp_async_wait<0>();
   __syncthreads();
 
@@ -144,9 +152,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a16_gemv_kernel(Args
   // b0, b1 of step 2j and b0, b1 of step 2j + 1 for the j-th ldmatrix of a chunk.
   const int tok = lane & 7, mat = lane >> 3;
   const bool tok_valid = tok < p.m;
-  uint32_t xaddr = smem_addr(tok_valid ? xs + tok * a.x_row + 16 * (mat >> 1) + 8 * (mat & 1) : zero_row);
-  const uint32_t xstep = tok_valid ? kChunkK * 2 : 0;  // bytes per chunk
-  xaddr += (kb - zb) * xstep;
+  constexpr uint32_t xstep = kChunkK * 2;  // bytes per chunk
+  uint32_t xaddr = smem_addr((tok_valid ? xs + tok * a.x_row : zero_row) + 16 * (mat >> 1) + 8 * (mat & 1)) +
+                   (kb - zb) * xstep;
 
   const int g = lane >> 2;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -160,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a16_gemv_kernel(Args
         uint32_t pv[kHalves];
 #pragma unroll
         for (int hh = 0; hh < kHalves; ++hh) pv[hh] = pbuf[d][hh];
-        if (kc + kDepth < ke) issue(d, kc + kDepth);
+        if (!kLateRefill && kc + kDepth < ke) issue(d, kc + kDepth);
         // (s, z) of row lane & 15 in lanes 0-15 (z negated: w = fma(q, s, s * -z)), then rows g and g + 8 per lane.
         __half2 s_lo[kHalves], add_lo[kHalves], s_hi[kHalves], add_hi[kHalves];
 #pragma unroll
@@ -182,6 +190,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a16_gemv_kernel(Args
           dequant_word(word, s_lo[hh], add_lo[hh], s_hi[hh], add_hi[hh], af);
           mma_16816(acc, af, b[step >> 1][2 * (step & 1)], b[step >> 1][2 * (step & 1) + 1]);
         }
+        if (kLateRefill && kc + kDepth < ke) issue(d, kc + kDepth);
       }
     }
   }
