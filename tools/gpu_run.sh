@@ -42,7 +42,8 @@
 #               registry's as regression, sanitizers over its small cases, the engine (decode runs on it), then
 #               tools/bench_gpu_w4a16_decode.py (vs the sm80 small kernel and cuBLAS fp16 on 8B / 70B-TP2 shapes)
 #     gemv      the register-direct W4A16 GEMV (gemm_w4a16_gemv_sm80): its tests and the registry's, with memcheck,
-#               racecheck and synccheck over its small cases at the same time (GEMV_SANITIZE=0 skips them,
+#               racecheck and synccheck over its small cases at the same time (GEMV_K=expr selects the tests with -k,
+#               GEMV_TEST_S caps them; GEMV_SANITIZE=0 skips the sanitizers,
 #               GEMV_SANITIZE_S caps each, default 120 s), then tools/bench_gpu_w4a16_decode.py alone on the GPU
 #               (GEMV_BENCH_ARGS, default "--ms 1 --splits=": one token, decode90 at its own split only; GEMV_BENCH_S caps it)
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
@@ -224,7 +225,7 @@ if has gemv; then
       "$TESTS/test_gpu_w4a16_gemv.py" -k "$expr" > "$OUT/${tool}_w4a16_gemv.log" 2>&1; echo "$tool rc=$?") &
   done
   timeout -k 5 "${GEMV_TEST_S:-150}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_gemv.py" "$TESTS/test_kernel_registry.py" -q \
-    -rfEs --maxfail=30 2>&1 | tee "$OUT/pytest_gemv.log" | tail -3
+    -rfEs --maxfail=30 ${GEMV_K:+-k "$GEMV_K"} 2>&1 | tee "$OUT/pytest_gemv.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_gemv.log" | cut -c1-400 | head -30
   wait
   for tool in memcheck racecheck synccheck; do
