@@ -149,10 +149,12 @@ TEST(Registry, GroupedW8IsRefusedByTheInt8Kernels) {
 }
 
 TEST(Registry, GpuGemmChoicesByDescriptor) {
-  // W4A16 up to 16 tokens: the TMA-fed decode kernel on sm_90 for layers of 16384 rows or more, the small
-  // mma.sync kernel for narrower layers (but the GEMV below), more tokens and other GPUs.
+  // W4A16 up to 16 tokens: the TMA-fed decode kernel on sm_90 for layers of 16384 rows or more (but the GEMV below
+  // at one token), the small mma.sync kernel for narrower layers, more tokens and other GPUs.
   GemmDesc wide = gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1);
   wide.n = 28672;
+  EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_gemv_sm80");
+  wide.m = m_bucket_of(2);
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_decode_sm90");
   wide.m = m_bucket_of(16);
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_decode_sm90");
@@ -161,12 +163,15 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   wide.m = m_bucket_of(1);
   wide.sm = 80;
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_sm80");
-  // One token on sm_90 on layers of at most 6144 x 4096 weights: the register-direct GEMV; larger: the small kernel.
+  // One token on sm_90 on every layer of k <= 32768: the register-direct GEMV; past that k: the small kernel.
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1)).kernel->name,
                "gemm_w4a16_gemv_sm80");
   GemmDesc mid = gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1);
   mid.n = 8192;
+  EXPECT_STREQ(select_gemm(mid).kernel->name, "gemm_w4a16_gemv_sm80");
+  mid.k = 32832;
   EXPECT_STREQ(select_gemm(mid).kernel->name, "gemm_w4a16_sm80");
+  mid.k = 4096;
   mid.n = 4096;
   mid.m = m_bucket_of(2);
   EXPECT_STREQ(select_gemm(mid).kernel->name, "gemm_w4a16_sm80");

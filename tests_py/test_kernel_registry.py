@@ -40,8 +40,8 @@ def test_w4a16_kernel_by_token_bucket(sm, m, expected):
     assert r["kernel"] == expected and not r["fallback"], r
 
 
-@pytest.mark.parametrize("sm,m,n,expected", [(90, 1, 28672, "gemm_w4a16_decode_sm90"),
-                                             (90, 16, 16384, "gemm_w4a16_decode_sm90"),
+@pytest.mark.parametrize("sm,m,n,expected", [(90, 1, 28672, "gemm_w4a16_gemv_sm80"),
+                                             (90, 2, 28672, "gemm_w4a16_decode_sm90"), (90, 16, 16384, "gemm_w4a16_decode_sm90"),
                                              (90, 16, 16383, "gemm_w4a16_sm80"), (90, 17, 28672, "gemm_w4a16_sm80"),
                                              (90, 128, 28672, "gemm_w4a16_sm90"), (89, 1, 28672, "gemm_w4a16_sm80")])
 def test_w4a16_decode_kernel_on_wide_layers(sm, m, n, expected):
@@ -50,17 +50,18 @@ def test_w4a16_decode_kernel_on_wide_layers(sm, m, n, expected):
     assert r["kernel"] == expected and not r["fallback"], r
 
 
-# One token on sm_90: the register-direct GEMV on layers of at most 6144 x 4096 weights (Llama-3-8B qkv and o), where it
-# was measured faster than the small kernel; the small kernel on larger ones (70B/TP2 o 8192 x 4096), elsewhere and
-# from 2 tokens; decode90 on layers of 16384 rows or more, however few their weights.
+# One token on sm_90: the register-direct GEMV on every layer of k <= 32768 (measured faster than the small kernel and
+# decode90 on every Llama-3-8B and 70B/TP2 layer, round 4); the small kernel past that k, elsewhere and from 2 tokens.
 @pytest.mark.parametrize("sm,m,n,k,expected", [(90, 1, 6144, 4096, "gemm_w4a16_gemv_sm80"),
                                                (90, 1, 4096, 4096, "gemm_w4a16_gemv_sm80"),
-                                               (90, 1, 8192, 4096, "gemm_w4a16_sm80"),
-                                               (90, 1, 4096, 14336, "gemm_w4a16_sm80"),
+                                               (90, 1, 8192, 4096, "gemm_w4a16_gemv_sm80"),
+                                               (90, 1, 4096, 14336, "gemm_w4a16_gemv_sm80"),
+                                               (90, 1, 4096, 32832, "gemm_w4a16_sm80"),
                                                (90, 2, 4096, 4096, "gemm_w4a16_sm80"),
                                                (80, 1, 4096, 4096, "gemm_w4a16_sm80"),
-                                               (90, 1, 16384, 1024, "gemm_w4a16_decode_sm90")])
-def test_w4a16_gemv_on_small_layers_at_one_token(sm, m, n, k, expected):
+                                               (90, 1, 16384, 1024, "gemm_w4a16_gemv_sm80"),
+                                               (90, 1, 28672, 8192, "gemm_w4a16_gemv_sm80")])
+def test_w4a16_gemv_at_one_token(sm, m, n, k, expected):
     r = _core.kernels.select_gemm(device="cuda", sm=sm, act="float16", x="f16", y="f16", weight="w4", packed="sm80",
                                   group=128, n=n, k=k, m=m)
     assert r["kernel"] == expected and not r["fallback"], r

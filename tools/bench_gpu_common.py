@@ -76,8 +76,7 @@ def read_bandwidth_gbs(nbytes=2 << 30):
     What the device can stream from DRAM, to hold a kernel's weight bytes per second against (the copy figure below
     counts a read and a write per byte and is not a read ceiling)."""
     a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
-    out = torch.empty((), dtype=torch.float32, device="cuda")
-    t = graph_time_us([lambda: torch.sum(a, out=out)], reps=10)
+    t = graph_time_us([lambda: a.sum()], reps=10)
     return nbytes / (t * 1e-6) / 1e9
 
 

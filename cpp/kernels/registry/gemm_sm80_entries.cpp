@@ -101,14 +101,12 @@ Fit w4a16_gemv_can_run(const GemmDesc& d, std::string* why) {
   if (why) *why = "weights streamed straight into registers (no shared-memory staging), mma.sync, k split in the CTA";
   return f;
 }
-// At one token on sm_90, on layers of at most 6144 x 4096 weights and fewer than 16384 rows (decode90's layers; Llama-3-8B
-// qkv and o), above the small kernel
-// (rank 2): measured 1.07-1.20x it there (H200, docs/benchmarks_gpu.md, "W4A16 decode on Hopper", round 3); on larger
-// layers it was 0.76-0.90x, and on other GPUs it is unmeasured, so forced only (kGemvAutoMaxWeights in
-// gemm_w4a16_gemv_sm80.h is the op's copy of this rule).
-int w4a16_gemv_rank(const GemmDesc& d) {
-  return d.m == MBucket::m1 && d.sm == 90 && d.n < 16384 && d.n * d.k <= 6144LL * 4096 ? 3 : 0;
-}
+// At one token on sm_90, every layer of k <= 32768 (the kernel's limit), above decode90 (rank 3 on layers of 16384
+// rows or more) and the small kernel (rank 2): at its automatic configuration (32 or 24 warps per SM) it was measured
+// 1.09-1.14x decode90 on gate_up and 1.12-1.49x the small kernel on the other Llama-3-8B and 70B/TP2 layers (H200,
+// docs/benchmarks_gpu.md, "W4A16 decode on Hopper", round 4); on other GPUs it is unmeasured, so forced only
+// (pick_kernel in gemm_w4a16_sm80.cu is the op's copy of this rule).
+int w4a16_gemv_rank(const GemmDesc& d) { return d.m == MBucket::m1 && d.sm == 90 && d.k <= 32768 ? 4 : 0; }
 // From 128 tokens the large-M kernel wins (it dequantizes each weight chunk once per block).
 int w4a16_small_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 1 : 2; }
 int w4a16_large_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 2 : 0; }

@@ -9,17 +9,19 @@
 namespace lowbit::cuda::detail {
 
 constexpr int kGemvMaxTokens = 8;
-// The op's and the registry's automatic choice on sm_90 at one token: layers of at most this many weights and fewer
-// than 16384 rows (decode90's; Llama-3-8B qkv 6144 x 4096 and o), where it was measured 1.07-1.20x the small kernel (H200, docs/benchmarks_gpu.md, round 3);
-// on larger layers its streaming rate (~1.5-1.65 TB/s) is below the small and decode90 kernels'.
-constexpr int64_t kGemvAutoMaxWeights = 6144LL * 4096;
+// The kernel takes k up to this (the group row of a chunk is found in f32).
+constexpr int kGemvMaxK = 32768;
+// The op's and the registry's automatic choice on sm_90 at one token: every layer (k <= kGemvMaxK), at the automatic
+// configuration (r4b4, or r6b3 where r4b4's x would need a k split): measured 1.09-1.14x decode90 on gate_up and
+// 1.12-1.49x the small kernel on the other Llama-3-8B and 70B/TP2 layers (H200, docs/benchmarks_gpu.md, round 4).
 
 // Compiled configurations, named "rDbB" in 'gemv:T:rDbB' (bindings): D = chunks in flight per warp (the register ring;
 // with two groups per chunk 8 becomes 6, 12 becomes 10), B = CTAs per SM the registers are budgeted for
 // (__launch_bounds__ min blocks: 1 -> 255 registers per thread, 2 -> 128, 3 -> 80, 4 -> 64, 5 -> 48, 6 -> 40); x's
-// shared-memory budget per CTA follows B. The first is the automatic one (r8b2: 16 warps x 8 x 512 B = 64 KB of
-// weights in flight per SM). The others cross warps per SM with bytes in flight per SM (docs/gpu_notes.md, "gemv
-// occupancy"): r4b2 16 warps / 32 KB, r12b1 8 / 96 KB, r6b3 24 / 72 KB, r4b4 32 / 64 KB, r3b5 40 / 60 KB, r2b6 48 / 48 KB.
+// shared-memory budget per CTA follows B. They cross warps per SM with bytes in flight per SM (docs/gpu_notes.md, "gemv
+// occupancy"): r8b2 16 warps / 64 KB (the first version), r4b2 16 / 32 KB, r12b1 8 / 96 KB, r6b3 24 / 72 KB, r4b4
+// 32 / 64 KB, r3b5 40 / 60 KB, r2b6 48 / 48 KB. Warps per SM set the pace (round 4): the plan takes r4b4, or r6b3
+// where r4b4's x budget would split k over CTAs; the others stay, forced only, for the record (cheap to build).
 struct GemvConfig {
   int depth, blocks;
 };
@@ -34,7 +36,7 @@ struct GemvPlan {
 };
 
 // The launch shape for this problem; `tiles` = 0 picks it (on the current device), else pins it; `ring`, `blocks` = 0
-// take the automatic configuration, else name one of kGemvConfigs.
+// take the automatic configuration (r4b4, or r6b3 where r4b4 would split k), else name one of kGemvConfigs.
 GemvPlan gemm_w4a16_gemv_plan(int m, int n, int k, int tiles, int ring = 0, int blocks = 0);
 // y = x · Wᵀ; when plan.split > 1, `partial` holds split * m * n f32 that the caller sums (sum_split_partials).
 // `pdl`: launched as a programmatic dependent of the kernel before it on the stream.

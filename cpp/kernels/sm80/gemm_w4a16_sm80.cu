@@ -313,16 +313,16 @@ struct KernelChoice {
   W4A16LargeTile tile;
 };
 
-// The kernel the caller named (a plan names it; the op-level API may leave it automatic: at one token on sm_90, on
-// layers of at most kGemvAutoMaxWeights weights, the register-direct GEMV; up to kDecodeMaxTokens
+// The kernel the caller named (a plan names it; the op-level API may leave it automatic: at one token on sm_90 (k up
+// to kGemvMaxK, no pinned split), the register-direct GEMV; otherwise up to kDecodeMaxTokens
 // tokens on layers of kDecodeMinRows rows or more, without a pinned split, the Hopper decode kernel; from
 // kLargeMinTokens tokens the wgmma kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile
 // (W4A16Options::large_tile). The decode kernel splits in clusters (W4A16Options::sm90_split), not by split_k.
 KernelChoice pick_kernel(int64_t m, int64_t n, int64_t k, int split_k, const W4A16Options& o, int device) {
   const bool automatic = o.kernel == W4A16Kernel::automatic;
   const bool gemv = o.kernel == W4A16Kernel::gemv ||
-                    (automatic && m == 1 && n < kDecodeMinRows && n * k <= detail::kGemvAutoMaxWeights &&
-                     split_k <= 0 && compute_capability_major(device) == 9);
+                    (automatic && m == 1 && k <= detail::kGemvMaxK && split_k <= 0 &&
+                     compute_capability_major(device) == 9);
   const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
                       (automatic && !gemv && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
                        detail::gemm_w4a16_decode_sm90_usable(device));
