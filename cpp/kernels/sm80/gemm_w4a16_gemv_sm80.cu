@@ -1,4 +1,4 @@
-// W4A16 GEMV for 1-8 tokens, register-direct (kernel name "gemv[:T]"): no shared-memory staging of the weights.
+// W4A16 GEMV for 1-8 tokens, register-direct (kernel name "gemv[:T[:rDbB]]"): no shared-memory staging of the weights.
 //
 // Why: the decode step at batch 1 is W4A16 GEMVs, and on an H200 the smem-ring kernels (the sm80 small kernel, the
 // TMA-fed decode90) reach ~2.0-2.3 TB/s of weight bytes (docs/benchmarks_gpu.md, "W4A16 decode on Hopper"). Timed
@@ -7,17 +7,16 @@
 //
 // Shape of the work: a warp owns one 16-row weight tile and a contiguous run of its 64-k chunks (pack_sm80 stores a
 // tile's chunks back to back: one 16-byte word per lane per chunk, already the lane's mma A fragment for the four
-// k16 steps). It streams them with 16-byte ld.global.nc.L1::no_allocate loads, kDepth chunks ahead (a register
-// ring: the load of chunk i + kDepth is issued before chunk i is computed), so with 2 CTAs x 8 warps per SM (the
-// ring takes ~40 of ~118 registers) 16 x 8 x 512 B = 64 KB of weights are in flight per SM (Little's law at
-// ~4.8 TB/s and ~1.5 us: ~55 KB).
+// k16 steps). It streams them with 16-byte ld.global.nc.L1::no_allocate loads, D chunks ahead (a register ring of
+// depth D). D and the CTAs per SM B are compile-time configurations (kGemvConfigs, "rDbB"); the automatic one is
+// r4b4: 4 CTAs x 8 warps per SM at <= 64 registers, 32 x 4 x 512 B = 64 KB of weights in flight per SM.
 // A CTA is T tiles x 8/T k-slices (T = 1, 2, 4, 8: the "gemv:T" name); its slices meet in shared memory in a fixed
 // order at the end, so one launch and no partials buffer for every layer whose x fits (below). The ring's first
 // loads are issued before the programmatic-dependent wait (the weights do not depend on the kernel before).
 //
 // Math: mma.sync m16n8k16, the dequantized lane word is the A fragment as it is (the same lop3 dequant and the
 // same f16 weights as the other W4A16 kernels, w4a16_common_sm80.cuh), the tokens are the B operand (8 columns,
-// tokens past m read a 16-byte zero row), f32 accumulation. Per chunk that is 4 mma + ~50 dequant instructions,
+// tokens past m read a zero row), f32 accumulation. Per chunk that is 4 mma + ~50 dequant instructions,
 // against ~4 x 4 x 8 = 128 FMAs (plus conversions) for the same chunk on CUDA cores at one token; the tensor cores'
 // idle columns cost nothing here. x (the CTA's k range for its tokens) is copied once per CTA into shared memory,
 // natural layout with rows 16 bytes apart modulo 128 (conflict-free ldmatrix.x4: two per chunk give all four B
@@ -25,14 +24,16 @@
 // 16-31 those of half 1 (one 2-byte load each of scale and zero), and each lane takes its rows g and g+8 by two
 // shuffles when the chunk is computed.
 //
-// Measured (H200, one token, docs/benchmarks_gpu.md "W4A16 decode on Hopper", round 3): 1.07x / 1.20x the small
-// kernel on Llama-3-8B qkv / o, where everything is issued in the prologue and the fixed cost per call is lower; but
-// only ~1.5-1.65 TB/s on the large layers (0.76-0.90x the small kernel, below decode90), whatever T: with 16 warps
-// per SM (the ring's registers) each warp's dependent chain per chunk, not the bytes in flight, sets the pace. So
-// the automatic choice takes it at one token on sm_90 for layers of <= 6144 x 4096 weights (and < 16384 rows) only,
-// with T = 1.
+// Measured (H200, one token, docs/benchmarks_gpu.md "W4A16 decode on Hopper", rounds 3 and 4): the first version
+// (r8b2: 16 warps per SM) streamed only ~1.5-1.7 TB/s on the large layers, whatever T. At about the same bytes in
+// flight per SM (60-64 KB), 32-40 warps (r4b4, r3b5) took 8B gate_up 36.7 -> 26.5 us and 70B/TP2 gate_up 74.8 ->
+// 46.7 us (2.36-2.67 TB/s, 1.09-1.14x decode90; the device reads 4.14 TB/s); at 48 KB, 8 / 24 / 48 warps gave
+// 59.8 / 35.0 / 27.3 us on 8B gate_up: warps per SM (each warp's dependent chain per chunk) set the pace first,
+// bytes in flight second (24 warps: 48 KB 35.0 us, 72 KB 28.3). So the automatic choice takes it at one token on
+// sm_90 for every layer (T = 1, r4b4, or r6b3 where r4b4's x would split k).
 //
-// When x for the CTA's k range would not fit (~100 KB: 8 tokens past k ~5500, 3 at k 14336), the k range is split over
+// When x for the CTA's k range would not fit (its budget per CTA follows B: ~100 KB at 2 CTAs per SM, ~47 KB at 4; at
+// r4b4 one token past k ~12100, 8 tokens past k ~2700), the k range is split over
 // gridDim.y CTAs whose f32 partials the shared sum kernel adds in a fixed order (deterministic), as the small
 // kernel does.
 #include <cuda_fp16.h>

@@ -19,9 +19,10 @@ constexpr int kGemvMaxK = 32768;
 // with two groups per chunk 8 becomes 6, 12 becomes 10), B = CTAs per SM the registers are budgeted for
 // (__launch_bounds__ min blocks: 1 -> 255 registers per thread, 2 -> 128, 3 -> 80, 4 -> 64, 5 -> 48, 6 -> 40); x's
 // shared-memory budget per CTA follows B. They cross warps per SM with bytes in flight per SM (docs/gpu_notes.md, "gemv
-// occupancy"): r8b2 16 warps / 64 KB (the first version), r4b2 16 / 32 KB, r12b1 8 / 96 KB, r6b3 24 / 72 KB, r4b4
-// 32 / 64 KB, r3b5 40 / 60 KB, r2b6 48 / 48 KB. Warps per SM set the pace (round 4): the plan takes r4b4, or r6b3
-// where r4b4's x budget would split k over CTAs; the others stay, forced only, for the record (cheap to build).
+// occupancy"; resident, as ptxas allocated them): r8b2 16 warps / 64 KB (the first version), r4b2 24 / 48 KB (its
+// ~72 registers leave room for a third CTA), r12b1 8 / 48 KB, r6b3 24 / 72 KB, r4b4 32 / 64 KB, r3b5 40 / 60 KB,
+// r2b6 48 / 48 KB. Warps per SM set the pace first (round 4): the plan takes r4b4, or r6b3 where r4b4's x budget
+// would split k over CTAs; the others stay, forced only, for the record (cheap to build: ~5 s of ptxas per arch).
 struct GemvConfig {
   int depth, blocks;
 };
