@@ -125,3 +125,42 @@ def test_w4a8_streamk_plan_and_names():
     y = torch.empty(2, 48, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="'sm90k:T:G'.*got 'sm90k:64'"):
         _core.gemm_w4a8(xq, None, pw, y, kernel="sm90k:64")
+
+
+def test_w4a8_streamk_two_streams_in_flight():
+    """Each stream has its own stream-K scratch: launches queued on two streams at once (many CTAs contributing to
+    split tiles on both) stay exact in int32; a CUDA graph captured on one stream replays exactly after the other
+    stream's launches."""
+    problems = []
+    for seed, (m, n, k) in enumerate([(129, 4103, 1152), (65, 2056, 2304)]):
+        qw = two_level_weight("liquid", n, k, 64, seed=40 + seed)
+        pw = _core.pack_weight(qw, "sm80", "cuda:0")
+        xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=torch.Generator().manual_seed(seed)).cuda()
+        problems.append((xq, pw, (xq.cpu().long() @ s8_weights(qw).T), n))
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [torch.full((p[0].shape[0], p[3]), -7, dtype=torch.int32, device="cuda") for p in problems]
+    torch.cuda.synchronize()
+    for _ in range(6):  # interleaved: both streams' stream-K launches in flight together
+        for (xq, pw, _, _), y, s in zip(problems, outs, streams):
+            _core.gemm_w4a8(xq, None, pw, y, stream=s.cuda_stream, kernel="sm90k:128")
+    torch.cuda.synchronize()
+    for (_, _, ref, _), y in zip(problems, outs):
+        assert torch.equal(y.cpu().long(), ref)
+
+    xq, pw, ref, _ = problems[0]
+    y = outs[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(streams[0]):
+        _core.gemm_w4a8(xq, None, pw, y, stream=streams[0].cuda_stream, kernel="sm90k:128")  # scratch exists
+        streams[0].synchronize()
+        with torch.cuda.graph(graph, stream=streams[0]):
+            _core.gemm_w4a8(xq, None, pw, y, stream=streams[0].cuda_stream, kernel="sm90k:128")
+    y.fill_(-7)
+    xq1, pw1, ref1, _ = problems[1]
+    y1 = outs[1]
+    with torch.cuda.stream(streams[1]):
+        _core.gemm_w4a8(xq1, None, pw1, y1, stream=streams[1].cuda_stream, kernel="sm90k:256")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu().long(), ref)
+    assert torch.equal(y1.cpu().long(), ref1)

@@ -146,6 +146,7 @@ SANITIZE_CASES=(
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
+  "sm90_streamk|test_gpu_sm90_streamk.py|(every_fixup_path and (65-100-576-3 or 7-17-128-5)) or (int32_exact and (7-17-256-5 or 65-100-1152-9)) or two_streams"
   "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names or (configs_match and (8-17-640-96 or (1-130-12352 and (r2b6 or r12b1))))"
   "w4a16_decode|test_gpu_w4a16_decode_sm90.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-9-True or 2-4103-640-96-16-False or 1-1000-4160-32-5-True)) or strided or bad_split"
   "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors or (s4 and (liquid-64-256 or forces and 7-200))"

@@ -33,9 +33,10 @@ struct StreamKWorkspace {
   int* flags;
 };
 
-// The workspace of `device`, allocated once (max_ctas slots of slot_floats) and kept; nullptr partials when it does
-// not exist yet and the stream is capturing a graph (the caller then takes another plan). One stream-K launch at a
-// time per device: concurrent launches on two streams of one device would share the flags.
+// The workspace of (`device`, `stream`), allocated once (max_ctas slots of slot_floats) and kept; nullptr partials
+// when it does not exist yet and the stream is capturing a graph (the caller then takes another plan). Launches on
+// one stream are ordered, so they never share flags in flight; a graph replays on the scratch of the stream it was
+// captured on, so replaying one graph on two streams at once is not supported.
 StreamKWorkspace streamk_workspace(const char* op, int device, int max_ctas, int64_t slot_floats,
                                    cudaStream_t stream);
 
