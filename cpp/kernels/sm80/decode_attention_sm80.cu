@@ -197,10 +197,11 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   instance.launch(p, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (total_splits > 1) {
+    // Not launched as a programmatic dependent (pdl false): tools/bench_decode_merge.cu measures what that would save.
     const int spread = decode_merge::merge_spread(batch * hq, static_cast<int>(d), multiprocessor_count(dev));
     decode_merge::combine_splits_kernel<<<dim3(batch, hq, spread), decode_merge::kMergeThreads, 0, stream>>>(
         p.part_out, reinterpret_cast<const float2*>(p.part_stats), total_splits, p.hq, static_cast<int>(d), p.out,
-        p.out_stride_b, p.out_stride_h);
+        p.out_stride_b, p.out_stride_h, false);
     LOWBIT_CUDA_CHECK_LAUNCH(op);
   }
 }

@@ -25,7 +25,8 @@ constexpr int kMergeThreads = 128, kMergeUnroll = 8, kMaxSpread = 8;
 __global__ void __launch_bounds__(kMergeThreads) combine_splits_kernel(const float* __restrict__ part_out,
                                                                        const float2* __restrict__ part_stats,
                                                                        int splits, int hq, int d, __half* out,
-                                                                       int64_t out_stride_b, int64_t out_stride_h) {
+                                                                       int64_t out_stride_b, int64_t out_stride_h,
+                                                                       bool pdl) {
   pdl_allow_dependents();
   __shared__ float group_m[kMergeThreads], group_l[kMergeThreads];
   __shared__ __align__(16) float group_sum[4 * kMergeThreads];
@@ -35,6 +36,8 @@ __global__ void __launch_bounds__(kMergeThreads) combine_splits_kernel(const flo
   const int64_t slot0 = (static_cast<int64_t>(b) * hq + h) * splits;
   const float2* stats = part_stats + slot0;
   const float4* po = reinterpret_cast<const float4*>(part_out + slot0 * d) + part * cols + col;
+  // Launched as a programmatic dependent of the decode kernel (cuda/pdl.cuh): nothing above reads its partials.
+  if (pdl) pdl_wait_for_producers();
   float m = kNoScore, den = 0.f;
   float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
   if (group < groups) {
