@@ -86,8 +86,9 @@ def test_decode_attention_chosen_split_long_context(kv, lens):
 
 
 # The merge spreads a head's columns over up to 8 blocks while batch x heads x blocks fits one block per SM (132 SMs:
-# 32 heads at batch 1 take 4, at 2 take 2, at 3 one; 8 heads of d64 take 8 / 8 / 4; 16 heads of d256 8 / 4 / 2), and
-# each thread reads 8 of its group's splits per round (300 splits: several rounds). Lengths 16 * splits - 5 at split 16
+# 32 heads at batch 1 take 4, at 2 take 2, at 3 one; 8 heads of d64 take 8 / 8 / 4; 16 heads of d256 8 / 4 / 2; the
+# spread kernel, each thread reading 8 of its group's splits per round, 300 splits: several rounds); one block per head
+# is the per-head kernel (batch 3 at 32 heads, 64 heads at batch 2 and 3). Lengths 16 * splits - 5 at split 16
 # give exactly `splits` splits for the longest sequence; the others are shorter (empty splits, a 1-token one).
 @pytest.mark.parametrize("batch", [1, 2, 3])
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (64, 8, 128), (8, 8, 64), (16, 2, 256)])
@@ -110,5 +111,5 @@ def test_decode_attention_merge_grid_odd_head_dims(d):
 
 
 def test_decode_attention_merge_grid_large_batch():
-    """40 sequences x 32 heads: one merge block per head, 3 splits for the longest, strided output."""
+    """40 sequences x 32 heads: the per-head merge kernel, 3 splits for the longest, strided output."""
     run_case("u4/u4", 32, 8, 128, [43 if i % 4 == 0 else 1 + i for i in range(40)], 16, seed=40, pad=8)

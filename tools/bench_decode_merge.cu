@@ -1,9 +1,9 @@
-// Times the split merge of decode attention alone (decode_merge_sm80.cuh) against the version before it (one block
-// per (sequence, head), stats chunk, block max, then float4 columns; kept below as `before`), on random partials at
+// Times the split merge of decode attention alone (decode_merge_sm80.cuh): the spread kernel against the per-head one
+// (one block per (sequence, head), stats chunk, block max, then float4 columns), on random partials at
 // the split counts decode_attention picks for Llama-3-8B heads (32 q heads, head_dim 128) on a 132-SM card, and checks
 // that both give the same outputs. Then the op as a whole: the u4/u4 decode kernel (constant caches, as in
-// tools/bench_decode_attention_variants.cu) at the split decode_attention picks, followed by the merge before, the
-// merge now, and the merge now launched as a programmatic dependent (cuda/pdl.cuh: its launch and setup under the
+// tools/bench_decode_attention_variants.cu) at the split decode_attention picks, followed by the per-head merge, the
+// spread one, and the spread one launched as a programmatic dependent (cuda/pdl.cuh: its launch and setup under the
 // decode kernel's tail), and the decode kernel alone. Each timing: a CUDA graph of 100 launches (or 20 ops; no host
 // launch cost between them), median of 7 replays, per launch: the kernels plus the gaps between graph nodes.
 // Build and run on the device:
@@ -20,71 +20,6 @@
 
 using namespace lowbit::cuda;
 
-namespace before {
-using decode_merge::kNoScore;
-constexpr int kCombineThreads = 128, kCombineChunk = kCombineThreads;
-
-__device__ inline float block_reduce(float x, bool max_op, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, o);
-    x = max_op ? fmaxf(x, y) : x + y;
-  }
-  const int warp = threadIdx.x >> 5;
-  __syncthreads();  // scratch free (an earlier reduction's readers are done)
-  if ((threadIdx.x & 31) == 0) scratch[warp] = x;
-  __syncthreads();
-  x = scratch[0];
-  for (int w = 1; w < kCombineThreads / 32; ++w) x = max_op ? fmaxf(x, scratch[w]) : x + scratch[w];
-  return x;
-}
-
-__global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const float* __restrict__ part_out,
-                                                                         const float2* __restrict__ part_stats,
-                                                                         int splits, int hq, int d, __half* out,
-                                                                         int64_t out_stride_b, int64_t out_stride_h) {
-  pdl_allow_dependents();
-  __shared__ float scratch[kCombineThreads / 32];
-  __shared__ float weight[kCombineChunk];
-  __shared__ __align__(16) float group_sum[4 * kCombineThreads];
-  const int b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  const int64_t slot0 = (static_cast<int64_t>(b) * hq + h) * splits;
-  const float2* stats = part_stats + slot0;
-  float m = kNoScore;
-  for (int s = tid; s < splits; s += kCombineThreads) m = fmaxf(m, __ldg(stats + s).x);
-  m = block_reduce(m, true, scratch);
-  const int cols = d / 4, groups = kCombineThreads / cols, group = tid / cols, col = tid % cols;
-  float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-  float den = 0.f;
-  for (int c0 = 0; c0 < splits; c0 += kCombineChunk) {
-    const int cn = min(kCombineChunk, splits - c0);
-    __syncthreads();  // the previous chunk's weights are read
-    if (tid < cn) {
-      const float2 st = __ldg(stats + c0 + tid);
-      const float w = st.y > 0.f ? __expf(st.x - m) : 0.f;
-      weight[tid] = w;
-      den += w * st.y;
-    }
-    __syncthreads();
-    if (group < groups) {
-      const float4* po = reinterpret_cast<const float4*>(part_out + (slot0 + c0) * d) + col;
-#pragma unroll 4
-      for (int s = group; s < cn; s += groups) {
-        const float w = weight[s];
-        const float4 x = __ldg(po + static_cast<int64_t>(s) * cols);
-        num.x += w * x.x; num.y += w * x.y; num.z += w * x.z; num.w += w * x.w;
-      }
-    }
-  }
-  den = block_reduce(den, false, scratch);
-  if (group < groups) reinterpret_cast<float4*>(group_sum)[group * cols + col] = num;
-  __syncthreads();
-  for (int i = tid; i < d; i += kCombineThreads) {
-    float o = 0.f;
-    for (int g = 0; g < groups; ++g) o += group_sum[g * d + i];
-    out[b * out_stride_b + h * out_stride_h + i] = __float2half_rn(den > 0.f ? o / den : 0.f);
-  }
-}
-}  // namespace before
 
 template <typename Launch>
 float time_us(Launch launch, int n = 100) {
@@ -93,10 +28,16 @@ float time_us(Launch launch, int n = 100) {
   for (int i = 0; i < 3; ++i) launch(s);
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
   for (int i = 0; i < n; ++i) launch(s);
-  cudaStreamEndCapture(s, &g);
-  cudaGraphInstantiate(&ge, g, 0);
+  cudaError_t e = cudaStreamEndCapture(s, &g);
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, g, 0);
+  if (e != cudaSuccess) {
+    printf("graph: %s\n", cudaGetErrorString(e));
+    cudaGetLastError();
+    cudaStreamDestroy(s);
+    return -1.f;
+  }
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -157,26 +98,27 @@ void op(int B, int L, int split_tokens, int sms) {
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, decode_merge::combine_splits_kernel, static_cast<const float*>(po), st, splits, hq, D, out,
-                       int64_t(hq) * D, int64_t(D), pdl);
+    cudaLaunchKernelEx(&cfg, decode_merge::combine_splits_spread_kernel, static_cast<const float*>(po), st, splits, hq,
+                       D, out, int64_t(hq) * D, int64_t(D), pdl);
   };
   const float t_alone = time_us(decode, 20);
   const float t_old = time_us([&](cudaStream_t s) {
     decode(s);
-    before::combine_splits_kernel<<<dim3(B, hq), before::kCombineThreads, 0, s>>>(po, st, splits, hq, D, out,
-                                                                                int64_t(hq) * D, D);
+    decode_merge::combine_splits_kernel<<<dim3(B, hq), decode_merge::kCombineThreads, 0, s>>>(po, st, splits, hq, D, out,
+                                                                                int64_t(hq) * D, int64_t(D), false);
   }, 20);
   const float t_new = time_us([&](cudaStream_t s) { decode(s); merge_new(s, false); }, 20);
   const float t_pdl = time_us([&](cudaStream_t s) { decode(s); merge_new(s, true); }, 20);
   const cudaError_t e = cudaGetLastError();
-  printf("op B=%-3d L=%-6d splits=%-3d: decode alone %6.1f us; + merge before %6.1f (+%.1f), now %6.1f (+%.1f), now "
-         "as PDL %6.1f (+%.1f)%s%s\n", B, L, splits, t_alone, t_old, t_old - t_alone, t_new, t_new - t_alone, t_pdl,
+  printf("op B=%-3d L=%-6d splits=%-3d: decode alone %6.1f us; + per-head merge %6.1f (+%.1f), spread %6.1f (+%.1f), "
+         "spread as PDL %6.1f (+%.1f)%s%s\n", B, L, splits, t_alone, t_old, t_old - t_alone, t_new, t_new - t_alone, t_pdl,
          t_pdl - t_alone, e ? " error: " : "", e ? cudaGetErrorString(e) : "");
   cudaFree(k); cudaFree(v); cudaFree(kp); cudaFree(vp); cudaFree(q); cudaFree(out); cudaFree(tables); cudaFree(lens);
   cudaFree(po); cudaFree(ps);
 }
 
 int main() {
+  setvbuf(stdout, nullptr, _IONBF, 0);  // a crash or a timeout keeps what was printed
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   struct Cfg { int b, hq, splits, d; };
@@ -203,11 +145,11 @@ int main() {
     const int spread = decode_merge::merge_spread(int64_t(c.b) * c.hq, c.d, sms);
     const int64_t sb = int64_t(c.hq) * c.d, sh = c.d;
     auto run_old = [&](cudaStream_t s) {
-      before::combine_splits_kernel<<<dim3(c.b, c.hq), before::kCombineThreads, 0, s>>>(
-          dpo, reinterpret_cast<const float2*>(dst), c.splits, c.hq, c.d, o_old, sb, sh);
+      decode_merge::combine_splits_kernel<<<dim3(c.b, c.hq), decode_merge::kCombineThreads, 0, s>>>(
+          dpo, reinterpret_cast<const float2*>(dst), c.splits, c.hq, c.d, o_old, sb, sh, false);
     };
     auto run_new = [&](cudaStream_t s) {
-      decode_merge::combine_splits_kernel<<<dim3(c.b, c.hq, spread), decode_merge::kMergeThreads, 0, s>>>(
+      decode_merge::combine_splits_spread_kernel<<<dim3(c.b, c.hq, spread), decode_merge::kMergeThreads, 0, s>>>(
           dpo, reinterpret_cast<const float2*>(dst), c.splits, c.hq, c.d, o_new, sb, sh, false);
     };
     const float t_old = time_us(run_old), t_new = time_us(run_new);
@@ -221,7 +163,7 @@ int main() {
       den += x * x;
     }
     const cudaError_t e = cudaGetLastError();
-    printf("B=%-3d hq=%d splits=%-3d d=%-3d spread %d: before %6.2f us, after %6.2f us, rel diff %.1e%s%s\n", c.b,
+    printf("B=%-3d hq=%d splits=%-3d d=%-3d spread %d: per head %6.2f us, spread kernel %6.2f us, rel diff %.1e%s%s\n", c.b,
            c.hq, c.splits, c.d, spread, t_old, t_new, std::sqrt(num / den), e ? " error: " : "",
            e ? cudaGetErrorString(e) : "");
     cudaFree(dpo); cudaFree(dst); cudaFree(o_old); cudaFree(o_new);

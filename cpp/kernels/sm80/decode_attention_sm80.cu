@@ -197,11 +197,16 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   instance.launch(p, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (total_splits > 1) {
-    // Not launched as a programmatic dependent (pdl false): tools/bench_decode_merge.cu measures what that would save.
+    // Not launched as a programmatic dependent (pdl false): its profiler time would then include the wait.
     const int spread = decode_merge::merge_spread(batch * hq, static_cast<int>(d), multiprocessor_count(dev));
-    decode_merge::combine_splits_kernel<<<dim3(batch, hq, spread), decode_merge::kMergeThreads, 0, stream>>>(
-        p.part_out, reinterpret_cast<const float2*>(p.part_stats), total_splits, p.hq, static_cast<int>(d), p.out,
-        p.out_stride_b, p.out_stride_h, false);
+    const float2* stats = reinterpret_cast<const float2*>(p.part_stats);
+    if (spread == 1) {
+      decode_merge::combine_splits_kernel<<<dim3(batch, hq), decode_merge::kCombineThreads, 0, stream>>>(
+          p.part_out, stats, total_splits, p.hq, static_cast<int>(d), p.out, p.out_stride_b, p.out_stride_h, false);
+    } else {
+      decode_merge::combine_splits_spread_kernel<<<dim3(batch, hq, spread), decode_merge::kMergeThreads, 0, stream>>>(
+          p.part_out, stats, total_splits, p.hq, static_cast<int>(d), p.out, p.out_stride_b, p.out_stride_h, false);
+    }
     LOWBIT_CUDA_CHECK_LAUNCH(op);
   }
 }
