@@ -1,7 +1,8 @@
 """Decode attention's split-KV plan and the merge of the splits: forced split sizes from one split to hundreds (the
 merge reads them in chunks of 128), lengths at 1 token, on and off block boundaries, sequences of a batch shorter than
 its longest (empty splits), GQA groups 1-16, head_dim 64/128/256, against a float64 reference by relative error on
-exact codes, outputs NaN-poisoned; and the chosen split at small batches and long contexts (the whole-wave rule)."""
+exact codes, outputs NaN-poisoned; the merge's grid (a head's columns over 1-8 blocks at batches 1-3, one block per
+head at larger batches; strided outputs); and the chosen split at small batches and long contexts (the whole-wave rule)."""
 import math
 
 import pytest
@@ -15,7 +16,8 @@ from test_gpu_kv2 import random_side
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 
 
-def run_case(kv, hq, hkv, d, lens, split, seed):
+def run_case(kv, hq, hkv, d, lens, split, seed, pad=0):
+    """pad > 0: the output is a view of a wider NaN tensor (head stride d + pad), whose padding must stay untouched."""
     kt, vt = kv.split("/")
     g = torch.Generator().manual_seed(seed)
     bs = 16
@@ -37,7 +39,8 @@ def run_case(kv, hq, hkv, d, lens, split, seed):
         seq_k.append(kd[blk, :, t % bs, :])
         seq_v.append(vd[blk, :, t % bs, :])
     q = torch.randn(len(lens), hq, d, generator=g).half()
-    out = torch.full((len(lens), hq, d), float("nan"), dtype=torch.float16, device="cuda")
+    wide = torch.full((len(lens), hq, d + pad), float("nan"), dtype=torch.float16, device="cuda")
+    out = wide[..., :d]
     scale = 1.0 / math.sqrt(d)
     _core.decode_attention(q.cuda(), k, v, kp, vp, table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda"),
                            max(lens), scale, out, kv_dtype=kt, split_tokens=split, v_dtype=vt)
@@ -45,6 +48,7 @@ def run_case(kv, hq, hkv, d, lens, split, seed):
     ref = reference(q, seq_k, seq_v, scale)
     got = out.cpu().double()
     assert not torch.isnan(got).any(), "unwritten outputs"
+    assert torch.isnan(wide[..., d:]).all(), "writes past the head's d columns"
     rel = float((got - ref).norm() / ref.norm())
     assert rel < 2e-3, f"relative error {rel:.2e}"
 
@@ -79,3 +83,33 @@ def test_decode_attention_splits_gqa_head_dims(kv, hq, hkv, d, split):
 def test_decode_attention_chosen_split_long_context(kv, lens):
     """Small batches at long contexts take the whole-wave rule (tens of splits per (sequence, head))."""
     run_case(kv, 32, 8, 128, lens, 0, seed=len(lens) + max(lens))
+
+
+# The merge spreads a head's columns over up to 8 blocks while batch x heads x blocks fits one block per SM (132 SMs:
+# 32 heads at batch 1 take 4, at 2 take 2, at 3 one; 8 heads of d64 take 8 / 8 / 4; 16 heads of d256 8 / 4 / 2; the
+# spread kernel, each thread reading 8 of its group's splits per round, 300 splits: several rounds); one block per head
+# is the per-head kernel (batch 3 at 32 heads, 64 heads at batch 2 and 3). Lengths 16 * splits - 5 at split 16
+# give exactly `splits` splits for the longest sequence; the others are shorter (empty splits, a 1-token one).
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (64, 8, 128), (8, 8, 64), (16, 2, 256)])
+@pytest.mark.parametrize("splits", [2, 5, 66, 300])
+def test_decode_attention_merge_grid(batch, hq, hkv, d, splits):
+    kv = "u4/u4" if d == 256 else ["u4/u4", "u2/u2", "f16/f16"][(batch + splits) % 3]
+    length = 16 * splits - 5
+    lens = [length, 1, length // 2 + 3][:batch]
+    run_case(kv, hq, hkv, d, lens, 16, seed=batch * 1000 + hq + d + splits, pad=8)
+
+
+@pytest.mark.parametrize("d", [80, 96])
+def test_decode_attention_merge_grid_odd_head_dims(d):
+    """head_dim 80 / 96: 20 / 24 float4 columns (spread 4 / 8 at one sequence of 8 heads; 80's 128 threads hold 6 groups
+    of 20 and 8 idle threads at spread 1)."""
+    from test_gpu_attention import skip_unless_built
+    skip_unless_built(d, "u4", "u4")
+    run_case("u4/u4", 8, 2, d, [16 * 70 - 3], 16, seed=d, pad=8)
+    run_case("u4/u4", 8, 2, d, [900, 17] * 20, 16, seed=d + 1)
+
+
+def test_decode_attention_merge_grid_large_batch():
+    """40 sequences x 32 heads: the per-head merge kernel, 3 splits for the longest, strided output."""
+    run_case("u4/u4", 32, 8, 128, [43 if i % 4 == 0 else 1 + i for i in range(40)], 16, seed=40, pad=8)

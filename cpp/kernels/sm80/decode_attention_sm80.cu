@@ -1,7 +1,7 @@
 // Decode attention over the paged KV cache (one query token per sequence), K/V in f16, u8, u4 or u2:
 // argument checks, the split-KV plan, the launch of the (head_dim, K, V) instance from the generated
 // table (decode_attention_launch.h; the kernel is in decode_attention_sm80.cuh) and the merge of the
-// splits (flash-decoding).
+// splits (flash-decoding; decode_merge_sm80.cuh).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include "cuda/pdl.cuh"
 #include "kernels/sm80/decode_attention_launch.h"
+#include "kernels/sm80/decode_merge_sm80.cuh"
 #include "kernels/sm80/instances/attention_instance_list.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
@@ -20,76 +21,6 @@ namespace {
 using decode_attn::kTile;
 constexpr int kMaxGroup = 16;  // query heads per kv head: slices of 8 (the mma's n)
 constexpr int kMinSplitTokens = 512;  // the split-size heuristic's floor for long contexts (see decode_attention)
-constexpr float kNoScore = -1e30f;  // finite "minus infinity": exp(kNoScore - m) underflows to 0
-
-// out = Σ_s e^{m_s - M} o_s / Σ_s e^{m_s - M} l_s over the splits of one (sequence, head), in split order (the
-// same bits every run). The block reads the splits in parallel: each thread loads one split's (m, l) per chunk of
-// kCombineChunk splits, and groups of d/4 threads (one float4 column each) take every groups-th split of the chunk,
-// several loads in flight per thread; the groups' sums meet in shared memory. Its first version (one thread per dim
-// walking every split, one dependent load at a time) took ~13 us at 1 x 128K (66 splits, inferred from the op minus
-// its decode kernel); this one 5.3-5.6 us there (H200; docs/benchmarks_gpu.md). d: a multiple of 4, <= 512.
-constexpr int kCombineThreads = 128, kCombineChunk = kCombineThreads;
-
-__device__ inline float block_reduce(float x, bool max_op, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, o);
-    x = max_op ? fmaxf(x, y) : x + y;
-  }
-  const int warp = threadIdx.x >> 5;
-  __syncthreads();  // scratch free (an earlier reduction's readers are done)
-  if ((threadIdx.x & 31) == 0) scratch[warp] = x;
-  __syncthreads();
-  x = scratch[0];
-  for (int w = 1; w < kCombineThreads / 32; ++w) x = max_op ? fmaxf(x, scratch[w]) : x + scratch[w];
-  return x;
-}
-
-__global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const float* __restrict__ part_out,
-                                                                         const float2* __restrict__ part_stats,
-                                                                         int splits, int hq, int d, __half* out,
-                                                                         int64_t out_stride_b, int64_t out_stride_h) {
-  pdl_allow_dependents();
-  __shared__ float scratch[kCombineThreads / 32];
-  __shared__ float weight[kCombineChunk];
-  __shared__ __align__(16) float group_sum[4 * kCombineThreads];
-  const int b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  const int64_t slot0 = (static_cast<int64_t>(b) * hq + h) * splits;
-  const float2* stats = part_stats + slot0;
-  float m = kNoScore;
-  for (int s = tid; s < splits; s += kCombineThreads) m = fmaxf(m, __ldg(stats + s).x);
-  m = block_reduce(m, true, scratch);
-  const int cols = d / 4, groups = kCombineThreads / cols, group = tid / cols, col = tid % cols;
-  float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-  float den = 0.f;
-  for (int c0 = 0; c0 < splits; c0 += kCombineChunk) {
-    const int cn = min(kCombineChunk, splits - c0);
-    __syncthreads();  // the previous chunk's weights are read
-    if (tid < cn) {
-      const float2 st = __ldg(stats + c0 + tid);
-      const float w = st.y > 0.f ? __expf(st.x - m) : 0.f;
-      weight[tid] = w;
-      den += w * st.y;
-    }
-    __syncthreads();
-    if (group < groups) {
-      const float4* po = reinterpret_cast<const float4*>(part_out + (slot0 + c0) * d) + col;
-#pragma unroll 4
-      for (int s = group; s < cn; s += groups) {
-        const float w = weight[s];
-        const float4 x = __ldg(po + static_cast<int64_t>(s) * cols);
-        num.x += w * x.x; num.y += w * x.y; num.z += w * x.z; num.w += w * x.w;
-      }
-    }
-  }
-  den = block_reduce(den, false, scratch);
-  if (group < groups) reinterpret_cast<float4*>(group_sum)[group * cols + col] = num;
-  __syncthreads();
-  for (int i = tid; i < d; i += kCombineThreads) {
-    float o = 0.f;
-    for (int g = 0; g < groups; ++g) o += group_sum[g * d + i];
-    out[b * out_stride_b + h * out_stride_h + i] = __float2half_rn(den > 0.f ? o / den : 0.f);
-  }
-}
 
 // Resident blocks per SM of an instance on `device`, asked once per (instance, device).
 int blocks_per_sm(const DecodeAttnEntry& e, int device) {
@@ -266,9 +197,16 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   instance.launch(p, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (total_splits > 1) {
-    combine_splits_kernel<<<dim3(batch, hq), kCombineThreads, 0, stream>>>(
-        p.part_out, reinterpret_cast<const float2*>(p.part_stats), total_splits, p.hq, static_cast<int>(d), p.out,
-        p.out_stride_b, p.out_stride_h);
+    // Not launched as a programmatic dependent (pdl false): its profiler time would then include the wait.
+    const int spread = decode_merge::merge_spread(batch * hq, static_cast<int>(d), multiprocessor_count(dev));
+    const float2* stats = reinterpret_cast<const float2*>(p.part_stats);
+    if (spread == 1) {
+      decode_merge::combine_splits_kernel<<<dim3(batch, hq), decode_merge::kCombineThreads, 0, stream>>>(
+          p.part_out, stats, total_splits, p.hq, static_cast<int>(d), p.out, p.out_stride_b, p.out_stride_h, false);
+    } else {
+      decode_merge::combine_splits_spread_kernel<<<dim3(batch, hq, spread), decode_merge::kMergeThreads, 0, stream>>>(
+          p.part_out, stats, total_splits, p.hq, static_cast<int>(d), p.out, p.out_stride_b, p.out_stride_h, false);
+    }
     LOWBIT_CUDA_CHECK_LAUNCH(op);
   }
 }
