@@ -197,7 +197,8 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   instance.launch(p, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (total_splits > 1) {
-    // Not launched as a programmatic dependent (pdl false): its profiler time would then include the wait.
+    // A plain launch (pdl false): the merge as a programmatic dependent is built but its gain is not measured yet
+    // (tools/bench_decode_merge.cu times both in a graph).
     const int spread = decode_merge::merge_spread(batch * hq, static_cast<int>(d), multiprocessor_count(dev));
     const float2* stats = reinterpret_cast<const float2*>(p.part_stats);
     if (spread == 1) {
