@@ -233,7 +233,8 @@ std::tuple<int, int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, i
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
   const detail::Sm90Plan plan = detail::gemm_w4a8_sm90_plan(
       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-      {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk});
+      {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
+       options.sm90_one_producer});
   return {plan.tokens, plan.streamk ? 0 : plan.split, plan.head};
 }
 
@@ -298,7 +299,8 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                                       w.channel_scales.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), raw};
     detail::gemm_w4a8_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial,
-                                     options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk}, stream);
+                                     options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
+                                     options.sm90_one_producer}, stream);
     return;
   }
   const Shape shape = shape_for(m);

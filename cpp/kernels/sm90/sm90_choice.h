@@ -11,6 +11,7 @@ struct Sm90Choice {
   bool streamk = false;  // W4A16: force stream-K (a persistent grid, equal k-block ranges per CTA)
   int ctas = 0;          // stream-K's CTAs: 0 = every resident one (tests pin fewer to reach each fix-up path)
   bool no_streamk = false;  // the model's plan without the stream-K candidate (the earlier plans, for A/B timing)
+  bool one_producer = false;  // W4A8: the earlier one-thread producer (A/B timing)
 };
 
 struct Sm90Plan {
