@@ -557,10 +557,11 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
 // mainloop is bound per stage, not by the int8 tensor rate.
 constexpr TileCosts kSerialCosts{0.70, 0.95, 2.0, 6.5};
 constexpr TileCosts kOverlapCosts{0.70, 0.80, 2.0, 6.5};
-// The split producer (produce_part), predicted before its first device run from the ncu reading (the one-thread
-// producer at ~1,200-1,400 cycles per stage whatever the tile; the int8 tensor work of a stage 512 / 1,024 cycles at
-// 128 / 256 tokens): blocks near the tensor rate plus the dequant/issue overhead.
-constexpr TileCosts kSplitProducerCosts{0.42, 0.68, 2.0, 6.5};
+// The split producer (produce_part), fitted to its forced one-launch timings on an H200
+// (bench/results/h200-2026-11-27-w4a8-producers-e011925.json: one wave of 32 / 112 k blocks, qkv / o / down): 0.52 us
+// per 128-k block at 128 tokens, 0.66 at 256, 4 us fixed (the prediction, 0.42 / 0.68 / 2, picked 128-token tiles
+// for qkv M = 1024: 59.3 us against 50.3 at 256).
+constexpr TileCosts kSplitProducerCosts{0.52, 0.66, 4.0, 6.5};
 
 // The plan: pick_tile_split's, with stream-K in place of its split-K cluster plans (one launch, split > 1: at the same
 // tile) and at 128 tokens when the tokens fit one 128-token tile (free choice, overlapped mainloop, allow_streamk), or
