@@ -20,7 +20,9 @@ def graph_time_us(fn_calls, reps=20, warmup=3):
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # Capture on the warm-up stream: scratch an op allocates per stream on first use (the wgmma GEMMs' stream-K
+    # workspace) then exists for the capture; torch's own capture stream never ran the op eagerly.
+    with torch.cuda.graph(graph, stream=stream):
         for f in fn_calls:
             f()
     for _ in range(warmup):
