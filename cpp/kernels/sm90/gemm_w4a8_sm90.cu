@@ -2,12 +2,12 @@
 // registers (LiquidGEMM's design, §5), and the s8 activations as the shared-memory B operand.
 //
 // Yᵀ = W · Xᵀ: a CTA owns 128 weight rows (two consumer warpgroups of 64, one wgmma m64 each) x BT
-// tokens (the wgmma n: 128 or 256) x its k range, in stages of 128 k (two packed 64-k chunks). One
-// producer thread fills each stage: the activation tile by TMA (128-byte swizzle, zero fill past m
-// and k, the layout wgmma's descriptor reads), the stage's packed u4 weight tiles by one 3-D TMA box
-// over pack_sm80_w4a8's [tile][chunk] layout, and the u8 steps and offsets of its groups by 1-D bulk
-// copies (few copy instructions per stage: one bulk copy per tile made the producer the bottleneck
-// of the W4A16 twin, gemm_w4a16_sm90.cu). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
+// tokens (the wgmma n: 128 or 256) x its k range, in stages of 128 k (two packed 64-k chunks). Three
+// producer threads (lane 0 of warps 0-2) fill each stage, one copy kind each: the activation tile by TMA
+// (128-byte swizzle, zero fill past m and k, the layout wgmma's descriptor reads), the stage's packed u4
+// weight tiles by one 3-D TMA box over pack_sm80_w4a8's [tile][chunk] layout, and the u8 steps and offsets
+// of its groups by 1-D bulk copies (one thread issuing all of them was the stage's bound: produce_part;
+// 'sm90o' names keep that producer for A/B). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
 // 16 bytes per chunk into the fragment registers with one IMAD and one XOR per four weights,
 // (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas; while they run it dequantizes
 // the next stage into a second fragment set (the dequant hides under the tensor-core work, and the
