@@ -46,7 +46,7 @@
 #               GEMV_TEST_S caps them; GEMV_SANITIZE=0 skips the sanitizers,
 #               GEMV_SANITIZE_S caps each, default 120 s), then tools/bench_gpu_w4a16_decode.py alone on the GPU
 #               (GEMV_BENCH_ARGS, default "--ms 1 --splits=": one token, decode90 at its own split only; GEMV_BENCH_S caps it)
-#     gemv8     the register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80): its tests, the W4A8 and registry tests, with
+#     gemv8     the register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80): its tests, the W4A8, registry and engine tests, with
 #               memcheck, racecheck and synccheck over its small cases at the same time (GEMV8_SANITIZE=0 skips them,
 #               GEMV8_SANITIZE_S caps each, default 120 s; GEMV8_K=expr selects the tests with -k), then
 #               tools/bench_gpu_w4a8_decode.py alone on the GPU (GEMV8_BENCH_ARGS, default "--ms 1"; GEMV8_BENCH_S caps it)
@@ -254,7 +254,7 @@ if has gemv8; then
       "$TESTS/test_gpu_w4a8_gemv.py" -k "$expr" > "$OUT/${tool}_w4a8_gemv.log" 2>&1; echo "$tool rc=$?") &
   done
   timeout -k 5 "${GEMV8_TEST_S:-150}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8_gemv.py" "$TESTS/test_gpu_w4a8.py" \
-    "$TESTS/test_kernel_registry.py" -q -rfEs --maxfail=30 ${GEMV8_K:+-k "$GEMV8_K"} 2>&1 \
+    "$TESTS/test_kernel_registry.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=30 ${GEMV8_K:+-k "$GEMV8_K"} 2>&1 \
     | tee "$OUT/pytest_gemv8.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_gemv8.log" | cut -c1-400 | head -30
   wait
