@@ -425,6 +425,18 @@ void bind_cuda(nb::module_& m) {
                      "'");
         if (sm90 == 1) {
           options.kernel = cuda::Gemm8Kernel::sm90;
+        } else if (kernel.rfind("gemv", 0) == 0) {
+          // "gemv" or "gemv:rDbB" (a compiled configuration: D chunks in flight per warp, B CTAs per SM; the op
+          // checks that it exists)
+          const std::string rest = kernel.substr(4);
+          int ring = 0, blocks = 0, used = 0;
+          LOWBIT_CHECK(rest.empty() || (std::sscanf(rest.c_str(), ":r%db%d%n", &ring, &blocks, &used) == 2 &&
+                                        used == static_cast<int>(rest.size()) && ring > 0 && blocks > 0),
+                       "gemm_w4a8: argument 'kernel': 'gemv' takes an optional ':rDbB' (D chunks in flight per warp, "
+                       "B CTAs per SM, e.g. 'gemv:r4b4'), got '", kernel, "'");
+          options.kernel = cuda::Gemm8Kernel::gemv;
+          options.gemv_ring = ring;
+          options.gemv_blocks = blocks;
         } else {
           const cuda::Gemm8Options choice = gemm8_options("gemm_w4a8", kernel, false, false);
           options.kernel = choice.kernel;
@@ -440,10 +452,11 @@ void bind_cuda(nb::module_& m) {
       nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("w"), nb::arg("y"), nb::arg("split_k") = 0,
       nb::arg("stream") = 0, nb::arg("kernel") = "",
       "GPU: y = (xq · Wᵀ) * x_scale[m] * channel_scale[n] for a qoq/liquid PackedWeight packed for sm80 on the "
-      "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (wgmma on sm_90 from "
-      "128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
+      "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (on sm_90 the gemv at "
+      "one token and wgmma from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
       "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
-      "mainloop, for A/B timing)");
+      "mainloop, for A/B timing), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one "
+      "token on sm_90)");
 
   m.def(
       "gemm_w4a8_sm90_plan",

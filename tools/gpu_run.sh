@@ -46,6 +46,10 @@
 #               GEMV_TEST_S caps them; GEMV_SANITIZE=0 skips the sanitizers,
 #               GEMV_SANITIZE_S caps each, default 120 s), then tools/bench_gpu_w4a16_decode.py alone on the GPU
 #               (GEMV_BENCH_ARGS, default "--ms 1 --splits=": one token, decode90 at its own split only; GEMV_BENCH_S caps it)
+#     gemv8     the register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80): its tests, the W4A8, registry and engine tests, with
+#               memcheck, racecheck and synccheck over its small cases at the same time (GEMV8_SANITIZE=0 skips them,
+#               GEMV8_SANITIZE_S caps each, default 120 s; GEMV8_K=expr selects the tests with -k), then
+#               tools/bench_gpu_w4a8_decode.py alone on the GPU (GEMV8_BENCH_ARGS, default "--ms 1"; GEMV8_BENCH_S caps it)
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS);
@@ -148,6 +152,7 @@ SANITIZE_CASES=(
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
   "sm90_streamk|test_gpu_sm90_streamk.py|(every_fixup_path and (65-100-576-3 or 7-17-128-5)) or (int32_exact and (7-17-256-5 or 65-100-1152-9)) or two_streams"
   "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names or (configs_match and (8-17-640-96 or (1-130-12352 and (r2b6 or r12b1))))"
+  "w4a8_gemv|test_gpu_w4a8_gemv.py|(int32_bit_exact and (qoq-1-16-64 or liquid-1-130 or qoq-1-200 or liquid-3-4103 or liquid-2-17)) or (configs and liquid-1-130) or strided or (scaled and liquid-2-17) or bad_names"
   "w4a16_decode|test_gpu_w4a16_decode_sm90.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-9-True or 2-4103-640-96-16-False or 1-1000-4160-32-5-True)) or strided or bad_split"
   "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors or (s4 and (liquid-64-256 or forces and 7-200))"
 )
@@ -237,6 +242,30 @@ if has gemv; then
   # shellcheck disable=SC2086
   timeout -k 5 "${GEMV_BENCH_S:-240}" python3 "$REPO/tools/bench_gpu_w4a16_decode.py" "$OUT/bench_w4a16_gemv.json" \
     ${GEMV_BENCH_ARGS:---ms 1 --splits=} 2>&1 | tail -20
+fi
+
+if has gemv8; then
+  echo "== register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80)"
+  expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a8_gemv|' | cut -d'|' -f3)
+  [ "${GEMV8_SANITIZE:-1}" = 0 ] && expr=""
+  for tool in memcheck racecheck synccheck; do
+    [ -n "$expr" ] || break
+    (timeout -k 5 "${GEMV8_SANITIZE_S:-120}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+      "$TESTS/test_gpu_w4a8_gemv.py" -k "$expr" > "$OUT/${tool}_w4a8_gemv.log" 2>&1; echo "$tool rc=$?") &
+  done
+  timeout -k 5 "${GEMV8_TEST_S:-150}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8_gemv.py" "$TESTS/test_gpu_w4a8.py" \
+    "$TESTS/test_kernel_registry.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=30 ${GEMV8_K:+-k "$GEMV8_K"} 2>&1 \
+    | tee "$OUT/pytest_gemv8.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_gemv8.log" | cut -c1-400 | head -30
+  wait
+  for tool in memcheck racecheck synccheck; do
+    [ -f "$OUT/${tool}_w4a8_gemv.log" ] || continue
+    echo "$tool: $(tail -1 "$OUT/${tool}_w4a8_gemv.log")"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_w4a8_gemv.log" | head -4
+  done
+  # shellcheck disable=SC2086
+  timeout -k 5 "${GEMV8_BENCH_S:-240}" python3 "$REPO/tools/bench_gpu_w4a8_decode.py" "$OUT/bench_w4a8_gemv.json" \
+    ${GEMV8_BENCH_ARGS:---ms 1} 2>&1 | tail -24
 fi
 
 if has decode90_profile; then

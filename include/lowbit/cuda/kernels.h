@@ -79,10 +79,12 @@ void gemm_wfp8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k
 // (mma.sync m16n8k32, sm_80 and newer; split_k 0 picks the split, int32 partials allocated here;
 // pdl as in W4A16Options) and sm90 (wgmma with the dequantized weight as a register operand, TMA,
 // sm_90 only: a forced sm90 elsewhere throws NotSupported; sm90_split 0 automatic, else the split-K
-// cluster size 1/2/4/8). `automatic` (the op-level API; plans name the kernel) takes sm90 on sm_90
-// from 128 tokens on.
-// Which 8-bit-activation GEMM kernel runs (W4A8 here, W8A8/FP8 below).
-enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90 };
+// cluster size 1/2/4/8). A third, gemv (W4A8 only: the register-direct GEMV of
+// cpp/kernels/sm80/gemm_w4a8_gemv_sm80.cu, 1-8 tokens, sm_80 and newer; gemv_ring / gemv_blocks pin a compiled
+// configuration, 0 = its own). `automatic` (the op-level API; plans name the kernel) takes gemv on sm_90 at one
+// token (no pinned split_k), sm90 on sm_90 from 128 tokens on, else sm80.
+// Which 8-bit-activation GEMM kernel runs (W4A8 here, W8A8/FP8 below; gemv is W4A8's only).
+enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90, gemv };
 // sm90_split / sm90_tokens: the wgmma kernel's split-K cluster (1/2/4/8) and tokens per tile (128/256), 0 =
 // its cost model's; sm90_serial: its earlier mainloop that waits for each stage's wgmmas (A/B timing only).
 struct W4A8Options {
@@ -95,6 +97,7 @@ struct W4A8Options {
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
+  int gemv_ring = 0, gemv_blocks = 0;  // the gemv kernel's configuration 'rDbB' (0, 0 = automatic)
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
