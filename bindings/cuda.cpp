@@ -103,13 +103,33 @@ bool parse_sm90k(const char* op, const std::string& kernel, Options& o) {
   return true;
 }
 
+// The W4A16 wgmma kernel's wide tile (256 weight rows x 128 tokens per CTA): "sm90w" (its split by the cost model),
+// "sm90w:S" (split-K cluster S = 1, 2, 4, 8), "sm90wk" / "sm90wk:G" (stream-K, G CTAs). False for another name.
+bool parse_sm90w(const std::string& kernel, cuda::W4A16Options& o) {
+  if (kernel.rfind("sm90w", 0) != 0) return false;
+  const std::string rest = kernel.substr(5);
+  bool ok = true;
+  if (rest.rfind("k", 0) == 0) {
+    const std::string g = rest.size() > 2 && rest[1] == ':' ? rest.substr(2) : rest == "k" ? "0" : "";
+    ok = !g.empty() && g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) o.sm90_streamk = true, o.sm90_ctas = std::stoi(g);
+  } else if (!rest.empty()) {
+    ok = rest == ":1" || rest == ":2" || rest == ":4" || rest == ":8";
+    if (ok) o.sm90_split = rest[1] - '0';
+  }
+  LOWBIT_CHECK(ok, "gemm_w4a16: argument 'kernel': the wide tile is 'sm90w', 'sm90w:S' (S = 1, 2, 4, 8), 'sm90wk' or "
+               "'sm90wk:G' (G CTAs), got '", kernel, "'");
+  o.sm90_rows = 256;
+  return true;
+}
+
 // The raw GEMM ops take the kernel by a short name (tests and benchmarks compare kernels this way;
 // models name theirs through plans). "" = the op's automatic choice.
 cuda::W4A16Options w4a16_options(const std::string& kernel) {
   cuda::W4A16Options o;
   if (kernel.empty()) return o;
   o.kernel = cuda::W4A16Kernel::large;
-  if (parse_sm90k("gemm_w4a16", kernel, o)) {
+  if (parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16", kernel, o)) {
     o.kernel = cuda::W4A16Kernel::sm90;
     return o;
   }
@@ -336,7 +356,8 @@ void bind_cuda(nb::module_& m) {
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A16Options o;
-        if (parse_sm90k("gemm_w4a16_sm90_plan", kernel, o)) return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
+        if (parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan", kernel, o))
+          return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");

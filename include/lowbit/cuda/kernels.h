@@ -40,6 +40,7 @@ struct W4A16Options {
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
+  int sm90_rows = 0;  // the sm90 kernel's weight rows per CTA: 0 = its own (128), 256 = the wide tile (128 tokens)
   int gemv_tiles = 0;  // the gemv kernel's 16-row tiles per CTA (1, 2, 4, 8); 0 = its own pick
   int gemv_ring = 0;    // the gemv kernel's configuration ('gemv:T:rDbB'): chunks in flight per warp and
   int gemv_blocks = 0;  // CTAs per SM; 0, 0 = its own pick
