@@ -104,8 +104,13 @@ bool parse_sm90k(const char* op, const std::string& kernel, Options& o) {
 }
 
 // The W4A16 wgmma kernel's wide tile (256 weight rows x 128 tokens per CTA): "sm90w" (its split by the cost model),
-// "sm90w:S" (split-K cluster S = 1, 2, 4, 8), "sm90wk" / "sm90wk:G" (stream-K, G CTAs). False for another name.
+// "sm90w:S" (split-K cluster S = 1, 2, 4, 8), "sm90wk" / "sm90wk:G" (stream-K, G CTAs); "sm90nw": the automatic plan
+// without the wide tile (the plans before it, A/B timing). False for another name.
 bool parse_sm90w(const std::string& kernel, cuda::W4A16Options& o) {
+  if (kernel == "sm90nw") {
+    o.sm90_rows = 128;
+    return true;
+  }
   if (kernel.rfind("sm90w", 0) != 0) return false;
   const std::string rest = kernel.substr(5);
   bool ok = true;
@@ -350,6 +355,24 @@ void bind_cuda(nb::module_& m) {
 #endif
       },
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "");
+
+  m.def(
+      "gemm_w4a16_sm90_plan_rows",
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
+#ifdef LOWBIT_WITH_CUDA
+        cuda::W4A16Options o;
+        if (parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan_rows", kernel, o))
+          return cuda::gemm_w4a16_sm90_plan_rows(m, n, k, device, o);
+        const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+        LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan_rows: argument 'kernel' must be '' or an sm90 name, got '",
+                     kernel, "'");
+        return cuda::gemm_w4a16_sm90_plan_rows(m, n, k, device, o);
+#else
+        no_cuda("gemm_w4a16_sm90_plan_rows");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
+      "Weight rows per CTA (128, or 256: the wide tile) of gemm_w4a16_sm90_plan's plan.");
 
   m.def(
       "gemm_w4a16_sm90_plan",

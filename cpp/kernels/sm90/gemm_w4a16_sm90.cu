@@ -543,7 +543,7 @@ constexpr TileCosts kWideCosts{0.68, 0.68, 2.0, 7.4};
 // than pick_tile_split's fit, each CTA re-reading its activation tile through L2.
 template <bool kOverlap>
 Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
-  if (ch.rows == 256) {  // the wide tile, by name only: stream-K, or its split (forced, else pick_tile_split's)
+  if (ch.rows == 256) {  // the wide tile by name: stream-K, or its split (forced, else pick_tile_split's)
     if (ch.streamk) return {128, 0, 0, true, 256};
     int s[4];
     slots_of<128, true, 2>("gemm_w4a16", s);
@@ -551,8 +551,11 @@ Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_stream
     return {128, t.split, t.head, false, 256};
   }
   if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
-  if (kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0 && ch.tokens != 256 && p.m <= 128)
-    return {128, 0, 0, true};
+  const bool free_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
+  if (free_sk && ch.tokens != 256 && p.m <= 128) return {128, 0, 0, true};
+  // From 129 to 256 tokens, free choice: the wide tile's stream-K (docs/gpu_notes.md, "the wide tile"); rows = 128
+  // ('sm90nw') keeps the plans before it.
+  if (free_sk && ch.tokens == 0 && ch.rows == 0 && p.m <= 256) return {128, 0, 0, true, 256};
   int s128[4], s256[4];
   slots_of<128, kOverlap>("gemm_w4a16", s128);
   slots_of<256, kOverlap>("gemm_w4a16", s256);
@@ -564,27 +567,26 @@ Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_stream
 template <bool kOverlap>
 void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Sm90Plan plan = plan_for<kOverlap>(p, choice);
+  if (plan.streamk) {
+    bool ok = false;
+    if constexpr (kOverlap) {
+      if (plan.rows == 256) ok = launch_streamk<128, 2>(p, choice.ctas, stream);
+    }
+    if (plan.rows != 256)
+      ok = plan.tokens == 128 ? launch_streamk<128>(p, choice.ctas, stream) : launch_streamk<256>(p, choice.ctas, stream);
+    if (ok) return;
+    LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a16: the stream-K workspace is allocated on "
+                      "first use, which a graph capture forbids: run the op once before capturing");
+    plan = plan_for<kOverlap>(p, choice, false);
+  }
   if constexpr (kOverlap) {
-    if (plan.rows == 256) {  // the wide tile (overlapped mainloop only)
-      if (plan.streamk) {
-        const bool ok = launch_streamk<128, 2>(p, choice.ctas, stream);
-        LOWBIT_CHECK_KIND(ErrorKind::kRuntime, ok, "gemm_w4a16: the stream-K workspace is allocated on first use, "
-                          "which a graph capture forbids: run the op once before capturing");
-        return;
-      }
+    if (plan.rows == 256) {  // the wide tile's one-launch plan (overlapped mainloop only)
       const int64_t tiles = static_cast<int64_t>((p.n + 255) / 256) * ((p.m + 127) / 128);
       LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
       if (plan.head > 0) launch<128, true, 2>(p, 1, 0, plan.head, stream);
       launch<128, true, 2>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
       return;
     }
-  }
-  if (plan.streamk) {
-    if (plan.tokens == 128 ? launch_streamk<128>(p, choice.ctas, stream) : launch_streamk<256>(p, choice.ctas, stream))
-      return;
-    LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a16: the stream-K workspace is allocated on "
-                      "first use, which a graph capture forbids: run the op once before capturing");
-    plan = plan_for<kOverlap>(p, choice, false);
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
@@ -605,8 +607,8 @@ void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream
   check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
   LOWBIT_CHECK(!choice.streamk || (!choice.serial && choice.split == 0), "gemm_w4a16: stream-K runs the overlapped "
                "mainloop without a split");
-  LOWBIT_CHECK(choice.rows == 0 || (choice.rows == 256 && !choice.serial && choice.tokens != 256), "gemm_w4a16: the "
-               "wide tile (256 weight rows) runs the overlapped mainloop at 128 tokens");
+  LOWBIT_CHECK(choice.rows != 256 || (!choice.serial && choice.tokens != 256), "gemm_w4a16: the wide tile (256 "
+               "weight rows) runs the overlapped mainloop at 128 tokens");
   if (choice.serial)
     run<false>(p, choice, stream);
   else

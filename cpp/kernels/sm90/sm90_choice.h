@@ -11,7 +11,7 @@ struct Sm90Choice {
   bool streamk = false;  // W4A16: force stream-K (a persistent grid, equal k-block ranges per CTA)
   int ctas = 0;          // stream-K's CTAs: 0 = every resident one (tests pin fewer to reach each fix-up path)
   bool no_streamk = false;  // the model's plan without the stream-K candidate (the earlier plans, for A/B timing)
-  int rows = 0;  // W4A16: weight rows per CTA, 0 = the kernel's own (128), 256 = the wide tile (by name only)
+  int rows = 0;  // W4A16: weight rows per CTA, 0 = the cost model's, 128 = the plans before the wide tile, 256 = it
 };
 
 struct Sm90Plan {
