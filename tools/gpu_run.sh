@@ -11,7 +11,7 @@
 #     w4a8      the W4A8 GEMMs (QoQ, LiquidQuant) vs cuBLAS fp16, lowbit W4A16/W8A8 and torch fp8 on 8B shapes
 #     w4a16     the W4A16 GEMMs (each kernel forced: small, large tiles, sm90 splits) vs cuBLAS fp16 on 8B shapes
 #     w4a16wide the W4A16 wgmma GEMM's wide tile (256 weight rows x 128 tokens, 'sm90w'/'sm90wk'): ncu over qkv/o at
-#               M = 256 (tools/profile_gpu_w4a16_m256.py: the automatic plan, stream-K, the wide tile; full set, the
+#               M = 256 (tools/profile_gpu_w4a16_m256.py: the plan before it, stream-K, the wide tile; memory, compute, the
 #               tensor-pipe metric, stall reasons; $OUT/wide.ncu-rep), tools/bench_gpu_sm90_tiles.py (WIDE_BENCH_ARGS),
 #               then its tests with the sm90 W4A16 ones as regression, and memcheck/racecheck/synccheck over small wide
 #               cases, all four at once (WIDE_PROFILE_S, WIDE_BENCH_S, WIDE_TEST_S, WIDE_SAN_S cap each)
@@ -382,7 +382,9 @@ if has w4a16; then
 fi
 if has w4a16wide; then
   echo "== W4A16 wgmma wide tile: ncu at M = 256 (qkv, o), then the benchmark, then tests and sanitizers together"
-  timeout -k 5 "${WIDE_PROFILE_S:-60}" ncu --clock-control none -k regex:"gemm_w4a16_sm90" --set full --import-source no \
+  timeout -k 5 "${WIDE_PROFILE_S:-60}" ncu --clock-control none -k regex:"gemm_w4a16_sm90" --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats \
     --metrics "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
     -f -o "$OUT/wide" python3 "$REPO/tools/profile_gpu_w4a16_m256.py" 256 > "$OUT/ncu_wide_run.log" 2>&1
   echo "ncu rc=$?"; grep -E "^(qkv|o) M=" "$OUT/ncu_wide_run.log"

@@ -1,5 +1,5 @@
 """W4A16 on wgmma at a serving batch (M = 256) on the qkv and o layers of Llama-3-8B, one launch per kernel name, to
-run under Nsight Compute (the automatic plan, stream-K at 128 / 256 tokens, the wide tile one-launch and stream-K):
+run under Nsight Compute (the plan before the wide tile, stream-K at 128 / 256 tokens, the wide tile one launch and stream-K):
   ncu -k regex:"gemm_w4a16_sm90" python3 tools/profile_gpu_w4a16_m256.py [m] [kernel,kernel,...]
 Prints each launch's shape and name in order (ncu lists the kernels in the same order)."""
 import sys
@@ -10,7 +10,7 @@ import lowbit
 from lowbit import _core
 
 m = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-kernels = sys.argv[2].split(",") if len(sys.argv) > 2 else ["sm90", "sm90k:128", "sm90k:256", "sm90w:2", "sm90wk"]
+kernels = sys.argv[2].split(",") if len(sys.argv) > 2 else ["sm90nw", "sm90k:128", "sm90k:256", "sm90w:2", "sm90wk"]
 for name, (n, k) in {"qkv": (6144, 4096), "o": (4096, 4096)}.items():
     q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
     s = (torch.rand(n, k // 128) * 0.02 + 0.002).half()
