@@ -84,6 +84,7 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm
         if hasattr(_core, "gemm_w4a16_sm90_plan_rows"):  # the wide tile's round: rows per CTA, the plan before it
             row["w4a16_plan_rows"] = _core.gemm_w4a16_sm90_plan_rows(m, n, k)
             row["w4a16_plan_nw"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90nw"))
+            row["w4a16_plan_w"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90w"))
         row["w4a8_plan_n"] = [] if w4a8_none else list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90n"))
         for kernel in ["sm90", "sm90n"] + variants + list(streamk):
             time_or_error(row, f"w4a16_{kernel}_us", [

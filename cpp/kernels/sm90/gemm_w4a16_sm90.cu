@@ -68,7 +68,9 @@ struct Args {
   int k_chunks, split;
   int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
+  float* l2_partials;  // split-K through L2: kSlotFloats per CTA of this launch ([x * split + z]); nullptr: DSMEM
 };
+constexpr int kSlotFloats = 128 * 256;  // the largest partial tile (128 x 256 or, wide, 256 x 128 f32)
 
 #ifdef LOWBIT_SM90_DEVICE
 // D += A · Bᵀ for one k16 step: A (64 weight rows x 16 k, f16) from the four fragment registers, B
@@ -240,6 +242,68 @@ __device__ inline void store_tile(const W4A16Problem& p, bool vector_y, uint8_t*
     store_acc(p, n0, m0, t16, ln, vv + 3, sum.w);
   });
 }
+// Split-K through L2 instead of distributed shared memory (the same sums in the same order: bit-identical). Split rank
+// j owns rows [j, j+1) * rows/split of the tile, i.e. consumer warps [j, j+1) * 8/split. Each CTA writes the
+// quads of the warps it does not own to its slot ([warp][v/4][lane] float4, coalesced) in `part` (the cluster's
+// `split` slots), a cluster barrier (release / acquire) publishes them, and the owning warps add the other ranks'
+// quads (L2 only: __ldcg) to their registers in rank order, then the slice leaves through smem as 16-byte row
+// segments. Why: the DSMEM exchange measured ~3.7 us per 64 KB partial (docs/gpu_notes.md, "the wide tile").
+template <int BT, int W>
+__device__ inline void store_tile_l2(const W4A16Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
+                                     int cw, int lane, int rank, int split, float (&acc)[BT / 2 * W], float* part) {
+  namespace cg = cooperative_groups;
+  constexpr int kR = BT / 2 * W, kQuads = kR / 4, kRowsW = kRows * W, kOutRow = kRowsW + 8;
+  const int slice_warps = kConsumerWarps / split, j = cw / slice_warps;
+  float4* mine = reinterpret_cast<float4*>(part + static_cast<int64_t>(rank) * kSlotFloats) + cw * kQuads * 32 + lane;
+  if (j != rank) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) mine[q * 32] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+  }
+  cg::this_cluster().sync();  // the partials are in L2
+  __half* out = reinterpret_cast<__half*>(smem);  // the pipeline smem is idle (every wgmma has completed)
+  if (j == rank) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) {
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int r = 0; r < split; ++r) {
+        const float4 c = r == rank ? make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3])
+                                   : __ldcg(reinterpret_cast<const float4*>(part + static_cast<int64_t>(r) * kSlotFloats) +
+                                            cw * kQuads * 32 + lane + q * 32);
+        if (r == 0) sum = c;
+        else sum.x += c.x, sum.y += c.y, sum.z += c.z, sum.w += c.w;
+      }
+      acc[4 * q] = sum.x, acc[4 * q + 1] = sum.y, acc[4 * q + 2] = sum.z, acc[4 * q + 3] = sum.w;
+    }
+    // [token][row] f16 tile of this slice's rows (store_rows_through_smem's layout)
+#pragma unroll
+    for (int h = 0; h < W; ++h)
+#pragma unroll
+      for (int v = 0; v < BT / 2; ++v) {
+        const int row = (gw + 4 * h) * 16 + (lane >> 2) + ((v >> 1) & 1) * 8;
+        const int token = (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+        out[token * kOutRow + row] = __float2half_rn(acc[h * (BT / 2) + v]);
+      }
+  }
+  cg::this_cluster().sync();  // the slice is staged (the producer warpgroup joins both barriers)
+  // The slice's rows: consumer warps [j0, j0 + slice_warps) hold tiles (w/4)*4W + 4h + w%4.
+  const int j0 = rank * slice_warps;
+  constexpr int kSegs = 2;  // 16-byte segments per 16-row tile
+  const int tiles16 = slice_warps * W;
+  for (int u = cw * 32 + lane; u < BT * tiles16 * kSegs; u += kConsumerWarps * 32) {
+    const int token = u / (tiles16 * kSegs), s16 = u % (tiles16 * kSegs), t = s16 / kSegs;
+    const int w = j0 + t % slice_warps, h = t / slice_warps;
+    const int row = ((w / 4) * 4 * W + 4 * h + w % 4) * 16 + (s16 % kSegs) * 8;
+    const int mi = m0 + token, ni = n0 + row;
+    if (mi >= p.m || ni >= p.n) continue;
+    const __half* src = out + token * kOutRow + row;
+    __half* dst = p.y + static_cast<int64_t>(mi) * p.ldy + ni;
+    if (vector_y && ni + 8 <= p.n) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && ni + e < p.n; ++e) dst[e] = src[e];
+    }
+  }
+}
 #endif  // LOWBIT_SM90_DEVICE
 
 // Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 W weight rows (token tiles fastest),
@@ -329,7 +393,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
-    store_tile<BT, W>(p, args.vector_y, smem, n0, m0, gw, cw, lane, rank, split, acc);
+    if (split > 1 && args.l2_partials != nullptr)
+      store_tile_l2<BT, W>(p, args.vector_y, smem, n0, m0, gw, cw, lane, rank, split, acc,
+                           args.l2_partials + static_cast<int64_t>(blockIdx.x) * split * kSlotFloats);
+    else
+      store_tile<BT, W>(p, args.vector_y, smem, n0, m0, gw, cw, lane, rank, split, acc);
   }
 #endif
 }
@@ -342,8 +410,13 @@ void slots_of(const char* op, int (&slots)[4]) {
                  slots);
 }
 
+// Split-K reduction of the one-launch plans: 1 through distributed shared memory (reduce_split_k), 2 through L2
+// (store_tile_l2); both sum the same partials in the same order. The default unless a name pins one ('sm90c' / 'sm90g').
+constexpr int kDefaultReduce = 1;
+constexpr int kL2ReduceMaxCtas = 512;  // the L2 reduction's workspace: 128 KB per CTA of the launch, at most 64 MB
+
 template <int BT, bool kOverlap, int W = 1>
-void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
+void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, int reduce) {
   const char* op = "gemm_w4a16";
   auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap, W>;
   constexpr int kSmem = Config<BT, W>::kSmemBytes;
@@ -356,7 +429,14 @@ void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStre
   cfg.stream = stream;
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const Args args{p, k_chunks, split, tile_base, tiles_m, vector_y};
+  float* l2 = nullptr;
+  if (split > 1 && (reduce == 0 ? kDefaultReduce : reduce) == 2 && static_cast<int64_t>(tiles) * split <= kL2ReduceMaxCtas) {
+    int dev = 0;
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
+    // the stream-K scratch (one per device and stream); inside a graph capture it may not grow: then DSMEM (same bits)
+    l2 = streamk_workspace(op, dev, tiles * split, kSlotFloats, stream).partials;
+  }
+  const Args args{p, k_chunks, split, tile_base, tiles_m, vector_y, l2};
   const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
   const CUtensorMap map_w =
       make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, Config<BT, W>::kTiles, 1);
@@ -553,9 +633,6 @@ Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_stream
   if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
   const bool free_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
   if (free_sk && ch.tokens != 256 && p.m <= 128) return {128, 0, 0, true};
-  // From 129 to 256 tokens, free choice: the wide tile's stream-K (docs/gpu_notes.md, "the wide tile"); rows = 128
-  // ('sm90nw') keeps the plans before it.
-  if (free_sk && ch.tokens == 0 && ch.rows == 0 && p.m <= 256) return {128, 0, 0, true, 256};
   int s128[4], s256[4];
   slots_of<128, kOverlap>("gemm_w4a16", s128);
   slots_of<256, kOverlap>("gemm_w4a16", s256);
@@ -583,16 +660,16 @@ void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
     if (plan.rows == 256) {  // the wide tile's one-launch plan (overlapped mainloop only)
       const int64_t tiles = static_cast<int64_t>((p.n + 255) / 256) * ((p.m + 127) / 128);
       LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-      if (plan.head > 0) launch<128, true, 2>(p, 1, 0, plan.head, stream);
-      launch<128, true, 2>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
+      if (plan.head > 0) launch<128, true, 2>(p, 1, 0, plan.head, stream, choice.reduce);
+      launch<128, true, 2>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
       return;
     }
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
   const auto go = plan.tokens == 128 ? launch<128, kOverlap> : launch<256, kOverlap>;
-  if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
-  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
+  if (plan.head > 0) go(p, 1, 0, plan.head, stream, choice.reduce);  // whole unsplit waves, then the rest split
+  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
 }
 
 }  // namespace
@@ -609,6 +686,8 @@ void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream
                "mainloop without a split");
   LOWBIT_CHECK(choice.rows != 256 || (!choice.serial && choice.tokens != 256), "gemm_w4a16: the wide tile (256 "
                "weight rows) runs the overlapped mainloop at 128 tokens");
+  LOWBIT_CHECK(choice.reduce >= 0 && choice.reduce <= 2, "gemm_w4a16: the split-K reduction is 0, 1 or 2, got ",
+               choice.reduce);
   if (choice.serial)
     run<false>(p, choice, stream);
   else
