@@ -395,7 +395,7 @@ if has w4a16wide; then
     > "$OUT/ncu_wide_raw.csv" 2>&1; [ -f "$OUT/ncu_wide_raw.csv" ] && cut -c1-400 "$OUT/ncu_wide_raw.csv" | head -20
   echo "== benchmark"
   timeout -k 5 "${WIDE_BENCH_S:-90}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_sm90_wide.json" \
-    ${WIDE_BENCH_ARGS:---ms=128,256,512,1024 --variants=sm90c,sm90g,sm90w:1,sm90w:2,sm90gw:2,sm90w,sm90gw,sm90wk --streamk=128,256 --w4a8=none} \
+    ${WIDE_BENCH_ARGS:---ms=128,256,512,1024 --variants=sm90nw,sm90g,sm90w:1,sm90w:2,sm90gw:2,sm90w,sm90gw,sm90wk --streamk=128,256 --w4a8=none} \
     2>&1 | tee "$OUT/bench_sm90_wide.log"
   echo "== tests and sanitizers (together)"
   (timeout -k 5 "${WIDE_TEST_S:-90}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_wide.py" "$TESTS/test_gpu_w4a16_l2_reduce.py" \

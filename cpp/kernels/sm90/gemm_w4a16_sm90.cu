@@ -632,6 +632,15 @@ Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_stream
   }
   if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
   const bool free_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
+  // One token tile whose 256-row tiles fill 3/4 to all of one wave (gate_up at 128 tokens: 112 CTAs): the wide
+  // tile unsplit, a 64-k block of twice the 128-row tile's work for ~1.5x its cost (docs/gpu_notes.md, "the wide
+  // tile"); 'sm90n' / 'sm90nw' keep the plans before it.
+  if (kOverlap && !ch.no_streamk && ch.split == 0 && ch.tokens == 0 && ch.rows == 0 && p.m <= 128) {
+    int s[4];
+    slots_of<128, true, 2>("gemm_w4a16", s);
+    const int tiles_w = (p.n + 255) / 256;
+    if (tiles_w <= s[0] && 4 * tiles_w >= 3 * s[0]) return {128, 1, 0, false, 256};
+  }
   if (free_sk && ch.tokens != 256 && p.m <= 128) return {128, 0, 0, true};
   int s128[4], s256[4];
   slots_of<128, kOverlap>("gemm_w4a16", s128);
