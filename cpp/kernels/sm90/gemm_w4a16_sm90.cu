@@ -22,6 +22,11 @@
 // the tile leaves through shared memory as 16-byte row segments (coalesced stores). Token tiles vary
 // fastest in the grid, so the CTAs resident together share weight tiles in L2 and every weight byte
 // comes from DRAM about once.
+//
+// The wide tile (W = 2, names 'sm90w...'): 256 weight rows x 128 tokens per CTA, each consumer warpgroup two m64
+// wgmmas per k16 step on one activation tile; the automatic plan takes it unsplit where one token tile's 256-row
+// tiles fill a wave (gate_up at 128 tokens). Split-K may also reduce through L2 ('sm90g...', store_tile_l2; measured
+// slower than the DSMEM reduction, which stays the default). docs/gpu_notes.md, "the wide tile".
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -612,9 +617,10 @@ bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
 // Llama-3-8B shape at M = 256 and 1024.
 constexpr TileCosts kSerialCosts{0.54, 0.68, 2.0, 3.7};
 constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
-// The wide tile (256 rows x 128 tokens): a 64-k block has the 128 x 256 tile's work (its cost assumed, c128 here),
-// its split-K partial the same size (twice a 128-token one's reduction).
-constexpr TileCosts kWideCosts{0.68, 0.68, 2.0, 7.4};
+// The wide tile (256 rows x 128 tokens), for 'sm90w' (by name): 0.75-0.80 us per 64-k block unsplit (H200, qkv 256 /
+// gate_up 128, bench/results/h200-2026-11-27-w4a16-wide-l2reduce-398940d.json), its split-K partial the size of a
+// 256-token one (twice a 128-token one's reduction).
+constexpr TileCosts kWideCosts{0.75, 0.75, 2.0, 7.4};
 
 // The plan: pick_tile_split's tile x split (or two launches), or stream-K at 128 tokens when the tokens fit one
 // 128-token tile (free choice, overlapped mainloop, allow_streamk), or where the caller forces it. Measured on an H200
