@@ -20,7 +20,8 @@ def graph_time_us(fn_calls, reps=20, warmup=3):
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # captured on the warmup stream: ops that keep per-stream scratch (stream-K) allocated it there during the warmup
+    with torch.cuda.graph(graph, stream=stream):
         for f in fn_calls:
             f()
     for _ in range(warmup):

@@ -10,6 +10,11 @@
 #     bench     GEMM sweep and attention benchmarks
 #     w4a8      the W4A8 GEMMs (QoQ, LiquidQuant) vs cuBLAS fp16, lowbit W4A16/W8A8 and torch fp8 on 8B shapes
 #     w4a16     the W4A16 GEMMs (each kernel forced: small, large tiles, sm90 splits) vs cuBLAS fp16 on 8B shapes
+#     w4a16wide the W4A16 wgmma GEMM's wide tile (256 weight rows x 128 tokens, 'sm90w'/'sm90wk'): ncu over qkv/o at
+#               M = 256 (tools/profile_gpu_w4a16_m256.py: the plan before it, stream-K, the wide tile; memory, compute, the
+#               tensor-pipe metric, stall reasons; $OUT/wide.ncu-rep), tools/bench_gpu_sm90_tiles.py (WIDE_BENCH_ARGS),
+#               then its tests with the sm90 W4A16 ones as regression, and memcheck/racecheck/synccheck over small wide
+#               cases, all four at once (WIDE_PROFILE_S, WIDE_BENCH_S, WIDE_TEST_S, WIDE_SAN_S cap each)
 #     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
 #               fp8 (tools/bench_gpu_sm90_tiles.py, SM90TILES_ARGS), their test files (SM90TILES_K selects), sanitizers
 #               over small cases of each path (SM90TILES_SAN_K replaces their -k expression)
@@ -403,6 +408,40 @@ if has w4a16; then
   echo "== W4A16 GEMMs on Llama-3-8B shapes"
   python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_w4a16.json" --w4a16-only --ms=${W4A16_MS:-1,16,64,128,256,1024} \
     2>&1 | tee "$OUT/bench_w4a16.log"
+fi
+if has w4a16wide; then
+  echo "== W4A16 wgmma wide tile: ncu at M = 256 (qkv, o), then the benchmark, then tests and sanitizers together"
+  [ "${WIDE_PROFILE_S:-60}" != 0 ] && timeout -k 5 "${WIDE_PROFILE_S:-60}" ncu --clock-control none -k regex:"gemm_w4a16_sm90" --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --metrics "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    -f -o "$OUT/wide" python3 "$REPO/tools/profile_gpu_w4a16_m256.py" 256 > "$OUT/ncu_wide_run.log" 2>&1
+  echo "ncu rc=$?"; grep -E "^(qkv|o) M=" "$OUT/ncu_wide_run.log" 2>/dev/null
+  [ -f "$OUT/wide.ncu-rep" ] && ncu -i "$OUT/wide.ncu-rep" --page details > "$OUT/ncu_wide.txt" 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|gmma_cycles|Warp Cycles Per Issued|Issue Slots Busy|Bank Conflicts|stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu_wide.txt" \
+    | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | cut -c1-150 | head -150
+  [ -f "$OUT/wide.ncu-rep" ] && ncu -i "$OUT/wide.ncu-rep" --page raw --csv --metrics "gpu__time_duration.sum,lts__t_bytes.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,launch__grid_size" \
+    > "$OUT/ncu_wide_raw.csv" 2>&1; [ -f "$OUT/ncu_wide_raw.csv" ] && cut -c1-400 "$OUT/ncu_wide_raw.csv" | head -20
+  echo "== benchmark"
+  timeout -k 5 "${WIDE_BENCH_S:-90}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_sm90_wide.json" \
+    ${WIDE_BENCH_ARGS:---ms=128,256,512,1024 --variants=sm90nw,sm90g,sm90w:1,sm90w:2,sm90gw:2,sm90w,sm90gw,sm90wk --streamk=128,256 --w4a8=none} \
+    2>&1 | tee "$OUT/bench_sm90_wide.log"
+  echo "== tests and sanitizers (together)"
+  (timeout -k 5 "${WIDE_TEST_S:-90}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_wide.py" "$TESTS/test_gpu_w4a16_l2_reduce.py" \
+    "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_sm90_streamk.py" -q -rfEs --maxfail=30 -k "wide or l2 or sm90 or streamk" \
+    > "$OUT/pytest_wide.log" 2>&1;
+   echo "pytest rc=$?") &
+  for tool in memcheck racecheck synccheck; do
+    (timeout -k 5 "${WIDE_SAN_S:-90}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+      "$TESTS/test_gpu_w4a16_wide.py" "$TESTS/test_gpu_w4a16_l2_reduce.py" -k "${WIDE_SAN_K:-(l2_reduce_bit_identical and 17-1088-64-3-65) or (float64_small_and_narrow and (17-576-128-3-65 or 272-64-64-0-129)) or (fixup_path and (65-100-576-3 or 7-17-128-5 or 300-600-640-7)) or (half_chunk and 272-576-32-130)}" \
+      > "$OUT/${tool}_wide.log" 2>&1; echo "$tool rc=$?") &
+  done
+  wait
+  tail -3 "$OUT/pytest_wide.log"; grep -E "^(FAILED|ERROR) " "$OUT/pytest_wide.log" | cut -c1-300 | head -20
+  for tool in memcheck racecheck synccheck; do
+    tail -1 "$OUT/${tool}_wide.log"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_wide.log" | head -4
+  done
 fi
 if has sm90tiles; then
   # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),

@@ -40,6 +40,9 @@ struct W4A16Options {
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
+  int sm90_rows = 0;  // the sm90 kernel's weight rows per CTA: 0 = the cost model's, 128 = the plans before the wide
+                      // tile (A/B timing), 256 = the wide tile (128 tokens)
+  int sm90_reduce = 0;  // the sm90 kernel's split-K reduction: 0 = its default, 1 = cluster shared memory, 2 = L2
   int gemv_tiles = 0;  // the gemv kernel's 16-row tiles per CTA (1, 2, 4, 8); 0 = its own pick
   int gemv_ring = 0;    // the gemv kernel's configuration ('gemv:T:rDbB'): chunks in flight per warp and
   int gemv_blocks = 0;  // CTAs per SM; 0, 0 = its own pick
@@ -52,6 +55,8 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A
 // tiles [0, head) run unsplit in a first launch, the rest at the split in a second; split 0: one stream-K launch.
 std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
                                                const W4A16Options& options = {});
+// The weight rows per CTA of that plan: 128, or 256 for the wide tile (gemm_w4a16_sm90.cu).
+int gemm_w4a16_sm90_plan_rows(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
 // The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device);
 // The register-direct GEMV's {16-row tiles per CTA, CTAs along k} for 1-8 tokens; `tiles` != 0 pins the first.
