@@ -103,6 +103,46 @@ bool parse_sm90k(const char* op, const std::string& kernel, Options& o) {
   return true;
 }
 
+// The W4A16 wgmma kernel's wide tile (256 weight rows x 128 tokens per CTA): "sm90w" (its split by the cost model),
+// "sm90w:S" (split-K cluster S = 1, 2, 4, 8), "sm90wk" / "sm90wk:G" (stream-K, G CTAs); "sm90nw": the automatic plan
+// without the wide tile (the plans before it, A/B timing). False for another name.
+bool parse_sm90w(const std::string& kernel, cuda::W4A16Options& o) {
+  if (kernel == "sm90nw") {
+    o.sm90_rows = 128;
+    return true;
+  }
+  if (kernel.rfind("sm90w", 0) != 0) return false;
+  const std::string rest = kernel.substr(5);
+  bool ok = true;
+  if (rest.rfind("k", 0) == 0) {
+    const std::string g = rest.size() > 2 && rest[1] == ':' ? rest.substr(2) : rest == "k" ? "0" : "";
+    ok = !g.empty() && g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) o.sm90_streamk = true, o.sm90_ctas = std::stoi(g);
+  } else if (!rest.empty()) {
+    ok = rest == ":1" || rest == ":2" || rest == ":4" || rest == ":8";
+    if (ok) o.sm90_split = rest[1] - '0';
+  }
+  LOWBIT_CHECK(ok, "gemm_w4a16: argument 'kernel': the wide tile is 'sm90w', 'sm90w:S' (S = 1, 2, 4, 8), 'sm90wk' or "
+               "'sm90wk:G' (G CTAs), got '", kernel, "'");
+  o.sm90_rows = 256;
+  return true;
+}
+
+// The W4A16 wgmma kernel with its split-K reduction pinned: "sm90g..." through L2, "sm90c..." through cluster shared
+// memory, then what follows as after "sm90" ("sm90g:2:256", "sm90gw:2", "sm90g" = the automatic plan). False for
+// another name.
+bool parse_sm90_reduce(const std::string& kernel, cuda::W4A16Options& o) {
+  if (kernel.rfind("sm90g", 0) != 0 && kernel.rfind("sm90c", 0) != 0) return false;
+  o.sm90_reduce = kernel[4] == 'g' ? 2 : 1;
+  const std::string inner = "sm90" + kernel.substr(5);
+  if (parse_sm90w(inner, o)) return true;
+  const int sm90 = parse_sm90(inner, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+  LOWBIT_CHECK(sm90 == 1 && !o.sm90_serial, "gemm_w4a16: argument 'kernel': 'sm90g' / 'sm90c' (split-K through L2 / "
+               "cluster shared memory) take what 'sm90' or 'sm90w' take after them (e.g. 'sm90g:2:256', 'sm90gw:2'), got '",
+               kernel, "'");
+  return true;
+}
+
 // W4A8 only: "sm90o..." names the wgmma kernel's earlier one-thread producer (A/B timing) with the rest of the
 // name as after "sm90" ("sm90o", "sm90o:1:256", "sm90ok:128"); returns the name without the "o".
 template <class Options>
@@ -118,7 +158,7 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
   cuda::W4A16Options o;
   if (kernel.empty()) return o;
   o.kernel = cuda::W4A16Kernel::large;
-  if (parse_sm90k("gemm_w4a16", kernel, o)) {
+  if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16", kernel, o)) {
     o.kernel = cuda::W4A16Kernel::sm90;
     return o;
   }
@@ -341,11 +381,30 @@ void bind_cuda(nb::module_& m) {
       nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "");
 
   m.def(
+      "gemm_w4a16_sm90_plan_rows",
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
+#ifdef LOWBIT_WITH_CUDA
+        cuda::W4A16Options o;
+        if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan_rows", kernel, o))
+          return cuda::gemm_w4a16_sm90_plan_rows(m, n, k, device, o);
+        const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+        LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan_rows: argument 'kernel' must be '' or an sm90 name, got '",
+                     kernel, "'");
+        return cuda::gemm_w4a16_sm90_plan_rows(m, n, k, device, o);
+#else
+        no_cuda("gemm_w4a16_sm90_plan_rows");
+#endif
+      },
+      nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("device") = 0, nb::arg("kernel") = "",
+      "Weight rows per CTA (128, or 256: the wide tile) of gemm_w4a16_sm90_plan's plan.");
+
+  m.def(
       "gemm_w4a16_sm90_plan",
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A16Options o;
-        if (parse_sm90k("gemm_w4a16_sm90_plan", kernel, o)) return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
+        if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan", kernel, o))
+          return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");
@@ -435,6 +494,18 @@ void bind_cuda(nb::module_& m) {
                      "'");
         if (sm90 == 1) {
           options.kernel = cuda::Gemm8Kernel::sm90;
+        } else if (kernel.rfind("gemv", 0) == 0) {
+          // "gemv" or "gemv:rDbB" (a compiled configuration: D chunks in flight per warp, B CTAs per SM; the op
+          // checks that it exists)
+          const std::string rest = kernel.substr(4);
+          int ring = 0, blocks = 0, used = 0;
+          LOWBIT_CHECK(rest.empty() || (std::sscanf(rest.c_str(), ":r%db%d%n", &ring, &blocks, &used) == 2 &&
+                                        used == static_cast<int>(rest.size()) && ring > 0 && blocks > 0),
+                       "gemm_w4a8: argument 'kernel': 'gemv' takes an optional ':rDbB' (D chunks in flight per warp, "
+                       "B CTAs per SM, e.g. 'gemv:r4b4'), got '", kernel, "'");
+          options.kernel = cuda::Gemm8Kernel::gemv;
+          options.gemv_ring = ring;
+          options.gemv_blocks = blocks;
         } else {
           const cuda::Gemm8Options choice = gemm8_options("gemm_w4a8", kernel, false, false);
           options.kernel = choice.kernel;
@@ -450,11 +521,11 @@ void bind_cuda(nb::module_& m) {
       nb::arg("xq"), nb::arg("x_scale").none(), nb::arg("w"), nb::arg("y"), nb::arg("split_k") = 0,
       nb::arg("stream") = 0, nb::arg("kernel") = "",
       "GPU: y = (xq · Wᵀ) * x_scale[m] * channel_scale[n] for a qoq/liquid PackedWeight packed for sm80 on the "
-      "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (wgmma on sm_90 from "
-      "128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
+      "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (on sm_90 the gemv at "
+      "one token and wgmma from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
       "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
       "mainloop, for A/B timing), 'sm90o...' (the earlier one-thread producer, for A/B timing: 'sm90o', 'sm90o:S:T', "
-      "'sm90ok...')");
+      "'sm90ok...'), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(
       "gemm_w4a8_sm90_plan",

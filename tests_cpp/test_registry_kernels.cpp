@@ -72,7 +72,7 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
   }
   for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
                         "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w4a16_gemv_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
-                        "gemm_w4a8_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90", "gemm_w4a16_decode_sm90",
+                        "gemm_w4a8_sm80", "gemm_w4a8_gemv_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90", "gemm_w4a16_decode_sm90",
                         "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80",
                         "prefill_attention_sm90"})
     EXPECT_TRUE(names.count(n)) << n;
@@ -203,9 +203,15 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   const std::string fp8_g32 =
       error_of([&] { select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::e4m3, 32, 1)); });
   EXPECT_NE(fp8_g32.find("gemm_wfp8a16_sm80: needs per-channel weight scales"), std::string::npos) << fp8_g32;
-  // W4A8: the mma.sync kernel below 128 tokens and on sm_80/89, the wgmma kernel from 128 tokens on sm_90.
+  // W4A8: the register-direct GEMV at one token on sm_90, the mma.sync kernel below 128 tokens and on sm_80/89, the
+  // wgmma kernel from 128 tokens on sm_90.
   for (const WeightFormat f : {WeightFormat::qoq, WeightFormat::liquid}) {
-    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 1)).kernel->name, "gemm_w4a8_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 1)).kernel->name,
+                 "gemm_w4a8_gemv_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 64, 1)).kernel->name,
+                 "gemm_w4a8_gemv_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::int8_per_token, f, 128, 1)).kernel->name, "gemm_w4a8_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 2)).kernel->name, "gemm_w4a8_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 127)).kernel->name,
                  "gemm_w4a8_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 128)).kernel->name,

@@ -615,6 +615,8 @@ def ok():
          "gemm_w4a16_pick_split", "no CUDA support", when="cpu_build"),
     case("gemm_w4a16_sm90_plan", "C.gemm_w4a16_sm90_plan(256, 4096, 4096)", "NotImplementedError",
          "gemm_w4a16_sm90_plan", "no CUDA support", when="cpu_build"),
+    case("gemm_w4a16_sm90_plan_rows", "C.gemm_w4a16_sm90_plan_rows(256, 4096, 4096)", "NotImplementedError",
+         "gemm_w4a16_sm90_plan_rows", "no CUDA support", when="cpu_build"),
     case("gemm_w4a8_sm90_plan", "C.gemm_w4a8_sm90_plan(256, 4096, 4096)", "NotImplementedError",
          "gemm_w4a8_sm90_plan", "no CUDA support", when="cpu_build"),
     case("quantize_per_token_s8_gpu", "C.quantize_per_token_s8(torch.zeros(2, 64, dtype=f16), "

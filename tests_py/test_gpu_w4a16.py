@@ -299,23 +299,29 @@ def test_gemm_w4a16_sm90_every_tile_and_split(m, n, k, group):
 
 
 # qkv/o/down at M = 256 (128-token tiles, split 2 on o/down), qkv at 1024 and (900, 6100, 4096), (1100, 4103, 4160)
-# (on 132 SMs: whole unsplit waves, then the rest split: two launches), a small odd shape; up to 128 tokens stream-K.
+# (on 132 SMs: whole unsplit waves, then the rest split: two launches), a small odd shape; up to 128 tokens stream-K,
+# or gate_up at 128 tokens the wide tile unsplit.
 @pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
 @pytest.mark.parametrize("m,n,k", [(256, 6144, 4096), (256, 4096, 4096), (256, 4096, 14336), (1024, 6144, 4096),
                                    (900, 6100, 4096), (1100, 4103, 4160), (300, 1000, 2048), (128, 4096, 14336),
-                                   (100, 1000, 2048)])
+                                   (100, 1000, 2048), (128, 28672, 4096)])
 def test_gemm_w4a16_sm90_plan_is_what_runs(m, n, k):
     """The cost model's (tokens, split, head) is valid, and the automatic launch is that plan: bit for bit the forced
     pair, or with a head, the head's tiles as the unsplit kernel computes them and the rest as the split one does."""
     tokens, split, head = _core.gemm_w4a16_sm90_plan(m, n, k)
-    tiles_m, tiles = -(-m // tokens), -(-n // 128) * -(-m // tokens)
+    rows = _core.gemm_w4a16_sm90_plan_rows(m, n, k)
+    tiles_m, tiles = -(-m // tokens), -(-n // rows) * -(-m // tokens)
     assert tokens in (128, 256) and split in (0, 1, 2, 4) and 0 <= head < tiles and (head == 0 or split > 1)
+    assert rows == 128 or (rows == 256 and tokens == 128 and split in (0, 1) and head == 0 and m <= 256)
     assert _core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90:2:128") == (128, 2, 0)
+    assert _core.gemm_w4a16_sm90_plan_rows(m, n, k, kernel="sm90nw") == 128
     x, packed, ref, _ = w4_problem(m, n, k, 128, seed=m + n)
     y_auto = gemm_forced("sm90", x, packed, n, k, 128)
     check(y_auto, ref)
-    # split 0: one stream-K launch over every resident CTA
-    expect = gemm_forced(f"sm90:{split}:{tokens}" if split else f"sm90k:{tokens}", x, packed, n, k, 128)
+    # split 0: one stream-K launch over every resident CTA (rows 256: the wide tile's)
+    wide = rows == 256
+    expect = gemm_forced(f"sm90w:{split}" if wide and split else "sm90wk" if wide else
+                         f"sm90:{split}:{tokens}" if split else f"sm90k:{tokens}", x, packed, n, k, 128)
     if head:
         unsplit = gemm_forced(f"sm90:1:{tokens}", x, packed, n, k, 128)
         for t in range(head):

@@ -67,6 +67,21 @@ def test_w4a16_gemv_at_one_token(sm, m, n, k, expected):
     assert r["kernel"] == expected and not r["fallback"], r
 
 
+# W4A8 (QoQ, LiquidQuant): the register-direct GEMV at one token on sm_90 (as the W4A16 GEMV), the mma.sync kernel from
+# 2 tokens and on other GPUs, the wgmma kernel from 128 tokens on sm_90.
+@pytest.mark.parametrize("sm,m,weight,group,expected", [(90, 1, "qoq", 128, "gemm_w4a8_gemv_sm80"),
+                                                        (90, 1, "liquid", 64, "gemm_w4a8_gemv_sm80"),
+                                                        (90, 2, "qoq", 128, "gemm_w4a8_sm80"),
+                                                        (90, 128, "liquid", 64, "gemm_w4a8_sm90"),
+                                                        (80, 1, "qoq", 128, "gemm_w4a8_sm80"),
+                                                        (89, 1, "liquid", 64, "gemm_w4a8_sm80")])
+def test_w4a8_gemv_at_one_token(sm, m, weight, group, expected):
+    for x in ("f16", "s8"):
+        r = _core.kernels.select_gemm(device="cuda", sm=sm, act="int8_per_token", x=x, y="f16", weight=weight,
+                                      packed="sm80", group=group, n=4096, k=14336, m=m)
+        assert r["kernel"] == expected and not r["fallback"], r
+
+
 def test_decode_attention_kernel_and_named_fallbacks():
     ok = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=64, q="f16", k="u8", v="u4",
                                         gqa=3)

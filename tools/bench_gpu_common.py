@@ -20,8 +20,7 @@ def graph_time_us(fn_calls, reps=20, warmup=3):
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    # Capture on the warm-up stream: scratch an op allocates per stream on first use (the wgmma GEMMs' stream-K
-    # workspace) then exists for the capture; torch's own capture stream never ran the op eagerly.
+    # captured on the warmup stream: ops that keep per-stream scratch (stream-K) allocated it there during the warmup
     with torch.cuda.graph(graph, stream=stream):
         for f in fn_calls:
             f()

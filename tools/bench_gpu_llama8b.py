@@ -16,6 +16,7 @@ error is recorded).
   python3 tools/bench_gpu_llama8b.py out.json [--quick] [--parts torch,hf,lowbit] [--recipes ...]
   python3 tools/bench_gpu_llama8b.py out.json --parts lowbit:w8a8kv8,hf --deadline 380   # one slice of it
   python3 tools/bench_gpu_llama8b.py out.json --parts '' --merge a.json b.json   # combine earlier runs
+A recipe may carry kernel overrides for an A/B in one run: --recipes w4a8kv8,w4a8kv8+linear.qkv=gemm_w4a8_sm80.
 Measured on an H100: the torch part takes ~50 s, each lowbit recipe ~90 s (40 s of it loading), so the whole
 run is ~7 min. transformers 5.x offline needs these wheels besides it: huggingface_hub, httpx2, httpcore2,
 anyio, h11, idna, sniffio, certifi, truststore, safetensors, tokenizers, regex, pyyaml, tqdm, filelock,
@@ -186,7 +187,9 @@ def part_lowbit(args, shape, out, recipe):
     device, dtype = ("cuda", "f16") if cuda() else ("cpu", "f32")
     stats = lambda: dict(_core.allocator_stats(device)) if device == "cuda" else {}  # noqa: E731
     t = time.perf_counter()
-    model = lowbit_model(shape, recipe, device, dtype)
+    # "recipe+key=value+...": kernel overrides for an A/B in one run (e.g. +linear.qkv=gemm_w4a8_sm80)
+    base, *overrides = recipe.split("+")
+    model = lowbit_model(shape, base, device, dtype, dict(o.split("=", 1) for o in overrides))
     part.d["load_s"] = round(time.perf_counter() - t, 2)
     info = model.info()
     part.d["info"] = info

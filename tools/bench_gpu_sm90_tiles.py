@@ -12,9 +12,10 @@ at the split in a second), 'sm90:S:T' (overlapped mainloop, split S, T tokens pe
 (the serial mainloop the kernels had before); --variants limits the forced ones. W4A8 is the GEMM alone on int8 codes
 (QoQ g128 weights). Stream-K columns, both kernels: *_sm90k:T_us (one persistent launch over every resident CTA, T
 tokens per tile; --streamk=128,256 picks the tiles, --streamk= none) and *_sm90n_us (the automatic plan without the
-stream-K candidate: the previous rounds' plan, in *_plan_n); --w4a8=auto times W4A8 at those columns only.
---w4a8-only skips W4A16 and adds w4a8_sm90o_us (the earlier one-thread producer's automatic plan, in w4a8_plan_o);
-W4A8 variants may then name it too ('sm90o:1:256').
+stream-K candidate: the previous rounds' plan, in *_plan_n); --w4a8=auto times W4A8 at those columns only, --w4a8=none
+not at all. W4A16's wide tile (256 weight rows x 128 tokens per CTA) is named like the others in --variants: 'sm90w:S',
+'sm90w' (its split by the cost model), 'sm90wk' (stream-K). --w4a8-only skips W4A16 and adds w4a8_sm90o_us (the W4A8
+kernel's earlier one-thread producer, its automatic plan in w4a8_plan_o); W4A8 variants may then name it ('sm90o:1:256').
 """
 import sys
 
@@ -58,13 +59,13 @@ def time_or_error(row, key, fns):
 
 
 def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm90k:256"), w4a8_all=True,
-                w4a8_only=False):
+                w4a8_none=False, w4a8_only=False):
     rows = []
     stream = torch.cuda.current_stream
     wf16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
     wf8 = [torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(copies_for(n * k, l2))]
     _, w16 = w4a16_weights(n, k, 1 if w4a8_only else copies_for(n * k // 2, l2))
-    w8 = w4a8_weights(n, k, copies_for(n * k // 2, l2))
+    w8 = [] if w4a8_none else w4a8_weights(n, k, copies_for(n * k // 2, l2))
     one = torch.ones((), device="cuda")
     for m in ms:
         row = {"shape": name, "n": n, "k": k, "m": m}
@@ -79,9 +80,13 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm
         xs = torch.rand(m, device="cuda") * 0.01
         lxq, lxs = lowbit.from_dlpack(xq), lowbit.from_dlpack(xs)
         row["w4a16_plan"] = list(_core.gemm_w4a16_sm90_plan(m, n, k))
-        row["w4a8_plan"] = list(_core.gemm_w4a8_sm90_plan(m, n, k))
+        row["w4a8_plan"] = [] if w4a8_none else list(_core.gemm_w4a8_sm90_plan(m, n, k))
         row["w4a16_plan_n"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90n"))
-        row["w4a8_plan_n"] = list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90n"))
+        if hasattr(_core, "gemm_w4a16_sm90_plan_rows"):  # the wide tile's round: rows per CTA, the plan before it
+            row["w4a16_plan_rows"] = _core.gemm_w4a16_sm90_plan_rows(m, n, k)
+            row["w4a16_plan_nw"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90nw"))
+            row["w4a16_plan_w"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90w"))
+        row["w4a8_plan_n"] = [] if w4a8_none else list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90n"))
         if w4a8_only:
             row["w4a8_plan_o"] = list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90o"))
         for kernel in ["sm90", "sm90n"] + (["sm90o"] if w4a8_only else []) + variants + list(streamk):
@@ -89,7 +94,7 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm
                 time_or_error(row, f"w4a16_{kernel}_us", [
                     lambda w=w, kn=kernel: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, 128, ly, 0, None,
                                                             stream().cuda_stream, kernel=kn) for w in w16])
-            if not w4a8_all and kernel in variants:
+            if w4a8_none or (not w4a8_all and kernel in variants):
                 continue
             time_or_error(row, f"w4a8_{kernel}_us", [
                 lambda w=w, kn=kernel: _core.gemm_w4a8(lxq, lxs, w, ly, 0, stream().cuda_stream, kn) for w in w8])
@@ -126,11 +131,13 @@ def main():
     sk = next((a[10:] for a in sys.argv[2:] if a.startswith("--streamk=")), "128,256")
     streamk = [f"sm90k:{t}" for t in sk.split(",") if t]
     w4a8_all = "--w4a8=auto" not in sys.argv[2:]
+    w4a8_none = "--w4a8=none" in sys.argv[2:]
     w4a8_only = "--w4a8-only" in sys.argv[2:]
     meta = device_meta()
     rows = []
     for name in names:
-        rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"], variants, streamk, w4a8_all, w4a8_only)
+        rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"], variants, streamk, w4a8_all, w4a8_none,
+                            w4a8_only)
         write_json(out, {"meta": meta, "gemm": rows})
 
 

@@ -10,6 +10,11 @@
 #     bench     GEMM sweep and attention benchmarks
 #     w4a8      the W4A8 GEMMs (QoQ, LiquidQuant) vs cuBLAS fp16, lowbit W4A16/W8A8 and torch fp8 on 8B shapes
 #     w4a16     the W4A16 GEMMs (each kernel forced: small, large tiles, sm90 splits) vs cuBLAS fp16 on 8B shapes
+#     w4a16wide the W4A16 wgmma GEMM's wide tile (256 weight rows x 128 tokens, 'sm90w'/'sm90wk'): ncu over qkv/o at
+#               M = 256 (tools/profile_gpu_w4a16_m256.py: the plan before it, stream-K, the wide tile; memory, compute, the
+#               tensor-pipe metric, stall reasons; $OUT/wide.ncu-rep), tools/bench_gpu_sm90_tiles.py (WIDE_BENCH_ARGS),
+#               then its tests with the sm90 W4A16 ones as regression, and memcheck/racecheck/synccheck over small wide
+#               cases, all four at once (WIDE_PROFILE_S, WIDE_BENCH_S, WIDE_TEST_S, WIDE_SAN_S cap each)
 #     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
 #               fp8 (tools/bench_gpu_sm90_tiles.py, SM90TILES_ARGS), their test files (SM90TILES_K selects), sanitizers
 #               over small cases of each path (SM90TILES_SAN_K replaces their -k expression)
@@ -46,6 +51,10 @@
 #               GEMV_TEST_S caps them; GEMV_SANITIZE=0 skips the sanitizers,
 #               GEMV_SANITIZE_S caps each, default 120 s), then tools/bench_gpu_w4a16_decode.py alone on the GPU
 #               (GEMV_BENCH_ARGS, default "--ms 1 --splits=": one token, decode90 at its own split only; GEMV_BENCH_S caps it)
+#     gemv8     the register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80): its tests, the W4A8, registry and engine tests, with
+#               memcheck, racecheck and synccheck over its small cases at the same time (GEMV8_SANITIZE=0 skips them,
+#               GEMV8_SANITIZE_S caps each, default 120 s; GEMV8_K=expr selects the tests with -k), then
+#               tools/bench_gpu_w4a8_decode.py alone on the GPU (GEMV8_BENCH_ARGS, default "--ms 1"; GEMV8_BENCH_S caps it)
 #     w4a8_profile  ncu over the W4A8 wgmma GEMM (tools/bench_gpu_w4a8_profile.py; W4A8_PROFILE_ARGS, W4A8_PROFILE_S)
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
@@ -149,6 +158,7 @@ SANITIZE_CASES=(
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
   "sm90_streamk|test_gpu_sm90_streamk.py|(every_fixup_path and (65-100-576-3 or 7-17-128-5)) or (int32_exact and (7-17-256-5 or 65-100-1152-9)) or two_streams"
   "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names or (configs_match and (8-17-640-96 or (1-130-12352 and (r2b6 or r12b1))))"
+  "w4a8_gemv|test_gpu_w4a8_gemv.py|(int32_bit_exact and (qoq-1-16-64 or liquid-1-130 or qoq-1-200 or liquid-3-4103 or liquid-2-17)) or (configs and liquid-1-130) or strided or (scaled and liquid-2-17) or bad_names"
   "w4a16_decode|test_gpu_w4a16_decode_sm90.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-9-True or 2-4103-640-96-16-False or 1-1000-4160-32-5-True)) or strided or bad_split"
   "fmpq|test_gpu_fmpq.py|(quantize_fmpq_gpu_bit_exact and 7-200) or (block_sums and (qoq-1-64 or liquid-7-130 or qoq-129-48)) or (scaled and liquid-7-130) or (sm90 and (liquid-1-64 or qoq-65-136)) or strided or errors or (s4 and (liquid-64-256 or forces and 7-200))"
 )
@@ -238,6 +248,30 @@ if has gemv; then
   # shellcheck disable=SC2086
   timeout -k 5 "${GEMV_BENCH_S:-240}" python3 "$REPO/tools/bench_gpu_w4a16_decode.py" "$OUT/bench_w4a16_gemv.json" \
     ${GEMV_BENCH_ARGS:---ms 1 --splits=} 2>&1 | tail -20
+fi
+
+if has gemv8; then
+  echo "== register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80)"
+  expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a8_gemv|' | cut -d'|' -f3)
+  [ "${GEMV8_SANITIZE:-1}" = 0 ] && expr=""
+  for tool in memcheck racecheck synccheck; do
+    [ -n "$expr" ] || break
+    (timeout -k 5 "${GEMV8_SANITIZE_S:-120}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+      "$TESTS/test_gpu_w4a8_gemv.py" -k "$expr" > "$OUT/${tool}_w4a8_gemv.log" 2>&1; echo "$tool rc=$?") &
+  done
+  timeout -k 5 "${GEMV8_TEST_S:-150}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8_gemv.py" "$TESTS/test_gpu_w4a8.py" \
+    "$TESTS/test_kernel_registry.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=30 ${GEMV8_K:+-k "$GEMV8_K"} 2>&1 \
+    | tee "$OUT/pytest_gemv8.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_gemv8.log" | cut -c1-400 | head -30
+  wait
+  for tool in memcheck racecheck synccheck; do
+    [ -f "$OUT/${tool}_w4a8_gemv.log" ] || continue
+    echo "$tool: $(tail -1 "$OUT/${tool}_w4a8_gemv.log")"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_w4a8_gemv.log" | head -4
+  done
+  # shellcheck disable=SC2086
+  timeout -k 5 "${GEMV8_BENCH_S:-240}" python3 "$REPO/tools/bench_gpu_w4a8_decode.py" "$OUT/bench_w4a8_gemv.json" \
+    ${GEMV8_BENCH_ARGS:---ms 1} 2>&1 | tail -24
 fi
 
 if has decode90_profile; then
@@ -389,6 +423,40 @@ if has w4a16; then
   echo "== W4A16 GEMMs on Llama-3-8B shapes"
   python3 "$REPO/tools/bench_gpu_gemm.py" "$OUT/bench_w4a16.json" --w4a16-only --ms=${W4A16_MS:-1,16,64,128,256,1024} \
     2>&1 | tee "$OUT/bench_w4a16.log"
+fi
+if has w4a16wide; then
+  echo "== W4A16 wgmma wide tile: ncu at M = 256 (qkv, o), then the benchmark, then tests and sanitizers together"
+  [ "${WIDE_PROFILE_S:-60}" != 0 ] && timeout -k 5 "${WIDE_PROFILE_S:-60}" ncu --clock-control none -k regex:"gemm_w4a16_sm90" --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --metrics "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    -f -o "$OUT/wide" python3 "$REPO/tools/profile_gpu_w4a16_m256.py" 256 > "$OUT/ncu_wide_run.log" 2>&1
+  echo "ncu rc=$?"; grep -E "^(qkv|o) M=" "$OUT/ncu_wide_run.log" 2>/dev/null
+  [ -f "$OUT/wide.ncu-rep" ] && ncu -i "$OUT/wide.ncu-rep" --page details > "$OUT/ncu_wide.txt" 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|gmma_cycles|Warp Cycles Per Issued|Issue Slots Busy|Bank Conflicts|stalled_[a-z_]+_per_issue_active.ratio +[0-9.]+$" "$OUT/ncu_wide.txt" \
+    | grep -v -E "stalled_[a-z_]+_per_issue_active.ratio +0\.[0-4][0-9]*$" | cut -c1-150 | head -150
+  [ -f "$OUT/wide.ncu-rep" ] && ncu -i "$OUT/wide.ncu-rep" --page raw --csv --metrics "gpu__time_duration.sum,lts__t_bytes.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,launch__grid_size" \
+    > "$OUT/ncu_wide_raw.csv" 2>&1; [ -f "$OUT/ncu_wide_raw.csv" ] && cut -c1-400 "$OUT/ncu_wide_raw.csv" | head -20
+  echo "== benchmark"
+  timeout -k 5 "${WIDE_BENCH_S:-90}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_sm90_wide.json" \
+    ${WIDE_BENCH_ARGS:---ms=128,256,512,1024 --variants=sm90nw,sm90g,sm90w:1,sm90w:2,sm90gw:2,sm90w,sm90gw,sm90wk --streamk=128,256 --w4a8=none} \
+    2>&1 | tee "$OUT/bench_sm90_wide.log"
+  echo "== tests and sanitizers (together)"
+  (timeout -k 5 "${WIDE_TEST_S:-90}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_wide.py" "$TESTS/test_gpu_w4a16_l2_reduce.py" \
+    "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_sm90_streamk.py" -q -rfEs --maxfail=30 -k "wide or l2 or sm90 or streamk" \
+    > "$OUT/pytest_wide.log" 2>&1;
+   echo "pytest rc=$?") &
+  for tool in memcheck racecheck synccheck; do
+    (timeout -k 5 "${WIDE_SAN_S:-90}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+      "$TESTS/test_gpu_w4a16_wide.py" "$TESTS/test_gpu_w4a16_l2_reduce.py" -k "${WIDE_SAN_K:-(l2_reduce_bit_identical and 17-1088-64-3-65) or (float64_small_and_narrow and (17-576-128-3-65 or 272-64-64-0-129)) or (fixup_path and (65-100-576-3 or 7-17-128-5 or 300-600-640-7)) or (half_chunk and 272-576-32-130)}" \
+      > "$OUT/${tool}_wide.log" 2>&1; echo "$tool rc=$?") &
+  done
+  wait
+  tail -3 "$OUT/pytest_wide.log"; grep -E "^(FAILED|ERROR) " "$OUT/pytest_wide.log" | cut -c1-300 | head -20
+  for tool in memcheck racecheck synccheck; do
+    tail -1 "$OUT/${tool}_wide.log"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_wide.log" | head -4
+  done
 fi
 if has sm90tiles; then
   # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),

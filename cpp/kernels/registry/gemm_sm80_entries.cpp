@@ -249,6 +249,7 @@ void launch_wfp8a16_sm80(const GemmArgs& a) {
   add_bias(a);
 }
 void launch_w4a8_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::sm80); }
+void launch_w4a8_gemv_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel::gemv); }
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
 void launch_fmpq_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80); }
 void launch_fmpq_s4_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80_s4); }
@@ -292,6 +293,18 @@ Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
   if (f == Fit::yes && why) *why = "u4 -> s8 in registers ((q*s + a) ^ 0x80 per byte), s8 mma.sync, int32 accumulators, split-K";
   return f;
 }
+// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu): one token per plan bucket (the op takes 1-8 when named).
+Fit w4a8_gemv_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = w4a8_can_run(d, why, 80);
+  if (f != Fit::yes) return f;
+  if (d.m != MBucket::m1) return refuse(why, "a GEMV: its plans serve one token (the op takes 1-8 when named)");
+  if (why) *why = "weights streamed straight into registers (no shared-memory staging), s8 mma.sync, int32 exact";
+  return f;
+}
+// At one token on sm_90, above gemm_w4a8_sm80 (rank 1), as the W4A16 GEMV (its design measured 1.12-1.49x the
+// smem-ring kernels there); on other GPUs unmeasured, so forced only. gemm_w4a8 (gemm_w4a8_sm80.cu) is the op's
+// copy of this rule.
+int w4a8_gemv_rank(const GemmDesc& d) { return d.m == MBucket::m1 && d.sm == 90 ? 2 : 0; }
 }  // namespace
 
 // COMET W4Ax: FMPQ s8 codes (int4 blocks in [-7, 7]) with per-block scales x qoq/liquid weights (shared
@@ -361,6 +374,8 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  wfp8a16_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_wfp8a16_sm80)});
   out.push_back({"gemm_w4a8_sm80", "W4A8 QoQ / LiquidQuant u4 weights x s8 per-token activations, mma.sync",
                  w4a8_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w4a8_sm80)});
+  out.push_back({"gemm_w4a8_gemv_sm80", "W4A8 GEMV (1 token): QoQ / LiquidQuant u4 weights streamed into registers, "
+                 "s8 mma.sync", w4a8_gemv_can_run, w4a8_gemv_rank, LOWBIT_GPU_LAUNCH(launch_w4a8_gemv_sm80)});
   out.push_back({"gemm_fmpq_sm80", "COMET W4Ax: FMPQ int4/int8 block activations x qoq/liquid u4 weights, mma.sync",
                  fmpq_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_fmpq_sm80)});
   out.push_back({"gemm_fmpq_s4_sm80", "COMET W4Ax with int4 tensor cores: int4 blocks on s4 mma.sync, int8 blocks on "

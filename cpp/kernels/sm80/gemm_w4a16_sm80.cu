@@ -388,8 +388,18 @@ std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, 
   check_plan_query("gemm_w4a16_sm90_plan", detail::gemm_w4a16_sm90_usable(device), "sm90", m, n, k, device);
   const detail::Sm90Plan plan = detail::gemm_w4a16_sm90_plan(
       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-      {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk});
+      {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
+       options.sm90_rows, options.sm90_reduce});
   return {plan.tokens, plan.streamk ? 0 : plan.split, plan.head};
+}
+
+int gemm_w4a16_sm90_plan_rows(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options) {
+  check_plan_query("gemm_w4a16_sm90_plan_rows", detail::gemm_w4a16_sm90_usable(device), "sm90", m, n, k, device);
+  return detail::gemm_w4a16_sm90_plan(
+             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+             {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas,
+              options.sm90_no_streamk, options.sm90_rows, options.sm90_reduce})
+      .rows;
 }
 
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device) {
@@ -500,7 +510,8 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                                        static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad_sm90),
                                        mins};
     detail::gemm_w4a16_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial,
-                                      options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk}, stream);
+                                      options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
+                                      options.sm90_rows, options.sm90_reduce}, stream);
     return;
   }
   const W4A16LargeTile large_tile =

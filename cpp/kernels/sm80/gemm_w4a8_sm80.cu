@@ -19,6 +19,7 @@
 #include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
+#include "kernels/sm80/gemm_w4a8_gemv_sm80.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm80/w4a8_common_sm80.cuh"
 #include "kernels/sm90/gemm_w4a8_sm90.h"
@@ -223,6 +224,15 @@ int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
+// The wgmma kernel's pinned choices from the op's options (by field: Sm90Choice also holds W4A16-only fields).
+detail::Sm90Choice sm90_choice_of(const W4A8Options& options) {
+  detail::Sm90Choice c;
+  c.split = options.sm90_split, c.tokens = options.sm90_tokens, c.serial = options.sm90_serial;
+  c.streamk = options.sm90_streamk, c.ctas = options.sm90_ctas, c.no_streamk = options.sm90_no_streamk;
+  c.one_producer = options.sm90_one_producer;
+  return c;
+}
+
 std::tuple<int, int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
                                               const W4A8Options& options) {
   const char* op = "gemm_w4a8_sm90_plan";
@@ -232,9 +242,7 @@ std::tuple<int, int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, i
                ": bad shape m=", m, " n=", n, " k=", k);
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
   const detail::Sm90Plan plan = detail::gemm_w4a8_sm90_plan(
-      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-      {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
-       options.sm90_one_producer});
+      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), sm90_choice_of(options));
   return {plan.tokens, plan.streamk ? 0 : plan.split, plan.head};
 }
 
@@ -286,6 +294,26 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  // The register-direct GEMV when named (1-8 tokens), and at one token on sm_90 when the caller pins no split
+  // (gemm_w4a8_gemv_sm80.cu; the registry's rank for gemm_w4a8_gemv_sm80 is the plans' copy of this rule).
+  const bool gemv = options.kernel == Gemm8Kernel::gemv ||
+                    (options.kernel == Gemm8Kernel::automatic && m == 1 && options.split_k <= 0 &&
+                     compute_capability_major(dev) == 9);
+  if (gemv) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, m <= detail::kGemv8MaxTokens, op, ": the gemv kernel takes 1-",
+                      detail::kGemv8MaxTokens, " tokens, got m=", m, "; name 'sm80' instead");
+    const detail::Gemv8Plan plan =
+        detail::gemm_w4a8_gemv_plan(static_cast<int>(m), static_cast<int>(k), options.gemv_ring, options.gemv_blocks);
+    Tensor partial;
+    if (plan.split > 1) partial = Tensor::empty({plan.split * m * n}, ScalarType::s32, xq.device());
+    const detail::W4A8Problem problem{xq.data<int8_t>(), xq.stride(0), raw ? nullptr : x_scale.data<float>(),
+                                      w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
+                                      w.channel_scales.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
+                                      static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), raw};
+    detail::gemm_w4a8_gemv(problem, plan.split > 1 ? partial.data<int32_t>() : nullptr, plan,
+                           options.pdl && pdl_supported(dev), stream);
+    return;
+  }
   // The wgmma kernel from 128 tokens on (one dequantized fragment feeds 128-256 tokens); below, the
   // mma.sync kernel's small tiles and split-K fill the GPU better.
   const bool sm90 = options.kernel == Gemm8Kernel::sm90 ||
@@ -298,9 +326,7 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                                       w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
                                       w.channel_scales.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), raw};
-    detail::gemm_w4a8_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial,
-                                     options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
-                                     options.sm90_one_producer}, stream);
+    detail::gemm_w4a8_sm90(problem, sm90_choice_of(options), stream);
     return;
   }
   const Shape shape = shape_for(m);

@@ -317,6 +317,8 @@ void launch_gemm8(const char* op, const Tensor& xq, const Tensor& x_scale, const
 // elsewhere. A named sm90 kernel that cannot run is an error, never a quiet sm80 run.
 bool use_sm90(const char* op, int device, int64_t k, const Gemm8Options& o) {
   if (o.kernel == Gemm8Kernel::sm80) return false;
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, o.kernel != Gemm8Kernel::gemv, op,
+                    ": the gemv kernel is W4A8's only; name 'sm80' or 'sm90'");
   const bool usable90 = k > 0 && detail::gemm_w8a8_sm90_usable(op, device);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, o.kernel != Gemm8Kernel::sm90 || usable90, op,
                     ": the sm90 (wgmma) kernel needs an sm_90 device and k > 0");

@@ -22,6 +22,11 @@
 // the tile leaves through shared memory as 16-byte row segments (coalesced stores). Token tiles vary
 // fastest in the grid, so the CTAs resident together share weight tiles in L2 and every weight byte
 // comes from DRAM about once.
+//
+// The wide tile (W = 2, names 'sm90w...'): 256 weight rows x 128 tokens per CTA, each consumer warpgroup two m64
+// wgmmas per k16 step on one activation tile; the automatic plan takes it unsplit where one token tile's 256-row
+// tiles fill a wave (gate_up at 128 tokens). Split-K may also reduce through L2 ('sm90g...', store_tile_l2; measured
+// slower than the DSMEM reduction, which stays the default). docs/gpu_notes.md, "the wide tile".
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -39,16 +44,19 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kRows = 128;          // weight rows per CTA: two consumer warpgroups of 64
-constexpr int kTiles = kRows / 16;  // packed 16-row tiles per CTA
+constexpr int kRows = 128;          // weight rows per CTA: two consumer warpgroups of 64 (W = 1)
 constexpr int kBK = 64;             // k per stage: one packed chunk, one or two quantization groups
 constexpr int kChunkBytes = 512;    // one packed 16-row x 64-k tile
 constexpr int kThreads = 384;       // warpgroup 0: producer (one thread issues the copies), 1-2: consumers
 constexpr int kConsumerWarps = 8;
 constexpr int kSmemBudget = 215040;
 
-template <int BT>
+// W: m64 weight tiles per consumer warpgroup (1: 128 weight rows per CTA; 2: the wide tile, 256 rows, each
+// activation tile feeding twice the weights: half the activation bytes through L2 per weight row).
+template <int BT, int W = 1>
 struct Config {
+  static constexpr int kRows = 128 * W;                 // weight rows per CTA
+  static constexpr int kTiles = kRows / 16;             // packed 16-row tiles per CTA
   static constexpr int kXBytes = BT * kBK * 2;         // activation tile (swizzled, 1024-aligned)
   static constexpr int kWBytes = kTiles * kChunkBytes;  // [tile][lane] 16-byte units
   static constexpr int kPBytes = 2 * 2 * kRows * 2;     // [k half][scale | zero][row] f16 (param_row)
@@ -56,6 +64,7 @@ struct Config {
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
+  static_assert(W == 1 || BT == 128, "the wide tile holds 2 x 64 accumulators per thread: 128 tokens only");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
 
@@ -64,7 +73,9 @@ struct Args {
   int k_chunks, split;
   int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
+  float* l2_partials;  // split-K through L2: kSlotFloats per CTA of this launch ([x * split + z]); nullptr: DSMEM
 };
+constexpr int kSlotFloats = 128 * 256;  // the largest partial tile (128 x 256 or, wide, 256 x 128 f32)
 
 #ifdef LOWBIT_SM90_DEVICE
 // D += A · Bᵀ for one k16 step: A (64 weight rows x 16 k, f16) from the four fragment registers, B
@@ -104,8 +115,8 @@ __device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lan
   const int row = gw * 16 + (lane >> 2);
   __half2 s_lo, s_hi, nzs_lo, nzs_hi;
   auto load_params = [&](int half) {
-    const __half* h = ps + half * 2 * kRows;
-    const __half s0 = h[row], s8 = h[row + 8], z0 = h[kRows + row], z8 = h[kRows + row + 8];
+    const __half* h = ps + half * 2 * C::kRows;
+    const __half s0 = h[row], s8 = h[row + 8], z0 = h[C::kRows + row], z8 = h[C::kRows + row + 8];
     s_lo = __half2half2(s0), s_hi = __half2half2(s8);
     nzs_lo = w4a16::addend_of(z0, s0, mins), nzs_hi = w4a16::addend_of(z8, s8, mins);
   };
@@ -127,22 +138,41 @@ __device__ __forceinline__ void wgmma_frag(float (&acc)[N], const uint32_t (&a)[
   wgmma_rs(acc, f, db + 2 * i);  // k16 step i of the stage: +32 bytes of k in the swizzled row
 }
 
+// Part h of a register array of W equal parts (the wide tile's two m64 accumulator / fragment sets).
+template <int P, int W, class T>
+__device__ __forceinline__ T (&part(T (&a)[P * W], int h))[P] {
+  return *reinterpret_cast<T(*)[P]>(a + h * P);
+}
+
+// Dequantizes consumer warp gw's W 16-row tiles of a stage (tile gw + 4h for part h) into the W fragment sets.
+template <class C, int W>
+__device__ __forceinline__ void dequant_parts(const uint8_t* st, int gw, int lane, bool two_halves, bool mins,
+                                              uint32_t (&a)[16 * W]) {
+#pragma unroll
+  for (int h = 0; h < W; ++h) dequant_stage<C>(st, gw + 4 * h, lane, two_halves, mins, part<16, W>(a, h));
+}
+
 // Stage `it` of one consumer warpgroup: issue its wgmmas from `cur` and dequantize stage it+1 into `next`
 // while they run. Serial (kOverlap false): then wait for them and release the stage, so the warpgroup's tensor
 // work stops between stages. Overlapped: wait only for stage it-1's wgmmas (at most one group pending), which read
 // `next` and stage it-1, release that stage, then dequantize: stage it's wgmmas stay in flight into the next
 // stage's issue (the same accumulators; same-shape wgmmas on them are ordered by the hardware). Every consumer
 // thread arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
-template <bool kOverlap, class C, int N, class StageAt>
-__device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16],
-                                              int it, int nk, const StageAt& stage_at, uint64_t* full,
-                                              uint64_t* empty, int gw, int lane, bool two_halves, bool mins,
-                                              int first = 0) {
-  constexpr int kStages = C::kStages;
+// W = 2 (the wide tile): each k16 step issues one wgmma per m64 part, both reading the same activation rows.
+template <bool kOverlap, class C, int W, int N, class StageAt>
+__device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&cur)[16 * W],
+                                              uint32_t (&next)[16 * W], int it, int nk, const StageAt& stage_at,
+                                              uint64_t* full, uint64_t* empty, int gw, int lane, bool two_halves,
+                                              bool mins, int first = 0) {
+  constexpr int kStages = C::kStages, kR = N / W;
   const uint64_t db = smem_desc(smem_u32(stage_at(it)));
   wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < 4; ++i) wgmma_frag(acc, cur, i, db);
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < W; ++h)
+      wgmma_frag(part<kR, W>(acc, h), part<16, W>(cur, h), i, db);
+  }
   wgmma_commit();
   if constexpr (kOverlap) {
     wgmma_wait<1>();
@@ -150,7 +180,7 @@ __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&
   }
   if (it + 1 < nk) {
     mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
-    dequant_stage<C>(stage_at(it + 1), gw, lane, two_halves, mins, next);
+    dequant_parts<C, W>(stage_at(it + 1), gw, lane, two_halves, mins, next);
   }
   if constexpr (!kOverlap) {
     wgmma_wait<0>();
@@ -163,39 +193,133 @@ __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&
 // rows [j, j+1) * 128/split of the tile; slot r of CTA j holds split rank r's partial of that slice as
 // [warp in slice][v/4][lane] float4 (the pipeline smem is idle by then; the producer warpgroup joins
 // the two cluster barriers).
-// Split 1: the f16 tile leaves through shared memory as 16-byte row segments.
-template <int BT>
+// Split 1: the f16 tile leaves through shared memory as 16-byte row segments. gw: the warp's first 16-row tile (part
+// h holds tile gw + 4h), cw: its consumer warp (0-7).
+template <int BT, int W>
 __device__ inline void store_tile_staged(const W4A16Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
-                                         int lane, const float (&acc)[BT / 2]) {
-  store_rows_through_smem<kRows, BT, kConsumerWarps>(smem, p.y, p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y,
-                                                     [&](int v, int) { return __float2half_rn(acc[v]); });
+                                         int lane, const float (&acc)[BT / 2 * W]) {
+  if constexpr (W == 1) {
+    store_rows_through_smem<kRows, BT, kConsumerWarps>(smem, p.y, p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y,
+                                                       [&](int v, int) { return __float2half_rn(acc[v]); });
+  } else {
+    // store_rows_through_smem's layout for 256 rows, both parts written before the copy-out.
+    constexpr int kRowsW = kRows * W, kOutRow = kRowsW + 8, kR = BT / 2;
+    __half* out = reinterpret_cast<__half*>(smem);
+    consumer_sync();  // both warpgroups' wgmmas have completed: the pipeline smem is free
+#pragma unroll
+    for (int h = 0; h < W; ++h)
+#pragma unroll
+      for (int v = 0; v < kR; ++v) {
+        const int row = (gw + 4 * h) * 16 + (lane >> 2) + ((v >> 1) & 1) * 8;
+        const int token = (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+        out[token * kOutRow + row] = __float2half_rn(acc[h * kR + v]);
+      }
+    consumer_sync();
+    for (int u = (gw / (4 * W) * 4 + gw % 4) * 32 + lane; u < BT * (kRowsW / 8); u += kConsumerWarps * 32) {
+      const int token = u / (kRowsW / 8), col = (u % (kRowsW / 8)) * 8;
+      const int mi = m0 + token, ni = n0 + col;
+      if (mi >= p.m || ni >= p.n) continue;
+      const __half* src = out + token * kOutRow + col;
+      __half* dst = p.y + static_cast<int64_t>(mi) * p.ldy + ni;
+      if (vector_y && ni + 8 <= p.n) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        for (int e = 0; e < 8 && ni + e < p.n; ++e) dst[e] = src[e];
+      }
+    }
+  }
 }
 
-template <int BT>
-__device__ inline void store_tile(const W4A16Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
-                                  int lane, int rank, int split, const float (&acc)[BT / 2]) {
+template <int BT, int W>
+__device__ inline void store_tile(const W4A16Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw, int cw,
+                                  int lane, int rank, int split, const float (&acc)[BT / 2 * W]) {
   if (split == 1) {
-    store_tile_staged<BT>(p, vector_y, smem, n0, m0, gw, lane, acc);
+    store_tile_staged<BT, W>(p, vector_y, smem, n0, m0, gw, lane, acc);
     return;
   }
-  reduce_split_k<kConsumerWarps, float4>(smem, gw, lane, rank, split, acc, [&](int w, int ln, int v, float4 sum) {
-    store_acc(p, n0, m0, w, ln, v, sum.x);
-    store_acc(p, n0, m0, w, ln, v + 1, sum.y);
-    store_acc(p, n0, m0, w, ln, v + 2, sum.z);
-    store_acc(p, n0, m0, w, ln, v + 3, sum.w);
+  constexpr int kR = BT / 2;
+  // reduce_split_k sees consumer warp w's kR * W values; value v belongs to part v / kR, tile (w/4)*4W + 4(v/kR) + w%4.
+  reduce_split_k<kConsumerWarps, float4>(smem, cw, lane, rank, split, acc, [&](int w, int ln, int v, float4 sum) {
+    const int t16 = (w / 4) * 4 * W + (v / kR) * 4 + w % 4, vv = v % kR;
+    store_acc(p, n0, m0, t16, ln, vv, sum.x);
+    store_acc(p, n0, m0, t16, ln, vv + 1, sum.y);
+    store_acc(p, n0, m0, t16, ln, vv + 2, sum.z);
+    store_acc(p, n0, m0, t16, ln, vv + 3, sum.w);
   });
+}
+// Split-K through L2 instead of distributed shared memory (the same sums in the same order: bit-identical). Split rank
+// j owns rows [j, j+1) * rows/split of the tile, i.e. consumer warps [j, j+1) * 8/split. Each CTA writes the
+// quads of the warps it does not own to its slot ([warp][v/4][lane] float4, coalesced) in `part` (the cluster's
+// `split` slots), a cluster barrier (release / acquire) publishes them, and the owning warps add the other ranks'
+// quads (L2 only: __ldcg) to their registers in rank order, then the slice leaves through smem as 16-byte row
+// segments. Why: the DSMEM exchange measured ~3.7 us per 64 KB partial (docs/gpu_notes.md, "the wide tile").
+template <int BT, int W>
+__device__ inline void store_tile_l2(const W4A16Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
+                                     int cw, int lane, int rank, int split, float (&acc)[BT / 2 * W], float* part) {
+  namespace cg = cooperative_groups;
+  constexpr int kR = BT / 2 * W, kQuads = kR / 4, kRowsW = kRows * W, kOutRow = kRowsW + 8;
+  const int slice_warps = kConsumerWarps / split, j = cw / slice_warps;
+  float4* mine = reinterpret_cast<float4*>(part + static_cast<int64_t>(rank) * kSlotFloats) + cw * kQuads * 32 + lane;
+  if (j != rank) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) mine[q * 32] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+  }
+  cg::this_cluster().sync();  // the partials are in L2
+  __half* out = reinterpret_cast<__half*>(smem);  // the pipeline smem is idle (every wgmma has completed)
+  if (j == rank) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) {
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int r = 0; r < split; ++r) {
+        const float4 c = r == rank ? make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3])
+                                   : __ldcg(reinterpret_cast<const float4*>(part + static_cast<int64_t>(r) * kSlotFloats) +
+                                            cw * kQuads * 32 + lane + q * 32);
+        if (r == 0) sum = c;
+        else sum.x += c.x, sum.y += c.y, sum.z += c.z, sum.w += c.w;
+      }
+      acc[4 * q] = sum.x, acc[4 * q + 1] = sum.y, acc[4 * q + 2] = sum.z, acc[4 * q + 3] = sum.w;
+    }
+    // [token][row] f16 tile of this slice's rows (store_rows_through_smem's layout)
+#pragma unroll
+    for (int h = 0; h < W; ++h)
+#pragma unroll
+      for (int v = 0; v < BT / 2; ++v) {
+        const int row = (gw + 4 * h) * 16 + (lane >> 2) + ((v >> 1) & 1) * 8;
+        const int token = (v >> 2) * 8 + (lane & 3) * 2 + (v & 1);
+        out[token * kOutRow + row] = __float2half_rn(acc[h * (BT / 2) + v]);
+      }
+  }
+  cg::this_cluster().sync();  // the slice is staged (the producer warpgroup joins both barriers)
+  // The slice's rows: consumer warps [j0, j0 + slice_warps) hold tiles (w/4)*4W + 4h + w%4.
+  const int j0 = rank * slice_warps;
+  constexpr int kSegs = 2;  // 16-byte segments per 16-row tile
+  const int tiles16 = slice_warps * W;
+  for (int u = cw * 32 + lane; u < BT * tiles16 * kSegs; u += kConsumerWarps * 32) {
+    const int token = u / (tiles16 * kSegs), s16 = u % (tiles16 * kSegs), t = s16 / kSegs;
+    const int w = j0 + t % slice_warps, h = t / slice_warps;
+    const int row = ((w / 4) * 4 * W + 4 * h + w % 4) * 16 + (s16 % kSegs) * 8;
+    const int mi = m0 + token, ni = n0 + row;
+    if (mi >= p.m || ni >= p.n) continue;
+    const __half* src = out + token * kOutRow + row;
+    __half* dst = p.y + static_cast<int64_t>(mi) * p.ldy + ni;
+    if (vector_y && ni + 8 <= p.n) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && ni + e < p.n; ++e) dst[e] = src[e];
+    }
+  }
 }
 #endif  // LOWBIT_SM90_DEVICE
 
-// Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 weight rows (token tiles fastest),
+// Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 W weight rows (token tiles fastest),
 // z = split (one cluster along z).
-template <int BT, bool kOverlap>
+template <int BT, bool kOverlap, int W = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a16_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                            const Args args) {
 #ifdef LOWBIT_SM90_DEVICE
-  using C = Config<BT>;
-  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
+  using C = Config<BT, W>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2 * W, kRowsC = C::kRows;
   const W4A16Problem& p = args.p;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -204,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int split = args.split, rank = static_cast<int>(blockIdx.z);
   const int tile = args.tile_base + static_cast<int>(blockIdx.x);  // token tiles vary fastest
-  const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
+  const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRowsC;
   const int kc0 = rank * args.k_chunks / split, nk = (rank + 1) * args.k_chunks / split - kc0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
@@ -222,14 +346,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[kR];
 #pragma unroll
   for (int i = 0; i < kR; ++i) acc[i] = 0.f;
-  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
+  const int cw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);          // consumer warp
+  const int gw = (wg - 1) * 4 * W + ((threadIdx.x >> 5) & 3);      // its first 16-row weight tile (W = 1: cw)
 
   // The producer warpgroup needs few registers; the consumers' 64 x BT f32 tile needs many.
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (threadIdx.x == 0) {  // producer
       const int tile0 = n0 / 16;
-      const int prow = min(kRows, p.npad - n0);  // rows of parameters to copy (a multiple of 16)
+      const int prow = min(kRowsC, p.npad - n0);  // rows of parameters to copy (a multiple of 16)
       const int halves = w4a16::halves_differ(p.group) ? 2 : 1;  // parameter rows per stage (param_row)
       for (int it = 0; it < nk; ++it) {
         const int s = it % kStages, kc = kc0 + it;
@@ -240,10 +365,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint8_t* ws = st + C::kXBytes;
         tma_load_3d(ws, &map_w, 0, kc, tile0, &full[s]);
         for (int h = 0; h < halves; ++h) {
-          uint8_t* ps = ws + C::kWBytes + h * 2 * kRows * 2;
+          uint8_t* ps = ws + C::kWBytes + h * 2 * kRowsC * 2;
           const int64_t row0 = static_cast<int64_t>(w4a16::param_row(kc, h, p.group)) * p.npad + n0;
           bulk_load(ps, p.scales + row0, prow * 2, &full[s]);
-          bulk_load(ps + kRows * 2, p.zeros + row0, prow * 2, &full[s]);
+          bulk_load(ps + kRowsC * 2, p.zeros + row0, prow * 2, &full[s]);
         }
       }
     }
@@ -255,41 +380,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
     // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
-    uint32_t fa[16], fb[16];
+    uint32_t fa[16 * W], fb[16 * W];
     const bool two_halves = w4a16::halves_differ(p.group);
     const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
     fence_regs(acc);
     if (nk > 0) {
       mbar_wait(&full[0], 0);
-      dequant_stage<C>(stage_at(0), gw, lane, two_halves, p.mins, fa);
+      dequant_parts<C, W>(stage_at(0), gw, lane, two_halves, p.mins, fa);
     }
     for (int it = 0; it < nk; it += 2) {
-      consumer_step<kOverlap, C>(acc, fa, fb, it, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
+      consumer_step<kOverlap, C, W>(acc, fa, fb, it, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
       if (it + 1 >= nk) break;
-      consumer_step<kOverlap, C>(acc, fb, fa, it + 1, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
+      consumer_step<kOverlap, C, W>(acc, fb, fa, it + 1, nk, stage_at, full, empty, gw, lane, two_halves, p.mins);
     }
     if constexpr (kOverlap) {  // the last stage's wgmmas
       wgmma_wait<0>();
       fence_regs(acc);
       if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
-    store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
+    if (split > 1 && args.l2_partials != nullptr)
+      store_tile_l2<BT, W>(p, args.vector_y, smem, n0, m0, gw, cw, lane, rank, split, acc,
+                           args.l2_partials + static_cast<int64_t>(blockIdx.x) * split * kSlotFloats);
+    else
+      store_tile<BT, W>(p, args.vector_y, smem, n0, m0, gw, cw, lane, rank, split, acc);
   }
 #endif
 }
 
 // Resident CTAs per split (1, 2, 4, 8) of the BT-token kernel, measured once.
-template <int BT, bool kOverlap>
+template <int BT, bool kOverlap, int W = 1>
 void slots_of(const char* op, int (&slots)[4]) {
   static std::atomic<int> slot_cache[4] = {};
-  resident_slots(op, gemm_w4a16_sm90_kernel<BT, kOverlap>, kThreads, Config<BT>::kSmemBytes, slot_cache, slots);
+  resident_slots(op, gemm_w4a16_sm90_kernel<BT, kOverlap, W>, kThreads, Config<BT, W>::kSmemBytes, slot_cache,
+                 slots);
 }
 
-template <int BT, bool kOverlap>
-void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
+// Split-K reduction of the one-launch plans: 1 through distributed shared memory (reduce_split_k), 2 through L2
+// (store_tile_l2); both sum the same partials in the same order. The default unless a name pins one ('sm90c' / 'sm90g').
+constexpr int kDefaultReduce = 1;
+constexpr int kL2ReduceMaxCtas = 512;  // the L2 reduction's workspace: 128 KB per CTA of the launch, at most 64 MB
+
+template <int BT, bool kOverlap, int W = 1>
+void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, int reduce) {
   const char* op = "gemm_w4a16";
-  auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap>;
-  constexpr int kSmem = Config<BT>::kSmemBytes;
+  auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap, W>;
+  constexpr int kSmem = Config<BT, W>::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_m = (p.m + BT - 1) / BT;
   const int k_chunks = p.k / kBK;
@@ -299,21 +434,29 @@ void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStre
   cfg.stream = stream;
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const Args args{p, k_chunks, split, tile_base, tiles_m, vector_y};
+  float* l2 = nullptr;
+  if (split > 1 && (reduce == 0 ? kDefaultReduce : reduce) == 2 && static_cast<int64_t>(tiles) * split <= kL2ReduceMaxCtas) {
+    int dev = 0;
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
+    // the stream-K scratch (one per device and stream); inside a graph capture it may not grow: then DSMEM (same bits)
+    l2 = streamk_workspace(op, dev, tiles * split, kSlotFloats, stream).partials;
+  }
+  const Args args{p, k_chunks, split, tile_base, tiles_m, vector_y, l2};
   const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
-  const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, kTiles, 1);
+  const CUtensorMap map_w =
+      make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, Config<BT, W>::kTiles, 1);
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
 }
 
 // ---- Stream-K (sm90_streamk.cuh): a persistent grid of the resident CTAs, equal k-block ranges ----
 
 // Config<BT>'s stages, fewer where needed so the epilogue tile has smem of its own: the producer fills the next
-// segment's stages while the consumers store this one's tile (BT 128: 8 stages; 256: 4).
-template <int BT>
-struct SkConfig : Config<BT> {
-  static constexpr int kOutBytes = BT * (kRows + 8) * 2;
-  static constexpr int kStages = std::min(8, (230400 - kOutBytes) / Config<BT>::kStageBytes);
-  static constexpr int kSmemBytes = 1024 + kStages * Config<BT>::kStageBytes + kOutBytes + 2 * kStages * 8;
+// segment's stages while the consumers store this one's tile (BT 128: 8 stages; 256: 4; the wide tile W = 2: 6).
+template <int BT, int W = 1>
+struct SkConfig : Config<BT, W> {
+  static constexpr int kOutBytes = BT * (Config<BT, W>::kRows + 8) * 2;
+  static constexpr int kStages = std::min(8, (230400 - kOutBytes) / Config<BT, W>::kStageBytes);
+  static constexpr int kSmemBytes = 1024 + kStages * Config<BT, W>::kStageBytes + kOutBytes + 2 * kStages * 8;
 };
 
 struct SkArgs {
@@ -326,13 +469,13 @@ struct SkArgs {
 
 // One CTA's range of (tile, k block): the producer and the consumers walk the same segments with one running stage
 // counter g (stage g % kStages, phase (g / kStages) & 1), so the pipeline runs on across segments.
-template <int BT>
+template <int BT, int W = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a16_sm90_streamk_kernel(const __grid_constant__ CUtensorMap map_x,
                                    const __grid_constant__ CUtensorMap map_w, const SkArgs args) {
 #ifdef LOWBIT_SM90_DEVICE
-  using C = SkConfig<BT>;
-  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
+  using C = SkConfig<BT, W>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2 * W, kRowsC = C::kRows;
   const W4A16Problem& p = args.p;
   const StreamKSpace& sp = args.space;
   extern __shared__ uint8_t smem_raw[];
@@ -364,8 +507,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       int tile, ps;
       streamk_segment(sp, beg, pe, tile, ps);
       const int kb = ps - tile * kb_n, ke = pe - tile * kb_n;
-      const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
-      const int tile0 = n0 / 16, prow = min(kRows, p.npad - n0);
+      const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRowsC;
+      const int tile0 = n0 / 16, prow = min(kRowsC, p.npad - n0);
       for (int kc = kb; kc < ke; ++kc, ++g) {
         const int s = g % kStages;
         mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
@@ -375,10 +518,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint8_t* ws = st + C::kXBytes;
         tma_load_3d(ws, &map_w, 0, kc, tile0, &full[s]);
         for (int h = 0; h < halves; ++h) {
-          uint8_t* ps = ws + C::kWBytes + h * 2 * kRows * 2;
+          uint8_t* ps = ws + C::kWBytes + h * 2 * kRowsC * 2;
           const int64_t row0 = static_cast<int64_t>(w4a16::param_row(kc, h, p.group)) * p.npad + n0;
           bulk_load(ps, p.scales + row0, prow * 2, &full[s]);
-          bulk_load(ps + kRows * 2, p.zeros + row0, prow * 2, &full[s]);
+          bulk_load(ps + kRowsC * 2, p.zeros + row0, prow * 2, &full[s]);
         }
       }
       pe = ps;
@@ -387,10 +530,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int t = threadIdx.x - 128;                          // consumer thread: its float4s in a partial slot
-  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);  // consumer warp = its 16-row weight tile
+  const int gw = (wg - 1) * 4 * W + ((threadIdx.x >> 5) & 3);  // the warp's first 16-row weight tile
   const bool two_halves = w4a16::halves_differ(p.group);
   const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
-  uint32_t fa[16], fb[16];
+  uint32_t fa[16 * W], fb[16 * W];
   float acc[kR];
   int g = 0;
   for (int pe = end; pe > beg;) {  // segments last to first, as the producer loads them
@@ -401,18 +544,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kR; ++i) acc[i] = 0.f;
     fence_regs(acc);
     mbar_wait(&full[g % kStages], (g / kStages) & 1);
-    dequant_stage<C>(stage_at(g), gw, lane, two_halves, p.mins, fa);
+    dequant_parts<C, W>(stage_at(g), gw, lane, two_halves, p.mins, fa);
     for (int it = g; it < g_end; it += 2) {
-      consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, full, empty, gw, lane, two_halves, p.mins, g);
+      consumer_step<true, C, W>(acc, fa, fb, it, g_end, stage_at, full, empty, gw, lane, two_halves, p.mins, g);
       if (it + 1 >= g_end) break;
-      consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, full, empty, gw, lane, two_halves, p.mins, g);
+      consumer_step<true, C, W>(acc, fb, fa, it + 1, g_end, stage_at, full, empty, gw, lane, two_halves, p.mins, g);
     }
     wgmma_wait<0>();
     fence_regs(acc);
     mbar_arrive(&empty[(g_end - 1) % kStages]);
     if (streamk_fixup<float4>(sp, args.ws, cta, t, tile, ps, pe, acc))
-      store_tile_staged<BT>(p, args.vector_y, out, tile / args.tiles_m * kRows, tile % args.tiles_m * BT, gw, lane,
-                            acc);
+      store_tile_staged<BT, W>(p, args.vector_y, out, tile / args.tiles_m * kRowsC, tile % args.tiles_m * BT, gw,
+                               lane, acc);
     pe = ps;
     g = g_end;
   }
@@ -420,13 +563,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile.
-template <int BT>
+template <int BT, int W = 1>
 int streamk_resident(const char* op) {
   static std::atomic<int> cache{0};
   int v = cache.load();
   if (v == 0) {
-    auto kernel = gemm_w4a16_sm90_streamk_kernel<BT>;
-    constexpr int kSmem = SkConfig<BT>::kSmemBytes;
+    auto kernel = gemm_w4a16_sm90_streamk_kernel<BT, W>;
+    constexpr int kSmem = SkConfig<BT, W>::kSmemBytes;
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     int per_sm = 0, dev = 0, sms = 0;
     LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem));
@@ -440,28 +583,30 @@ int streamk_resident(const char* op) {
 
 // Launches the stream-K kernel over `ctas` CTAs (0: every resident one); false when its workspace cannot be had
 // (first use inside a graph capture: the caller takes the one-launch plans).
-template <int BT>
+template <int BT, int W = 1>
 bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
   const char* op = "gemm_w4a16";
-  const int resident = streamk_resident<BT>(op);
+  constexpr int kRowsC = Config<BT, W>::kRows;
+  const int resident = streamk_resident<BT, W>(op);
   LOWBIT_CHECK(ctas >= 0 && ctas <= resident, op, ": stream-K over ", ctas, " CTAs; at most ", resident,
                " are resident at once");
   if (ctas == 0) ctas = resident;
   int dev = 0;
   LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
-  // One size for both tiles (the 256-token slot), so switching tiles never regrows it.
-  const StreamKWorkspace ws = streamk_workspace(op, dev, std::max(streamk_resident<128>(op), streamk_resident<256>(op)),
-                                                int64_t{kRows} * 256, stream);
+  // One size for every tile (the 256-token slot: 128 x 256 or, wide, 256 x 128 f32), so switching never regrows it.
+  const int most = std::max({streamk_resident<128>(op), streamk_resident<256>(op), streamk_resident<128, 2>(op)});
+  const StreamKWorkspace ws = streamk_workspace(op, dev, most, int64_t{kRows} * 256, stream);
   if (ws.partials == nullptr) return false;
   const int tiles_m = (p.m + BT - 1) / BT;
   const int k_chunks = p.k / kBK;
-  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * tiles_m;
+  const int64_t tiles = static_cast<int64_t>((p.n + kRowsC - 1) / kRowsC) * tiles_m;
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
   LOWBIT_CHECK(tiles * k_chunks <= INT32_MAX, op, ": m=", p.m, " n=", p.n, " k=", p.k, " is too large for stream-K");
   const SkArgs args{p, {static_cast<int>(tiles * k_chunks), ctas, k_chunks}, tiles_m, vector_y, ws};
   const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
-  const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, kTiles, 1);
-  gemm_w4a16_sm90_streamk_kernel<BT><<<ctas, kThreads, SkConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
+  const CUtensorMap map_w =
+      make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, Config<BT, W>::kTiles, 1);
+  gemm_w4a16_sm90_streamk_kernel<BT, W><<<ctas, kThreads, SkConfig<BT, W>::kSmemBytes, stream>>>(map_x, map_w, args);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   return true;
 }
@@ -472,6 +617,10 @@ bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
 // Llama-3-8B shape at M = 256 and 1024.
 constexpr TileCosts kSerialCosts{0.54, 0.68, 2.0, 3.7};
 constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
+// The wide tile (256 rows x 128 tokens), for 'sm90w' (by name): 0.75-0.80 us per 64-k block unsplit (H200, qkv 256 /
+// gate_up 128, bench/results/h200-2026-11-27-w4a16-wide-l2reduce-398940d.json), its split-K partial the size of a
+// 256-token one (twice a 128-token one's reduction).
+constexpr TileCosts kWideCosts{0.75, 0.75, 2.0, 7.4};
 
 // The plan: pick_tile_split's tile x split (or two launches), or stream-K at 128 tokens when the tokens fit one
 // 128-token tile (free choice, overlapped mainloop, allow_streamk), or where the caller forces it. Measured on an H200
@@ -480,9 +629,25 @@ constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
 // than pick_tile_split's fit, each CTA re-reading its activation tile through L2.
 template <bool kOverlap>
 Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
+  if (ch.rows == 256) {  // the wide tile by name: stream-K, or its split (forced, else pick_tile_split's)
+    if (ch.streamk) return {128, 0, 0, true, 256};
+    int s[4];
+    slots_of<128, true, 2>("gemm_w4a16", s);
+    const TilePlan t = pick_tile_split((p.n + 255) / 256, p.m, p.k / kBK, s, s, kWideCosts, 128, ch.split);
+    return {128, t.split, t.head, false, 256};
+  }
   if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
-  if (kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0 && ch.tokens != 256 && p.m <= 128)
-    return {128, 0, 0, true};
+  const bool free_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
+  // One token tile whose 256-row tiles fill 3/4 to all of one wave (gate_up at 128 tokens: 112 CTAs): the wide
+  // tile unsplit, a 64-k block of twice the 128-row tile's work for ~1.5x its cost (docs/gpu_notes.md, "the wide
+  // tile"); 'sm90n' / 'sm90nw' keep the plans before it.
+  if (kOverlap && !ch.no_streamk && ch.split == 0 && ch.tokens == 0 && ch.rows == 0 && p.m <= 128) {
+    int s[4];
+    slots_of<128, true, 2>("gemm_w4a16", s);
+    const int tiles_w = (p.n + 255) / 256;
+    if (tiles_w <= s[0] && 4 * tiles_w >= 3 * s[0]) return {128, 1, 0, false, 256};
+  }
+  if (free_sk && ch.tokens != 256 && p.m <= 128) return {128, 0, 0, true};
   int s128[4], s256[4];
   slots_of<128, kOverlap>("gemm_w4a16", s128);
   slots_of<256, kOverlap>("gemm_w4a16", s256);
@@ -495,17 +660,31 @@ template <bool kOverlap>
 void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Sm90Plan plan = plan_for<kOverlap>(p, choice);
   if (plan.streamk) {
-    if (plan.tokens == 128 ? launch_streamk<128>(p, choice.ctas, stream) : launch_streamk<256>(p, choice.ctas, stream))
-      return;
+    bool ok = false;
+    if constexpr (kOverlap) {
+      if (plan.rows == 256) ok = launch_streamk<128, 2>(p, choice.ctas, stream);
+    }
+    if (plan.rows != 256)
+      ok = plan.tokens == 128 ? launch_streamk<128>(p, choice.ctas, stream) : launch_streamk<256>(p, choice.ctas, stream);
+    if (ok) return;
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a16: the stream-K workspace is allocated on "
                       "first use, which a graph capture forbids: run the op once before capturing");
     plan = plan_for<kOverlap>(p, choice, false);
   }
+  if constexpr (kOverlap) {
+    if (plan.rows == 256) {  // the wide tile's one-launch plan (overlapped mainloop only)
+      const int64_t tiles = static_cast<int64_t>((p.n + 255) / 256) * ((p.m + 127) / 128);
+      LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
+      if (plan.head > 0) launch<128, true, 2>(p, 1, 0, plan.head, stream, choice.reduce);
+      launch<128, true, 2>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
+      return;
+    }
+  }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
   const auto go = plan.tokens == 128 ? launch<128, kOverlap> : launch<256, kOverlap>;
-  if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
-  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
+  if (plan.head > 0) go(p, 1, 0, plan.head, stream, choice.reduce);  // whole unsplit waves, then the rest split
+  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
 }
 
 }  // namespace
@@ -520,6 +699,10 @@ void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream
   check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
   LOWBIT_CHECK(!choice.streamk || (!choice.serial && choice.split == 0), "gemm_w4a16: stream-K runs the overlapped "
                "mainloop without a split");
+  LOWBIT_CHECK(choice.rows != 256 || (!choice.serial && choice.tokens != 256), "gemm_w4a16: the wide tile (256 "
+               "weight rows) runs the overlapped mainloop at 128 tokens");
+  LOWBIT_CHECK(choice.reduce >= 0 && choice.reduce <= 2, "gemm_w4a16: the split-K reduction is 0, 1 or 2, got ",
+               choice.reduce);
   if (choice.serial)
     run<false>(p, choice, stream);
   else

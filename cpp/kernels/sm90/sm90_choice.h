@@ -11,6 +11,8 @@ struct Sm90Choice {
   bool streamk = false;  // W4A16: force stream-K (a persistent grid, equal k-block ranges per CTA)
   int ctas = 0;          // stream-K's CTAs: 0 = every resident one (tests pin fewer to reach each fix-up path)
   bool no_streamk = false;  // the model's plan without the stream-K candidate (the earlier plans, for A/B timing)
+  int rows = 0;  // W4A16: weight rows per CTA, 0 = the cost model's, 128 = the plans before the wide tile, 256 = it
+  int reduce = 0;  // W4A16 split-K reduction: 0 = the kernel's default, 1 = distributed shared memory, 2 = through L2
   bool one_producer = false;  // W4A8: the earlier one-thread producer (A/B timing)
 };
 
@@ -18,6 +20,7 @@ struct Sm90Plan {
   int tokens, split;
   int head;  // > 0: a first launch runs tiles [0, head) unsplit, a second the rest at `split`
   bool streamk = false;  // W4A16: one stream-K launch of `tokens`-token tiles (split and head 0)
+  int rows = 128;        // W4A16: weight rows per CTA (256: the wide tile)
 };
 
 }  // namespace lowbit::cuda::detail

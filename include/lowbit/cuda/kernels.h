@@ -40,6 +40,9 @@ struct W4A16Options {
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
+  int sm90_rows = 0;  // the sm90 kernel's weight rows per CTA: 0 = the cost model's, 128 = the plans before the wide
+                      // tile (A/B timing), 256 = the wide tile (128 tokens)
+  int sm90_reduce = 0;  // the sm90 kernel's split-K reduction: 0 = its default, 1 = cluster shared memory, 2 = L2
   int gemv_tiles = 0;  // the gemv kernel's 16-row tiles per CTA (1, 2, 4, 8); 0 = its own pick
   int gemv_ring = 0;    // the gemv kernel's configuration ('gemv:T:rDbB'): chunks in flight per warp and
   int gemv_blocks = 0;  // CTAs per SM; 0, 0 = its own pick
@@ -52,6 +55,8 @@ int gemm_w4a16_pick_split(int64_t m, int64_t n, int64_t k, int device, const W4A
 // tiles [0, head) run unsplit in a first launch, the rest at the split in a second; split 0: one stream-K launch.
 std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
                                                const W4A16Options& options = {});
+// The weight rows per CTA of that plan: 128, or 256 for the wide tile (gemm_w4a16_sm90.cu).
+int gemm_w4a16_sm90_plan_rows(int64_t m, int64_t n, int64_t k, int device, const W4A16Options& options = {});
 // The Hopper decode kernel's split-K cluster (1, 2, 4, 8) for this shape (sm_90 only).
 int gemm_w4a16_decode_sm90_split(int64_t m, int64_t n, int64_t k, int device);
 // The register-direct GEMV's {16-row tiles per CTA, CTAs along k} for 1-8 tokens; `tiles` != 0 pins the first.
@@ -79,10 +84,12 @@ void gemm_wfp8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k
 // (mma.sync m16n8k32, sm_80 and newer; split_k 0 picks the split, int32 partials allocated here;
 // pdl as in W4A16Options) and sm90 (wgmma with the dequantized weight as a register operand, TMA,
 // sm_90 only: a forced sm90 elsewhere throws NotSupported; sm90_split 0 automatic, else the split-K
-// cluster size 1/2/4/8). `automatic` (the op-level API; plans name the kernel) takes sm90 on sm_90
-// from 128 tokens on.
-// Which 8-bit-activation GEMM kernel runs (W4A8 here, W8A8/FP8 below).
-enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90 };
+// cluster size 1/2/4/8). A third, gemv (W4A8 only: the register-direct GEMV of
+// cpp/kernels/sm80/gemm_w4a8_gemv_sm80.cu, 1-8 tokens, sm_80 and newer; gemv_ring / gemv_blocks pin a compiled
+// configuration, 0 = its own). `automatic` (the op-level API; plans name the kernel) takes gemv on sm_90 at one
+// token (no pinned split_k), sm90 on sm_90 from 128 tokens on, else sm80.
+// Which 8-bit-activation GEMM kernel runs (W4A8 here, W8A8/FP8 below; gemv is W4A8's only).
+enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90, gemv };
 // sm90_split / sm90_tokens: the wgmma kernel's split-K cluster (1/2/4/8) and tokens per tile (128/256), 0 =
 // its cost model's; sm90_serial: its earlier mainloop that waits for each stage's wgmmas (A/B timing only).
 struct W4A8Options {
@@ -95,6 +102,7 @@ struct W4A8Options {
   bool sm90_streamk = false;  // force the sm90 kernel's stream-K launch (sm90_tokens: its tile, 0 = the model's)
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
+  int gemv_ring = 0, gemv_blocks = 0;  // the gemv kernel's configuration 'rDbB' (0, 0 = automatic)
   bool sm90_one_producer = false;  // the wgmma kernel's earlier one-thread producer (A/B timing: 'sm90o...' names)
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,

@@ -1,0 +1,266 @@
+// W4A8 GEMV for 1-8 tokens, register-direct (kernel name "gemv[:rDbB]" of gemm_w4a8): the W4A16 GEMV's design
+// (gemm_w4a16_gemv_sm80.cu, which says why: the smem-ring kernels hold too few bytes in flight per SM at one token)
+// over pack_sm80_w4a8's layout, which QoQ and LiquidQuant weights share.
+//
+// Shape of the work: a CTA owns one 16-row weight tile; its 8 warps split the tile's 64-k chunks into 8 contiguous
+// runs (k slices). pack_sm80_w4a8 stores a tile's chunks back to back, one 16-byte word per lane per chunk that is
+// already the lane's four A-fragment words for the chunk's two k32 steps, so a warp streams its run with 16-byte
+// ld.global.nc.L1::no_allocate loads D chunks ahead into a register ring (no shared-memory staging, no barrier). The
+// step and offset bytes ride the ring beside each chunk: lanes 0-15 load the steps of rows 0-15, lanes 16-31 their
+// offsets (one byte each), and each lane takes rows g and g+8 by shuffles when the chunk is computed. The ring's first
+// loads are issued before the programmatic-dependent wait (the weights do not depend on the kernel before).
+//
+// Math: the same in-register dequant as the mma.sync W4A8 kernel ((q*s + a) ^ 0x80 per byte, w4a8_common_sm80.cuh)
+// straight into the A fragment, mma.sync m16n8k32 s8 with the tokens as B (8 columns, tokens past m read a zero row),
+// int32 accumulation over the whole k (exact, so the slices' and the k splits' sums equal the other kernels' bit for
+// bit) and the per-token x per-channel scales once in the epilogue. Per chunk: 2 mma + ~30 dequant instructions (half
+// the W4A16 GEMV's dequant work). x (s8, the CTA's k range for its tokens) is copied once per CTA into shared memory;
+// its rows are an odd multiple of 16 bytes apart (conflict-free ldmatrix.x4: one per chunk gives all four B words).
+//
+// When x for the whole k would not fit the configuration's shared-memory budget (at r4b4 ~47 KB per CTA: one token
+// past k ~24000, 8 tokens past k ~5200) the k range is split over gridDim.y CTAs whose int32 partials a small kernel
+// sums before the scales.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "cuda/pdl.cuh"
+#include "kernels/sm80/gemm_w4a8_gemv_sm80.h"
+#include "kernels/sm80/w4a16_common_sm80.cuh"
+#include "kernels/sm80/w4a8_common_sm80.cuh"
+#include "lowbit/cuda/check.h"
+
+namespace lowbit::cuda::detail {
+namespace {
+
+using w4a16::cp_async16;
+using w4a16::cp_async_commit;
+using w4a16::cp_async_wait;
+using w4a16::kChunkK;
+using w4a16::kTileN;
+using w4a16::ldmatrix_x4;
+using w4a16::smem_addr;
+using w4a8::dequant_bytes;
+using w4a8::mma_s8_16832;
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+constexpr int kRedBytes = kWarps * 32 * 16;
+// Bytes of x per CTA: what leaves `blocks` CTAs per SM room on Hopper / A100 (228 KB, 1 KB reserved per CTA) with the
+// reduction area, at most 100000.
+constexpr int x_budget(int blocks) { return std::min(100000, 228 * 1024 / blocks - 1024 - kRedBytes - 512); }
+// Rows of x in shared memory: 16 * (4 * chunks + 1) bytes apart, an odd multiple of 16, so the 8 rows one ldmatrix
+// phase reads fall in 8 different 16-byte bank groups.
+int x_row_bytes(int chunks) { return chunks * kChunkK + 16; }
+int x_bytes(int m, int chunks) { return (m + 1) * x_row_bytes(chunks); }
+
+struct Args {
+  W4A8Problem p;
+  int32_t* partial;                // [gridDim.y, m, n] when gridDim.y > 1
+  int k_chunks, z_chunks, x_row;   // z_chunks: chunks per CTA along y; x_row: bytes between x rows in shared memory
+  float inv_chunks_per_group;      // 1 / (group / 64)
+  bool pdl;
+};
+
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t ld_u8(const uint8_t* p) {
+  uint32_t r;
+  asm("ld.global.nc.u8 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void store_output(const W4A8Problem& p, int token, int col, int v) {
+  if (p.raw)
+    static_cast<int32_t*>(p.y)[token * p.ldy + col] = v;
+  else  // the mma.sync kernel's expression, so its f16 outputs match bit for bit
+    static_cast<__half*>(p.y)[token * p.ldy + col] =
+        __float2half_rn(static_cast<float>(v) * p.x_scale[token] * p.channel_scale[col]);
+}
+
+// kRing: chunks in flight per warp; kBlocks: CTAs per SM the registers are budgeted for.
+template <int kRing, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a8_gemv_kernel(Args a) {
+  extern __shared__ uint4 smem_u4[];
+  uint8_t* xs = reinterpret_cast<uint8_t*>(smem_u4);
+  const W4A8Problem& p = a.p;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nt = blockIdx.x;
+  const int zb = blockIdx.y * a.z_chunks, ze = min(zb + a.z_chunks, a.k_chunks);
+  const int per = (ze - zb + kWarps - 1) / kWarps;
+  const int kb = min(zb + warp * per, ze), ke = min(kb + per, ze);
+
+  // This lane's 16 bytes of chunk kc are 16-byte word wofs + 32 kc of p.w (a layer stays below 2^32 such words).
+  const uint32_t wofs = static_cast<uint32_t>(nt) * a.k_chunks * 32 + lane;
+  const uint8_t* pbase = (lane < 16 ? p.steps : p.offsets) + nt * kTileN + (lane & 15);
+  // Where registers are tight (3+ CTAs per SM) a slot is refilled after its chunk is computed, not before.
+  constexpr bool kLateRefill = kBlocks >= 3;
+  uint4 wbuf[kRing];
+  uint32_t pbuf[kRing];
+  auto issue = [&](int d, int kc) {
+    wbuf[d] = ld_stream(reinterpret_cast<const uint4*>(p.w) + (wofs + static_cast<uint32_t>(kc) * 32));
+    // The group row of chunk kc in f32: (kc + 0.5) / (group / 64) stays at least 0.5 / (group / 64) off an integer,
+    // far above f32's rounding for any k this kernel takes.
+    const int row = static_cast<int>((static_cast<float>(kc) + 0.5f) * a.inv_chunks_per_group);
+    pbuf[d] = ld_u8(pbase + static_cast<int64_t>(row) * p.npad);
+  };
+#pragma unroll
+  for (int d = 0; d < kRing; ++d)
+    if (kb + d < ke) issue(d, kb + d);
+  if (a.pdl) pdl_wait_for_producers();
+
+  // x rows [0, m) of chunks [zb, ze), then a zero row that tokens past m read (the whole range: their ldmatrix
+  // addresses step by one chunk like the others').
+  const int len16 = (ze - zb) * (kChunkK / 16);
+  for (int r = 0; r < p.m; ++r)
+    for (int q = threadIdx.x; q < len16; q += kThreads)
+      cp_async16(xs + r * a.x_row + q * 16, p.x + r * p.ldx + zb * kChunkK + q * 16);
+  cp_async_commit();
+  uint8_t* zero_row = xs + p.m * a.x_row;
+  if (p.m < 8)
+    for (int q = threadIdx.x; q < len16; q += kThreads) reinterpret_cast<uint4*>(zero_row)[q] = make_uint4(0, 0, 0, 0);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ldmatrix.x4: lane l addresses token l & 7 of matrix l >> 3 = the chunk's 16-byte column l >> 3, so lane
+  // (g, t) receives k 4t..4t+3 (+16, +32, +48) of token g: b0, b1 of step 0, then of step 1.
+  const int tok = lane & 7;
+  uint32_t xaddr = smem_addr((tok < p.m ? xs + tok * a.x_row : zero_row) + 16 * (lane >> 3)) + (kb - zb) * kChunkK;
+
+  const int g = lane >> 2;
+  int acc[4] = {0, 0, 0, 0};
+  for (int base = kb; base < ke; base += kRing) {
+#pragma unroll
+    for (int d = 0; d < kRing; ++d) {
+      const int kc = base + d;
+      if (kc >= ke) break;
+      const uint4 wv = wbuf[d];
+      const uint32_t pv = pbuf[d];
+      if (!kLateRefill && kc + kRing < ke) issue(d, kc + kRing);
+      // Lanes 0-15: step | offset << 8 of row lane; then rows g and g + 8 per lane, the offset in every byte.
+      const uint32_t so = pv | (__shfl_xor_sync(0xffffffffu, pv, 16) << 8);
+      const uint32_t r_g = __shfl_sync(0xffffffffu, so, g), r_g8 = __shfl_sync(0xffffffffu, so, g + 8);
+      const uint32_t s_g = r_g & 0xffu, s_g8 = r_g8 & 0xffu;
+      const uint32_t a_g = __byte_perm(r_g, 0, 0x1111), a_g8 = __byte_perm(r_g8, 0, 0x1111);
+      uint32_t b[4];
+      ldmatrix_x4(xaddr, b[0], b[1], b[2], b[3]);
+      xaddr += kChunkK;
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        const uint32_t w_g = step ? wv.z : wv.x, w_g8 = step ? wv.w : wv.y;
+        const uint32_t af[4] = {dequant_bytes(w_g & 0x0f0f0f0fu, s_g, a_g),
+                                dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8, a_g8),
+                                dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g, a_g),
+                                dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8, a_g8)};
+        mma_s8_16832(acc, af, b[2 * step], b[2 * step + 1]);
+      }
+      if (kLateRefill && kc + kRing < ke) issue(d, kc + kRing);
+    }
+  }
+
+  // The 8 k slices meet in shared memory after x, summed in int32 (exact) by warp 0.
+  int4* red = reinterpret_cast<int4*>(xs + (p.m + 1) * a.x_row);
+  red[warp * 32 + lane] = make_int4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int s = 1; s < kWarps; ++s) {
+    const int4 v = red[s * 32 + lane];
+    acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
+  }
+  // acc: c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8, the same tokens.
+  const int t = lane & 3;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int token = 2 * t + (c & 1), col = nt * kTileN + g + 8 * (c >> 1);
+    if (token >= p.m || col >= p.n) continue;
+    if (gridDim.y == 1)
+      store_output(p, token, col, acc[c]);
+    else
+      a.partial[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.n + col] = acc[c];
+  }
+}
+
+// Sums the int32 partials of the k splits (exact in any order) and applies the scales.
+__global__ void sum_partials8_kernel(W4A8Problem p, const int32_t* partial, int split) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= p.m * p.n) return;
+  int s = 0;
+  for (int z = 0; z < split; ++z) s += partial[static_cast<int64_t>(z) * p.m * p.n + i];
+  store_output(p, i / p.n, i % p.n, s);
+}
+
+}  // namespace
+
+Gemv8Plan gemm_w4a8_gemv_plan(int m, int k, int ring, int blocks) {
+  LOWBIT_CHECK(m >= 1 && m <= kGemv8MaxTokens, "gemm_w4a8: the gemv kernel takes 1-", kGemv8MaxTokens,
+               " tokens, got m=", m);
+  const int k_chunks = k / kChunkK;
+  auto split_for = [&](int config) {  // CTAs along k for x's shared-memory budget under `config`
+    const int budget = x_budget(kGemv8Configs[config].blocks);
+    int split = 1;
+    while (split < k_chunks && x_bytes(m, (k_chunks + split - 1) / split) > budget) ++split;
+    return split;
+  };
+  auto index_of = [](int ring, int blocks) {
+    int c = 0;
+    while (c < kGemv8ConfigCount && (kGemv8Configs[c].depth != ring || kGemv8Configs[c].blocks != blocks)) ++c;
+    return c;
+  };
+  int config;
+  if (ring != 0 || blocks != 0) {
+    config = index_of(ring, blocks);
+    LOWBIT_CHECK(config < kGemv8ConfigCount, "gemm_w4a8: the gemv kernel has no configuration r", ring, "b", blocks,
+                 " (compiled: r4b4, r6b3, r8b2, r6b4, r3b5)");
+  } else {
+    config = index_of(4, 4);
+    if (split_for(config) > 1) config = index_of(6, 3);
+  }
+  int split = split_for(config);
+  const int per = (k_chunks + split - 1) / split;
+  split = (k_chunks + per - 1) / per;
+  return {split, per, config};
+}
+
+namespace {
+template <int kRing, int kBlocks>
+void launch_config(const Args& args, dim3 grid, int smem, bool pdl, cudaStream_t stream) {
+  const char* op = "gemm_w4a8";
+  auto kernel = gemm_w4a8_gemv_kernel<kRing, kBlocks>;
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  launch_maybe_pdl(op, pdl, kernel, grid, dim3(kThreads), static_cast<size_t>(smem), stream, args);
+}
+}  // namespace
+
+void gemm_w4a8_gemv(const W4A8Problem& p, int32_t* partial, const Gemv8Plan& plan, bool pdl, cudaStream_t stream) {
+  const char* op = "gemm_w4a8";
+  const int k_chunks = p.k / kChunkK, n_tiles = (p.n + kTileN - 1) / kTileN;
+  const int smem = x_bytes(p.m, plan.chunks_per_split) + kRedBytes;
+  LOWBIT_CHECK(plan.split <= 65535, op, ": split too large");
+  LOWBIT_CHECK(plan.split == 1 || partial != nullptr, op, ": a split gemv needs its int32 partials");
+  const Args args{p, partial, k_chunks, plan.chunks_per_split, x_row_bytes(plan.chunks_per_split),
+                  1.f / static_cast<float>(p.group / kChunkK), pdl};
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(plan.split));
+  // One case per kGemv8Configs entry (gemm_w4a8_gemv_sm80.h), in its order.
+  static_assert(kGemv8ConfigCount == 5, "a launch case per configuration");
+  switch (plan.config) {
+    case 0: launch_config<kGemv8Configs[0].depth, kGemv8Configs[0].blocks>(args, grid, smem, pdl, stream); break;
+    case 1: launch_config<kGemv8Configs[1].depth, kGemv8Configs[1].blocks>(args, grid, smem, pdl, stream); break;
+    case 2: launch_config<kGemv8Configs[2].depth, kGemv8Configs[2].blocks>(args, grid, smem, pdl, stream); break;
+    case 3: launch_config<kGemv8Configs[3].depth, kGemv8Configs[3].blocks>(args, grid, smem, pdl, stream); break;
+    case 4: launch_config<kGemv8Configs[4].depth, kGemv8Configs[4].blocks>(args, grid, smem, pdl, stream); break;
+    default: LOWBIT_CHECK(false, op, ": bad gemv configuration ", plan.config);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  if (plan.split > 1) {
+    const int total = p.m * p.n;
+    sum_partials8_kernel<<<(total + 255) / 256, 256, 0, stream>>>(p, partial, plan.split);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+}  // namespace lowbit::cuda::detail

@@ -1,0 +1,39 @@
+// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu, sm_80 and newer): 1-8 tokens, the qoq / liquid weights
+// (pack_sm80_w4a8's layout) streamed into registers without shared-memory staging. Called by cuda::gemm_w4a8
+// (gemm_w4a8_sm80.cu), which checks the arguments.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/sm90/gemm_w4a8_sm90.h"  // W4A8Problem
+
+namespace lowbit::cuda::detail {
+
+constexpr int kGemv8MaxTokens = 8;
+
+// Compiled configurations, named "rDbB" in 'gemv:rDbB' (bindings), as the W4A16 GEMV's (gemm_w4a16_gemv_sm80.h):
+// D = chunks in flight per warp (the register ring), B = CTAs per SM the registers are budgeted for
+// (__launch_bounds__ min blocks) and x's shared-memory budget per CTA follows. The automatic one is r4b4 (32 warps
+// per SM, the W4A16 GEMV's measured best), or r6b3 where r4b4's x budget would split k over CTAs.
+struct Gemv8Config {
+  int depth, blocks;
+};
+constexpr Gemv8Config kGemv8Configs[] = {{4, 4}, {6, 3}, {8, 2}, {6, 4}, {3, 5}};
+constexpr int kGemv8ConfigCount = static_cast<int>(sizeof(kGemv8Configs) / sizeof(kGemv8Configs[0]));
+
+struct Gemv8Plan {
+  int split;             // CTAs along k (> 1 only when x for the whole k would not fit in shared memory)
+  int chunks_per_split;  // 64-k chunks per CTA along k
+  int config;            // index into kGemv8Configs
+};
+
+// The launch shape for this problem; `ring`, `blocks` = 0 take the automatic configuration, else name one of
+// kGemv8Configs.
+Gemv8Plan gemm_w4a8_gemv_plan(int m, int k, int ring = 0, int blocks = 0);
+// y = x · Wᵀ (scaled f16 or raw int32 as p.raw says); when plan.split > 1, `partial` holds split * m * n int32 that
+// the kernel's own sum adds (exact in any order) before the scales. `pdl`: launched as a programmatic dependent of
+// the kernel before it on the stream.
+void gemm_w4a8_gemv(const W4A8Problem& p, int32_t* partial, const Gemv8Plan& plan, bool pdl, cudaStream_t stream);
+
+}  // namespace lowbit::cuda::detail
