@@ -143,6 +143,15 @@ bool parse_sm90_reduce(const std::string& kernel, cuda::W4A16Options& o) {
   return true;
 }
 
+// W4A8 only: "sm90o..." names the wgmma kernel's earlier one-thread producer (A/B timing) with the rest of the
+// name as after "sm90" ("sm90o", "sm90o:1:256", "sm90ok:128"); returns the name without the "o".
+template <class Options>
+std::string strip_one_producer(const std::string& kernel, Options& o) {
+  if (kernel.rfind("sm90o", 0) != 0) return kernel;
+  o.sm90_one_producer = true;
+  return "sm90" + kernel.substr(5);
+}
+
 // The raw GEMM ops take the kernel by a short name (tests and benchmarks compare kernels this way;
 // models name theirs through plans). "" = the op's automatic choice.
 cuda::W4A16Options w4a16_options(const std::string& kernel) {
@@ -472,10 +481,11 @@ void bind_cuda(nb::module_& m) {
   m.def(
       "gemm_w4a8",
       [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
-         const std::string& kernel) {
+         const std::string& kernel_name) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options options;
         options.split_k = split_k;
+        const std::string kernel = strip_one_producer(kernel_name, options);
         const int sm90 = parse_sm90k("gemm_w4a8", kernel, options)
                              ? 1
                              : parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
@@ -514,14 +524,15 @@ void bind_cuda(nb::module_& m) {
       "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (on sm_90 the gemv at "
       "one token and wgmma from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
       "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
-      "mainloop, for A/B timing), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one "
-      "token on sm_90)");
+      "mainloop, for A/B timing), 'sm90o...' (the earlier one-thread producer, for A/B timing: 'sm90o', 'sm90o:S:T', "
+      "'sm90ok...'), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(
       "gemm_w4a8_sm90_plan",
-      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel_name) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options o;
+        const std::string kernel = strip_one_producer(kernel_name, o);
         if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o)) return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a8_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,

@@ -11,10 +11,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), r
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 # Every kernel choice of gemm_w4a8 that runs here: the mma.sync kernel with split-K 0 (automatic), 1, 3;
 # on sm_90 the wgmma kernel with cluster split-K 0 (automatic), 1, 2, 4, 8, each with 128- and 256-token tiles
-# ('sm90:S:T'), and its serial mainloop ('sm90s...').
+# ('sm90:S:T'), its serial mainloop ('sm90s...') and its earlier one-thread producer ('sm90o...').
 KERNELS = [("sm80", 0), ("sm80", 1), ("sm80", 3)] + (
     [("sm90", 0)] + [(f"sm90:{s}:{t}", 0) for t in (128, 256) for s in (1, 2, 4, 8)] +
-    [("sm90s:0:128", 0), ("sm90s:2:256", 0), ("sm90s:8:128", 0)] if SM90 else [])
+    [("sm90s:0:128", 0), ("sm90s:2:256", 0), ("sm90s:8:128", 0)] +
+    [("sm90o", 0), ("sm90o:1:128", 0), ("sm90o:2:256", 0)] if SM90 else [])
 
 
 def two_level_weight(fmt, n, k, group, seed, edge=False):
@@ -55,6 +56,39 @@ def test_gemm_w4a8_int32_bit_exact(fmt, m, n, k, group):
         _core.gemm_w4a8(xq.cuda(), None, pw, y, split_k=split, kernel=kernel)
         torch.cuda.synchronize()
         assert torch.equal(y.cpu().long(), ref), f"kernel={kernel} split_k={split}"
+
+
+# The split producer copies one parameter set per 128-k stage when the group is a multiple of 128 (both chunks share
+# it) and two otherwise: odd token counts, weight-row and k tails (k % 128 == 64: a one-chunk last stage), groups
+# 64 / 128 (the groups the quantizer takes), against the CPU reference, raw int32, bit-exact; 'sm90o' names the
+# one-thread producer.
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m", [1, 7, 65, 300])
+@pytest.mark.parametrize("n,k,group", [(130, 576, 128), (4103, 640, 64), (272, 1088, 128), (17, 4160, 128)])
+def test_gemm_w4a8_sm90_split_producer_groups_bit_exact(m, n, k, group):
+    qw = two_level_weight("qoq" if (m + group) % 2 else "liquid", n, k, group, seed=m * 5 + n + k + group)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=torch.Generator().manual_seed(m * 3 + k))
+    ref = xq.long() @ s8_weights(qw).T
+    for kernel in ("sm90:1:128", "sm90:1:256", "sm90:2:128", "sm90s:1:256", "sm90k:128:5", "sm90k:256",
+                   "sm90o:1:256", "sm90ok:128:5"):
+        y = torch.full((m, n), -7, dtype=torch.int32, device="cuda")  # poisoned
+        _core.gemm_w4a8(xq.cuda(), None, pw, y, kernel=kernel)
+        torch.cuda.synchronize()
+        assert torch.equal(y.cpu().long(), ref), kernel
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+def test_gemm_w4a8_sm90_one_producer_names():
+    """'sm90o...' keeps the earlier producer and the earlier plan; it runs the overlapped mainloop only."""
+    for m, n, k in [(256, 6144, 4096), (1024, 6144, 4096), (1024, 28672, 4096)]:
+        assert len(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90o")) == 3
+    assert _core.gemm_w4a8_sm90_plan(1024, 6144, 4096, kernel="sm90o:1:128") == (128, 1, 0)
+    qw = two_level_weight("qoq", 64, 128, 64, seed=1)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    with pytest.raises(ValueError, match="one-thread producer"):
+        _core.gemm_w4a8(torch.zeros(4, 128, dtype=torch.int8, device="cuda"), None, pw,
+                        torch.empty(4, 64, dtype=torch.int32, device="cuda"), kernel="sm90os:1:128")
 
 
 @pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")

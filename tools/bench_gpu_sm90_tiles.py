@@ -3,7 +3,7 @@ serial and overlapped mainloop, vs cuBLAS fp16 and torch._scaled_mm fp8 in the s
 shapes (random weights: cost does not depend on values).
 
   python tools/bench_gpu_sm90_tiles.py OUT.json [--ms=128,256,1024] [--shapes=qkv,o] [--variants=sm90:1:256,...]
-      [--streamk=128,256] [--w4a8=auto]
+      [--streamk=128,256] [--w4a8=auto] [--w4a8-only]
 
 Per (shape, M) row: cublas_fp16_us, torch_scaled_mm_fp8_us (per-tensor scales), and for each kernel
 w4a16_<name>_us / w4a8_<name>_us where <name> is a gemm_w4a16 / gemm_w4a8 kernel string: 'sm90' (the cost
@@ -14,7 +14,8 @@ at the split in a second), 'sm90:S:T' (overlapped mainloop, split S, T tokens pe
 tokens per tile; --streamk=128,256 picks the tiles, --streamk= none) and *_sm90n_us (the automatic plan without the
 stream-K candidate: the previous rounds' plan, in *_plan_n); --w4a8=auto times W4A8 at those columns only, --w4a8=none
 not at all. W4A16's wide tile (256 weight rows x 128 tokens per CTA) is named like the others in --variants: 'sm90w:S',
-'sm90w' (its split by the cost model), 'sm90wk' (stream-K).
+'sm90w' (its split by the cost model), 'sm90wk' (stream-K). --w4a8-only skips W4A16 and adds w4a8_sm90o_us (the W4A8
+kernel's earlier one-thread producer, its automatic plan in w4a8_plan_o); W4A8 variants may then name it ('sm90o:1:256').
 """
 import sys
 
@@ -58,12 +59,12 @@ def time_or_error(row, key, fns):
 
 
 def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm90k:256"), w4a8_all=True,
-                w4a8_none=False):
+                w4a8_none=False, w4a8_only=False):
     rows = []
     stream = torch.cuda.current_stream
     wf16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
     wf8 = [torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(copies_for(n * k, l2))]
-    _, w16 = w4a16_weights(n, k, copies_for(n * k // 2, l2))
+    _, w16 = w4a16_weights(n, k, 1 if w4a8_only else copies_for(n * k // 2, l2))
     w8 = [] if w4a8_none else w4a8_weights(n, k, copies_for(n * k // 2, l2))
     one = torch.ones((), device="cuda")
     for m in ms:
@@ -86,10 +87,13 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm
             row["w4a16_plan_nw"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90nw"))
             row["w4a16_plan_w"] = list(_core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90w"))
         row["w4a8_plan_n"] = [] if w4a8_none else list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90n"))
-        for kernel in ["sm90", "sm90n"] + variants + list(streamk):
-            time_or_error(row, f"w4a16_{kernel}_us", [
-                lambda w=w, kn=kernel: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, 128, ly, 0, None,
-                                                        stream().cuda_stream, kernel=kn) for w in w16])
+        if w4a8_only:
+            row["w4a8_plan_o"] = list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90o"))
+        for kernel in ["sm90", "sm90n"] + (["sm90o"] if w4a8_only else []) + variants + list(streamk):
+            if not w4a8_only:
+                time_or_error(row, f"w4a16_{kernel}_us", [
+                    lambda w=w, kn=kernel: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, 128, ly, 0, None,
+                                                            stream().cuda_stream, kernel=kn) for w in w16])
             if w4a8_none or (not w4a8_all and kernel in variants):
                 continue
             time_or_error(row, f"w4a8_{kernel}_us", [
@@ -100,6 +104,14 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm
         before8 = row.get("w4a8_sm90n_us", float("nan"))
         cb, f8 = row["cublas_fp16_us"], row.get("torch_scaled_mm_fp8_us", float("nan"))
         a16, a8 = row.get("w4a16_sm90_us", float("nan")), row.get("w4a8_sm90_us", float("nan"))
+        if w4a8_only:
+            old = row.get("w4a8_sm90o_us", float("nan"))
+            print(f"{name:8s} M={m:5d} cuBLAS {cb:7.1f} fp8 {f8:7.1f} | W4A8 one-producer {old:7.1f} "
+                  f"{tuple(row['w4a8_plan_o'])} now {a8:7.1f} {tuple(row['w4a8_plan'])} {cb / a8:5.2f}x cuBLAS "
+                  f"{f8 / a8:5.2f}x fp8 (was {f8 / old:5.2f}x)", flush=True)
+            print("   W4A8  " + " ".join(f"{v} {row.get(f'w4a8_{v}_us', float('nan')):.1f}"
+                                         for v in variants + list(streamk)))
+            continue
         print(f"{name:8s} M={m:5d} cuBLAS {cb:7.1f} fp8 {f8:7.1f} | W4A16 no-SK {before16:7.1f} now {a16:7.1f} "
               f"{tuple(row['w4a16_plan'])} {cb / a16:5.2f}x | W4A8 no-SK {before8:7.1f} now {a8:7.1f} "
               f"{tuple(row['w4a8_plan'])} {cb / a8:5.2f}x cuBLAS {f8 / a8:5.2f}x fp8", flush=True)
@@ -120,10 +132,12 @@ def main():
     streamk = [f"sm90k:{t}" for t in sk.split(",") if t]
     w4a8_all = "--w4a8=auto" not in sys.argv[2:]
     w4a8_none = "--w4a8=none" in sys.argv[2:]
+    w4a8_only = "--w4a8-only" in sys.argv[2:]
     meta = device_meta()
     rows = []
     for name in names:
-        rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"], variants, streamk, w4a8_all, w4a8_none)
+        rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"], variants, streamk, w4a8_all, w4a8_none,
+                            w4a8_only)
         write_json(out, {"meta": meta, "gemm": rows})
 
 

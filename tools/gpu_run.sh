@@ -55,6 +55,7 @@
 #               memcheck, racecheck and synccheck over its small cases at the same time (GEMV8_SANITIZE=0 skips them,
 #               GEMV8_SANITIZE_S caps each, default 120 s; GEMV8_K=expr selects the tests with -k), then
 #               tools/bench_gpu_w4a8_decode.py alone on the GPU (GEMV8_BENCH_ARGS, default "--ms 1"; GEMV8_BENCH_S caps it)
+#     w4a8_profile  ncu over the W4A8 wgmma GEMM (tools/bench_gpu_w4a8_profile.py; W4A8_PROFILE_ARGS, W4A8_PROFILE_S)
 #     decode90_profile  ncu over the decode kernel and the small kernel (tools/bench_gpu_w4a16_decode_profile.py)
 #     fmpq      COMET W4Ax (w4a4 recipes): tests_py/test_gpu_fmpq.py, the registry and engine tests it touches,
 #               memcheck/racecheck/synccheck over its small cases, tools/bench_gpu_fmpq.py (8B shapes vs W4A8, cuBLAS);
@@ -394,6 +395,20 @@ if has prefill_profile; then
   ncu -i "$OUT/prefill.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_prefill_sass.csv" 2>&1
   wc -c "$OUT/ncu_prefill.txt" "$OUT/ncu_prefill_sass.csv"
   grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |gmma_cycles|Issue Slots Busy|Shared Memory|L2 Cache Throughput" "$OUT/ncu_prefill.txt" | head -60
+fi
+if has w4a8_profile; then
+  # ncu over the W4A8 wgmma GEMM (tools/bench_gpu_w4a8_profile.py, W4A8_PROFILE_ARGS: shapes, then -- kernel names;
+  # default gate_up and qkv at M = 1024, 'sm90:1:256'), full set into $OUT/w4a8.ncu-rep, printed as details
+  # (ncu_w4a8.txt) and per SASS instruction (ncu_w4a8_sass.csv: executed instructions and stall samples per line).
+  echo "== ncu over the W4A8 wgmma GEMM (${W4A8_PROFILE_ARGS:-gate_up qkv})"
+  timeout -k 5 ${W4A8_PROFILE_S:-240} ncu --clock-control none -k regex:"gemm_w4a8_sm90" --set full \
+    --import-source no --metrics "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_tensor_op_gmma.sum" \
+    -f -o "$OUT/w4a8" python3 "$REPO/tools/bench_gpu_w4a8_profile.py" ${W4A8_PROFILE_ARGS:-} \
+    > "$OUT/ncu_w4a8_run.log" 2>&1; echo "ncu rc=$?"; tail -5 "$OUT/ncu_w4a8_run.log"
+  ncu -i "$OUT/w4a8.ncu-rep" --page details > "$OUT/ncu_w4a8.txt" 2>&1
+  ncu -i "$OUT/w4a8.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_w4a8_sass.csv" 2>&1
+  wc -c "$OUT/ncu_w4a8.txt" "$OUT/ncu_w4a8_sass.csv"
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |gmma|Issue Slots Busy|Shared Memory|L2 Cache Throughput|DRAM Throughput|Stall|stall" "$OUT/ncu_w4a8.txt" | head -120
 fi
 if has bench; then
   echo "== benchmarks"

@@ -224,6 +224,15 @@ int gemm_w4a8_pick_split(int64_t m, int64_t n, int64_t k, int device) {
   return static_cast<int>(std::max<int64_t>(1, (k_chunks + per - 1) / per));
 }
 
+// The wgmma kernel's pinned choices from the op's options (by field: Sm90Choice also holds W4A16-only fields).
+detail::Sm90Choice sm90_choice_of(const W4A8Options& options) {
+  detail::Sm90Choice c;
+  c.split = options.sm90_split, c.tokens = options.sm90_tokens, c.serial = options.sm90_serial;
+  c.streamk = options.sm90_streamk, c.ctas = options.sm90_ctas, c.no_streamk = options.sm90_no_streamk;
+  c.one_producer = options.sm90_one_producer;
+  return c;
+}
+
 std::tuple<int, int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, int device,
                                               const W4A8Options& options) {
   const char* op = "gemm_w4a8_sm90_plan";
@@ -233,8 +242,7 @@ std::tuple<int, int, int> gemm_w4a8_sm90_plan(int64_t m, int64_t n, int64_t k, i
                ": bad shape m=", m, " n=", n, " k=", k);
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(device));
   const detail::Sm90Plan plan = detail::gemm_w4a8_sm90_plan(
-      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-      {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk});
+      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), sm90_choice_of(options));
   return {plan.tokens, plan.streamk ? 0 : plan.split, plan.head};
 }
 
@@ -318,8 +326,7 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                                       w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
                                       w.channel_scales.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), raw};
-    detail::gemm_w4a8_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial,
-                                     options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk}, stream);
+    detail::gemm_w4a8_sm90(problem, sm90_choice_of(options), stream);
     return;
   }
   const Shape shape = shape_for(m);

@@ -2,12 +2,12 @@
 // registers (LiquidGEMM's design, §5), and the s8 activations as the shared-memory B operand.
 //
 // Yᵀ = W · Xᵀ: a CTA owns 128 weight rows (two consumer warpgroups of 64, one wgmma m64 each) x BT
-// tokens (the wgmma n: 128 or 256) x its k range, in stages of 128 k (two packed 64-k chunks). One
-// producer thread fills each stage: the activation tile by TMA (128-byte swizzle, zero fill past m
-// and k, the layout wgmma's descriptor reads), the stage's packed u4 weight tiles by one 3-D TMA box
-// over pack_sm80_w4a8's [tile][chunk] layout, and the u8 steps and offsets of its groups by 1-D bulk
-// copies (few copy instructions per stage: one bulk copy per tile made the producer the bottleneck
-// of the W4A16 twin, gemm_w4a16_sm90.cu). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
+// tokens (the wgmma n: 128 or 256) x its k range, in stages of 128 k (two packed 64-k chunks). Three
+// producer threads (lane 0 of warps 0-2) fill each stage, one copy kind each: the activation tile by TMA
+// (128-byte swizzle, zero fill past m and k, the layout wgmma's descriptor reads), the stage's packed u4
+// weight tiles by one 3-D TMA box over pack_sm80_w4a8's [tile][chunk] layout, and the u8 steps and offsets
+// of its groups by 1-D bulk copies (one thread issuing all of them was the stage's bound: produce_part;
+// 'sm90o' names keep that producer for A/B). The layout's k order is the wgmma A fragment's, so each consumer lane turns its
 // 16 bytes per chunk into the fragment registers with one IMAD and one XOR per four weights,
 // (q*s + a) ^ 0x80808080, then issues the stage's four m64nBTk32 wgmmas; while they run it dequantizes
 // the next stage into a second fragment set (the dequant hides under the tensor-core work, and the
@@ -60,6 +60,7 @@ struct Args {
   int k_blocks, k_chunks, split;
   int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // f16 y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
+  bool shared_params;  // both chunks of a stage in one group (group % 128 == 0): chunk 0's parameters serve both
 };
 
 #ifdef LOWBIT_SM90_DEVICE
@@ -101,10 +102,12 @@ __device__ inline void store_acc(const W4A8Problem& p, int n0, int m0, int gw, i
 // Turns a stage's packed weights of consumer warp gw's 16-row tile into wgmma A fragments:
 // a[(2c + j) * 4 + r] is register r of chunk c, k32 step j ((q*s + a) ^ 0x80 on every byte).
 template <class C>
-__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, int chunks, uint32_t (&a)[16]) {
+__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, int chunks, uint32_t (&a)[16],
+                                              bool shared_params = false) {
   const uint4* ws = reinterpret_cast<const uint4*>(st + C::kXBytes);
   const uint8_t* ps = st + C::kXBytes + C::kWBytes;
   const int row = gw * 16 + (lane >> 2);
+  uint32_t s_g = 0, s_g8 = 0, a_g = 0, a_g8 = 0;
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     if (c >= chunks) {  // a one-chunk tail stage: chunk 1 was not loaded; zero weights add nothing
@@ -113,9 +116,11 @@ __device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lan
       break;
     }
     const uint4 wv = ws[(gw * 2 + c) * 32 + lane];
-    const uint8_t* pc = ps + c * 2 * kRows;
-    const uint32_t s_g = pc[row], s_g8 = pc[row + 8];
-    const uint32_t a_g = pc[kRows + row] * 0x01010101u, a_g8 = pc[kRows + row + 8] * 0x01010101u;
+    if (c == 0 || !shared_params) {  // shared: only chunk 0's parameters were copied
+      const uint8_t* pc = ps + c * 2 * kRows;
+      s_g = pc[row], s_g8 = pc[row + 8];
+      a_g = pc[kRows + row] * 0x01010101u, a_g8 = pc[kRows + row + 8] * 0x01010101u;
+    }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const uint32_t w_g = j ? wv.z : wv.x, w_g8 = j ? wv.w : wv.y;
@@ -143,7 +148,8 @@ __device__ __forceinline__ void wgmma_frag(int (&acc)[N], const uint32_t (&a)[16
 template <bool kOverlap, class C, int N, class StageAt, class ChunksAt>
 __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16], int it,
                                               int nk, const StageAt& stage_at, const ChunksAt& chunks_at,
-                                              uint64_t* full, uint64_t* empty, int gw, int lane, int first = 0) {
+                                              uint64_t* full, uint64_t* empty, int gw, int lane, int first = 0,
+                                              bool shared_params = false) {
   constexpr int kStages = C::kStages;
   const uint64_t db = smem_desc(smem_u32(stage_at(it)));
   wgmma_fence();
@@ -156,12 +162,40 @@ __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cu
   }
   if (it + 1 < nk) {
     mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
-    dequant_stage<C>(stage_at(it + 1), gw, lane, chunks_at(it + 1), next);
+    dequant_stage<C>(stage_at(it + 1), gw, lane, chunks_at(it + 1), next, shared_params);
   }
   if constexpr (!kOverlap) {
     wgmma_wait<0>();
     fence_regs(acc);
     mbar_arrive(&empty[it % kStages]);
+  }
+}
+
+// One stage's copies split over the producer warpgroup's first three warps (lane 0 of each issues one part):
+// part 0 the activation tile, 1 the packed weight box, 2 the group parameters. One thread issuing all of them
+// spent ~190 instructions per stage (address math, the group division, each copy's uniform-register loop) at
+// ~6 cycles each: ~1,200 cycles, more than the stage's int8 tensor work (ncu, docs/gpu_notes.md). Each part
+// arrives on the full barrier (count kProducerParts) with its own byte count.
+constexpr int kProducerParts = 3;
+template <class C>
+__device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* bar, const CUtensorMap* map_x,
+                                             const CUtensorMap* map_w, const W4A8Problem& p, int kb, int m0, int n0,
+                                             int chunks, int prow, bool shared_params) {
+  if (part == 0) {
+    mbar_expect_tx(bar, C::kXBytes);
+    tma_load_2d(st, map_x, kb * kBK, m0, bar);
+  } else if (part == 1) {
+    mbar_expect_tx(bar, C::kWBytes);  // the box counts in full (tiles past n and a chunk past k arrive as zeros)
+    tma_load_3d(st + C::kXBytes, map_w, 0, 2 * kb, n0 / 16, bar);
+  } else {
+    uint8_t* ps = st + C::kXBytes + C::kWBytes;
+    const int copies = shared_params ? 1 : chunks;
+    mbar_expect_tx(bar, copies * 2 * prow);
+    for (int c = 0; c < copies; ++c) {
+      const int64_t row0 = static_cast<int64_t>((2 * kb + c) * 64 / p.group) * p.npad + n0;
+      bulk_load(ps + c * 2 * kRows, p.steps + row0, prow, bar);
+      bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, bar);
+    }
   }
 }
 
@@ -205,8 +239,9 @@ __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* 
 #endif  // LOWBIT_SM90_DEVICE
 
 // Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 weight rows (token tiles fastest),
-// z = split (one cluster along z).
-template <int BT, bool kOverlap>
+// z = split (one cluster along z). kSplitProducer: three producer threads (produce_part), else the one thread of
+// the earlier rounds (kept for A/B timing: kernel names 'sm90o...').
+template <int BT, bool kOverlap, bool kSplitProducer = true>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                           const Args args) {
@@ -229,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
       mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -244,7 +279,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The producer warpgroup needs few registers; the consumers' 64 x BT int32 tile needs many.
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x == 0) {  // producer
+    const int part = threadIdx.x >> 5;
+    if (kSplitProducer && lane == 0 && part < kProducerParts) {  // producers: one part of each stage
+      const int prow = min(kRows, p.npad - n0);
+      for (int it = 0, s = 0, phase = 1; it < nk; ++it) {
+        const int kb = kb0 + it;
+        mbar_wait(&empty[s], phase);
+        produce_part<C>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
+                        min(2, args.k_chunks - 2 * kb), prow, args.shared_params);
+        if (++s == kStages) s = 0, phase ^= 1;
+      }
+    }
+    if (!kSplitProducer && threadIdx.x == 0) {  // producer
       const int tile0 = n0 / 16;
       const int prow = min(kRows, p.npad - n0);  // param bytes per row range (a multiple of 16)
       for (int it = 0; it < nk; ++it) {
@@ -277,14 +323,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb0 + it)); };
     const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
     fence_regs(acc);
+    const bool shared = kSplitProducer && args.shared_params;
     if (nk > 0) {
       mbar_wait(&full[0], 0);
-      dequant_stage<C>(stage_at(0), gw, lane, chunks_at(0), fa);
+      dequant_stage<C>(stage_at(0), gw, lane, chunks_at(0), fa, shared);
     }
     for (int it = 0; it < nk; it += 2) {
-      consumer_step<kOverlap, C>(acc, fa, fb, it, nk, stage_at, chunks_at, full, empty, gw, lane);
+      consumer_step<kOverlap, C>(acc, fa, fb, it, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared);
       if (it + 1 >= nk) break;
-      consumer_step<kOverlap, C>(acc, fb, fa, it + 1, nk, stage_at, chunks_at, full, empty, gw, lane);
+      consumer_step<kOverlap, C>(acc, fb, fa, it + 1, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared);
     }
     if constexpr (kOverlap) {  // the last stage's wgmmas
       wgmma_wait<0>();
@@ -304,10 +351,13 @@ void slots_of(const char* op, int (&slots)[4]) {
   resident_slots(op, gemm_w4a8_sm90_kernel<BT, kOverlap>, kThreads, Config<BT>::kSmemBytes, slot_cache, slots);
 }
 
-template <int BT, bool kOverlap>
+// Groups of a multiple of 128 k put both 64-k chunks of a 128-k stage in one group.
+inline bool stage_in_one_group(const W4A8Problem& p) { return p.group % kBK == 0; }
+
+template <int BT, bool kOverlap, bool kSplitProducer>
 void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
-  auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap>;
+  auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer>;
   constexpr int kSmem = Config<BT>::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_m = (p.m + BT - 1) / BT;
@@ -318,7 +368,7 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
   cfg.stream = stream;
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y};
+  const Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
@@ -340,10 +390,12 @@ struct SkArgs {
   int k_chunks, tiles_m;
   bool vector_y;
   StreamKWorkspace ws;  // s32 partial slots of kRows x BT, flags
+  bool shared_params;   // Args::shared_params
 };
 
 // gemm_w4a16_sm90.cu's stream-K kernel with this file's stage: segments last to first, one running stage counter.
-template <int BT>
+// kSplitProducer as in gemm_w4a8_sm90_kernel: each of the three producer threads walks the same segments.
+template <int BT, bool kSplitProducer = true>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_streamk_kernel(const __grid_constant__ CUtensorMap map_x,
                                   const __grid_constant__ CUtensorMap map_w, const SkArgs args) {
@@ -365,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
       mbar_init(&empty[s], kConsumerWarps * 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -374,7 +426,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x != 0) return;
+    const int part = threadIdx.x >> 5;
+    if (kSplitProducer ? (lane != 0 || part >= kProducerParts) : threadIdx.x != 0) return;
     int g = 0;
     for (int pe = end; pe > beg;) {
       int tile, ps;
@@ -386,6 +439,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int chunks = min(2, args.k_chunks - 2 * kb);
         mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
         uint8_t* st = smem + s * kStageBytes;
+        if constexpr (kSplitProducer) {
+          produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, chunks, prow, args.shared_params);
+          continue;
+        }
         mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + chunks * 2 * prow);
         tma_load_2d(st, &map_x, kb * kBK, m0, &full[s]);
         uint8_t* ws = st + C::kXBytes;
@@ -416,12 +473,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kR; ++i) acc[i] = 0;
     fence_regs(acc);
+    const bool shared = kSplitProducer && args.shared_params;
     mbar_wait(&full[g % kStages], (g / kStages) & 1);
-    dequant_stage<C>(stage_at(g), gw, lane, chunks_at(g), fa);
+    dequant_stage<C>(stage_at(g), gw, lane, chunks_at(g), fa, shared);
     for (int it = g; it < g_end; it += 2) {
-      consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, chunks_at, full, empty, gw, lane, g);
+      consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
       if (it + 1 >= g_end) break;
-      consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, chunks_at, full, empty, gw, lane, g);
+      consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
     }
     wgmma_wait<0>();
     fence_regs(acc);
@@ -441,13 +499,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile.
+// Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile (both producers: same smem).
 template <int BT>
 int streamk_resident(const char* op) {
   static std::atomic<int> cache{0};
   int v = cache.load();
   if (v == 0) {
-    auto kernel = gemm_w4a8_sm90_streamk_kernel<BT>;
+    auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, true>;
     constexpr int kSmem = SkConfig<BT>::kSmemBytes;
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     int per_sm = 0, dev = 0, sms = 0;
@@ -462,7 +520,7 @@ int streamk_resident(const char* op) {
 
 // The stream-K launch over `ctas` CTAs (0: every resident one); false without a workspace (first use inside a graph
 // capture). The workspace is the W4A16 kernel's (one per device, 128 x 256 slots of 4 bytes).
-template <int BT>
+template <int BT, bool kSplitProducer>
 bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
   const int resident = streamk_resident<BT>(op);
@@ -479,10 +537,15 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * tiles_m;
   LOWBIT_CHECK(tiles * k_blocks <= INT32_MAX, op, ": m=", p.m, " n=", p.n, " k=", p.k, " is too large for stream-K");
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws};
+  const SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws,
+                    kSplitProducer && stage_in_one_group(p)};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  gemm_w4a8_sm90_streamk_kernel<BT><<<ctas, kThreads, SkConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
+  auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer>;
+  if constexpr (!kSplitProducer)  // streamk_resident set the attribute of the split-producer instance only
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               SkConfig<BT>::kSmemBytes));
+  kernel<<<ctas, kThreads, SkConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   return true;
 }
@@ -494,6 +557,11 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
 // mainloop is bound per stage, not by the int8 tensor rate.
 constexpr TileCosts kSerialCosts{0.70, 0.95, 2.0, 6.5};
 constexpr TileCosts kOverlapCosts{0.70, 0.80, 2.0, 6.5};
+// The split producer (produce_part), fitted to its forced one-launch timings on an H200
+// (bench/results/h200-2026-11-27-w4a8-producers-e011925.json: one wave of 32 / 112 k blocks, qkv / o / down): 0.52 us
+// per 128-k block at 128 tokens, 0.66 at 256, 4 us fixed (the prediction, 0.42 / 0.68 / 2, picked 128-token tiles
+// for qkv M = 1024: 59.3 us against 50.3 at 256).
+constexpr TileCosts kSplitProducerCosts{0.52, 0.66, 4.0, 6.5};
 
 // The plan: pick_tile_split's, with stream-K in place of its split-K cluster plans (one launch, split > 1: at the same
 // tile) and at 128 tokens when the tokens fit one 128-token tile (free choice, overlapped mainloop, allow_streamk), or
@@ -502,6 +570,7 @@ constexpr TileCosts kOverlapCosts{0.70, 0.80, 2.0, 6.5};
 // lost about as often as it won.
 template <bool kOverlap>
 Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
+  const TileCosts& costs = !kOverlap ? kSerialCosts : ch.one_producer ? kOverlapCosts : kSplitProducerCosts;
   if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
   const bool auto_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
   if (auto_sk && ch.tokens != 256 && p.m <= 128) return {128, 0, 0, true};
@@ -509,16 +578,18 @@ Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk
   slots_of<128, kOverlap>("gemm_w4a8", s128);
   slots_of<256, kOverlap>("gemm_w4a8", s256);
   const TilePlan t = pick_tile_split((p.n + kRows - 1) / kRows, p.m, (p.k + kBK - 1) / kBK, s128, s256,
-                                     kOverlap ? kOverlapCosts : kSerialCosts, ch.tokens, ch.split);
+                                     costs, ch.tokens, ch.split);
   if (auto_sk && t.split > 1 && t.head == 0) return {t.tokens, 0, 0, true};
   return {t.tokens, t.split, t.head, false};
 }
 
-template <bool kOverlap>
+// kSplitProducer false: the earlier one-thread producer ('sm90o...' names, overlapped mainloop only).
+template <bool kOverlap, bool kSplitProducer>
 void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Sm90Plan plan = plan_for<kOverlap>(p, choice);
   if (plan.streamk) {
-    if (plan.tokens == 128 ? launch_streamk<128>(p, choice.ctas, stream) : launch_streamk<256>(p, choice.ctas, stream))
+    if (plan.tokens == 128 ? launch_streamk<128, kSplitProducer>(p, choice.ctas, stream)
+                           : launch_streamk<256, kSplitProducer>(p, choice.ctas, stream))
       return;
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a8: the stream-K workspace is allocated on "
                       "first use, which a graph capture forbids: run the op once before capturing");
@@ -526,7 +597,7 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a8: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-  const auto go = plan.tokens == 128 ? launch<128, kOverlap> : launch<256, kOverlap>;
+  const auto go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
   if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
   go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
 }
@@ -535,7 +606,7 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
 
 bool gemm_w4a8_sm90_usable(int device) {
   static std::atomic<int> cache[64] = {};
-  return kernel_usable_on("gemm_w4a8", device, gemm_w4a8_sm90_kernel<256, true>, cache);
+  return kernel_usable_on("gemm_w4a8", device, gemm_w4a8_sm90_kernel<256, true, true>, cache);
 }
 
 // Tile and split (or stream-K) by the cost model unless forced.
@@ -543,10 +614,14 @@ void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t
   check_tile_split_choice("gemm_w4a8", choice.split, choice.tokens);
   LOWBIT_CHECK(!choice.streamk || (!choice.serial && choice.split == 0), "gemm_w4a8: stream-K runs the overlapped "
                "mainloop without a split");
+  LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a8: the one-thread producer ('sm90o') runs the "
+               "overlapped mainloop only");
   if (choice.serial)
-    run<false>(p, choice, stream);
+    run<false, true>(p, choice, stream);
+  else if (choice.one_producer)
+    run<true, false>(p, choice, stream);
   else
-    run<true>(p, choice, stream);
+    run<true, true>(p, choice, stream);
 }
 
 Sm90Plan gemm_w4a8_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
