@@ -487,7 +487,7 @@ if has w4a16prod; then
   done
   echo "== benchmark: one-thread vs split producer, cuBLAS fp16 in the same process"
   timeout -k 5 "${PROD_BENCH_S:-100}" python3 "$REPO/tools/bench_gpu_w4a16_producers.py" "$OUT/bench_w4a16_producers.json" \
-    ${PROD_BENCH_ARGS:---ms=128,256,1024} 2>&1 | tee "$OUT/bench_w4a16_producers.log"
+    ${PROD_BENCH_ARGS:---ms=128,256,1024 --variants=sm90:1:128,sm90:1:256,sm90:2:128} 2>&1 | tee "$OUT/bench_w4a16_producers.log"
 fi
 if has sm90tiles; then
   # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),
