@@ -317,7 +317,8 @@ void bind_cuda(nb::module_& m) {
       nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("mins") = false,
       "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device); mins: `zeros` holds the mins "
       "of w = q*s + m. kernel: '' (automatic), 'small', 'large', 'large:64x128', 'large:128x128', "
-      "'large:128x256', 'decode90[:S]', 'gemv[:T[:rDbB]]', 'sm90k[:T[:G]]' or 'sm90[:S[:T]]' (see w4a16_options; 'sm90o...': the earlier one-thread producer)");
+      "'large:128x256', 'decode90[:S]', 'gemv[:T[:rDbB]]', 'sm90k[:T[:G]]' or 'sm90[:S[:T]]' (see w4a16_options; "
+      "'sm90o...': the earlier one-thread producer)");
 
   m.def(
       "gemm_w8a16",

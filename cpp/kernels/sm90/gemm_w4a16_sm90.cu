@@ -728,13 +728,15 @@ void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
       const int64_t tiles = static_cast<int64_t>((p.n + 255) / 256) * ((p.m + 127) / 128);
       LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
       if (plan.head > 0) launch<128, true, 2, kSplitProducer>(p, 1, 0, plan.head, stream, choice.reduce);
-      launch<128, true, 2, kSplitProducer>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
+      launch<128, true, 2, kSplitProducer>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream,
+                                           choice.reduce);
       return;
     }
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-  const auto go = plan.tokens == 128 ? launch<128, kOverlap, 1, kSplitProducer> : launch<256, kOverlap, 1, kSplitProducer>;
+  const auto go =
+      plan.tokens == 128 ? launch<128, kOverlap, 1, kSplitProducer> : launch<256, kOverlap, 1, kSplitProducer>;
   if (plan.head > 0) go(p, 1, 0, plan.head, stream, choice.reduce);  // whole unsplit waves, then the rest split
   go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
 }
