@@ -17,7 +17,7 @@
 #               cases, all four at once (WIDE_PROFILE_S, WIDE_BENCH_S, WIDE_TEST_S, WIDE_SAN_S cap each)
 #     w4a16prod the W4A16 wgmma GEMM's split producer vs its one-thread producer ('sm90o...'): the bit-identity tests
 #               (tests_py/test_gpu_w4a16_producers.py) with the W4A16 sm90 / wide / L2-reduce / stream-K / plan tests
-#               as regression, memcheck/racecheck/synccheck over small cases, all at once (PROD_TEST_S, PROD_SAN_S
+#               as regression (a second pytest process), memcheck/racecheck/synccheck over small cases, all at once (PROD_TEST_S, PROD_SAN_S
 #               cap them; PROD_TESTS=0 runs only the new file, PROD_SANITIZE=0 skips the sanitizers), then
 #               tools/bench_gpu_w4a16_producers.py alone (PROD_BENCH_ARGS, default --ms=128,256,1024; PROD_BENCH_S)
 #     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
@@ -465,12 +465,15 @@ if has w4a16wide; then
 fi
 if has w4a16prod; then
   echo "== W4A16 wgmma: split producer vs one-thread producer ('sm90o'): tests and sanitizers together, then the benchmark"
-  prod_files=("$TESTS/test_gpu_w4a16_producers.py")
-  [ "${PROD_TESTS:-1}" = 1 ] && prod_files+=("$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a16_wide.py" \
-    "$TESTS/test_gpu_w4a16_l2_reduce.py" "$TESTS/test_gpu_sm90_streamk.py" "$TESTS/test_kernel_registry.py")
-  (timeout -k 5 "${PROD_TEST_S:-120}" "${PYTEST[@]}" "${prod_files[@]}" -q -rfEs --maxfail=30 \
-    -k "producer or sm90 or wide or l2 or streamk or plan or registry" > "$OUT/pytest_prod.log" 2>&1;
-   echo "pytest rc=$?") &
+  # the new file and the regression as two processes, so a capped regression cannot hide the new file's summary
+  (timeout -k 5 "${PROD_TEST_S:-120}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_producers.py" -q -rfEs --maxfail=30 \
+    > "$OUT/pytest_prod.log" 2>&1; echo "pytest (split producer) rc=$?") &
+  if [ "${PROD_TESTS:-1}" = 1 ]; then
+    (timeout -k 5 "${PROD_TEST_S:-120}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a16_wide.py" \
+      "$TESTS/test_gpu_w4a16_l2_reduce.py" "$TESTS/test_gpu_sm90_streamk.py" "$TESTS/test_kernel_registry.py" -q \
+      -rfEs --maxfail=30 -k "sm90 or wide or l2 or streamk or plan or registry" > "$OUT/pytest_prod_reg.log" 2>&1;
+     echo "pytest (W4A16 sm90 regression) rc=$?") &
+  fi
   if [ "${PROD_SANITIZE:-1}" = 1 ]; then
     for tool in memcheck racecheck synccheck; do
       (timeout -k 5 "${PROD_SAN_S:-100}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
@@ -479,7 +482,10 @@ if has w4a16prod; then
     done
   fi
   wait
-  tail -3 "$OUT/pytest_prod.log"; grep -E "^(FAILED|ERROR) " "$OUT/pytest_prod.log" | cut -c1-300 | head -20
+  for log in pytest_prod.log pytest_prod_reg.log; do
+    [ -f "$OUT/$log" ] || continue
+    echo "-- $log: $(tail -1 "$OUT/$log")"; grep -E "^(FAILED|ERROR) " "$OUT/$log" | cut -c1-300 | head -20
+  done
   for tool in memcheck racecheck synccheck; do
     [ -f "$OUT/${tool}_prod.log" ] || continue
     echo "-- $tool: $(tail -1 "$OUT/${tool}_prod.log")"
