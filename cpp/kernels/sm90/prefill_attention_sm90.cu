@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/sm80/prefill_attention_tc.h"  // prefill_tc_args
@@ -54,6 +55,21 @@ bool sm90_device(int device) {
   return v == 1;
 }
 
+// Query heads per CTA (the kernel reads it back as hq / gridDim.x). With an integer per-token K or V, all the
+// query heads of a kv head share a CTA (its 128 rows: 128 / group positions x group heads), so each key tile is
+// dequantized once per kv head rather than once per query head: the producer's dequantization, which bounds these
+// formats, falls by the group size per key and query. f16 and per-channel K keep one head per CTA (their
+// producer copies rows; the kernel compiles them as before). LOWBIT_PREFILL_SM90_PACK=0 turns the packing off
+// (read once; for measuring the two side by side).
+int heads_per_cta(KvType kt, KvType vt, int group) {
+  static const bool off = [] {
+    const char* e = std::getenv("LOWBIT_PREFILL_SM90_PACK");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  const bool packable = !kv_per_channel_type(kt) && (kt != KvType::f16 || vt != KvType::f16);
+  return packable && !off && group >= 1 && group <= kRows ? group : 1;
+}
+
 bool no(std::string* why, const char* reason) {
   if (why) *why = reason;
   return false;
@@ -97,7 +113,9 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
-  const dim3 grid(static_cast<unsigned>(a.hq), static_cast<unsigned>((max_q_len + kRows - 1) / kRows),
+  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv);
+  const int positions = kRows / pack;  // query positions per CTA
+  const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>((max_q_len + positions - 1) / positions),
                   static_cast<unsigned>(a.num_seqs));
   find_launch(q.size(2), kt, vt)(a, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);

@@ -578,6 +578,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   static_assert(!kv_per_channel<VT>(), "V per token");
   constexpr bool kPerChannel = kv_per_channel<KT>();
   constexpr bool kPv128 = D == 128;  // P·V: one m64n128k16 per k16 step (D 64: one n64)
+  // Packed query heads (integer per-token K or V): a CTA's 128 rows are kRows / pack positions x the pack query
+  // heads of one kv head (row r: position r / pack, head r % pack), so each K/V tile the producer dequantizes
+  // serves `pack` heads (pack_heads_sm90 below; the launch sets gridDim.x = hq / pack). f16 and per-channel K keep
+  // one head per CTA (pack 1, the code as before).
+  constexpr bool kPack = !kPerChannel && (KT != KvType::f16 || VT != KvType::f16);
   using L = Layout<D>;
   constexpr int kO = D / 2;  // O accumulators per thread: 64 rows x D over 128 threads
   extern __shared__ uint8_t smem_raw[];
@@ -589,15 +594,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   auto k_tile = [&](int stage) { return q_smem + L::kQBytes + stage * L::kStageBytes; };
   auto v_tile = [&](int stage) { return k_tile(stage) + L::kTileBytes; };
 
-  const int h = blockIdx.x, seq = blockIdx.z;
+  const int pack = kPack ? a.hq / static_cast<int>(gridDim.x) : 1;  // query heads per CTA
+  const int cta_pos = kPack ? kRows / pack : kRows;                // query positions per CTA
+  const int live_rows = kPack ? cta_pos * pack : kRows;            // rows past it are never stored
+  const int h = blockIdx.x * pack, seq = blockIdx.z;               // the query head of row 0
   const int q_tile = gridDim.y - 1 - blockIdx.y;  // the longest causal ranges start first
   const int ns = a.num_seqs;
   const int q_start = a.seq_info[seq], q_len = a.seq_info[ns + seq], kv_len = a.seq_info[2 * ns + seq];
-  const int row0 = q_tile * kRows;
+  const int row0 = q_tile * cta_pos;  // the CTA's first query position
   if (row0 >= q_len) return;  // the whole CTA leaves before any barrier
   const int kvh = h / (a.hq / a.hkv);
   const int first_pos = kv_len - q_len;  // cache position of query row 0
-  const int num_tiles = (first_pos + min(row0 + kRows, q_len) - 1) / kKeys + 1;
+  const int num_tiles = (first_pos + min(row0 + cta_pos, q_len) - 1) / kKeys + 1;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
   // Per-channel K: the views of the key tiles, one stage each (after the barriers).
   const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
@@ -622,9 +630,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     const int p = threadIdx.x;
     const bool runs16 = a.block_size % 16 == 0;  // copy_f16_rows
     {
-      const int r = row0 + p;
-      const bool valid = r < q_len;
-      const __half* src = a.q + (valid ? static_cast<int64_t>(q_start + r) * a.q_stride_t + h * a.q_stride_h : 0);
+      const int pr = kPack ? p / pack : p;  // row p's position in the CTA (its head: h + p - pr * pack)
+      const int r = row0 + pr;
+      const bool valid = r < q_len && (!kPack || p < live_rows);
+      const __half* src =
+          a.q + (valid ? static_cast<int64_t>(q_start + r) * a.q_stride_t + (h + p - pr * pack) * a.q_stride_h : 0);
 #pragma unroll
       for (int c = 0; c < D / 8; ++c)
         cp_async16(q_smem + chunk_offset<L::kQBlockBytes>(p, c), src + 8 * c, valid);
@@ -672,11 +682,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const int cw = threadIdx.x / 32 - 4 * wg;  // warp in its warpgroup
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const int wg_row0 = row0 + 64 * (wg - 1);  // the warpgroup's first query row
-    const bool wg_live = wg_row0 < q_len;
-    const int wg_last_key = first_pos + min(wg_row0 + 63, q_len - 1);  // the last key a stored row sees
-    const int r_lo = wg_row0 + 16 * cw + g, r_hi = r_lo + 8;
-    const int pos_lo = first_pos + r_lo, pos_hi = pos_lo + 8;
+    const int wg_r = 64 * (wg - 1);  // the warpgroup's first row in the CTA
+    const int wg_row0 = row0 + (kPack ? wg_r / pack : wg_r);  // its first query position
+    const bool wg_live = wg_row0 < q_len && (!kPack || wg_r < live_rows);
+    const int wg_last = kPack ? row0 + min(wg_r + 63, live_rows - 1) / pack : wg_row0 + 63;
+    const int wg_last_key = first_pos + min(wg_last, q_len - 1);  // the last key a stored row sees
+    // This thread's rows lo and hi (8 apart in the CTA) as query positions.
+    const int r_lo = kPack ? row0 + (wg_r + 16 * cw + g) / pack : wg_row0 + 16 * cw + g;
+    const int r_hi = kPack ? row0 + (wg_r + 16 * cw + g + 8) / pack : r_lo + 8;
+    const int pos_lo = first_pos + r_lo, pos_hi = kPack ? first_pos + r_hi : pos_lo + 8;
     const uint32_t q_wg = q_smem + (wg - 1) * 64 * 128;  // the warpgroup's 64 rows in each column block
 
     float o[kO];
@@ -859,17 +873,25 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       row_lo = (ctas - 1 - cta) * kRows + 64 * (tid / 128 - 1) + 16 * (tid / 32 % 4) + (tid % 32) / 4;
     }
     const int row_hi = kPerChannel ? row_lo + 8 : r_hi;
+    // Packed heads: each row's own head, and rows past live_rows (their position is another row's) not stored.
+    int h_lo = h, h_hi = h;
+    bool live_lo = true, live_hi = true;
+    if constexpr (kPack) {
+      const int lr = wg_r + 16 * cw + g;
+      h_lo = h + lr % pack, h_hi = h + (lr + 8) % pack;
+      live_lo = lr < live_rows, live_hi = lr + 8 < live_rows;
+    }
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
     const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
     // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
-    if (row_lo < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + row_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_lo < q_len && live_lo) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_lo) * a.out_stride_t + h_lo * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
     }
-    if (row_hi < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + row_hi) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_hi < q_len && live_hi) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_hi) * a.out_stride_t + h_hi * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);
