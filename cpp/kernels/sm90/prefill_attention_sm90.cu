@@ -55,19 +55,21 @@ bool sm90_device(int device) {
   return v == 1;
 }
 
-// Query heads per CTA (the kernel reads it back as hq / gridDim.x). With an integer per-token K or V, all the
-// query heads of a kv head share a CTA (its 128 rows: 128 / group positions x group heads), so each key tile is
-// dequantized once per kv head rather than once per query head: the producer's dequantization, which bounds these
-// formats, falls by the group size per key and query. f16 and per-channel K keep one head per CTA (their
-// producer copies rows; the kernel compiles them as before). LOWBIT_PREFILL_SM90_PACK=0 turns the packing off
-// (read once; for measuring the two side by side).
-int heads_per_cta(KvType kt, KvType vt, int group) {
-  static const bool off = [] {
-    const char* e = std::getenv("LOWBIT_PREFILL_SM90_PACK");
-    return e != nullptr && std::string(e) == "0";
-  }();
+// LOWBIT_PREFILL_SM90_VARIANT (read at each launch; unset or 0: the default kernel): bits that bring back the
+// previous designs, to time them beside the new ones in one process (prefill_sm90::kVariant*).
+int variant_from_env() {
+  const char* e = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
+  return e != nullptr ? std::atoi(e) : 0;
+}
+
+// Query heads per CTA (the kernel reads it back as hq / gridDim.x). With an integer per-token K or V, the query
+// heads of a kv head share a CTA (its 128 rows: 128 / group positions x group heads): a chunk of fewer than 128
+// new tokens fills the CTA's rows instead of leaving most of them empty, so each key tile is dequantized once per
+// kv head and chunk rather than once per query head. f16 and per-channel K keep one head per CTA (the kernel
+// compiles them as before).
+int heads_per_cta(KvType kt, KvType vt, int group, int variant) {
   const bool packable = !kv_per_channel_type(kt) && (kt != KvType::f16 || vt != KvType::f16);
-  return packable && !off && group >= 1 && group <= kRows ? group : 1;
+  return packable && !(variant & 1 /* kVariantNoPack */) && group >= 1 && group <= kRows ? group : 1;
 }
 
 bool no(std::string* why, const char* reason) {
@@ -107,13 +109,13 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   std::string why;
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_sm90_supported(q, k_data, v_data, out, window, &why),
                     op, ": the Hopper kernel ", why);
-  const PrefillTcArgs a =
-      prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out, window);
+  PrefillTcArgs a = prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out, window);
+  a.variant = variant_from_env();
   if (a.num_seqs == 0 || max_q_len <= 0) return;
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
-  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv);
+  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, a.variant);
   const int positions = kRows / pack;  // query positions per CTA
   const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>((max_q_len + positions - 1) / positions),
                   static_cast<unsigned>(a.num_seqs));

@@ -235,10 +235,86 @@ __device__ __forceinline__ void load_codes(TileCodes<D, T>& codes, const uint8_t
   }
 }
 
+// Variant bits (PrefillTcArgs::variant, read at each launch from LOWBIT_PREFILL_SM90_VARIANT; 0 by default): the
+// previous designs, kept to be measured beside the new ones in one process.
+constexpr int kVariantNoPack = 1;    // one query head per CTA for integer caches too
+constexpr int kVariantF32Dequant = 2;  // dequantize per-token codes in f32 (store_codes_f32)
+
+__device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(sel));
+  return r;
+}
+// Codes as f16 pairs: 0x6400 | c is the half 1024 + c for c < 1024, so one mask or byte permute puts two codes on
+// 1024, and one f16x2 subtract of 1024 + 2^(bits-1) makes them exact centered halves c - 2^(bits-1); a fused f16x2
+// multiply-add by the row's scale and its zero moved to the middle of the row's range, z + 2^(bits-1) scale (both
+// rounded to f16), then rounds each value once. Centered, the zero is small for rows near 0 (rounding the row's
+// minimum itself to f16 cost 2-5x the f32 path's error in a float64 model); the added error, at most about 2^-12
+// (|zero'| + range / 2), stays ~8x below a u8 code's own half step (range / 510). Per value: u8 1.5 instructions,
+// u4 ~2.4, u2 ~2.1 (the f32 path: ~4.5).
+template <int kBits>
+__device__ __forceinline__ uint32_t hfma2_codes(uint32_t biased, uint32_t s2, uint32_t z2) {
+  constexpr uint32_t kBias = 0x6400u + (1u << (kBits - 1));  // the half 1024 + 2^(bits-1)
+  uint32_t r;
+  asm("{\n.reg .b32 c;\nsub.f16x2 c, %1, %4;\nfma.rn.f16x2 %0, c, %2, %3;\n}"
+      : "=r"(r) : "r"(biased), "r"(s2), "r"(z2), "r"(kBias | (kBias << 16)));
+  return r;
+}
+// Dims 2k, 2k + 1 of one 16-byte chunk (8 dims) as biased f16 pairs, from the chunk's code bits.
+template <int kBits>
+__device__ __forceinline__ void biased_pairs(const uint32_t* words, int cc, uint32_t (&b)[4]) {
+  if constexpr (kBits == 8) {  // byte i = dim i: two words per chunk
+    const uint32_t w0 = words[2 * cc], w1 = words[2 * cc + 1];
+    b[0] = prmt(w0, 0x64646464u, 0x4140), b[1] = prmt(w0, 0x64646464u, 0x4342);
+    b[2] = prmt(w1, 0x64646464u, 0x4140), b[3] = prmt(w1, 0x64646464u, 0x4342);
+  } else if constexpr (kBits == 4) {  // dim i in nibble i of one word: (n0, n4), (n1, n5), .. then regrouped
+    const uint32_t w = words[cc];
+    const uint32_t x0 = (w & 0x000F000Fu) | 0x64006400u, x1 = ((w >> 4) & 0x000F000Fu) | 0x64006400u;
+    const uint32_t x2 = ((w >> 8) & 0x000F000Fu) | 0x64006400u, x3 = ((w >> 12) & 0x000F000Fu) | 0x64006400u;
+    b[0] = prmt(x0, x1, 0x5410), b[2] = prmt(x0, x1, 0x7632);
+    b[1] = prmt(x2, x3, 0x5410), b[3] = prmt(x2, x3, 0x7632);
+  } else {  // 2 bits: dim i in bits 2i of 16 bits; u holds dim 2k at bits 4k and dim 2k + 1 at bits 16 + 4k
+    const uint32_t h = (words[cc / 2] >> (16 * (cc % 2))) & 0xFFFFu;
+    const uint32_t u = h | (h << 14);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) b[k] = ((u >> (4 * k)) & 0x00030003u) | 0x64006400u;
+  }
+}
+
+// Dequantizes the loaded codes into 16-byte chunks of the tile at `tile` (shared address), as f16 pairs
+// (hfma2_codes: code * scale + zero with the row's scale and zero rounded to f16, the row's by shuffle).
+template <int D, KvType T>
+__device__ __forceinline__ void store_codes_f16(const TileCodes<D, T>& codes, uint32_t tile, int p) {
+  using C = TileCodes<D, T>;
+  using L = Layout<D>;
+  const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
+  // This thread's own row's scale and centered zero (hfma2_codes) as f16 pairs, shuffled as one word each.
+  constexpr float kMid = 1 << (C::kBits - 1);
+  const float zc = fmaf(kMid, codes.own.x, codes.own.y);
+  const uint32_t own_s = pack_half2(codes.own.x, codes.own.x), own_z = pack_half2(zc, zc);
+#pragma unroll
+  for (int i = 0; i < C::kVecs; ++i) {
+    const int rr = i * C::kRowsPerLoad + lane / C::kVecs;  // the group's row of this lane's vector
+    const uint32_t s2 = __shfl_sync(0xffffffffu, own_s, rr), z2 = __shfl_sync(0xffffffffu, own_z, rr);
+    const uint32_t words[4] = {codes.w[i].x, codes.w[i].y, codes.w[i].z, codes.w[i].w};
+#pragma unroll
+    for (int cc = 0; cc < C::kChunksPerVec; ++cc) {  // chunk vec * kChunksPerVec + cc: 8 dims
+      uint32_t b[4];
+      biased_pairs<C::kBits>(words, cc, b);
+      const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, vec * C::kChunksPerVec + cc);
+      constexpr int kB = C::kBits;
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(hfma2_codes<kB>(b[0], s2, z2)),
+                   "r"(hfma2_codes<kB>(b[1], s2, z2)), "r"(hfma2_codes<kB>(b[2], s2, z2)),
+                   "r"(hfma2_codes<kB>(b[3], s2, z2))
+                   : "memory");
+    }
+  }
+}
+
 // Dequantizes the loaded codes in f32 (code * scale + zero, rounded once to f16: the same values as the mma.sync
 // kernel's, the row's scale and zero by shuffle) into 16-byte chunks of the tile at `tile` (shared address).
 template <int D, KvType T>
-__device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32_t tile, int p) {
+__device__ __forceinline__ void store_codes_f32(const TileCodes<D, T>& codes, uint32_t tile, int p) {
   using C = TileCodes<D, T>;
   using L = Layout<D>;
   constexpr int kBits = C::kBits;
@@ -268,6 +344,14 @@ __device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32
                    : "memory");
     }
   }
+}
+
+template <int D, KvType T>
+__device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32_t tile, int p, int variant) {
+  if (variant & kVariantF32Dequant)
+    store_codes_f32<D, T>(codes, tile, p);
+  else
+    store_codes_f16<D, T>(codes, tile, p);
 }
 
 // ---- per-channel K (u4c / u2c) ----------------------------------------------------------------------------
@@ -478,7 +562,7 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
     }
     if constexpr (!kF16V) {
       if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
-      store_codes<D, VT>(vcur, v_tile, p);
+      store_codes<D, VT>(vcur, v_tile, p, a.variant);
     }
     cp_async_arrive(&full[stage]);  // full_arrivals: both ways for every view
     fence_proxy_async();
@@ -668,11 +752,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
           copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row, runs16);
         if constexpr (!kF16K) {
           if constexpr (!kAheadK) load_codes<D, KT>(kcur, a.k, a.k_params, p, row);
-          store_codes<D, KT>(kcur, k_tile(stage), p);
+          store_codes<D, KT>(kcur, k_tile(stage), p, a.variant);
         }
         if constexpr (!kF16V) {
           if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
-          store_codes<D, VT>(vcur, v_tile(stage), p);
+          store_codes<D, VT>(vcur, v_tile(stage), p, a.variant);
         }
         publish_rows<KT, VT>(&full[stage]);
       }
