@@ -17,6 +17,7 @@ cd "$(mktemp -d /tmp/lowbit-qcache.XXXX)"
 cp "$REPO"/tools/*.py .
 [ "${QCACHE_BENCH:-1}" = 1 ] && timeout -k 5 ${BENCH_S:-170} python3 bench_gpu_prefill_qcache.py "$OUT/bench_prefill_qcache.json" 2>&1
 P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
+export OMP_NUM_THREADS=2  # eight processes share the CPUs below; torch's default threads would oversubscribe them
 T="$REPO/tests_py"
 for half in "not matches_cpu" "matches_cpu"; do
   (timeout -k 5 ${SIDE_S:-110} "${P[@]}" "$T/test_gpu_prefill_sm90.py" -k "$half" > "$OUT/pytest_sm90_${half// /_}.log" 2>&1

@@ -246,18 +246,27 @@ __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
   return r;
 }
 // Codes as f16 pairs: 0x6400 | c is the half 1024 + c for c < 1024, so one mask or byte permute puts two codes on
-// 1024, and one f16x2 subtract of 1024 + 2^(bits-1) makes them exact centered halves c - 2^(bits-1); a fused f16x2
-// multiply-add by the row's scale and its zero moved to the middle of the row's range, z + 2^(bits-1) scale (both
-// rounded to f16), then rounds each value once. Centered, the zero is small for rows near 0 (rounding the row's
-// minimum itself to f16 cost 2-5x the f32 path's error in a float64 model); the added error, at most about 2^-12
-// (|zero'| + range / 2), stays ~8x below a u8 code's own half step (range / 510). Per value: u8 1.5 instructions,
-// u4 ~2.4, u2 ~2.1 (the f32 path: ~4.5).
+// 1024, and one f16x2 subtract of 1024 + 2^(bits-1) makes them exact centered halves c' = c - 2^(bits-1); then
+// value = c' * scale + zero' with zero' = zero + 2^(bits-1) scale (the middle of the row's range) by f16x2 FMAs,
+// rounded once at the end. u8: one FMA with scale and zero' rounded to f16 (1.5 instructions per value; f32 path
+// ~4.5). u4 / u2 carry the rounding residues of both (scale - f16(scale), zero' - f16(zero')) as a second f16 pair,
+// folded in first (n = f16(zero') + (c' * res_s + res_z), then value = c' * f16(scale) + n; 2 more instructions per
+// pair): their codes sit far from the middle more often, and with the scale's rounding alone a float64 model of the
+// tests' cases reached 1.1x the tensor-core tolerance (the device agreed: two u2 cases failed), with the residues
+// 0.4-0.6x (the f32 path 0.25-0.41x).
 template <int kBits>
-__device__ __forceinline__ uint32_t hfma2_codes(uint32_t biased, uint32_t s2, uint32_t z2) {
+__device__ __forceinline__ uint32_t hfma2_codes(uint32_t biased, uint32_t s2, uint32_t z2, uint32_t r2s,
+                                                uint32_t r2z) {
   constexpr uint32_t kBias = 0x6400u + (1u << (kBits - 1));  // the half 1024 + 2^(bits-1)
   uint32_t r;
-  asm("{\n.reg .b32 c;\nsub.f16x2 c, %1, %4;\nfma.rn.f16x2 %0, c, %2, %3;\n}"
-      : "=r"(r) : "r"(biased), "r"(s2), "r"(z2), "r"(kBias | (kBias << 16)));
+  if constexpr (kBits == 8) {
+    asm("{\n.reg .b32 c;\nsub.f16x2 c, %1, %4;\nfma.rn.f16x2 %0, c, %2, %3;\n}"
+        : "=r"(r) : "r"(biased), "r"(s2), "r"(z2), "r"(kBias | (kBias << 16)));
+  } else {
+    asm("{\n.reg .b32 c, n;\nsub.f16x2 c, %1, %6;\nfma.rn.f16x2 n, c, %4, %5;\nadd.f16x2 n, n, %3;\n"
+        "fma.rn.f16x2 %0, c, %2, n;\n}"
+        : "=r"(r) : "r"(biased), "r"(s2), "r"(z2), "r"(r2s), "r"(r2z), "r"(kBias | (kBias << 16)));
+  }
   return r;
 }
 // Dims 2k, 2k + 1 of one 16-byte chunk (8 dims) as biased f16 pairs, from the chunk's code bits.
@@ -288,14 +297,23 @@ __device__ __forceinline__ void store_codes_f16(const TileCodes<D, T>& codes, ui
   using C = TileCodes<D, T>;
   using L = Layout<D>;
   const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
-  // This thread's own row's scale and centered zero (hfma2_codes) as f16 pairs, shuffled as one word each.
+  // This thread's own row's scale and centered zero (hfma2_codes) as f16 pairs, and below 8 bits their rounding
+  // residues, shuffled as one word each.
   constexpr float kMid = 1 << (C::kBits - 1);
   const float zc = fmaf(kMid, codes.own.x, codes.own.y);
   const uint32_t own_s = pack_half2(codes.own.x, codes.own.x), own_z = pack_half2(zc, zc);
+  uint32_t own_rs = 0, own_rz = 0;
+  if constexpr (C::kBits < 8) {
+    const float rs = codes.own.x - __low2float(*reinterpret_cast<const __half2*>(&own_s));
+    const float rz = zc - __low2float(*reinterpret_cast<const __half2*>(&own_z));
+    own_rs = pack_half2(rs, rs), own_rz = pack_half2(rz, rz);
+  }
 #pragma unroll
   for (int i = 0; i < C::kVecs; ++i) {
     const int rr = i * C::kRowsPerLoad + lane / C::kVecs;  // the group's row of this lane's vector
     const uint32_t s2 = __shfl_sync(0xffffffffu, own_s, rr), z2 = __shfl_sync(0xffffffffu, own_z, rr);
+    uint32_t r2s = 0, r2z = 0;
+    if constexpr (C::kBits < 8) r2s = __shfl_sync(0xffffffffu, own_rs, rr), r2z = __shfl_sync(0xffffffffu, own_rz, rr);
     const uint32_t words[4] = {codes.w[i].x, codes.w[i].y, codes.w[i].z, codes.w[i].w};
 #pragma unroll
     for (int cc = 0; cc < C::kChunksPerVec; ++cc) {  // chunk vec * kChunksPerVec + cc: 8 dims
@@ -303,9 +321,9 @@ __device__ __forceinline__ void store_codes_f16(const TileCodes<D, T>& codes, ui
       biased_pairs<C::kBits>(words, cc, b);
       const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, vec * C::kChunksPerVec + cc);
       constexpr int kB = C::kBits;
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(hfma2_codes<kB>(b[0], s2, z2)),
-                   "r"(hfma2_codes<kB>(b[1], s2, z2)), "r"(hfma2_codes<kB>(b[2], s2, z2)),
-                   "r"(hfma2_codes<kB>(b[3], s2, z2))
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(hfma2_codes<kB>(b[0], s2, z2, r2s, r2z)),
+                   "r"(hfma2_codes<kB>(b[1], s2, z2, r2s, r2z)), "r"(hfma2_codes<kB>(b[2], s2, z2, r2s, r2z)),
+                   "r"(hfma2_codes<kB>(b[3], s2, z2, r2s, r2z))
                    : "memory");
     }
   }
