@@ -1,11 +1,13 @@
-"""Prefill attention over a quantized per-token cache on Hopper (prefill_attention_sm90), the kernel's variants side by
-side in one process: LOWBIT_PREFILL_SM90_VARIANT (read at each launch) bit 1 = one query head per CTA (no packing),
-bit 2 = f32 dequantization; 0 is the default, 3 the previous kernel (round 8). Llama-3-8B heads (32 q / 8 kv, D 128),
-pages of 16, profiler kernel time (mean of REPS), causal.
+"""Prefill attention over a quantized per-token cache on Hopper (prefill_attention_sm90) vs SDPA on f16, with and
+without packed query heads in one process: LOWBIT_PREFILL_SM90_VARIANT=1 (read at each launch) turns the packing off
+(variant 0 is the default). At commits a69c6c5 and 64b4e2f the switch also had bit 2 (u8 / u4 / u2 dequantized in
+f32, the kernel before the f16x2 dequantization; 3 = round 8's kernel): the JSONs of those runs hold variants 0-3.
+Llama-3-8B heads (32 q / 8 kv, D 128), pages of 16, profiler kernel time (mean of REPS), causal.
   fresh:   one prompt of L tokens (q_len = kv_len), vs causal SDPA (flash) on contiguous f16 q/k/v, and the kernel on
            an f16 cache.
   chunked: B sequences, each a chunk of C new tokens over a cached prefix of P (kv_len = P + C), vs SDPA with the
-           lower-right causal mask on f16 (where torch has it), and the kernel on an f16 cache.
+           lower-right causal mask on f16 (torch picks a non-flash backend for that mask), and the kernel on an f16
+           cache.
 TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
 import math
 import os
@@ -24,7 +26,7 @@ FRESH = [int(x) for x in os.environ.get("QCACHE_FRESH", "2048,8192,32768").split
 CHUNKED = [tuple(int(y) for y in x.split(":")) for x in os.environ.get(
     "QCACHE_CHUNKED", "1:8192:1024,1:8192:64,16:2048:64,64:1024:16").split(",") if x]
 FORMATS = os.environ.get("QCACHE_KV", "u8,u4,u2").split(",")
-VARIANTS = [int(x) for x in os.environ.get("QCACHE_VARIANTS", "0,1,2,3").split(",")]
+VARIANTS = [int(x) for x in os.environ.get("QCACHE_VARIANTS", "0,1").split(",")]
 REPS = 10
 KERNEL = "prefill_attention_sm90"
 
@@ -94,7 +96,7 @@ def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "bench_prefill_qcache.json"
     meta = device_meta()
     meta["timing"] = f"torch profiler kernel time, mean of {REPS} calls after one warm-up"
-    meta["variants"] = "0 default (packed heads, f16x2 dequant); 1 no packing; 2 f32 dequant; 3 neither (round 8)"
+    meta["variants"] = "0 default; 1 one query head per CTA (no packing)"
     rows = []
     for b, prefix, chunk in [(1, 0, L) for L in FRESH] + CHUNKED:
         r = case(b, prefix, chunk)

@@ -35,7 +35,6 @@ struct PrefillTcArgs {
   const int32_t* seq_info;  // [3, num_seqs]: q_start, q_len, kv_len
   int num_seqs, max_blocks, hq, hkv, block_size;
   float scale_log2;  // softmax scale * log2(e): scores go straight to exp2f
-  int variant;       // prefill_attention_sm90's measurement switch (0: its default; prefill_attention_sm90.cu)
 };
 
 // Launches the kernel instance for head_dim D and K/V types KT/VT (prefill_attention_tc_sm80.cuh

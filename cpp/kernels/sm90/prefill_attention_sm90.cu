@@ -55,11 +55,11 @@ bool sm90_device(int device) {
   return v == 1;
 }
 
-// LOWBIT_PREFILL_SM90_VARIANT (read at each launch; unset or 0: the default kernel): bits that bring back the
-// previous designs, to time them beside the new ones in one process (prefill_sm90::kVariant*).
-int variant_from_env() {
+// LOWBIT_PREFILL_SM90_VARIANT=1 (read at each launch): one query head per CTA for integer caches too, the kernel
+// before the packing below, to time the two in one process (tools/bench_gpu_prefill_qcache.py).
+bool packing_off() {
   const char* e = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
-  return e != nullptr ? std::atoi(e) : 0;
+  return e != nullptr && (std::atoi(e) & 1);
 }
 
 // Query heads per CTA (the kernel reads it back as hq / gridDim.x). With an integer per-token K or V, the query
@@ -67,9 +67,9 @@ int variant_from_env() {
 // new tokens fills the CTA's rows instead of leaving most of them empty, so each key tile is dequantized once per
 // kv head and chunk rather than once per query head. f16 and per-channel K keep one head per CTA (the kernel
 // compiles them as before).
-int heads_per_cta(KvType kt, KvType vt, int group, int variant) {
+int heads_per_cta(KvType kt, KvType vt, int group) {
   const bool packable = !kv_per_channel_type(kt) && (kt != KvType::f16 || vt != KvType::f16);
-  return packable && !(variant & 1 /* kVariantNoPack */) && group >= 1 && group <= kRows ? group : 1;
+  return packable && !packing_off() && group >= 1 && group <= kRows ? group : 1;
 }
 
 bool no(std::string* why, const char* reason) {
@@ -109,13 +109,13 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   std::string why;
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_sm90_supported(q, k_data, v_data, out, window, &why),
                     op, ": the Hopper kernel ", why);
-  PrefillTcArgs a = prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out, window);
-  a.variant = variant_from_env();
+  const PrefillTcArgs a =
+      prefill_tc_args(q, k_data, v_data, k_params, v_params, block_tables, seq_info, scale, out, window);
   if (a.num_seqs == 0 || max_q_len <= 0) return;
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
-  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, a.variant);
+  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv);
   const int positions = kRows / pack;  // query positions per CTA
   const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>((max_q_len + positions - 1) / positions),
                   static_cast<unsigned>(a.num_seqs));
