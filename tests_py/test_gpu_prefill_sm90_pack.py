@@ -3,7 +3,9 @@ x the G query heads of one kv head) against a float64 reference computed from th
 per-token scale / zero read back from the GPU cache), by relative error, on fresh random data. The shapes aim at the
 packing's edges: groups that do not divide 128 (G = 7: 18 positions, 126 live rows; G = 3), one head per CTA row
 group of 4 or 8 positions (G = 32, 16), several sequences of odd lengths, chunked prefill over a cached prefix whose
-diagonal crosses CTA and key-tile edges, pages of 1, 24 and 32 keys.
+diagonal crosses CTA and key-tile edges, pages of 1, 24 and 32 keys. Packing is forced (LOWBIT_PREFILL_SM90_VARIANT=2):
+the launch packs on its own only where one head per CTA would take more than one wave of CTAs, which these small
+cases mostly do not; test_gpu_prefill_sm90.py covers the launch's own choice.
 
 Tolerance: the kernel rounds dequantized K / V and P to f16 and accumulates in f32 (test_gpu_ops' tensor-core
 tolerance, TC_ATOL_SCALE); packing changes which heads share a CTA, not the arithmetic. A row or head mixed up gives
@@ -105,6 +107,7 @@ KV = [("u8", "u8"), ("u4", "u4"), ("u2", "u2"), ("u4", "f16"), ("f16", "u8")]
 @pytest.mark.parametrize("lens", ["fresh", "chunked"])
 @pytest.mark.parametrize("kv", KV, ids=["-".join(k) for k in KV])
 @pytest.mark.parametrize("hq,hkv,d,bs", SHAPES, ids=["{}-{}-d{}-bs{}".format(*s) for s in SHAPES])
-def test_prefill_sm90_packed_heads_match_float64(lens, kv, hq, hkv, d, bs):
+def test_prefill_sm90_packed_heads_match_float64(lens, kv, hq, hkv, d, bs, monkeypatch):
+    monkeypatch.setenv("LOWBIT_PREFILL_SM90_VARIANT", "2")  # read at each launch
     lens_q, lens_kv = LENS[lens]
     run_case(lens_q, lens_kv, hq, hkv, d, *kv, bs, seed=hq * 13 + d + bs + len(lens))
