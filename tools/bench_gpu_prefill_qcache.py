@@ -1,7 +1,7 @@
 """Prefill attention over a quantized per-token cache on Hopper (prefill_attention_sm90) vs SDPA on f16, with and
 without packed query heads in one process: LOWBIT_PREFILL_SM90_VARIANT (read at each launch) 0 = the launch's own
-choice, 1 = never packed, 2 = always packed. At commits a69c6c5 and 64b4e2f the switch also had bit 2 (u8 / u4 / u2 dequantized in
-f32, the kernel before the f16x2 dequantization; 3 = round 8's kernel): the JSONs of those runs hold variants 0-3.
+choice, 1 = never packed, 2 = always packed. At commits a69c6c5 and 64b4e2f the bits meant: packing always on
+unless bit 1, and bit 2 = u8 / u4 / u2 dequantized in f32 (3 = round 8's kernel); their JSONs hold variants 0-3 so.
 Llama-3-8B heads (32 q / 8 kv, D 128), pages of 16, profiler kernel time (mean of REPS), causal.
   fresh:   one prompt of L tokens (q_len = kv_len), vs causal SDPA (flash) on contiguous f16 q/k/v, and the kernel on
            an f16 cache.
