@@ -79,7 +79,7 @@ int variant_from_env() {
 // prefix's tiles (each dequantized once per kv head rather than once per query head). That pays only where the
 // CTAs of one head per CTA would queue for the SMs: under one wave they all run at once, and a packed CTA with
 // twice the live rows keeps both consumer warpgroups busy where one of them had nothing to do (one 64-token chunk
-// over 8K: 171 us packed against 150). Measured (docs/benchmarks_gpu.md, "Prefill over a quantized cache"):
+// over 8K, u8: 171 us packed against 150). Measured (docs/benchmarks_gpu.md, "Prefill over a quantized cache"):
 // 16 x 64-token chunks 1.7-1.8x faster packed, 64 x 16 3.5-3.6x, fresh prompts the same either way. f16 and
 // per-channel K keep one head per CTA (the kernel compiles them as before).
 int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sms) {
