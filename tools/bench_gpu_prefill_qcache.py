@@ -102,7 +102,8 @@ def main():
         r = case(b, prefix, chunk)
         rows.append(r)
         write_json(path, {"meta": meta, "rows": rows})  # after each row: a cut-off run keeps what it measured
-        head = f"B={r['batch']:>3} P={r['prefix']:>6} C={r['q_len']:>6}  sdpa {r.get('sdpa_tflops', float('nan')):6.1f}  f16 {r['f16_tflops']:6.1f}"
+        head = (f"B={r['batch']:>3} P={r['prefix']:>6} C={r['q_len']:>6}  "
+                f"sdpa {r.get('sdpa_tflops', float('nan')):6.1f}  f16 {r['f16_tflops']:6.1f}")
         cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}_tflops']:.0f}" for v in VARIANTS) for kv in FORMATS)
         print(head, " ", cells, flush=True)
     print("TFLOPS; per format the variants", VARIANTS)

@@ -3,11 +3,13 @@
 // per channel (u4c / u2c: one (scale, zero) per channel per block, the newest keys in an f16 window; below).
 //
 // A CTA owns 128 query rows of one (sequence, query head) and walks key tiles of 128 up to the last key its last
-// row sees. Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
+// row sees; with an integer per-token cache the launch may pack the query heads of one kv head into it (kPack: 128 /
+// G positions x G heads). Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
 //   - warpgroup 0, the producer: thread p looks up the page of key row p of a tile (any block size); each warp
 //     then reads its 32 rows together, whole rows per instruction. f16 rows go straight into the tile by
-//     cp.async (where a 16-row run is one page's, one row lookup per run: copy_f16_rows); u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
-//     f16: the same values as the mma.sync kernel's) and stored. Tiles go through kStages stages, the producer
+//     cp.async (where a 16-row run is one page's, one row lookup per run: copy_f16_rows); u8/u4/u2 rows are loaded
+//     into registers, dequantized (u4/u2 in f32, code * scale + zero rounded once to f16: the same values as the
+//     mma.sync kernel's; u8 as f16 pairs: store_u8_codes_f16) and stored. Tiles go through kStages stages, the producer
 //     running ahead as far as the stages allow. It publishes a tile on the stage's `full` barrier without waiting:
 //     cp.async completion arrives there by itself, and the dequantized stores arrive after a proxy fence (so
 //     wgmma's async reads see them).
@@ -241,8 +243,8 @@ __device__ __forceinline__ void load_codes(TileCodes<D, T>& codes, const uint8_t
 // value against ~4.5 in f32. Rounding the scale and zero adds at most ~2^-12 (|zero'| + range / 2) to a value's
 // error, ~8x below a code's own half step (range / 510); every u8 case of the tests passed on the device. The same
 // scheme for u4 / u2 (a mask-or per pair, with or without carrying the scale's and zero's rounding residues) failed
-// 2-3 cases of the tests' tolerance by 1.1-2.4x (their codes sit far from the middle more often) and was dropped:
-// docs/gpu_notes.md, "Prefill over a quantized cache: the producer's dequantization per value".
+// 2-3 cases of the tests' tolerance (max abs 0.0023-0.0049 against 0.002; their codes sit far from the middle more
+// often) and was dropped: docs/gpu_notes.md, "Prefill over a quantized cache: the producer's dequantization per value".
 __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(sel));
