@@ -36,7 +36,7 @@ __global__ void fill_half(__half* p, size_t n, uint32_t seed) {
   }
 }
 
-template <KvType KT, KvType VT, int MB, bool VA, int RING = 0>
+template <KvType KT, KvType VT, int MB, bool VA, int RING = 0, int CH = 1>
 float run(int B, int L, int split_tokens, int reps) {
   constexpr int D = 128, hq = 32, hkv = 8, bs = 16;
   const int per_seq = (L + bs - 1) / bs, blocks = B * per_seq;
@@ -64,7 +64,7 @@ float run(int B, int L, int split_tokens, int reps) {
   p.num_splits = splits; p.slices = 1; p.block_shift = 4; p.tile_in_one_page = true; p.scale = 0.0883883f;
   dim3 grid(B, hkv, splits);
 #ifdef RING_VARIANTS
-  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, 1, false, RING>;
+  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, CH, false, RING>;
 #else
   auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, 1>;
 #endif
@@ -95,15 +95,15 @@ int main(int argc, char** argv) {
     if (once && c.B != 64) continue;
     const int reps = once ? 0 : 30;
 #ifdef RING_VARIANTS
-    // The ring (kRing stages, no V ahead) at 4 and 5 resident blocks per SM.
+    // The ring (kRing stages, no V ahead), one or two score chains, 4 blocks per SM.
     const float a = run<KvType::u4, KvType::u4, 4, false, 4>(c.B, c.L, c.split, reps);
-    const float b = run<KvType::u4, KvType::u4, 4, false, 3>(c.B, c.L, c.split, reps);
-    const float c5 = run<KvType::u4, KvType::u4, 5, false, 4>(c.B, c.L, c.split, reps);
+    const float b = run<KvType::u4, KvType::u4, 4, false, 4, 2>(c.B, c.L, c.split, reps);
+    const float c3 = run<KvType::u4, KvType::u4, 4, false, 3>(c.B, c.L, c.split, reps);
     const float d = run<KvType::u2, KvType::u2, 4, false, 4>(c.B, c.L, c.split, reps);
-    const float e = run<KvType::u2, KvType::u2, 4, false, 6>(c.B, c.L, c.split, reps);
-    const float f = run<KvType::u2, KvType::u2, 5, false, 4>(c.B, c.L, c.split, reps);
-    printf("B=%d L=%d split=%d  ring u4/u4 s4 %7.1f s3 %7.1f s4mb5 %7.1f | u2/u2 s4 %7.1f s6 %7.1f s4mb5 %7.1f us\n", c.B,
-           c.L, c.split, a, b, c5, d, e, f);
+    const float e = run<KvType::u2, KvType::u2, 4, false, 4, 2>(c.B, c.L, c.split, reps);
+    const float f = run<KvType::u4, KvType::u2, 4, false, 4>(c.B, c.L, c.split, reps);
+    printf("B=%d L=%d split=%d  ring u4/u4 %7.1f ch2 %7.1f s3 %7.1f | u2/u2 %7.1f ch2 %7.1f | u4/u2 %7.1f us\n", c.B,
+           c.L, c.split, a, b, c3, d, e, f);
 #else
     const float u4 = run<KvType::u4, KvType::u4, 4, false>(c.B, c.L, c.split, reps);
     const float u2 = run<KvType::u2, KvType::u2, 3, true>(c.B, c.L, c.split, reps);

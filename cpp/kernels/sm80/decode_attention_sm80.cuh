@@ -129,6 +129,13 @@ __device__ inline void cp_async8_zfill(void* smem, const void* gmem, int src_byt
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
 }
+// The same with a shared-space address (no conversion per copy).
+__device__ inline void cp_async16_s(uint32_t dst, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ inline void cp_async8_s(uint32_t dst, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
@@ -631,6 +638,14 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   // ---- the ring (kUseRing): this warp's stages, a tile's copy and its reads
   using Ring = RingLayout<KT, VT, D, kRing>;
   uint8_t* const ring = sm.ring + warp * Ring::kWarpBytes;
+  // Lane constants of a whole tile's copy: K and V chunk `lane` of each 512-byte round (V's lands on its padded row),
+  // the lane's parameter row (lanes 0-15 K's, 16-31 V's).
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint8_t* const ring_k_lane = k_base + 16 * lane;
+  const uint8_t* const ring_v_lane = p.v + 16 * lane;
+  const float2* const ring_p_lane =
+      (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15);
+  const uint32_t ring_v_dst = Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16));
   // The page of a tile the ring will copy (a tile in the split: its page is in the table), read a step ahead.
   auto ring_page = [&](int tile) { return tile < n ? page_of(tile) : 0; };
   // Copies tile `tile` of the split into stage `stage` (nothing for a tile past the split). A whole tile in one page
@@ -645,21 +660,22 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       const float2* vp = reinterpret_cast<const float2*>(p.v_params);
       const int pr = lane & 15;  // the parameter row of this lane (lanes 0-15 K's, 16-31 V's)
       if (full_tile(tile)) {
-        const int64_t base = base_of(tile, page);
-        const uint8_t* ks = k_base + base * Ring::kKRow;
-        const uint8_t* vs = p.v + base * Ring::kVRow;
+        // The tile's first row in 32 bits (the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then one wide
+        // multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
+        const int tok = start + tile;
+        const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+        const uint32_t row = (static_cast<uint32_t>(page) * p.hkv + kvh) * p.block_size + in_page;
+        const uint32_t st_s = ring_s + stage * Ring::kStage;
+        const uint8_t* const ks = ring_k_lane + static_cast<uint64_t>(row) * Ring::kKRow;
+        const uint8_t* const vs = ring_v_lane + static_cast<uint64_t>(row) * Ring::kVRow;
 #pragma unroll
-        for (int c0 = 0; c0 < kKChunks; c0 += 32) {
-          const int c = c0 + lane;
-          if (kKChunks % 32 == 0 || c < kKChunks) cp_async16(st + Ring::kKOff + 16 * c, ks + 16 * c);
-        }
+        for (int c0 = 0; c0 < kKChunks; c0 += 32)
+          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s(st_s + Ring::kKOff + 16 * (c0 + lane), ks + 16 * c0);
 #pragma unroll
-        for (int c0 = 0; c0 < kVChunks; c0 += 32) {
-          const int c = c0 + lane;
-          if (kVChunks % 32 == 0 || c < kVChunks)
-            cp_async16(st + Ring::kVOff + (c / kVChunksPerRow) * Ring::kVStride + 16 * (c % kVChunksPerRow), vs + 16 * c);
-        }
-        cp_async8_zfill(st + Ring::kPOff + 8 * lane, (lane < 16 ? kp : vp) + base + pr, 8);
+        for (int c0 = 0; c0 < kVChunks; c0 += 32)
+          if (kVChunks % 32 == 0 || c0 + lane < kVChunks)
+            cp_async16_s(st_s + ring_v_dst + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
+        cp_async8_s(st_s + Ring::kPOff + 8 * lane, ring_p_lane + row);
         return;
       }
 #pragma unroll
@@ -684,10 +700,12 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       cp_async8_zfill(st + Ring::kPOff + 8 * lane, ok ? (lane < 16 ? kp : vp) + row_of(tile + pr) : kp, ok ? 8 : 0);
     }
   };
+  const int ring_k_at = Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8;
+  const int ring_v_at = Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8;
   auto ring_read_k = [&](int stage, KRegs& r) {
     if constexpr (kUseRing) {
     const uint8_t* const st = ring + stage * Ring::kStage;
-    const int k_at = Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8;
+    const int k_at = ring_k_at;
     load_shared<kKBytes>(st + k_at, r.kg);
     load_shared<kKBytes>(st + k_at + 8 * Ring::kKRow, r.kg8);
     const float2* pp = reinterpret_cast<const float2*>(st + Ring::kPOff);
@@ -699,7 +717,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   };
   auto ring_read_v = [&](int stage, VRegs& r) {
     if constexpr (kUseRing) {
-      const uint8_t* const st = ring + stage * Ring::kStage + Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8;
+      const uint8_t* const st = ring + stage * Ring::kStage + ring_v_at;
 #pragma unroll
       for (int u = 0; u < 4; ++u) load_shared<kVBytes>(st + v_row(u) * Ring::kVStride, r.v[u]);
     }
