@@ -334,7 +334,10 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   const int b = blockIdx.x, kvh = blockIdx.y / p.slices;
   const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
   const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // The warp index through a shuffle from lane 0: the compiler then knows it is the same for the whole warp, so the
+  // tile indices and their bounds checks are uniform (uniform registers and branches, not per-lane ALU work).
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = p.seq_lens[b];
   // The keys this block reads: per-channel K stops at the last complete block; the window body reads what
   // follows it (the f16 window rows).
