@@ -334,9 +334,12 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   const int b = blockIdx.x, kvh = blockIdx.y / p.slices;
   const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
   const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
-  // The warp index through a shuffle from lane 0: the compiler then knows it is the same for the whole warp, so the
-  // tile indices and their bounds checks are uniform (uniform registers and branches, not per-lane ALU work).
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
+  // The ring's warp index comes through a shuffle from lane 0: the compiler then knows it is the same for the whole
+  // warp, so the tile indices and their bounds checks are uniform (uniform registers and branches, not per-lane ALU
+  // work). The register-path instances keep threadIdx.x / 32: with the shuffle, u4 K with u8 or f16 V at its pinned
+  // 128 registers spilled 4-20 bytes more, and u4/u4 on that path ran 2% slower (H200).
+  const int warp = kRing > 0 ? __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0)
+                             : static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = p.seq_lens[b];
   // The keys this block reads: per-channel K stops at the last complete block; the window body reads what
