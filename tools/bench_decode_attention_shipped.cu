@@ -1,8 +1,9 @@
-// Times (or runs once, for a profiler) the shipped per-token decode attention instances (u4/u4 at 4 blocks, u2/u2 at 3
-// with V a tile ahead, one score chain) at head_dim 128, 32 q / 8 kv heads, block 16, over caches of random codes
+// Times (or runs once, for a profiler) the shipped per-token decode attention instances (u4/u4 and u2/u2 as
+// launch_decode_attention builds them: the shared-memory ring where ring_stages() gives one; -DRING_VARIANTS: ring
+// variants) at head_dim 128, 32 q / 8 kv heads, block 16, over caches of random codes
 // and per-token (scale, zero) of realistic size (so the running max moves as on real data). The split merge is not
 // run. Median of 30 launches (CUDA events) after 3 warm-ups. Built against whichever decode_attention_sm80.cuh the
-// include path finds first, so one source times two versions of the header in one device call:
+// include path finds first (one that has ring_stages()), so one source times two versions of it in one device call:
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I include -I cpp \
 //     tools/bench_decode_attention_shipped.cu -o /tmp/ds && /tmp/ds [time|once]
 #include <algorithm>
@@ -63,11 +64,7 @@ float run(int B, int L, int split_tokens, int reps) {
   p.hq = hq; p.hkv = hkv; p.group = hq / hkv; p.block_size = bs; p.max_blocks = per_seq; p.split_tokens = split_tokens;
   p.num_splits = splits; p.slices = 1; p.block_shift = 4; p.tile_in_one_page = true; p.scale = 0.0883883f;
   dim3 grid(B, hkv, splits);
-#ifdef RING_VARIANTS
   auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, CH, false, RING>;
-#else
-  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, 1>;
-#endif
   std::vector<float> ts;
   if (reps == 0) {
     kern<<<grid, decode_attn::kThreads>>>(p);
@@ -105,8 +102,11 @@ int main(int argc, char** argv) {
     printf("B=%d L=%d split=%d  ring u4/u4 %7.1f ch2 %7.1f s3 %7.1f | u2/u2 %7.1f ch2 %7.1f | u4/u2 %7.1f us\n", c.B,
            c.L, c.split, a, b, c3, d, e, f);
 #else
-    const float u4 = run<KvType::u4, KvType::u4, 4, false>(c.B, c.L, c.split, reps);
-    const float u2 = run<KvType::u2, KvType::u2, 3, true>(c.B, c.L, c.split, reps);
+    // As launch_decode_attention builds them (the ring where ring_stages() has one; V ahead only without it).
+    constexpr int kR44 = decode_attn::ring_stages<128, KvType::u4, KvType::u4>();
+    constexpr int kR22 = decode_attn::ring_stages<128, KvType::u2, KvType::u2>();
+    const float u4 = run<KvType::u4, KvType::u4, 4, false, kR44>(c.B, c.L, c.split, reps);
+    const float u2 = run<KvType::u2, KvType::u2, 3, kR22 == 0, kR22>(c.B, c.L, c.split, reps);
     printf("B=%d L=%d split=%d  u4/u4 %8.1f us  u2/u2 %8.1f us\n", c.B, c.L, c.split, u4, u2);
 #endif
   }
