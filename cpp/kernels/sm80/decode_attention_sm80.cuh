@@ -285,6 +285,9 @@ struct RingLayout {
 };
 // Ring stages of an instance (0: K/V loaded into registers). The ring takes the per-token 4- and 2-bit K and V at
 // head_dim 128, whose rows are whole 16-byte chunks and whose four stages fit the 48 KB of static shared memory.
+// Measured on an H200 (kernel alone, same call as main's register path, 64 x 8K): u4/u4 181.8 -> 167.9 us, u2/u2
+// 155.6 -> 145.4; 3 stages or two score chains no faster, 5 blocks per SM slower. It was predicted to gain ~22% by
+// hiding the loads; it hid them, but the loop is bound by its ALU work per tile (docs/gpu_notes.md).
 template <int D, KvType KT, KvType VT>
 constexpr int ring_stages() {
   constexpr bool k_ok = KT == KvType::u4 || KT == KvType::u2, v_ok = VT == KvType::u4 || VT == KvType::u2;
@@ -1020,7 +1023,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 //
 // v_ahead: u2 K and V load V one tile ahead with K (4 more registers at 128): measured 3% faster on the same
 // three shapes at 3 blocks (206, 60, 170 us; head_dim 64 takes it unmeasured). Other formats keep V at the top of
-// its own tile (u4: no change).
+// its own tile (u4: no change). Instances with a ring (ring_stages) copy V with K into it instead.
 template <KvType KT, KvType VT>
 constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
 // sub_tiles: 16-token tiles per softmax step (decode_block's kSub). Every instance takes one. Two (both tiles' loads in
