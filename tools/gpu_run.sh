@@ -70,9 +70,9 @@
 #               --no-profile), PEAK_S caps the benchmark
 #     files     chosen test files, groups in parallel on the one GPU (a check of a merge): FILES_GROUPS holds
 #               ';'-separated groups, each pytest arguments relative to tests_py (e.g. "test_gpu_w4a8.py -k sm90;
-#               test_gpu_engine.py"; words split on spaces, so -k takes one word), FILES_S caps each group (default
-#               280 s); FILES_SAN="file.py -k expr" runs
-#               memcheck, racecheck and synccheck over those cases at the same time (FILES_SAN_S caps each)
+#               test_gpu_engine.py"; shell quoting keeps a -k expression whole), FILES_S caps each group (default 280 s);
+#               FILES_SAN="file.py -k 'expr'" runs memcheck, racecheck and synccheck over those cases meanwhile
+#               (FILES_SAN_S caps each)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
@@ -555,7 +555,7 @@ if has files; then
   IFS=';' read -r -a groups <<< "${FILES_GROUPS:-}"
   g=0
   for group in "${groups[@]}"; do
-    read -r -a args <<< "$group"
+    eval "args=($group)"  # shell words: quotes keep a -k expression whole
     [ ${#args[@]} -gt 0 ] || continue
     g=$((g + 1))
     for i in "${!args[@]}"; do [[ "${args[$i]}" == *.py* ]] && args[$i]="$TESTS/${args[$i]}"; done
@@ -563,7 +563,7 @@ if has files; then
      echo "group $g ($group) rc=$?: $(tail -1 "$OUT/pytest_files_$g.log")") &
   done
   if [ -n "${FILES_SAN:-}" ]; then
-    read -r -a san <<< "$FILES_SAN"
+    eval "san=($FILES_SAN)"
     for i in "${!san[@]}"; do [[ "${san[$i]}" == *.py* ]] && san[$i]="$TESTS/${san[$i]}"; done
     for tool in memcheck racecheck synccheck; do
       (timeout -k 5 "${FILES_SAN_S:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
