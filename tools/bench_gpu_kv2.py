@@ -25,9 +25,10 @@ REPS = 20
 # name, K type, V type, K per channel, group
 FORMATS = [("kv4", "u4", "u4", False, 0), ("kc4v4", "u4", "u4", True, 64), ("kv2", "u2", "u2", False, 0),
            ("kc2v2", "u2", "u2", True, 64), ("kc2g32v2", "u2", "u2", True, 32), ("k4v2", "u4", "u2", False, 0),
-           ("kc4v2", "u4", "u2", True, 64)]
+           ("kc4v2", "u4", "u2", True, 64), ("kv8", "u8", "u8", False, 0)]
 BITS = {"u8": 8, "u4": 4, "u2": 2}
-# KV2_FORMATS=kv4,kv2 (comma list of the names above) times only those, for a short device call.
+# KV2_FORMATS=kv4,kv2 (comma list of the names above) times only those, for a short device call. kv8 (u8 K and V)
+# is there for issue 16's "kv8 at B=256 L=1.5K >= 80% of the copy bandwidth".
 if os.environ.get("KV2_FORMATS"):
     FORMATS = [f for f in FORMATS if f[0] in os.environ["KV2_FORMATS"].split(",")]
 

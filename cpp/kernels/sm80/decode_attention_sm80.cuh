@@ -97,9 +97,44 @@ __device__ inline void load_bytes(const uint8_t* p, uint32_t (&r)[words_of(kByte
   }
 }
 
+// A run of kBytes (a multiple of 4) from shared memory, in the widest aligned loads (the ring's rows and runs are).
+template <int kBytes>
+__device__ inline void load_shared(const uint8_t* p, uint32_t (&r)[words_of(kBytes)]) {
+  static_assert(kBytes % 4 == 0, "whole words");
+  constexpr int kWidth = load_width(kBytes);
+#pragma unroll
+  for (int i = 0; i < kBytes / kWidth; ++i) {
+    if constexpr (kWidth == 16) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      r[4 * i] = v.x; r[4 * i + 1] = v.y; r[4 * i + 2] = v.z; r[4 * i + 3] = v.w;
+    } else if constexpr (kWidth == 8) {
+      const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+      r[2 * i] = v.x; r[2 * i + 1] = v.y;
+    } else {
+      r[i] = reinterpret_cast<const uint32_t*>(p)[i];
+    }
+  }
+}
+
 __device__ inline void cp_async16(void* smem, const void* gmem) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+// Zero-filling forms (src_bytes 0: nothing is read, the destination gets zeros) for rows past the split.
+__device__ inline void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ inline void cp_async8_zfill(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
+}
+// The same with a shared-space address (no conversion per copy).
+__device__ inline void cp_async16_s(uint32_t dst, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ inline void cp_async8_s(uint32_t dst, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
@@ -227,11 +262,37 @@ struct TileV {
 };
 
 // The block's shared memory (one set per kernel, whichever body runs). kSub: 16-token tiles per softmax step.
-template <int D, int kSub = 1>
+// kRingBytes: the warps' tile rings (RingLayout), which overlay warp_o: the epilogue writes warp_o only after a block
+// barrier that follows every warp's loop.
+template <int D, int kSub = 1, int kRingBytes = 0>
 struct DecodeSmem {
   float warp_m[kWarps][8], warp_l[kWarps][8];
-  __align__(16) float warp_o[kWarps][8][D];
+  union {
+    __align__(16) float warp_o[kWarps][8][D];
+    __align__(16) uint8_t ring[kRingBytes > 0 ? kRingBytes : 16];
+  };
 };
+
+// One warp's ring of kStages tiles in shared memory (per-token integer K and V, head_dim 128): each stage holds a
+// tile's 16 K rows as in the cache, its 16 V rows padded by 16 bytes (so the lanes' reads of rows 2t + {0, 1, 8, 9}
+// hit distinct banks), then the 16 K and the 16 V (scale, zero) pairs.
+template <KvType KT, KvType VT, int D, int kStages>
+struct RingLayout {
+  static constexpr int kKRow = D * kv_bits<KT>() / 8, kVRow = D * kv_bits<VT>() / 8, kVStride = kVRow + 16;
+  static constexpr int kKOff = 0, kVOff = 16 * kKRow, kPOff = kVOff + 16 * kVStride;
+  static constexpr int kStage = kPOff + 32 * 8;
+  static constexpr int kWarpBytes = kStages * kStage, kBlockBytes = kStages > 0 ? kWarps * kWarpBytes : 0;
+};
+// Ring stages of an instance (0: K/V loaded into registers). The ring takes the per-token 4- and 2-bit K and V at
+// head_dim 128, whose rows are whole 16-byte chunks and whose four stages fit the 48 KB of static shared memory.
+// Measured on an H200 (kernel alone, same call as main's register path, 64 x 8K): u4/u4 181.8 -> 167.9 us, u2/u2
+// 155.6 -> 145.4; 3 stages or two score chains no faster, 5 blocks per SM slower. It was predicted to gain ~22% by
+// hiding the loads; it hid them, but the loop is bound by its ALU work per tile (docs/gpu_notes.md).
+template <int D, KvType KT, KvType VT>
+constexpr int ring_stages() {
+  constexpr bool k_ok = KT == KvType::u4 || KT == KvType::u2, v_ok = VT == KvType::u4 || VT == KvType::u2;
+  return D == 128 && k_ok && v_ok ? 4 : 0;
+}
 
 // One block's work: split `split` of (sequence, kv head slice), written to split slot `slot_split`. window:
 // the f16-K body reads the window keys [(len / bs) * bs, len) of per-channel K from p.k_window.
@@ -243,9 +304,12 @@ struct DecodeSmem {
 // kVMid: the next tile's V is issued right after this tile's score mma (its K registers are dead by then), so V's
 // latency has the softmax and output mma of this tile to hide in. Measured 47% slower for u4/u4 at 4 blocks (it spills
 // 8 bytes there: 261.6 vs 177.5 us at 64 x 8K, H200): no instance takes it.
-template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 1, bool kVMid = false>
-__device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem<D, kSub>& sm, int split,
-                                             int slot_split, bool window) {
+// kRing: stages of the warp's shared-memory ring (0: none; see RingLayout): tile i + kRing - 1 is copied by cp.async
+// while tile i is computed, and nothing of it is held in registers until it is used.
+template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 1, bool kVMid = false,
+          int kRing = 0, class Smem>
+__device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, int split, int slot_split,
+                                             bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
   static_assert((kv_bits<KT>() != 2 && kv_bits<VT>() != 2) || D % 64 == 0, "2-bit K/V need head_dim % 64 == 0");
   static_assert(kSub == 1 || kSub == 2, "one or two tiles per softmax step");
@@ -273,7 +337,13 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   const int b = blockIdx.x, kvh = blockIdx.y / p.slices;
   const int head0 = kvh * p.group + 8 * (blockIdx.y % p.slices);             // this block's first query head
   const int heads = min(8, kvh * p.group + p.group - head0);                  // and how many it serves
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // The ring's warp index comes through a shuffle from lane 0: the compiler then knows it is the same for the whole
+  // warp, so the tile indices and their bounds checks are uniform (uniform registers and branches, not per-lane ALU
+  // work). The register-path instances keep threadIdx.x / 32: with the shuffle, u4 K with u8 or f16 V at its pinned
+  // 128 registers spilled 4-20 bytes more, and u4/u4 on that path ran 2% slower (H200).
+  const int warp = kRing > 0 ? __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0)
+                             : static_cast<int>(threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int len = p.seq_lens[b];
   // The keys this block reads: per-channel K stops at the last complete block; the window body reads what
   // follows it (the f16 window rows).
@@ -548,7 +618,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
 
   // Integer K: the next tile's K is issued before this tile is used (its registers are few); f16
   // tiles are large enough that occupancy hides the latency instead.
-  constexpr bool kPrefetch = KT != KvType::f16 && VT != KvType::f16;
+  constexpr bool kUseRing = kRing > 0;
+  constexpr bool kPrefetch = KT != KvType::f16 && VT != KvType::f16 && !kUseRing;
   // The steps this warp visits, in order: every 4th step of kSub tiles; for u4c every 4th block, its bs / 16 tiles
   // in a row (the split starts on a block boundary), so the query is refolded once per block.
   const int tiles_per_block = kChannelK ? p.block_size / kTile : 1;
@@ -557,6 +628,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       return ((i / tiles_per_block) * kWarps + warp) * p.block_size + (i % tiles_per_block) * kTile;
     return (i * kWarps + warp) * kTile * kSub;
   };
+  static_assert(!kUseRing || (D == 128 && kTokenKParams && VT != KvType::f16 && kSub == 1 && !kVAhead && !kVMid),
+                "the ring takes per-token integer K and V at head_dim 128, one tile per step");
   static_assert(!kVAhead || kPrefetch, "V ahead needs integer K and V");
   static_assert(kSub == 1 || kPrefetch, "two tiles per step need integer K and V");
   static_assert(!kVMid || (kPrefetch && !kVAhead && kSub == 1), "V mid-tile: integer K and V, one tile per step");
@@ -564,12 +637,113 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   // earlier (of a tile in the split: its page is in the table).
   auto page_ahead = [&](int tile) { return kRowAhead && tile < n ? page_of(tile) : 0; };
   auto base_ahead = [&](int tile, int page) -> int64_t { return kRowAhead ? base_of(tile, page) : 0; };
-  int64_t base_cur = base_ahead(tile_of(0), page_ahead(tile_of(0)));
-  int page_next = page_ahead(tile_of(1));
+  int64_t base_cur = 0;
+  int page_next = 0;
+  if constexpr (!kUseRing) {
+    base_cur = base_ahead(tile_of(0), page_ahead(tile_of(0)));
+    page_next = page_ahead(tile_of(1));
+  }
+
+  // ---- the ring (kUseRing): this warp's stages, a tile's copy and its reads
+  using Ring = RingLayout<KT, VT, D, kRing>;
+  uint8_t* const ring = sm.ring + warp * Ring::kWarpBytes;
+  // Lane constants of a whole tile's copy: K and V chunk `lane` of each 512-byte round (V's lands on its padded row),
+  // the lane's parameter row (lanes 0-15 K's, 16-31 V's).
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint8_t* const ring_k_lane = k_base + 16 * lane;
+  const uint8_t* const ring_v_lane = p.v + 16 * lane;
+  const float2* const ring_p_lane =
+      (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15);
+  const uint32_t ring_v_dst = Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16));
+  // The page of a tile the ring will copy (a tile in the split: its page is in the table), read a step ahead.
+  auto ring_page = [&](int tile) { return tile < n ? page_of(tile) : 0; };
+  // Copies tile `tile` of the split into stage `stage` (nothing for a tile past the split). A whole tile in one page
+  // is 16 consecutive rows: 16-byte chunks of K and V, lane by lane; otherwise each chunk looks its row up and rows
+  // past the split are zero-filled (zero codes, zero parameters: P' = 0 there, and the scores are masked anyway).
+  auto ring_copy = [&](int tile, int stage, int page) {
+    if constexpr (kUseRing) {
+      if (tile >= n) return;
+      uint8_t* const st = ring + stage * Ring::kStage;
+      constexpr int kKChunks = Ring::kKRow, kVChunksPerRow = Ring::kVRow / 16, kVChunks = Ring::kVRow;
+      const float2* kp = reinterpret_cast<const float2*>(p.k_params);
+      const float2* vp = reinterpret_cast<const float2*>(p.v_params);
+      const int pr = lane & 15;  // the parameter row of this lane (lanes 0-15 K's, 16-31 V's)
+      if (full_tile(tile)) {
+        // The tile's first row in 32 bits (the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then one wide
+        // multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
+        const int tok = start + tile;
+        const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+        const uint32_t row = (static_cast<uint32_t>(page) * p.hkv + kvh) * p.block_size + in_page;
+        const uint32_t st_s = ring_s + stage * Ring::kStage;
+        const uint8_t* const ks = ring_k_lane + static_cast<uint64_t>(row) * Ring::kKRow;
+        const uint8_t* const vs = ring_v_lane + static_cast<uint64_t>(row) * Ring::kVRow;
+#pragma unroll
+        for (int c0 = 0; c0 < kKChunks; c0 += 32)
+          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s(st_s + Ring::kKOff + 16 * (c0 + lane), ks + 16 * c0);
+#pragma unroll
+        for (int c0 = 0; c0 < kVChunks; c0 += 32)
+          if (kVChunks % 32 == 0 || c0 + lane < kVChunks)
+            cp_async16_s(st_s + ring_v_dst + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
+        cp_async8_s(st_s + Ring::kPOff + 8 * lane, ring_p_lane + row);
+        return;
+      }
+#pragma unroll
+      for (int c0 = 0; c0 < kKChunks; c0 += 32) {
+        const int c = c0 + lane, r = c / (Ring::kKRow / 16);
+        if (kKChunks % 32 == 0 || c < kKChunks) {
+          const bool ok = tile + r < n;
+          const uint8_t* src = ok ? k_base + row_of(tile + r) * Ring::kKRow + 16 * (c % (Ring::kKRow / 16)) : p.k;
+          cp_async16_zfill(st + Ring::kKOff + 16 * c, src, ok ? 16 : 0);
+        }
+      }
+#pragma unroll
+      for (int c0 = 0; c0 < kVChunks; c0 += 32) {
+        const int c = c0 + lane, r = c / kVChunksPerRow;
+        if (kVChunks % 32 == 0 || c < kVChunks) {
+          const bool ok = tile + r < n;
+          const uint8_t* src = ok ? p.v + row_of(tile + r) * Ring::kVRow + 16 * (c % kVChunksPerRow) : p.v;
+          cp_async16_zfill(st + Ring::kVOff + r * Ring::kVStride + 16 * (c % kVChunksPerRow), src, ok ? 16 : 0);
+        }
+      }
+      const bool ok = tile + pr < n;
+      cp_async8_zfill(st + Ring::kPOff + 8 * lane, ok ? (lane < 16 ? kp : vp) + row_of(tile + pr) : kp, ok ? 8 : 0);
+    }
+  };
+  const int ring_k_at = Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8;
+  const int ring_v_at = Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8;
+  auto ring_read_k = [&](int stage, KRegs& r) {
+    if constexpr (kUseRing) {
+    const uint8_t* const st = ring + stage * Ring::kStage;
+    const int k_at = ring_k_at;
+    load_shared<kKBytes>(st + k_at, r.kg);
+    load_shared<kKBytes>(st + k_at + 8 * Ring::kKRow, r.kg8);
+    const float2* pp = reinterpret_cast<const float2*>(st + Ring::kPOff);
+    r.ksp_g = pp[g];
+    r.ksp_g8 = pp[g + 8];
+    r.vsp_g = pp[16 + g];
+    r.vsp_g8 = pp[24 + g];
+    }
+  };
+  auto ring_read_v = [&](int stage, VRegs& r) {
+    if constexpr (kUseRing) {
+      const uint8_t* const st = ring + stage * Ring::kStage + ring_v_at;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) load_shared<kVBytes>(st + v_row(u) * Ring::kVStride, r.v[u]);
+    }
+  };
+  int ring_stage = 0, ring_ahead_page = 0;  // the stage of this step's tile; the page of the next tile to copy
+  if constexpr (kUseRing) {
+#pragma unroll
+    for (int s = 0; s < kRing - 1; ++s) {
+      ring_copy(tile_of(s), s, ring_page(tile_of(s)));
+      cp_async_commit();
+    }
+    ring_ahead_page = ring_page(tile_of(kRing - 1));
+  }
   // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
   KRegs cur[kSub], nxt[kSub];
   VRegs vcur[kSub], vnxt[kSub];
-  if (tile_of(0) < n) {
+  if (!kUseRing && tile_of(0) < n) {
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
       load_k(tile_of(0) + u * kTile, cur[u], base_cur);
@@ -579,9 +753,21 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
   }
   for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
     const int next = tile_of(i + 1);
-    const int64_t base_next = base_ahead(next, page_next);
-    page_next = page_ahead(tile_of(i + 2));
-    if constexpr (!kVAhead && !kVMid) {
+    int64_t base_next = 0;
+    if constexpr (kUseRing) {
+      // Copy the tile kRing - 1 steps ahead into the stage freed by the last step, then wait for this step's.
+      const int ahead_stage = ring_stage == 0 ? kRing - 1 : ring_stage - 1;
+      ring_copy(tile_of(i + kRing - 1), ahead_stage, ring_ahead_page);
+      cp_async_commit();
+      ring_ahead_page = ring_page(tile_of(i + kRing));
+      cp_async_wait<kRing - 1>();
+      __syncwarp();  // every lane's copies of this stage are visible to the warp
+      ring_read_k(ring_stage, cur[0]);
+    } else {
+      base_next = base_ahead(next, page_next);
+      page_next = page_ahead(tile_of(i + 2));
+    }
+    if constexpr (!kVAhead && !kVMid && !kUseRing) {
 #pragma unroll
       for (int u = 0; u < kSub; ++u) load_v(tile + u * kTile, vcur[u], base_cur);
     }
@@ -705,6 +891,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
       if constexpr (VT != KvType::f16) mma(wsum, kOnes, kOnes, kOnes, kOnes, pb[u][0], pb[u][1]);
     }
     // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
+    if constexpr (kUseRing) ring_read_v(ring_stage, vcur[0]);
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
 #pragma unroll
@@ -721,10 +908,17 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
         cur[u] = nxt[u];
         if constexpr (kVAhead || kVMid) vcur[u] = vnxt[u];
       }
+    } else if constexpr (kUseRing) {
+      ring_stage = ring_stage == kRing - 1 ? 0 : ring_stage + 1;
+      __syncwarp();  // every lane has read this stage before a later step's copy overwrites it
     } else if (next < n) {
       load_k(next, cur[0], base_next);
     }
     base_cur = base_next;
+  }
+  if constexpr (kUseRing) {  // warp_o takes back the rings once every warp is done with its own
+    cp_async_wait<0>();
+    __syncthreads();
   }
   if constexpr (kChannelK) {  // warp_o takes back the staging rows
     cp_async_wait<0>();
@@ -793,15 +987,15 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, DecodeSmem
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
 // K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
 template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1, int kChains = 1,
-          bool kVMid = false>
+          bool kVMid = false, int kRing = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
-  __shared__ DecodeSmem<D, kSub> sm;
+  __shared__ DecodeSmem<D, kSub, RingLayout<KT, VT, D, kRing>::kBlockBytes> sm;
   const int split = blockIdx.z;
   if constexpr (kv_per_channel<KT>()) {
     if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
   }
-  decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid>(p, sm, split, split, false);
+  decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing>(p, sm, split, split, false);
 }
 
 // Resident blocks per SM each instance is built for. 128: with 4 (128 registers) the f16 and u8 kernels spill;
@@ -829,7 +1023,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(
 //
 // v_ahead: u2 K and V load V one tile ahead with K (4 more registers at 128): measured 3% faster on the same
 // three shapes at 3 blocks (206, 60, 170 us; head_dim 64 takes it unmeasured). Other formats keep V at the top of
-// its own tile (u4: no change).
+// its own tile (u4: no change). Instances with a ring (ring_stages) copy V with K into it instead.
 template <KvType KT, KvType VT>
 constexpr bool v_ahead() { return KT == KvType::u2 && VT == KvType::u2; }
 // sub_tiles: 16-token tiles per softmax step (decode_block's kSub). Every instance takes one. Two (both tiles' loads in
@@ -856,8 +1050,9 @@ constexpr int min_blocks() {
 
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>(),
-                                      decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>()>
+  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
+                                      decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
+                                      decode_attn::ring_stages<D, KT, VT>()>
       <<<grid, decode_attn::kThreads, 0, stream>>>(p);
 }
 
@@ -868,8 +1063,9 @@ int decode_attention_blocks_per_sm() {
   int blocks = 0;
   const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &blocks,
-      decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>(),
-                                           decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>()>,
+      decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
+                                           decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
+                                           decode_attn::ring_stages<D, KT, VT>()>,
       decode_attn::kThreads, 0);
   return err == cudaSuccess ? blocks : 0;
 }

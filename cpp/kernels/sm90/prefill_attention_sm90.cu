@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/sm80/prefill_attention_tc.h"  // prefill_tc_args
@@ -54,6 +55,41 @@ bool sm90_device(int device) {
   return v == 1;
 }
 
+int sm_count(int device) {  // asked once per device
+  static std::atomic<int> cache[64] = {};
+  if (device < 0 || device >= 64) return 132;
+  int v = cache[device].load();
+  if (v == 0) {
+    LOWBIT_CUDA_CHECK("prefill_attention", cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+    cache[device].store(v);
+  }
+  return v;
+}
+
+// LOWBIT_PREFILL_SM90_VARIANT (read at each launch, for tests and measurements): bit 1 = never pack the query heads
+// (the kernel before packing), bit 2 = always pack them where the cache allows (the rule below aside).
+int variant_from_env() {
+  const char* e = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
+  return e != nullptr ? std::atoi(e) : 0;
+}
+
+// Query heads per CTA (the kernel reads it back as hq / gridDim.x). With an integer per-token K or V, the query
+// heads of a kv head can share a CTA (its 128 rows: 128 / group positions x group heads): chunks of fewer than 128
+// new tokens fill the CTA's rows instead of leaving most of them empty, so group times fewer CTAs visit the
+// prefix's tiles (each dequantized once per kv head rather than once per query head). That pays only where the
+// CTAs of one head per CTA would queue for the SMs: under one wave they all run at once, and a packed CTA with
+// twice the live rows keeps both consumer warpgroups busy where one of them had nothing to do (one 64-token chunk
+// over 8K, u8: 171 us packed against 150). Measured (docs/benchmarks_gpu.md, "Prefill over a quantized cache"):
+// 16 x 64-token chunks 1.7-1.8x faster packed, 64 x 16 3.5-3.6x, fresh prompts the same either way. f16 and
+// per-channel K keep one head per CTA (the kernel compiles them as before).
+int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sms) {
+  const bool packable = !kv_per_channel_type(kt) && (kt != KvType::f16 || vt != KvType::f16) && group >= 1 &&
+                        group <= kRows;
+  const int variant = variant_from_env();
+  if (!packable || (variant & 1)) return 1;
+  return (variant & 2) || unpacked_ctas > sms ? group : 1;
+}
+
 bool no(std::string* why, const char* reason) {
   if (why) *why = reason;
   return false;
@@ -97,7 +133,10 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
-  const dim3 grid(static_cast<unsigned>(a.hq), static_cast<unsigned>((max_q_len + kRows - 1) / kRows),
+  const int64_t unpacked_ctas = static_cast<int64_t>(a.hq) * ((max_q_len + kRows - 1) / kRows) * a.num_seqs;
+  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sm_count(q.device().index));
+  const int positions = kRows / pack;  // query positions per CTA
+  const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>((max_q_len + positions - 1) / positions),
                   static_cast<unsigned>(a.num_seqs));
   find_launch(q.size(2), kt, vt)(a, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);

@@ -3,11 +3,13 @@
 // per channel (u4c / u2c: one (scale, zero) per channel per block, the newest keys in an f16 window; below).
 //
 // A CTA owns 128 query rows of one (sequence, query head) and walks key tiles of 128 up to the last key its last
-// row sees. Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
+// row sees; with an integer per-token cache the launch may pack the query heads of one kv head into it (kPack: 128 /
+// G positions x G heads). Three warpgroups (FlashAttention-3's split of work, written for the paged cache):
 //   - warpgroup 0, the producer: thread p looks up the page of key row p of a tile (any block size); each warp
 //     then reads its 32 rows together, whole rows per instruction. f16 rows go straight into the tile by
-//     cp.async (where a 16-row run is one page's, one row lookup per run: copy_f16_rows); u8/u4/u2 rows are loaded into registers, dequantized in f32 (code * scale + zero, rounded once to
-//     f16: the same values as the mma.sync kernel's) and stored. Tiles go through kStages stages, the producer
+//     cp.async (where a 16-row run is one page's, one row lookup per run: copy_f16_rows); u8/u4/u2 rows are loaded
+//     into registers, dequantized (u4/u2 in f32, code * scale + zero rounded once to f16: the same values as the
+//     mma.sync kernel's; u8 as f16 pairs: store_u8_codes_f16) and stored. Tiles go through kStages stages, the producer
 //     running ahead as far as the stages allow. It publishes a tile on the stage's `full` barrier without waiting:
 //     cp.async completion arrives there by itself, and the dequantized stores arrive after a proxy fence (so
 //     wgmma's async reads see them).
@@ -235,10 +237,56 @@ __device__ __forceinline__ void load_codes(TileCodes<D, T>& codes, const uint8_t
   }
 }
 
-// Dequantizes the loaded codes in f32 (code * scale + zero, rounded once to f16: the same values as the mma.sync
-// kernel's, the row's scale and zero by shuffle) into 16-byte chunks of the tile at `tile` (shared address).
+// u8 codes as f16 pairs: a byte permute onto 0x64 makes two codes the halves 1024 + c, one f16x2 subtract of
+// 1152 makes them exact centered halves c - 128, and one f16x2 FMA by the row's scale and its zero moved to the
+// middle of the row's range (zero + 128 scale; both rounded to f16) rounds each value once: 1.5 instructions per
+// value against ~4.5 in f32. Rounding the scale and zero adds at most ~2^-12 (|zero'| + range / 2) to a value's
+// error, ~8x below a code's own half step (range / 510); every u8 case of the tests passed on the device. The same
+// scheme for u4 / u2 (a mask-or per pair, with or without carrying the scale's and zero's rounding residues) failed
+// 2-3 cases of the tests' tolerance (max abs 0.0023-0.0049 against 0.002; their codes sit far from the middle more
+// often) and was dropped: docs/gpu_notes.md, "Prefill over a quantized cache: the producer's dequantization per value".
+__device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ uint32_t u8_pair(uint32_t word, uint32_t sel, uint32_t s2, uint32_t z2) {
+  const uint32_t biased = prmt(word, 0x64646464u, sel);  // sel 0x4140: bytes 0, 1; 0x4342: bytes 2, 3
+  uint32_t r;
+  asm("{\n.reg .b32 c;\nsub.f16x2 c, %1, %4;\nfma.rn.f16x2 %0, c, %2, %3;\n}"
+      : "=r"(r) : "r"(biased), "r"(s2), "r"(z2), "r"(0x64806480u));  // 0x6480: the half 1152
+  return r;
+}
+
+// Dequantizes loaded u8 codes into 16-byte chunks of the tile at `tile` (shared address) as f16 pairs (u8_pair),
+// the row's scale and centered zero by shuffle.
+template <int D>
+__device__ __forceinline__ void store_u8_codes_f16(const TileCodes<D, KvType::u8>& codes, uint32_t tile, int p) {
+  using C = TileCodes<D, KvType::u8>;
+  using L = Layout<D>;
+  const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
+  const float zc = fmaf(128.f, codes.own.x, codes.own.y);
+  const uint32_t own_s = pack_half2(codes.own.x, codes.own.x), own_z = pack_half2(zc, zc);
+#pragma unroll
+  for (int i = 0; i < C::kVecs; ++i) {
+    const int rr = i * C::kRowsPerLoad + lane / C::kVecs;  // the group's row of this lane's vector
+    const uint32_t s2 = __shfl_sync(0xffffffffu, own_s, rr), z2 = __shfl_sync(0xffffffffu, own_z, rr);
+    const uint32_t words[4] = {codes.w[i].x, codes.w[i].y, codes.w[i].z, codes.w[i].w};
+#pragma unroll
+    for (int cc = 0; cc < C::kChunksPerVec; ++cc) {  // chunk vec * kChunksPerVec + cc: 8 dims, two words
+      const uint32_t w0 = words[2 * cc], w1 = words[2 * cc + 1];
+      const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, vec * C::kChunksPerVec + cc);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(u8_pair(w0, 0x4140, s2, z2)),
+                   "r"(u8_pair(w0, 0x4342, s2, z2)), "r"(u8_pair(w1, 0x4140, s2, z2)), "r"(u8_pair(w1, 0x4342, s2, z2))
+                   : "memory");
+    }
+  }
+}
+
+// Dequantizes the loaded u4 / u2 codes in f32 (code * scale + zero, rounded once to f16: the same values as the
+// mma.sync kernel's, the row's scale and zero by shuffle) into 16-byte chunks of the tile at `tile` (shared address).
 template <int D, KvType T>
-__device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32_t tile, int p) {
+__device__ __forceinline__ void store_codes_f32(const TileCodes<D, T>& codes, uint32_t tile, int p) {
   using C = TileCodes<D, T>;
   using L = Layout<D>;
   constexpr int kBits = C::kBits;
@@ -268,6 +316,14 @@ __device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32
                    : "memory");
     }
   }
+}
+
+template <int D, KvType T>
+__device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32_t tile, int p) {
+  if constexpr (T == KvType::u8)
+    store_u8_codes_f16<D>(codes, tile, p);
+  else
+    store_codes_f32<D, T>(codes, tile, p);
 }
 
 // ---- per-channel K (u4c / u2c) ----------------------------------------------------------------------------
@@ -578,6 +634,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   static_assert(!kv_per_channel<VT>(), "V per token");
   constexpr bool kPerChannel = kv_per_channel<KT>();
   constexpr bool kPv128 = D == 128;  // P·V: one m64n128k16 per k16 step (D 64: one n64)
+  // Packed query heads (integer per-token K or V): a CTA's 128 rows are kRows / pack positions x the pack query
+  // heads of one kv head (row r: position r / pack, head r % pack), so each K/V tile the producer dequantizes
+  // serves `pack` heads (pack_heads_sm90 below; the launch sets gridDim.x = hq / pack). f16 and per-channel K keep
+  // one head per CTA (pack 1, the code as before).
+  constexpr bool kPack = !kPerChannel && (KT != KvType::f16 || VT != KvType::f16);
   using L = Layout<D>;
   constexpr int kO = D / 2;  // O accumulators per thread: 64 rows x D over 128 threads
   extern __shared__ uint8_t smem_raw[];
@@ -589,15 +650,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   auto k_tile = [&](int stage) { return q_smem + L::kQBytes + stage * L::kStageBytes; };
   auto v_tile = [&](int stage) { return k_tile(stage) + L::kTileBytes; };
 
-  const int h = blockIdx.x, seq = blockIdx.z;
+  const int pack = kPack ? a.hq / static_cast<int>(gridDim.x) : 1;  // query heads per CTA
+  const int cta_pos = kPack ? kRows / pack : kRows;                // query positions per CTA
+  const int live_rows = kPack ? cta_pos * pack : kRows;            // rows past it are never stored
+  const int h = blockIdx.x * pack, seq = blockIdx.z;               // the query head of row 0
   const int q_tile = gridDim.y - 1 - blockIdx.y;  // the longest causal ranges start first
   const int ns = a.num_seqs;
   const int q_start = a.seq_info[seq], q_len = a.seq_info[ns + seq], kv_len = a.seq_info[2 * ns + seq];
-  const int row0 = q_tile * kRows;
+  const int row0 = q_tile * cta_pos;  // the CTA's first query position
   if (row0 >= q_len) return;  // the whole CTA leaves before any barrier
   const int kvh = h / (a.hq / a.hkv);
   const int first_pos = kv_len - q_len;  // cache position of query row 0
-  const int num_tiles = (first_pos + min(row0 + kRows, q_len) - 1) / kKeys + 1;
+  const int num_tiles = (first_pos + min(row0 + cta_pos, q_len) - 1) / kKeys + 1;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
   // Per-channel K: the views of the key tiles, one stage each (after the barriers).
   const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
@@ -622,9 +686,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     const int p = threadIdx.x;
     const bool runs16 = a.block_size % 16 == 0;  // copy_f16_rows
     {
-      const int r = row0 + p;
-      const bool valid = r < q_len;
-      const __half* src = a.q + (valid ? static_cast<int64_t>(q_start + r) * a.q_stride_t + h * a.q_stride_h : 0);
+      const int pr = kPack ? p / pack : p;  // row p's position in the CTA (its head: h + p - pr * pack)
+      const int r = row0 + pr;
+      const bool valid = r < q_len && (!kPack || p < live_rows);
+      const __half* src =
+          a.q + (valid ? static_cast<int64_t>(q_start + r) * a.q_stride_t + (h + p - pr * pack) * a.q_stride_h : 0);
 #pragma unroll
       for (int c = 0; c < D / 8; ++c)
         cp_async16(q_smem + chunk_offset<L::kQBlockBytes>(p, c), src + 8 * c, valid);
@@ -672,11 +738,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const int cw = threadIdx.x / 32 - 4 * wg;  // warp in its warpgroup
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const int wg_row0 = row0 + 64 * (wg - 1);  // the warpgroup's first query row
-    const bool wg_live = wg_row0 < q_len;
-    const int wg_last_key = first_pos + min(wg_row0 + 63, q_len - 1);  // the last key a stored row sees
-    const int r_lo = wg_row0 + 16 * cw + g, r_hi = r_lo + 8;
-    const int pos_lo = first_pos + r_lo, pos_hi = pos_lo + 8;
+    const int wg_r = 64 * (wg - 1);  // the warpgroup's first row in the CTA
+    const int wg_row0 = row0 + (kPack ? wg_r / pack : wg_r);  // its first query position
+    const bool wg_live = wg_row0 < q_len && (!kPack || wg_r < live_rows);
+    const int wg_last = kPack ? row0 + min(wg_r + 63, live_rows - 1) / pack : wg_row0 + 63;
+    const int wg_last_key = first_pos + min(wg_last, q_len - 1);  // the last key a stored row sees
+    // This thread's rows lo and hi (8 apart in the CTA) as query positions.
+    const int r_lo = kPack ? row0 + (wg_r + 16 * cw + g) / pack : wg_row0 + 16 * cw + g;
+    const int r_hi = kPack ? row0 + (wg_r + 16 * cw + g + 8) / pack : r_lo + 8;
+    const int pos_lo = first_pos + r_lo, pos_hi = kPack ? first_pos + r_hi : pos_lo + 8;
     const uint32_t q_wg = q_smem + (wg - 1) * 64 * 128;  // the warpgroup's 64 rows in each column block
 
     float o[kO];
@@ -859,17 +929,25 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       row_lo = (ctas - 1 - cta) * kRows + 64 * (tid / 128 - 1) + 16 * (tid / 32 % 4) + (tid % 32) / 4;
     }
     const int row_hi = kPerChannel ? row_lo + 8 : r_hi;
+    // Packed heads: each row's own head, and rows past live_rows (their position is another row's) not stored.
+    int h_lo = h, h_hi = h;
+    bool live_lo = true, live_hi = true;
+    if constexpr (kPack) {
+      const int lr = wg_r + 16 * cw + g;
+      h_lo = h + lr % pack, h_hi = h + (lr + 8) % pack;
+      live_lo = lr < live_rows, live_hi = lr + 8 < live_rows;
+    }
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
     const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
     // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
-    if (row_lo < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + row_lo) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_lo < q_len && live_lo) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_lo) * a.out_stride_t + h_lo * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j] * inv_lo, o[4 * j + 1] * inv_lo);
     }
-    if (row_hi < q_len) {
-      __half* out = a.out + static_cast<int64_t>(q_start + row_hi) * a.out_stride_t + h * a.out_stride_h + 2 * t4;
+    if (row_hi < q_len && live_hi) {
+      __half* out = a.out + static_cast<int64_t>(q_start + row_hi) * a.out_stride_t + h_hi * a.out_stride_h + 2 * t4;
 #pragma unroll
       for (int j = 0; j < kO / 4; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_half2(o[4 * j + 2] * inv_hi, o[4 * j + 3] * inv_hi);

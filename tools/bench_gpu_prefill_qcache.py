@@ -1,0 +1,113 @@
+"""Prefill attention over a quantized per-token cache on Hopper (prefill_attention_sm90) vs SDPA on f16, with and
+without packed query heads in one process: LOWBIT_PREFILL_SM90_VARIANT (read at each launch) 0 = the launch's own
+choice, 1 = never packed, 2 = always packed. At commits a69c6c5 and 64b4e2f the bits meant: packing always on
+unless bit 1, and bit 2 = u8 / u4 / u2 dequantized in f32 (3 = round 8's kernel); their JSONs hold variants 0-3 so.
+Llama-3-8B heads (32 q / 8 kv, D 128), pages of 16, profiler kernel time (mean of REPS), causal.
+  fresh:   one prompt of L tokens (q_len = kv_len), vs causal SDPA (flash) on contiguous f16 q/k/v, and the kernel on
+           an f16 cache.
+  chunked: B sequences, each a chunk of C new tokens over a cached prefix of P (kv_len = P + C), vs SDPA with the
+           lower-right causal mask on f16 (torch picks a non-flash backend for that mask), and the kernel on an f16
+           cache.
+TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from lowbit import _core
+
+from bench_gpu_common import device_meta, profiled_kernel_us, write_json
+
+HQ, HKV, D, BLOCK = 32, 8, 128, 16
+FRESH = [int(x) for x in os.environ.get("QCACHE_FRESH", "2048,8192,32768").split(",") if x]
+# batch:prefix:chunk
+CHUNKED = [tuple(int(y) for y in x.split(":")) for x in os.environ.get(
+    "QCACHE_CHUNKED", "1:8192:1024,1:8192:64,16:2048:64,64:1024:16").split(",") if x]
+FORMATS = os.environ.get("QCACHE_KV", "u8,u4,u2").split(",")
+VARIANTS = [int(x) for x in os.environ.get("QCACHE_VARIANTS", "0,1").split(",")]
+REPS = 10
+KERNEL = "prefill_attention_sm90"
+
+
+def sdpa_us(q, k, v, b, q_len, kv_len):
+    """q [b * q_len, Hq, D], k / v [b * kv_len, Hkv, D] -> SDPA on [b, H, len, D], causal (lower right)."""
+    qs, ks, vs = (x.view(b, -1, x.shape[1], D).transpose(1, 2).contiguous() for x in (q, k, v))
+    if q_len == kv_len:
+        return profiled_kernel_us(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True),
+                                  REPS)
+    try:
+        from torch.nn.attention.bias import causal_lower_right
+        mask = causal_lower_right(q_len, kv_len)
+        return profiled_kernel_us(lambda: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True),
+                                  REPS)
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        print("sdpa lower-right:", repr(e)[:200])
+        return None
+
+
+def case(b, prefix, chunk):
+    """b sequences, each a chunk of `chunk` new tokens over `prefix` cached ones (prefix 0: a fresh prompt)."""
+    kv_len, q_len = prefix + chunk, chunk
+    flops = b * 4 * HQ * D * (q_len * prefix + q_len * (q_len + 1) / 2)
+    row = {"batch": b, "prefix": prefix, "q_len": q_len, "kv_len": kv_len, "causal_gflop": flops / 1e9}
+    q = torch.randn(b * q_len, HQ, D, device="cuda").half()
+    k = torch.randn(b * kv_len, HKV, D, device="cuda").half()
+    v = torch.randn(b * kv_len, HKV, D, device="cuda").half()
+    t = sdpa_us(q, k, v, b, q_len, kv_len)
+    if t is not None:
+        row["sdpa_us"], row["sdpa_tflops"] = t, flops / (t * 1e6)
+    per = -(-kv_len // BLOCK)
+    nblk = b * per
+    table = torch.randperm(nblk, dtype=torch.int32).view(b, per)
+    pos = torch.arange(kv_len)
+    slots = torch.cat([table[i, pos // BLOCK].long() * BLOCK + pos % BLOCK for i in range(b)]).to(torch.int32)
+    # Every cached token of every sequence written at once (one table row holds them all).
+    write_meta = _core.AttentionMeta([0], [b * kv_len], [b * kv_len], table.view(1, -1).cuda(), slots.cuda())
+    meta = _core.AttentionMeta([i * q_len for i in range(b)], [q_len] * b, [kv_len] * b, table.cuda(),
+                               slots[:1].cuda())
+    out = torch.empty_like(q)
+    ref = None
+    for kv in ["f16"] + FORMATS:
+        cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
+        _core.kv_write(cache, 0, k, v, write_meta)
+        for var in [0] if kv == "f16" else VARIANTS:
+            os.environ["LOWBIT_PREFILL_SM90_VARIANT"] = str(var)
+            call = lambda cache=cache: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out, kernel=KERNEL)
+            t = profiled_kernel_us(call, REPS, "prefill_attention")
+            tag = kv if kv == "f16" else f"{kv}_v{var}"
+            row[f"{tag}_us"], row[f"{tag}_tflops"] = t, flops / (t * 1e6)
+            if "sdpa_us" in row:
+                row[f"{tag}_vs_sdpa"] = row["sdpa_us"] / t
+            call()
+            torch.cuda.synchronize()
+            if kv == "f16":
+                ref = out.float().clone()
+            else:  # the quantized cache's output vs the f16 cache's (its quantization error; equal across variants
+                # up to the dequantization's rounding)
+                row[f"{tag}_max_abs_vs_f16"] = float((out.float() - ref).abs().max())
+        os.environ.pop("LOWBIT_PREFILL_SM90_VARIANT", None)
+        del cache
+    return row
+
+
+def main():
+    path = sys.argv[1] if len(sys.argv) > 1 else "bench_prefill_qcache.json"
+    meta = device_meta()
+    meta["timing"] = f"torch profiler kernel time, mean of {REPS} calls after one warm-up"
+    meta["variants"] = "0 the launch's choice; 1 one query head per CTA (no packing); 2 packing forced"
+    rows = []
+    for b, prefix, chunk in [(1, 0, L) for L in FRESH] + CHUNKED:
+        r = case(b, prefix, chunk)
+        rows.append(r)
+        write_json(path, {"meta": meta, "rows": rows})  # after each row: a cut-off run keeps what it measured
+        head = (f"B={r['batch']:>3} P={r['prefix']:>6} C={r['q_len']:>6}  "
+                f"sdpa {r.get('sdpa_tflops', float('nan')):6.1f}  f16 {r['f16_tflops']:6.1f}")
+        cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}_tflops']:.0f}" for v in VARIANTS) for kv in FORMATS)
+        print(head, " ", cells, flush=True)
+    print("TFLOPS; per format the variants", VARIANTS)
+
+
+if __name__ == "__main__":
+    main()
