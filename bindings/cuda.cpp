@@ -143,8 +143,9 @@ bool parse_sm90_reduce(const std::string& kernel, cuda::W4A16Options& o) {
   return true;
 }
 
-// W4A8 only: "sm90o..." names the wgmma kernel's earlier one-thread producer (A/B timing) with the rest of the
-// name as after "sm90" ("sm90o", "sm90o:1:256", "sm90ok:128"); returns the name without the "o".
+// W4A8 and W4A16: "sm90o..." names the wgmma kernel's earlier one-thread producer (A/B timing) with the rest of the
+// name as after "sm90" ("sm90o", "sm90o:1:256", "sm90ok:128"; W4A16 also "sm90ow:2", "sm90og:2:256"); returns the
+// name without the "o".
 template <class Options>
 std::string strip_one_producer(const std::string& kernel, Options& o) {
   if (kernel.rfind("sm90o", 0) != 0) return kernel;
@@ -154,9 +155,10 @@ std::string strip_one_producer(const std::string& kernel, Options& o) {
 
 // The raw GEMM ops take the kernel by a short name (tests and benchmarks compare kernels this way;
 // models name theirs through plans). "" = the op's automatic choice.
-cuda::W4A16Options w4a16_options(const std::string& kernel) {
+cuda::W4A16Options w4a16_options(const std::string& kernel_name) {
   cuda::W4A16Options o;
-  if (kernel.empty()) return o;
+  if (kernel_name.empty()) return o;
+  const std::string kernel = strip_one_producer(kernel_name, o);
   o.kernel = cuda::W4A16Kernel::large;
   if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16", kernel, o)) {
     o.kernel = cuda::W4A16Kernel::sm90;
@@ -198,7 +200,7 @@ cuda::W4A16Options w4a16_options(const std::string& kernel) {
                  "per CTA), 'gemv:T:rDbB' (a compiled ring depth D / CTAs per SM B), 'sm90k[:T[:G]]' (stream-K), "
                  "'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; "
                  "'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split free; 'sm90s...' the "
-                 "serial mainloop), got '", kernel, "'");
+                 "serial mainloop; 'sm90o...' the earlier one-thread producer), got '", kernel, "'");
   return o;
 }
 
@@ -315,7 +317,8 @@ void bind_cuda(nb::module_& m) {
       nb::arg("stream") = 0, nb::arg("kernel") = "", nb::arg("mins") = false,
       "GPU: y[m, n] = x[m, k] · Wᵀ with W packed by pack_w4_sm80 (on the device); mins: `zeros` holds the mins "
       "of w = q*s + m. kernel: '' (automatic), 'small', 'large', 'large:64x128', 'large:128x128', "
-      "'large:128x256', 'decode90[:S]', 'gemv[:T[:rDbB]]', 'sm90k[:T[:G]]' or 'sm90[:S[:T]]' (see w4a16_options)");
+      "'large:128x256', 'decode90[:S]', 'gemv[:T[:rDbB]]', 'sm90k[:T[:G]]' or 'sm90[:S[:T]]' (see w4a16_options; "
+      "'sm90o...': the earlier one-thread producer)");
 
   m.def(
       "gemm_w8a16",
@@ -382,9 +385,10 @@ void bind_cuda(nb::module_& m) {
 
   m.def(
       "gemm_w4a16_sm90_plan_rows",
-      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel_name) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A16Options o;
+        const std::string kernel = strip_one_producer(kernel_name, o);
         if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan_rows", kernel, o))
           return cuda::gemm_w4a16_sm90_plan_rows(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
@@ -400,9 +404,10 @@ void bind_cuda(nb::module_& m) {
 
   m.def(
       "gemm_w4a16_sm90_plan",
-      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel) {
+      [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel_name) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A16Options o;
+        const std::string kernel = strip_one_producer(kernel_name, o);
         if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan", kernel, o))
           return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);

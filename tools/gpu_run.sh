@@ -15,6 +15,11 @@
 #               tensor-pipe metric, stall reasons; $OUT/wide.ncu-rep), tools/bench_gpu_sm90_tiles.py (WIDE_BENCH_ARGS),
 #               then its tests with the sm90 W4A16 ones as regression, and memcheck/racecheck/synccheck over small wide
 #               cases, all four at once (WIDE_PROFILE_S, WIDE_BENCH_S, WIDE_TEST_S, WIDE_SAN_S cap each)
+#     w4a16prod the W4A16 wgmma GEMM's split producer vs its one-thread producer ('sm90o...'): the bit-identity tests
+#               (tests_py/test_gpu_w4a16_producers.py) with the W4A16 sm90 / wide / L2-reduce / stream-K / plan tests
+#               as regression (a second pytest process), memcheck/racecheck/synccheck over small cases, all at once (PROD_TEST_S, PROD_SAN_S
+#               cap them; PROD_TESTS=0 runs only the new file, PROD_SANITIZE=0 skips the sanitizers), then
+#               tools/bench_gpu_w4a16_producers.py alone (PROD_BENCH_ARGS, default --ms=128,256,1024; PROD_BENCH_S)
 #     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
 #               fp8 (tools/bench_gpu_sm90_tiles.py, SM90TILES_ARGS), their test files (SM90TILES_K selects), sanitizers
 #               over small cases of each path (SM90TILES_SAN_K replaces their -k expression)
@@ -462,6 +467,38 @@ if has w4a16wide; then
     tail -1 "$OUT/${tool}_wide.log"
     grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_wide.log" | head -4
   done
+fi
+if has w4a16prod; then
+  echo "== W4A16 wgmma: split producer vs one-thread producer ('sm90o'): tests and sanitizers together, then the benchmark"
+  # the new file and the regression as two processes, so a capped regression cannot hide the new file's summary
+  (timeout -k 5 "${PROD_TEST_S:-120}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_producers.py" -q -rfEs --maxfail=30 \
+    > "$OUT/pytest_prod.log" 2>&1; echo "pytest (split producer) rc=$?") &
+  if [ "${PROD_TESTS:-1}" = 1 ]; then
+    (timeout -k 5 "${PROD_TEST_S:-120}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a16_wide.py" \
+      "$TESTS/test_gpu_w4a16_l2_reduce.py" "$TESTS/test_gpu_sm90_streamk.py" "$TESTS/test_kernel_registry.py" -q \
+      -rfEs --maxfail=30 -k "sm90 or wide or l2 or streamk or plan or registry" > "$OUT/pytest_prod_reg.log" 2>&1;
+     echo "pytest (W4A16 sm90 regression) rc=$?") &
+  fi
+  if [ "${PROD_SANITIZE:-1}" = 1 ]; then
+    for tool in memcheck racecheck synccheck; do
+      (timeout -k 5 "${PROD_SAN_S:-100}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+        "$TESTS/test_gpu_w4a16_producers.py" -k "${PROD_SAN_K:-(bit_identical and (272-576-128-7 or 17-4160-128-65)) or (half_chunk and 272-576-32-9-True) or one_producer_names}" \
+        > "$OUT/${tool}_prod.log" 2>&1; echo "$tool rc=$?") &
+    done
+  fi
+  wait
+  for log in pytest_prod.log pytest_prod_reg.log; do
+    [ -f "$OUT/$log" ] || continue
+    echo "-- $log: $(tail -1 "$OUT/$log")"; grep -E "^(FAILED|ERROR) " "$OUT/$log" | cut -c1-300 | head -20
+  done
+  for tool in memcheck racecheck synccheck; do
+    [ -f "$OUT/${tool}_prod.log" ] || continue
+    echo "-- $tool: $(tail -1 "$OUT/${tool}_prod.log")"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_prod.log" | head -4
+  done
+  echo "== benchmark: one-thread vs split producer, cuBLAS fp16 in the same process"
+  timeout -k 5 "${PROD_BENCH_S:-100}" python3 "$REPO/tools/bench_gpu_w4a16_producers.py" "$OUT/bench_w4a16_producers.json" \
+    ${PROD_BENCH_ARGS:---ms=128,256,1024 --variants=sm90:1:128,sm90:1:256,sm90:2:128} 2>&1 | tee "$OUT/bench_w4a16_producers.log"
 fi
 if has sm90tiles; then
   # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),

@@ -127,7 +127,8 @@ def main():
     print(f"{'item':58s} | {'result':28s} | target")
     print("-" * 100)
     for name, log in (("GPU tests", "pytest.log"), ("forward-pass and engine tests", "pytest_engine.log"),
-                      ("serve tests", "pytest_serve.log")):
+                      ("serve tests", "pytest_serve.log"), ("W4A16 split producer tests", "pytest_prod.log"),
+                      ("W4A16 sm90 regression (w4a16prod)", "pytest_prod_reg.log")):
         line = pytest_line(os.path.join(out, log))
         if line is not None:
             print(f"{name:58s} | {line[:28]:28s} |")

@@ -389,7 +389,7 @@ std::tuple<int, int, int> gemm_w4a16_sm90_plan(int64_t m, int64_t n, int64_t k, 
   const detail::Sm90Plan plan = detail::gemm_w4a16_sm90_plan(
       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
       {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
-       options.sm90_rows, options.sm90_reduce});
+       options.sm90_rows, options.sm90_reduce, options.sm90_one_producer});
   return {plan.tokens, plan.streamk ? 0 : plan.split, plan.head};
 }
 
@@ -398,7 +398,7 @@ int gemm_w4a16_sm90_plan_rows(int64_t m, int64_t n, int64_t k, int device, const
   return detail::gemm_w4a16_sm90_plan(
              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
              {options.sm90_split, options.sm90_tokens, options.sm90_serial, options.sm90_streamk, options.sm90_ctas,
-              options.sm90_no_streamk, options.sm90_rows, options.sm90_reduce})
+              options.sm90_no_streamk, options.sm90_rows, options.sm90_reduce, options.sm90_one_producer})
       .rows;
 }
 
@@ -511,7 +511,7 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                                        mins};
     detail::gemm_w4a16_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial,
                                       options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
-                                      options.sm90_rows, options.sm90_reduce}, stream);
+                                      options.sm90_rows, options.sm90_reduce, options.sm90_one_producer}, stream);
     return;
   }
   const W4A16LargeTile large_tile =

@@ -3,11 +3,13 @@
 // the u4 -> f16 dequant of the mma.sync kernels, TurboMind §4.1).
 //
 // Yᵀ = W · Xᵀ: a CTA owns 128 weight rows (two consumer warpgroups of 64, one wgmma m64 each) x BT
-// tokens (the wgmma n: 128 or 256) x its k range, in stages of one 64-k chunk. One producer thread
-// fills each stage: the activation tile by TMA (64 f16 = one 128-byte swizzled row per token, zero
-// fill past m: the layout wgmma's descriptor reads), the chunk's eight packed 16-row weight tiles by
-// one 3-D TMA box over pack_sm80's [tile][chunk] layout, its group's f16 scales and zeros (or mins) by
-// 1-D bulk copies (four copy instructions per stage; six for g32, whose chunk spans two groups).
+// tokens (the wgmma n: 128 or 256) x its k range, in stages of one 64-k chunk. Three producer threads
+// (lane 0 of warps 0-2) fill each stage, one copy kind each (produce_part): the activation tile by TMA
+// (64 f16 = one 128-byte swizzled row per token, zero fill past m: the layout wgmma's descriptor reads),
+// the chunk's eight packed 16-row weight tiles by one 3-D TMA box over pack_sm80's [tile][chunk] layout,
+// its group's f16 scales and zeros (or mins) by 1-D bulk copies (two per stage; four for g32, whose chunk
+// spans two groups). One thread issuing all of them bound the W4A8 twin's stage (gemm_w4a8_sm90.cu); 'sm90o'
+// names keep that one-thread producer here for A/B timing.
 // pack_sm80's k order is the A fragment's, so a consumer lane turns its 16 bytes per chunk into the
 // four k16 steps' fragment registers with the magic-number dequant (w = q*s - z*s, or q*s + m, in
 // f16, bit-identical to the mma.sync kernels' weights), issues
@@ -47,7 +49,7 @@ using namespace sm90;
 constexpr int kRows = 128;          // weight rows per CTA: two consumer warpgroups of 64 (W = 1)
 constexpr int kBK = 64;             // k per stage: one packed chunk, one or two quantization groups
 constexpr int kChunkBytes = 512;    // one packed 16-row x 64-k tile
-constexpr int kThreads = 384;       // warpgroup 0: producer (one thread issues the copies), 1-2: consumers
+constexpr int kThreads = 384;       // warpgroup 0: producers (lane 0 of warps 0-2 issue the copies), 1-2: consumers
 constexpr int kConsumerWarps = 8;
 constexpr int kSmemBudget = 215040;
 
@@ -189,6 +191,33 @@ __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&
   }
 }
 
+// One stage's copies split over the producer warpgroup's first three warps (lane 0 of each issues one part):
+// part 0 the activation tile, 1 the packed weight box, 2 the group parameters (halves: 1, or 2 for g32). Each part
+// arrives on the full barrier (count kProducerParts) with its own byte count, so the phase completes only when all
+// three parts' bytes have landed. Why: one thread issuing every copy (address math, the group division, 64-bit
+// offsets) was the W4A8 twin's per-stage bound (docs/gpu_notes.md), and the W4A16 profile shows the same starvation.
+constexpr int kProducerParts = 3;
+template <class C>
+__device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* bar, const CUtensorMap* map_x,
+                                             const CUtensorMap* map_w, const W4A16Problem& p, int kc, int m0, int n0,
+                                             int prow, int halves) {
+  if (part == 0) {
+    mbar_expect_tx(bar, C::kXBytes);
+    tma_load_2d(st, map_x, kc * kBK, m0, bar);
+  } else if (part == 1) {
+    mbar_expect_tx(bar, C::kWBytes);  // the box counts in full (tiles past n arrive as zeros)
+    tma_load_3d(st + C::kXBytes, map_w, 0, kc, n0 / 16, bar);
+  } else {
+    mbar_expect_tx(bar, halves * 2 * prow * 2);
+    for (int h = 0; h < halves; ++h) {
+      uint8_t* ps = st + C::kXBytes + C::kWBytes + h * 2 * C::kRows * 2;
+      const int64_t row0 = static_cast<int64_t>(w4a16::param_row(kc, h, p.group)) * p.npad + n0;
+      bulk_load(ps, p.scales + row0, prow * 2, bar);
+      bulk_load(ps + C::kRows * 2, p.zeros + row0, prow * 2, bar);
+    }
+  }
+}
+
 // The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
 // rows [j, j+1) * 128/split of the tile; slot r of CTA j holds split rank r's partial of that slice as
 // [warp in slice][v/4][lane] float4 (the pipeline smem is idle by then; the producer warpgroup joins
@@ -312,8 +341,9 @@ __device__ inline void store_tile_l2(const W4A16Problem& p, bool vector_y, uint8
 #endif  // LOWBIT_SM90_DEVICE
 
 // Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 W weight rows (token tiles fastest),
-// z = split (one cluster along z).
-template <int BT, bool kOverlap, int W = 1>
+// z = split (one cluster along z). kSplitProducer: three producer threads (produce_part), else the one thread of the
+// earlier rounds (kept for A/B timing: kernel names 'sm90o...'); the consumers are the same (bit-identical results).
+template <int BT, bool kOverlap, int W = 1, bool kSplitProducer = true>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a16_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                            const Args args) {
@@ -336,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
       mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -352,7 +382,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The producer warpgroup needs few registers; the consumers' 64 x BT f32 tile needs many.
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x == 0) {  // producer
+    const int part = threadIdx.x >> 5;
+    if (kSplitProducer && lane == 0 && part < kProducerParts) {  // producers: one part of each stage
+      const int prow = min(kRowsC, p.npad - n0);
+      const int halves = w4a16::halves_differ(p.group) ? 2 : 1;
+      for (int it = 0; it < nk; ++it) {
+        const int s = it % kStages;
+        mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+        produce_part<C>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kc0 + it, m0, n0, prow, halves);
+      }
+    }
+    if (!kSplitProducer && threadIdx.x == 0) {  // the one-thread producer
       const int tile0 = n0 / 16;
       const int prow = min(kRowsC, p.npad - n0);  // rows of parameters to copy (a multiple of 16)
       const int halves = w4a16::halves_differ(p.group) ? 2 : 1;  // parameter rows per stage (param_row)
@@ -420,10 +460,10 @@ void slots_of(const char* op, int (&slots)[4]) {
 constexpr int kDefaultReduce = 1;
 constexpr int kL2ReduceMaxCtas = 512;  // the L2 reduction's workspace: 128 KB per CTA of the launch, at most 64 MB
 
-template <int BT, bool kOverlap, int W = 1>
+template <int BT, bool kOverlap, int W = 1, bool kSplitProducer = true>
 void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, int reduce) {
   const char* op = "gemm_w4a16";
-  auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap, W>;
+  auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap, W, kSplitProducer>;
   constexpr int kSmem = Config<BT, W>::kSmemBytes;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_m = (p.m + BT - 1) / BT;
@@ -468,8 +508,9 @@ struct SkArgs {
 };
 
 // One CTA's range of (tile, k block): the producer and the consumers walk the same segments with one running stage
-// counter g (stage g % kStages, phase (g / kStages) & 1), so the pipeline runs on across segments.
-template <int BT, int W = 1>
+// counter g (stage g % kStages, phase (g / kStages) & 1), so the pipeline runs on across segments. kSplitProducer as
+// in gemm_w4a16_sm90_kernel: each of the three producer threads walks the same segments.
+template <int BT, int W = 1, bool kSplitProducer = true>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a16_sm90_streamk_kernel(const __grid_constant__ CUtensorMap map_x,
                                    const __grid_constant__ CUtensorMap map_w, const SkArgs args) {
@@ -491,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
+      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
       mbar_init(&empty[s], kConsumerWarps * 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -500,7 +541,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x != 0) return;
+    const int part = threadIdx.x >> 5;
+    if (kSplitProducer ? (lane != 0 || part >= kProducerParts) : threadIdx.x != 0) return;
     const int halves = w4a16::halves_differ(p.group) ? 2 : 1;
     int g = 0;
     for (int pe = end; pe > beg;) {  // segments last to first (sm90_streamk.cuh)
@@ -513,6 +555,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = g % kStages;
         mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
         uint8_t* st = smem + s * kStageBytes;
+        if constexpr (kSplitProducer) {
+          produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kc, m0, n0, prow, halves);
+          continue;
+        }
         mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + halves * 2 * prow * 2);
         tma_load_2d(st, &map_x, kc * kBK, m0, &full[s]);
         uint8_t* ws = st + C::kXBytes;
@@ -562,13 +608,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile.
+// Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile (both producers: same smem).
 template <int BT, int W = 1>
 int streamk_resident(const char* op) {
   static std::atomic<int> cache{0};
   int v = cache.load();
   if (v == 0) {
-    auto kernel = gemm_w4a16_sm90_streamk_kernel<BT, W>;
+    auto kernel = gemm_w4a16_sm90_streamk_kernel<BT, W, true>;
     constexpr int kSmem = SkConfig<BT, W>::kSmemBytes;
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     int per_sm = 0, dev = 0, sms = 0;
@@ -583,7 +629,7 @@ int streamk_resident(const char* op) {
 
 // Launches the stream-K kernel over `ctas` CTAs (0: every resident one); false when its workspace cannot be had
 // (first use inside a graph capture: the caller takes the one-launch plans).
-template <int BT, int W = 1>
+template <int BT, int W = 1, bool kSplitProducer = true>
 bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
   const char* op = "gemm_w4a16";
   constexpr int kRowsC = Config<BT, W>::kRows;
@@ -606,7 +652,11 @@ bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
   const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
   const CUtensorMap map_w =
       make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, Config<BT, W>::kTiles, 1);
-  gemm_w4a16_sm90_streamk_kernel<BT, W><<<ctas, kThreads, SkConfig<BT, W>::kSmemBytes, stream>>>(map_x, map_w, args);
+  auto kernel = gemm_w4a16_sm90_streamk_kernel<BT, W, kSplitProducer>;
+  if constexpr (!kSplitProducer)  // streamk_resident set the attribute of the split-producer instance only
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               SkConfig<BT, W>::kSmemBytes));
+  kernel<<<ctas, kThreads, SkConfig<BT, W>::kSmemBytes, stream>>>(map_x, map_w, args);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   return true;
 }
@@ -656,16 +706,18 @@ Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_stream
   return {t.tokens, t.split, t.head, false};
 }
 
-template <bool kOverlap>
+// kSplitProducer false: the earlier one-thread producer ('sm90o...' names, overlapped mainloop only), same plan.
+template <bool kOverlap, bool kSplitProducer>
 void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Sm90Plan plan = plan_for<kOverlap>(p, choice);
   if (plan.streamk) {
     bool ok = false;
     if constexpr (kOverlap) {
-      if (plan.rows == 256) ok = launch_streamk<128, 2>(p, choice.ctas, stream);
+      if (plan.rows == 256) ok = launch_streamk<128, 2, kSplitProducer>(p, choice.ctas, stream);
     }
     if (plan.rows != 256)
-      ok = plan.tokens == 128 ? launch_streamk<128>(p, choice.ctas, stream) : launch_streamk<256>(p, choice.ctas, stream);
+      ok = plan.tokens == 128 ? launch_streamk<128, 1, kSplitProducer>(p, choice.ctas, stream)
+                              : launch_streamk<256, 1, kSplitProducer>(p, choice.ctas, stream);
     if (ok) return;
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a16: the stream-K workspace is allocated on "
                       "first use, which a graph capture forbids: run the op once before capturing");
@@ -675,14 +727,16 @@ void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
     if (plan.rows == 256) {  // the wide tile's one-launch plan (overlapped mainloop only)
       const int64_t tiles = static_cast<int64_t>((p.n + 255) / 256) * ((p.m + 127) / 128);
       LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-      if (plan.head > 0) launch<128, true, 2>(p, 1, 0, plan.head, stream, choice.reduce);
-      launch<128, true, 2>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
+      if (plan.head > 0) launch<128, true, 2, kSplitProducer>(p, 1, 0, plan.head, stream, choice.reduce);
+      launch<128, true, 2, kSplitProducer>(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream,
+                                           choice.reduce);
       return;
     }
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-  const auto go = plan.tokens == 128 ? launch<128, kOverlap> : launch<256, kOverlap>;
+  const auto go =
+      plan.tokens == 128 ? launch<128, kOverlap, 1, kSplitProducer> : launch<256, kOverlap, 1, kSplitProducer>;
   if (plan.head > 0) go(p, 1, 0, plan.head, stream, choice.reduce);  // whole unsplit waves, then the rest split
   go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
 }
@@ -691,7 +745,7 @@ void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
 
 bool gemm_w4a16_sm90_usable(int device) {
   static std::atomic<int> cache[64] = {};
-  return kernel_usable_on("gemm_w4a16", device, gemm_w4a16_sm90_kernel<256, true>, cache);
+  return kernel_usable_on("gemm_w4a16", device, gemm_w4a16_sm90_kernel<256, true, 1, true>, cache);
 }
 
 // Tile and split (or stream-K) by the cost model unless forced.
@@ -703,10 +757,14 @@ void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream
                "weight rows) runs the overlapped mainloop at 128 tokens");
   LOWBIT_CHECK(choice.reduce >= 0 && choice.reduce <= 2, "gemm_w4a16: the split-K reduction is 0, 1 or 2, got ",
                choice.reduce);
+  LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a16: the one-thread producer ('sm90o') runs the "
+               "overlapped mainloop only");
   if (choice.serial)
-    run<false>(p, choice, stream);
+    run<false, true>(p, choice, stream);
+  else if (choice.one_producer)
+    run<true, false>(p, choice, stream);
   else
-    run<true>(p, choice, stream);
+    run<true, true>(p, choice, stream);
 }
 
 Sm90Plan gemm_w4a16_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {

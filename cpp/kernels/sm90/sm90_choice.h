@@ -13,7 +13,7 @@ struct Sm90Choice {
   bool no_streamk = false;  // the model's plan without the stream-K candidate (the earlier plans, for A/B timing)
   int rows = 0;  // W4A16: weight rows per CTA, 0 = the cost model's, 128 = the plans before the wide tile, 256 = it
   int reduce = 0;  // W4A16 split-K reduction: 0 = the kernel's default, 1 = distributed shared memory, 2 = through L2
-  bool one_producer = false;  // W4A8: the earlier one-thread producer (A/B timing)
+  bool one_producer = false;  // W4A8 and W4A16: the earlier one-thread producer (A/B timing)
 };
 
 struct Sm90Plan {

@@ -43,6 +43,7 @@ struct W4A16Options {
   int sm90_rows = 0;  // the sm90 kernel's weight rows per CTA: 0 = the cost model's, 128 = the plans before the wide
                       // tile (A/B timing), 256 = the wide tile (128 tokens)
   int sm90_reduce = 0;  // the sm90 kernel's split-K reduction: 0 = its default, 1 = cluster shared memory, 2 = L2
+  bool sm90_one_producer = false;  // the sm90 kernel's earlier one-thread producer (A/B timing: 'sm90o...' names)
   int gemv_tiles = 0;  // the gemv kernel's 16-row tiles per CTA (1, 2, 4, 8); 0 = its own pick
   int gemv_ring = 0;    // the gemv kernel's configuration ('gemv:T:rDbB'): chunks in flight per warp and
   int gemv_blocks = 0;  // CTAs per SM; 0, 0 = its own pick
