@@ -73,11 +73,11 @@
 #               over the mixed-step split (PEAK_SANITIZE=0 skips it, PEAK_SANITIZE_K selects); PEAK_PARTS, PEAK_RECIPES (overrides per recipe:
 #               w4a8kv4+split_mixed_attention=off), PEAK_LADDER, PEAK_FIXED, PEAK_ARGS (e.g. --profile-prefill
 #               --no-profile), PEAK_S caps the benchmark
-#     files     chosen test files, groups in parallel on the one GPU (a check of a merge): FILES_GROUPS holds
-#               ';'-separated groups, each pytest arguments relative to tests_py (e.g. "test_gpu_w4a8.py -k sm90;
-#               test_gpu_engine.py"; shell quoting keeps a -k expression whole), FILES_S caps each group (default 280 s);
-#               FILES_SAN="file.py -k 'expr'" runs memcheck, racecheck and synccheck over those cases meanwhile
-#               (FILES_SAN_S caps each)
+#     files     chosen test files (a check of a merge): FILES_GROUPS holds ';'-separated groups, each pytest
+#               arguments relative to tests_py (e.g. "test_gpu_w4a8.py -k sm90; test_gpu_engine.py"; shell quoting keeps
+#               a -k expression whole), run one group after another (several pytest processes on one GPU ran each file
+#               18-25x slower than alone), FILES_S caps each group (default 280 s); FILES_SAN="file.py -k 'expr'" runs
+#               memcheck, racecheck and synccheck over those cases afterwards (FILES_SAN_S caps each)
 #     tp        tensor parallelism: tests_py/test_gpu_tensor_parallel.py and test_tensor_parallel.py (TP_TESTS=0
 #               skips them, TP_K=expr selects with -k), then tools/bench_gpu_allreduce.py (one-shot peer-memory
 #               all-reduce vs NCCL alone, 16 KB-4 MB) and tools/bench_gpu_tp.py (Llama-3-70B layer shape, TP=1 vs
@@ -588,7 +588,7 @@ if has serve; then
   fi
 fi
 if has files; then
-  echo "== chosen test files in parallel groups (FILES_GROUPS)"
+  echo "== chosen test files, one group after another (FILES_GROUPS)"
   IFS=';' read -r -a groups <<< "${FILES_GROUPS:-}"
   g=0
   for group in "${groups[@]}"; do
@@ -596,20 +596,20 @@ if has files; then
     [ ${#args[@]} -gt 0 ] || continue
     g=$((g + 1))
     for i in "${!args[@]}"; do [[ "${args[$i]}" == *.py* ]] && args[$i]="$TESTS/${args[$i]}"; done
-    (timeout -k 5 "${FILES_S:-280}" "${PYTEST[@]}" -q -rfEs --maxfail=30 "${args[@]}" > "$OUT/pytest_files_$g.log" 2>&1
-     echo "group $g ($group) rc=$?: $(tail -1 "$OUT/pytest_files_$g.log")") &
+    timeout -k 5 "${FILES_S:-280}" "${PYTEST[@]}" -q -rfEs --maxfail=30 "${args[@]}" > "$OUT/pytest_files_$g.log" 2>&1
+    echo "group $g ($group) rc=$?: $(tail -1 "$OUT/pytest_files_$g.log")"
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest_files_$g.log" | cut -c1-400 | head -20
   done
   if [ -n "${FILES_SAN:-}" ]; then
     eval "san=($FILES_SAN)"
     for i in "${!san[@]}"; do [[ "${san[$i]}" == *.py* ]] && san[$i]="$TESTS/${san[$i]}"; done
     for tool in memcheck racecheck synccheck; do
-      (timeout -k 5 "${FILES_SAN_S:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-        "${san[@]}" > "$OUT/${tool}_files.log" 2>&1; echo "$tool rc=$?: $(tail -1 "$OUT/${tool}_files.log")"
-       grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_files.log" | head -4) &
+      timeout -k 5 "${FILES_SAN_S:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+        "${san[@]}" > "$OUT/${tool}_files.log" 2>&1
+      echo "$tool rc=$?: $(tail -1 "$OUT/${tool}_files.log")"
+      grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_files.log" | head -4
     done
   fi
-  wait
-  grep -hE "^(FAILED|ERROR) " "$OUT"/pytest_files_*.log 2>/dev/null | cut -c1-400 | head -30
 fi
 
 if has tp; then
