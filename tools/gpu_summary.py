@@ -2,6 +2,7 @@
 tools/gpu_run.sh leaves in its output folder (missing files are reported as not run).
   python3 tools/gpu_summary.py OUT_DIR
 """
+import glob
 import json
 import os
 import re
@@ -132,6 +133,12 @@ def main():
         line = pytest_line(os.path.join(out, log))
         if line is not None:
             print(f"{name:58s} | {line[:28]:28s} |")
+    # The files step's groups (pytest_files_N.log); a group cut by its time cap has no summary line.
+    def group_of(log):
+        return int(re.search(r"_(\d+)\.log$", log).group(1))
+    for log in sorted(glob.glob(os.path.join(out, "pytest_files_*.log")), key=group_of):
+        name, line = f"test files, group {group_of(log)}", pytest_line(log) or "not finished (time cap)"
+        print(f"{name:58s} | {line[:28]:28s} |")
     sanitizer_rows(out)
     rows = []
     gemm = load(os.path.join(out, "bench_gemm.json"))
