@@ -69,3 +69,15 @@ def test_serving_rows(tmp_path):
     assert row(out, "8B serve TTFT / TPOT P99 at 2.0 req/s")[1:] == ["812 / 31.3 ms", "reported"]
     assert row(out, "8B serve TTFT / TPOT P99 at 32.0 req/s")[1:] == ["812 / 31.3 ms", "reported"]
     assert row(out, "serve tests")[1].startswith("40 passed, 2 skipped")
+
+
+def test_files_step_groups_in_order(tmp_path):
+    (tmp_path / "pytest_files_10.log").write_text("....\n7 passed in 3.0s\n")
+    (tmp_path / "pytest_files_2.log").write_text("....F\n1 failed, 4 passed in 2.0s\n")
+    (tmp_path / "pytest_files_1.log").write_text("........")  # cut by its time cap: no summary line
+    out = run(tmp_path)
+    assert row(out, "test files, group 1 ")[1] == "not finished (time cap)"
+    assert row(out, "test files, group 2 ")[1] == "1 failed, 4 passed in 2.0s"
+    assert row(out, "test files, group 10 ")[1] == "7 passed in 3.0s"
+    groups = [ln.split("|")[0].strip() for ln in out.splitlines() if ln.startswith("test files, group")]
+    assert groups == ["test files, group 1", "test files, group 2", "test files, group 10"]
