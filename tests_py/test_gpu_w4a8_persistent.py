@@ -55,10 +55,11 @@ def test_persistent_int32_bit_exact(m, n, k, group):
     assert torch.equal(run_raw(xq, pw, m, n, "sm90p").long(), ref), "sm90p"
 
 
-# (m, n, k, ctas): k blocks per tile 1 (k = 64: every stage a tile's first and last), 3, 9 and 33, against 8 (128
-# tokens) and 5 (256) pipeline stages, so tile starts land in every slot and phase; tiles not a multiple of the CTAs
-# (some CTAs walk one tile more); one CTA walking every tile; more CTAs than tiles (the grid shrinks to the tiles).
-PATHS = [(300, 272, 64, 2), (1100, 130, 320, 3), (300, 4103, 1088, 5), (1100, 520, 4160, 7), (65, 1000, 704, 1),
+# (m, n, k, ctas): k blocks per tile 1 (k = 64: every stage a tile's first and last), 2, 3, 5, 6, 9 and 32, against
+# 8 (128 tokens) and 5 (256) pipeline stages, so tile starts land in every slot and phase; g64 at k % 128 == 64 (a
+# one-chunk last stage), g128 at k = 4096; tiles not a multiple of the CTAs (some CTAs walk one tile more); one CTA
+# walking every tile; more CTAs than tiles (the grid shrinks to the tiles).
+PATHS = [(300, 272, 64, 2), (1100, 130, 320, 3), (300, 4103, 1088, 5), (1100, 520, 4096, 7), (65, 1000, 704, 1),
          (7, 17, 192, 5), (257, 260, 576, 4)]
 
 

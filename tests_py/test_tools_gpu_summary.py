@@ -87,7 +87,8 @@ def test_w4a8_persistent_rows(tmp_path):
     gemm = [{"shape": "qkv", "m": 1024, "torch_scaled_mm_fp8_us": 41.0, "w4a8_sm90_us": 50.5, "w4a8_sm90p:256_us": 45.0,
              "w4a8_sm90p:128_us": 43.0},
             {"shape": "gate_up", "m": 1024, "torch_scaled_mm_fp8_us": 190.0, "w4a8_sm90p:256_us": 180.0},
-            {"shape": "o", "m": 256, "torch_scaled_mm_fp8_us": 20.0, "w4a8_sm90p_us": 20.5, "w4a8_sm90p:128_error": "x"}]
+            {"shape": "o", "m": 256, "torch_scaled_mm_fp8_us": 20.0, "w4a8_sm90p_us": 20.5,
+             "w4a8_sm90p:128_error": "x"}]
     (tmp_path / "bench_w4a8_persistent.json").write_text(json.dumps({"gemm": gemm}))
     (tmp_path / "pytest_persist.log").write_text("60 passed in 40.0s\n")
     out = run(tmp_path)

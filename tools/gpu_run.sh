@@ -20,7 +20,7 @@
 #               as regression (a second pytest process), memcheck/racecheck/synccheck over small cases, all at once (PROD_TEST_S, PROD_SAN_S
 #               cap them; PROD_TESTS=0 runs only the new file, PROD_SANITIZE=0 skips the sanitizers), then
 #               tools/bench_gpu_w4a16_producers.py alone (PROD_BENCH_ARGS, default --ms=128,256,1024; PROD_BENCH_S)
-#     w4a8persist the W4A8 wgmma GEMM's persistent tile loop ('sm90p[:T[:G]]'): tests_py/test_gpu_w4a8_persistent.py with
+#     w4a8persist the W4A8 wgmma GEMM's persistent tile loop ('sm90p[:T[:G]]'): test_gpu_w4a8_persistent.py with
 #               the W4A8 sm90 / stream-K tests as regression (a second pytest process) and memcheck/racecheck/synccheck
 #               over small cases (PERSIST_SAN_K replaces their -k), all at once (PERSIST_TEST_S, PERSIST_SAN_S cap them;
 #               PERSIST_TESTS=0 runs only the new file, PERSIST_SANITIZE=0 skips the sanitizers), then
