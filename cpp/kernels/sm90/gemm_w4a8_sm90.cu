@@ -18,7 +18,9 @@
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
 // through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end;
 // without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
-// fastest in the grid (CTAs resident together share weight tiles in L2).
+// fastest in the grid (CTAs resident together share weight tiles in L2). Opt-in ('sm90p' names, not yet measured): a
+// persistent grid of the resident CTAs walking whole tiles, its producers filling the next tile's stages during an
+// epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -716,8 +718,11 @@ void launch_persistent(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * tiles_m;
   LOWBIT_CHECK(tiles <= INT32_MAX - resident, op, ": m=", p.m, " x n=", p.n, " is too large for the persistent grid");
   const int grid = static_cast<int>(std::min<int64_t>(tiles, ctas == 0 ? resident : ctas));
+  const int k_blocks = (p.k + kBK - 1) / kBK;
+  LOWBIT_CHECK((tiles + grid - 1) / grid * k_blocks <= INT32_MAX, op, ": m=", p.m, " n=", p.n, " k=", p.k, " over ",
+               grid, " CTAs overflows the persistent kernel's stage counter");
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const PArgs args{p, (p.k + kBK - 1) / kBK, p.k / 64, static_cast<int>(tiles), tiles_m, vector_y,
+  const PArgs args{p, k_blocks, p.k / 64, static_cast<int>(tiles), tiles_m, vector_y,
                    stage_in_one_group(p)};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
