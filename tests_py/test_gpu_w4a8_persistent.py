@@ -32,6 +32,11 @@ def run_f16(xq, xs, pw, m, n, kernel, pad=0):
     return y.cpu()
 
 
+def ref_int32(xq, qw):
+    """x · Wᵀ of the s8 codes in float64 BLAS (exact: |sums| < 2^31 < 2^53), as int64; xq on the CPU."""
+    return (xq.double() @ s8_weights(qw).double().T).long()
+
+
 def problem(fmt, m, n, k, group, seed):
     qw = two_level_weight(fmt, n, k, group, seed=seed)
     pw = _core.pack_weight(qw, "sm80", "cuda:0")
@@ -45,7 +50,7 @@ def problem(fmt, m, n, k, group, seed):
 @pytest.mark.parametrize("n,k,group", [(130, 576, 128), (4103, 640, 64), (272, 1088, 128), (17, 4160, 64)])
 def test_persistent_int32_bit_exact(m, n, k, group):
     qw, pw, xq = problem("qoq" if (m + group) % 2 else "liquid", m, n, k, group, seed=m * 5 + n + k + group)
-    ref = xq.long() @ s8_weights(qw).T
+    ref = ref_int32(xq, qw)
     xq = xq.cuda()
     for tokens in (128, 256):
         before = run_raw(xq, pw, m, n, f"sm90:1:{tokens}")
@@ -68,7 +73,7 @@ PATHS = [(300, 272, 64, 2), (1100, 130, 320, 3), (300, 4103, 1088, 5), (1100, 52
 def test_persistent_tile_transitions(m, n, k, ctas, tokens):
     group = 64 if k % 128 else 128
     qw, pw, xq = problem("liquid" if m % 2 else "qoq", m, n, k, group, seed=m + n + k + ctas)
-    ref = xq.long() @ s8_weights(qw).T
+    ref = ref_int32(xq, qw)
     xq = xq.cuda()
     kernel = f"sm90p:{tokens}:{ctas}"
     assert torch.equal(run_raw(xq, pw, m, n, kernel).long(), ref), kernel

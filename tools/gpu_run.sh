@@ -538,7 +538,7 @@ if has w4a8persist; then
   echo "== benchmark: sm90 vs the persistent loop vs torch fp8 and cuBLAS fp16, same process"
   # shellcheck disable=SC2086
   timeout -k 5 "${PERSIST_BENCH_S:-150}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_w4a8_persistent.json" \
-    ${PERSIST_BENCH_ARGS:---ms=256,512,1024 --w4a8-only --no-ab --streamk= --variants=sm90:1:256,sm90p:256,sm90p:128,sm90p} \
+    ${PERSIST_BENCH_ARGS:---ms=256,512,1024 --shapes=gate_up,qkv,o,down --w4a8-only --no-ab --streamk= --variants=sm90:1:256,sm90p:256,sm90p:128,sm90p} \
     2>&1 | tee "$OUT/bench_w4a8_persistent.log"
 fi
 if has sm90tiles; then
