@@ -143,6 +143,26 @@ bool parse_sm90_reduce(const std::string& kernel, cuda::W4A16Options& o) {
   return true;
 }
 
+// The W4A8 wgmma kernel's persistent tile loop (opt-in, not measured yet): "sm90p", "sm90p:T" (T = 128 or 256 tokens
+// per tile), "sm90p:T:G" (G CTAs, at most the resident ones; tests pin few to walk many tiles each). False for
+// another name.
+bool parse_sm90p(const char* op, const std::string& kernel, cuda::W4A8Options& o) {
+  if (kernel.rfind("sm90p", 0) != 0) return false;
+  const std::string rest = kernel.substr(5);
+  const size_t colon = rest.find(':', 1);
+  const std::string t = rest.empty() ? "" : rest.substr(1, colon == std::string::npos ? std::string::npos : colon - 1);
+  const std::string g = colon == std::string::npos ? "" : rest.substr(colon + 1);
+  const bool ok = (rest.empty() || (rest[0] == ':' && (t == "128" || t == "256"))) &&
+                  (g.empty() || (g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos)) &&
+                  !(colon != std::string::npos && g.empty());
+  LOWBIT_CHECK(ok, op, ": argument 'kernel': the persistent kernel is 'sm90p', 'sm90p:T' or 'sm90p:T:G' (T = 128 or "
+               "256 tokens per tile, G CTAs), got '", kernel, "'");
+  o.sm90_persistent = true;
+  o.sm90_tokens = t.empty() ? 0 : std::stoi(t);
+  o.sm90_ctas = g.empty() ? 0 : std::stoi(g);
+  return true;
+}
+
 // W4A8 and W4A16: "sm90o..." names the wgmma kernel's earlier one-thread producer (A/B timing) with the rest of the
 // name as after "sm90" ("sm90o", "sm90o:1:256", "sm90ok:128"; W4A16 also "sm90ow:2", "sm90og:2:256"); returns the
 // name without the "o".
@@ -491,7 +511,7 @@ void bind_cuda(nb::module_& m) {
         cuda::W4A8Options options;
         options.split_k = split_k;
         const std::string kernel = strip_one_producer(kernel_name, options);
-        const int sm90 = parse_sm90k("gemm_w4a8", kernel, options)
+        const int sm90 = parse_sm90k("gemm_w4a8", kernel, options) || parse_sm90p("gemm_w4a8", kernel, options)
                              ? 1
                              : parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
         LOWBIT_CHECK(sm90 != 2, "gemm_w4a8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8 (or 0 "
@@ -530,7 +550,8 @@ void bind_cuda(nb::module_& m) {
       "one token and wgmma from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
       "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
       "mainloop, for A/B timing), 'sm90o...' (the earlier one-thread producer, for A/B timing: 'sm90o', 'sm90o:S:T', "
-      "'sm90ok...'), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
+      "'sm90ok...'), 'sm90p[:T[:G]]' (the persistent tile loop, opt-in: the resident CTAs walk whole tiles, G pins the "
+      "CTAs), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(
       "gemm_w4a8_sm90_plan",
@@ -538,7 +559,8 @@ void bind_cuda(nb::module_& m) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options o;
         const std::string kernel = strip_one_producer(kernel_name, o);
-        if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o)) return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
+        if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o) || parse_sm90p("gemm_w4a8_sm90_plan", kernel, o))
+          return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a8_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");

@@ -81,3 +81,17 @@ def test_files_step_groups_in_order(tmp_path):
     assert row(out, "test files, group 10 ")[1] == "7 passed in 3.0s"
     groups = [ln.split("|")[0].strip() for ln in out.splitlines() if ln.startswith("test files, group")]
     assert groups == ["test files, group 1", "test files, group 2", "test files, group 10"]
+
+
+def test_w4a8_persistent_rows(tmp_path):
+    gemm = [{"shape": "qkv", "m": 1024, "torch_scaled_mm_fp8_us": 41.0, "w4a8_sm90_us": 50.5, "w4a8_sm90p:256_us": 45.0,
+             "w4a8_sm90p:128_us": 43.0},
+            {"shape": "gate_up", "m": 1024, "torch_scaled_mm_fp8_us": 190.0, "w4a8_sm90p:256_us": 180.0},
+            {"shape": "o", "m": 256, "torch_scaled_mm_fp8_us": 20.0, "w4a8_sm90p_us": 20.5,
+             "w4a8_sm90p:128_error": "x"}]
+    (tmp_path / "bench_w4a8_persistent.json").write_text(json.dumps({"gemm": gemm}))
+    (tmp_path / "pytest_persist.log").write_text("60 passed in 40.0s\n")
+    out = run(tmp_path)
+    assert row(out, "W4A8 sm90p M=1024")[1:] == ["0.95x (qkv)", "hit"]  # 41 / 43, the faster sm90p column
+    assert row(out, "W4A8 sm90p M=256")[1:] == ["0.98x (o)", "hit"]
+    assert row(out, "W4A8 persistent tile loop tests")[1].startswith("60 passed")

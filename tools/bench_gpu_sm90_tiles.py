@@ -15,7 +15,10 @@ tokens per tile; --streamk=128,256 picks the tiles, --streamk= none) and *_sm90n
 stream-K candidate: the previous rounds' plan, in *_plan_n); --w4a8=auto times W4A8 at those columns only, --w4a8=none
 not at all. W4A16's wide tile (256 weight rows x 128 tokens per CTA) is named like the others in --variants: 'sm90w:S',
 'sm90w' (its split by the cost model), 'sm90wk' (stream-K). --w4a8-only skips W4A16 and adds w4a8_sm90o_us (the W4A8
-kernel's earlier one-thread producer, its automatic plan in w4a8_plan_o); W4A8 variants may then name it ('sm90o:1:256').
+kernel's earlier one-thread producer, its automatic plan in w4a8_plan_o); W4A8 variants may then name it ('sm90o:1:256'),
+or the persistent tile loop ('sm90p', 'sm90p:T'; the tile a free 'sm90p' takes in w4a8_plan_p). --no-ab drops the
+sm90n / sm90o columns (a shorter run for the persistent kernel's A/B: --w4a8-only --no-ab --streamk=
+--variants=sm90:1:256,sm90p:256,sm90p:128,sm90p).
 """
 import sys
 
@@ -59,7 +62,7 @@ def time_or_error(row, key, fns):
 
 
 def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm90k:256"), w4a8_all=True,
-                w4a8_none=False, w4a8_only=False):
+                w4a8_none=False, w4a8_only=False, ab=True):
     rows = []
     stream = torch.cuda.current_stream
     wf16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
@@ -89,7 +92,10 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm
         row["w4a8_plan_n"] = [] if w4a8_none else list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90n"))
         if w4a8_only:
             row["w4a8_plan_o"] = list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90o"))
-        for kernel in ["sm90", "sm90n"] + (["sm90o"] if w4a8_only else []) + variants + list(streamk):
+        if any(v.startswith("sm90p") for v in variants):
+            row["w4a8_plan_p"] = list(_core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90p"))
+        ab_columns = (["sm90n"] + (["sm90o"] if w4a8_only else [])) if ab else []
+        for kernel in ["sm90"] + ab_columns + variants + list(streamk):
             if not w4a8_only:
                 time_or_error(row, f"w4a16_{kernel}_us", [
                     lambda w=w, kn=kernel: _core.gemm_w4a16(lx, w[0], w[1], w[2], n, k, 128, ly, 0, None,
@@ -106,6 +112,14 @@ def bench_shape(name, n, k, ms, l2, variants=VARIANTS, streamk=("sm90k:128", "sm
         a16, a8 = row.get("w4a16_sm90_us", float("nan")), row.get("w4a8_sm90_us", float("nan"))
         if w4a8_only:
             old = row.get("w4a8_sm90o_us", float("nan"))
+            if not ab:
+                print(f"{name:8s} M={m:5d} cuBLAS {cb:7.1f} fp8 {f8:7.1f} | W4A8 sm90 {a8:7.1f} "
+                      f"{tuple(row['w4a8_plan'])} {f8 / a8:5.2f}x fp8 | sm90p plan {tuple(row.get('w4a8_plan_p', ()))}",
+                      flush=True)
+                print("   W4A8  " + " ".join(f"{v} {row.get(f'w4a8_{v}_us', float('nan')):.1f} "
+                                             f"({f8 / row.get(f'w4a8_{v}_us', float('nan')):.2f}x fp8)"
+                                             for v in variants + list(streamk)))
+                continue
             print(f"{name:8s} M={m:5d} cuBLAS {cb:7.1f} fp8 {f8:7.1f} | W4A8 one-producer {old:7.1f} "
                   f"{tuple(row['w4a8_plan_o'])} now {a8:7.1f} {tuple(row['w4a8_plan'])} {cb / a8:5.2f}x cuBLAS "
                   f"{f8 / a8:5.2f}x fp8 (was {f8 / old:5.2f}x)", flush=True)
@@ -133,11 +147,12 @@ def main():
     w4a8_all = "--w4a8=auto" not in sys.argv[2:]
     w4a8_none = "--w4a8=none" in sys.argv[2:]
     w4a8_only = "--w4a8-only" in sys.argv[2:]
+    ab = "--no-ab" not in sys.argv[2:]
     meta = device_meta()
     rows = []
     for name in names:
         rows += bench_shape(name, *SHAPES[name], ms, meta["l2_bytes"], variants, streamk, w4a8_all, w4a8_none,
-                            w4a8_only)
+                            w4a8_only, ab)
         write_json(out, {"meta": meta, "gemm": rows})
 
 

@@ -20,6 +20,13 @@
 #               as regression (a second pytest process), memcheck/racecheck/synccheck over small cases, all at once (PROD_TEST_S, PROD_SAN_S
 #               cap them; PROD_TESTS=0 runs only the new file, PROD_SANITIZE=0 skips the sanitizers), then
 #               tools/bench_gpu_w4a16_producers.py alone (PROD_BENCH_ARGS, default --ms=128,256,1024; PROD_BENCH_S)
+#     w4a8persist the W4A8 wgmma GEMM's persistent tile loop ('sm90p[:T[:G]]'): test_gpu_w4a8_persistent.py with
+#               the W4A8 sm90 / stream-K tests as regression (a second pytest process) and memcheck/racecheck/synccheck
+#               over small cases (PERSIST_SAN_K replaces their -k), all at once (PERSIST_TEST_S, PERSIST_SAN_S cap them;
+#               PERSIST_TESTS=0 runs only the new file, PERSIST_SANITIZE=0 skips the sanitizers), then
+#               tools/bench_gpu_sm90_tiles.py --w4a8-only --no-ab alone: sm90 vs sm90:1:256 vs sm90p:256 / :128 / free
+#               vs torch fp8 and cuBLAS fp16 at M = 256, 512, 1024 on the four 8B shapes (PERSIST_BENCH_ARGS,
+#               PERSIST_BENCH_S)
 #     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
 #               fp8 (tools/bench_gpu_sm90_tiles.py, SM90TILES_ARGS), their test files (SM90TILES_K selects), sanitizers
 #               over small cases of each path (SM90TILES_SAN_K replaces their -k expression)
@@ -166,6 +173,7 @@ SANITIZE_CASES=(
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
+  "w4a8_persistent|test_gpu_w4a8_persistent.py|(tile_transitions and (300-272-64-2 or 7-17-192-5 or 1100-130-320-3)) or (int32_bit_exact and 130-576-128-7) or plan_and_names"
   "sm90_streamk|test_gpu_sm90_streamk.py|(every_fixup_path and (65-100-576-3 or 7-17-128-5)) or (int32_exact and (7-17-256-5 or 65-100-1152-9)) or two_streams"
   "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names or (configs_match and (8-17-640-96 or (1-130-12352 and (r2b6 or r12b1))))"
   "w4a8_gemv|test_gpu_w4a8_gemv.py|(int32_bit_exact and (qoq-1-16-64 or liquid-1-130 or qoq-1-200 or liquid-3-4103 or liquid-2-17)) or (configs and liquid-1-130) or strided or (scaled and liquid-2-17) or bad_names"
@@ -499,6 +507,39 @@ if has w4a16prod; then
   echo "== benchmark: one-thread vs split producer, cuBLAS fp16 in the same process"
   timeout -k 5 "${PROD_BENCH_S:-100}" python3 "$REPO/tools/bench_gpu_w4a16_producers.py" "$OUT/bench_w4a16_producers.json" \
     ${PROD_BENCH_ARGS:---ms=128,256,1024 --variants=sm90:1:128,sm90:1:256,sm90:2:128} 2>&1 | tee "$OUT/bench_w4a16_producers.log"
+fi
+if has w4a8persist; then
+  echo "== W4A8 wgmma: persistent tile loop ('sm90p'): tests and sanitizers together, then the benchmark"
+  (timeout -k 5 "${PERSIST_TEST_S:-120}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8_persistent.py" -q -rfEs --maxfail=30 \
+    > "$OUT/pytest_persist.log" 2>&1; echo "pytest (persistent) rc=$?") &
+  if [ "${PERSIST_TESTS:-1}" = 1 ]; then
+    (timeout -k 5 "${PERSIST_TEST_S:-120}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8.py" "$TESTS/test_gpu_sm90_streamk.py" \
+      -q -rfEs --maxfail=30 -k "w4a8 and not quantized_directory" > "$OUT/pytest_persist_reg.log" 2>&1;
+     echo "pytest (W4A8 sm90 regression) rc=$?") &
+  fi
+  if [ "${PERSIST_SANITIZE:-1}" = 1 ]; then
+    expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a8_persistent|' | cut -d'|' -f3)
+    for tool in memcheck racecheck synccheck; do
+      (timeout -k 5 "${PERSIST_SAN_S:-110}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
+        "$TESTS/test_gpu_w4a8_persistent.py" -k "${PERSIST_SAN_K:-$expr}" > "$OUT/${tool}_persist.log" 2>&1;
+       echo "$tool rc=$?") &
+    done
+  fi
+  wait
+  for log in pytest_persist.log pytest_persist_reg.log; do
+    [ -f "$OUT/$log" ] || continue
+    echo "-- $log: $(tail -1 "$OUT/$log")"; grep -E "^(FAILED|ERROR) " "$OUT/$log" | cut -c1-300 | head -20
+  done
+  for tool in memcheck racecheck synccheck; do
+    [ -f "$OUT/${tool}_persist.log" ] || continue
+    echo "-- $tool: $(tail -1 "$OUT/${tool}_persist.log")"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_persist.log" | head -4
+  done
+  echo "== benchmark: sm90 vs the persistent loop vs torch fp8 and cuBLAS fp16, same process"
+  # shellcheck disable=SC2086
+  timeout -k 5 "${PERSIST_BENCH_S:-150}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_w4a8_persistent.json" \
+    ${PERSIST_BENCH_ARGS:---ms=256,512,1024 --shapes=gate_up,qkv,o,down --w4a8-only --no-ab --streamk= --variants=sm90:1:256,sm90p:256,sm90p:128,sm90p} \
+    2>&1 | tee "$OUT/bench_w4a8_persistent.log"
 fi
 if has sm90tiles; then
   # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),

@@ -76,6 +76,24 @@ def gemm_targets(gemm):
     return rows
 
 
+def w4a8_persistent_targets(bench):
+    """Issue 15 at M = 256 and 1024 from bench_gpu_sm90_tiles.py's persistent run: the fastest 'sm90p...' column per
+    shape against torch fp8 _scaled_mm (target 0.95x), the worst shape of each M."""
+    rows = []
+    for m in (256, 1024):
+        got = []
+        for r in bench.get("gemm", []):
+            p = [v for k, v in r.items() if r["m"] == m and k.startswith("w4a8_sm90p") and k.endswith("_us")]
+            f8 = r.get("torch_scaled_mm_fp8_us")
+            if p and f8:
+                got.append((f8 / min(p), r["shape"]))
+        if got:
+            worst = min(got)
+            rows.append((f"W4A8 sm90p M={m} >= 0.95x torch fp8 (worst shape)", f"{worst[0]:.2f}x ({worst[1]})",
+                         worst[0] >= 0.95))
+    return rows
+
+
 def attention_targets(attn):
     rows = []
     for r in attn.get("attention", []):
@@ -129,7 +147,9 @@ def main():
     print("-" * 100)
     for name, log in (("GPU tests", "pytest.log"), ("forward-pass and engine tests", "pytest_engine.log"),
                       ("serve tests", "pytest_serve.log"), ("W4A16 split producer tests", "pytest_prod.log"),
-                      ("W4A16 sm90 regression (w4a16prod)", "pytest_prod_reg.log")):
+                      ("W4A16 sm90 regression (w4a16prod)", "pytest_prod_reg.log"),
+                      ("W4A8 persistent tile loop tests", "pytest_persist.log"),
+                      ("W4A8 sm90 regression (w4a8persist)", "pytest_persist_reg.log")):
         line = pytest_line(os.path.join(out, log))
         if line is not None:
             print(f"{name:58s} | {line[:28]:28s} |")
@@ -144,6 +164,9 @@ def main():
     gemm = load(os.path.join(out, "bench_gemm.json"))
     if gemm:
         rows += gemm_targets(gemm)
+    persist = load(os.path.join(out, "bench_w4a8_persistent.json"))
+    if persist:
+        rows += w4a8_persistent_targets(persist)
     attn = load(os.path.join(out, "bench_attention.json"))
     if attn:
         rows += attention_targets(attn)

@@ -18,7 +18,9 @@
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
 // through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end;
 // without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
-// fastest in the grid (CTAs resident together share weight tiles in L2).
+// fastest in the grid (CTAs resident together share weight tiles in L2). Opt-in ('sm90p' names, not yet measured): a
+// persistent grid of the resident CTAs walking whole tiles, its producers filling the next tile's stages during an
+// epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -550,6 +552,184 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   return true;
 }
 
+// ---- Persistent tile loop ('sm90p' names): a grid of the resident CTAs, each walking whole tiles ----
+//
+// CTA c takes tiles c, c + gridDim.x, ... (token tiles fastest, as in the one-tile-per-CTA grid) with all k blocks
+// each (no split), and one running stage counter g across its tiles: the producers fill tile i+1's first stages as
+// soon as the consumers release tile i's, while the consumers finish tile i's wgmmas and run its epilogue. The
+// epilogue stages its f16 tile in a region of its own (PConfig::kOutBytes, never a pipeline stage), in 64-token
+// slices so that the pipeline keeps Config<BT>'s stage count (BT 128: 8 stages; 256: 5). Per tile the wgmmas run in
+// the same order over the same k blocks as gemm_w4a8_sm90_kernel's unsplit tile: the int32 sums are the same.
+//
+// Barrier invariant (g counts a CTA's stages over all its tiles, k_blocks per tile): fill g uses stage s = g %
+// kStages; full[s] completes phase g / kStages when fill g has landed (kProducerParts arrivals + bytes), so the
+// consumers wait parity (g / kStages) & 1; empty[s] completes phase g / kStages when all 256 consumer threads
+// released fill g (exactly once each: consumer_step releases fill it-1 for it > the tile's first g, the tail
+// releases the tile's last fill after wgmma_wait<0>, before the epilogue); the producer waits for the release of
+// fill g - kStages (parity ((g / kStages) & 1) ^ 1, which a fresh barrier passes for g < kStages). A barrier is
+// never two phases ahead of its waiter: fill g needs the release of g - kStages, which needs fill g - kStages
+// consumed. Tile boundaries change nothing of this: the producer's loop and the consumers' loop count the same g.
+template <int BT>
+struct PConfig : Config<BT> {
+  static constexpr int kOutTokens = 64;  // tokens per staged epilogue slice
+  static constexpr int kOutBytes = kOutTokens * (kRows + 8) * 2;
+  static constexpr int kStages = Config<BT>::kStages;
+  static constexpr int kSmemBytes = 1024 + kStages * Config<BT>::kStageBytes + kOutBytes + 2 * kStages * 8;
+  static_assert(kSmemBytes <= 232448, "the persistent kernel's smem exceeds the sm_90 per-block limit");
+};
+
+struct PArgs {
+  W4A8Problem p;
+  int k_blocks, k_chunks, tiles, tiles_m;
+  bool vector_y;
+  bool shared_params;  // Args::shared_params
+};
+
+#ifdef LOWBIT_SM90_DEVICE
+// The unsplit f16 epilogue through `out` (PConfig::kOutBytes) in 64-token slices: slice sl holds accumulators
+// [32 sl, 32 sl + 32), tokens [64 sl, 64 sl + 64). store_rows_through_smem's first consumer_sync also orders the
+// previous slice's (or tile's) reads of `out` before this slice's writes.
+template <int BT>
+__device__ inline void store_tile_sliced(const W4A8Problem& p, bool vector_y, uint8_t* out, int n0, int m0, int gw,
+                                         int lane, const int (&acc)[BT / 2]) {
+  constexpr int kT = PConfig<BT>::kOutTokens;
+  const int r_lo = n0 + gw * 16 + (lane >> 2), r_hi = r_lo + 8;  // channel_scale holds npad rows
+  const float cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f, cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
+#pragma unroll
+  for (int sl = 0; sl < BT / kT; ++sl) {
+    const int ms = m0 + sl * kT;
+    if (ms >= p.m) break;  // uniform over the consumers: no slice past m
+    store_rows_through_smem<kRows, kT, kConsumerWarps>(
+        out, static_cast<__half*>(p.y), p.ldy, p.m, p.n, ms, n0, gw, lane, vector_y, [&](int v, int token) {
+          const float xs = ms + token < p.m ? p.x_scale[ms + token] : 0.f;
+          return __float2half_rn(static_cast<float>(acc[sl * (kT / 2) + v]) * xs * (((v >> 1) & 1) ? cs_hi : cs_lo));
+        });
+  }
+}
+#endif
+
+template <int BT>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_w4a8_sm90_persistent_kernel(const __grid_constant__ CUtensorMap map_x,
+                                     const __grid_constant__ CUtensorMap map_w, const PArgs args) {
+#ifdef LOWBIT_SM90_DEVICE
+  using C = PConfig<BT>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
+  const W4A8Problem& p = args.p;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* out = smem + kStages * kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(out + C::kOutBytes);
+  uint64_t* empty = full + kStages;
+  const int nk = args.k_blocks, stride = static_cast<int>(gridDim.x);
+  const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], kProducerParts);
+      mbar_init(&empty[s], kConsumerWarps * 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    const int part = threadIdx.x >> 5;
+    if (lane != 0 || part >= kProducerParts) return;
+    // s, phase: stage and empty-barrier parity of the running fill g (never reset between tiles).
+    int s = 0, phase = 1;
+    for (int tile = static_cast<int>(blockIdx.x); tile < args.tiles; tile += stride) {
+      const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
+      const int prow = min(kRows, p.npad - n0);
+      for (int kb = 0; kb < nk; ++kb) {
+        mbar_wait(&empty[s], phase);
+        produce_part<C>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
+                        min(2, args.k_chunks - 2 * kb), prow, args.shared_params);
+        if (++s == kStages) s = 0, phase ^= 1;
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);
+  const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+  const bool shared = args.shared_params;
+  uint32_t fa[16], fb[16];
+  int acc[kR];
+  int g = 0;  // the running fill index of this tile's first stage
+  for (int tile = static_cast<int>(blockIdx.x); tile < args.tiles; tile += stride) {
+    const int g_end = g + nk;
+    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (it - g)); };
+#pragma unroll
+    for (int i = 0; i < kR; ++i) acc[i] = 0;
+    fence_regs(acc);
+    mbar_wait(&full[g % kStages], (g / kStages) & 1);
+    dequant_stage<C>(stage_at(g), gw, lane, chunks_at(g), fa, shared);
+    for (int it = g; it < g_end; it += 2) {
+      consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
+      if (it + 1 >= g_end) break;
+      consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    mbar_arrive(&empty[(g_end - 1) % kStages]);  // the producers may now run into the next tile's stages
+    const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
+    if (p.raw) {
+#pragma unroll
+      for (int v = 0; v < kR; ++v) store_acc(p, n0, m0, gw, lane, v, acc[v]);
+    } else {
+      store_tile_sliced<BT>(p, args.vector_y, out, n0, m0, gw, lane, acc);
+    }
+    g = g_end;
+  }
+#endif
+}
+
+// Resident CTAs of the persistent kernel (one per SM by its smem), measured once per tile.
+template <int BT>
+int persistent_resident(const char* op) {
+  static std::atomic<int> cache{0};
+  int v = cache.load();
+  if (v == 0) {
+    auto kernel = gemm_w4a8_sm90_persistent_kernel<BT>;
+    constexpr int kSmem = PConfig<BT>::kSmemBytes;
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    int per_sm = 0, dev = 0, sms = 0;
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem));
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    v = std::max(1, per_sm * sms);
+    cache.store(v);
+  }
+  return v;
+}
+
+// The persistent launch over min(tiles, ctas) CTAs (ctas 0: every resident one).
+template <int BT>
+void launch_persistent(const W4A8Problem& p, int ctas, cudaStream_t stream) {
+  const char* op = "gemm_w4a8";
+  const int resident = persistent_resident<BT>(op);
+  LOWBIT_CHECK(ctas >= 0 && ctas <= resident, op, ": the persistent kernel over ", ctas, " CTAs; at most ", resident,
+               " are resident at once");
+  const int tiles_m = (p.m + BT - 1) / BT;
+  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * tiles_m;
+  LOWBIT_CHECK(tiles <= INT32_MAX - resident, op, ": m=", p.m, " x n=", p.n, " is too large for the persistent grid");
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, ctas == 0 ? resident : ctas));
+  const int k_blocks = (p.k + kBK - 1) / kBK;
+  LOWBIT_CHECK((tiles + grid - 1) / grid * k_blocks <= INT32_MAX, op, ": m=", p.m, " n=", p.n, " k=", p.k, " over ",
+               grid, " CTAs overflows the persistent kernel's stage counter");
+  const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
+  const PArgs args{p, k_blocks, p.k / 64, static_cast<int>(tiles), tiles_m, vector_y,
+                   stage_in_one_group(p)};
+  const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
+  const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
+  gemm_w4a8_sm90_persistent_kernel<BT><<<grid, kThreads, PConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
 // Cost model constants (us per 128-k block at 128 / 256 tokens, fixed, reduction per 128-token partial;
 // sm90_common.cuh's pick_tile_split), fitted to each mainloop's forced tile x split timings on an H200
 // (bench/results/h200-2026-11-26-sm90-tiles-db5be10.json): the model's pick is the fastest measured pair on every
@@ -562,6 +742,23 @@ constexpr TileCosts kOverlapCosts{0.70, 0.80, 2.0, 6.5};
 // per 128-k block at 128 tokens, 0.66 at 256, 4 us fixed (the prediction, 0.42 / 0.68 / 2, picked 128-token tiles
 // for qkv M = 1024: 59.3 us against 50.3 at 256).
 constexpr TileCosts kSplitProducerCosts{0.52, 0.66, 4.0, 6.5};
+
+// The persistent kernel's tile when the caller leaves it free: the fewer rounds of tiles over the resident CTAs,
+// by kSplitProducerCosts' per-block costs with the fixed cost per tile dropped to 1 us (the next tile's pipeline fill
+// hides under the epilogue; a guess until measured).
+inline int persistent_tokens(const W4A8Problem& p) {
+  const int k_blocks = (p.k + kBK - 1) / kBK, tiles_n = (p.n + kRows - 1) / kRows;
+  double best = 1e300;
+  int tokens = 256;
+  for (const int bt : {256, 128}) {
+    const int resident = bt == 128 ? persistent_resident<128>("gemm_w4a8") : persistent_resident<256>("gemm_w4a8");
+    const int64_t tiles = static_cast<int64_t>(tiles_n) * ((p.m + bt - 1) / bt);
+    const double rounds = static_cast<double>((tiles + resident - 1) / resident);
+    const double cost = rounds * (k_blocks * (bt == 128 ? kSplitProducerCosts.c128 : kSplitProducerCosts.c256) + 1.0);
+    if (cost < best) best = cost, tokens = bt;
+  }
+  return tokens;
+}
 
 // The plan: pick_tile_split's, with stream-K in place of its split-K cluster plans (one launch, split > 1: at the same
 // tile) and at 128 tokens when the tokens fit one 128-token tile (free choice, overlapped mainloop, allow_streamk), or
@@ -616,6 +813,16 @@ void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t
                "mainloop without a split");
   LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a8: the one-thread producer ('sm90o') runs the "
                "overlapped mainloop only");
+  if (choice.persistent) {
+    LOWBIT_CHECK(!choice.serial && !choice.one_producer && !choice.streamk && choice.split == 0, "gemm_w4a8: the "
+                 "persistent kernel ('sm90p') runs the overlapped mainloop, split producer, unsplit tiles only");
+    const int tokens = choice.tokens != 0 ? choice.tokens : persistent_tokens(p);
+    if (tokens == 128)
+      launch_persistent<128>(p, choice.ctas, stream);
+    else
+      launch_persistent<256>(p, choice.ctas, stream);
+    return;
+  }
   if (choice.serial)
     run<false, true>(p, choice, stream);
   else if (choice.one_producer)
@@ -628,6 +835,7 @@ Sm90Plan gemm_w4a8_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
   check_tile_split_choice("gemm_w4a8", choice.split, choice.tokens);
   W4A8Problem p{};
   p.m = m, p.n = n, p.k = k;
+  if (choice.persistent) return {choice.tokens != 0 ? choice.tokens : persistent_tokens(p), 1, 0, false};
   return choice.serial ? plan_for<false>(p, choice) : plan_for<true>(p, choice);
 }
 

@@ -14,6 +14,7 @@ struct Sm90Choice {
   int rows = 0;  // W4A16: weight rows per CTA, 0 = the cost model's, 128 = the plans before the wide tile, 256 = it
   int reduce = 0;  // W4A16 split-K reduction: 0 = the kernel's default, 1 = distributed shared memory, 2 = through L2
   bool one_producer = false;  // W4A8 and W4A16: the earlier one-thread producer (A/B timing)
+  bool persistent = false;  // W4A8: the persistent tile loop ('sm90p'; tokens 0 = its own pick, ctas 0 = all resident)
 };
 
 struct Sm90Plan {

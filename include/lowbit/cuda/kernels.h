@@ -105,6 +105,7 @@ struct W4A8Options {
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
   int gemv_ring = 0, gemv_blocks = 0;  // the gemv kernel's configuration 'rDbB' (0, 0 = automatic)
   bool sm90_one_producer = false;  // the wgmma kernel's earlier one-thread producer (A/B timing: 'sm90o...' names)
+  bool sm90_persistent = false;  // the wgmma kernel's persistent tile loop ('sm90p...' names; opt-in, not measured)
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
