@@ -612,19 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int BT, int W = 1>
 int streamk_resident(const char* op) {
   static std::atomic<int> cache{0};
-  int v = cache.load();
-  if (v == 0) {
-    auto kernel = gemm_w4a16_sm90_streamk_kernel<BT, W, true>;
-    constexpr int kSmem = SkConfig<BT, W>::kSmemBytes;
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    int per_sm = 0, dev = 0, sms = 0;
-    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem));
-    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    v = std::max(1, per_sm * sms);
-    cache.store(v);
-  }
-  return v;
+  return resident_ctas(op, gemm_w4a16_sm90_streamk_kernel<BT, W, true>, kThreads, SkConfig<BT, W>::kSmemBytes, cache);
 }
 
 // Launches the stream-K kernel over `ctas` CTAs (0: every resident one); false when its workspace cannot be had

@@ -173,6 +173,29 @@ __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cu
   }
 }
 
+// One tile's mainloop over the running stages [g, g_end) of a kernel that walks several tiles (stream-K segments,
+// persistent tiles): zeroes acc, runs the overlapped consumer steps, and after the last wgmmas release the run's last
+// stage, so the producers may fill the next run's stages while this one's epilogue runs.
+template <class C, int N, class StageAt, class ChunksAt>
+__device__ __forceinline__ void consume_run(int (&acc)[N], uint32_t (&fa)[16], uint32_t (&fb)[16], int g, int g_end,
+                                            const StageAt& stage_at, const ChunksAt& chunks_at, uint64_t* full,
+                                            uint64_t* empty, int gw, int lane, bool shared) {
+  constexpr int kStages = C::kStages;
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i] = 0;
+  fence_regs(acc);
+  mbar_wait(&full[g % kStages], (g / kStages) & 1);
+  dequant_stage<C>(stage_at(g), gw, lane, chunks_at(g), fa, shared);
+  for (int it = g; it < g_end; it += 2) {
+    consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
+    if (it + 1 >= g_end) break;
+    consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  mbar_arrive(&empty[(g_end - 1) % kStages]);
+}
+
 // One stage's copies split over the producer warpgroup's first three warps (lane 0 of each issues one part):
 // part 0 the activation tile, 1 the packed weight box, 2 the group parameters. One thread issuing all of them
 // spent ~190 instructions per stage (address math, the group division, each copy's uniform-register loop) at
@@ -472,20 +495,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     streamk_segment(sp, beg, pe, tile, ps);
     const int g_end = g + (pe - ps), kb_at_g = ps - tile * kb_n - g;  // k block of stage it: kb_at_g + it
     const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb_at_g + it)); };
-#pragma unroll
-    for (int i = 0; i < kR; ++i) acc[i] = 0;
-    fence_regs(acc);
-    const bool shared = kSplitProducer && args.shared_params;
-    mbar_wait(&full[g % kStages], (g / kStages) & 1);
-    dequant_stage<C>(stage_at(g), gw, lane, chunks_at(g), fa, shared);
-    for (int it = g; it < g_end; it += 2) {
-      consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
-      if (it + 1 >= g_end) break;
-      consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
-    }
-    wgmma_wait<0>();
-    fence_regs(acc);
-    mbar_arrive(&empty[(g_end - 1) % kStages]);
+    consume_run<C>(acc, fa, fb, g, g_end, stage_at, chunks_at, full, empty, gw, lane,
+                   kSplitProducer && args.shared_params);
     if (streamk_fixup<int4>(sp, args.ws, cta, t, tile, ps, pe, acc)) {
       const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
       if (p.raw) {
@@ -505,19 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int BT>
 int streamk_resident(const char* op) {
   static std::atomic<int> cache{0};
-  int v = cache.load();
-  if (v == 0) {
-    auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, true>;
-    constexpr int kSmem = SkConfig<BT>::kSmemBytes;
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    int per_sm = 0, dev = 0, sms = 0;
-    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem));
-    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    v = std::max(1, per_sm * sms);
-    cache.store(v);
-  }
-  return v;
+  return resident_ctas(op, gemm_w4a8_sm90_streamk_kernel<BT, true>, kThreads, SkConfig<BT>::kSmemBytes, cache);
 }
 
 // The stream-K launch over `ctas` CTAs (0: every resident one); false without a workspace (first use inside a graph
@@ -663,19 +662,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int tile = static_cast<int>(blockIdx.x); tile < args.tiles; tile += stride) {
     const int g_end = g + nk;
     const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (it - g)); };
-#pragma unroll
-    for (int i = 0; i < kR; ++i) acc[i] = 0;
-    fence_regs(acc);
-    mbar_wait(&full[g % kStages], (g / kStages) & 1);
-    dequant_stage<C>(stage_at(g), gw, lane, chunks_at(g), fa, shared);
-    for (int it = g; it < g_end; it += 2) {
-      consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
-      if (it + 1 >= g_end) break;
-      consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
-    }
-    wgmma_wait<0>();
-    fence_regs(acc);
-    mbar_arrive(&empty[(g_end - 1) % kStages]);  // the producers may now run into the next tile's stages
+    consume_run<C>(acc, fa, fb, g, g_end, stage_at, chunks_at, full, empty, gw, lane, shared);
     const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
     if (p.raw) {
 #pragma unroll
@@ -692,19 +679,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int BT>
 int persistent_resident(const char* op) {
   static std::atomic<int> cache{0};
-  int v = cache.load();
-  if (v == 0) {
-    auto kernel = gemm_w4a8_sm90_persistent_kernel<BT>;
-    constexpr int kSmem = PConfig<BT>::kSmemBytes;
-    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    int per_sm = 0, dev = 0, sms = 0;
-    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem));
-    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    v = std::max(1, per_sm * sms);
-    cache.store(v);
-  }
-  return v;
+  return resident_ctas(op, gemm_w4a8_sm90_persistent_kernel<BT>, kThreads, PConfig<BT>::kSmemBytes, cache);
 }
 
 // The persistent launch over min(tiles, ctas) CTAs (ctas 0: every resident one).

@@ -293,6 +293,23 @@ void resident_slots(const char* op, Kernel kernel, int threads, int smem, std::a
   resident_ctas_per_split(op, kernel, cfg, cache, slots);
 }
 
+// CTAs of `kernel` (`threads` threads, `smem` dynamic shared bytes) resident at once on the current device: the
+// occupancy per SM x the SMs, at least 1, measured once into `cache` (the grid of a persistent or stream-K launch).
+template <class Kernel>
+int resident_ctas(const char* op, Kernel kernel, int threads, int smem, std::atomic<int>& cache) {
+  int v = cache.load();
+  if (v == 0) {
+    LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int per_sm = 0, dev = 0, sms = 0;
+    LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    v = std::max(1, per_sm * sms);
+    cache.store(v);
+  }
+  return v;
+}
+
 // Launches `kernel` (cfg: block size, smem, stream) on a (tiles_m, tiles_n, split) grid in clusters of `split` CTAs
 // along z: the split-K partners of one output tile, which reduce through distributed shared memory. `n` (the output
 // width the tiles_n tiles cover) names the problem when the grid cannot hold it. Kernels that walk a linear tile
