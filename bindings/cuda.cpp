@@ -77,6 +77,21 @@ int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial)
   return 1;
 }
 
+// The tail of a multi-tile launch name ("sm90k", "sm90p"): "", ":T" (T = 128 or 256 tokens per tile) or ":T:G"
+// (G CTAs, up to 4 digits). False when malformed; tokens and ctas stay 0 where absent.
+bool parse_tokens_ctas(const std::string& rest, int& tokens, int& ctas) {
+  const size_t colon = rest.find(':', 1);
+  const std::string t = rest.empty() ? "" : rest.substr(1, colon == std::string::npos ? std::string::npos : colon - 1);
+  const std::string g = colon == std::string::npos ? "" : rest.substr(colon + 1);
+  const bool ok = (rest.empty() || (rest[0] == ':' && (t == "128" || t == "256"))) &&
+                  (g.empty() || (g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos)) &&
+                  !(colon != std::string::npos && g.empty());
+  if (!ok) return false;
+  tokens = t.empty() ? 0 : std::stoi(t);
+  ctas = g.empty() ? 0 : std::stoi(g);
+  return true;
+}
+
 // The W4A16 / W4A8 wgmma kernels' stream-K launch: "sm90k", "sm90k:T" (T = 128 or 256 tokens per tile), "sm90k:T:G"
 // (G CTAs, at most the resident ones; tests reach each fix-up path with few); "sm90n": the automatic plan without the
 // stream-K candidate. Returns false for another name; sets the options' stream-K fields (the caller names the
@@ -88,18 +103,12 @@ bool parse_sm90k(const char* op, const std::string& kernel, Options& o) {
     return true;
   }
   if (kernel.rfind("sm90k", 0) != 0) return false;
-  const std::string rest = kernel.substr(5);
-  const size_t colon = rest.find(':', 1);
-  const std::string t = rest.empty() ? "" : rest.substr(1, colon == std::string::npos ? std::string::npos : colon - 1);
-  const std::string g = colon == std::string::npos ? "" : rest.substr(colon + 1);
-  const bool ok = (rest.empty() || (rest[0] == ':' && (t == "128" || t == "256"))) &&
-                  (g.empty() || (g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos)) &&
-                  !(colon != std::string::npos && g.empty());
+  int tokens = 0, ctas = 0;
+  const bool ok = parse_tokens_ctas(kernel.substr(5), tokens, ctas);
   LOWBIT_CHECK(ok, op, ": argument 'kernel': stream-K is 'sm90k', 'sm90k:T' or 'sm90k:T:G' (T = 128 or 256 "
                "tokens per tile, G CTAs), got '", kernel, "'");
   o.sm90_streamk = true;
-  o.sm90_tokens = t.empty() ? 0 : std::stoi(t);
-  o.sm90_ctas = g.empty() ? 0 : std::stoi(g);
+  o.sm90_tokens = tokens, o.sm90_ctas = ctas;
   return true;
 }
 
@@ -148,18 +157,12 @@ bool parse_sm90_reduce(const std::string& kernel, cuda::W4A16Options& o) {
 // another name.
 bool parse_sm90p(const char* op, const std::string& kernel, cuda::W4A8Options& o) {
   if (kernel.rfind("sm90p", 0) != 0) return false;
-  const std::string rest = kernel.substr(5);
-  const size_t colon = rest.find(':', 1);
-  const std::string t = rest.empty() ? "" : rest.substr(1, colon == std::string::npos ? std::string::npos : colon - 1);
-  const std::string g = colon == std::string::npos ? "" : rest.substr(colon + 1);
-  const bool ok = (rest.empty() || (rest[0] == ':' && (t == "128" || t == "256"))) &&
-                  (g.empty() || (g.size() <= 4 && g.find_first_not_of("0123456789") == std::string::npos)) &&
-                  !(colon != std::string::npos && g.empty());
+  int tokens = 0, ctas = 0;
+  const bool ok = parse_tokens_ctas(kernel.substr(5), tokens, ctas);
   LOWBIT_CHECK(ok, op, ": argument 'kernel': the persistent kernel is 'sm90p', 'sm90p:T' or 'sm90p:T:G' (T = 128 or "
                "256 tokens per tile, G CTAs), got '", kernel, "'");
   o.sm90_persistent = true;
-  o.sm90_tokens = t.empty() ? 0 : std::stoi(t);
-  o.sm90_ctas = g.empty() ? 0 : std::stoi(g);
+  o.sm90_tokens = tokens, o.sm90_ctas = ctas;
   return true;
 }
 
