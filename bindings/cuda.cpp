@@ -152,9 +152,9 @@ bool parse_sm90_reduce(const std::string& kernel, cuda::W4A16Options& o) {
   return true;
 }
 
-// The W4A8 wgmma kernel's persistent tile loop (opt-in, not measured yet): "sm90p", "sm90p:T" (T = 128 or 256 tokens
-// per tile), "sm90p:T:G" (G CTAs, at most the resident ones; tests pin few to walk many tiles each). False for
-// another name.
+// The W4A8 wgmma kernel's persistent tile loop (opt-in; measured no faster than the automatic plan): "sm90p",
+// "sm90p:T" (T = 128 or 256 tokens per tile), "sm90p:T:G" (G CTAs, at most the resident ones; tests pin few to walk
+// many tiles each). False for another name.
 bool parse_sm90p(const char* op, const std::string& kernel, cuda::W4A8Options& o) {
   if (kernel.rfind("sm90p", 0) != 0) return false;
   int tokens = 0, ctas = 0;

@@ -18,7 +18,7 @@
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
 // through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end;
 // without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
-// fastest in the grid (CTAs resident together share weight tiles in L2). Opt-in ('sm90p' names, not yet measured): a
+// fastest in the grid (CTAs resident together share weight tiles in L2). Opt-in ('sm90p' names; measured no faster): a
 // persistent grid of the resident CTAs walking whole tiles, its producers filling the next tile's stages during an
 // epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel).
 #include <cooperative_groups.h>
