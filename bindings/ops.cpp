@@ -130,6 +130,17 @@ void bind_ops(nb::module_& m) {
       },
       nb::arg("gate_up"), nb::arg("out") = nb::none(), "silu(gate) * up for gate_up = [gate | up] on the last dim");
   m.def(
+      "silu_mul_quantize",
+      [](nb::handle gate_up, nb::handle q, nb::handle scales, bool pdl) {
+        const Tensor g = tensor_from_python(gate_up, "gate_up");
+        Tensor qt = tensor_from_python(q, "q"), st = tensor_from_python(scales, "scales");
+        if (qt.dtype() == ScalarType::u8) qt = qt.as_dtype_view(ScalarType::e4m3);  // e4m3 codes as their bytes
+        ops::silu_mul_quantize(g, qt, st, pdl);
+      },
+      nb::arg("gate_up"), nb::arg("q"), nb::arg("scales"), nb::arg("pdl") = true,
+      "GPU: silu_mul with the per-token quantizer fused: q (s8, or e4m3 / its uint8 bytes [T, I]) and scales (f32 [T]) of the f16 rows "
+      "silu_mul would write");
+  m.def(
       "embedding",
       [](nb::handle ids, nb::handle table, nb::handle out) {
         const Tensor i = tensor_from_python(ids, "ids"), t = tensor_from_python(table, "table");

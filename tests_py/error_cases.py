@@ -250,6 +250,12 @@ def ok():
     case("add_rms_norm_rows", "C.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8))", "ValueError",
          "'residual'", "'x'"),
     case("silu_mul_odd_width", "C.silu_mul(torch.randn(2, 7))", "ValueError", "'gate_up'", "even"),
+    case("silu_mul_quantize_odd_width", "C.silu_mul_quantize(torch.randn(2, 7).half(), torch.empty(2, 3, "
+         "dtype=torch.int8), torch.empty(2))", "ValueError", "'gate_up'", "even"),
+    case("silu_mul_quantize_f32", "C.silu_mul_quantize(torch.randn(2, 8), torch.empty(2, 4, dtype=torch.int8), "
+         "torch.empty(2))", "TypeError", "'gate_up'", "f16"),
+    case("silu_mul_quantize_on_cpu", "C.silu_mul_quantize(torch.randn(2, 8).half(), torch.empty(2, 4, "
+         "dtype=torch.int8), torch.empty(2))", "NotImplementedError", "silu_mul_quantize", "GPU only"),
     case("embedding_id_out_of_range", "C.embedding(torch.tensor([1, 50], dtype=torch.int32), torch.randn(50, 8))",
          "IndexError", "ids[1] = 50", "50 rows"),
     case("embedding_int64_ids", "C.embedding(torch.tensor([1, 2]), torch.randn(50, 8))", "TypeError", "'ids'", "s64"),

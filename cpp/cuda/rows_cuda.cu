@@ -304,6 +304,56 @@ __global__ void silu_mul_groups_kernel(Rows gu, Rows out) {
   }
 }
 
+// SiLU·mul with the down linear's per-token quantizer fused (W8A8 / W4A8 / FP8): one block per row holds the row's
+// f16 gate and up groups in registers (every load issued before the reduction), forms silu(g) * u with
+// silu_mul_groups_kernel's f32 expression, rounds it to f16 as `out` would hold it, and writes the codes and scale
+// quantize_per_token_{s8,e4m3} would make of that f16 row. At batch 1 this replaces two launches (the element-wise
+// kernel, then the one-block quantizer) by one; the f16 row is never written.
+constexpr int kActThreads = 512;
+
+template <bool kFp8, int kGroups>
+__global__ void __launch_bounds__(kActThreads) silu_mul_quantize_kernel(Rows gu, QuantOut qout) {
+  pdl_allow_dependents();   // the down GEMM that reads the codes may launch and prefetch its weights meanwhile
+  pdl_wait_for_producers();  // a programmatic dependent of the gate_up GEMM when launched so (no-op otherwise)
+  const int64_t r = blockIdx.x;
+  const int inter = static_cast<int>(gu.cols / 2);
+  const __half* g = static_cast<const __half*>(gu.base) + r * gu.stride;
+  float a[kGroups][8], b[kGroups][8];
+#pragma unroll
+  for (int k = 0; k < kGroups; ++k) {
+    const int i = (static_cast<int>(threadIdx.x) + k * kActThreads) * 8;
+    if (i < inter) {
+      load_group<8>(g + i, a[k]);
+      load_group<8>(g + inter + i, b[k]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a[k][e] = b[k][e] = 0.f;  // silu(0) * 0 = 0: no effect on the max
+    }
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < kGroups; ++k)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float x = a[k][e];
+      a[k][e] = round_to<__half>(x / (1.f + expf(-x)) * b[k][e]);
+      amax = fmaxf(amax, fabsf(a[k][e]));
+    }
+  amax = block_reduce<kActThreads, true>(amax);
+  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+  if (threadIdx.x == 0) qout.scales[r] = s;
+  uint8_t* qrow = qout.q + r * qout.ldq;
+#pragma unroll
+  for (int k = 0; k < kGroups; ++k) {
+    const int i = (static_cast<int>(threadIdx.x) + k * kActThreads) * 8;
+    if (i >= inter) continue;
+    uint32_t packed[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) packed[e / 4] |= quantize_code<kFp8>(__fdiv_rn(a[k][e], s)) << (8 * (e % 4));
+    *reinterpret_cast<uint2*>(qrow + i) = make_uint2(packed[0], packed[1]);
+  }
+}
+
 __global__ void embedding_kernel(const int32_t* ids, Rows table, Rows out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= out.cols) return;
@@ -415,6 +465,35 @@ void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream) {
     silu_mul_kernel<<<elementwise_grid(out.rows, out.cols, "silu_mul"), kThreads, 0, stream>>>(gate_up, out);
   }
   LOWBIT_CUDA_CHECK_LAUNCH("silu_mul");
+}
+
+bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_type, float* scales, bool pdl,
+                       cudaStream_t stream) {
+  const int64_t inter = gate_up.cols / 2;
+  if (gate_up.rows == 0 || inter == 0) return true;
+  if (gate_up.dtype != ScalarType::f16 || gate_up.cols % 16 != 0 || !groups_of_8(gate_up) ||
+      reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 8 != 0 || inter > int64_t{4} * 8 * kActThreads ||
+      (q_type != ScalarType::s8 && q_type != ScalarType::e4m3))
+    return false;  // the caller runs silu_mul, then the stand-alone quantizer (the same bytes)
+  int device = 0;
+  LOWBIT_CUDA_CHECK("silu_mul_quantize", cudaGetDevice(&device));
+  pdl = pdl && pdl_supported(device);
+  const QuantOut qo{static_cast<uint8_t*>(q), ldq, scales};
+  const dim3 grid(grid_of(gate_up.rows, "silu_mul_quantize"));
+  const auto run = [&](auto fp8, auto groups) {
+    launch_maybe_pdl("silu_mul_quantize", pdl, silu_mul_quantize_kernel<decltype(fp8)::value, decltype(groups)::value>,
+                     grid, dim3(kActThreads), 0, stream, gate_up, qo);
+  };
+  using std::integral_constant;
+  const auto with_groups = [&](auto fp8) {
+    if (inter <= 8 * kActThreads) run(fp8, integral_constant<int, 1>{});
+    else if (inter <= 2 * 8 * kActThreads) run(fp8, integral_constant<int, 2>{});
+    else run(fp8, integral_constant<int, 4>{});
+  };
+  if (q_type == ScalarType::e4m3) with_groups(std::true_type{});
+  else with_groups(std::false_type{});
+  LOWBIT_CUDA_CHECK_LAUNCH("silu_mul_quantize");
+  return true;
 }
 
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream) {

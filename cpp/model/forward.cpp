@@ -148,8 +148,15 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
     ops::paged_attention(q, cache, l, attn, scale, attn_heads, plans_.attention);
     run_linear(attn_out, L.o_in, L.o, no_bias, hidden, plans_.o, ws);
     norm_then_linear(hidden, L.post_norm, L.gate_up_in, L.gate_up, no_bias, plans_.gate_up, gate_up);
-    ops::silu_mul(gate_up, act);
-    run_linear(act, L.down_in, L.down, no_bias, hidden, plans_.down, ws);
+    if (plans_.down.fused_norm_quant) {  // SiLU·mul hands the down linear its per-token codes
+      Tensor codes = Tensor::empty({T, act.size(1)}, code_type, device_);
+      Tensor scales = Tensor::empty({T}, ScalarType::f32, device_);
+      ops::silu_mul_quantize(gate_up, codes, scales, plans_.down.tuning.pdl);
+      ops::linear_quantized(codes, scales, L.down, no_bias, hidden, plans_.down);
+    } else {
+      ops::silu_mul(gate_up, act);
+      run_linear(act, L.down_in, L.down, no_bias, hidden, plans_.down, ws);
+    }
   }
   reduce_add_rms_norm(hidden, residual, final_norm_, eps, normed);
 }

@@ -96,7 +96,9 @@ void Model::resolve_plans() {
   plans_.qkv = plan_linear("qkv", L.qkv, act, fuse && !L.qkv_in.perm.defined());
   plans_.o = plan_linear("o", L.o, act, false);
   plans_.gate_up = plan_linear("gate_up", L.gate_up, act, fuse && !L.gate_up_in.perm.defined());
-  plans_.down = plan_linear("down", L.down, act, false);
+  // SiLU·mul likewise emits the down linear's codes (one kernel instead of two).
+  const bool fuse_act = device_.is_cuda() && quant_act && kernel_options_.tuning.fused_silu_quant;
+  plans_.down = plan_linear("down", L.down, act, fuse_act && !L.down_in.perm.defined());
   plans_.lm_head = plan_linear("lm_head", lm_head_, ActivationMode::float16, false);  // float activations always
   plans_.attention = plan_attention();
 }

@@ -8,6 +8,7 @@
 #include "ops/op_device.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
+#include "lowbit/cuda/kernels.h"
 #include "lowbit/cuda/stream.h"
 #endif
 
@@ -152,6 +153,42 @@ void silu_mul(const Tensor& gate_up, Tensor& out) {
 #ifdef LOWBIT_WITH_CUDA
   cuda::silu_mul(gpu_rows(gv), gpu_rows(ov), cuda::current_stream());
 #else
+  no_cuda_kernel(op);
+#endif
+}
+
+void silu_mul_quantize(const Tensor& gate_up, Tensor& q, Tensor& scales, bool pdl) {
+  constexpr const char* op = "silu_mul_quantize";
+  check_float(gate_up, op, "gate_up");
+  check_dim(gate_up, 2, op, "gate_up");
+  LOWBIT_CHECK(gate_up.size(1) % 2 == 0, op, ": argument 'gate_up' must have an even last dimension [T, 2 * I], got ",
+               shape_str(gate_up.shape()));
+  LOWBIT_CHECK_TYPE(gate_up.dtype() == ScalarType::f16, op, ": argument 'gate_up' must be f16 (the GPU linears' ",
+                    "activations), got ", name_of(gate_up.dtype()));
+  check_defined(q, op, "q");
+  LOWBIT_CHECK_TYPE(q.dtype() == ScalarType::s8 || q.dtype() == ScalarType::e4m3, op,
+                    ": argument 'q' must be s8 or e4m3, got ", name_of(q.dtype()));
+  check_shape(q, {gate_up.size(0), gate_up.size(1) / 2}, op, "q");
+  LOWBIT_CHECK(q.stride(1) == 1 || q.size(1) <= 1, op, ": argument 'q' must be contiguous in its last dimension");
+  check_defined(scales, op, "scales");
+  check_dtype(scales, ScalarType::f32, op, "scales");
+  check_shape(scales, {gate_up.size(0)}, op, "scales");
+  check_contiguous(scales, op, "scales");
+  const Device dev = op_device(op, {{"gate_up", &gate_up}, {"q", &q}, {"scales", &scales}});
+  if (dev.is_cpu())
+    LOWBIT_NOT_SUPPORTED(op, ": runs on the GPU only (on the CPU, silu_mul and the linear's own quantizer)");
+#ifdef LOWBIT_WITH_CUDA
+  const cpu::RowView gv = rows_of(gate_up, op, "gate_up");
+  const cudaStream_t stream = cuda::current_stream();
+  if (cuda::silu_mul_quantize(gpu_rows(gv), q.data_ptr(), q.stride(0), q.dtype(), scales.data<float>(), pdl, stream))
+    return;
+  // Rows the fused kernel does not take: the two kernels it replaces (the same bytes).
+  Tensor act = Tensor::empty({gate_up.size(0), gate_up.size(1) / 2}, ScalarType::f16, dev);
+  silu_mul(gate_up, act);
+  if (q.dtype() == ScalarType::e4m3) cuda::quantize_per_token_e4m3(act, q, scales, stream);
+  else cuda::quantize_per_token_s8(act, q, scales, stream);
+#else
+  (void)pdl;
   no_cuda_kernel(op);
 #endif
 }

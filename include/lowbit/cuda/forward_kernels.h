@@ -33,6 +33,12 @@ void norm_quantize(const Rows& residual, const Rows& x, const Rows& weight, floa
                    ScalarType q_type, float* scales, cudaStream_t stream);
 // out[r, i] = silu(gu[r, i]) * gu[r, I + i] with I = out.cols.
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
+// SiLU·mul with the next linear's per-token quantizer fused: codes (s8 or e4m3, [rows, ldq]) and f32 scales of the
+// f16 rows silu_mul would write, the bytes quantize_per_token_{s8,e4m3} would make of them (the rows are not
+// written). f16 gate_up rows with 16-byte groups, I = cols / 2 <= 16384, 8-byte aligned code rows; false (nothing
+// launched) otherwise. pdl: launched as a programmatic dependent of the kernel before it (sm_90+).
+bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_type, float* scales, bool pdl,
+                       cudaStream_t stream);
 // out[r] = table[ids[r]] for device ids (s32); an id outside [0, table.rows) gives a NaN row (the
 // ids live on the device, so they cannot be checked on the host without a synchronizing copy).
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream);

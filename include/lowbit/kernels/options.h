@@ -12,7 +12,7 @@ namespace lowbit::kernels {
 //   forced kernels  "linear", "linear.qkv", "linear.o", "linear.gate_up", "linear.down",
 //                   "linear.lm_head", "attention", "attention.prefill", "attention.decode"
 //                   -> a registered kernel name; one that cannot run is an error, never ignored.
-//   tuning          "fused_norm_quant" on|off, "pdl" on|off, "w4a16_large_tile" auto|64x128|128x128|128x256,
+//   tuning          "fused_norm_quant" on|off, "fused_silu_quant" on|off, "pdl" on|off, "w4a16_large_tile" auto|64x128|128x128|128x256,
 //                   "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off, "fp8_fast_accum" on|off,
 //                   "split_mixed_attention" on|off
 // strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
@@ -25,6 +25,7 @@ struct KernelOptions {
 // into the launches, so a captured CUDA graph holds exactly what the plan says.
 struct KernelTuning {
   bool fused_norm_quant = true;  // W8A8 / FP8 on the GPU: the pre-norm emits the next GEMM's codes
+  bool fused_silu_quant = true;  // W8A8 / W4A8 / FP8 on the GPU: SiLU·mul emits the down GEMM's codes
   bool pdl = true;               // sm_90+: programmatic dependent launch of the W4A16 kernel
   int w4a16_large_tile = 0;      // 0 automatic, else 64128, 128128 or 128256 (m x n)
   int sm90_split = 0;            // wgmma GEMMs: 0 automatic, else the split-K cluster size 1/2/4/8

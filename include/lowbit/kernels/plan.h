@@ -14,7 +14,7 @@ struct LinearPlan {
   std::array<const GemmKernel*, kNumMBuckets> by_m{};
   ActivationMode act = ActivationMode::float16;
   KernelTuning tuning;
-  bool fused_norm_quant = false;  // GPU W8A8/FP8: the pre-norm hands this linear s8/e4m3 codes
+  bool fused_norm_quant = false;  // GPU W8A8/FP8: the pre-norm (SiLU·mul for down) hands this linear s8/e4m3 codes
   const GemmKernel* kernel_for(int64_t m) const { return by_m[size_t(m_bucket_of(m))]; }
 };
 

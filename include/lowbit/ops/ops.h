@@ -70,6 +70,10 @@ void rms_norm_quantize(Tensor& residual, const Tensor& x, const Tensor& weight, 
                        Tensor& scales);
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]  for gu = [gate | up] of shape [T, 2I]
 void silu_mul(const Tensor& gate_up, Tensor& out);
+// silu_mul with the next linear's per-token quantizer fused (GPU only): q (s8 or e4m3 [T, I]) and scales (f32 [T])
+// are the codes linear(act=int8/fp8_per_token) would make of silu_mul's f16 output; gate_up f16 [T, 2I]. pdl: may
+// launch as a programmatic dependent of the kernel before it (sm_90+).
+void silu_mul_quantize(const Tensor& gate_up, Tensor& q, Tensor& scales, bool pdl = true);
 void embedding(const Tensor& ids /*s32 [T]*/, const Tensor& table /*[V, H]*/, Tensor& out /*[T, H]*/);
 // out[t, j] = x[t, perm[j]]: the input permutation of an act-order linear (GPTQ desc_act, FMPQ reorder).
 // x and out: the same float dtype, [T, k] rows (x may be strided, out may not alias x); perm: s32 [k] on
