@@ -38,6 +38,8 @@
 #pragma once
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda/pdl.cuh"
 #include "kernels/sm80/decode_attention_launch.h"
 #include "kernels/sm80/kv_type.cuh"
@@ -655,12 +657,21 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   const float2* const ring_p_lane =
       (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15);
   const uint32_t ring_v_dst = Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16));
-  // The page of a tile the ring will copy (a tile in the split: its page is in the table), read a step ahead.
-  auto ring_page = [&](int tile) { return tile < n ? page_of(tile) : 0; };
+  // The first rows of the whole tiles the ring copies come 32 steps at a time: lane L looks up the row of step
+  // base + L (one page read and its index math per lane, once per 32 steps), and each step takes its row with one
+  // shuffle (rows_cur: steps [base, base + 32); rows_nxt: the next 32, read a batch early so the shuffle never waits
+  // on the page table). Steps whose tile is not whole get 0 and look their rows up in ring_copy.
+  auto ring_rows = [&](int base) -> uint32_t {
+    const int tile = tile_of(base + lane);
+    if (!full_tile(tile)) return 0;
+    const int tok = start + tile;
+    const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+    return (static_cast<uint32_t>(page_of(tile)) * p.hkv + kvh) * p.block_size + in_page;
+  };
   // Copies tile `tile` of the split into stage `stage` (nothing for a tile past the split). A whole tile in one page
   // is 16 consecutive rows: 16-byte chunks of K and V, lane by lane; otherwise each chunk looks its row up and rows
   // past the split are zero-filled (zero codes, zero parameters: P' = 0 there, and the scores are masked anyway).
-  auto ring_copy = [&](int tile, int stage, int page) {
+  auto ring_copy = [&](int tile, int stage, uint32_t row) {
     if constexpr (kUseRing) {
       if (tile >= n) return;
       uint8_t* const st = ring + stage * Ring::kStage;
@@ -669,11 +680,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       const float2* vp = reinterpret_cast<const float2*>(p.v_params);
       const int pr = lane & 15;  // the parameter row of this lane (lanes 0-15 K's, 16-31 V's)
       if (full_tile(tile)) {
-        // The tile's first row in 32 bits (the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then one wide
-        // multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
-        const int tok = start + tile;
-        const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
-        const uint32_t row = (static_cast<uint32_t>(page) * p.hkv + kvh) * p.block_size + in_page;
+        // The tile's first row in 32 bits (ring_rows; the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then
+        // one wide multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
         const uint32_t st_s = ring_s + stage * Ring::kStage;
         const uint8_t* const ks = ring_k_lane + static_cast<uint64_t>(row) * Ring::kKRow;
         const uint8_t* const vs = ring_v_lane + static_cast<uint64_t>(row) * Ring::kVRow;
@@ -731,14 +739,17 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       for (int u = 0; u < 4; ++u) load_shared<kVBytes>(st + v_row(u) * Ring::kVStride, r.v[u]);
     }
   };
-  int ring_stage = 0, ring_ahead_page = 0;  // the stage of this step's tile; the page of the next tile to copy
+  int ring_stage = 0;  // the stage of this step's tile
+  uint32_t rows_cur = 0, rows_nxt = 0;
   if constexpr (kUseRing) {
+    static_assert(kRing - 1 <= 32, "the prologue's copies come from the first batch of rows");
+    rows_cur = ring_rows(0);
+    rows_nxt = ring_rows(32);
 #pragma unroll
     for (int s = 0; s < kRing - 1; ++s) {
-      ring_copy(tile_of(s), s, ring_page(tile_of(s)));
+      ring_copy(tile_of(s), s, __shfl_sync(0xffffffffu, rows_cur, s));
       cp_async_commit();
     }
-    ring_ahead_page = ring_page(tile_of(kRing - 1));
   }
   // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
   KRegs cur[kSub], nxt[kSub];
@@ -751,15 +762,22 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     }
     stage_params(tile_of(0), 0);
   }
-  for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
+  // One step of the loop: tile `tile` (step i). kMasked: the step may hold tokens past the split (their scores are
+  // masked out of the max and their p are 0); a step of whole tiles skips those compares and selects.
+  auto step = [&](const int i, const int tile, auto masked_c) {
+    constexpr bool kMasked = decltype(masked_c)::value;
     const int next = tile_of(i + 1);
     int64_t base_next = 0;
     if constexpr (kUseRing) {
       // Copy the tile kRing - 1 steps ahead into the stage freed by the last step, then wait for this step's.
       const int ahead_stage = ring_stage == 0 ? kRing - 1 : ring_stage - 1;
-      ring_copy(tile_of(i + kRing - 1), ahead_stage, ring_ahead_page);
+      const int ahead = i + kRing - 1;
+      if ((ahead & 31) == 0) {  // a new batch of rows (warp-uniform)
+        rows_cur = rows_nxt;
+        rows_nxt = ring_rows(ahead + 32);
+      }
+      ring_copy(tile_of(ahead), ahead_stage, __shfl_sync(0xffffffffu, rows_cur, ahead & 31));
       cp_async_commit();
-      ring_ahead_page = ring_page(tile_of(i + kRing));
       cp_async_wait<kRing - 1>();
       __syncwarp();  // every lane's copies of this stage are visible to the warp
       ring_read_k(ring_stage, cur[0]);
@@ -798,8 +816,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     float t0 = kNoScore, t1 = kNoScore;  // this lane's largest scores of the step, heads 2t and 2t+1
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      ok_g[u] = tile + u * kTile + g < n;
-      ok_g8[u] = tile + u * kTile + g + 8 < n;
+      ok_g[u] = !kMasked || tile + u * kTile + g < n;
+      ok_g8[u] = !kMasked || tile + u * kTile + g + 8 < n;
       const uint32_t(&kg)[kKWords] = cur[u].kg;
       const uint32_t(&kg8)[kKWords] = cur[u].kg8;
       const float2 ksp_g = cur[u].ksp_g, ksp_g8 = cur[u].ksp_g8;
@@ -842,8 +860,13 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
 #pragma unroll
         for (int e = 0; e < 4; ++e) su[e] *= scale_log2;
       }
-      t0 = fmaxf(t0, fmaxf(ok_g[u] ? su[0] : kNoScore, ok_g8[u] ? su[2] : kNoScore));
-      t1 = fmaxf(t1, fmaxf(ok_g[u] ? su[1] : kNoScore, ok_g8[u] ? su[3] : kNoScore));
+      if (!kMasked && u == 0) {  // whole tiles: the first tile's max needs no kNoScore start
+        t0 = fmaxf(su[0], su[2]);
+        t1 = fmaxf(su[1], su[3]);
+      } else {
+        t0 = fmaxf(t0, fmaxf(ok_g[u] ? su[0] : kNoScore, ok_g8[u] ? su[2] : kNoScore));
+        t1 = fmaxf(t1, fmaxf(ok_g[u] ? su[1] : kNoScore, ok_g8[u] ? su[3] : kNoScore));
+      }
     }
     if constexpr (kVMid) {
       if (next < n) load_v(next, vnxt[0], base_next);
@@ -915,7 +938,14 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       load_k(next, cur[0], base_next);
     }
     base_cur = base_next;
+  };
+  // The ring instances run whole tiles without masks; only a warp's last step can be partial (the split's last
+  // tile), masked in the second loop. The other instances mask every step (their code as it was).
+  int i = 0, tile = tile_of(0);
+  if constexpr (kUseRing) {
+    for (; tile + kTile <= n; tile = tile_of(++i)) step(i, tile, std::false_type{});
   }
+  for (; tile < n; tile = tile_of(++i)) step(i, tile, std::true_type{});
   if constexpr (kUseRing) {  // warp_o takes back the rings once every warp is done with its own
     cp_async_wait<0>();
     __syncthreads();
