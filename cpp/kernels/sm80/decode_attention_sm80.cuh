@@ -138,6 +138,14 @@ __device__ inline void cp_async16_s(uint32_t dst, const void* gmem) {
 __device__ inline void cp_async8_s(uint32_t dst, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
 }
+// A lane constant the compiler cannot recompute: a shuffle of the value with itself. In the ring loop the compiler
+// otherwise rebuilds the lanes' copy and read offsets from the thread index every step (~35 instructions per tile at
+// u4/u4), though registers are free to keep them.
+__device__ inline uint32_t pin_lane(uint32_t x) {
+  uint32_t y;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(y) : "r"(x));
+  return y;
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
@@ -651,12 +659,19 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   uint8_t* const ring = sm.ring + warp * Ring::kWarpBytes;
   // Lane constants of a whole tile's copy: K and V chunk `lane` of each 512-byte round (V's lands on its padded row),
   // the lane's parameter row (lanes 0-15 K's, 16-31 V's).
+  // Each is pinned (pin_lane): kept in a register, not rebuilt from the thread index every step.
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  const uint8_t* const ring_k_lane = k_base + 16 * lane;
-  const uint8_t* const ring_v_lane = p.v + 16 * lane;
-  const float2* const ring_p_lane =
-      (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15);
-  const uint32_t ring_v_dst = Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16));
+  const uint32_t ring_lane16 = kUseRing ? pin_lane(16 * lane) : 0;  // the lane's chunk in K's and V's rounds
+  const uint32_t ring_k_dst = kUseRing ? pin_lane(ring_s + Ring::kKOff + 16 * lane) : 0;
+  const uint32_t ring_v_dst =
+      kUseRing ? pin_lane(ring_s + Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16)))
+               : 0;
+  const uint32_t ring_p_dst = kUseRing ? pin_lane(ring_s + Ring::kPOff + 8 * lane) : 0;
+  const uint64_t ring_p_src = reinterpret_cast<uint64_t>(
+      (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15));
+  const uint64_t ring_p_lane = kUseRing ? (uint64_t{pin_lane(static_cast<uint32_t>(ring_p_src >> 32))} << 32) |
+                                              pin_lane(static_cast<uint32_t>(ring_p_src))
+                                        : 0;
   // The first rows of the whole tiles the ring copies come 32 steps at a time: lane L looks up the row of step
   // base + L (one page read and its index math per lane, once per 32 steps), and each step takes its row with one
   // shuffle (rows_cur: steps [base, base + 32); rows_nxt: the next 32, read a batch early so the shuffle never waits
@@ -682,17 +697,17 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       if (full_tile(tile)) {
         // The tile's first row in 32 bits (ring_rows; the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then
         // one wide multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
-        const uint32_t st_s = ring_s + stage * Ring::kStage;
-        const uint8_t* const ks = ring_k_lane + static_cast<uint64_t>(row) * Ring::kKRow;
-        const uint8_t* const vs = ring_v_lane + static_cast<uint64_t>(row) * Ring::kVRow;
+        const uint32_t st_off = stage * Ring::kStage;
+        const uint8_t* const ks = k_base + (static_cast<uint64_t>(row) * Ring::kKRow + ring_lane16);
+        const uint8_t* const vs = p.v + (static_cast<uint64_t>(row) * Ring::kVRow + ring_lane16);
 #pragma unroll
         for (int c0 = 0; c0 < kKChunks; c0 += 32)
-          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s(st_s + Ring::kKOff + 16 * (c0 + lane), ks + 16 * c0);
+          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s(ring_k_dst + st_off + 16 * c0, ks + 16 * c0);
 #pragma unroll
         for (int c0 = 0; c0 < kVChunks; c0 += 32)
           if (kVChunks % 32 == 0 || c0 + lane < kVChunks)
-            cp_async16_s(st_s + ring_v_dst + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
-        cp_async8_s(st_s + Ring::kPOff + 8 * lane, ring_p_lane + row);
+            cp_async16_s(ring_v_dst + st_off + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
+        cp_async8_s(ring_p_dst + st_off, reinterpret_cast<const float2*>(ring_p_lane) + row);
         return;
       }
 #pragma unroll
@@ -717,19 +732,20 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       cp_async8_zfill(st + Ring::kPOff + 8 * lane, ok ? (lane < 16 ? kp : vp) + row_of(tile + pr) : kp, ok ? 8 : 0);
     }
   };
-  const int ring_k_at = Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8;
-  const int ring_v_at = Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8;
+  const int ring_k_at = kUseRing ? pin_lane(Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8) : 0;
+  const int ring_v_at = kUseRing ? pin_lane(Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8) : 0;
+  const int ring_p_at = kUseRing ? pin_lane(Ring::kPOff + 8 * g) : 0;  // the lane's K parameter row g
   auto ring_read_k = [&](int stage, KRegs& r) {
     if constexpr (kUseRing) {
     const uint8_t* const st = ring + stage * Ring::kStage;
     const int k_at = ring_k_at;
     load_shared<kKBytes>(st + k_at, r.kg);
     load_shared<kKBytes>(st + k_at + 8 * Ring::kKRow, r.kg8);
-    const float2* pp = reinterpret_cast<const float2*>(st + Ring::kPOff);
-    r.ksp_g = pp[g];
-    r.ksp_g8 = pp[g + 8];
-    r.vsp_g = pp[16 + g];
-    r.vsp_g8 = pp[24 + g];
+    const float2* pp = reinterpret_cast<const float2*>(st + ring_p_at);
+    r.ksp_g = pp[0];
+    r.ksp_g8 = pp[8];
+    r.vsp_g = pp[16];
+    r.vsp_g8 = pp[24];
     }
   };
   auto ring_read_v = [&](int stage, VRegs& r) {
