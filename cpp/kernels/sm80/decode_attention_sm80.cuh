@@ -755,9 +755,16 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       for (int u = 0; u < 4; ++u) load_shared<kVBytes>(st + v_row(u) * Ring::kVStride, r.v[u]);
     }
   };
-  int ring_stage = 0;  // the stage of this step's tile
   uint32_t rows_cur = 0, rows_nxt = 0;
+  // The ring's ones operand of the Σ p' mma, pinned: left to itself the compiler rebuilds the four registers every step.
+  // A shuffle of a constant (or of any warp-uniform value) folds to it, so each is kOnes plus a zero the compiler can
+  // neither know nor prove uniform (hkv >= 1: its sign bit, times the lane).
+  uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   if constexpr (kUseRing) {
+    static_assert((kRing & (kRing - 1)) == 0, "step i's stage is i % kRing");
+    const uint32_t runtime_zero = (static_cast<uint32_t>(p.hkv) >> 31) * static_cast<uint32_t>(lane);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ones[r] = pin_lane(kOnes + (r + 1) * runtime_zero);  // four distinct values
     static_assert(kRing - 1 <= 32, "the prologue's copies come from the first batch of rows");
     rows_cur = ring_rows(0);
     rows_nxt = ring_rows(32);
@@ -786,8 +793,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     int64_t base_next = 0;
     if constexpr (kUseRing) {
       // Copy the tile kRing - 1 steps ahead into the stage freed by the last step, then wait for this step's.
-      const int ahead_stage = ring_stage == 0 ? kRing - 1 : ring_stage - 1;
       const int ahead = i + kRing - 1;
+      const int ahead_stage = ahead & (kRing - 1);
       if ((ahead & 31) == 0) {  // a new batch of rows (warp-uniform)
         rows_cur = rows_nxt;
         rows_nxt = ring_rows(ahead + 32);
@@ -796,7 +803,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       cp_async_commit();
       cp_async_wait<kRing - 1>();
       __syncwarp();  // every lane's copies of this stage are visible to the warp
-      ring_read_k(ring_stage, cur[0]);
+      ring_read_k(i & (kRing - 1), cur[0]);
     } else {
       base_next = base_ahead(next, page_next);
       page_next = page_ahead(tile_of(i + 2));
@@ -927,10 +934,10 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       pb[u][1] = transpose8x8(h2u(__floats2half2_rn(p2 * vsp_g8.x, p3 * vsp_g8.x)));
       // Σ p' per head, exactly as the mma sees P' (for the V codes' magic offset): a ones operand sums the
       // tile's 16 tokens in the tensor core (wsum[0] / wsum[1]: this lane's heads 2t / 2t+1, already whole).
-      if constexpr (VT != KvType::f16) mma(wsum, kOnes, kOnes, kOnes, kOnes, pb[u][0], pb[u][1]);
+      if constexpr (VT != KvType::f16) mma(wsum, ones[0], ones[1], ones[2], ones[3], pb[u][0], pb[u][1]);
     }
     // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
-    if constexpr (kUseRing) ring_read_v(ring_stage, vcur[0]);
+    if constexpr (kUseRing) ring_read_v(i & (kRing - 1), vcur[0]);
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
 #pragma unroll
@@ -948,7 +955,6 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
         if constexpr (kVAhead || kVMid) vcur[u] = vnxt[u];
       }
     } else if constexpr (kUseRing) {
-      ring_stage = ring_stage == kRing - 1 ? 0 : ring_stage + 1;
       __syncwarp();  // every lane has read this stage before a later step's copy overwrites it
     } else if (next < n) {
       load_k(next, cur[0], base_next);
@@ -1089,6 +1095,10 @@ template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
   if constexpr (D == 128 && VT == KvType::u2 && (KT == KvType::u2c || KT == KvType::u4c)) return 4;
+  // The ring's u2 K with u4 V ran 4 blocks per SM unpinned (112 registers); the pinned lane constants (pin_lane) took
+  // it to 133 (3 blocks): pinned to 4 (120, no spills). u2/u2 (121 unpinned) still fits 4 without the bound, which
+  // would cost it 3 instructions per tile.
+  if constexpr (D == 128 && KT == KvType::u2 && VT == KvType::u4) return 4;
   return D <= 80 ? 4 : D <= 128 ? 3 : 1;
 }
 
