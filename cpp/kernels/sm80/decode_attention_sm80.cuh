@@ -298,6 +298,9 @@ struct RingLayout {
 // Measured on an H200 (kernel alone, same call as main's register path, 64 x 8K): u4/u4 181.8 -> 167.9 us, u2/u2
 // 155.6 -> 145.4; 3 stages or two score chains no faster, 5 blocks per SM slower. It was predicted to gain ~22% by
 // hiding the loads; it hid them, but the loop is bound by its ALU work per tile (docs/gpu_notes.md).
+// Its loop runs whole tiles unmasked with the lane constants pinned (209 / 191 SASS instructions per tile for u4/u4 /
+// u2/u2, from 270 / 254): measured on an H200 against the loop before in the same call, u2/u2 -14 to -17% at every
+// shape, u4/u4 -1% to +3% (-6% at 256 x 1.5K): the 4-bit loop now waits on memory.
 template <int D, KvType KT, KvType VT>
 constexpr int ring_stages() {
   constexpr bool k_ok = KT == KvType::u4 || KT == KvType::u2, v_ok = VT == KvType::u4 || VT == KvType::u2;
