@@ -38,6 +38,8 @@
 #pragma once
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "cuda/pdl.cuh"
 #include "kernels/sm80/decode_attention_launch.h"
 #include "kernels/sm80/kv_type.cuh"
@@ -135,6 +137,14 @@ __device__ inline void cp_async16_s(uint32_t dst, const void* gmem) {
 }
 __device__ inline void cp_async8_s(uint32_t dst, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
+}
+// A lane constant the compiler cannot recompute: a shuffle of the value with itself. In the ring loop the compiler
+// otherwise rebuilds the lanes' copy and read offsets from the thread index every step (~35 instructions per tile at
+// u4/u4), though registers are free to keep them.
+__device__ inline uint32_t pin_lane(uint32_t x) {
+  uint32_t y;
+  asm volatile("shfl.sync.bfly.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(y) : "r"(x));
+  return y;
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
@@ -288,6 +298,9 @@ struct RingLayout {
 // Measured on an H200 (kernel alone, same call as main's register path, 64 x 8K): u4/u4 181.8 -> 167.9 us, u2/u2
 // 155.6 -> 145.4; 3 stages or two score chains no faster, 5 blocks per SM slower. It was predicted to gain ~22% by
 // hiding the loads; it hid them, but the loop is bound by its ALU work per tile (docs/gpu_notes.md).
+// Its loop runs whole tiles unmasked with the lane constants pinned (209 / 191 SASS instructions per tile for u4/u4 /
+// u2/u2, from 270 / 254): measured on an H200 against the loop before in the same call, u2/u2 -14 to -17% at every
+// shape, u4/u4 -1% to +3% (-6% at 256 x 1.5K): the 4-bit loop now waits on memory.
 template <int D, KvType KT, KvType VT>
 constexpr int ring_stages() {
   constexpr bool k_ok = KT == KvType::u4 || KT == KvType::u2, v_ok = VT == KvType::u4 || VT == KvType::u2;
@@ -649,18 +662,34 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   uint8_t* const ring = sm.ring + warp * Ring::kWarpBytes;
   // Lane constants of a whole tile's copy: K and V chunk `lane` of each 512-byte round (V's lands on its padded row),
   // the lane's parameter row (lanes 0-15 K's, 16-31 V's).
+  // Each is pinned (pin_lane): kept in a register, not rebuilt from the thread index every step.
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  const uint8_t* const ring_k_lane = k_base + 16 * lane;
-  const uint8_t* const ring_v_lane = p.v + 16 * lane;
-  const float2* const ring_p_lane =
-      (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15);
-  const uint32_t ring_v_dst = Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16));
-  // The page of a tile the ring will copy (a tile in the split: its page is in the table), read a step ahead.
-  auto ring_page = [&](int tile) { return tile < n ? page_of(tile) : 0; };
+  const uint32_t ring_lane16 = kUseRing ? pin_lane(16 * lane) : 0;  // the lane's chunk in K's and V's rounds
+  const uint32_t ring_k_dst = kUseRing ? pin_lane(ring_s + Ring::kKOff + 16 * lane) : 0;
+  const uint32_t ring_v_dst =
+      kUseRing ? pin_lane(ring_s + Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16)))
+               : 0;
+  const uint32_t ring_p_dst = kUseRing ? pin_lane(ring_s + Ring::kPOff + 8 * lane) : 0;
+  const uint64_t ring_p_src = reinterpret_cast<uint64_t>(
+      (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15));
+  const uint64_t ring_p_lane = kUseRing ? (uint64_t{pin_lane(static_cast<uint32_t>(ring_p_src >> 32))} << 32) |
+                                              pin_lane(static_cast<uint32_t>(ring_p_src))
+                                        : 0;
+  // The first rows of the whole tiles the ring copies come 32 steps at a time: lane L looks up the row of step
+  // base + L (one page read and its index math per lane, once per 32 steps), and each step takes its row with one
+  // shuffle (rows_cur: steps [base, base + 32); rows_nxt: the next 32, read a batch early so the shuffle never waits
+  // on the page table). Steps whose tile is not whole get 0 and look their rows up in ring_copy.
+  auto ring_rows = [&](int base) -> uint32_t {
+    const int tile = tile_of(base + lane);
+    if (!full_tile(tile)) return 0;
+    const int tok = start + tile;
+    const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+    return (static_cast<uint32_t>(page_of(tile)) * p.hkv + kvh) * p.block_size + in_page;
+  };
   // Copies tile `tile` of the split into stage `stage` (nothing for a tile past the split). A whole tile in one page
   // is 16 consecutive rows: 16-byte chunks of K and V, lane by lane; otherwise each chunk looks its row up and rows
   // past the split are zero-filled (zero codes, zero parameters: P' = 0 there, and the scores are masked anyway).
-  auto ring_copy = [&](int tile, int stage, int page) {
+  auto ring_copy = [&](int tile, int stage, uint32_t row) {
     if constexpr (kUseRing) {
       if (tile >= n) return;
       uint8_t* const st = ring + stage * Ring::kStage;
@@ -669,22 +698,19 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       const float2* vp = reinterpret_cast<const float2*>(p.v_params);
       const int pr = lane & 15;  // the parameter row of this lane (lanes 0-15 K's, 16-31 V's)
       if (full_tile(tile)) {
-        // The tile's first row in 32 bits (the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then one wide
-        // multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
-        const int tok = start + tile;
-        const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
-        const uint32_t row = (static_cast<uint32_t>(page) * p.hkv + kvh) * p.block_size + in_page;
-        const uint32_t st_s = ring_s + stage * Ring::kStage;
-        const uint8_t* const ks = ring_k_lane + static_cast<uint64_t>(row) * Ring::kKRow;
-        const uint8_t* const vs = ring_v_lane + static_cast<uint64_t>(row) * Ring::kVRow;
+        // The tile's first row in 32 bits (ring_rows; the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then
+        // one wide multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
+        const uint32_t st_off = stage * Ring::kStage;
+        const uint8_t* const ks = k_base + (static_cast<uint64_t>(row) * Ring::kKRow + ring_lane16);
+        const uint8_t* const vs = p.v + (static_cast<uint64_t>(row) * Ring::kVRow + ring_lane16);
 #pragma unroll
         for (int c0 = 0; c0 < kKChunks; c0 += 32)
-          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s(st_s + Ring::kKOff + 16 * (c0 + lane), ks + 16 * c0);
+          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s(ring_k_dst + st_off + 16 * c0, ks + 16 * c0);
 #pragma unroll
         for (int c0 = 0; c0 < kVChunks; c0 += 32)
           if (kVChunks % 32 == 0 || c0 + lane < kVChunks)
-            cp_async16_s(st_s + ring_v_dst + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
-        cp_async8_s(st_s + Ring::kPOff + 8 * lane, ring_p_lane + row);
+            cp_async16_s(ring_v_dst + st_off + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
+        cp_async8_s(ring_p_dst + st_off, reinterpret_cast<const float2*>(ring_p_lane) + row);
         return;
       }
 #pragma unroll
@@ -709,19 +735,20 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       cp_async8_zfill(st + Ring::kPOff + 8 * lane, ok ? (lane < 16 ? kp : vp) + row_of(tile + pr) : kp, ok ? 8 : 0);
     }
   };
-  const int ring_k_at = Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8;
-  const int ring_v_at = Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8;
+  const int ring_k_at = kUseRing ? pin_lane(Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8) : 0;
+  const int ring_v_at = kUseRing ? pin_lane(Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8) : 0;
+  const int ring_p_at = kUseRing ? pin_lane(Ring::kPOff + 8 * g) : 0;  // the lane's K parameter row g
   auto ring_read_k = [&](int stage, KRegs& r) {
     if constexpr (kUseRing) {
     const uint8_t* const st = ring + stage * Ring::kStage;
     const int k_at = ring_k_at;
     load_shared<kKBytes>(st + k_at, r.kg);
     load_shared<kKBytes>(st + k_at + 8 * Ring::kKRow, r.kg8);
-    const float2* pp = reinterpret_cast<const float2*>(st + Ring::kPOff);
-    r.ksp_g = pp[g];
-    r.ksp_g8 = pp[g + 8];
-    r.vsp_g = pp[16 + g];
-    r.vsp_g8 = pp[24 + g];
+    const float2* pp = reinterpret_cast<const float2*>(st + ring_p_at);
+    r.ksp_g = pp[0];
+    r.ksp_g8 = pp[8];
+    r.vsp_g = pp[16];
+    r.vsp_g8 = pp[24];
     }
   };
   auto ring_read_v = [&](int stage, VRegs& r) {
@@ -731,14 +758,24 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       for (int u = 0; u < 4; ++u) load_shared<kVBytes>(st + v_row(u) * Ring::kVStride, r.v[u]);
     }
   };
-  int ring_stage = 0, ring_ahead_page = 0;  // the stage of this step's tile; the page of the next tile to copy
+  uint32_t rows_cur = 0, rows_nxt = 0;
+  // The ring's ones operand of the Σ p' mma, pinned: left to itself the compiler rebuilds the four registers every step.
+  // A shuffle of a constant (or of any warp-uniform value) folds to it, so each is kOnes plus a zero the compiler can
+  // neither know nor prove uniform (hkv >= 1: its sign bit, times the lane).
+  uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   if constexpr (kUseRing) {
+    static_assert((kRing & (kRing - 1)) == 0, "step i's stage is i % kRing");
+    const uint32_t runtime_zero = (static_cast<uint32_t>(p.hkv) >> 31) * static_cast<uint32_t>(lane);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ones[r] = pin_lane(kOnes + (r + 1) * runtime_zero);  // four distinct values
+    static_assert(kRing - 1 <= 32, "the prologue's copies come from the first batch of rows");
+    rows_cur = ring_rows(0);
+    rows_nxt = ring_rows(32);
 #pragma unroll
     for (int s = 0; s < kRing - 1; ++s) {
-      ring_copy(tile_of(s), s, ring_page(tile_of(s)));
+      ring_copy(tile_of(s), s, __shfl_sync(0xffffffffu, rows_cur, s));
       cp_async_commit();
     }
-    ring_ahead_page = ring_page(tile_of(kRing - 1));
   }
   // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
   KRegs cur[kSub], nxt[kSub];
@@ -751,18 +788,25 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     }
     stage_params(tile_of(0), 0);
   }
-  for (int i = 0, tile = tile_of(0); tile < n; tile = tile_of(++i)) {
+  // One step of the loop: tile `tile` (step i). kMasked: the step may hold tokens past the split (their scores are
+  // masked out of the max and their p are 0); a step of whole tiles skips those compares and selects.
+  auto step = [&](const int i, const int tile, auto masked_c) {
+    constexpr bool kMasked = decltype(masked_c)::value;
     const int next = tile_of(i + 1);
     int64_t base_next = 0;
     if constexpr (kUseRing) {
       // Copy the tile kRing - 1 steps ahead into the stage freed by the last step, then wait for this step's.
-      const int ahead_stage = ring_stage == 0 ? kRing - 1 : ring_stage - 1;
-      ring_copy(tile_of(i + kRing - 1), ahead_stage, ring_ahead_page);
+      const int ahead = i + kRing - 1;
+      const int ahead_stage = ahead & (kRing - 1);
+      if ((ahead & 31) == 0) {  // a new batch of rows (warp-uniform)
+        rows_cur = rows_nxt;
+        rows_nxt = ring_rows(ahead + 32);
+      }
+      ring_copy(tile_of(ahead), ahead_stage, __shfl_sync(0xffffffffu, rows_cur, ahead & 31));
       cp_async_commit();
-      ring_ahead_page = ring_page(tile_of(i + kRing));
       cp_async_wait<kRing - 1>();
       __syncwarp();  // every lane's copies of this stage are visible to the warp
-      ring_read_k(ring_stage, cur[0]);
+      ring_read_k(i & (kRing - 1), cur[0]);
     } else {
       base_next = base_ahead(next, page_next);
       page_next = page_ahead(tile_of(i + 2));
@@ -798,8 +842,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     float t0 = kNoScore, t1 = kNoScore;  // this lane's largest scores of the step, heads 2t and 2t+1
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      ok_g[u] = tile + u * kTile + g < n;
-      ok_g8[u] = tile + u * kTile + g + 8 < n;
+      ok_g[u] = !kMasked || tile + u * kTile + g < n;
+      ok_g8[u] = !kMasked || tile + u * kTile + g + 8 < n;
       const uint32_t(&kg)[kKWords] = cur[u].kg;
       const uint32_t(&kg8)[kKWords] = cur[u].kg8;
       const float2 ksp_g = cur[u].ksp_g, ksp_g8 = cur[u].ksp_g8;
@@ -842,8 +886,13 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
 #pragma unroll
         for (int e = 0; e < 4; ++e) su[e] *= scale_log2;
       }
-      t0 = fmaxf(t0, fmaxf(ok_g[u] ? su[0] : kNoScore, ok_g8[u] ? su[2] : kNoScore));
-      t1 = fmaxf(t1, fmaxf(ok_g[u] ? su[1] : kNoScore, ok_g8[u] ? su[3] : kNoScore));
+      if (!kMasked && u == 0) {  // whole tiles: the first tile's max needs no kNoScore start
+        t0 = fmaxf(su[0], su[2]);
+        t1 = fmaxf(su[1], su[3]);
+      } else {
+        t0 = fmaxf(t0, fmaxf(ok_g[u] ? su[0] : kNoScore, ok_g8[u] ? su[2] : kNoScore));
+        t1 = fmaxf(t1, fmaxf(ok_g[u] ? su[1] : kNoScore, ok_g8[u] ? su[3] : kNoScore));
+      }
     }
     if constexpr (kVMid) {
       if (next < n) load_v(next, vnxt[0], base_next);
@@ -888,10 +937,10 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       pb[u][1] = transpose8x8(h2u(__floats2half2_rn(p2 * vsp_g8.x, p3 * vsp_g8.x)));
       // Σ p' per head, exactly as the mma sees P' (for the V codes' magic offset): a ones operand sums the
       // tile's 16 tokens in the tensor core (wsum[0] / wsum[1]: this lane's heads 2t / 2t+1, already whole).
-      if constexpr (VT != KvType::f16) mma(wsum, kOnes, kOnes, kOnes, kOnes, pb[u][0], pb[u][1]);
+      if constexpr (VT != KvType::f16) mma(wsum, ones[0], ones[1], ones[2], ones[3], pb[u][0], pb[u][1]);
     }
     // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
-    if constexpr (kUseRing) ring_read_v(ring_stage, vcur[0]);
+    if constexpr (kUseRing) ring_read_v(i & (kRing - 1), vcur[0]);
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
 #pragma unroll
@@ -909,13 +958,19 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
         if constexpr (kVAhead || kVMid) vcur[u] = vnxt[u];
       }
     } else if constexpr (kUseRing) {
-      ring_stage = ring_stage == kRing - 1 ? 0 : ring_stage + 1;
       __syncwarp();  // every lane has read this stage before a later step's copy overwrites it
     } else if (next < n) {
       load_k(next, cur[0], base_next);
     }
     base_cur = base_next;
+  };
+  // The ring instances run whole tiles without masks; only a warp's last step can be partial (the split's last
+  // tile), masked in the second loop. The other instances mask every step (their code as it was).
+  int i = 0, tile = tile_of(0);
+  if constexpr (kUseRing) {
+    for (; tile + kTile <= n; tile = tile_of(++i)) step(i, tile, std::false_type{});
   }
+  for (; tile < n; tile = tile_of(++i)) step(i, tile, std::true_type{});
   if constexpr (kUseRing) {  // warp_o takes back the rings once every warp is done with its own
     cp_async_wait<0>();
     __syncthreads();
@@ -1043,6 +1098,10 @@ template <int D, KvType KT, KvType VT>
 constexpr int min_blocks() {
   if constexpr (D == 128 && (KT == KvType::u4 || (KT == KvType::u4c && VT == KvType::u4))) return 4;
   if constexpr (D == 128 && VT == KvType::u2 && (KT == KvType::u2c || KT == KvType::u4c)) return 4;
+  // The ring's u2 K with u4 V ran 4 blocks per SM unpinned (112 registers); the pinned lane constants (pin_lane) took
+  // it to 133 (3 blocks): pinned to 4 (120, no spills). u2/u2 (121 unpinned) still fits 4 without the bound, which
+  // would cost it 3 instructions per tile.
+  if constexpr (D == 128 && KT == KvType::u2 && VT == KvType::u4) return 4;
   return D <= 80 ? 4 : D <= 128 ? 3 : 1;
 }
 
