@@ -690,6 +690,7 @@ fi
 # The short table last: tests, sanitizer findings and the targets from whatever this run produced.
 python3 "$REPO/tools/gpu_summary.py" "$OUT"
 # Remote runs may bring back only a few files: the logs travel as one archive (the JSONs stay beside it).
-(cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tgz ./*.log && rm -f ./*.log)
+(cd "$OUT" && if ls ./*.log >/dev/null 2>&1; then tar czf logs.tgz ./*.log && rm -f ./*.log; fi)
 # ... and so do the per-part files the engine benchmarks merge from (the merged JSON stays beside them).
-(cd "$OUT" && ls ./*.part >/dev/null 2>&1 && tar czf parts.tgz ./*.part && rm -f ./*.part)
+# (An `if`, so that a run without part files does not end with ls's status 2.)
+(cd "$OUT" && if ls ./*.part >/dev/null 2>&1; then tar czf parts.tgz ./*.part && rm -f ./*.part; fi)
