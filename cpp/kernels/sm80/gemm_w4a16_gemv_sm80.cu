@@ -43,6 +43,7 @@
 
 #include "cuda/pdl.cuh"
 #include "kernels/sm80/gemm_w4a16_gemv_sm80.h"
+#include "kernels/sm80/gemv_plan.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "lowbit/cuda/check.h"
 
@@ -233,37 +234,15 @@ GemvPlan gemm_w4a16_gemv_plan(int m, int /*n: no part of the rule today*/, int k
                " tokens, got m=", m);
   // The group row of a chunk is found in f32 ((2 kc + half + 0.5) / (group / 32)): exact while k stays below ~46K.
   LOWBIT_CHECK(k <= kGemvMaxK, "gemm_w4a16: the gemv kernel takes k up to ", kGemvMaxK, ", got k=", k);
-  const int k_chunks = k / kChunkK;
-  auto split_for = [&](int config) {  // CTAs along k for x's shared-memory budget under `config`
-    const int budget = x_budget(kGemvConfigs[config].blocks);
-    int split = 1;
-    while (x_bytes(m, (k_chunks + split - 1) / split) > budget) ++split;
-    return split;
-  };
-  auto index_of = [](int ring, int blocks) {
-    int c = 0;
-    while (c < kGemvConfigCount && (kGemvConfigs[c].depth != ring || kGemvConfigs[c].blocks != blocks)) ++c;
-    return c;
-  };
-  int config;
-  if (ring != 0 || blocks != 0) {
-    config = index_of(ring, blocks);
-    LOWBIT_CHECK(config < kGemvConfigCount, "gemm_w4a16: the gemv kernel has no configuration r", ring, "b", blocks,
-                 " (compiled: r8b2, r4b2, r12b1, r6b3, r4b4, r3b5, r2b6)");
-  } else {
-    // 32 warps per SM (r4b4) was the fastest or within 1% of it on every Llama shape it takes unsplit at one token
-    // (H200, round 4); where its ~47 KB of x per CTA would split k over CTAs (k 14336: down), 24 warps (r6b3) keep
-    // one CTA along k and were 0.4-5% faster.
-    config = index_of(4, 4);
-    if (split_for(config) > 1) config = index_of(6, 3);
-  }
-  int split = split_for(config);
-  const int per = (k_chunks + split - 1) / split;
-  split = (k_chunks + per - 1) / per;
+  // The automatic configuration: 32 warps per SM (r4b4) was the fastest or within 1% of it on every Llama shape it
+  // takes unsplit at one token (H200, round 4); where its ~47 KB of x per CTA would split k over CTAs (k 14336: down),
+  // 24 warps (r6b3) keep one CTA along k and were 0.4-5% faster.
+  const GemvShape s = plan_gemv_shape("gemm_w4a16", kGemvConfigs, k / kChunkK, ring, blocks,
+                                      [&](int b, int chunks) { return x_bytes(m, chunks) <= x_budget(b); });
   // One tile per CTA (8 k slices): measured best or within 3% of the best T on every Llama-3-8B / 70B-TP2 shape
   // at one token (H200; more tiles per CTA, i.e. longer runs per warp, gained nothing: docs/benchmarks_gpu.md).
   if (tiles == 0) tiles = 1;
-  return {tiles, split, per, config};
+  return {tiles, s.split, s.chunks_per_split, s.config};
 }
 
 namespace {

@@ -26,6 +26,7 @@
 
 #include "cuda/pdl.cuh"
 #include "kernels/sm80/gemm_w4a8_gemv_sm80.h"
+#include "kernels/sm80/gemv_plan.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm80/w4a8_common_sm80.cuh"
 #include "lowbit/cuda/check.h"
@@ -199,31 +200,9 @@ __global__ void sum_partials8_kernel(W4A8Problem p, const int32_t* partial, int 
 Gemv8Plan gemm_w4a8_gemv_plan(int m, int k, int ring, int blocks) {
   LOWBIT_CHECK(m >= 1 && m <= kGemv8MaxTokens, "gemm_w4a8: the gemv kernel takes 1-", kGemv8MaxTokens,
                " tokens, got m=", m);
-  const int k_chunks = k / kChunkK;
-  auto split_for = [&](int config) {  // CTAs along k for x's shared-memory budget under `config`
-    const int budget = x_budget(kGemv8Configs[config].blocks);
-    int split = 1;
-    while (split < k_chunks && x_bytes(m, (k_chunks + split - 1) / split) > budget) ++split;
-    return split;
-  };
-  auto index_of = [](int ring, int blocks) {
-    int c = 0;
-    while (c < kGemv8ConfigCount && (kGemv8Configs[c].depth != ring || kGemv8Configs[c].blocks != blocks)) ++c;
-    return c;
-  };
-  int config;
-  if (ring != 0 || blocks != 0) {
-    config = index_of(ring, blocks);
-    LOWBIT_CHECK(config < kGemv8ConfigCount, "gemm_w4a8: the gemv kernel has no configuration r", ring, "b", blocks,
-                 " (compiled: r4b4, r6b3, r8b2, r6b4, r3b5)");
-  } else {
-    config = index_of(4, 4);
-    if (split_for(config) > 1) config = index_of(6, 3);
-  }
-  int split = split_for(config);
-  const int per = (k_chunks + split - 1) / split;
-  split = (k_chunks + per - 1) / per;
-  return {split, per, config};
+  const GemvShape s = plan_gemv_shape("gemm_w4a8", kGemv8Configs, k / kChunkK, ring, blocks,
+                                      [&](int b, int chunks) { return x_bytes(m, chunks) <= x_budget(b); });
+  return {s.split, s.chunks_per_split, s.config};
 }
 
 namespace {

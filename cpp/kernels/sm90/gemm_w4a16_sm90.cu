@@ -38,6 +38,7 @@
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm90/gemm_w4a16_sm90.h"
 #include "kernels/sm90/sm90_common.cuh"
+#include "kernels/sm90/sm90_producer.cuh"
 #include "kernels/sm90/sm90_streamk.cuh"
 #include "lowbit/cuda/check.h"
 
@@ -191,23 +192,13 @@ __device__ __forceinline__ void consumer_step(float (&acc)[N], const uint32_t (&
   }
 }
 
-// One stage's copies split over the producer warpgroup's first three warps (lane 0 of each issues one part):
-// part 0 the activation tile, 1 the packed weight box, 2 the group parameters (halves: 1, or 2 for g32). Each part
-// arrives on the full barrier (count kProducerParts) with its own byte count, so the phase completes only when all
-// three parts' bytes have landed. Why: one thread issuing every copy (address math, the group division, 64-bit
-// offsets) was the W4A8 twin's per-stage bound (docs/gpu_notes.md), and the W4A16 profile shows the same starvation.
-constexpr int kProducerParts = 3;
+// Part `part` of chunk kc's stage copies (sm90_producer.cuh): 64 k of x, the chunk's packed tiles, then the f16 scales
+// and zeros (or mins) of its `halves` group rows (2 for g32: the chunk spans two groups), prow of each.
 template <class C>
 __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* bar, const CUtensorMap* map_x,
                                              const CUtensorMap* map_w, const W4A16Problem& p, int kc, int m0, int n0,
                                              int prow, int halves) {
-  if (part == 0) {
-    mbar_expect_tx(bar, C::kXBytes);
-    tma_load_2d(st, map_x, kc * kBK, m0, bar);
-  } else if (part == 1) {
-    mbar_expect_tx(bar, C::kWBytes);  // the box counts in full (tiles past n arrive as zeros)
-    tma_load_3d(st + C::kXBytes, map_w, 0, kc, n0 / 16, bar);
-  } else {
+  produce_stage_part<C>(part, st, bar, map_x, map_w, kc * kBK, m0, kc, n0, [&] {
     mbar_expect_tx(bar, halves * 2 * prow * 2);
     for (int h = 0; h < halves; ++h) {
       uint8_t* ps = st + C::kXBytes + C::kWBytes + h * 2 * C::kRows * 2;
@@ -215,7 +206,7 @@ __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* ba
       bulk_load(ps, p.scales + row0, prow * 2, bar);
       bulk_load(ps + C::kRows * 2, p.zeros + row0, prow * 2, bar);
     }
-  }
+  });
 }
 
 // The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
@@ -362,16 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kc0 = rank * args.k_chunks / split, nk = (rank + 1) * args.k_chunks / split - kc0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
-      mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_pipeline<kStages>(&map_x, &map_w, full, empty, kSplitProducer ? kProducerParts : 1, kConsumerWarps * 32);
 
   float acc[kR];
 #pragma unroll
@@ -528,16 +510,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int beg = sp.begin(cta), end = sp.begin(cta + 1);
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
-      mbar_init(&empty[s], kConsumerWarps * 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_pipeline<kStages>(&map_x, &map_w, full, empty, kSplitProducer ? kProducerParts : 1, kConsumerWarps * 32);
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");

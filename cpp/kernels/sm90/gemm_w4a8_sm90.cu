@@ -29,6 +29,7 @@
 
 #include "kernels/sm90/gemm_w4a8_sm90.h"
 #include "kernels/sm90/sm90_common.cuh"
+#include "kernels/sm90/sm90_producer.cuh"
 #include "kernels/sm90/sm90_streamk.cuh"
 #include "lowbit/cuda/check.h"
 
@@ -196,23 +197,13 @@ __device__ __forceinline__ void consume_run(int (&acc)[N], uint32_t (&fa)[16], u
   mbar_arrive(&empty[(g_end - 1) % kStages]);
 }
 
-// One stage's copies split over the producer warpgroup's first three warps (lane 0 of each issues one part):
-// part 0 the activation tile, 1 the packed weight box, 2 the group parameters. One thread issuing all of them
-// spent ~190 instructions per stage (address math, the group division, each copy's uniform-register loop) at
-// ~6 cycles each: ~1,200 cycles, more than the stage's int8 tensor work (ncu, docs/gpu_notes.md). Each part
-// arrives on the full barrier (count kProducerParts) with its own byte count.
-constexpr int kProducerParts = 3;
+// Part `part` of stage kb's copies (sm90_producer.cuh): 128 k of x, its two packed 64-k chunks, then the u8 steps and
+// offsets of its `chunks` chunks (chunk 0's only when shared_params: both chunks in one group), prow bytes each.
 template <class C>
 __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* bar, const CUtensorMap* map_x,
                                              const CUtensorMap* map_w, const W4A8Problem& p, int kb, int m0, int n0,
                                              int chunks, int prow, bool shared_params) {
-  if (part == 0) {
-    mbar_expect_tx(bar, C::kXBytes);
-    tma_load_2d(st, map_x, kb * kBK, m0, bar);
-  } else if (part == 1) {
-    mbar_expect_tx(bar, C::kWBytes);  // the box counts in full (tiles past n and a chunk past k arrive as zeros)
-    tma_load_3d(st + C::kXBytes, map_w, 0, 2 * kb, n0 / 16, bar);
-  } else {
+  produce_stage_part<C>(part, st, bar, map_x, map_w, kb * kBK, m0, 2 * kb, n0, [&] {
     uint8_t* ps = st + C::kXBytes + C::kWBytes;
     const int copies = shared_params ? 1 : chunks;
     mbar_expect_tx(bar, copies * 2 * prow);
@@ -221,7 +212,7 @@ __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* ba
       bulk_load(ps + c * 2 * kRows, p.steps + row0, prow, bar);
       bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, bar);
     }
-  }
+  });
 }
 
 // The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
@@ -285,16 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
-      mbar_init(&empty[s], kConsumerWarps * 32);  // every consumer thread releases
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_pipeline<kStages>(&map_x, &map_w, full, empty, kSplitProducer ? kProducerParts : 1, kConsumerWarps * 32);
 
   int acc[kR];
 #pragma unroll
@@ -438,16 +420,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int beg = sp.begin(cta), end = sp.begin(cta + 1);
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kSplitProducer ? kProducerParts : 1);
-      mbar_init(&empty[s], kConsumerWarps * 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_pipeline<kStages>(&map_x, &map_w, full, empty, kSplitProducer ? kProducerParts : 1, kConsumerWarps * 32);
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -623,16 +596,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int nk = args.k_blocks, stride = static_cast<int>(gridDim.x);
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], kProducerParts);
-      mbar_init(&empty[s], kConsumerWarps * 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_pipeline<kStages>(&map_x, &map_w, full, empty, kProducerParts, kConsumerWarps * 32);
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
