@@ -1,9 +1,11 @@
-"""Row clusters (sm_90): for few rows, rms_norm_quantize and silu_mul_quantize spread each row over a cluster of CTAs
-(cpp/cuda/rows_cuda.cu). Their codes, scales and residual must be the bytes of the one-block-per-row kernels
-(_row_cluster_mode 0 vs 1 in one process), and within the quantizer's rounding of float64 references. Rows 1..300,
-widths 4096 / 8192 / 14336 and odd widths, f16 and f32 norm weights, s8 and e4m3 codes, PDL on and off. On GPUs
-before sm_90 both modes take the one-block kernels and the comparison is trivially equal (the float64 checks
-still run)."""
+"""Row clusters (sm_90): rms_norm_quantize and silu_mul_quantize spread each of a few rows over a cluster of CTAs
+(cpp/cuda/rows_cuda.cu), and sample_rows scans each row with a cluster of 8 (cpp/cuda/sampling_cuda.cu). The
+quantizers' codes, scales and residual must be the bytes of the one-block-per-row kernels (_row_cluster_mode 0 vs 1 in
+one process), and within the quantizer's rounding of float64 references: rows 1..300, widths 4096 / 8192 / 14336 and
+odd widths, f16 and f32 norm weights, s8 and e4m3 codes, PDL on and off. The sampler must pick the same tokens (ties:
+the lower index, also across chunk boundaries) with the logprob within f32 summation-order noise of one block's and
+of a float64 log-softmax. On GPUs before sm_90 both modes take the one-block kernels and the comparisons are
+trivially equal (the float64 checks still run)."""
 import pytest
 import torch
 
@@ -132,5 +134,60 @@ def test_engine_greedy_identical_with_row_clusters(recipe):
         runs.append((logits, single, batch))
     assert not torch.isnan(runs[0][0]).any()
     assert torch.equal(runs[0][0], runs[1][0])
-    assert runs[0][1] == runs[1][1]
-    assert runs[0][2] == runs[1][2]
+    for a, b in ((runs[0][1], runs[1][1]), (runs[0][2], runs[1][2])):  # same tokens; the sampler's logprob may
+        assert [[t for t, _ in s] for s in a] == [[t for t, _ in s] for s in b]  # differ by summation order
+        assert max(abs(la - lb) for sa, sb in zip(a, b) for (_, la), (_, lb) in zip(sa, sb)) < 1e-5
+
+
+# ---- sample_rows ---------------------------------------------------------------------------------------------------
+
+SAMPLE_SHAPES = [(1, 128256), (4, 128256), (16, 128256), (3, 32000), (5, 5003), (2, 7), (1, 1), (300, 1000),
+                 (1, 128257)]
+PARAMS = [(0.0, 0, 1.0, 0.0), (0.8, 50, 0.95, 0.05), (1.0, 0, 1.0, 0.0), (0.7, 40, 0.9, 0.0)]
+
+
+def sample(logits, prm, mode):
+    n = logits.shape[0]
+    tokens = torch.full((n,), -7, dtype=torch.int32, device="cuda")
+    logprobs = torch.full((n,), float("nan"), device="cuda")
+    with_mode(mode, lambda: _core.sample_rows(logits, prm.view(torch.int64), tokens, logprobs))
+    return tokens.cpu(), logprobs.cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("t,v", SAMPLE_SHAPES)
+def test_sample_rows_cluster_same_tokens_and_float64_logprob(t, v, dtype):
+    g = torch.Generator().manual_seed(t * 977 + v)
+    rows = (torch.randn(t, v, generator=g) * (torch.rand(t, 1, generator=g) * 4 + 0.5)).to(dtype)
+    chunk = (v + 7) // 8
+    for r in range(t):
+        kind = r % 5
+        if kind == 1 and v > 2:  # a maximum tied across chunks: the lower index wins
+            m = rows[r].max() + 1
+            for i in sorted({v - 1, min(v - 1, 2 * chunk + 3), min(v - 1, chunk)}):
+                rows[r, i] = m
+        elif kind == 2 and v > 60:
+            rows[r, torch.randint(0, v, (50,), generator=g)] = float("-inf")
+        elif kind == 3 and v > 1:  # ties inside one chunk, the best at its last column
+            m = rows[r].max() + 1
+            rows[r, min(v - 1, chunk - 1)] = m
+            rows[r, min(v - 1, chunk + 5)] = m
+    if t >= 5:
+        rows[4] = float("-inf")  # an all -inf row: token 0, as one block gives
+    logits = rows.cuda()
+    prm = torch.tensor([list(PARAMS[r % len(PARAMS)]) + [float(torch.rand((), generator=g))] for r in range(t)],
+                       dtype=torch.float64).cuda()
+    tok0, lp0 = sample(logits, prm, mode=0)
+    tok1, lp1 = sample(logits, prm, mode=1)
+    assert torch.equal(tok0, tok1)
+    finite = torch.isfinite(lp0)
+    assert torch.equal(finite, torch.isfinite(lp1))
+    assert ((lp0[finite] - lp1[finite]).abs() <= 1e-5 * (1 + lp0[finite].abs())).all()
+    ref = torch.log_softmax(rows.double(), dim=1)
+    for r in range(t):
+        if PARAMS[r % len(PARAMS)][0] == 0.0 and bool(torch.isfinite(rows[r]).any()):
+            row = rows[r].double()
+            assert int(tok1[r]) == int(torch.nonzero(row == row.max())[0])  # the first index of the maximum
+        if bool(torch.isfinite(rows[r]).any()):
+            want = float(ref[r, int(tok1[r])])
+            assert abs(float(lp1[r]) - want) <= 1e-4 * (1 + abs(want))

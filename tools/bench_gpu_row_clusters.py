@@ -1,5 +1,6 @@
 """Device time of the quantizing norm (rms_norm_quantize: residual add + RMSNorm + per-token int8) and the fused
-SiLU·mul + quantizer (silu_mul_quantize) at 1 / 4 / 16 rows (Llama-3-8B widths 4096 and 14336), one block per row
+SiLU·mul + quantizer (silu_mul_quantize) at 1 / 4 / 16 rows (Llama-3-8B widths 4096 and 14336), and the greedy
+sampler (sample_rows over 128256 f16 logits, temperature 0: argmax + log-softmax), one block per row
 (row cluster mode 0) vs a cluster of CTAs per row on sm_90 (mode 1), in one process. Median of each launch's kernel
 record in the torch profiler (these ops launch on lowbit's current stream, which a CUDA-graph capture refuses).
   python3 tools/bench_gpu_row_clusters.py out.json
@@ -53,6 +54,10 @@ def main():
                 lambda: lb.rms_norm_quantize(res, x, w, 1e-5, qn, sn), "norm")
             r["silu_mul_quantize_14336_us"], _ = median_kernel_us(
                 lambda: lb.silu_mul_quantize(gu, qs, ss, pdl=False), "silu_mul_quantize")
+            logits = torch.randn(t, 128256, device="cuda").half()
+            prm = torch.tensor([[0.0, 0, 1.0, 0.0, 0.5]] * t, dtype=torch.float64, device="cuda").view(torch.int64)
+            tok, lp = torch.empty(t, dtype=torch.int32, device="cuda"), torch.empty(t, device="cuda")
+            r["sample_greedy_128256_us"], _ = median_kernel_us(lambda: lb.sample_rows(logits, prm, tok, lp), "sample")
             rows.append(r)
             print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
     lb._row_cluster_mode(-1)

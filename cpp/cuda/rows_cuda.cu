@@ -734,6 +734,7 @@ bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_t
 }
 
 int set_row_cluster_mode(int mode) { return g_row_cluster_mode.exchange(mode); }
+int get_row_cluster_mode() { return g_row_cluster_mode.load(std::memory_order_relaxed); }
 
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream) {
   if (out.rows == 0 || out.cols == 0) return;
