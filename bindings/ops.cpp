@@ -141,6 +141,30 @@ void bind_ops(nb::module_& m) {
       "GPU: silu_mul with the per-token quantizer fused: q (s8, or e4m3 / its uint8 bytes [T, I]) and scales (f32 [T]) of the f16 rows "
       "silu_mul would write");
   m.def(
+      "rms_norm_quantize",
+      [](nb::handle residual, nb::handle x, nb::handle weight, float eps, nb::handle q, nb::handle scales) {
+        Tensor r = tensor_from_python(residual, "residual");
+        const Tensor xt = x.is_none() ? Tensor{} : tensor_from_python(x, "x");
+        Tensor qt = tensor_from_python(q, "q"), st = tensor_from_python(scales, "scales");
+        if (qt.dtype() == ScalarType::u8) qt = qt.as_dtype_view(ScalarType::e4m3);  // e4m3 codes as their bytes
+        ops::rms_norm_quantize(r, xt, tensor_from_python(weight, "weight"), eps, qt, st);
+      },
+      nb::arg("residual"), nb::arg("x").none(), nb::arg("weight"), nb::arg("eps"), nb::arg("q"), nb::arg("scales"),
+      "GPU: (residual += x when x is given) then the per-token codes q (s8, or e4m3 / its uint8 bytes) and scales "
+      "(f32) of the f16 rows rms_norm(residual) * weight would write");
+  m.def(
+      "_row_cluster_mode",
+      [](int mode) {
+#ifdef LOWBIT_WITH_CUDA
+        return cuda::set_row_cluster_mode(mode);
+#else
+        (void)mode;
+        return -1;
+#endif
+      },
+      nb::arg("mode"),
+      "GPU (sm_90) test knob: -1 row clusters for few rows (default), 0 never, 1 always; returns the previous mode");
+  m.def(
       "embedding",
       [](nb::handle ids, nb::handle table, nb::handle out) {
         const Tensor i = tensor_from_python(ids, "ids"), t = tensor_from_python(table, "table");

@@ -6,6 +6,8 @@ Where tools/profile_gpu_step.py profiles eager steps (each kernel its own launch
 the kernels and the gaps are the ones a served step has. Each spec builds one model ("recipe+key=value": kernel
 overrides, e.g. w4a8kv8+fused_silu_quant=off for an A/B in one process).
   python3 tools/profile_gpu_step_graphs.py out.json --specs w4a8kv8,w4a16kv8 [--contexts 512,2048] [--steps 32]
+--row-cluster-modes 0,-1 runs each model's engines once per mode of the sm_90 row clusters (0: one block per row,
+-1: clusters for few rows; the mode is read when the engine captures its graphs), an A/B on one loaded model.
 """
 import argparse
 import json
@@ -135,6 +137,7 @@ def main():
     ap.add_argument("--contexts", default="512,2048")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--row-cluster-modes", default="", help="e.g. 0,-1: one run per mode on each model")
     args = ap.parse_args()
     shape = LLAMA3_8B
     result = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("LOWBIT_COMMIT", ""),
@@ -148,22 +151,28 @@ def main():
         base, *ov = spec.split("+")
         t = time.perf_counter()
         model = lowbit_model(shape, base, "cuda", "f16", dict(o.split("=", 1) for o in ov))
-        run = {"spec": spec, "load_s": round(time.perf_counter() - t, 1), "kernels_plan": model.info()["kernels"]}
-        run["bench_b1"] = tok_s(model, shape.vocab, args.repeats)
-        print(f"{spec}: loaded in {run['load_s']} s; batch 1 decode {run['bench_b1']['decode_tok_s']} tok/s "
-              f"({run['bench_b1']['decode_ms_per_step']} ms/step)", flush=True)
-        run["contexts"] = []
-        for ctx in (int(c) for c in args.contexts.split(",")):
-            p = context_profile(model, shape.vocab, ctx, args.steps)
-            run["contexts"].append(p)
-            print(f"  ctx {ctx}: step {p['step_ms_graphs']:.3f} ms wall; profiled span {p['span_us_per_step']:.1f} us "
-                  f"= busy {p['busy_us_per_step']:.1f} + idle in step {p['idle_in_step_us_per_step']:.1f} "
-                  f"+ between steps {p['idle_between_steps_us_per_step']:.1f}", flush=True)
-            for r in p["kernels"][:16]:
-                print(f"    {r['kernel'][:80]:80s} {r['us_per_step']:8.1f} us {r['launches_per_step']:6.1f} x "
-                      f"idle before {r['idle_before_us_per_step']:6.1f}", flush=True)
-        result["runs"].append(run)
-        save()
+        load_s = round(time.perf_counter() - t, 1)
+        for mode in ([int(m) for m in args.row_cluster_modes.split(",")] if args.row_cluster_modes else [None]):
+            from lowbit import _core
+            if mode is not None:
+                _core._row_cluster_mode(mode)
+            tag = spec if mode is None else f"{spec} row_clusters={mode}"
+            run = {"spec": tag, "load_s": load_s, "kernels_plan": model.info()["kernels"]}
+            run["bench_b1"] = tok_s(model, shape.vocab, args.repeats)
+            print(f"{tag}: loaded in {run['load_s']} s; batch 1 decode {run['bench_b1']['decode_tok_s']} tok/s "
+                  f"({run['bench_b1']['decode_ms_per_step']} ms/step)", flush=True)
+            run["contexts"] = []
+            for ctx in (int(c) for c in args.contexts.split(",")):
+                p = context_profile(model, shape.vocab, ctx, args.steps)
+                run["contexts"].append(p)
+                print(f"  ctx {ctx}: step {p['step_ms_graphs']:.3f} ms wall; profiled span {p['span_us_per_step']:.1f} "
+                      f"us = busy {p['busy_us_per_step']:.1f} + idle in step {p['idle_in_step_us_per_step']:.1f} "
+                      f"+ between steps {p['idle_between_steps_us_per_step']:.1f}", flush=True)
+                for r in p["kernels"][:16]:
+                    print(f"    {r['kernel'][:80]:80s} {r['us_per_step']:8.1f} us {r['launches_per_step']:6.1f} x "
+                          f"idle before {r['idle_before_us_per_step']:6.1f}", flush=True)
+            result["runs"].append(run)
+            save()
         del model
         torch.cuda.empty_cache()
     save()

@@ -12,12 +12,16 @@
 #include <climits>
 #include <cstdint>
 
+#include <cooperative_groups.h>
+
 #include "cuda/float_io.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/forward_kernels.h"
 
 namespace lowbit::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256, kWarps = kThreads / 32, kBins = 16;
 
@@ -119,54 +123,62 @@ __device__ uint64_t radix_select(const RowView& r, bool by_mass, double target, 
   return prefix;
 }
 
-// params per row: (temperature, top_k, top_p, min_p, uniform) as doubles holding the host's values.
-__global__ void __launch_bounds__(kThreads)
-    sample_kernel(Rows logits, const double* params, int32_t* tokens, float* logprobs) {
-  __shared__ double dscratch[kWarps][kBins];
-  __shared__ int iscratch[kWarps][kBins];
-  __shared__ float fscratch[kWarps];
-  __shared__ int id_scratch[kWarps];
-  const int64_t r = blockIdx.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int cols = static_cast<int>(logits.cols);
-  const void* row = static_cast<const char*>(logits.base) + r * logits.stride * float_bytes(logits.dtype);
-  const double* p = params + r * 5;
-  const float temperature = static_cast<float>(p[0]);
-  const int top_k = static_cast<int>(p[1]);
-  const float top_p = static_cast<float>(p[2]), min_p = static_cast<float>(p[3]);
-  const double uniform = p[4];
+// Whether (v, id) beats (best, best_id): a larger value, or an equal one at a lower index (the first index of the
+// maximum, as on the host). The order of merging does not change the winner.
+__device__ __forceinline__ bool beats(float v, int id, float best, int best_id) {
+  return v > best || (v == best && id < best_id);
+}
 
-  // Argmax of the raw logits (first index of the maximum) and the log-sum-exp, for greedy rows and
-  // every row's logprob (of the unmodified logits).
-  float best = -FLT_MAX;
-  int best_id = INT_MAX;
-  for (int i = threadIdx.x; i < cols; i += kThreads) {
-    const float v = load_any(row, logits.dtype, i);
-    if (v > best || (v == best && i < best_id)) best = v, best_id = i;
+// The block's argmax over columns [begin, end) of the row (threads stride by kThreads); every thread gets it.
+__device__ void block_argmax(const void* row, ScalarType dtype, int begin, int end, float& best, int& best_id,
+                             float* fscratch, int* id_scratch) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  best = -FLT_MAX;
+  best_id = INT_MAX;
+  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) {
+    const float v = load_any(row, dtype, i);
+    if (beats(v, i, best, best_id)) best = v, best_id = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
     const float v = __shfl_xor_sync(0xffffffffu, best, o);
     const int id = __shfl_xor_sync(0xffffffffu, best_id, o);
-    if (v > best || (v == best && id < best_id)) best = v, best_id = id;
+    if (beats(v, id, best, best_id)) best = v, best_id = id;
   }
+  __syncthreads();  // the scratch may still be read by an earlier reduction
   if (lane == 0) fscratch[warp] = best, id_scratch[warp] = best_id;
   __syncthreads();
   best = fscratch[0];
   best_id = id_scratch[0];
   for (int w = 1; w < kWarps; ++w)
-    if (fscratch[w] > best || (fscratch[w] == best && id_scratch[w] < best_id))
-      best = fscratch[w], best_id = id_scratch[w];
-  if (best_id == INT_MAX) best_id = 0;  // an all -inf / NaN row
+    if (beats(fscratch[w], id_scratch[w], best, best_id)) best = fscratch[w], best_id = id_scratch[w];
+}
+
+// The block's sum of exp(logit - best) over columns [begin, end) (per-thread strided sums, then warps in order);
+// every thread gets it.
+__device__ float block_sum_exp(const void* row, ScalarType dtype, int begin, int end, float best, float* fscratch) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float sum = 0.f;
-  for (int i = threadIdx.x; i < cols; i += kThreads) sum += expf(load_any(row, logits.dtype, i) - best);
+  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) sum += expf(load_any(row, dtype, i) - best);
   sum = warp_sum(sum);
   __syncthreads();
   if (lane == 0) fscratch[warp] = sum;
   __syncthreads();
   float total = 0.f;
   for (int w = 0; w < kWarps; ++w) total += fscratch[w];
-  const float log_total = logf(total);
+  return total;
+}
 
+// The token of row r (greedy: best_id; otherwise the host sampler's top-k / top-p / min-p / CDF walk) and its
+// logprob under the unmodified row, given the row's argmax and log-sum-exp. One block.
+__device__ void sample_tail(const Rows& logits, const void* row, const double* params, int64_t r, float best,
+                            int best_id, float log_total, int32_t* tokens, float* logprobs,
+                            double (*dscratch)[kBins], int (*iscratch)[kBins]) {
+  const int cols = static_cast<int>(logits.cols);
+  const double* p = params + r * 5;
+  const float temperature = static_cast<float>(p[0]);
+  const int top_k = static_cast<int>(p[1]);
+  const float top_p = static_cast<float>(p[2]), min_p = static_cast<float>(p[3]);
+  const double uniform = p[4];
   int token = best_id;
   if (temperature != 0.f) {
     RowView v{row, logits.dtype, cols, 1.f / temperature, best * (1.f / temperature), 0, 0.0};
@@ -199,6 +211,90 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// params per row: (temperature, top_k, top_p, min_p, uniform) as doubles holding the host's values.
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(Rows logits, const double* params, int32_t* tokens, float* logprobs) {
+  __shared__ double dscratch[kWarps][kBins];
+  __shared__ int iscratch[kWarps][kBins];
+  __shared__ float fscratch[kWarps];
+  __shared__ int id_scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const int cols = static_cast<int>(logits.cols);
+  const void* row = static_cast<const char*>(logits.base) + r * logits.stride * float_bytes(logits.dtype);
+  // Argmax of the raw logits (first index of the maximum) and the log-sum-exp, for greedy rows and
+  // every row's logprob (of the unmodified logits).
+  float best;
+  int best_id;
+  block_argmax(row, logits.dtype, 0, cols, best, best_id, fscratch, id_scratch);
+  if (best_id == INT_MAX) best_id = 0;  // an all -inf / NaN row
+  const float log_total = logf(block_sum_exp(row, logits.dtype, 0, cols, best, fscratch));
+  sample_tail(logits, row, params, r, best, best_id, log_total, tokens, logprobs, dscratch, iscratch);
+}
+
+// sm_90, the same results with the row's scan spread over a cluster of kSampleCluster CTAs: one block scanning
+// 128256 logits twice (argmax, then the sum of exp) took 81 us of a batch-1 8B step. CTA `rank` scans its
+// contiguous chunk; the argmax is merged through distributed shared memory (the winner does not depend on the
+// order: the same token for greedy rows), then every CTA sums exp(logit - best) over its chunk with the row's best,
+// the per-element term of sample_kernel; rank 0 adds the chunk sums in rank order (a different summation order
+// than one block's: the logprob may differ in its last bits) and finishes the row as sample_kernel does (sampled
+// rows run their radix selects on rank 0 alone).
+constexpr int kSampleCluster = 8;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads)
+    sample_cluster_kernel(Rows logits, const double* params, int32_t* tokens, float* logprobs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ double dscratch[kWarps][kBins];
+  __shared__ int iscratch[kWarps][kBins];
+  __shared__ float fscratch[kWarps];
+  __shared__ int id_scratch[kWarps];
+  __shared__ float cta_best, cta_sum;
+  __shared__ int cta_id;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t r = blockIdx.x / kSampleCluster;
+  const int cols = static_cast<int>(logits.cols);
+  const void* row = static_cast<const char*>(logits.base) + r * logits.stride * float_bytes(logits.dtype);
+  const int chunk = (cols + kSampleCluster - 1) / kSampleCluster;
+  const int begin = min(cols, rank * chunk), end = min(cols, begin + chunk);
+  float best;
+  int best_id;
+  block_argmax(row, logits.dtype, begin, end, best, best_id, fscratch, id_scratch);
+  if (threadIdx.x == 0) cta_best = best, cta_id = best_id;
+  cluster_sync_all();
+  best = -FLT_MAX;
+  best_id = INT_MAX;
+  for (int k = 0; k < kSampleCluster; ++k) {
+    const float v = *cluster.map_shared_rank(&cta_best, k);
+    const int id = *cluster.map_shared_rank(&cta_id, k);
+    if (beats(v, id, best, best_id)) best = v, best_id = id;
+  }
+  if (best_id == INT_MAX) best_id = 0;  // an all -inf / NaN row
+  const float sum = block_sum_exp(row, logits.dtype, begin, end, best, fscratch);
+  if (threadIdx.x == 0) cta_sum = sum;
+  cluster_sync_all();  // every CTA's sum is published, and every CTA has read the argmaxes
+  float total = 0.f;
+  if (rank == 0)
+    for (int k = 0; k < kSampleCluster; ++k) total += *cluster.map_shared_rank(&cta_sum, k);
+  cluster_sync_all();  // rank 0 has read the sums: the other CTAs may leave
+  if (rank != 0) return;
+  sample_tail(logits, row, params, r, best, best_id, logf(total), tokens, logprobs, dscratch, iscratch);
+#endif
+}
+
+// Row cluster mode (rows_cuda.cu's set_row_cluster_mode): 0 keeps one block per row.
+bool use_sample_cluster(int64_t rows) {
+  if (get_row_cluster_mode() == 0 || rows * kSampleCluster >= (int64_t(1) << 31)) return false;
+  int device = 0;
+  LOWBIT_CUDA_CHECK("sample_rows", cudaGetDevice(&device));
+  return compute_capability_major(device) >= 9;
+}
+
 }  // namespace
 
 void sample_rows(const Rows& logits, const double* params, int32_t* tokens, float* logprobs, cudaStream_t stream) {
@@ -206,7 +302,22 @@ void sample_rows(const Rows& logits, const double* params, int32_t* tokens, floa
                " entries is outside 1..2^31-2");
   if (logits.rows == 0) return;
   LOWBIT_CHECK(logits.rows < (int64_t(1) << 31), "sample_rows: too many rows: ", logits.rows);
-  sample_kernel<<<static_cast<unsigned>(logits.rows), kThreads, 0, stream>>>(logits, params, tokens, logprobs);
+  if (use_sample_cluster(logits.rows)) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(logits.rows * kSampleCluster));
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kSampleCluster;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    LOWBIT_CUDA_CHECK("sample_rows", cudaLaunchKernelEx(&cfg, sample_cluster_kernel, logits, params, tokens, logprobs));
+  } else {
+    sample_kernel<<<static_cast<unsigned>(logits.rows), kThreads, 0, stream>>>(logits, params, tokens, logprobs);
+  }
   LOWBIT_CUDA_CHECK_LAUNCH("sample_rows");
 }
 

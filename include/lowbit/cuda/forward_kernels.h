@@ -39,6 +39,13 @@ void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
 // launched) otherwise. pdl: launched as a programmatic dependent of the kernel before it (sm_90+).
 bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_type, float* scales, bool pdl,
                        cudaStream_t stream);
+// Row clusters (sm_90): silu_mul_quantize (and, forced only, norm_quantize) spread each of a few rows over a cluster
+// of CTAs (the same bytes as one block per row). mode -1: silu_mul_quantize when rows * cluster <= SMs (default);
+// 0: never; 1: both kernels always on sm_90+.
+// Returns the previous mode. For tests and benchmarks comparing the two paths in one process. sample_rows reads it
+// too: mode 0 keeps its one block per row, otherwise sm_90 scans each row with a cluster (see sample_rows).
+int set_row_cluster_mode(int mode);
+int get_row_cluster_mode();
 // out[r] = table[ids[r]] for device ids (s32); an id outside [0, table.rows) gives a NaN row (the
 // ids live on the device, so they cannot be checked on the host without a synchronizing copy).
 void embedding(const int32_t* ids, const Rows& table, const Rows& out, cudaStream_t stream);
@@ -52,7 +59,8 @@ void cast_rows_to_f32(const Rows& x, const Rows& out, cudaStream_t stream);
 // Sampling, one token per row of logits, with ops::sample_token's semantics: params (device f64
 // [rows, 5]) = (temperature, top_k, top_p, min_p, uniform) per row; temperature 0 takes the first
 // index of the row's maximum. tokens[r] gets the token, logprobs[r] its log-softmax under the
-// unmodified row (f32). tokens/logprobs: device s32/f32 [rows].
+// unmodified row (f32). tokens/logprobs: device s32/f32 [rows]. On sm_90 (row cluster mode not 0) a cluster of 8
+// CTAs scans each row: the same tokens, the logprob's sum of exp in another order (its last bits may differ).
 void sample_rows(const Rows& logits, const double* params, int32_t* tokens, float* logprobs, cudaStream_t stream);
 
 // Rotates q [T, Hq, D] and k [T, Hkv, D] (either may be undefined; f32/f16/bf16; last dim

@@ -1,0 +1,70 @@
+"""Device time of the quantizing norm (rms_norm_quantize: residual add + RMSNorm + per-token int8) and the fused
+SiLU·mul + quantizer (silu_mul_quantize) at 1 / 4 / 16 rows (Llama-3-8B widths 4096 and 14336), and the greedy
+sampler (sample_rows over 128256 f16 logits, temperature 0: argmax + log-softmax), one block per row
+(row cluster mode 0) vs a cluster of CTAs per row on sm_90 (mode 1), in one process. Median of each launch's kernel
+record in the torch profiler (these ops launch on lowbit's current stream, which a CUDA-graph capture refuses).
+  python3 tools/bench_gpu_row_clusters.py out.json
+"""
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+import lowbit  # noqa: F401
+from lowbit import _core as lb
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gpu_common import device_meta  # noqa: E402
+
+REPS = 200
+ROWS = (1, 4, 16)
+
+
+def median_kernel_us(fn, name_part):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS):
+            fn()
+        torch.cuda.synchronize()
+    times = [getattr(ev, "device_time_total", None) or ev.cuda_time_total for ev in prof.events()
+             if ev.device_type == torch.autograd.DeviceType.CUDA and name_part in ev.name]
+    if not times:
+        raise RuntimeError(f"no kernel named like {name_part!r}")
+    return statistics.median(times), len(times)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "bench_row_clusters.json"
+    rows = []
+    for t in ROWS:
+        x = torch.randn(t, 4096, device="cuda").half()
+        res = torch.randn(t, 4096, device="cuda").half()
+        w = (torch.rand(4096, device="cuda") + 0.5).half()
+        qn, sn = torch.empty(t, 4096, dtype=torch.int8, device="cuda"), torch.empty(t, device="cuda")
+        gu = torch.randn(t, 2 * 14336, device="cuda").half()
+        qs, ss = torch.empty(t, 14336, dtype=torch.int8, device="cuda"), torch.empty(t, device="cuda")
+        for mode in (0, 1):
+            lb._row_cluster_mode(mode)
+            r = {"rows": t, "mode": "one block per row" if mode == 0 else "cluster per row"}
+            r["add_norm_quantize_4096_us"], _ = median_kernel_us(
+                lambda: lb.rms_norm_quantize(res, x, w, 1e-5, qn, sn), "norm")
+            r["silu_mul_quantize_14336_us"], _ = median_kernel_us(
+                lambda: lb.silu_mul_quantize(gu, qs, ss, pdl=False), "silu_mul_quantize")
+            logits = torch.randn(t, 128256, device="cuda").half()
+            prm = torch.tensor([[0.0, 0, 1.0, 0.0, 0.5]] * t, dtype=torch.float64, device="cuda").view(torch.int64)
+            tok, lp = torch.empty(t, dtype=torch.int32, device="cuda"), torch.empty(t, device="cuda")
+            r["sample_greedy_128256_us"], _ = median_kernel_us(lambda: lb.sample_rows(logits, prm, tok, lp), "sample")
+            rows.append(r)
+            print("  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
+    lb._row_cluster_mode(-1)
+    with open(out, "w") as f:
+        json.dump({"meta": {**device_meta(), "timing": f"profiler kernel records, median of {REPS} launches"},
+                   "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
