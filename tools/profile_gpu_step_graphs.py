@@ -7,7 +7,8 @@ the kernels and the gaps are the ones a served step has. Each spec builds one mo
 overrides, e.g. w4a8kv8+fused_silu_quant=off for an A/B in one process).
   python3 tools/profile_gpu_step_graphs.py out.json --specs w4a8kv8,w4a16kv8 [--contexts 512,2048] [--steps 32]
 --row-cluster-modes 0,-1 runs each model's engines once per mode of the sm_90 row clusters (0: one block per row,
--1: clusters for few rows; the mode is read when the engine captures its graphs), an A/B on one loaded model.
+-1: clusters for few rows; the mode is read when the engine captures its graphs), an A/B on one loaded model;
+with --ab-rounds N only the batch-1 tok/s, the modes taking turns N rounds (medians per mode).
 """
 import argparse
 import json
@@ -130,6 +131,26 @@ def tok_s(model, vocab, repeats):
             "first_tokens": runs[0]["first_tokens"], "runs": runs}
 
 
+def alternate_modes(model, vocab, spec, args):
+    """Batch-1 tok/s of each row-cluster mode, the modes taking turns round after round on one loaded model, so
+    that drift over the process (clocks, the allocator, the order the engines were built in) falls on every mode."""
+    from lowbit import _core
+    modes = [int(m) for m in args.row_cluster_modes.split(",")]
+    per = {m: [] for m in modes}
+    for r in range(args.ab_rounds):
+        for m in (modes if r % 2 == 0 else modes[::-1]):
+            _core._row_cluster_mode(m)
+            per[m].append(tok_s(model, vocab, 1)["decode_tok_s"])
+    _core._row_cluster_mode(-1)
+    out = {"spec": spec, "ab_rounds": args.ab_rounds,
+           "decode_tok_s": {str(m): v for m, v in per.items()},
+           "median_tok_s": {str(m): statistics.median(v) for m, v in per.items()}}
+    print(f"{spec}: batch-1 decode tok/s per row-cluster mode, {args.ab_rounds} alternating rounds: "
+          + "; ".join(f"mode {m}: median {statistics.median(v):.1f} (min {min(v):.1f}, max {max(v):.1f})"
+                      for m, v in per.items()), flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -138,6 +159,9 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--row-cluster-modes", default="", help="e.g. 0,-1: one run per mode on each model")
+    ap.add_argument("--ab-rounds", type=int, default=0,
+                    help="with --row-cluster-modes: only the batch-1 tok/s, the modes alternated this many rounds on "
+                         "each loaded model (medians per mode; no profiles)")
     args = ap.parse_args()
     shape = LLAMA3_8B
     result = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("LOWBIT_COMMIT", ""),
@@ -152,6 +176,10 @@ def main():
         t = time.perf_counter()
         model = lowbit_model(shape, base, "cuda", "f16", dict(o.split("=", 1) for o in ov))
         load_s = round(time.perf_counter() - t, 1)
+        if args.ab_rounds:
+            result["runs"].append(alternate_modes(model, shape.vocab, spec, args))
+            save()
+            continue
         for mode in ([int(m) for m in args.row_cluster_modes.split(",")] if args.row_cluster_modes else [None]):
             from lowbit import _core
             if mode is not None:
