@@ -1,8 +1,9 @@
-"""Row clusters (sm_90): rms_norm_quantize and silu_mul_quantize spread each of a few rows over a cluster of CTAs
-(cpp/cuda/rows_cuda.cu), and sample_rows scans each row with a cluster of 8 (cpp/cuda/sampling_cuda.cu). The
-quantizers' codes, scales and residual must be the bytes of the one-block-per-row kernels (_row_cluster_mode 0 vs 1 in
-one process), and within the quantizer's rounding of float64 references: rows 1..300, widths 4096 / 8192 / 14336 and
-odd widths, f16 and f32 norm weights, s8 and e4m3 codes, PDL on and off. The sampler must pick the same tokens (ties:
+"""Row clusters (sm_90): silu_mul_quantize spreads each of a few rows over a cluster of CTAs (cpp/cuda/rows_cuda.cu),
+and sample_rows scans each row with a cluster of 8 (cpp/cuda/sampling_cuda.cu). The quantizer's codes and scales must
+be the bytes of the one-block-per-row kernel (_row_cluster_mode 0 vs 1 in one process), and within its rounding of
+float64 references: rows 1..300, widths 4096 / 8192 / 14336 and odd widths, s8 and e4m3 codes, PDL on and off. The
+quantizing norm (rms_norm_quantize) keeps one block per row in every mode (its cluster form measured slower); its
+tests hold both modes to the same bytes and to float64, f16 and f32 weights. The sampler must pick the same tokens (ties:
 the lower index, also across chunk boundaries) with the logprob within f32 summation-order noise of one block's and
 of a float64 log-softmax. On GPUs before sm_90 both modes take the one-block kernels and the comparisons are
 trivially equal (the float64 checks still run)."""
@@ -60,7 +61,7 @@ def norm_run(res0, x, w, eps, fp8, mode):
 @pytest.mark.parametrize("add", [True, False])
 @pytest.mark.parametrize("wdtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("t,c", NORM_SHAPES)
-def test_norm_quantize_clusters_match_one_block_and_float64(t, c, wdtype, add, fp8):
+def test_norm_quantize_same_bytes_in_every_mode_and_float64(t, c, wdtype, add, fp8):
     g = torch.Generator().manual_seed(t * 7919 + c + 2 * add + fp8)
     scale = torch.rand(t, 1, generator=g) * 4 + 0.05
     res0 = (torch.randn(t, c, generator=g) * scale).half().cuda()

@@ -1,7 +1,7 @@
-"""Device time of the quantizing norm (rms_norm_quantize: residual add + RMSNorm + per-token int8) and the fused
-SiLU·mul + quantizer (silu_mul_quantize) at 1 / 4 / 16 rows (Llama-3-8B widths 4096 and 14336), and the greedy
-sampler (sample_rows over 128256 f16 logits, temperature 0: argmax + log-softmax), one block per row
-(row cluster mode 0) vs a cluster of CTAs per row on sm_90 (mode 1), in one process. Median of each launch's kernel
+"""Device time of the fused SiLU·mul + quantizer (silu_mul_quantize) at 1 / 4 / 16 rows (Llama-3-8B width 14336) and
+the greedy sampler (sample_rows over 128256 f16 logits, temperature 0: argmax + log-softmax), one block per row (row
+cluster mode 0) vs a cluster of CTAs per row on sm_90 (mode 1), in one process; and the quantizing norm
+(rms_norm_quantize: residual add + RMSNorm + per-token int8, width 4096), one block per row in both modes, for scale. Median of each launch's kernel
 record in the torch profiler (these ops launch on lowbit's current stream, which a CUDA-graph capture refuses).
   python3 tools/bench_gpu_row_clusters.py out.json
 """

@@ -342,15 +342,11 @@ __global__ void __launch_bounds__(kActThreads) silu_mul_quantize_kernel(Rows gu,
   }
 }
 
-// Batch-1..~16 decode: one block per row leaves all but a few SMs idle, and the per-element work of the quantizing
-// norm (divide, code, store) runs serially on one SM. On sm_90 a thread-block cluster of kCluster CTAs takes one
-// row: every CTA loads the whole row and sums its squares exactly as norm_rows_kernel does (same threads, same
-// order, same block_reduce: the same inv_rms bits), then rounds, quantizes and stores only its slab of each
-// thread's values (values [rank * kValues / kCluster, (rank + 1) * kValues / kCluster)). The row max is merged
-// through distributed shared memory; a max does not depend on order, so scale and codes are the one-block bytes.
-// The residual is stored only after the cluster barrier: no CTA may overwrite it before all have read it.
-// Measured slower than one block at 4096 columns on the H200 (3.20 vs 2.78 us), so launched only when forced
-// (row cluster mode 1); kept as the tested form of the idea (the square sum would have to be split to win).
+// Batch-1..~16 decode: one block per row leaves all but a few SMs idle. On sm_90 the SiLU·mul quantizer spreads each
+// of a few rows over a thread-block cluster and merges the row max through distributed shared memory (a max does
+// not depend on order: the one-block bytes). The quantizing norm stays one block per row: a cluster form that kept
+// its bits (every CTA summing the whole row's squares, only the divide/code chain split) measured slower on the
+// H200 (3.20 vs 2.78 us at 4096 columns), and splitting the square sum would change them.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -392,80 +388,6 @@ __device__ __forceinline__ int cluster_rank() {
 #else
   return 0;
 #endif
-}
-
-template <bool kAdd, typename W, NormOut kOut, int kVec, int kGroups, int kCluster>
-__global__ void __launch_bounds__(kThreads) norm_quantize_cluster_kernel(Rows res, Rows x, Rows w, float eps,
-                                                                         QuantOut qout) {
-  using T = __half;
-  constexpr int kValues = kGroups * kVec, kSlab = kValues / kCluster;
-  static_assert(kSlab * kCluster == kValues && (kSlab % kVec == 0 || kVec % kSlab == 0), "slabs tile the values");
-  pdl_allow_dependents();
-  const int rank = cluster_rank(), lo = rank * kSlab, hi = lo + kSlab;
-  const int64_t r = blockIdx.x / kCluster;
-  const T* xr = static_cast<const T*>(x.base) + r * x.stride;
-  T* rr = kAdd ? static_cast<T*>(res.base) + r * res.stride : nullptr;
-  const W* wr = static_cast<const W*>(w.base);
-  const int cols = static_cast<int>(x.cols);
-  const auto first_col = [](int g) { return (static_cast<int>(threadIdx.x) + g * kThreads) * kVec; };
-  const auto in_slab = [&](int g) { return g * kVec < hi && (g + 1) * kVec > lo; };  // group g meets the slab
-  float v[kValues], wv[kValues];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int i = first_col(g);
-    float* vg = v + g * kVec;
-    float* wg = wv + g * kVec;
-    if (i < cols) {
-      load_group<kVec>(xr + i, vg);
-      if (kAdd) {
-        float rg[kVec];
-        load_group<kVec>(rr + i, rg);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) vg[e] += rg[e];
-      }
-      if (in_slab(g)) load_group<kVec>(wr + i, wg);  // rank is uniform: a uniform branch
-    } else {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) vg[e] = wg[e] = 0.f;
-    }
-  }
-  float ss = 0.f;  // norm_rows_kernel's order exactly
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    float* vg = v + g * kVec;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e)
-      if (kAdd) vg[e] = round_to<T>(vg[e]);
-    if (first_col(g) < cols) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) ss += vg[e] * vg[e];
-    }
-  }
-  const float inv = inv_rms(ss, cols, eps);
-  constexpr bool kFp8 = kOut == NormOut::e4m3;
-  float amax = 0.f, nv[kValues];  // nv: the slab's normed values as `out` would hold them (f16)
-#pragma unroll
-  for (int j = 0; j < kValues; ++j) {
-    nv[j] = 0.f;
-    if (j < lo || j >= hi) continue;
-    nv[j] = round_to<T>(v[j] * inv * wv[j]);
-    if (first_col(j / kVec) < cols) amax = fmaxf(amax, fabsf(nv[j]));
-  }
-  amax = cluster_max<kCluster>(block_reduce<kThreads, true>(amax));
-  if (kAdd) {  // after the cluster barrier: every CTA has read the old residual
-#pragma unroll
-    for (int j = 0; j < kValues; ++j)
-      if (j >= lo && j < hi && first_col(j / kVec) < cols) store_f32(rr + first_col(j / kVec) + j % kVec, v[j]);
-  }
-  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
-  if (rank == 0 && threadIdx.x == 0) qout.scales[r] = s;
-  uint8_t* qrow = qout.q + r * qout.ldq;
-#pragma unroll
-  for (int j = 0; j < kValues; ++j) {
-    if (j < lo || j >= hi || first_col(j / kVec) >= cols) continue;
-    qrow[first_col(j / kVec) + j % kVec] = static_cast<uint8_t>(quantize_code<kFp8>(__fdiv_rn(nv[j], s)));
-  }
-  cluster_wait();  // the relaxed arrive of cluster_max: no CTA leaves while its max may still be read
 }
 
 // silu_mul_quantize_kernel spread over a cluster of kCluster CTAs per row (sm_90, few rows): CTA `rank` takes the
@@ -531,7 +453,6 @@ void launch_cluster(const char* op, bool pdl, void (*kernel)(Params...), int64_t
 // Whether `rows` rows take clusters of `cluster` CTAs: sm_90+, and (auto mode) every row's cluster fits on the SMs
 // at once (rows * cluster <= SMs); row_cluster_mode 0 never, 1 always on sm_90+.
 std::atomic<int> g_row_cluster_mode{-1};
-constexpr int kNormCluster = 4;
 
 bool use_row_clusters(int64_t rows, int cluster) {
   const int mode = g_row_cluster_mode.load(std::memory_order_relaxed);
@@ -540,13 +461,7 @@ bool use_row_clusters(int64_t rows, int cluster) {
   LOWBIT_CUDA_CHECK("row clusters", cudaGetDevice(&device));
   if (compute_capability_major(device) < 9) return false;
   if (mode == 1) return rows * cluster < (1LL << 31);
-  static std::atomic<int> sms_cache[64];
-  int sms = device < 64 ? sms_cache[device].load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    LOWBIT_CUDA_CHECK("row clusters", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    if (device < 64) sms_cache[device].store(sms, std::memory_order_relaxed);
-  }
-  return rows * cluster <= sms;
+  return rows * cluster <= multiprocessor_count(device);
 }
 
 // The norm that quantizes its output: f16 rows (the GPU linears' activations) and an f16 or f32 weight.
@@ -555,20 +470,11 @@ void launch_norm_quantize(const Rows& res, const Rows& x, const Rows& w, float e
                           cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(x.rows);
   const bool groups = norm_groups_of_8(kAdd, res, x, w);
-  // A cluster of kNormCluster CTAs per row (sm_90, the same bytes) only when forced (row cluster mode 1): measured
-  // slower than one block at 4096 columns (H200: 3.20 vs 2.78 us at 1 row; every CTA still loads and reduces the
-  // whole row, and the cluster barrier costs more than the quarter of the divide/code chain it saves).
-  const bool cluster = g_row_cluster_mode.load(std::memory_order_relaxed) == 1 && use_row_clusters(x.rows, kNormCluster);
   const auto run = [&](auto weight) {  // the weight's element type: f32 or f16
     using W = decltype(weight);
     with_row_layout(groups, x.cols, [&](auto vec, auto per) {
-      constexpr int kVec = decltype(vec)::value, kGroups = decltype(per)::value;
-      if (cluster)
-        launch_cluster<kNormCluster>("norm_quantize", false,
-                                     norm_quantize_cluster_kernel<kAdd, W, kOut, kVec, kGroups, kNormCluster>, x.rows,
-                                     stream, res, x, w, eps, q);
-      else
-        norm_rows_kernel<kAdd, __half, W, kOut, kVec, kGroups><<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+      norm_rows_kernel<kAdd, __half, W, kOut, decltype(vec)::value, decltype(per)::value>
+          <<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
     });
   };
   if (w.dtype == ScalarType::f32) run(float{});
@@ -706,9 +612,14 @@ bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_t
   if (cluster > 1 && use_row_clusters(gate_up.rows, cluster)) {
     const auto run_cluster = [&](auto fp8) {
       constexpr bool kFp8 = decltype(fp8)::value;
-      if (cluster == 2) launch_cluster<2>("silu_mul_quantize", pdl, silu_mul_quantize_cluster_kernel<kFp8, 2>, gate_up.rows, stream, gate_up, qo);
-      else if (cluster == 4) launch_cluster<4>("silu_mul_quantize", pdl, silu_mul_quantize_cluster_kernel<kFp8, 4>, gate_up.rows, stream, gate_up, qo);
-      else launch_cluster<8>("silu_mul_quantize", pdl, silu_mul_quantize_cluster_kernel<kFp8, 8>, gate_up.rows, stream, gate_up, qo);
+      const auto launch = [&](auto size) {
+        constexpr int kCluster = decltype(size)::value;
+        launch_cluster<kCluster>("silu_mul_quantize", pdl, silu_mul_quantize_cluster_kernel<kFp8, kCluster>,
+                                 gate_up.rows, stream, gate_up, qo);
+      };
+      if (cluster == 2) launch(std::integral_constant<int, 2>{});
+      else if (cluster == 4) launch(std::integral_constant<int, 4>{});
+      else launch(std::integral_constant<int, 8>{});
     };
     if (q_type == ScalarType::e4m3) run_cluster(std::true_type{});
     else run_cluster(std::false_type{});

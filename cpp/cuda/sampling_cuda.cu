@@ -158,7 +158,8 @@ __device__ void block_argmax(const void* row, ScalarType dtype, int begin, int e
 __device__ float block_sum_exp(const void* row, ScalarType dtype, int begin, int end, float best, float* fscratch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float sum = 0.f;
-  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) sum += expf(load_any(row, dtype, i) - best);
+  for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads)
+    sum += expf(load_any(row, dtype, i) - best);
   sum = warp_sum(sum);
   __syncthreads();
   if (lane == 0) fscratch[warp] = sum;
