@@ -43,6 +43,7 @@
 #include "kernels/sm80/attention_math.cuh"
 #include "kernels/sm80/kv_type.cuh"
 #include "kernels/sm80/prefill_attention_tc_launch.h"  // PrefillTcArgs: the same arguments as the mma.sync kernel
+#include "kernels/sm90/prefill_split_plan.h"
 #include "kernels/sm90/sm90_common.cuh"
 #include "lowbit/cuda/check.h"
 
@@ -474,7 +475,8 @@ __device__ __forceinline__ void publish_rows(uint64_t* full) {
 template <int D, KvType KT, KvType VT>
 __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
                                                       const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
-                                                      uint64_t* full, uint64_t* empty, int p, bool runs16) {
+                                                      uint64_t* full, uint64_t* empty, int p, bool runs16,
+                                                      int v_begin, int v_end) {
   using L = Layout<D>;
   constexpr bool kF16V = VT == KvType::f16;
   // The per-token rules, but K not ahead beside f16 V (the per-channel scales and zeros take 16 more registers
@@ -492,32 +494,34 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
   auto row_of = [&](int v, int page) {
     return page >= 0 ? (static_cast<Row>(page) * a.hkv + kvh) * bs + (plan.tile(v) * kKeys + p) % bs : Row{-1};
   };
+  // Views [v_begin, v_end) of the plan (all of them without a key split), the stages counted from v_begin.
+  if (v_begin >= v_end) return;
   TileCodes<D, KT> kc;
   TileCodes<D, VT> vc;
-  int next_page = page_of(0);
-  Row next_row = row_of(0, next_page);
+  int next_page = page_of(v_begin);
+  Row next_row = row_of(v_begin, next_page);
   if constexpr (kAheadK) {
-    if (!plan.window(0)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
+    if (!plan.window(v_begin)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
   }
   if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
-  for (int v = 0; v < plan.views(); ++v) {
-    const int stage = v % kStages;
+  for (int v = v_begin; v < v_end; ++v) {
+    const int stage = (v - v_begin) % kStages;
     const uint32_t k_tile = k_tile0 + stage * L::kStageBytes, v_tile = k_tile + L::kTileBytes;
     const int page = next_page;
     const Row row = next_row;
     const bool window = plan.window(v);
-    if (v + 1 < plan.views()) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
+    if (v + 1 < v_end) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
     TileCodes<D, KT> kcur;
     TileCodes<D, VT> vcur;
     if constexpr (kAheadK) kcur = kc;
     if constexpr (kAheadV) vcur = vc;
-    if (v + 1 < plan.views()) {
+    if (v + 1 < v_end) {
       if constexpr (kAheadK) {
         if (!plan.window(v + 1)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
       }
       if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
     }
-    mbar_wait(&empty[stage], ((v / kStages) & 1) ^ 1);
+    mbar_wait(&empty[stage], (((v - v_begin) / kStages) & 1) ^ 1);
     if (window) {  // CTA-uniform: copy_f16_rows shuffles across the warp
       const int key0 = plan.tile(v) * kKeys, key = key0 + p;
       int64_t wrow = -1;
@@ -653,7 +657,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int pack = kPack ? a.hq / static_cast<int>(gridDim.x) : 1;  // query heads per CTA
   const int cta_pos = kPack ? kRows / pack : kRows;                // query positions per CTA
   const int live_rows = kPack ? cta_pos * pack : kRows;            // rows past it are never stored
-  const int h = blockIdx.x * pack, seq = blockIdx.z;               // the query head of row 0
+  const int h = blockIdx.x * pack;                                 // the query head of row 0
+  const int seq = blockIdx.z / a.splits, split = blockIdx.z % a.splits;  // key split: prefill_split_plan.h
   const int q_tile = gridDim.y - 1 - blockIdx.y;  // the longest causal ranges start first
   const int ns = a.num_seqs;
   const int q_start = a.seq_info[seq], q_len = a.seq_info[ns + seq], kv_len = a.seq_info[2 * ns + seq];
@@ -662,6 +667,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int kvh = h / (a.hq / a.hkv);
   const int first_pos = kv_len - q_len;  // cache position of query row 0
   const int num_tiles = (first_pos + min(row0 + cta_pos, q_len) - 1) / kKeys + 1;
+  // This CTA's key tiles [t_begin, t_end) (all of them without a split). Per-channel K: its views are
+  // [t_begin, v_end) of the plan, v_end its views() for the last split (below); the tiles before the window views
+  // are one view each, and every split but the last ends before them.
+  int t_begin = 0, t_end = num_tiles;
+  if (a.splits > 1) {
+    const int splittable = min(first_pos, kPerChannel ? codes_end(first_pos, a.block_size) : first_pos) / kKeys;
+    prefill_split::split_range(num_tiles, splittable, a.splits, split, t_begin, t_end);
+  }
+  const bool last_split = split + 1 == a.splits;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
   // Per-channel K: the views of the key tiles, one stage each (after the barriers).
   const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
@@ -697,29 +711,32 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     cp_async_arrive(q_full);
     if constexpr (kPerChannel) {
-      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16);
+      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16, t_begin,
+                                       last_split ? plan.views() : t_end);
     } else {
       constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
       constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
       auto row_of = [&](int t) { return t * kKeys + p < kv_len ? cache_row(a, pages, kvh, t * kKeys + p) : int64_t{-1}; };
       TileCodes<D, KT> kc;  // the next tile's codes of a side loaded ahead
       TileCodes<D, VT> vc;
-      int64_t next_row = row_of(0);
-      if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
-      if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
-      for (int t = 0; t < num_tiles; ++t) {
-        const int stage = t % kStages;
+      int64_t next_row = row_of(t_begin);  // stages counted from t_begin (0 without a split)
+      if (t_begin < t_end) {
+        if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
+        if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+      }
+      for (int t = t_begin; t < t_end; ++t) {
+        const int stage = (t - t_begin) % kStages;
         const int64_t row = next_row;
-        if (t + 1 < num_tiles) next_row = row_of(t + 1);
+        if (t + 1 < t_end) next_row = row_of(t + 1);
         TileCodes<D, KT> kcur;
         TileCodes<D, VT> vcur;
         if constexpr (kAheadK) kcur = kc;
         if constexpr (kAheadV) vcur = vc;
-        if (t + 1 < num_tiles) {  // the next tile's codes load under this tile's dequantization
+        if (t + 1 < t_end) {  // the next tile's codes load under this tile's dequantization
           if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
           if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
         }
-        mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
+        mbar_wait(&empty[stage], (((t - t_begin) / kStages) & 1) ^ 1);  // the first round passes at once
         if constexpr (kF16K || kF16V)
           copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row, runs16);
         if constexpr (!kF16K) {
@@ -764,8 +781,13 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     const int me = wg - 1;
     if (me == 1) named_arrive(2);
     // Rounds: one per pipeline stage the producer fills (per-channel K: one per view of a tile).
-    const int rounds = kPerChannel ? plan.views() : num_tiles;
-    const int n = !wg_live ? 0 : kPerChannel ? plan.views_through(wg_last_key / kKeys) : min(num_tiles, wg_last_key / kKeys + 1);
+    // Key split: rounds r are the views (tiles) r0 + r of the CTA's range.
+    const int r0 = t_begin;
+    const int rounds = (kPerChannel && last_split ? plan.views() : t_end) - r0;
+    const int n_end = !wg_live ? r0
+                      : kPerChannel ? min(plan.views_through(wg_last_key / kKeys), r0 + rounds)
+                                    : min(t_end, wg_last_key / kKeys + 1);
+    const int n = max(0, n_end - r0);
     // A positive scale is folded into the exponent (softmax_scores); with per-channel K only if it is not so small
     // that the start of the row maxima below would come near real scores.
     const bool positive_scale = a.scale_log2 > (kPerChannel ? 1e-20f : 0.f);
@@ -794,7 +816,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       if (r > 0) mbar_arrive(&empty[(r - 1) % kStages]);
     };
     const uint32_t q_desc = desc_lo(q_wg), k_desc0 = desc_lo(k_tile(0));
-    auto issue_qk = [&](int t) {
+    auto issue_qk = [&](int t) {  // t: the round (its stage)
       const uint32_t kt = k_desc0 + (t % kStages) * (L::kStageBytes >> 4);
       wgmma_fence();
 #pragma unroll
@@ -888,7 +910,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       pass_turn(0);
       wgmma_wait<0>();
       fence_regs(s);
-      softmax(0);
+      softmax(r0);
       rescale_and_pack_p();
       for (r = 1; r < n; ++r) {
         begin_round(r);
@@ -897,7 +919,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
         pass_turn(r);
         wgmma_wait<1>();  // Q·Kᵀ landed (groups complete in order); P·V may still run
         fence_regs(s);
-        softmax(r);
+        softmax(r0 + r);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);  // P's registers stay P's until the wgmmas that read them are done
@@ -938,6 +960,20 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       live_lo = lr < live_rows, live_hi = lr + 8 < live_rows;
     }
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
+    if (a.splits > 1) {  // key split: this range's unnormalized O and (max, sum) per row, for the merge
+      const int64_t base = static_cast<int64_t>(split) * a.split_tokens + q_start;
+      auto store = [&](int row, int head, float m, float l, int e0) {
+        const int64_t at = (base + row) * a.hq + head;
+        float* dst = a.split_o + at * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < kO / 4; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + e0], o[4 * j + e0 + 1]);
+        if (t4 == 0) a.split_ml[at] = make_float2(m, l);
+      };
+      if (row_lo < q_len && live_lo) store(row_lo, h_lo, st.m_lo, l_lo, 0);
+      if (row_hi < q_len && live_hi) store(row_hi, h_hi, st.m_hi, l_hi, 2);
+      return;
+    }
     const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
     // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
     if (row_lo < q_len && live_lo) {
