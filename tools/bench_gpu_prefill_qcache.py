@@ -88,8 +88,8 @@ def case(b, prefix, chunk):
             torch.cuda.synchronize()
             if kv == "f16" and ref is None:
                 ref = out.float().clone()
-            else:  # the quantized cache's output vs the f16 cache's (its quantization error; equal across variants
-                # up to the dequantization's rounding)
+            else:  # vs the f16 cache's first output (a quantized cache: its quantization error, equal across variants
+                # up to the dequantization's rounding; the f16 cache unsplit: the split's f32 rounding)
                 row[f"{tag}_max_abs_vs_f16"] = float((out.float() - ref).abs().max())
         os.environ.pop("LOWBIT_PREFILL_SM90_VARIANT", None)
         os.environ.pop("LOWBIT_PREFILL_SM90_SPLITS", None)
@@ -111,7 +111,7 @@ def main():
         head = (f"B={r['batch']:>3} P={r['prefix']:>6} C={r['q_len']:>6}  "
                 f"sdpa {r.get('sdpa_tflops', float('nan')):6.1f}  f16 {r['f16_tflops']:6.1f}")
         sfx = [f"_s{sp}" if sp else "" for sp in SPLITS]
-        head += "/".join(f"{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
+        head += "".join(f"/{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
         cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}_tflops']:.0f}" for v in VARIANTS for x in sfx)
                           for kv in FORMATS)
         print(head, " ", cells, flush=True)

@@ -70,7 +70,7 @@ struct Layout {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = 1024 + kBarrierOffset + (1 + 2 * kStages) * 8;  // + 1024: alignment slack
-  static constexpr int kPlanBytes = 32;  // per-channel K: the ChannelPlan's words after the barriers
+  static constexpr int kPlanBytes = 32;  // per-channel K: the ChannelPlan's words after the barriers; word 7: t_begin
 };
 
 // Byte offset of 16-byte chunk c (8 halves of the row) of row r in a [rows][D] tile of column blocks.
@@ -476,7 +476,7 @@ template <int D, KvType KT, KvType VT>
 __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
                                                       const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
                                                       uint64_t* full, uint64_t* empty, int p, bool runs16,
-                                                      int v_begin, int v_end) {
+                                                      const volatile int* v_begin_smem, int v_end) {
   using L = Layout<D>;
   constexpr bool kF16V = VT == KvType::f16;
   // The per-token rules, but K not ahead beside f16 V (the per-channel scales and zeros take 16 more registers
@@ -494,7 +494,9 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
   auto row_of = [&](int v, int page) {
     return page >= 0 ? (static_cast<Row>(page) * a.hkv + kvh) * bs + (plan.tile(v) * kKeys + p) % bs : Row{-1};
   };
-  // Views [v_begin, v_end) of the plan (all of them without a key split), the stages counted from v_begin.
+  // Views [v_begin, v_end) of the plan (all of them without a key split), the stages counted from v_begin (read from
+  // shared memory where used: held beside v_end, it spilled).
+  const int v_begin = *v_begin_smem;
   if (v_begin >= v_end) return;
   TileCodes<D, KT> kc;
   TileCodes<D, VT> vc;
@@ -505,7 +507,8 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
   }
   if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
   for (int v = v_begin; v < v_end; ++v) {
-    const int stage = (v - v_begin) % kStages;
+    const int rnd = v - *v_begin_smem;
+    const int stage = rnd % kStages;
     const uint32_t k_tile = k_tile0 + stage * L::kStageBytes, v_tile = k_tile + L::kTileBytes;
     const int page = next_page;
     const Row row = next_row;
@@ -521,7 +524,7 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
       }
       if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
     }
-    mbar_wait(&empty[stage], (((v - v_begin) / kStages) & 1) ^ 1);
+    mbar_wait(&empty[stage], ((rnd / kStages) & 1) ^ 1);
     if (window) {  // CTA-uniform: copy_f16_rows shuffles across the warp
       const int key0 = plan.tile(v) * kKeys, key = key0 + p;
       int64_t wrow = -1;
@@ -679,6 +682,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
   // Per-channel K: the views of the key tiles, one stage each (after the barriers).
   const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
+  // The key split's first tile, also kept in shared memory (word 7 of the plan's): the producer reads it there at
+  // each tile (held in a register beside its loop bound, the producer of some instances spilled).
+  volatile int* t_begin_smem = reinterpret_cast<volatile int*>(full + 2 * kStages) + 7;
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 128);
@@ -687,6 +693,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       mbar_init(&empty[s], 256);                   // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    *t_begin_smem = t_begin;
     if constexpr (kPerChannel)
       plan.write(const_cast<volatile int*>(plan.f), a.block_size, first_pos + row0,
                  first_pos + min(row0 + kRows, q_len) - 1, num_tiles);
@@ -711,7 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     cp_async_arrive(q_full);
     if constexpr (kPerChannel) {
-      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16, t_begin,
+      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16, t_begin_smem,
                                        last_split ? plan.views() : t_end);
     } else {
       constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
@@ -719,13 +726,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       auto row_of = [&](int t) { return t * kKeys + p < kv_len ? cache_row(a, pages, kvh, t * kKeys + p) : int64_t{-1}; };
       TileCodes<D, KT> kc;  // the next tile's codes of a side loaded ahead
       TileCodes<D, VT> vc;
-      int64_t next_row = row_of(t_begin);  // stages counted from t_begin (0 without a split)
-      if (t_begin < t_end) {
+      // Tiles [t_begin, t_end), stages counted from t_begin (0 without a split).
+      int t = *t_begin_smem;
+      int64_t next_row = row_of(t);
+      if (t < t_end) {
         if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
         if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
       }
-      for (int t = t_begin; t < t_end; ++t) {
-        const int stage = (t - t_begin) % kStages;
+      for (; t < t_end; ++t) {
+        const int rnd = t - *t_begin_smem;
+        const int stage = rnd % kStages;
         const int64_t row = next_row;
         if (t + 1 < t_end) next_row = row_of(t + 1);
         TileCodes<D, KT> kcur;
@@ -736,7 +746,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
           if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
           if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
         }
-        mbar_wait(&empty[stage], (((t - t_begin) / kStages) & 1) ^ 1);  // the first round passes at once
+        mbar_wait(&empty[stage], ((rnd / kStages) & 1) ^ 1);  // the first round passes at once
         if constexpr (kF16K || kF16V)
           copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row, runs16);
         if constexpr (!kF16K) {
@@ -961,7 +971,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
     if (a.splits > 1) {  // key split: this range's unnormalized O and (max, sum) per row, for the merge
-      const int64_t base = static_cast<int64_t>(split) * a.split_tokens + q_start;
+      // The split from blockIdx again (not held across the loop).
+      const int64_t base = static_cast<int64_t>(blockIdx.z % a.splits) * a.split_tokens + q_start;
       auto store = [&](int row, int head, float m, float l, int e0) {
         const int64_t at = (base + row) * a.hq + head;
         float* dst = a.split_o + at * D + 2 * t4;
@@ -1001,7 +1012,7 @@ __global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   using namespace prefill_sm90;
-  constexpr int bytes = Layout<D>::kSmemBytes + (kv_per_channel<KT>() ? Layout<D>::kPlanBytes : 0);
+  constexpr int bytes = Layout<D>::kSmemBytes + Layout<D>::kPlanBytes;  // the plan's words (t_begin: every K type)
   auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
   LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                               bytes));
