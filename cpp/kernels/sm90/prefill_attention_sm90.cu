@@ -93,11 +93,14 @@ int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sm
   return (variant & 2) || unpacked_ctas > sms || splits_short_chunk ? group : 1;
 }
 
-// LOWBIT_PREFILL_SM90_SPLITS (read at each launch, for tests and measurements): N > 0 forces N key splits (1: none),
-// unset or 0 leaves them to prefill_split::plan_splits.
+// LOWBIT_PREFILL_SM90_SPLITS (read at each launch): N > 0 forces N key splits (1: none), 0 leaves them to
+// prefill_split::plan_splits. Unset: no split, until the split has run on a GPU (docs/gpu_notes.md, "a key split
+// for short launches": written and compile-checked, never measured or tested on a device); then the default
+// becomes the plan (kDefaultSplits = 0).
+constexpr int kDefaultSplits = 1;
 int forced_splits_from_env() {
   const char* e = std::getenv("LOWBIT_PREFILL_SM90_SPLITS");
-  return e != nullptr ? std::atoi(e) : 0;
+  return e != nullptr ? std::atoi(e) : kDefaultSplits;
 }
 
 bool no(std::string* why, const char* reason) {

@@ -70,7 +70,7 @@ struct Layout {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = 1024 + kBarrierOffset + (1 + 2 * kStages) * 8;  // + 1024: alignment slack
-  static constexpr int kPlanBytes = 32;  // per-channel K: the ChannelPlan's words after the barriers; word 7: t_begin
+  static constexpr int kPlanBytes = 32;  // the ChannelPlan's words after the barriers; 6: its views' end, 7: t_begin
 };
 
 // Byte offset of 16-byte chunk c (8 halves of the row) of row r in a [rows][D] tile of column blocks.
@@ -476,7 +476,7 @@ template <int D, KvType KT, KvType VT>
 __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
                                                       const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
                                                       uint64_t* full, uint64_t* empty, int p, bool runs16,
-                                                      const volatile int* v_begin_smem, int v_end) {
+                                                      const volatile int* range) {
   using L = Layout<D>;
   constexpr bool kF16V = VT == KvType::f16;
   // The per-token rules, but K not ahead beside f16 V (the per-channel scales and zeros take 16 more registers
@@ -494,10 +494,11 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
   auto row_of = [&](int v, int page) {
     return page >= 0 ? (static_cast<Row>(page) * a.hkv + kvh) * bs + (plan.tile(v) * kKeys + p) % bs : Row{-1};
   };
-  // Views [v_begin, v_end) of the plan (all of them without a key split), the stages counted from v_begin (read from
-  // shared memory where used: held beside v_end, it spilled).
-  const int v_begin = *v_begin_smem;
-  if (v_begin >= v_end) return;
+  // Views [v_begin, v_end) = [range[0], range[-1]) of the plan (all of them without a key split), the stages counted
+  // from v_begin; both read from shared memory at each use, as the plan's words (held in registers, they spilled).
+  const volatile int* v_end = range - 1;
+  const int v_begin = *range;
+  if (v_begin >= *v_end) return;
   TileCodes<D, KT> kc;
   TileCodes<D, VT> vc;
   int next_page = page_of(v_begin);
@@ -506,19 +507,19 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
     if (!plan.window(v_begin)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
   }
   if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
-  for (int v = v_begin; v < v_end; ++v) {
-    const int rnd = v - *v_begin_smem;
+  for (int v = v_begin; v < *v_end; ++v) {
+    const int rnd = v - *range;
     const int stage = rnd % kStages;
     const uint32_t k_tile = k_tile0 + stage * L::kStageBytes, v_tile = k_tile + L::kTileBytes;
     const int page = next_page;
     const Row row = next_row;
     const bool window = plan.window(v);
-    if (v + 1 < v_end) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
+    if (v + 1 < *v_end) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
     TileCodes<D, KT> kcur;
     TileCodes<D, VT> vcur;
     if constexpr (kAheadK) kcur = kc;
     if constexpr (kAheadV) vcur = vc;
-    if (v + 1 < v_end) {
+    if (v + 1 < *v_end) {
       if constexpr (kAheadK) {
         if (!plan.window(v + 1)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
       }
@@ -683,7 +684,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   // Per-channel K: the views of the key tiles, one stage each (after the barriers).
   const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
   // The key split's first tile, also kept in shared memory (word 7 of the plan's): the producer reads it there at
-  // each tile (held in a register beside its loop bound, the producer of some instances spilled).
+  // each tile (held in a register beside its loop bound, the producer of some instances spilled). Per-channel K:
+  // word 6 is the end of its views, [t_begin, plan.views()) for the last split.
   volatile int* t_begin_smem = reinterpret_cast<volatile int*>(full + 2 * kStages) + 7;
 
   if (threadIdx.x == 0) {
@@ -694,9 +696,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     *t_begin_smem = t_begin;
-    if constexpr (kPerChannel)
+    if constexpr (kPerChannel) {
       plan.write(const_cast<volatile int*>(plan.f), a.block_size, first_pos + row0,
                  first_pos + min(row0 + kRows, q_len) - 1, num_tiles);
+      t_begin_smem[-1] = last_split ? plan.views() : t_end;
+    }
   }
   __syncthreads();
 
@@ -718,8 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     cp_async_arrive(q_full);
     if constexpr (kPerChannel) {
-      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16, t_begin_smem,
-                                       last_split ? plan.views() : t_end);
+      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16, t_begin_smem);
     } else {
       constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
       constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
