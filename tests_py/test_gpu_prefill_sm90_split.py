@@ -1,7 +1,8 @@
 """The Hopper prefill kernel's key split (prefill_split_plan.h: the CTAs of a query tile each take a range of its key
 tiles, write unnormalized O and (max, sum) per row, and a merge combines them) against float64 references computed
 from the cache's own contents, by relative error, on fresh random data, outputs poisoned with NaN. Split counts are
-forced with LOWBIT_PREFILL_SM90_SPLITS (read at each launch; 0 = the launch's plan). Shapes: single chunks of 1, 17,
+forced with LOWBIT_PREFILL_SM90_SPLITS (read at each launch; 0 = the launch's plan; unset = no split, the default
+until these tests have passed on a device). Shapes: single chunks of 1, 17,
 65 and 300 tokens over prefixes that cross 128-key tiles, pages and per-channel groups at odd places, beside a fresh
 prompt (no prefix: every split but the last is empty); GQA groups 1, 4 and 8; head_dim 64 and 128; every cache
 format. Tolerance as the unsplit kernel's tests: the merge is exact up to f32 rounding."""
