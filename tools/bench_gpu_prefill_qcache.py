@@ -8,6 +8,8 @@ Llama-3-8B heads (32 q / 8 kv, D 128), pages of 16, profiler kernel time (mean o
   chunked: B sequences, each a chunk of C new tokens over a cached prefix of P (kv_len = P + C), vs SDPA with the
            lower-right causal mask on f16 (torch picks a non-flash backend for that mask), and the kernel on an f16
            cache.
+Key split (LOWBIT_PREFILL_SM90_SPLITS, read at each launch; QCACHE_SPLITS lists them): 0 = the launch's plan (tag
+without suffix), N = N splits forced (tag suffix _sN; _s1 = the kernel without the split), the f16 cache included.
 TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
 import math
 import os
@@ -27,6 +29,7 @@ CHUNKED = [tuple(int(y) for y in x.split(":")) for x in os.environ.get(
     "QCACHE_CHUNKED", "1:8192:1024,1:8192:64,16:2048:64,64:1024:16").split(",") if x]
 FORMATS = os.environ.get("QCACHE_KV", "u8,u4,u2").split(",")
 VARIANTS = [int(x) for x in os.environ.get("QCACHE_VARIANTS", "0,1").split(",")]
+SPLITS = [int(x) for x in os.environ.get("QCACHE_SPLITS", "0").split(",")]
 REPS = 10
 KERNEL = "prefill_attention_sm90"
 
@@ -72,22 +75,24 @@ def case(b, prefix, chunk):
     for kv in ["f16"] + FORMATS:
         cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, write_meta)
-        for var in [0] if kv == "f16" else VARIANTS:
+        for var, sp in [(v, sp) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS]:
             os.environ["LOWBIT_PREFILL_SM90_VARIANT"] = str(var)
+            os.environ["LOWBIT_PREFILL_SM90_SPLITS"] = str(sp)
             call = lambda cache=cache: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out, kernel=KERNEL)
-            t = profiled_kernel_us(call, REPS, "prefill_attention")
-            tag = kv if kv == "f16" else f"{kv}_v{var}"
+            t = profiled_kernel_us(call, REPS, "prefill_attention")  # the split's merge kernel included
+            tag = (kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "")
             row[f"{tag}_us"], row[f"{tag}_tflops"] = t, flops / (t * 1e6)
             if "sdpa_us" in row:
                 row[f"{tag}_vs_sdpa"] = row["sdpa_us"] / t
             call()
             torch.cuda.synchronize()
-            if kv == "f16":
+            if kv == "f16" and ref is None:
                 ref = out.float().clone()
-            else:  # the quantized cache's output vs the f16 cache's (its quantization error; equal across variants
-                # up to the dequantization's rounding)
+            else:  # vs the f16 cache's first output (a quantized cache: its quantization error, equal across variants
+                # up to the dequantization's rounding; the f16 cache unsplit: the split's f32 rounding)
                 row[f"{tag}_max_abs_vs_f16"] = float((out.float() - ref).abs().max())
         os.environ.pop("LOWBIT_PREFILL_SM90_VARIANT", None)
+        os.environ.pop("LOWBIT_PREFILL_SM90_SPLITS", None)
         del cache
     return row
 
@@ -97,6 +102,7 @@ def main():
     meta = device_meta()
     meta["timing"] = f"torch profiler kernel time, mean of {REPS} calls after one warm-up"
     meta["variants"] = "0 the launch's choice; 1 one query head per CTA (no packing); 2 packing forced"
+    meta["splits"] = "tag without _sN: the launch's key-split plan; _sN: N splits forced (_s1: no split)"
     rows = []
     for b, prefix, chunk in [(1, 0, L) for L in FRESH] + CHUNKED:
         r = case(b, prefix, chunk)
@@ -104,9 +110,12 @@ def main():
         write_json(path, {"meta": meta, "rows": rows})  # after each row: a cut-off run keeps what it measured
         head = (f"B={r['batch']:>3} P={r['prefix']:>6} C={r['q_len']:>6}  "
                 f"sdpa {r.get('sdpa_tflops', float('nan')):6.1f}  f16 {r['f16_tflops']:6.1f}")
-        cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}_tflops']:.0f}" for v in VARIANTS) for kv in FORMATS)
+        sfx = [f"_s{sp}" if sp else "" for sp in SPLITS]
+        head += "".join(f"/{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
+        cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}_tflops']:.0f}" for v in VARIANTS for x in sfx)
+                          for kv in FORMATS)
         print(head, " ", cells, flush=True)
-    print("TFLOPS; per format the variants", VARIANTS)
+    print("TFLOPS; per format the variants", VARIANTS, "x splits", SPLITS)
 
 
 if __name__ == "__main__":

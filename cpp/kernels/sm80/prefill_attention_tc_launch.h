@@ -35,6 +35,12 @@ struct PrefillTcArgs {
   const int32_t* seq_info;  // [3, num_seqs]: q_start, q_len, kv_len
   int num_seqs, max_blocks, hq, hkv, block_size;
   float scale_log2;  // softmax scale * log2(e): scores go straight to exp2f
+  // Key split (the Hopper kernel only; kernels/sm90/prefill_split_plan.h): 1 = none. Else grid.z is sequences x
+  // splits, and each split writes its rows' unnormalized O [splits, split_tokens, hq, D] and (max in the log2
+  // domain, sum) [splits, split_tokens, hq] in f32 instead of out; a merge kernel writes out.
+  int splits = 1, split_tokens = 0;
+  float* split_o = nullptr;
+  float2* split_ml = nullptr;
 };
 
 // Launches the kernel instance for head_dim D and K/V types KT/VT (prefill_attention_tc_sm80.cuh

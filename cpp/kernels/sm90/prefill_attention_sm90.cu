@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/sm80/prefill_attention_tc.h"  // prefill_tc_args
+#include "kernels/sm90/prefill_split_plan.h"
 #include "lowbit/cuda/check.h"
 
 namespace lowbit::cuda {
@@ -82,12 +83,24 @@ int variant_from_env() {
 // over 8K, u8: 171 us packed against 150). Measured (docs/benchmarks_gpu.md, "Prefill over a quantized cache"):
 // 16 x 64-token chunks 1.7-1.8x faster packed, 64 x 16 3.5-3.6x, fresh prompts the same either way. f16 and
 // per-channel K keep one head per CTA (the kernel compiles them as before).
-int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sms) {
+// With a key split (below) the CTAs no longer queue, and a chunk shorter than kRows leaves rows of an unpacked CTA
+// empty: packed, group times fewer CTAs dequantize each prefix tile, and the split restores the CTA count.
+int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sms, bool splits_short_chunk) {
   const bool packable = !kv_per_channel_type(kt) && (kt != KvType::f16 || vt != KvType::f16) && group >= 1 &&
                         group <= kRows;
   const int variant = variant_from_env();
   if (!packable || (variant & 1)) return 1;
-  return (variant & 2) || unpacked_ctas > sms ? group : 1;
+  return (variant & 2) || unpacked_ctas > sms || splits_short_chunk ? group : 1;
+}
+
+// LOWBIT_PREFILL_SM90_SPLITS (read at each launch): N > 0 forces N key splits (1: none), 0 leaves them to
+// prefill_split::plan_splits. Unset: no split, until the split has run on a GPU (docs/gpu_notes.md, "a key split
+// for short launches": written and compile-checked, never measured or tested on a device); then the default
+// becomes the plan (kDefaultSplits = 0).
+constexpr int kDefaultSplits = 1;
+int forced_splits_from_env() {
+  const char* e = std::getenv("LOWBIT_PREFILL_SM90_SPLITS");
+  return e != nullptr ? std::atoi(e) : kDefaultSplits;
 }
 
 bool no(std::string* why, const char* reason) {
@@ -133,13 +146,32 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
+  const int sms = sm_count(q.device().index), forced = forced_splits_from_env();
+  // Keys before a sequence's first query: at most its table's width in keys (the host does not know kv_len).
+  const int64_t prefix_bound = static_cast<int64_t>(a.max_blocks) * a.block_size - 1;
   const int64_t unpacked_ctas = static_cast<int64_t>(a.hq) * ((max_q_len + kRows - 1) / kRows) * a.num_seqs;
-  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sm_count(q.device().index));
+  const bool split_short = max_q_len < kRows && prefill_split::plan_splits(unpacked_ctas, sms, prefix_bound, forced) > 1;
+  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sms, split_short);
   const int positions = kRows / pack;  // query positions per CTA
-  const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>((max_q_len + positions - 1) / positions),
-                  static_cast<unsigned>(a.num_seqs));
-  find_launch(q.size(2), kt, vt)(a, grid, stream);
+  const int64_t tiles = (max_q_len + positions - 1) / positions;
+  PrefillTcArgs args = a;
+  args.splits = prefill_split::plan_splits((a.hq / pack) * tiles * a.num_seqs, sms, prefix_bound, forced);
+  Tensor partials;  // the splits' O [splits, tokens, hq, D], then their (max, sum) [splits, tokens, hq, 2]
+  if (args.splits > 1) {
+    args.split_tokens = static_cast<int>(q.size(0));
+    const int64_t rows = static_cast<int64_t>(args.splits) * args.split_tokens * a.hq;
+    partials = Tensor::empty({rows * (q.size(2) + 2)}, ScalarType::f32, q.device());
+    args.split_o = partials.data<float>();
+    args.split_ml = reinterpret_cast<float2*>(args.split_o + rows * q.size(2));  // 8-byte aligned: D is even
+  }
+  const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(a.num_seqs * args.splits));
+  find_launch(q.size(2), kt, vt)(args, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
+  if (args.splits > 1) {
+    prefill_attention_split_merge(args, static_cast<int>(q.size(2)), max_q_len, stream);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  }
 }
 
 }  // namespace lowbit::cuda

@@ -43,6 +43,7 @@
 #include "kernels/sm80/attention_math.cuh"
 #include "kernels/sm80/kv_type.cuh"
 #include "kernels/sm80/prefill_attention_tc_launch.h"  // PrefillTcArgs: the same arguments as the mma.sync kernel
+#include "kernels/sm90/prefill_split_plan.h"
 #include "kernels/sm90/sm90_common.cuh"
 #include "lowbit/cuda/check.h"
 
@@ -69,7 +70,7 @@ struct Layout {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = 1024 + kBarrierOffset + (1 + 2 * kStages) * 8;  // + 1024: alignment slack
-  static constexpr int kPlanBytes = 32;  // per-channel K: the ChannelPlan's words after the barriers
+  static constexpr int kPlanBytes = 32;  // the ChannelPlan's words after the barriers; 6: its views' end, 7: t_begin
 };
 
 // Byte offset of 16-byte chunk c (8 halves of the row) of row r in a [rows][D] tile of column blocks.
@@ -474,7 +475,8 @@ __device__ __forceinline__ void publish_rows(uint64_t* full) {
 template <int D, KvType KT, KvType VT>
 __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
                                                       const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
-                                                      uint64_t* full, uint64_t* empty, int p, bool runs16) {
+                                                      uint64_t* full, uint64_t* empty, int p, bool runs16,
+                                                      const volatile int* range) {
   using L = Layout<D>;
   constexpr bool kF16V = VT == KvType::f16;
   // The per-token rules, but K not ahead beside f16 V (the per-channel scales and zeros take 16 more registers
@@ -492,32 +494,38 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
   auto row_of = [&](int v, int page) {
     return page >= 0 ? (static_cast<Row>(page) * a.hkv + kvh) * bs + (plan.tile(v) * kKeys + p) % bs : Row{-1};
   };
+  // Views [v_begin, v_end) = [range[0], range[-1]) of the plan (all of them without a key split), the stages counted
+  // from v_begin; both read from shared memory at each use, as the plan's words (held in registers, they spilled).
+  const volatile int* v_end = range - 1;
+  const int v_begin = *range;
+  if (v_begin >= *v_end) return;
   TileCodes<D, KT> kc;
   TileCodes<D, VT> vc;
-  int next_page = page_of(0);
-  Row next_row = row_of(0, next_page);
+  int next_page = page_of(v_begin);
+  Row next_row = row_of(v_begin, next_page);
   if constexpr (kAheadK) {
-    if (!plan.window(0)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
+    if (!plan.window(v_begin)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
   }
   if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
-  for (int v = 0; v < plan.views(); ++v) {
-    const int stage = v % kStages;
+  for (int v = v_begin; v < *v_end; ++v) {
+    const int rnd = v - *range;
+    const int stage = rnd % kStages;
     const uint32_t k_tile = k_tile0 + stage * L::kStageBytes, v_tile = k_tile + L::kTileBytes;
     const int page = next_page;
     const Row row = next_row;
     const bool window = plan.window(v);
-    if (v + 1 < plan.views()) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
+    if (v + 1 < *v_end) next_page = page_of(v + 1), next_row = row_of(v + 1, next_page);
     TileCodes<D, KT> kcur;
     TileCodes<D, VT> vcur;
     if constexpr (kAheadK) kcur = kc;
     if constexpr (kAheadV) vcur = vc;
-    if (v + 1 < plan.views()) {
+    if (v + 1 < *v_end) {
       if constexpr (kAheadK) {
         if (!plan.window(v + 1)) load_channel_codes<D, KT>(kc, a.k, p, next_row);
       }
       if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
     }
-    mbar_wait(&empty[stage], ((v / kStages) & 1) ^ 1);
+    mbar_wait(&empty[stage], ((rnd / kStages) & 1) ^ 1);
     if (window) {  // CTA-uniform: copy_f16_rows shuffles across the warp
       const int key0 = plan.tile(v) * kKeys, key = key0 + p;
       int64_t wrow = -1;
@@ -653,7 +661,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int pack = kPack ? a.hq / static_cast<int>(gridDim.x) : 1;  // query heads per CTA
   const int cta_pos = kPack ? kRows / pack : kRows;                // query positions per CTA
   const int live_rows = kPack ? cta_pos * pack : kRows;            // rows past it are never stored
-  const int h = blockIdx.x * pack, seq = blockIdx.z;               // the query head of row 0
+  const int h = blockIdx.x * pack;                                 // the query head of row 0
+  const int seq = blockIdx.z / a.splits, split = blockIdx.z % a.splits;  // key split: prefill_split_plan.h
   const int q_tile = gridDim.y - 1 - blockIdx.y;  // the longest causal ranges start first
   const int ns = a.num_seqs;
   const int q_start = a.seq_info[seq], q_len = a.seq_info[ns + seq], kv_len = a.seq_info[2 * ns + seq];
@@ -662,9 +671,22 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int kvh = h / (a.hq / a.hkv);
   const int first_pos = kv_len - q_len;  // cache position of query row 0
   const int num_tiles = (first_pos + min(row0 + cta_pos, q_len) - 1) / kKeys + 1;
+  // This CTA's key tiles [t_begin, t_end) (all of them without a split). Per-channel K: its views are
+  // [t_begin, v_end) of the plan, v_end its views() for the last split (below); the tiles before the window views
+  // are one view each, and every split but the last ends before them.
+  int t_begin = 0, t_end = num_tiles;
+  if (a.splits > 1) {
+    const int splittable = min(first_pos, kPerChannel ? codes_end(first_pos, a.block_size) : first_pos) / kKeys;
+    prefill_split::split_range(num_tiles, splittable, a.splits, split, t_begin, t_end);
+  }
+  const bool last_split = split + 1 == a.splits;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
   // Per-channel K: the views of the key tiles, one stage each (after the barriers).
   const ChannelPlan plan{reinterpret_cast<const volatile int*>(full + 2 * kStages)};
+  // The key split's first tile, also kept in shared memory (word 7 of the plan's): the producer reads it there at
+  // each tile (held in a register beside its loop bound, the producer of some instances spilled). Per-channel K:
+  // word 6 is the end of its views, [t_begin, plan.views()) for the last split.
+  volatile int* t_begin_smem = reinterpret_cast<volatile int*>(full + 2 * kStages) + 7;
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 128);
@@ -673,9 +695,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       mbar_init(&empty[s], 256);                   // every consumer thread releases
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if constexpr (kPerChannel)
+    *t_begin_smem = t_begin;
+    if constexpr (kPerChannel) {
       plan.write(const_cast<volatile int*>(plan.f), a.block_size, first_pos + row0,
                  first_pos + min(row0 + kRows, q_len) - 1, num_tiles);
+      t_begin_smem[-1] = last_split ? plan.views() : t_end;
+    }
   }
   __syncthreads();
 
@@ -697,29 +722,34 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     cp_async_arrive(q_full);
     if constexpr (kPerChannel) {
-      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16);
+      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16, t_begin_smem);
     } else {
       constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
       constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();
       auto row_of = [&](int t) { return t * kKeys + p < kv_len ? cache_row(a, pages, kvh, t * kKeys + p) : int64_t{-1}; };
       TileCodes<D, KT> kc;  // the next tile's codes of a side loaded ahead
       TileCodes<D, VT> vc;
-      int64_t next_row = row_of(0);
-      if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
-      if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
-      for (int t = 0; t < num_tiles; ++t) {
-        const int stage = t % kStages;
+      // Tiles [t_begin, t_end), stages counted from t_begin (0 without a split).
+      int t = *t_begin_smem;
+      int64_t next_row = row_of(t);
+      if (t < t_end) {
+        if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
+        if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
+      }
+      for (; t < t_end; ++t) {
+        const int rnd = t - *t_begin_smem;
+        const int stage = rnd % kStages;
         const int64_t row = next_row;
-        if (t + 1 < num_tiles) next_row = row_of(t + 1);
+        if (t + 1 < t_end) next_row = row_of(t + 1);
         TileCodes<D, KT> kcur;
         TileCodes<D, VT> vcur;
         if constexpr (kAheadK) kcur = kc;
         if constexpr (kAheadV) vcur = vc;
-        if (t + 1 < num_tiles) {  // the next tile's codes load under this tile's dequantization
+        if (t + 1 < t_end) {  // the next tile's codes load under this tile's dequantization
           if constexpr (kAheadK) load_codes<D, KT>(kc, a.k, a.k_params, p, next_row);
           if constexpr (kAheadV) load_codes<D, VT>(vc, a.v, a.v_params, p, next_row);
         }
-        mbar_wait(&empty[stage], ((t / kStages) & 1) ^ 1);  // the first round passes at once
+        mbar_wait(&empty[stage], ((rnd / kStages) & 1) ^ 1);  // the first round passes at once
         if constexpr (kF16K || kF16V)
           copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row, runs16);
         if constexpr (!kF16K) {
@@ -764,8 +794,13 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     const int me = wg - 1;
     if (me == 1) named_arrive(2);
     // Rounds: one per pipeline stage the producer fills (per-channel K: one per view of a tile).
-    const int rounds = kPerChannel ? plan.views() : num_tiles;
-    const int n = !wg_live ? 0 : kPerChannel ? plan.views_through(wg_last_key / kKeys) : min(num_tiles, wg_last_key / kKeys + 1);
+    // Key split: rounds r are the views (tiles) r0 + r of the CTA's range.
+    const int r0 = t_begin;
+    const int rounds = (kPerChannel && last_split ? plan.views() : t_end) - r0;
+    const int n_end = !wg_live ? r0
+                      : kPerChannel ? min(plan.views_through(wg_last_key / kKeys), r0 + rounds)
+                                    : min(t_end, wg_last_key / kKeys + 1);
+    const int n = max(0, n_end - r0);
     // A positive scale is folded into the exponent (softmax_scores); with per-channel K only if it is not so small
     // that the start of the row maxima below would come near real scores.
     const bool positive_scale = a.scale_log2 > (kPerChannel ? 1e-20f : 0.f);
@@ -794,7 +829,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       if (r > 0) mbar_arrive(&empty[(r - 1) % kStages]);
     };
     const uint32_t q_desc = desc_lo(q_wg), k_desc0 = desc_lo(k_tile(0));
-    auto issue_qk = [&](int t) {
+    auto issue_qk = [&](int t) {  // t: the round (its stage)
       const uint32_t kt = k_desc0 + (t % kStages) * (L::kStageBytes >> 4);
       wgmma_fence();
 #pragma unroll
@@ -888,7 +923,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       pass_turn(0);
       wgmma_wait<0>();
       fence_regs(s);
-      softmax(0);
+      softmax(r0);
       rescale_and_pack_p();
       for (r = 1; r < n; ++r) {
         begin_round(r);
@@ -897,7 +932,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
         pass_turn(r);
         wgmma_wait<1>();  // Q·Kᵀ landed (groups complete in order); P·V may still run
         fence_regs(s);
-        softmax(r);
+        softmax(r0 + r);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);  // P's registers stay P's until the wgmmas that read them are done
@@ -938,6 +973,21 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       live_lo = lr < live_rows, live_hi = lr + 8 < live_rows;
     }
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
+    if (a.splits > 1) {  // key split: this range's unnormalized O and (max, sum) per row, for the merge
+      // The split from blockIdx again (not held across the loop).
+      const int64_t base = static_cast<int64_t>(blockIdx.z % a.splits) * a.split_tokens + q_start;
+      auto store = [&](int row, int head, float m, float l, int e0) {
+        const int64_t at = (base + row) * a.hq + head;
+        float* dst = a.split_o + at * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < kO / 4; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + e0], o[4 * j + e0 + 1]);
+        if (t4 == 0) a.split_ml[at] = make_float2(m, l);
+      };
+      if (row_lo < q_len && live_lo) store(row_lo, h_lo, st.m_lo, l_lo, 0);
+      if (row_hi < q_len && live_hi) store(row_hi, h_hi, st.m_hi, l_hi, 2);
+      return;
+    }
     const float inv_lo = 1.f / l_lo, inv_hi = 1.f / l_hi;  // l >= 1: the row max's own term is exp2(0)
     // Accumulator 4j + e of a 64-column block b: dim 64b + 8j + 2 t4 + e % 2 of row (e < 2 ? r_lo : r_hi).
     if (row_lo < q_len && live_lo) {
@@ -965,7 +1015,7 @@ __global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   using namespace prefill_sm90;
-  constexpr int bytes = Layout<D>::kSmemBytes + (kv_per_channel<KT>() ? Layout<D>::kPlanBytes : 0);
+  constexpr int bytes = Layout<D>::kSmemBytes + Layout<D>::kPlanBytes;  // the plan's words (t_begin: every K type)
   auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
   LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                               bytes));

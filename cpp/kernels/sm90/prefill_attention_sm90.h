@@ -29,4 +29,7 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
 template <int D, KvType KT, KvType VT>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream);
 
+// The key split's merge (prefill_attention_sm90_merge.cu): out from the splits' partial O and (max, sum) in a.
+void prefill_attention_split_merge(const PrefillTcArgs& a, int head_dim, int max_q_len, cudaStream_t stream);
+
 }  // namespace lowbit::cuda
