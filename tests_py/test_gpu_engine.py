@@ -197,17 +197,14 @@ def test_decode_graphs_agree_with_eager_steps(recipe):
     assert same >= 3
 
 
-@pytest.mark.parametrize("recipe", ["w8a8kv8", "wfp8a8kv8", "w4a8kv8"])
-def test_fused_norm_quantize_gives_the_unfused_bytes(recipe):
-    """W8A8 / FP8: the pre-norms of qkv and gate_up quantize their own output (rms_norm_quantize +
-    linear_quantized). The codes and scales are those the separate quantizer makes of the f16 normed
-    rows, so prefill logits (chunked: q_len < kv_len) and graph-replayed greedy decoding must match the
-    unfused path exactly (kernel_overrides fused_norm_quant=off)."""
-    ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(2)).tolist()
+def assert_fusion_keeps_the_bytes(recipe, override, seed):
+    """Prefill logits (chunked: q_len < kv_len) and graph-replayed greedy decoding with the fusion `override` on must
+    equal the unfused path (the override off) exactly."""
+    ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(seed)).tolist()
     prompts = [ids[:40], ids[:9], ids]
     runs = []
     for fused in ("on", "off"):
-        model = random_llama(recipe, "cuda", "f16", seed=9, kernel_overrides={"fused_norm_quant": fused})
+        model = random_llama(recipe, "cuda", "f16", seed=9, kernel_overrides={override: fused})
         logits = torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(ids)).clone()
         events = run_events(_core.Engine(model, max_batch_tokens=256, cuda_graphs=True), prompts, 12,
                             dict(temperature=0.0))
@@ -215,25 +212,20 @@ def test_fused_norm_quantize_gives_the_unfused_bytes(recipe):
     assert not torch.isnan(runs[0][0]).any()
     assert torch.equal(runs[0][0], runs[1][0])
     assert runs[0][1] == runs[1][1]
+
+
+@pytest.mark.parametrize("recipe", ["w8a8kv8", "wfp8a8kv8", "w4a8kv8"])
+def test_fused_norm_quantize_gives_the_unfused_bytes(recipe):
+    """W8A8 / FP8: the pre-norms of qkv and gate_up quantize their own output (rms_norm_quantize +
+    linear_quantized): the codes and scales the separate quantizer makes of the f16 normed rows."""
+    assert_fusion_keeps_the_bytes(recipe, "fused_norm_quant", seed=2)
 
 
 @pytest.mark.parametrize("recipe", ["w8a8kv8", "w4a8kv8"])
 def test_fused_silu_quantize_gives_the_unfused_bytes(recipe):
     """W8A8 / W4A8: SiLU·mul hands the down linear its per-token codes (silu_mul_quantize + linear_quantized), the
-    bytes the separate quantizer makes of silu_mul's f16 rows, so prefill logits and graph-replayed greedy decoding
-    must match the unfused path exactly (kernel_overrides fused_silu_quant=off)."""
-    ids = torch.randint(0, 1000, (77,), generator=torch.Generator().manual_seed(3)).tolist()
-    prompts = [ids[:40], ids[:9], ids]
-    runs = []
-    for fused in ("on", "off"):
-        model = random_llama(recipe, "cuda", "f16", seed=9, kernel_overrides={"fused_silu_quant": fused})
-        logits = torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(ids)).clone()
-        events = run_events(_core.Engine(model, max_batch_tokens=256, cuda_graphs=True), prompts, 12,
-                            dict(temperature=0.0))
-        runs.append((logits, events))
-    assert not torch.isnan(runs[0][0]).any()
-    assert torch.equal(runs[0][0], runs[1][0])
-    assert runs[0][1] == runs[1][1]
+    bytes the separate quantizer makes of silu_mul's f16 rows."""
+    assert_fusion_keeps_the_bytes(recipe, "fused_silu_quant", seed=3)
 
 
 def test_decode_graphs_mixed_greedy_and_host_sampled_rows():
