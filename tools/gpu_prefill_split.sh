@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The Hopper prefill kernel's key split in one short device call, on the package as users get it: install (the
-# sm80-family kernels for sm_90 only, the rare head dims left out), tools/bench_gpu_prefill_qcache.py on single
-# chunks over long prefixes (split plan vs forced no split, SDPA and the f16 cache in the same process), then the
-# split's tests and a regression slice of the Hopper prefill tests, one pytest process at a time (parallel ones on
-# one GPU crawl), then memcheck over one small split case. Every step capped. Logs and JSON in $OUT.
+# default build), tools/bench_gpu_prefill_qcache.py on single chunks over long prefixes (split plan vs forced no
+# split, SDPA and the f16 cache in the same process), then the split's tests, the engine's split test (chunked
+# prefill and prefix-cache hits with the plan and with 4 splits forced, against the unsplit kernel: the step before
+# the plan becomes the default) and a regression slice of the Hopper prefill tests, one pytest process at a time
+# (parallel ones on one GPU crawl), then memcheck over one small split case. Every step capped. Logs and JSON in $OUT.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
 unset LOWBIT_DEV_BUILD LOWBIT_PREFILL_SM90_VARIANT LOWBIT_PREFILL_SM90_SPLITS
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
 start=$(date +%s)
-(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 CMAKE_ARGS="-DLOWBIT_CUDA_ARCHS_SM80=90" LOWBIT_ATTN_ALL_INSTANCES=OFF \
-  python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
+(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v . \
+  > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
 cd "$(mktemp -d /tmp/lowbit-split.XXXX)"
 cp "$REPO"/tools/*.py .
@@ -22,6 +23,9 @@ P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs --maxfail=30
 T="$REPO/tests_py"
 timeout -k 5 ${TEST_S:-70} "${P[@]}" "$T/test_gpu_prefill_sm90_split.py" > "$OUT/pytest_split.log" 2>&1
 echo "split tests rc=$?: $(tail -1 "$OUT/pytest_split.log")"; grep -E "^(FAILED|ERROR) " "$OUT/pytest_split.log" | cut -c1-300 | head -12
+timeout -k 5 ${ENGINE_S:-90} "${P[@]}" "$T/test_gpu_engine.py" -k prefill_key_split > "$OUT/pytest_engine_split.log" 2>&1
+echo "engine split tests rc=$?: $(tail -1 "$OUT/pytest_engine_split.log")"
+grep -E "^(FAILED|ERROR) " "$OUT/pytest_engine_split.log" | cut -c1-300 | head -8
 timeout -k 5 ${REG_S:-30} "${P[@]}" "$T/test_gpu_prefill_sm90.py" -k "chunked and (per_channel or u8-u8 or f16-f16)" \
   > "$OUT/pytest_regression.log" 2>&1
 echo "regression rc=$?: $(tail -1 "$OUT/pytest_regression.log")"; grep -E "^(FAILED|ERROR) " "$OUT/pytest_regression.log" | cut -c1-300 | head -8
