@@ -65,8 +65,8 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
     } else {
       LOWBIT_CHECK_KIND(ErrorKind::kValue, false, "kernel_overrides: unknown key '", key, "'; forced kernels: ",
                         "linear, linear.{qkv,o,gate_up,down,lm_head}, attention, attention.{prefill,decode}; ",
-                        "tuning: fused_norm_quant, fused_silu_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, fp8_fast_accum, ",
-                        "split_mixed_attention");
+                        "tuning: fused_norm_quant, fused_silu_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, ",
+                        "fp8_fast_accum, split_mixed_attention");
     }
   }
   return p;

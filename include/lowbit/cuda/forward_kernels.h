@@ -39,9 +39,8 @@ void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
 // launched) otherwise. pdl: launched as a programmatic dependent of the kernel before it (sm_90+).
 bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_type, float* scales, bool pdl,
                        cudaStream_t stream);
-// Row clusters (sm_90): silu_mul_quantize (and, forced only, norm_quantize) spread each of a few rows over a cluster
-// of CTAs (the same bytes as one block per row). mode -1: silu_mul_quantize when rows * cluster <= SMs (default);
-// 0: never; 1: both kernels always on sm_90+.
+// Row clusters (sm_90): silu_mul_quantize spreads each of a few rows over a cluster of CTAs (the same bytes as one
+// block per row). mode -1: when rows * cluster <= SMs (default); 0: never; 1: always on sm_90+.
 // Returns the previous mode. For tests and benchmarks comparing the two paths in one process. sample_rows reads it
 // too: mode 0 keeps its one block per row, otherwise sm_90 scans each row with a cluster (see sample_rows).
 int set_row_cluster_mode(int mode);
