@@ -131,18 +131,40 @@ print("lowbit from", lowbit.__file__, "| cuda:", lowbit.cuda_available(), _core.
 EOF
 TESTS=$REPO/tests_py
 PYTEST=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO")
-# memcheck, racecheck and synccheck one after another over `pytest -k EXPR FILES...` (names under tests_py/), each
-# capped at SECONDS; logs $OUT/<tool>_NAME.log (the summary reads them); prints each rc, last line and findings.
+# compute-sanitizer over pytest selections. Every log is $OUT/<tool>_NAME.log (gpu_summary.py reads them).
+SAN_TOOLS=(memcheck racecheck synccheck)
+# One tool over `pytest ARGS...` (full paths, -k as the caller writes it), capped at SECONDS; prints its rc.
+sanitize_one() {
+  local tool=$1 name=$2 secs=$3
+  shift 3
+  timeout -k 5 "$secs" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$@" \
+    > "$OUT/${tool}_${name}.log" 2>&1
+  echo "$tool rc=$?"
+}
+# Each tool's last line and findings for NAME (the logs that exist).
+sanitize_report() {
+  local tool log
+  for tool in "${SAN_TOOLS[@]}"; do
+    log="$OUT/${tool}_$1.log"
+    [ -f "$log" ] || continue
+    echo "-- $tool: $(tail -1 "$log")"
+    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$log" | head -4
+  done
+}
+# The three tools one after another over `pytest -k EXPR FILES...` (names under tests_py/), then their report.
 sanitize_three() {
   local name=$1 secs=$2 expr=$3 files=() tool
   shift 3
   for f in "$@"; do files+=("$TESTS/$f"); done
-  for tool in memcheck racecheck synccheck; do
-    timeout -k 5 "$secs" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "${files[@]}" -k "$expr" \
-      > "$OUT/${tool}_${name}.log" 2>&1
-    echo "$tool rc=$?"; tail -1 "$OUT/${tool}_${name}.log"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_${name}.log" | head -4
-  done
+  for tool in "${SAN_TOOLS[@]}"; do sanitize_one "$tool" "$name" "$secs" "${files[@]}" -k "$expr"; done
+  sanitize_report "$name"
+}
+# The three tools at once, in the background beside a step's tests: `sanitize_bg NAME SECONDS ARGS...`; the caller
+# waits, then calls sanitize_report NAME.
+sanitize_bg() {
+  local name=$1 secs=$2 tool
+  shift 2
+  for tool in "${SAN_TOOLS[@]}"; do sanitize_one "$tool" "$name" "$secs" "$@" & done
 }
 
 if has tests; then
@@ -249,20 +271,12 @@ if has gemv; then
   echo "== register-direct W4A16 GEMV (gemm_w4a16_gemv_sm80)"
   expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a16_gemv|' | cut -d'|' -f3)
   [ "${GEMV_SANITIZE:-1}" = 0 ] && expr=""
-  for tool in memcheck racecheck synccheck; do
-    [ -n "$expr" ] || break
-    (timeout -k 5 "${GEMV_SANITIZE_S:-120}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-      "$TESTS/test_gpu_w4a16_gemv.py" -k "$expr" > "$OUT/${tool}_w4a16_gemv.log" 2>&1; echo "$tool rc=$?") &
-  done
+  [ -n "$expr" ] && sanitize_bg w4a16_gemv "${GEMV_SANITIZE_S:-120}" "$TESTS/test_gpu_w4a16_gemv.py" -k "$expr"
   timeout -k 5 "${GEMV_TEST_S:-150}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a16_gemv.py" "$TESTS/test_kernel_registry.py" -q \
     -rfEs --maxfail=30 ${GEMV_K:+-k "$GEMV_K"} 2>&1 | tee "$OUT/pytest_gemv.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_gemv.log" | cut -c1-400 | head -30
   wait
-  for tool in memcheck racecheck synccheck; do
-    [ -f "$OUT/${tool}_w4a16_gemv.log" ] || continue
-    echo "$tool: $(tail -1 "$OUT/${tool}_w4a16_gemv.log")"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_w4a16_gemv.log" | head -4
-  done
+  sanitize_report w4a16_gemv
   # shellcheck disable=SC2086
   timeout -k 5 "${GEMV_BENCH_S:-240}" python3 "$REPO/tools/bench_gpu_w4a16_decode.py" "$OUT/bench_w4a16_gemv.json" \
     ${GEMV_BENCH_ARGS:---ms 1 --splits=} 2>&1 | tail -20
@@ -272,21 +286,13 @@ if has gemv8; then
   echo "== register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80)"
   expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a8_gemv|' | cut -d'|' -f3)
   [ "${GEMV8_SANITIZE:-1}" = 0 ] && expr=""
-  for tool in memcheck racecheck synccheck; do
-    [ -n "$expr" ] || break
-    (timeout -k 5 "${GEMV8_SANITIZE_S:-120}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-      "$TESTS/test_gpu_w4a8_gemv.py" -k "$expr" > "$OUT/${tool}_w4a8_gemv.log" 2>&1; echo "$tool rc=$?") &
-  done
+  [ -n "$expr" ] && sanitize_bg w4a8_gemv "${GEMV8_SANITIZE_S:-120}" "$TESTS/test_gpu_w4a8_gemv.py" -k "$expr"
   timeout -k 5 "${GEMV8_TEST_S:-150}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8_gemv.py" "$TESTS/test_gpu_w4a8.py" \
     "$TESTS/test_kernel_registry.py" "$TESTS/test_gpu_engine.py" -q -rfEs --maxfail=30 ${GEMV8_K:+-k "$GEMV8_K"} 2>&1 \
     | tee "$OUT/pytest_gemv8.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_gemv8.log" | cut -c1-400 | head -30
   wait
-  for tool in memcheck racecheck synccheck; do
-    [ -f "$OUT/${tool}_w4a8_gemv.log" ] || continue
-    echo "$tool: $(tail -1 "$OUT/${tool}_w4a8_gemv.log")"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_w4a8_gemv.log" | head -4
-  done
+  sanitize_report w4a8_gemv
   # shellcheck disable=SC2086
   timeout -k 5 "${GEMV8_BENCH_S:-240}" python3 "$REPO/tools/bench_gpu_w4a8_decode.py" "$OUT/bench_w4a8_gemv.json" \
     ${GEMV8_BENCH_ARGS:---ms 1} 2>&1 | tail -24
@@ -313,16 +319,11 @@ if has fmpq; then
   expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^fmpq|' | cut -d'|' -f3)
   [ -n "${FMPQ_SANITIZE_K:-}" ] && expr=$FMPQ_SANITIZE_K
   [ "${FMPQ_SANITIZE:-1}" = 0 ] && expr=""
-  for tool in memcheck racecheck synccheck; do
-    [ -n "$expr" ] || break
-    (timeout "${FMPQ_SANITIZE_S:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q "$TESTS/test_gpu_fmpq.py" \
-      -k "$expr" > "$OUT/${tool}_fmpq.log" 2>&1; echo "$tool rc=$?") &
-  done
-  wait
-  for tool in memcheck racecheck synccheck; do
-    [ -n "$expr" ] || break
-    tail -2 "$OUT/${tool}_fmpq.log"; grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_fmpq.log" | head -4
-  done
+  if [ -n "$expr" ]; then
+    sanitize_bg fmpq "${FMPQ_SANITIZE_S:-300}" "$TESTS/test_gpu_fmpq.py" -k "$expr"
+    wait
+    sanitize_report fmpq
+  fi
   timeout "${FMPQ_BENCH_S:-300}" python3 "$REPO/tools/bench_gpu_fmpq.py" "$OUT/bench_fmpq.json" ${FMPQ_BENCH_ARGS:-} 2>&1 | tail -30
 fi
 
@@ -464,17 +465,11 @@ if has w4a16wide; then
     "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_sm90_streamk.py" -q -rfEs --maxfail=30 -k "wide or l2 or sm90 or streamk" \
     > "$OUT/pytest_wide.log" 2>&1;
    echo "pytest rc=$?") &
-  for tool in memcheck racecheck synccheck; do
-    (timeout -k 5 "${WIDE_SAN_S:-90}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-      "$TESTS/test_gpu_w4a16_wide.py" "$TESTS/test_gpu_w4a16_l2_reduce.py" -k "${WIDE_SAN_K:-(l2_reduce_bit_identical and 17-1088-64-3-65) or (float64_small_and_narrow and (17-576-128-3-65 or 272-64-64-0-129)) or (fixup_path and (65-100-576-3 or 7-17-128-5 or 300-600-640-7)) or (half_chunk and 272-576-32-130)}" \
-      > "$OUT/${tool}_wide.log" 2>&1; echo "$tool rc=$?") &
-  done
+  sanitize_bg wide "${WIDE_SAN_S:-90}" "$TESTS/test_gpu_w4a16_wide.py" "$TESTS/test_gpu_w4a16_l2_reduce.py" \
+    -k "${WIDE_SAN_K:-(l2_reduce_bit_identical and 17-1088-64-3-65) or (float64_small_and_narrow and (17-576-128-3-65 or 272-64-64-0-129)) or (fixup_path and (65-100-576-3 or 7-17-128-5 or 300-600-640-7)) or (half_chunk and 272-576-32-130)}"
   wait
   tail -3 "$OUT/pytest_wide.log"; grep -E "^(FAILED|ERROR) " "$OUT/pytest_wide.log" | cut -c1-300 | head -20
-  for tool in memcheck racecheck synccheck; do
-    tail -1 "$OUT/${tool}_wide.log"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_wide.log" | head -4
-  done
+  sanitize_report wide
 fi
 if has w4a16prod; then
   echo "== W4A16 wgmma: split producer vs one-thread producer ('sm90o'): tests and sanitizers together, then the benchmark"
@@ -488,22 +483,15 @@ if has w4a16prod; then
      echo "pytest (W4A16 sm90 regression) rc=$?") &
   fi
   if [ "${PROD_SANITIZE:-1}" = 1 ]; then
-    for tool in memcheck racecheck synccheck; do
-      (timeout -k 5 "${PROD_SAN_S:-100}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-        "$TESTS/test_gpu_w4a16_producers.py" -k "${PROD_SAN_K:-(bit_identical and (272-576-128-7 or 17-4160-128-65)) or (half_chunk and 272-576-32-9-True) or one_producer_names}" \
-        > "$OUT/${tool}_prod.log" 2>&1; echo "$tool rc=$?") &
-    done
+    sanitize_bg prod "${PROD_SAN_S:-100}" "$TESTS/test_gpu_w4a16_producers.py" \
+      -k "${PROD_SAN_K:-(bit_identical and (272-576-128-7 or 17-4160-128-65)) or (half_chunk and 272-576-32-9-True) or one_producer_names}"
   fi
   wait
   for log in pytest_prod.log pytest_prod_reg.log; do
     [ -f "$OUT/$log" ] || continue
     echo "-- $log: $(tail -1 "$OUT/$log")"; grep -E "^(FAILED|ERROR) " "$OUT/$log" | cut -c1-300 | head -20
   done
-  for tool in memcheck racecheck synccheck; do
-    [ -f "$OUT/${tool}_prod.log" ] || continue
-    echo "-- $tool: $(tail -1 "$OUT/${tool}_prod.log")"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_prod.log" | head -4
-  done
+  sanitize_report prod
   echo "== benchmark: one-thread vs split producer, cuBLAS fp16 in the same process"
   timeout -k 5 "${PROD_BENCH_S:-100}" python3 "$REPO/tools/bench_gpu_w4a16_producers.py" "$OUT/bench_w4a16_producers.json" \
     ${PROD_BENCH_ARGS:---ms=128,256,1024 --variants=sm90:1:128,sm90:1:256,sm90:2:128} 2>&1 | tee "$OUT/bench_w4a16_producers.log"
@@ -519,22 +507,14 @@ if has w4a8persist; then
   fi
   if [ "${PERSIST_SANITIZE:-1}" = 1 ]; then
     expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a8_persistent|' | cut -d'|' -f3)
-    for tool in memcheck racecheck synccheck; do
-      (timeout -k 5 "${PERSIST_SAN_S:-110}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-        "$TESTS/test_gpu_w4a8_persistent.py" -k "${PERSIST_SAN_K:-$expr}" > "$OUT/${tool}_persist.log" 2>&1;
-       echo "$tool rc=$?") &
-    done
+    sanitize_bg persist "${PERSIST_SAN_S:-110}" "$TESTS/test_gpu_w4a8_persistent.py" -k "${PERSIST_SAN_K:-$expr}"
   fi
   wait
   for log in pytest_persist.log pytest_persist_reg.log; do
     [ -f "$OUT/$log" ] || continue
     echo "-- $log: $(tail -1 "$OUT/$log")"; grep -E "^(FAILED|ERROR) " "$OUT/$log" | cut -c1-300 | head -20
   done
-  for tool in memcheck racecheck synccheck; do
-    [ -f "$OUT/${tool}_persist.log" ] || continue
-    echo "-- $tool: $(tail -1 "$OUT/${tool}_persist.log")"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_persist.log" | head -4
-  done
+  sanitize_report persist
   echo "== benchmark: sm90 vs the persistent loop vs torch fp8 and cuBLAS fp16, same process"
   # shellcheck disable=SC2086
   timeout -k 5 "${PERSIST_BENCH_S:-150}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_w4a8_persistent.json" \
@@ -553,17 +533,11 @@ if has sm90tiles; then
     -k "${SM90TILES_K:-not nothing}" 2>&1 \
     | tee "$OUT/pytest_sm90tiles.log" | tail -3
   grep -E "^(FAILED|ERROR) " "$OUT/pytest_sm90tiles.log" | cut -c1-300 | head -20
-  for tool in memcheck racecheck synccheck; do
-    (timeout "${SM90TILES_SAN_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-      "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" "$TESTS/test_gpu_sm90_streamk.py" \
-      -k "${SM90TILES_SAN_K:-(every_tile_and_split and 4103-576-64-65) or (bit_exact and (liquid-7-130 or qoq-65-200)) or (w4a16_sm90_plan and 1100-4103-4160) or every_fixup_path}" \
-      > "$OUT/${tool}_sm90tiles.log" 2>&1; echo "$tool rc=$?") &
-  done
+  sanitize_bg sm90tiles "${SM90TILES_SAN_S:-150}" \
+    "$TESTS/test_gpu_w4a16.py" "$TESTS/test_gpu_w4a8.py" "$TESTS/test_gpu_sm90_streamk.py" \
+    -k "${SM90TILES_SAN_K:-(every_tile_and_split and 4103-576-64-65) or (bit_exact and (liquid-7-130 or qoq-65-200)) or (w4a16_sm90_plan and 1100-4103-4160) or every_fixup_path}"
   wait
-  for tool in memcheck racecheck synccheck; do
-    tail -1 "$OUT/${tool}_sm90tiles.log"
-    grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_sm90tiles.log" | head -4
-  done
+  sanitize_report sm90tiles
 fi
 if has llama8b; then
   echo "== Llama-3-8B shape end to end (lowbit recipes, torch.compile, HF transformers when installed)"
@@ -644,12 +618,8 @@ if has files; then
   if [ -n "${FILES_SAN:-}" ]; then
     eval "san=($FILES_SAN)"
     for i in "${!san[@]}"; do [[ "${san[$i]}" == *.py* ]] && san[$i]="$TESTS/${san[$i]}"; done
-    for tool in memcheck racecheck synccheck; do
-      timeout -k 5 "${FILES_SAN_S:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${PYTEST[@]}" -q \
-        "${san[@]}" > "$OUT/${tool}_files.log" 2>&1
-      echo "$tool rc=$?: $(tail -1 "$OUT/${tool}_files.log")"
-      grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${tool}_files.log" | head -4
-    done
+    for tool in "${SAN_TOOLS[@]}"; do sanitize_one "$tool" files "${FILES_SAN_S:-240}" "${san[@]}"; done  # one at a time
+    sanitize_report files
   fi
 fi
 
