@@ -8,7 +8,7 @@ import torch
 import lowbit
 from lowbit import _core
 from test_gpu_w4a16 import check, check_same_weights, gemm_forced, w4_problem
-from test_gpu_w4a8 import s8_weights, two_level_weight
+from test_gpu_w4a8 import s8_weights, scaled_case, two_level_weight
 
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")]
@@ -95,14 +95,7 @@ def test_w4a8_streamk_int32_exact(m, n, k, ctas, tokens):
 
 @pytest.mark.parametrize("m,n,k", [(17, 130, 576), (300, 256, 2048), (256, 4096, 4096)])
 def test_w4a8_streamk_scaled_f16(m, n, k):
-    qw = two_level_weight("liquid", n, k, 64, seed=m + 5)
-    pw = _core.pack_weight(qw, "sm80", "cuda:0")
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half() * 2
-    xq = torch.empty(m, k, dtype=torch.int8, device="cuda")
-    xs = torch.empty(m, device="cuda")
-    _core.quantize_per_token_s8(x.cuda(), xq, xs)
-    cs = torch.from_dlpack(qw.channel_scales).double()
-    ref = (xq.cpu().double() @ s8_weights(qw).double().T) * xs.cpu().double()[:, None] * cs[None, :]
+    pw, xq, xs, ref = scaled_case("liquid", m, n, k, 64)
     for kernel in ("sm90k:128", "sm90k:256", "sm90k:128:5"):
         y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")  # poisoned
         _core.gemm_w4a8(xq, xs, pw, y, kernel=kernel)

@@ -37,6 +37,20 @@ def s8_weights(qw):
     return q * s - z * s if qw.format == "qoq" else q * s + z - 128
 
 
+def scaled_case(fmt, m, n, k, group):
+    """A packed two-level weight, per-token s8 activations of random f16 rows with their scales, and the float64
+    reference of the scaled f16 GEMM: (pw, xq, xs, ref)."""
+    qw = two_level_weight(fmt, n, k, group, seed=m + 5)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half() * 2
+    xq = torch.empty(m, k, dtype=torch.int8, device="cuda")
+    xs = torch.empty(m, device="cuda")
+    _core.quantize_per_token_s8(x.cuda(), xq, xs)
+    cs = torch.from_dlpack(qw.channel_scales).double()
+    ref = (xq.cpu().double() @ s8_weights(qw).double().T) * xs.cpu().double()[:, None] * cs[None, :]
+    return pw, xq, xs, ref
+
+
 # (k % 128 == 64 leaves the wgmma kernel a one-chunk last stage; n % 128 != 0 a partial weight tile;
 # m past 128 and 256 partial token tiles.)
 CASES = [("qoq", 1, 16, 64, 64), ("liquid", 7, 130, 576, 64), ("qoq", 65, 200, 576, 128), ("liquid", 300, 96, 1024, 64),
@@ -144,14 +158,7 @@ def test_gemm_w4a8_adversarial_groups_do_not_overflow(fmt):
 @pytest.mark.parametrize("fmt,m,n,k,group", [("qoq", 1, 64, 128, 128), ("liquid", 17, 130, 576, 64),
                                              ("qoq", 300, 256, 2048, 128)])
 def test_gemm_w4a8_scaled_f16(fmt, m, n, k, group):
-    qw = two_level_weight(fmt, n, k, group, seed=m + 5)
-    pw = _core.pack_weight(qw, "sm80", "cuda:0")
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half() * 2
-    xq = torch.empty(m, k, dtype=torch.int8, device="cuda")
-    xs = torch.empty(m, device="cuda")
-    _core.quantize_per_token_s8(x.cuda(), xq, xs)
-    cs = torch.from_dlpack(qw.channel_scales).double()
-    ref = (xq.cpu().double() @ s8_weights(qw).double().T) * xs.cpu().double()[:, None] * cs[None, :]
+    pw, xq, xs, ref = scaled_case(fmt, m, n, k, group)
     for kernel in ["sm80"] + (["sm90", "sm90:2"] if SM90 else []):
         y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
         _core.gemm_w4a8(xq, xs, pw, y, kernel=kernel)

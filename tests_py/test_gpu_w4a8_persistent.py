@@ -8,7 +8,7 @@ import torch
 
 import lowbit
 from lowbit import _core
-from test_gpu_w4a8 import s8_weights, two_level_weight
+from test_gpu_w4a8 import s8_weights, scaled_case, two_level_weight
 
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")]
@@ -89,14 +89,7 @@ def test_persistent_tile_transitions(m, n, k, ctas, tokens):
 @pytest.mark.parametrize("m,n,k", [(17, 130, 576), (300, 4103, 2048), (1100, 1000, 1088), (256, 4096, 4096)])
 def test_persistent_scaled_f16(m, n, k):
     """Scaled f16 y from quantized activations: bit-identical to 'sm90:1:T', within f16 rounding of float64."""
-    qw = two_level_weight("liquid", n, k, 64, seed=m + 5)
-    pw = _core.pack_weight(qw, "sm80", "cuda:0")
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half() * 2
-    xq = torch.empty(m, k, dtype=torch.int8, device="cuda")
-    xs = torch.empty(m, device="cuda")
-    _core.quantize_per_token_s8(x.cuda(), xq, xs)
-    cs = torch.from_dlpack(qw.channel_scales).double()
-    ref = (xq.cpu().double() @ s8_weights(qw).double().T) * xs.cpu().double()[:, None] * cs[None, :]
+    pw, xq, xs, ref = scaled_case("liquid", m, n, k, 64)
     for tokens in (128, 256):
         before = run_f16(xq, xs, pw, m, n, f"sm90:1:{tokens}")
         for kernel in (f"sm90p:{tokens}", f"sm90p:{tokens}:5"):
