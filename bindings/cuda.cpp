@@ -176,6 +176,16 @@ std::string strip_one_producer(const std::string& kernel, Options& o) {
   return "sm90" + kernel.substr(5);
 }
 
+// The W4A16 wgmma plan queries' options from a kernel name: '' (the automatic plan) or any sm90 name the op takes.
+cuda::W4A16Options sm90_plan_options(const char* op, const std::string& kernel_name) {
+  cuda::W4A16Options o;
+  const std::string kernel = strip_one_producer(kernel_name, o);
+  if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k(op, kernel, o)) return o;
+  const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+  LOWBIT_CHECK(sm90 == 1, op, ": argument 'kernel' must be '' or an sm90 name, got '", kernel, "'");
+  return o;
+}
+
 // The raw GEMM ops take the kernel by a short name (tests and benchmarks compare kernels this way;
 // models name theirs through plans). "" = the op's automatic choice.
 cuda::W4A16Options w4a16_options(const std::string& kernel_name) {
@@ -410,13 +420,7 @@ void bind_cuda(nb::module_& m) {
       "gemm_w4a16_sm90_plan_rows",
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel_name) {
 #ifdef LOWBIT_WITH_CUDA
-        cuda::W4A16Options o;
-        const std::string kernel = strip_one_producer(kernel_name, o);
-        if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan_rows", kernel, o))
-          return cuda::gemm_w4a16_sm90_plan_rows(m, n, k, device, o);
-        const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
-        LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan_rows: argument 'kernel' must be '' or an sm90 name, got '",
-                     kernel, "'");
+        const cuda::W4A16Options o = sm90_plan_options("gemm_w4a16_sm90_plan_rows", kernel_name);
         return cuda::gemm_w4a16_sm90_plan_rows(m, n, k, device, o);
 #else
         no_cuda("gemm_w4a16_sm90_plan_rows");
@@ -429,13 +433,7 @@ void bind_cuda(nb::module_& m) {
       "gemm_w4a16_sm90_plan",
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel_name) {
 #ifdef LOWBIT_WITH_CUDA
-        cuda::W4A16Options o;
-        const std::string kernel = strip_one_producer(kernel_name, o);
-        if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k("gemm_w4a16_sm90_plan", kernel, o))
-          return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
-        const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
-        LOWBIT_CHECK(sm90 == 1, "gemm_w4a16_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
-                     "'");
+        const cuda::W4A16Options o = sm90_plan_options("gemm_w4a16_sm90_plan", kernel_name);
         return cuda::gemm_w4a16_sm90_plan(m, n, k, device, o);
 #else
         no_cuda("gemm_w4a16_sm90_plan");
