@@ -8,6 +8,7 @@
 //     tools/bench_decode_attention_shipped.cu -o /tmp/ds && /tmp/ds [time|once]
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -37,7 +38,7 @@ __global__ void fill_half(__half* p, size_t n, uint32_t seed) {
   }
 }
 
-template <KvType KT, KvType VT, int MB, bool VA, int RING = 0, int CH = 1>
+template <KvType KT, KvType VT, int MB, bool VA, int RING = 0, int CH = 1, int L2 = 0>
 float run(int B, int L, int split_tokens, int reps) {
   constexpr int D = 128, hq = 32, hkv = 8, bs = 16;
   const int per_seq = (L + bs - 1) / bs, blocks = B * per_seq;
@@ -64,16 +65,22 @@ float run(int B, int L, int split_tokens, int reps) {
   p.hq = hq; p.hkv = hkv; p.group = hq / hkv; p.block_size = bs; p.max_blocks = per_seq; p.split_tokens = split_tokens;
   p.num_splits = splits; p.slices = 1; p.block_shift = 4; p.tile_in_one_page = true; p.scale = 0.0883883f;
   dim3 grid(B, hkv, splits);
-  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, CH, false, RING>;
+  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, CH, false, RING, L2>;
+  // A ring larger than static shared memory allows takes it as dynamic shared memory.
+  constexpr int dyn = decode_attn::decode_dynamic_smem<KT, VT, D, 1, RING>();
+  if (dyn > 0) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
+  int occ = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, decode_attn::kThreads, dyn);
+  if (reps > 0 && occ != MB) printf("  (%d blocks per SM)\n", occ);
   std::vector<float> ts;
   if (reps == 0) {
-    kern<<<grid, decode_attn::kThreads>>>(p);
+    kern<<<grid, decode_attn::kThreads, dyn>>>(p);
     ts.push_back(0.f);
   } else {
-    for (int i = 0; i < 3; ++i) kern<<<grid, decode_attn::kThreads>>>(p);
+    for (int i = 0; i < 3; ++i) kern<<<grid, decode_attn::kThreads, dyn>>>(p);
     cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
     for (int r = 0; r < reps; ++r) {
-      cudaEventRecord(a); kern<<<grid, decode_attn::kThreads>>>(p); cudaEventRecord(b); cudaEventSynchronize(b);
+      cudaEventRecord(a); kern<<<grid, decode_attn::kThreads, dyn>>>(p); cudaEventRecord(b); cudaEventSynchronize(b);
       float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000);
     }
   }
@@ -85,7 +92,33 @@ float run(int B, int L, int split_tokens, int reps) {
   return ts[ts.size() / 2];
 }
 
+// Ring depth, L2 prefetch hint and split size of u4/u4 (and u2/u2 with the hint), at 64 x 8K and 1 x 128K.
+void sweep() {
+  struct Cfg { int B, L, split; };
+  for (Cfg c : {Cfg{64, 8192, 4096}, Cfg{1, 131072, 2000}}) {
+    printf("B=%d L=%d split=%d\n", c.B, c.L, c.split);
+    printf("  u4/u4 ring4 (shipped)   %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 4>(c.B, c.L, c.split, 30));
+    printf("  u4/u4 ring4 L2::128B    %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 4, 1, 128>(c.B, c.L, c.split, 30));
+    printf("  u4/u4 ring4 L2::256B    %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 4, 1, 256>(c.B, c.L, c.split, 30));
+    printf("  u4/u4 ring5 (dyn smem)  %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 5>(c.B, c.L, c.split, 30));
+    printf("  u4/u4 ring5 L2::256B    %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 5, 1, 256>(c.B, c.L, c.split, 30));
+    printf("  u4/u4 ring6 (3 blocks)  %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 6>(c.B, c.L, c.split, 30));
+    printf("  u4/u4 ring8 (2 blocks)  %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 8>(c.B, c.L, c.split, 30));
+    printf("  u2/u2 ring4 (shipped)   %7.1f us\n", run<KvType::u2, KvType::u2, 3, false, 4>(c.B, c.L, c.split, 30));
+    printf("  u2/u2 ring4 L2::256B    %7.1f us\n", run<KvType::u2, KvType::u2, 3, false, 4, 1, 256>(c.B, c.L, c.split, 30));
+    for (int split : {c.split / 2, c.split * 2, c.split * 4})
+      printf("  u4/u4 ring4 split %5d  %7.1f us\n", split, run<KvType::u4, KvType::u4, 4, false, 4>(c.B, c.L, split, 30));
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(), 0;
+  // once B L split: one launch of the shipped u4/u4 (for a profiler).
+  if (argc > 4 && !strcmp(argv[1], "once")) {
+    constexpr int kR44 = decode_attn::ring_stages<128, KvType::u4, KvType::u4>();
+    run<KvType::u4, KvType::u4, 4, false, kR44>(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), 0);
+    return 0;
+  }
   const bool once = argc > 1 && !strcmp(argv[1], "once");
   struct Cfg { int B, L, split; };
   for (Cfg c : {Cfg{64, 8192, 4096}, Cfg{1, 131072, 2000}, Cfg{16, 32768, 8192}, Cfg{256, 1536, 1536}}) {

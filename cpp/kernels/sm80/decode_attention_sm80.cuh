@@ -135,6 +135,17 @@ __device__ inline void cp_async8_zfill(void* smem, const void* gmem, int src_byt
 __device__ inline void cp_async16_s(uint32_t dst, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
 }
+// kL2: an L2 prefetch-size hint (0: none, 128 or 256 bytes): the L2 fetches that much around the 16 bytes from DRAM.
+template <int kL2>
+__device__ inline void cp_async16_s_hint(uint32_t dst, const void* gmem) {
+  if constexpr (kL2 == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+  } else if constexpr (kL2 == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+  } else {
+    cp_async16_s(dst, gmem);
+  }
+}
 __device__ inline void cp_async8_s(uint32_t dst, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
 }
@@ -320,7 +331,7 @@ constexpr int ring_stages() {
 // kRing: stages of the warp's shared-memory ring (0: none; see RingLayout): tile i + kRing - 1 is copied by cp.async
 // while tile i is computed, and nothing of it is held in registers until it is used.
 template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 1, bool kVMid = false,
-          int kRing = 0, class Smem>
+          int kRing = 0, int kL2 = 0, class Smem>
 __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, int split, int slot_split,
                                              bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
@@ -679,12 +690,16 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   // base + L (one page read and its index math per lane, once per 32 steps), and each step takes its row with one
   // shuffle (rows_cur: steps [base, base + 32); rows_nxt: the next 32, read a batch early so the shuffle never waits
   // on the page table). Steps whose tile is not whole get 0 and look their rows up in ring_copy.
+  // The page is read whether or not the tile is whole (an entry of the sequence's row of the table, clamped to it), so
+  // the read need not wait for the sequence's length: at a block's start the first batch's lookups go out beside it.
   auto ring_rows = [&](int base) -> uint32_t {
     const int tile = tile_of(base + lane);
-    if (!full_tile(tile)) return 0;
     const int tok = start + tile;
+    const int page_idx = p.block_shift >= 0 ? tok >> p.block_shift : tok / p.block_size;
+    const int page = p.max_blocks > 0 ? __ldg(pages + min(page_idx, p.max_blocks - 1)) : 0;
+    if (!full_tile(tile)) return 0;
     const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
-    return (static_cast<uint32_t>(page_of(tile)) * p.hkv + kvh) * p.block_size + in_page;
+    return (static_cast<uint32_t>(page) * p.hkv + kvh) * p.block_size + in_page;
   };
   // Copies tile `tile` of the split into stage `stage` (nothing for a tile past the split). A whole tile in one page
   // is 16 consecutive rows: 16-byte chunks of K and V, lane by lane; otherwise each chunk looks its row up and rows
@@ -705,11 +720,11 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
         const uint8_t* const vs = p.v + (static_cast<uint64_t>(row) * Ring::kVRow + ring_lane16);
 #pragma unroll
         for (int c0 = 0; c0 < kKChunks; c0 += 32)
-          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s(ring_k_dst + st_off + 16 * c0, ks + 16 * c0);
+          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s_hint<kL2>(ring_k_dst + st_off + 16 * c0, ks + 16 * c0);
 #pragma unroll
         for (int c0 = 0; c0 < kVChunks; c0 += 32)
           if (kVChunks % 32 == 0 || c0 + lane < kVChunks)
-            cp_async16_s(ring_v_dst + st_off + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
+            cp_async16_s_hint<kL2>(ring_v_dst + st_off + (c0 / kVChunksPerRow) * Ring::kVStride, vs + 16 * c0);
         cp_async8_s(ring_p_dst + st_off, reinterpret_cast<const float2*>(ring_p_lane) + row);
         return;
       }
@@ -759,12 +774,13 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     }
   };
   uint32_t rows_cur = 0, rows_nxt = 0;
+  // Step i's stage (i >= 0): a mask for a power-of-two ring, else an unsigned remainder (a multiply-high and a subtract).
+  auto ring_stage = [](int i) -> int { return static_cast<int>(static_cast<unsigned>(i) % static_cast<unsigned>(kRing > 0 ? kRing : 1)); };
   // The ring's ones operand of the Σ p' mma, pinned: left to itself the compiler rebuilds the four registers every step.
   // A shuffle of a constant (or of any warp-uniform value) folds to it, so each is kOnes plus a zero the compiler can
   // neither know nor prove uniform (hkv >= 1: its sign bit, times the lane).
   uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   if constexpr (kUseRing) {
-    static_assert((kRing & (kRing - 1)) == 0, "step i's stage is i % kRing");
     const uint32_t runtime_zero = (static_cast<uint32_t>(p.hkv) >> 31) * static_cast<uint32_t>(lane);
 #pragma unroll
     for (int r = 0; r < 4; ++r) ones[r] = pin_lane(kOnes + (r + 1) * runtime_zero);  // four distinct values
@@ -797,7 +813,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     if constexpr (kUseRing) {
       // Copy the tile kRing - 1 steps ahead into the stage freed by the last step, then wait for this step's.
       const int ahead = i + kRing - 1;
-      const int ahead_stage = ahead & (kRing - 1);
+      const int ahead_stage = ring_stage(ahead);
       if ((ahead & 31) == 0) {  // a new batch of rows (warp-uniform)
         rows_cur = rows_nxt;
         rows_nxt = ring_rows(ahead + 32);
@@ -806,7 +822,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       cp_async_commit();
       cp_async_wait<kRing - 1>();
       __syncwarp();  // every lane's copies of this stage are visible to the warp
-      ring_read_k(i & (kRing - 1), cur[0]);
+      ring_read_k(ring_stage(i), cur[0]);
     } else {
       base_next = base_ahead(next, page_next);
       page_next = page_ahead(tile_of(i + 2));
@@ -940,7 +956,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       if constexpr (VT != KvType::f16) mma(wsum, ones[0], ones[1], ones[2], ones[3], pb[u][0], pb[u][1]);
     }
     // ---- Oᵀ += Vᵀ P'ᵀ: m-tile mt holds dims (2mt, 2mt+1) of this lane's run
-    if constexpr (kUseRing) ring_read_v(i & (kRing - 1), vcur[0]);
+    if constexpr (kUseRing) ring_read_v(ring_stage(i), vcur[0]);
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
 #pragma unroll
@@ -1041,16 +1057,35 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
 
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
 // K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
+// The block's shared memory is static up to 48 KB; a larger ring (more stages) takes it as dynamic shared memory
+// (decode_dynamic_smem: the bytes to launch with and to allow, 0 for a static one).
+template <KvType KT, KvType VT, int D, int kSub, int kRing>
+using DecodeSmemOf = DecodeSmem<D, kSub, RingLayout<KT, VT, D, kRing>::kBlockBytes>;
+constexpr int kStaticSmemMax = 48 * 1024;
+template <KvType KT, KvType VT, int D, int kSub, int kRing>
+constexpr int decode_dynamic_smem() {
+  constexpr int bytes = static_cast<int>(sizeof(DecodeSmemOf<KT, VT, D, kSub, kRing>));
+  return bytes > kStaticSmemMax ? bytes : 0;
+}
+
 template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1, int kChains = 1,
-          bool kVMid = false, int kRing = 0>
+          bool kVMid = false, int kRing = 0, int kL2 = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
-  __shared__ DecodeSmem<D, kSub, RingLayout<KT, VT, D, kRing>::kBlockBytes> sm;
+  using Smem = DecodeSmemOf<KT, VT, D, kSub, kRing>;
   const int split = blockIdx.z;
-  if constexpr (kv_per_channel<KT>()) {
-    if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
+  if constexpr (decode_dynamic_smem<KT, VT, D, kSub, kRing>() > 0) {
+    static_assert(kRing > 0 && !kv_per_channel<KT>(), "only a ring outgrows static shared memory");
+    extern __shared__ __align__(16) uint8_t dyn_smem[];
+    Smem& sm = *reinterpret_cast<Smem*>(dyn_smem);
+    decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing, kL2>(p, sm, split, split, false);
+  } else {
+    __shared__ Smem sm;
+    if constexpr (kv_per_channel<KT>()) {
+      if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
+    }
+    decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing, kL2>(p, sm, split, split, false);
   }
-  decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing>(p, sm, split, split, false);
 }
 
 // Resident blocks per SM each instance is built for. 128: with 4 (128 registers) the f16 and u8 kernels spill;
