@@ -38,6 +38,8 @@ __global__ void fill_half(__half* p, size_t n, uint32_t seed) {
   }
 }
 
+bool g_pages_in_order = false;  // sweep: page i of the table is cache block i (else a fixed shuffle)
+
 template <KvType KT, KvType VT, int MB, bool VA, int RING = 0, int CH = 1, int L2 = 0>
 float run(int B, int L, int split_tokens, int reps) {
   constexpr int D = 128, hq = 32, hkv = 8, bs = 16;
@@ -52,7 +54,7 @@ float run(int B, int L, int split_tokens, int reps) {
   fill_params<<<1024, 256>>>(kp, rows, 3); fill_params<<<1024, 256>>>(vp, rows, 4);
   fill_half<<<64, 256>>>(q, size_t(B) * hq * D, 5);
   std::vector<int> tab(blocks);
-  for (int i = 0; i < blocks; ++i) tab[i] = (i * 7 + 3) % blocks;
+  for (int i = 0; i < blocks; ++i) tab[i] = g_pages_in_order ? i : (i * 7 + 3) % blocks;
   cudaMalloc(&tables, blocks * 4); cudaMemcpy(tables, tab.data(), blocks * 4, cudaMemcpyHostToDevice);
   std::vector<int> ln(B, L);
   cudaMalloc(&lens, B * 4); cudaMemcpy(lens, ln.data(), B * 4, cudaMemcpyHostToDevice);
@@ -69,9 +71,6 @@ float run(int B, int L, int split_tokens, int reps) {
   // A ring larger than static shared memory allows takes it as dynamic shared memory.
   constexpr int dyn = decode_attn::decode_dynamic_smem<KT, VT, D, 1, RING>();
   if (dyn > 0) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
-  int occ = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, decode_attn::kThreads, dyn);
-  if (reps > 0 && occ != MB) printf("  (%d blocks per SM)\n", occ);
   std::vector<float> ts;
   if (reps == 0) {
     kern<<<grid, decode_attn::kThreads, dyn>>>(p);
@@ -92,23 +91,23 @@ float run(int B, int L, int split_tokens, int reps) {
   return ts[ts.size() / 2];
 }
 
-// Ring depth, L2 prefetch hint and split size of u4/u4 (and u2/u2 with the hint), at 64 x 8K and 1 x 128K.
+// The split size of u4/u4 and u2/u2 as shipped at four shapes (what the op's split plan picks and the others), u4/u4
+// with pages in order (a DRAM-locality probe), and ring depth / L2 prefetch hint at 64 x 8K.
 void sweep() {
-  struct Cfg { int B, L, split; };
-  for (Cfg c : {Cfg{64, 8192, 4096}, Cfg{1, 131072, 2000}}) {
-    printf("B=%d L=%d split=%d\n", c.B, c.L, c.split);
-    printf("  u4/u4 ring4 (shipped)   %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 4>(c.B, c.L, c.split, 30));
-    printf("  u4/u4 ring4 L2::128B    %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 4, 1, 128>(c.B, c.L, c.split, 30));
-    printf("  u4/u4 ring4 L2::256B    %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 4, 1, 256>(c.B, c.L, c.split, 30));
-    printf("  u4/u4 ring5 (dyn smem)  %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 5>(c.B, c.L, c.split, 30));
-    printf("  u4/u4 ring5 L2::256B    %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 5, 1, 256>(c.B, c.L, c.split, 30));
-    printf("  u4/u4 ring6 (3 blocks)  %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 6>(c.B, c.L, c.split, 30));
-    printf("  u4/u4 ring8 (2 blocks)  %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 8>(c.B, c.L, c.split, 30));
-    printf("  u2/u2 ring4 (shipped)   %7.1f us\n", run<KvType::u2, KvType::u2, 3, false, 4>(c.B, c.L, c.split, 30));
-    printf("  u2/u2 ring4 L2::256B    %7.1f us\n", run<KvType::u2, KvType::u2, 3, false, 4, 1, 256>(c.B, c.L, c.split, 30));
-    for (int split : {c.split / 2, c.split * 2, c.split * 4})
-      printf("  u4/u4 ring4 split %5d  %7.1f us\n", split, run<KvType::u4, KvType::u4, 4, false, 4>(c.B, c.L, split, 30));
+  struct Cfg { int B, L; std::vector<int> splits; };
+  for (const Cfg& c : {Cfg{64, 8192, {4096, 8192}}, Cfg{1, 131072, {2000, 2624, 4000, 5472}},
+                       Cfg{16, 32768, {8192, 16384}}, Cfg{4, 131072, {8192, 16384}}}) {
+    for (int split : c.splits)
+      printf("B=%d L=%d split=%5d  u4/u4 %7.1f us  u2/u2 %7.1f us\n", c.B, c.L, split,
+             run<KvType::u4, KvType::u4, 4, false, 4>(c.B, c.L, split, 30),
+             run<KvType::u2, KvType::u2, 3, false, 4>(c.B, c.L, split, 30));
   }
+  g_pages_in_order = true;
+  printf("pages in order: 64 x 8K u4/u4 %7.1f us (4096), 1 x 128K %7.1f us (2000)\n",
+         run<KvType::u4, KvType::u4, 4, false, 4>(64, 8192, 4096, 30), run<KvType::u4, KvType::u4, 4, false, 4>(1, 131072, 2000, 30));
+  g_pages_in_order = false;
+  printf("64 x 8K u4/u4: ring5 %7.1f us, L2::256B %7.1f us\n", run<KvType::u4, KvType::u4, 4, false, 5>(64, 8192, 4096, 30),
+         run<KvType::u4, KvType::u4, 4, false, 4, 1, 256>(64, 8192, 4096, 30));
 }
 
 int main(int argc, char** argv) {

@@ -3,7 +3,8 @@
 # from this tree (and from OLD_TREE, a folder with the baseline's cpp/ and tools/, when set), one launch of u4/u4 at
 # 64 x 8K (split 4096) and 1 x 128K (split 2000) with `ncu --set full`, the SDPA f16 kernels at the same shapes (speed
 # of light and memory sections), then the harness's sweep (ring depth, L2 prefetch hint, split size) and both trees'
-# shipped timings. Reports and text pages in $OUT/ncu.tgz; the key lines printed.
+# shipped timings (twice, alternating). Reports and text pages in $OUT/ncu.tgz; the key lines printed. NO_NCU=1: only
+# the sweep and the timings.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
@@ -16,7 +17,7 @@ NVCC=(nvcc -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -gencode=arch=compu
 wait
 [ -x "$W/ds_new" ] || { tail -20 "$W/build_new.log"; exit 1; }
 KEYS="Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|Mem Busy|Max Bandwidth|Executed Ipc A|Block Limit"
-for shape in "64 8192 4096" "1 131072 2000"; do
+[ "${NO_NCU:-0}" = 1 ] || for shape in "64 8192 4096" "1 131072 2000"; do
   tag=$(echo "$shape" | tr ' ' '_')
   timeout -k 5 150 ncu --set full --import-source yes --clock-control none -k regex:decode_attention --launch-count 1 \
     -o "$W/kv4_$tag" "$W/ds_new" once $shape > "$W/ncu_kv4_$tag.log" 2>&1 || tail -5 "$W/ncu_kv4_$tag.log"
@@ -37,7 +38,7 @@ for _ in range(4):
     F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 torch.cuda.synchronize()
 EOF
-for shape in "64 8192" "1 131072"; do
+[ "${NO_NCU:-0}" = 1 ] || for shape in "64 8192" "1 131072"; do
   tag=$(echo "$shape" | tr ' ' '_')
   timeout -k 5 90 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --clock-control none \
     -k regex:"flash|fmha|attention" --launch-skip 2 --launch-count 2 -o "$W/sdpa_$tag" python3 "$W/sdpa.py" $shape \
@@ -46,7 +47,7 @@ for shape in "64 8192" "1 131072"; do
   echo "== SDPA f16 $shape"; grep -E "^  [a-z_:]|$KEYS" "$W/sdpa_${tag}_details.txt" | grep -vE "Registers|Block Limit" | sed 's/  */ /g'
 done
 echo "== sweep (this tree)"; timeout -k 5 120 "$W/ds_new" sweep 2>&1 | tee "$W/sweep.log"
-for bin in ds_old ds_new; do
+for bin in ds_old ds_new ds_old ds_new; do
   [ -x "$W/$bin" ] && { echo "== $bin shipped"; timeout -k 5 60 "$W/$bin" 2>&1 | tee -a "$W/shipped.log"; }
 done
 cp "$W"/*.log "$W"/*.txt "$W"/*.csv "$OUT"/ 2>/dev/null

@@ -391,13 +391,31 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   // [8 heads][D] (each lane keeps its own head's run of dims there; registers are too few to keep it).
   float* const chan = &warp_o[warp][0][0];
   __half* const q_stage = reinterpret_cast<__half*>(chan + 4 * D) + g * D + kv_dims;
-  {
+  // The ring instances load the lane's run of the query into registers here and do its math after the ring's first
+  // copies are issued (prep_query), so the query's and the page table's loads are in flight together at the block's
+  // start (ncu: each was a stalled round trip of its own before the first tile's copies could go out).
+  constexpr bool kLateQuery = kRing > 0;
+  __half qv[kLateQuery ? D / 4 : 1];
+  if constexpr (kLateQuery) {
+#pragma unroll
+    for (int d = 0; d < D / 4; ++d) qv[d] = live ? qh[d] : zero;
+  }
+  auto q_at = [&](int d) -> __half {
+    if constexpr (kLateQuery) return qv[d];
+    return live ? qh[d] : zero;
+  };
+  float qsum0 = 0.f, qsum1 = 0.f, k_offset0 = 0.f, k_offset1 = 0.f;
+  // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
+  // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
+  // 2-bit: the mma gives 64 q·c + 1024 Σ(folded q), so k_offset = 16 Σ(folded q).
+  constexpr float k_fold = kTwoBitK ? 64.f : KT == KvType::u4 || KT == KvType::u4c ? 16.f : 1.f;
+  auto prep_query = [&] {
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
       int d00, d01, d10, d11;
       q_dims<KT, kSteps>(j, d00, d01, d10, d11);
-      const __half2 lo = live ? __halves2half2(qh[d00], qh[d01]) : __halves2half2(zero, zero);
-      const __half2 hi = live ? __halves2half2(qh[d10], qh[d11]) : __halves2half2(zero, zero);
+      const __half2 lo = __halves2half2(q_at(d00), q_at(d01));
+      const __half2 hi = __halves2half2(q_at(d10), q_at(d11));
       if constexpr (kChannelK) {
         q_stage[d00] = __low2half(lo);
         q_stage[d01] = __high2half(lo);
@@ -419,29 +437,26 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       qpart += (a.x + a.y) + (c.x + c.y);
       qlo_part += a.x + a.y;
     }
-  }
-  qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
-  qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);
-  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 1);
-  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 2);
-  // Σq of the two heads this lane's score/output columns hold (2t, 2t+1).
-  const float qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4), qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
-  // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
-  // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
-  // 2-bit: the mma gives 64 q·c + 1024 Σ(folded q), so k_offset = 16 Σ(folded q).
-  constexpr float k_fold = kTwoBitK ? 64.f : KT == KvType::u4 || KT == KvType::u4c ? 16.f : 1.f;
-  float k_offset0 = 0.f, k_offset1 = 0.f;
-  if constexpr (KT == KvType::u2) {
-    qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 1);
-    qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 2);
-    k_offset0 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t) * 4);
-    k_offset1 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t + 1) * 4);
-  } else if constexpr (kTokenKParams) {
-    const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
-    const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
-    k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
-    k_offset1 = KT == KvType::u8 ? 1024.f * qsum1 : 1024.f * lo1 + 64.f * (qsum1 - lo1);
-  }
+    qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
+    qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);
+    qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 1);
+    qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 2);
+    // Σq of the two heads this lane's score/output columns hold (2t, 2t+1).
+    qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4);
+    qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
+    if constexpr (KT == KvType::u2) {
+      qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 1);
+      qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 2);
+      k_offset0 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t) * 4);
+      k_offset1 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t + 1) * 4);
+    } else if constexpr (kTokenKParams) {
+      const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
+      const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
+      k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
+      k_offset1 = KT == KvType::u8 ? 1024.f * qsum1 : 1024.f * lo1 + 64.f * (qsum1 - lo1);
+    }
+  };
+  if constexpr (!kLateQuery) prep_query();
 
   auto row_of = [&](int i) -> int64_t {  // token i of the split -> row in [blocks, Hkv, bs]
     const int tok = start + i;
@@ -556,8 +571,15 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   // Per-token integer K: the score mma starts from -k_fold * k_offset (exact: k_fold is a power of two), so it ends
   // at k_fold (q·c), and the score in log2 units is one fma per element:
   //   s (q·c) scale + z Σq scale = mma * (s scale / k_fold) + z (Σq scale).
-  const float init0 = kTokenKParams ? -k_fold * k_offset0 : 0.f, init1 = kTokenKParams ? -k_fold * k_offset1 : 0.f;
-  const float qz0 = qsum0 * scale_log2, qz1 = qsum1 * scale_log2;
+  // (Set again once a late query is ready.)
+  float init0, init1, qz0, qz1;
+  auto score_consts = [&] {
+    init0 = kTokenKParams ? -k_fold * k_offset0 : 0.f;
+    init1 = kTokenKParams ? -k_fold * k_offset1 : 0.f;
+    qz0 = qsum0 * scale_log2;
+    qz1 = qsum1 * scale_log2;
+  };
+  score_consts();
   constexpr float kScoreMul = 1.f / k_fold;
 
   using KRegs = TileK<kKWords>;
@@ -792,6 +814,10 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       ring_copy(tile_of(s), s, __shfl_sync(0xffffffffu, rows_cur, s));
       cp_async_commit();
     }
+  }
+  if constexpr (kLateQuery) {  // the first copies are out: now the query's math (its loads have landed meanwhile)
+    prep_query();
+    score_consts();
   }
   // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
   KRegs cur[kSub], nxt[kSub];
