@@ -3,9 +3,10 @@ SDPA fp16 on Llama-3-8B heads (32 q / 8 kv heads, head_dim 128), at issue 16's d
 decode step over a paged cache written by kv_write (tools/bench_gpu_kv_per_channel.py's filled_cache), as the
 profiler's kernel times (decode kernels and the split merge; each also alone: {name}_attn_us, {name}_merge_us). With
 KV2_SWEEP=1, for kv4 and kv2 it also times the op's internals at other forced split sizes (the rule before the
-whole-wave split plan, and one more) on a cache of the same shape (split_sweep; written 2026-11-27, not yet run). Effective bandwidth = the cache bytes one step reads
-(codes + parameters; SDPA: f16 K and V) / time, beside the copy bandwidth of the card (a 2 GiB device copy). Writes
-JSON (argv[1]) and prints a table."""
+whole-wave split plan, and one more) on a cache of the same shape (split_sweep; written 2026-11-27, not yet run); with
+KV2_MAIN_PLAN=1, at the split main's plan (f5640a6) picks (the op's kernels, same process). Effective bandwidth = the
+cache bytes one step reads (codes + parameters; SDPA: f16 K and V) / time, beside the copy bandwidth of the card (a 2
+GiB device copy). Writes JSON (argv[1]) and prints a table."""
 import math
 import os
 import sys
@@ -63,6 +64,20 @@ def old_rule_split(b, length):
     return -(-min(per, length + 16) // 16) * 16
 
 
+def whole_wave_split(b, length, blocks_per_sm=4):
+    """decode_attention's split at main f5640a6 (the whole-wave plan; 4 resident blocks per SM for u4/u4 and u2/u2):
+    one wave of splits at small batches, else about one wave at 4 blocks per SM, >= min(512, L/16) tokens."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    slots, per_split_blocks = blocks_per_sm * sms, b * HKV * ((HQ // HKV + 7) // 8)
+    if 2 * per_split_blocks <= slots:
+        wanted = max(1, slots // per_split_blocks)
+    else:
+        wanted = max(1, -(-4 * sms // per_split_blocks))
+    floor = min(max(-(-length // 16), 64), 512)
+    per = max(-(-length // wanted), floor)
+    return -(-min(per, length + 16) // 16) * 16
+
+
 def split_sweep(q3, out, b, length, kt, vt, splits):
     """The op's kernels (decode + merge) at forced split sizes over one cache of that format: {split: us}."""
     cache, table = filled_cache(b, length, kt, vt, False)
@@ -97,6 +112,12 @@ def bench(b, length):
         row[f"{name}_gbps"] = bytes_per_step(b, length, kt, vt, pc, group or 16) / t / 1e3
         step = None  # frees the cache
         torch.cuda.empty_cache()
+        if name in ("kv4", "kv2") and os.environ.get("KV2_MAIN_PLAN") == "1":
+            # The op (kernel + merge) at the split main's plan picks, same process: what the split plan alone changed.
+            split = whole_wave_split(b, length)
+            row[f"{name}_main_plan_split"] = split
+            row[f"{name}_main_plan_us"] = split_sweep(q3, out, b, length, kt, vt, [split])[str(split)]
+            torch.cuda.empty_cache()
         if name in ("kv4", "kv2") and os.environ.get("KV2_SWEEP") == "1":
             old = old_rule_split(b, length)
             other = 8192 if old != 8192 else 4096
@@ -121,6 +142,10 @@ def main():
               flush=True)
         print(f"{'attn+merge':>12} {'':>8} " + " ".join(f"{r[n + '_attn_us']:4.0f}+{r[n + '_merge_us']:<3.1f}" for n in names))
         for n in names:
+            if f"{n}_main_plan_us" in r:
+                us = r[n + "_main_plan_us"]
+                print(f"{'':>12} {n} at main's plan (split {r[n + '_main_plan_split']}): {us:.1f} us"
+                      f" ({r['sdpa_fp16_us'] / us:.2f}x)")
             if f"{n}_split_sweep_us" in r:
                 print(f"{'':>12} {n} forced splits: " + ", ".join(f"{k} tok {v:.1f} us" for k, v in r[f"{n}_split_sweep_us"].items()))
     write_json(out, {"meta": device_meta(), "copy_gbps": copy, "decode_attention": rows})

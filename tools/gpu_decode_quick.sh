@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The decode attention kernel's check in one short device call, on the package as users get it: install; a same-call
-# A/B of the kernel alone (tools/bench_decode_attention_variants.cu built from this tree and from OLD_TREE, a folder
-# whose cpp/ holds the baseline decode_attention_sm80.cuh and whose tools/ holds its harness; both built while the
-# package installs) and tools/bench_gpu_kv2.py (the op vs SDPA fp16, KV2_FORMATS, default kv4,kv2), each alone on the
+# A/B of the kernel alone (HARNESS, default tools/bench_decode_attention_shipped.cu: the shipped instances, ring
+# included; built from this tree and from OLD_TREE, a folder whose cpp/ holds the baseline decode_attention_sm80.cuh
+# and whose tools/ holds its harness; both built while the package installs; run old, new, old, new) and tools/bench_gpu_kv2.py (the op vs SDPA fp16, KV2_FORMATS, default kv4,kv2), each alone on the
 # GPU; then the decode tests (test_gpu_attention.py and the 2-bit decode cases of test_gpu_kv2.py) beside memcheck,
 # racecheck and synccheck over small 2-bit and 4-bit cases, all capped at SIDE_S (correctness only: nothing is timed
 # then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON in $OUT
@@ -16,19 +16,20 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/dev
 T0=$(date +%s)
 BIN=$(mktemp -d /tmp/lowbit-dv.XXXX)
 NVCC=(nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I "$REPO/include")
+HARNESS=${HARNESS:-tools/bench_decode_attention_shipped.cu}
 [ "${NO_HARNESS:-0}" = 1 ] || (
-  [ -n "${OLD_TREE:-}" ] && "${NVCC[@]}" -I "$OLD_TREE/cpp" -I "$REPO/cpp" "$OLD_TREE/tools/bench_decode_attention_variants.cu" \
+  [ -n "${OLD_TREE:-}" ] && "${NVCC[@]}" -I "$OLD_TREE/cpp" -I "$REPO/cpp" "$OLD_TREE/$HARNESS" \
     -o "$BIN/dv_old" > "$OUT/harness_old.log" 2>&1 &
-  "${NVCC[@]}" -I "$REPO/cpp" "$REPO/tools/bench_decode_attention_variants.cu" -o "$BIN/dv_new" > "$OUT/harness_new.log" 2>&1
+  "${NVCC[@]}" -I "$REPO/cpp" "$REPO/$HARNESS" -o "$BIN/dv_new" > "$OUT/harness_new.log" 2>&1
   wait
 ) &
-HARNESS=$!
+HARNESS_PID=$!
 start=$(date +%s)
 (cd "$REPO" && python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
-wait $HARNESS
+wait $HARNESS_PID
 echo "harness built at $(( $(date +%s) - start )) s"
-[ "${NO_HARNESS:-0}" = 1 ] || for bin in dv_old dv_new; do
+[ "${NO_HARNESS:-0}" = 1 ] || for bin in dv_old dv_new dv_old dv_new; do
   [ -x "$BIN/$bin" ] || { echo "no $bin"; tail -5 "$OUT/harness_${bin#dv_}.log"; continue; }
   echo "-- $bin"; timeout -k 5 60 "$BIN/$bin" 2>&1 | tee -a "$OUT/variants.log"
 done

@@ -137,12 +137,29 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     // empty wave: 16 x 32K ran 5 splits = 640 blocks on 528 slots); otherwise about one wave at 4 blocks per SM
     // (2 splits at B=64 L=8K, measured fastest on an H100 by tools/bench_gpu_attention.py --split-sweep; a short
     // context, L ~ 500 at batch 1, wants splits of 64).
+    //
+    // The ring instances of per-token u4 and u2 K and V at head_dim 128 differ (measured on an H200, kernel alone,
+    // docs/gpu_notes.md "what bounds the 4-bit ring"): u4/u4 streams about as fast from 2 blocks per SM as from 4
+    // (ncu: its loop waits on the memory side, not on its warps), u2/u2 needs the 4. So:
+    // - u4/u4 at small batches takes half a wave (2 blocks per SM, each twice as long: half the per-block start-up
+    //   and drain) where whole splits fill at least 90% of it: 1 x 128K 51.3 -> 47.8 us, 16 x 32K 161.7 -> 157.0,
+    //   4 x 128K 161.6 -> 157.6. u2/u2 lost 3-11% that way (its loop is bound by its instructions): it keeps the
+    //   whole wave.
+    // - both take one split where one split's blocks fill at least 90% of a wave (64 x 8K: 512 blocks on 528 slots)
+    //   instead of two: u4/u4 164.1 -> 163.0 us, u2/u2 118.5 -> 116.2, and no split merge (4.3 us).
     const int64_t sms = multiprocessor_count(dev);
     const int64_t slots = std::max(1, blocks_per_sm(instance, dev)) * sms;
     const int64_t blocks_per_split = batch * hkv * ((hq / hkv + 7) / 8);  // (sequence, kv head, slice)
+    const bool ring = d == 128 && (kt == KvType::u4 || kt == KvType::u2) && vt == kt;
+    const bool half_wave = d == 128 && kt == KvType::u4 && vt == KvType::u4;
+    const int64_t half = slots / 2 / blocks_per_split;  // whole splits of (sequence, kv head, slice) in half a wave
     int64_t splits_wanted;
-    if (2 * blocks_per_split <= slots) {
+    if (half_wave && half >= 1 && 10 * half * blocks_per_split >= 9 * (slots / 2)) {
+      splits_wanted = half;
+    } else if (2 * blocks_per_split <= slots) {
       splits_wanted = std::max<int64_t>(1, slots / blocks_per_split - (per_channel ? 1 : 0));  // + the window split
+    } else if (ring && 10 * blocks_per_split >= 9 * slots && blocks_per_split <= slots) {
+      splits_wanted = 1;
     } else {
       splits_wanted = std::max<int64_t>(1, (4 * sms + blocks_per_split - 1) / blocks_per_split);
     }

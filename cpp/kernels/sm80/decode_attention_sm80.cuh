@@ -329,7 +329,9 @@ constexpr int ring_stages() {
 // latency has the softmax and output mma of this tile to hide in. Measured 47% slower for u4/u4 at 4 blocks (it spills
 // 8 bytes there: 261.6 vs 177.5 us at 64 x 8K, H200): no instance takes it.
 // kRing: stages of the warp's shared-memory ring (0: none; see RingLayout): tile i + kRing - 1 is copied by cp.async
-// while tile i is computed, and nothing of it is held in registers until it is used.
+// while tile i is computed, and nothing of it is held in registers until it is used. Any number of stages (past 48 KB
+// the kernel takes dynamic shared memory); measured no faster than 4 (docs/gpu_notes.md "what bounds the 4-bit ring").
+// kL2: the ring's code copies with an L2 prefetch-size hint of that many bytes (0: none; 128 / 256 measured no faster).
 template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 1, bool kVMid = false,
           int kRing = 0, int kL2 = 0, class Smem>
 __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, int split, int slot_split,
@@ -391,31 +393,13 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   // [8 heads][D] (each lane keeps its own head's run of dims there; registers are too few to keep it).
   float* const chan = &warp_o[warp][0][0];
   __half* const q_stage = reinterpret_cast<__half*>(chan + 4 * D) + g * D + kv_dims;
-  // The ring instances load the lane's run of the query into registers here and do its math after the ring's first
-  // copies are issued (prep_query), so the query's and the page table's loads are in flight together at the block's
-  // start (ncu: each was a stalled round trip of its own before the first tile's copies could go out).
-  constexpr bool kLateQuery = kRing > 0;
-  __half qv[kLateQuery ? D / 4 : 1];
-  if constexpr (kLateQuery) {
-#pragma unroll
-    for (int d = 0; d < D / 4; ++d) qv[d] = live ? qh[d] : zero;
-  }
-  auto q_at = [&](int d) -> __half {
-    if constexpr (kLateQuery) return qv[d];
-    return live ? qh[d] : zero;
-  };
-  float qsum0 = 0.f, qsum1 = 0.f, k_offset0 = 0.f, k_offset1 = 0.f;
-  // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
-  // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
-  // 2-bit: the mma gives 64 q·c + 1024 Σ(folded q), so k_offset = 16 Σ(folded q).
-  constexpr float k_fold = kTwoBitK ? 64.f : KT == KvType::u4 || KT == KvType::u4c ? 16.f : 1.f;
-  auto prep_query = [&] {
+  {
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
       int d00, d01, d10, d11;
       q_dims<KT, kSteps>(j, d00, d01, d10, d11);
-      const __half2 lo = __halves2half2(q_at(d00), q_at(d01));
-      const __half2 hi = __halves2half2(q_at(d10), q_at(d11));
+      const __half2 lo = live ? __halves2half2(qh[d00], qh[d01]) : __halves2half2(zero, zero);
+      const __half2 hi = live ? __halves2half2(qh[d10], qh[d11]) : __halves2half2(zero, zero);
       if constexpr (kChannelK) {
         q_stage[d00] = __low2half(lo);
         q_stage[d01] = __high2half(lo);
@@ -437,26 +421,29 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       qpart += (a.x + a.y) + (c.x + c.y);
       qlo_part += a.x + a.y;
     }
-    qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
-    qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);
-    qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 1);
-    qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 2);
-    // Σq of the two heads this lane's score/output columns hold (2t, 2t+1).
-    qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4);
-    qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
-    if constexpr (KT == KvType::u2) {
-      qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 1);
-      qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 2);
-      k_offset0 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t) * 4);
-      k_offset1 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t + 1) * 4);
-    } else if constexpr (kTokenKParams) {
-      const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
-      const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
-      k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
-      k_offset1 = KT == KvType::u8 ? 1024.f * qsum1 : 1024.f * lo1 + 64.f * (qsum1 - lo1);
-    }
-  };
-  if constexpr (!kLateQuery) prep_query();
+  }
+  qpart += __shfl_xor_sync(0xffffffffu, qpart, 1);
+  qpart += __shfl_xor_sync(0xffffffffu, qpart, 2);
+  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 1);
+  qlo_part += __shfl_xor_sync(0xffffffffu, qlo_part, 2);
+  // Σq of the two heads this lane's score/output columns hold (2t, 2t+1).
+  const float qsum0 = __shfl_sync(0xffffffffu, qpart, (2 * t) * 4), qsum1 = __shfl_sync(0xffffffffu, qpart, (2 * t + 1) * 4);
+  // Integer K: the mma gives k_fold * (q·c + k_offset) per head; q·c = mma / k_fold - k_offset.
+  // u8: 1024 Σq. u4: (16·1024 Σq_lo + 1024 Σq_hi) / 16 = 1024 Σq_lo + 64 Σq_hi.
+  // 2-bit: the mma gives 64 q·c + 1024 Σ(folded q), so k_offset = 16 Σ(folded q).
+  constexpr float k_fold = kTwoBitK ? 64.f : KT == KvType::u4 || KT == KvType::u4c ? 16.f : 1.f;
+  float k_offset0 = 0.f, k_offset1 = 0.f;
+  if constexpr (KT == KvType::u2) {
+    qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 1);
+    qfold_part += __shfl_xor_sync(0xffffffffu, qfold_part, 2);
+    k_offset0 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t) * 4);
+    k_offset1 = 16.f * __shfl_sync(0xffffffffu, qfold_part, (2 * t + 1) * 4);
+  } else if constexpr (kTokenKParams) {
+    const float lo0 = __shfl_sync(0xffffffffu, qlo_part, (2 * t) * 4);
+    const float lo1 = __shfl_sync(0xffffffffu, qlo_part, (2 * t + 1) * 4);
+    k_offset0 = KT == KvType::u8 ? 1024.f * qsum0 : 1024.f * lo0 + 64.f * (qsum0 - lo0);
+    k_offset1 = KT == KvType::u8 ? 1024.f * qsum1 : 1024.f * lo1 + 64.f * (qsum1 - lo1);
+  }
 
   auto row_of = [&](int i) -> int64_t {  // token i of the split -> row in [blocks, Hkv, bs]
     const int tok = start + i;
@@ -571,15 +558,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   // Per-token integer K: the score mma starts from -k_fold * k_offset (exact: k_fold is a power of two), so it ends
   // at k_fold (q·c), and the score in log2 units is one fma per element:
   //   s (q·c) scale + z Σq scale = mma * (s scale / k_fold) + z (Σq scale).
-  // (Set again once a late query is ready.)
-  float init0, init1, qz0, qz1;
-  auto score_consts = [&] {
-    init0 = kTokenKParams ? -k_fold * k_offset0 : 0.f;
-    init1 = kTokenKParams ? -k_fold * k_offset1 : 0.f;
-    qz0 = qsum0 * scale_log2;
-    qz1 = qsum1 * scale_log2;
-  };
-  score_consts();
+  const float init0 = kTokenKParams ? -k_fold * k_offset0 : 0.f, init1 = kTokenKParams ? -k_fold * k_offset1 : 0.f;
+  const float qz0 = qsum0 * scale_log2, qz1 = qsum1 * scale_log2;
   constexpr float kScoreMul = 1.f / k_fold;
 
   using KRegs = TileK<kKWords>;
@@ -712,16 +692,12 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   // base + L (one page read and its index math per lane, once per 32 steps), and each step takes its row with one
   // shuffle (rows_cur: steps [base, base + 32); rows_nxt: the next 32, read a batch early so the shuffle never waits
   // on the page table). Steps whose tile is not whole get 0 and look their rows up in ring_copy.
-  // The page is read whether or not the tile is whole (an entry of the sequence's row of the table, clamped to it), so
-  // the read need not wait for the sequence's length: at a block's start the first batch's lookups go out beside it.
   auto ring_rows = [&](int base) -> uint32_t {
     const int tile = tile_of(base + lane);
-    const int tok = start + tile;
-    const int page_idx = p.block_shift >= 0 ? tok >> p.block_shift : tok / p.block_size;
-    const int page = p.max_blocks > 0 ? __ldg(pages + min(page_idx, p.max_blocks - 1)) : 0;
     if (!full_tile(tile)) return 0;
+    const int tok = start + tile;
     const uint32_t in_page = p.block_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
-    return (static_cast<uint32_t>(page) * p.hkv + kvh) * p.block_size + in_page;
+    return (static_cast<uint32_t>(page_of(tile)) * p.hkv + kvh) * p.block_size + in_page;
   };
   // Copies tile `tile` of the split into stage `stage` (nothing for a tile past the split). A whole tile in one page
   // is 16 consecutive rows: 16-byte chunks of K and V, lane by lane; otherwise each chunk looks its row up and rows
@@ -742,7 +718,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
         const uint8_t* const vs = p.v + (static_cast<uint64_t>(row) * Ring::kVRow + ring_lane16);
 #pragma unroll
         for (int c0 = 0; c0 < kKChunks; c0 += 32)
-          if (kKChunks % 32 == 0 || c0 + lane < kKChunks) cp_async16_s_hint<kL2>(ring_k_dst + st_off + 16 * c0, ks + 16 * c0);
+          if (kKChunks % 32 == 0 || c0 + lane < kKChunks)
+            cp_async16_s_hint<kL2>(ring_k_dst + st_off + 16 * c0, ks + 16 * c0);
 #pragma unroll
         for (int c0 = 0; c0 < kVChunks; c0 += 32)
           if (kVChunks % 32 == 0 || c0 + lane < kVChunks)
@@ -797,7 +774,9 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   };
   uint32_t rows_cur = 0, rows_nxt = 0;
   // Step i's stage (i >= 0): a mask for a power-of-two ring, else an unsigned remainder (a multiply-high and a subtract).
-  auto ring_stage = [](int i) -> int { return static_cast<int>(static_cast<unsigned>(i) % static_cast<unsigned>(kRing > 0 ? kRing : 1)); };
+  auto ring_stage = [](int i) -> int {
+    return static_cast<int>(static_cast<unsigned>(i) % static_cast<unsigned>(kRing > 0 ? kRing : 1));
+  };
   // The ring's ones operand of the Σ p' mma, pinned: left to itself the compiler rebuilds the four registers every step.
   // A shuffle of a constant (or of any warp-uniform value) folds to it, so each is kOnes plus a zero the compiler can
   // neither know nor prove uniform (hkv >= 1: its sign bit, times the lane).
@@ -814,10 +793,6 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       ring_copy(tile_of(s), s, __shfl_sync(0xffffffffu, rows_cur, s));
       cp_async_commit();
     }
-  }
-  if constexpr (kLateQuery) {  // the first copies are out: now the query's math (its loads have landed meanwhile)
-    prep_query();
-    score_consts();
   }
   // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
   KRegs cur[kSub], nxt[kSub];
@@ -1081,8 +1056,6 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   }
 }
 
-// kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
-// K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
 // The block's shared memory is static up to 48 KB; a larger ring (more stages) takes it as dynamic shared memory
 // (decode_dynamic_smem: the bytes to launch with and to allow, 0 for a static one).
 template <KvType KT, KvType VT, int D, int kSub, int kRing>
@@ -1094,6 +1067,8 @@ constexpr int decode_dynamic_smem() {
   return bytes > kStaticSmemMax ? bytes : 0;
 }
 
+// kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
+// K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
 template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1, int kChains = 1,
           bool kVMid = false, int kRing = 0, int kL2 = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
