@@ -2,12 +2,13 @@
 # The decode attention kernel's check in one short device call, on the package as users get it: install; a same-call
 # A/B of the kernel alone (HARNESS, default tools/bench_decode_attention_shipped.cu: the shipped instances, ring
 # included; built from this tree and from OLD_TREE, a folder whose cpp/ holds the baseline decode_attention_sm80.cuh
-# and whose tools/ holds its harness; both built while the package installs; run old, new, old, new) and tools/bench_gpu_kv2.py (the op vs SDPA fp16, KV2_FORMATS, default kv4,kv2), each alone on the
-# GPU; then the decode tests (test_gpu_attention.py and the 2-bit decode cases of test_gpu_kv2.py) beside memcheck,
-# racecheck and synccheck over small 2-bit and 4-bit cases, all capped at SIDE_S (correctness only: nothing is timed
-# then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON in $OUT
-# (logs in one archive: a device call brings back at most 8 files). NO_HARNESS=1 skips the kernel-alone A/B (the op's
-# bench then splits its time into the decode kernel and the split merge from the same profile).
+# and whose tools/ holds its harness; both built while the package installs; run old, new, old, new) and
+# tools/bench_gpu_kv2.py (the op vs SDPA fp16, KV2_FORMATS, default kv4,kv2), each alone on the GPU; then the decode
+# tests (test_gpu_attention.py and the 2-bit decode cases of test_gpu_kv2.py), memcheck, racecheck and synccheck over
+# small 2-bit and 4-bit cases (one process per GPU at a time), each capped at SIDE_S (correctness only: nothing is
+# timed then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON
+# in $OUT (logs in one archive: a device call brings back at most 8 files). NO_HARNESS=1 skips the kernel-alone A/B
+# (the op's bench then splits its time into the decode kernel and the split merge from the same profile).
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
@@ -39,15 +40,26 @@ P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
 T="$REPO/tests_py"
 SIDE_S=${SIDE_S:-110}
 if [ -n "${TOTAL_S:-}" ]; then left=$(( TOTAL_S - ($(date +%s) - T0) - 10 )); [ "$left" -lt "$SIDE_S" ] && SIDE_S=$left; fi
-echo "== decode tests and sanitizers side by side (capped at $SIDE_S s)"
-(timeout -k 5 $SIDE_S "${P[@]}" "$T/test_gpu_attention.py" "$T/test_gpu_kv2.py" "$T/test_gpu_decode_splits.py" --maxfail=40 -k "decode_attention" \
-  > "$OUT/pytest_decode.log" 2>&1; echo "tests rc=$?"; tail -2 "$OUT/pytest_decode.log"
- grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode.log" | cut -c1-300 | head -20) &
+# One pytest process per GPU at a time: the tests and the three sanitizers run in rounds of as many as there are GPUs
+# (each pinned to one), every job capped at SIDE_S.
+NGPU=$(nvidia-smi -L | wc -l); [ "$NGPU" -ge 1 ] || NGPU=1
+echo "== decode tests and sanitizers, $NGPU at a time (each capped at $SIDE_S s)"
+decode_tests() {
+  timeout -k 5 $SIDE_S "${P[@]}" "$T/test_gpu_attention.py" "$T/test_gpu_kv2.py" "$T/test_gpu_decode_splits.py" --maxfail=40 \
+    -k "decode_attention" > "$OUT/pytest_decode.log" 2>&1; echo "tests rc=$?"; tail -2 "$OUT/pytest_decode.log"
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_decode.log" | cut -c1-300 | head -20
+}
 E="lens1-0-9-3-64 or lens2-64-24-2-128 or 128-u2-u2 or 64-32-u4-u2 or (float64 and lens2-64-32-8-128 and not 2bit) or (straddling and 16-40) or (forced_splits and (lens3 or lens4))"
-for t in memcheck racecheck synccheck; do
-  (timeout -k 5 $SIDE_S compute-sanitizer --tool $t --error-exitcode 9 "${P[@]}" "$T/test_gpu_kv2.py" \
-    "$T/test_gpu_kv_per_channel.py" "$T/test_gpu_attention.py" "$T/test_gpu_decode_splits.py" -k "$E" > "$OUT/${t}_decode.log" 2>&1; echo "$t rc=$?"; tail -1 "$OUT/${t}_decode.log"
-   grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${t}_decode.log" | head -4) &
+sanitize() {
+  timeout -k 5 $SIDE_S compute-sanitizer --tool $1 --error-exitcode 9 "${P[@]}" "$T/test_gpu_kv2.py" \
+    "$T/test_gpu_kv_per_channel.py" "$T/test_gpu_attention.py" "$T/test_gpu_decode_splits.py" -k "$E" > "$OUT/${1}_decode.log" 2>&1
+  echo "$1 rc=$?"; tail -1 "$OUT/${1}_decode.log"
+  grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${1}_decode.log" | head -4
+}
+i=0
+for job in decode_tests "sanitize memcheck" "sanitize racecheck" "sanitize synccheck"; do
+  (export CUDA_VISIBLE_DEVICES=$(( i % NGPU )); $job) &
+  i=$(( i + 1 )); [ $(( i % NGPU )) -eq 0 ] && wait
 done
 wait
 (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
