@@ -5,7 +5,7 @@
 # and whose tools/ holds its harness; both built while the package installs; run old, new, old, new) and
 # tools/bench_gpu_kv2.py (the op vs SDPA fp16, KV2_FORMATS, default kv4,kv2), each alone on the GPU; then the decode
 # tests (test_gpu_attention.py and the 2-bit decode cases of test_gpu_kv2.py), memcheck, racecheck and synccheck over
-# small 2-bit and 4-bit cases (one process per GPU at a time), each capped at SIDE_S (correctness only: nothing is
+# small 2-bit and 4-bit cases (SANITIZERS; one process per GPU at a time), each capped at SIDE_S (correctness only: nothing is
 # timed then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON
 # in $OUT (logs in one archive: a device call brings back at most 8 files). NO_HARNESS=1 skips the kernel-alone A/B
 # (the op's bench then splits its time into the decode kernel and the split merge from the same profile).
@@ -57,7 +57,8 @@ sanitize() {
   grep -E "^(FAILED|ERROR) |^========= (Invalid|Race|Error|Barrier)" "$OUT/${1}_decode.log" | head -4
 }
 i=0
-for job in decode_tests "sanitize memcheck" "sanitize racecheck" "sanitize synccheck"; do
+JOBS=(decode_tests); for t in ${SANITIZERS:-memcheck racecheck synccheck}; do JOBS+=("sanitize $t"); done
+for job in "${JOBS[@]}"; do
   (export CUDA_VISIBLE_DEVICES=$(( i % NGPU )); $job) &
   i=$(( i + 1 )); [ $(( i % NGPU )) -eq 0 ] && wait
 done
