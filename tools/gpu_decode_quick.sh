@@ -5,8 +5,8 @@
 # and whose tools/ holds its harness; both built while the package installs; run old, new, old, new) and
 # tools/bench_gpu_kv2.py (the op vs SDPA fp16, KV2_FORMATS, default kv4,kv2), each alone on the GPU; then the decode
 # tests (test_gpu_attention.py and the 2-bit decode cases of test_gpu_kv2.py), memcheck, racecheck and synccheck over
-# small 2-bit and 4-bit cases (SANITIZERS; one process per GPU at a time), each capped at SIDE_S (correctness only: nothing is
-# timed then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON
+# small 2-bit and 4-bit cases (SANITIZERS; one process per GPU at a time), each capped at SIDE_S (correctness only:
+# nothing is timed then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON
 # in $OUT (logs in one archive: a device call brings back at most 8 files). NO_HARNESS=1 skips the kernel-alone A/B
 # (the op's bench then splits its time into the decode kernel and the split merge from the same profile).
 set -uo pipefail
@@ -35,7 +35,7 @@ echo "harness built at $(( $(date +%s) - start )) s"
   echo "-- $bin"; timeout -k 5 60 "$BIN/$bin" 2>&1 | tee -a "$OUT/variants.log"
 done
 cd "$(mktemp -d /tmp/lowbit-quick.XXXX)"
-KV2_FORMATS=${KV2_FORMATS:-kv4,kv2} timeout -k 5 ${BENCH_S:-120} python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -12
+KV2_FORMATS=${KV2_FORMATS:-kv4,kv2} timeout -k 5 ${BENCH_S:-120} python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -30
 P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
 T="$REPO/tests_py"
 SIDE_S=${SIDE_S:-110}
