@@ -556,6 +556,10 @@ EngineStats Engine::stats() const {
   s.prefix_cache_hit_tokens = pc.hit_tokens;
   s.prefix_cache_blocks = pc.cached_blocks;
   s.prefix_cache_evictions = pc.evictions;
+  const DecodeGraphTiming t = model_.decode_graph_timing(ranks_[0].ws);
+  s.decode_graph_steps = t.steps;
+  s.decode_graph_ms = t.graph_ms;
+  s.decode_upload_ms = t.upload_ms;
   return s;
 }
 
