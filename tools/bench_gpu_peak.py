@@ -417,7 +417,8 @@ def main():
     meta.update({"protocol": f"random prompts of {PROMPT} tokens, {NEW} new tokens each (greedy, no EOS), the "
                              "largest batch that fits; decode tok/s = tokens after every first token / that time",
                  "model": harness.dataclasses.asdict(harness.shape_of(args)), "prompt_tokens": PROMPT,
-                 "new_tokens": NEW, "fmpq_int8_fraction": args.fmpq_int8_fraction, "fixed_batches": args.fixed, "ladder": args.ladder, "repeats": args.repeats,
+                 "new_tokens": NEW, "fixed_batches": args.fixed, "ladder": args.ladder, "repeats": args.repeats,
+                 "fmpq_int8_fraction": args.fmpq_int8_fraction,
                  "timing": "wall time around synchronised loops per request batch (prefill phase, decode phase)"})
     todo = []
     for p in (p for p in args.parts.split(",") if p):
