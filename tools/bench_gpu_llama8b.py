@@ -40,6 +40,7 @@ import torch
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
+import fmpq_random  # noqa: E402
 from llama_random import (LLAMA3_8B, LlamaShape, quantize_e4m3, quantize_two_level, quantize_w4, quantize_w8, weight,  # noqa: E402
                           weight_names)
 
@@ -122,7 +123,8 @@ def core_config(shape):
 
 def core_weight(name, w, recipe, dtype):
     """Linear weight `name` (a torch tensor on any device) quantized for `recipe` by the fast on-device
-    quantizers, as the engine's QuantizedWeight on the host. a8 recipes keep lm_head in f16."""
+    quantizers, as the engine's QuantizedWeight on the host. a8 and a4 recipes keep lm_head in f16; w4a4 (FMPQ)
+    takes the two-level qoq format of w4a8, so it needs no branch of its own (its block maps: lowbit_model)."""
     from lowbit import _core
     r = _core.parse_recipe(recipe)
     fmt = dtype if r["weight_bits"] == 16 else r["weight_format"]
@@ -143,16 +145,28 @@ def core_weight(name, w, recipe, dtype):
     return _core.QuantizedWeight(f, w.to(getattr(torch, {"f16": "float16", "f32": "float32"}[f])).cpu())
 
 
-def lowbit_model(shape, recipe, device, dtype, kernel_overrides=None):
+def lowbit_model(shape, recipe, device, dtype, kernel_overrides=None, fmpq_int8_fraction=fmpq_random.INT8_FRACTION):
+    """w4a4 (FMPQ) recipes also get a block map with `fmpq_int8_fraction` int8 blocks and an input permutation per
+    decoder linear (fmpq_random.py); the other recipes ignore it."""
     from lowbit import _core
     gen = "cuda" if cuda() else "cpu"
     m = _core.Model(core_config(shape), recipe, device, dtype)
     if kernel_overrides:
         m.set_kernel_options(kernel_overrides)
+    fmpq = _core.parse_recipe(recipe)["activation"] == "fmpq_mixed"
     for name, shp, linear in weight_names(shape):
         w = weight(name, shp, gen)
         if linear:
+            bits = perm = None
+            if fmpq and name != "lm_head.weight":  # lm_head keeps float activations
+                bits, perm = fmpq_random.inputs(name, shp[1], fmpq_int8_fraction)
+                if perm is not None:  # the engine feeds x[:, perm]: the same model needs w[:, perm]
+                    w = w[:, perm.to(w.device, torch.long)]
             m.set_quantized_weight(name, core_weight(name, w, recipe, dtype))
+            if bits is not None:
+                m.set_fmpq_block_bits(name, bits)
+            if perm is not None:
+                m.set_input_permutation(name, perm)
         else:
             m.set_weight(name, w.cpu())
     if cuda():
