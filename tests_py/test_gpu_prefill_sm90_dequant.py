@@ -49,7 +49,7 @@ def outputs(lens_q, lens_kv, hq, hkv, d, kv, bs, seed, options):
     meta = lb.AttentionMeta(q_start, lens_q, lens_kv, table.cuda(), slots[:1].cuda())
     res = []
     for ref in ("off", "on"):
-        out = nan_like(q.cpu()).cuda()
+        out = nan_like(q)
         lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(d), out, kernel=KERNEL,
                            options={**options, "prefill_ref_dequant": ref})
         res.append(out.cpu())
