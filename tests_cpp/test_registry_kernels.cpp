@@ -402,6 +402,9 @@ TEST(Registry, PrefillKernelOptions) {
   EXPECT_EQ(pack("off"), 1);
   EXPECT_EQ(pack("on"), 2);
   EXPECT_NE(error_of([&] { pack("always"); }).find("on or off"), std::string::npos);
+  EXPECT_FALSE(defaults.prefill_ref_dequant);  // the placed-field u4 / u2 dequantization
+  EXPECT_TRUE(parse_kernel_options({{{"prefill_ref_dequant", "on"}}, false}).tuning.prefill_ref_dequant);
+  EXPECT_FALSE(parse_kernel_options({{{"prefill_ref_dequant", "off"}}, false}).tuning.prefill_ref_dequant);
 }
 
 TEST(Registry, ModelPlanNamesTheKernelsAndHonoursOverrides) {

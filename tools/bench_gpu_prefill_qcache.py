@@ -11,6 +11,9 @@ Llama-3-8B heads (32 q / 8 kv, D 128), pages of 16, profiler kernel time (mean o
            cache.
 Key split (the kernel option prefill_key_split; QCACHE_SPLITS lists them): 0 = the launch's plan (tag
 without suffix), N = N splits forced (tag suffix _sN; _s1 = the kernel without the split), the f16 cache included.
+QCACHE_REF=1: u4 and u2 also timed with the kernel option prefill_ref_dequant=on (tag suffix _ref: the previous
+dequantization, each code shifted and masked), and `{kv}_ref_bits_equal` says whether its out has the same bits as
+the placed-field dequantization's on the same cache and q.
 TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
 import math
 import os
@@ -31,6 +34,7 @@ CHUNKED = [tuple(int(y) for y in x.split(":")) for x in os.environ.get(
 FORMATS = os.environ.get("QCACHE_KV", "u8,u4,u2").split(",")
 VARIANTS = [int(x) for x in os.environ.get("QCACHE_VARIANTS", "0,1").split(",")]
 SPLITS = [int(x) for x in os.environ.get("QCACHE_SPLITS", "0").split(",")]
+REF = os.environ.get("QCACHE_REF", "0") == "1"
 REPS = 10
 KERNEL = "prefill_attention_sm90"
 
@@ -76,18 +80,24 @@ def case(b, prefix, chunk):
     for kv in ["f16"] + FORMATS:
         cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, write_meta)
-        for var, sp in [(v, sp) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS]:
+        refs = [False, True] if REF and kv in ("u4", "u2") else [False]
+        for var, sp, rf in [(v, sp, rf) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS for rf in refs]:
             opts = {"prefill_pack_heads": ["auto", "off", "on"][var],
                     "prefill_key_split": {0: "auto", 1: "off"}.get(sp, str(sp))}
+            if rf:
+                opts["prefill_ref_dequant"] = "on"
             call = lambda cache=cache, opts=opts: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out,
                                                                         kernel=KERNEL, options=opts)
             t = profiled_kernel_us(call, REPS, "prefill_attention")  # the split's merge kernel included
-            tag = (kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "")
+            tag = (kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "") + ("_ref" if rf else "")
             row[f"{tag}_us"], row[f"{tag}_tflops"] = t, flops / (t * 1e6)
             if "sdpa_us" in row:
                 row[f"{tag}_vs_sdpa"] = row["sdpa_us"] / t
             call()
             torch.cuda.synchronize()
+            if rf:  # the previous dequantization against the placed-field one just before it (same options)
+                row[f"{tag}_bits_equal"] = bool(torch.equal(out.view(torch.int16), last.view(torch.int16)))
+            last = out.clone()
             if kv == "f16" and ref is None:
                 ref = out.float().clone()
             else:  # vs the f16 cache's first output (a quantized cache: its quantization error, equal across variants
@@ -113,6 +123,9 @@ def main():
         sfx = [f"_s{sp}" if sp else "" for sp in SPLITS]
         head += "".join(f"/{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
         cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}_tflops']:.0f}" for v in VARIANTS for x in sfx)
+                          + "".join(f" ref {r[f'{kv}_v{v}{x}_ref_tflops']:.0f}"
+                                    f"{'' if r[f'{kv}_v{v}{x}_ref_bits_equal'] else ' BITS DIFFER'}"
+                                    for v in VARIANTS for x in sfx if f"{kv}_v{v}{x}_ref_tflops" in r)
                           for kv in FORMATS)
         print(head, " ", cells, flush=True)
     print("TFLOPS; per format the variants", VARIANTS, "x splits", SPLITS)

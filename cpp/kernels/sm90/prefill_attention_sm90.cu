@@ -32,9 +32,18 @@ const Entry kTable[] = {LOWBIT_SM90_ROW(64, f16),  LOWBIT_SM90_ROW(64, u8),  LOW
                         LOWBIT_SM90_ROW(128, u2),  LOWBIT_SM90_ROW(128, u4c), LOWBIT_SM90_ROW(128, u2c)};
 #undef LOWBIT_SM90_ROW
 
-Launch find_launch(int64_t d, KvType kt, KvType vt) {
+// The previous u4 / u2 dequantization (options.ref_dequant; prefill_attention_sm90_ref.cu).
+const Entry kRefTable[] = {
+    {64, KvType::u4, KvType::u4, &launch_prefill_attention_sm90<64, KvType::u4, KvType::u4, true>},
+    {64, KvType::u2, KvType::u2, &launch_prefill_attention_sm90<64, KvType::u2, KvType::u2, true>},
+    {128, KvType::u4, KvType::u4, &launch_prefill_attention_sm90<128, KvType::u4, KvType::u4, true>},
+    {128, KvType::u2, KvType::u2, &launch_prefill_attention_sm90<128, KvType::u2, KvType::u2, true>}};
+
+Launch find_launch(int64_t d, KvType kt, KvType vt, bool ref = false) {
   for (const Entry& e : kTable)
-    if (e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
+    if (!ref && e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
+  for (const Entry& e : kRefTable)
+    if (ref && e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
   return nullptr;
 }
 
@@ -150,7 +159,10 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   }
   const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>(tiles),
                   static_cast<unsigned>(a.num_seqs * args.splits));
-  find_launch(q.size(2), kt, vt)(args, grid, stream);
+  const Launch launch = find_launch(q.size(2), kt, vt, options.ref_dequant);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, launch != nullptr, op, ": the reference dequantization covers K and V ",
+                    "both u4 or both u2 only");
+  launch(args, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (args.splits > 1) {
     prefill_attention_split_merge(args, static_cast<int>(q.size(2)), max_q_len, stream);

@@ -28,7 +28,9 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
 
 // The launch of one (head_dim, K, V) instance (defined in prefill_attention_sm90.cuh, compiled by the
 // prefill_attention_sm90_d*_k*.cu files, one per head_dim and K type with every V type).
-template <int D, KvType KT, KvType VT>
+// kRefDequant: u4 / u2 dequantized as before the placed-field rework (prefill_attention_sm90_ref.cu: the A/B and
+// bit-identity instances, head_dim 64 and 128 with K and V both u4 or both u2).
+template <int D, KvType KT, KvType VT, bool kRefDequant = false>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream);
 
 // The key split's merge (prefill_attention_sm90_merge.cu): out from the splits' partial O and (max, sum) in a.

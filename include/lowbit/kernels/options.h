@@ -15,7 +15,7 @@ namespace lowbit::kernels {
 //   tuning          "fused_norm_quant" on|off, "fused_silu_quant" on|off, "pdl" on|off,
 //                   "w4a16_large_tile" auto|64x128|128x128|128x256, "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off, "fp8_fast_accum" on|off,
 //                   "split_mixed_attention" on|off, "prefill_key_split" auto|off|2..64,
-//                   "prefill_pack_heads" auto|on|off
+//                   "prefill_pack_heads" auto|on|off, "prefill_ref_dequant" on|off
 // strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
 struct KernelOptions {
   std::map<std::string, std::string> overrides;
@@ -41,6 +41,9 @@ struct KernelTuning {
   // 2 = wherever the cache allows.
   int prefill_key_split = 0;
   int prefill_pack_heads = 0;
+  // sm_90 prefill attention, tests and measurements only: u4 / u2 dequantized the previous way (shift and mask per
+  // code; K and V both u4 or both u2), for the A/B against the placed-field dequantization.
+  bool prefill_ref_dequant = false;
 };
 
 // The forced kernel names by role and the tuning, validated (unknown keys and bad values throw a
