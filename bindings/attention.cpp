@@ -1,9 +1,11 @@
 // rope, kv_write, paged_attention and their AttentionMeta.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <map>
 
 #include "bindings/bind.h"
 #include "bindings/tensor_arg.h"
@@ -125,18 +127,21 @@ void bind_attention(nb::module_& m) {
   m.def(
       "paged_attention",
       [](nb::handle q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale, nb::handle out,
-         const std::string& kernel) {
+         const std::string& kernel, const std::map<std::string, std::string>& options) {
+        const kernels::ParsedKernelOptions parsed = kernels::parse_kernel_options(kernels::KernelOptions{options});
+        LOWBIT_CHECK_KIND(ErrorKind::kValue, parsed.forced.empty(), "paged_attention: options take kernel tuning ",
+                          "keys only; force a kernel with kernel=");
         Tensor qt = tensor_from_python(q, "q");
         Tensor ot = out.is_none() ? Tensor::empty(qt.shape(), qt.dtype(), qt.device()) : tensor_from_python(out, "out");
-        ops::paged_attention(qt, cache, layer, meta, scale, ot, kernel);
+        ops::paged_attention(qt, cache, layer, meta, scale, ot, kernel, parsed.tuning);
         return out.is_none() ? nb::cast(ot) : nb::borrow(out);
       },
       nb::arg("q"), nb::arg("cache"), nb::arg("layer"), nb::arg("meta"), nb::arg("scale"),
-      nb::arg("out") = nb::none(), nb::arg("kernel") = "",
+      nb::arg("out") = nb::none(), nb::arg("kernel") = "", nb::arg("options") = std::map<std::string, std::string>{},
       "out[T, Hq, D] = causal softmax(q kᵀ * scale) v over the paged cache (GQA when Hq > Hkv). "
       "Returns out (allocated like q when None). kernel: a registered attention kernel to force "
       "(lowbit._core.kernels.attention_kernels() lists them; one that cannot run raises with its reason), '' for "
-      "the registry's choice.");
+      "the registry's choice. options: kernel tuning as kernel_overrides takes it (e.g. {'prefill_key_split': '4'}).");
 }
 
 }  // namespace lowbit::bindings

@@ -50,6 +50,9 @@ nb::dict stats_dict(const Engine& e) {
                                    : 0.0;
   d["prefix_cache_blocks"] = s.prefix_cache_blocks;
   d["prefix_cache_evictions"] = s.prefix_cache_evictions;
+  d["decode_graph_steps"] = s.decode_graph_steps;
+  d["decode_graph_ms"] = s.decode_graph_ms;
+  d["decode_upload_ms"] = s.decode_upload_ms;
   return d;
 }
 

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "engine/rank_threads.h"
 #include "lowbit/dist/communicator.h"
@@ -11,9 +13,11 @@
 namespace lowbit {
 namespace {
 
-TEST(RankThreads, RunsEveryRankConcurrentlyAndBindsOnce) {
+class RankThreadsBothWaits : public ::testing::TestWithParam<bool> {};  // blocking, spinning hand-offs
+
+TEST_P(RankThreadsBothWaits, RunsEveryRankConcurrentlyAndBindsOnce) {
   std::atomic<int> binds{0};
-  RankThreads threads(3, [&](int) { ++binds; });
+  RankThreads threads(3, [&](int) { ++binds; }, GetParam());
   auto comms = make_thread_communicators(3);
   for (int round = 0; round < 5; ++round) {
     std::vector<float> got(3, 0.f);
@@ -30,8 +34,8 @@ TEST(RankThreads, RunsEveryRankConcurrentlyAndBindsOnce) {
   EXPECT_EQ(binds.load(), 3);
 }
 
-TEST(RankThreads, AFailingRankAbortsTheOthersInsteadOfHanging) {
-  RankThreads threads(2, nullptr);
+TEST_P(RankThreadsBothWaits, AFailingRankAbortsTheOthersInsteadOfHanging) {
+  RankThreads threads(2, nullptr, GetParam());
   auto comms = make_thread_communicators(2);
   std::string aborted_with;
   try {
@@ -52,6 +56,21 @@ TEST(RankThreads, AFailingRankAbortsTheOthersInsteadOfHanging) {
   }
   EXPECT_EQ(aborted_with, "rank 1: rank 1 has no kernel");
 }
+
+// Many short jobs back to back (the decode loop's rhythm) and a pause longer than the spin (the waits block, then
+// wake): every rank runs every job once, in order.
+TEST_P(RankThreadsBothWaits, ManyShortJobsAndAPause) {
+  RankThreads threads(2, nullptr, GetParam());
+  std::vector<int> runs(2, 0);
+  for (int job = 0; job < 2000; ++job) {
+    if (job == 1000) std::this_thread::sleep_for(std::chrono::microseconds(2 * RankThreads::kSpinMicros));
+    threads.run([&](int r) { EXPECT_EQ(runs[size_t(r)]++, job); }, [](const std::string&) {});
+  }
+  EXPECT_EQ(runs, std::vector<int>(2, 2000));
+}
+
+INSTANTIATE_TEST_SUITE_P(Waits, RankThreadsBothWaits, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "spin" : "block"; });
 
 }  // namespace
 }  // namespace lowbit

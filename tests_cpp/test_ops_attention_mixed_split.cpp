@@ -101,7 +101,7 @@ kernels::AttentionPlan plan(bool split) {
   kernels::AttentionPlan p;
   p.decode = &kDecode;
   p.prefill = &kPrefill;
-  p.split_mixed = split;
+  p.tuning.split_mixed_attention = split;
   return p;
 }
 

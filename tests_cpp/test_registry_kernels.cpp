@@ -382,6 +382,31 @@ TEST(Registry, KernelOptionsAreValidated) {
   EXPECT_TRUE(p.strict);
 }
 
+TEST(Registry, PrefillKernelOptions) {
+  const KernelTuning defaults = parse_kernel_options({}).tuning;
+  EXPECT_EQ(defaults.prefill_key_split, 0);  // the launch's plan
+  EXPECT_EQ(defaults.prefill_pack_heads, 0);
+  const auto split = [](const std::string& v) {
+    return parse_kernel_options({{{"prefill_key_split", v}}, false}).tuning.prefill_key_split;
+  };
+  EXPECT_EQ(split("auto"), 0);
+  EXPECT_EQ(split("off"), 1);
+  EXPECT_EQ(split("2"), 2);
+  EXPECT_EQ(split("16"), 16);
+  for (const char* bad : {"1", "17", "0", "-3", "4x", "", "1000"})
+    EXPECT_NE(error_of([&] { split(bad); }).find("auto, off or a split count from 2 to 16"), std::string::npos) << bad;
+  const auto pack = [](const std::string& v) {
+    return parse_kernel_options({{{"prefill_pack_heads", v}}, false}).tuning.prefill_pack_heads;
+  };
+  EXPECT_EQ(pack("auto"), 0);
+  EXPECT_EQ(pack("off"), 1);
+  EXPECT_EQ(pack("on"), 2);
+  EXPECT_NE(error_of([&] { pack("always"); }).find("on or off"), std::string::npos);
+  EXPECT_FALSE(defaults.prefill_ref_dequant);  // the placed-field u4 / u2 dequantization
+  EXPECT_TRUE(parse_kernel_options({{{"prefill_ref_dequant", "on"}}, false}).tuning.prefill_ref_dequant);
+  EXPECT_FALSE(parse_kernel_options({{{"prefill_ref_dequant", "off"}}, false}).tuning.prefill_ref_dequant);
+}
+
 TEST(Registry, ModelPlanNamesTheKernelsAndHonoursOverrides) {
   const ModelConfig c = tiny_config();
   const Weights w = random_weights(c, 3);

@@ -67,9 +67,10 @@ def reference(q, k_written, cache, table_row, q_len, kv_len, scale):
     return torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v)
 
 
-def per_channel_case(prefix, chunk, hq, hkv, d, kt, vt, bs, seed, device, kernel="", scale=None, gap=1, q_dtype=None):
+def per_channel_case(prefix, chunk, hq, hkv, d, kt, vt, bs, seed, device, kernel="", scale=None, gap=1, q_dtype=None,
+                     options=None):
     """Writes `prefix[i]` cached tokens of each sequence (one kv_write), then its `chunk[i]` new tokens (another),
-    and runs paged_attention for the chunks on `device` (`kernel` forces the GPU's). Returns (output on the host,
+    and runs paged_attention for the chunks on `device` (`kernel` forces the GPU's, `options` its tuning). Returns (output on the host,
     float64 reference, mask of the rows inside the sequences); output rows are poisoned with NaN before (`gap` rows
     before each sequence's stay outside every sequence)."""
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -119,7 +120,7 @@ def per_channel_case(prefix, chunk, hq, hkv, d, kt, vt, bs, seed, device, kernel
     qx = q if q_dtype is None else q.to(q_dtype)
     out = torch.full(qx.shape, float("nan"), dtype=qx.dtype, device=device)
     if gpu:
-        lb.paged_attention(qx.to(device), cache, 0, meta, scale, out, kernel=kernel)
+        lb.paged_attention(qx.to(device), cache, 0, meta, scale, out, kernel=kernel, options=options or {})
     else:
         lb.paged_attention(qx, cache, 0, meta, scale, out)
     ref = torch.full((T, hq, d), float("nan"), dtype=torch.float64)

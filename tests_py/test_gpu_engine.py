@@ -416,29 +416,30 @@ def test_prefix_caching_on_the_gpu_matches_caching_off(recipe, cuda_graphs):
 
 
 @pytest.mark.parametrize("recipe", ["w16a16", "w16a16kv8", "w4a8kv4", "w16a16kc4g32v4", "w16a16kv2"])
-@pytest.mark.parametrize("splits", ["0", "4"])
-def test_prefill_key_split_in_the_engine_matches_no_split(recipe, splits, monkeypatch):
-    """The Hopper prefill kernel's key split (LOWBIT_PREFILL_SM90_SPLITS: 0 = the plan, N forces N; unset = off)
-    inside the engine: 32-token chunks over a ~1100-token prompt (each chunk a few CTAs over a growing prefix, where
-    the plan splits), and prefix-cache hits whose short remainder runs over 1088 cached tokens. Logits and greedy
-    tokens must match the unsplit kernel within f16 summation-order noise (the split merges f32 partials in another
-    order). Forcing 4 splits also sends fresh prompts through the split, whose earlier ranges are then empty."""
+@pytest.mark.parametrize("splits", ["auto", "4"])
+def test_prefill_key_split_in_the_engine_matches_no_split(recipe, splits):
+    """The Hopper prefill kernel's key split (kernel option prefill_key_split: auto = the launch's plan, the default;
+    N forces N; off = none) inside the engine: 32-token chunks over a ~1100-token prompt (each chunk a few CTAs over a
+    growing prefix, where the plan splits), and prefix-cache hits whose short remainder runs over 1088 cached tokens.
+    Logits and greedy tokens must match the unsplit kernel within f16 summation-order noise (the split merges f32
+    partials in another order). Forcing 4 splits also sends fresh prompts through the split, whose earlier ranges
+    are then empty."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the key split is part of the sm_90 prefill kernel")
-    model = random_llama(recipe, "cuda", "f16", seed=31, max_pos=2048)
     g = torch.Generator().manual_seed(32)
     prefix = torch.randint(0, 1000, (1100,), generator=g).tolist()
     prompts = [prefix + torch.randint(0, 1000, (n,), generator=g).tolist() for n in (5, 40)]
 
-    def run(env):
-        monkeypatch.setenv("LOWBIT_PREFILL_SM90_SPLITS", env)
+    def run(option):
+        model = random_llama(recipe, "cuda", "f16", seed=31, max_pos=2048,
+                             kernel_overrides={"prefill_key_split": option})
         logits = torch.from_dlpack(_core.Engine(model, max_batch_tokens=32).logits(prompts[1])).float().cpu()
         eng = _core.Engine(model, max_batch_tokens=256, cuda_graphs=True, prefix_caching=True)
         events = [run_events(eng, [p], 8, dict(temperature=0.0)) for p in prompts]  # the second hits the first's blocks
         assert eng.stats()["prefix_cache_hit_tokens"] > 0
         return logits, events
 
-    ref_logits, ref = run("1")
+    ref_logits, ref = run("off")
     got_logits, got = run(splits)
     assert not torch.isnan(got_logits).any()
     scale = ref_logits.abs().max().item()
@@ -449,3 +450,24 @@ def test_prefill_key_split_in_the_engine_matches_no_split(recipe, splits, monkey
                 if ta != tb:  # a near-tie may part the two; the logits check above bounds the difference
                     break
                 assert abs(la - lb) < 1e-2
+
+
+def test_decode_graph_timing_counts_replayed_steps():
+    """Engine.stats() reports the replayed decode graphs' device time (CUDA events around each replay): every
+    replay of one prompt's decode is counted, the capturing step is not, and the device time of the steps is positive
+    and below their wall time (the GPU cannot be busy longer than the host waited for it)."""
+    import time
+    model = random_llama("w16a16", "cuda", "f16", seed=5)
+    eng = _core.Engine(model, max_batch_tokens=256, cuda_graphs=True)
+    assert eng.stats()["decode_graph_steps"] == 0
+    prompt = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(7)).tolist()
+    start = time.perf_counter()
+    got = run_events(eng, [prompt], 24, dict(temperature=0.0))
+    wall_ms = 1000 * (time.perf_counter() - start)
+    s = eng.stats()
+    assert len(got[0]) == 24
+    # 24 tokens: the prefill samples the first, 23 decode steps follow in one (batch 1, context 256) bucket; its
+    # first step runs eagerly and captures, the other 22 replay.
+    assert s["decode_graph_steps"] == 22
+    assert 0 < s["decode_upload_ms"] and 0 < s["decode_graph_ms"]
+    assert s["decode_graph_ms"] + s["decode_upload_ms"] < wall_ms

@@ -3,7 +3,7 @@ x the G query heads of one kv head) against a float64 reference computed from th
 per-token scale / zero read back from the GPU cache), by relative error, on fresh random data. The shapes aim at the
 packing's edges: groups that do not divide 128 (G = 7: 18 positions, 126 live rows; G = 3), one head per CTA row
 group of 4 or 8 positions (G = 32, 16), several sequences of odd lengths, chunked prefill over a cached prefix whose
-diagonal crosses CTA and key-tile edges, pages of 1, 24 and 32 keys. Packing is forced (LOWBIT_PREFILL_SM90_VARIANT=2):
+diagonal crosses CTA and key-tile edges, pages of 1, 24 and 32 keys. Packing is forced (option prefill_pack_heads=on):
 the launch packs on its own only where one head per CTA would take more than one wave of CTAs, which these small
 cases mostly do not; test_gpu_prefill_sm90.py covers the launch's own choice.
 
@@ -54,7 +54,7 @@ def reference(q, cache, table_row, q_len, kv_len, scale):
     return torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v)
 
 
-def run_case(lens_q, lens_kv, hq, hkv, d, kt, vt, bs, seed):
+def run_case(lens_q, lens_kv, hq, hkv, d, kt, vt, bs, seed, options=None):
     g = torch.Generator().manual_seed(seed)
     scale = 1 / math.sqrt(d)
     n = len(lens_q)
@@ -80,7 +80,7 @@ def run_case(lens_q, lens_kv, hq, hkv, d, kt, vt, bs, seed):
     q = torch.randn(T, hq, d, generator=g).half()
     out = nan_like(q)
     meta = lb.AttentionMeta(q_start, lens_q, lens_kv, table.cuda(), slots[:1].cuda())
-    lb.paged_attention(q.cuda(), cache, 0, meta, scale, out, kernel=KERNEL)
+    lb.paged_attention(q.cuda(), cache, 0, meta, scale, out, kernel=KERNEL, options=options or {})
     out = out.cpu()
     inside = torch.zeros(T, dtype=torch.bool)
     for i in range(n):
@@ -107,7 +107,6 @@ KV = [("u8", "u8"), ("u4", "u4"), ("u2", "u2"), ("u4", "f16"), ("f16", "u8")]
 @pytest.mark.parametrize("lens", ["fresh", "chunked"])
 @pytest.mark.parametrize("kv", KV, ids=["-".join(k) for k in KV])
 @pytest.mark.parametrize("hq,hkv,d,bs", SHAPES, ids=["{}-{}-d{}-bs{}".format(*s) for s in SHAPES])
-def test_prefill_sm90_packed_heads_match_float64(lens, kv, hq, hkv, d, bs, monkeypatch):
-    monkeypatch.setenv("LOWBIT_PREFILL_SM90_VARIANT", "2")  # read at each launch
+def test_prefill_sm90_packed_heads_match_float64(lens, kv, hq, hkv, d, bs):
     lens_q, lens_kv = LENS[lens]
-    run_case(lens_q, lens_kv, hq, hkv, d, *kv, bs, seed=hq * 13 + d + bs + len(lens))
+    run_case(lens_q, lens_kv, hq, hkv, d, *kv, bs, seed=hq * 13 + d + bs + len(lens), options={"prefill_pack_heads": "on"})

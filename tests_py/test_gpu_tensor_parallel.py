@@ -470,3 +470,53 @@ def test_nccl_unavailable_or_single_gpu_says_so(model_dir):
         pytest.skip("NCCL and 2 GPUs present: the group tests above run")
     with pytest.raises((NotImplementedError, ValueError)):
         _llm(model_dir, "w4a16", torch.cuda.device_count() + 1)
+
+
+# ---- per-device launch state ----------------------------------------------------------------------------------------
+TWO_SM90 = torch.cuda.device_count() >= 2 and all(torch.cuda.get_device_capability(d)[0] == 9 for d in range(2))
+
+
+@pytest.mark.skipif(not TWO_SM90, reason="needs 2 sm_90 GPUs")
+def test_sm90_multi_tile_launches_on_every_device():
+    """The wgmma GEMMs' stream-K and persistent launches on each GPU of one process, device 1 first: what a launch
+    needs on a device (its raised shared-memory limit, its occupancy) is prepared per device, so the first device to
+    run a kernel does not stand in for the others (rank 1 of a TP=2 group hit cudaErrorInvalidValue that way at a
+    128-token prefill, which the automatic plan sends to stream-K). Results against float64."""
+    from test_gpu_w4a8 import s8_weights, two_level_weight
+    from test_gpu_w4a16 import check, gemm_forced, w4_problem
+    m, n, k = 128, 272, 576
+    for device in (1, 0, 1):
+        with torch.cuda.device(device):
+            qw = two_level_weight("liquid", n, k, 64, seed=device + 1)
+            pw = _core.pack_weight(qw, "sm80", f"cuda:{device}")
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(device)).half()
+            xq = torch.empty(m, k, dtype=torch.int8, device="cuda")
+            xs = torch.empty(m, device="cuda")
+            _core.quantize_per_token_s8(x.cuda(), xq, xs)
+            cs = torch.from_dlpack(qw.channel_scales).double()
+            ref = (xq.cpu().double() @ s8_weights(qw).double().T) * xs.cpu().double()[:, None] * cs[None, :]
+            for kernel in ("sm90k", "sm90p", ""):
+                y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+                _core.gemm_w4a8(xq, xs, pw, y, kernel=kernel)
+                got = y.cpu().double()
+                assert not torch.isnan(got).any(), (device, kernel)
+                rel = float((got - ref).norm() / ref.norm())
+                assert rel < 2e-3, (device, kernel, rel)
+            xw, packed, ref16, _ = w4_problem(m, n, k, 64, seed=device + 7)
+            for kernel in ("sm90k", ""):
+                check(gemm_forced(kernel, xw, packed, n, k, 64), ref16)
+
+
+@pytest.mark.skipif(not NCCL, reason="needs 2 GPUs and a build with NCCL")
+@pytest.mark.parametrize("recipe", ["w4a8kv4", "w4a16"])
+def test_nccl_two_gpus_prefill_of_128_tokens(model_dir, recipe):
+    """A 128-token prompt: one full 128-token tile, where the automatic sm_90 plans take their stream-K kernel
+    (the short PROMPT of the tests above never leaves the mma.sync kernels). TP=2 logits against one GPU."""
+    prompt = [(7 * i + 3) % 2000 for i in range(128)]
+    with _llm(model_dir, recipe) as llm:
+        base = np.asarray(llm.logits(prompt), dtype=np.float64)
+    with _llm(model_dir, recipe, 2) as llm:
+        got = np.asarray(llm.logits(prompt), dtype=np.float64)
+        assert len(llm.generate(prompt, max_tokens=4)[0].token_ids) == 4
+    assert np.isfinite(got).all()
+    assert _rel(got, base) < RECIPES[recipe], f"{recipe}: {_rel(got, base):.2e}"

@@ -203,6 +203,14 @@ def test_paged_attention_forced_kernel_on_the_cpu():
         _core.paged_attention(q, cache, 0, meta, 0.125, kernel="decode_attention_sm80")
     with pytest.raises(ValueError, match="forced kernel 'flash' is not registered"):
         _core.paged_attention(q, cache, 0, meta, 0.125, kernel="flash")
+    # Tuning options pass through (the CPU kernel has none of these knobs: same result); bad ones name the problem.
+    tuned = torch.from_dlpack(_core.paged_attention(q, cache, 0, meta, 0.125,
+                                                    options={"prefill_key_split": "4", "prefill_pack_heads": "on"}))
+    assert torch.equal(auto, tuned)
+    with pytest.raises(ValueError, match="prefill_key_split'] must be auto, off or a split count from 2 to 16"):
+        _core.paged_attention(q, cache, 0, meta, 0.125, options={"prefill_key_split": "99"})
+    with pytest.raises(ValueError, match="options take kernel tuning keys only"):
+        _core.paged_attention(q, cache, 0, meta, 0.125, options={"attention": "paged_attention_cpu"})
 
 
 def test_fmpq_gpu_kernel_and_its_refusals():

@@ -40,6 +40,7 @@ import torch
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
+import fmpq_random  # noqa: E402
 from llama_random import (LLAMA3_8B, LlamaShape, quantize_e4m3, quantize_two_level, quantize_w4, quantize_w8, weight,  # noqa: E402
                           weight_names)
 
@@ -74,7 +75,12 @@ def summarize(engine, recipe, batch, runs):
     pre, dec, tot = med("prefill_s"), med("decode_s"), med("total_s")
     toks, dtoks, dsteps = runs[0]["tokens"], runs[0]["decode_tokens"], runs[0]["decode_steps"]
     first = [r.pop("first_tokens") for r in runs if "first_tokens" in r]
-    return {"engine": engine, "recipe": recipe, "batch": batch, "tokens": toks,
+    graph = {}
+    if runs[0].get("graph_steps"):  # lowbit on the GPU: device time per replayed step, and the host's share
+        dev = statistics.median(r["graph_device_ms"] / r["graph_steps"] for r in runs)
+        graph = {"graph_steps": runs[0]["graph_steps"], "graph_device_ms_per_step": round(dev, 3),
+                 "host_gap_ms_per_step": round(1000 * dec / dsteps - dev, 3)}
+    return {**graph, "engine": engine, "recipe": recipe, "batch": batch, "tokens": toks,
             "prefill_s": round(pre, 4), "prefill_tok_s": round(batch * PROMPT / pre, 1),
             "decode_s": round(dec, 4), "decode_tokens": dtoks, "decode_steps": dsteps,
             "decode_tok_s": round(dtoks / dec, 1), "decode_ms_per_step": round(1000 * dec / dsteps, 3),
@@ -117,7 +123,8 @@ def core_config(shape):
 
 def core_weight(name, w, recipe, dtype):
     """Linear weight `name` (a torch tensor on any device) quantized for `recipe` by the fast on-device
-    quantizers, as the engine's QuantizedWeight on the host. a8 recipes keep lm_head in f16."""
+    quantizers, as the engine's QuantizedWeight on the host. a8 and a4 recipes keep lm_head in f16; w4a4 (FMPQ)
+    takes the two-level qoq format of w4a8, so it needs no branch of its own (its block maps: lowbit_model)."""
     from lowbit import _core
     r = _core.parse_recipe(recipe)
     fmt = dtype if r["weight_bits"] == 16 else r["weight_format"]
@@ -138,16 +145,28 @@ def core_weight(name, w, recipe, dtype):
     return _core.QuantizedWeight(f, w.to(getattr(torch, {"f16": "float16", "f32": "float32"}[f])).cpu())
 
 
-def lowbit_model(shape, recipe, device, dtype, kernel_overrides=None):
+def lowbit_model(shape, recipe, device, dtype, kernel_overrides=None, fmpq_int8_fraction=fmpq_random.INT8_FRACTION):
+    """w4a4 (FMPQ) recipes also get a block map with `fmpq_int8_fraction` int8 blocks and an input permutation per
+    decoder linear (fmpq_random.py); the other recipes ignore it."""
     from lowbit import _core
     gen = "cuda" if cuda() else "cpu"
     m = _core.Model(core_config(shape), recipe, device, dtype)
     if kernel_overrides:
         m.set_kernel_options(kernel_overrides)
+    fmpq = _core.parse_recipe(recipe)["activation"] == "fmpq_mixed"
     for name, shp, linear in weight_names(shape):
         w = weight(name, shp, gen)
         if linear:
+            bits = perm = None
+            if fmpq and name != "lm_head.weight":  # lm_head keeps float activations
+                bits, perm = fmpq_random.inputs(name, shp[1], fmpq_int8_fraction)
+                if perm is not None:  # the engine feeds x[:, perm]: the same model needs w[:, perm]
+                    w = w[:, perm.to(w.device, torch.long)]
             m.set_quantized_weight(name, core_weight(name, w, recipe, dtype))
+            if bits is not None:
+                m.set_fmpq_block_bits(name, bits)
+            if perm is not None:
+                m.set_input_permutation(name, perm)
         else:
             m.set_weight(name, w.cpu())
     if cuda():
@@ -161,7 +180,10 @@ def lowbit_run(eng, prompts, new, rid0):
     B = len(prompts)
     for i, p in enumerate(prompts):
         eng.add_request(rid0 + i, p, temperature=0.0, max_tokens=new)  # no stop ids: EOS ignored
-    first, made, t_pre, dec_tokens, dec_steps, toks0 = set(), 0, None, 0, 0, []
+    first, made, t_pre, dec_tokens, dec_steps, toks0, graphs0 = set(), 0, None, 0, 0, [], None
+    # Replayed decode graphs' device time (engine stats): over the decode phase, the wall time less it is the time
+    # the GPU waited on the host (bookkeeping, Python, the step's sync).
+    graph_time = lambda s: (s["decode_graph_steps"], s["decode_graph_ms"] + s["decode_upload_ms"])  # noqa: E731
     t0 = time.perf_counter()
     while eng.has_unfinished():
         evs = eng.step()
@@ -172,13 +194,16 @@ def lowbit_run(eng, prompts, new, rid0):
             first.update(ev.request_id for ev in evs if ev.token >= 0)
             if len(first) == B:
                 t_pre = time.perf_counter() - t0
+                graphs0 = graph_time(eng.stats())
         else:
             dec_tokens += n
             dec_steps += 1
     total = time.perf_counter() - t0
+    graphs1 = graph_time(eng.stats())
     assert made == B * new, f"{made} tokens generated, expected {B * new}"
     return {"prefill_s": t_pre, "decode_s": total - t_pre, "total_s": total, "tokens": made,
-            "decode_tokens": dec_tokens, "decode_steps": dec_steps, "first_tokens": toks0[:FIRST_TOKENS]}
+            "decode_tokens": dec_tokens, "decode_steps": dec_steps, "first_tokens": toks0[:FIRST_TOKENS],
+            "graph_steps": graphs1[0] - graphs0[0], "graph_device_ms": graphs1[1] - graphs0[1]}
 
 
 def part_lowbit(args, shape, out, recipe):
@@ -470,6 +495,9 @@ def table(payload):
             lines.append(f"{name:<22} | {c['batch']:<2} | {c['prefill_tok_s']:>13.0f} | "
                          f"{c['decode_tok_s']:>9.1f} ({c['decode_ms_per_step']:>7.2f})   | {c['e2e_tok_s']:>9.1f} | "
                          f"{(peak or 0) / 1e9:>7.1f} | {p.get('load_s', '')}")
+            if "host_gap_ms_per_step" in c:
+                lines.append(f"{'':<22} | {c['batch']:<2} | decode graph {c['graph_device_ms_per_step']:.3f} ms/step on "
+                             f"the GPU, {c['host_gap_ms_per_step']:.3f} ms/step waiting on the host")
         if p.get("error") and p.get("cases"):
             lines.append(f"{name:<22} | (then failed: {p['error'][:120]})")
     for f in payload.get("floor", []):

@@ -18,6 +18,9 @@ Per engine, in its own child process (bench_gpu_llama8b's driver: clean memory f
   python3 tools/bench_gpu_peak.py out.json [--parts torch,lowbit] [--recipes w8a8kv8,w4a16kv8] [--ladder ...]
   python3 tools/bench_gpu_peak.py out.json --parts '' --merge a.json b.json    # combine the slices of a session
   python3 tools/bench_gpu_peak.py out.json --tiny --parts lowbit --recipes w4a16kv8   # CPU test of the harness
+w4a4 (FMPQ) recipes get a block map per decoder linear with --fmpq-int8-fraction int8 blocks (default 0.1, the issue's
+GEMM target) and the input permutations `lowbit quantize --algo fmpq` writes (tools/fmpq_random.py); the part
+records the layout under "fmpq".
 A recipe may carry kernel overrides for an A/B in one run: --recipes w4a8kv4,w4a8kv4+split_mixed_attention=off.
 --profile-prefill also profiles two mixed steps of the prefill phase (half the requests decoding, the rest still
 prefilling), kernel by kernel, beside their wall time.
@@ -36,6 +39,7 @@ import torch
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
 import bench_gpu_llama8b as harness  # noqa: E402
+import fmpq_random  # noqa: E402
 from bench_gpu_llama8b import Part, cuda, free_bytes, lowbit_model, prompt_batch, summarize, sync  # noqa: E402
 
 PROMPT, NEW = 1024, 512
@@ -200,7 +204,9 @@ def part_lowbit(args, shape, out, spec):
     recipe, overrides = split_recipe(spec)
     device, dtype = ("cuda", "f16") if cuda() else ("cpu", "f32")
     t = time.perf_counter()
-    model = lowbit_model(shape, recipe, device, dtype, overrides)
+    model = lowbit_model(shape, recipe, device, dtype, overrides, args.fmpq_int8_fraction)
+    if _core.parse_recipe(recipe)["activation"] == "fmpq_mixed":
+        part.d["fmpq"] = fmpq_random.describe(shape, args.fmpq_int8_fraction)
     part.d["load_s"] = round(time.perf_counter() - t, 2)
     part.d["kv_bytes_per_token"] = model.info()["kv_bytes_per_token"]
     part.sample_memory()
@@ -361,12 +367,16 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--profile-prefill", action="store_true")
+    ap.add_argument("--fmpq-int8-fraction", type=float, default=fmpq_random.INT8_FRACTION,
+                    help="int8 blocks per linear input of w4a4 recipes (0..1)")
     ap.add_argument("--part-timeout", type=float, default=560)
     ap.add_argument("--deadline", type=float, default=0)
     ap.add_argument("--merge", nargs="*", default=[])
     ap.add_argument("--worker", default="")
     ap.add_argument("--worker-out", default="")
     args = ap.parse_args()
+    if not 0.0 <= args.fmpq_int8_fraction <= 1.0:
+        ap.error(f"--fmpq-int8-fraction must be in [0, 1], got {args.fmpq_int8_fraction}")
     global PROMPT, NEW
     if args.tiny:
         PROMPT, NEW = 24, 8
@@ -392,7 +402,8 @@ def main():
     args.passthrough = ["--tiny"] * args.tiny + ["--no-compile"] * args.no_compile + ["--no-profile"] * args.no_profile
     args.passthrough += ["--profile-prefill"] * args.profile_prefill
     args.passthrough += ["--layers", str(args.layers), "--fixed", ",".join(map(str, args.fixed)),
-                         "--ladder", ",".join(map(str, args.ladder)), "--repeats", str(args.repeats)]
+                         "--ladder", ",".join(map(str, args.ladder)), "--repeats", str(args.repeats),
+                         "--fmpq-int8-fraction", str(args.fmpq_int8_fraction)]
     merged = []
     for path in args.merge:
         merged += json.load(open(path))["parts"]
@@ -407,6 +418,7 @@ def main():
                              "largest batch that fits; decode tok/s = tokens after every first token / that time",
                  "model": harness.dataclasses.asdict(harness.shape_of(args)), "prompt_tokens": PROMPT,
                  "new_tokens": NEW, "fixed_batches": args.fixed, "ladder": args.ladder, "repeats": args.repeats,
+                 "fmpq_int8_fraction": args.fmpq_int8_fraction,
                  "timing": "wall time around synchronised loops per request batch (prefill phase, decode phase)"})
     todo = []
     for p in (p for p in args.parts.split(",") if p):

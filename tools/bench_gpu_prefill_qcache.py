@@ -1,6 +1,7 @@
 """Prefill attention over a quantized per-token cache on Hopper (prefill_attention_sm90) vs SDPA on f16, with and
-without packed query heads in one process: LOWBIT_PREFILL_SM90_VARIANT (read at each launch) 0 = the launch's own
-choice, 1 = never packed, 2 = always packed. At commits a69c6c5 and 64b4e2f the bits meant: packing always on
+without packed query heads in one process: variant 0 = the launch's own choice, 1 = never packed, 2 = always packed
+(the kernel option prefill_pack_heads auto / off / on; until f5640a6 the environment variable
+LOWBIT_PREFILL_SM90_VARIANT, read at each launch, with the same values). At commits a69c6c5 and 64b4e2f the bits meant: packing always on
 unless bit 1, and bit 2 = u8 / u4 / u2 dequantized in f32 (3 = round 8's kernel); their JSONs hold variants 0-3 so.
 Llama-3-8B heads (32 q / 8 kv, D 128), pages of 16, profiler kernel time (mean of REPS), causal.
   fresh:   one prompt of L tokens (q_len = kv_len), vs causal SDPA (flash) on contiguous f16 q/k/v, and the kernel on
@@ -8,8 +9,11 @@ Llama-3-8B heads (32 q / 8 kv, D 128), pages of 16, profiler kernel time (mean o
   chunked: B sequences, each a chunk of C new tokens over a cached prefix of P (kv_len = P + C), vs SDPA with the
            lower-right causal mask on f16 (torch picks a non-flash backend for that mask), and the kernel on an f16
            cache.
-Key split (LOWBIT_PREFILL_SM90_SPLITS, read at each launch; QCACHE_SPLITS lists them): 0 = the launch's plan (tag
+Key split (the kernel option prefill_key_split; QCACHE_SPLITS lists them): 0 = the launch's plan (tag
 without suffix), N = N splits forced (tag suffix _sN; _s1 = the kernel without the split), the f16 cache included.
+QCACHE_REF=1: u4 and u2 also timed with the kernel option prefill_ref_dequant=on (tag suffix _ref: the previous
+dequantization, each code shifted and masked), and `{kv}_ref_bits_equal` says whether its out has the same bits as
+the placed-field dequantization's on the same cache and q.
 TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
 import math
 import os
@@ -30,6 +34,7 @@ CHUNKED = [tuple(int(y) for y in x.split(":")) for x in os.environ.get(
 FORMATS = os.environ.get("QCACHE_KV", "u8,u4,u2").split(",")
 VARIANTS = [int(x) for x in os.environ.get("QCACHE_VARIANTS", "0,1").split(",")]
 SPLITS = [int(x) for x in os.environ.get("QCACHE_SPLITS", "0").split(",")]
+REF = os.environ.get("QCACHE_REF", "0") == "1"
 REPS = 10
 KERNEL = "prefill_attention_sm90"
 
@@ -75,24 +80,29 @@ def case(b, prefix, chunk):
     for kv in ["f16"] + FORMATS:
         cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, write_meta)
-        for var, sp in [(v, sp) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS]:
-            os.environ["LOWBIT_PREFILL_SM90_VARIANT"] = str(var)
-            os.environ["LOWBIT_PREFILL_SM90_SPLITS"] = str(sp)
-            call = lambda cache=cache: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out, kernel=KERNEL)
+        refs = [False, True] if REF and kv in ("u4", "u2") else [False]
+        for var, sp, rf in [(v, sp, rf) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS for rf in refs]:
+            opts = {"prefill_pack_heads": ["auto", "off", "on"][var],
+                    "prefill_key_split": {0: "auto", 1: "off"}.get(sp, str(sp))}
+            if rf:
+                opts["prefill_ref_dequant"] = "on"
+            call = lambda cache=cache, opts=opts: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out,
+                                                                        kernel=KERNEL, options=opts)
             t = profiled_kernel_us(call, REPS, "prefill_attention")  # the split's merge kernel included
-            tag = (kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "")
+            tag = (kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "") + ("_ref" if rf else "")
             row[f"{tag}_us"], row[f"{tag}_tflops"] = t, flops / (t * 1e6)
             if "sdpa_us" in row:
                 row[f"{tag}_vs_sdpa"] = row["sdpa_us"] / t
             call()
             torch.cuda.synchronize()
+            if rf:  # the previous dequantization against the placed-field one just before it (same options)
+                row[f"{tag}_bits_equal"] = bool(torch.equal(out.view(torch.int16), last.view(torch.int16)))
+            last = out.clone()
             if kv == "f16" and ref is None:
                 ref = out.float().clone()
             else:  # vs the f16 cache's first output (a quantized cache: its quantization error, equal across variants
                 # up to the dequantization's rounding; the f16 cache unsplit: the split's f32 rounding)
                 row[f"{tag}_max_abs_vs_f16"] = float((out.float() - ref).abs().max())
-        os.environ.pop("LOWBIT_PREFILL_SM90_VARIANT", None)
-        os.environ.pop("LOWBIT_PREFILL_SM90_SPLITS", None)
         del cache
     return row
 
@@ -113,6 +123,9 @@ def main():
         sfx = [f"_s{sp}" if sp else "" for sp in SPLITS]
         head += "".join(f"/{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
         cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}_tflops']:.0f}" for v in VARIANTS for x in sfx)
+                          + "".join(f" ref {r[f'{kv}_v{v}{x}_ref_tflops']:.0f}"
+                                    f"{'' if r[f'{kv}_v{v}{x}_ref_bits_equal'] else ' BITS DIFFER'}"
+                                    for v in VARIANTS for x in sfx if f"{kv}_v{v}{x}_ref_tflops" in r)
                           for kv in FORMATS)
         print(head, " ", cells, flush=True)
     print("TFLOPS; per format the variants", VARIANTS, "x splits", SPLITS)

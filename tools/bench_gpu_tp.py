@@ -163,6 +163,9 @@ def run_case(args, recipe, tp, allreduce):
                      "decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
                      "floor_ms": round(floor_ms, 3), "floor_share": round(floor_ms / ms, 3),
                      "first_tokens": runs[0]["first_tokens"]}
+    if best.get("graph_steps"):  # rank 0's replayed graphs on its GPU; the rest of the wall is host time
+        dev = best["graph_device_ms"] / best["graph_steps"]
+        out["batch1"].update(graph_device_ms_per_step=round(dev, 3), host_gap_ms_per_step=round(ms - dev, 3))
     # the next-token logits of a fixed prompt: the parent compares them across TP sizes
     logits = torch.from_dlpack(eng.logits(prompt[0][:32]))[-1].float().clone()
     torch.save(logits, f"{args.out}.logits.pt")
@@ -223,7 +226,8 @@ def table(results):
         lines.append(f"| {r['recipe']} | {r['tp']} | {r.get('allreduce_path', '-')} | {b1['decode_tok_s']} | "
                      f"{b1['ms_per_token']} | {b1['floor_ms']} | {b1['floor_share']} | {up1 and round(up1, 2)} | "
                      f"{b1.get('profile', {}).get('allreduce_share')} | {pk['batch']} | {pk.get('decode_tok_s')} | "
-                     f"{upk and round(upk, 2)} | {pk.get('profile', {}).get('allreduce_share')} | {same} |")
+                     f"{upk and round(upk, 2)} | {pk.get('profile', {}).get('allreduce_share')} | {same} |"
+                     + (f" host gap {b1['host_gap_ms_per_step']} ms/step" if "host_gap_ms_per_step" in b1 else ""))
     return "\n".join(lines)
 
 

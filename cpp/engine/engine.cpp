@@ -69,13 +69,16 @@ Engine::Engine(const std::vector<const Model*>& ranks, const EngineConfig& confi
   samplers_.assign(size_t(std::max(1, omp_threads)), Sampler(mc.vocab_size));
   max_blocks_per_seq_ = blocks_for_tokens(mc.max_position_embeddings);
   // Each rank thread works on its rank's GPU and, on the CPU, on its share of the OpenMP threads.
-  rank_threads_ = std::make_unique<RankThreads>(world, [ranks, world, omp_threads](int r) {
-    model_detail::bind_thread_to_device(ranks[size_t(r)]->device());
+  rank_threads_ = std::make_unique<RankThreads>(
+      world,
+      [ranks, world, omp_threads](int r) {
+        model_detail::bind_thread_to_device(ranks[size_t(r)]->device());
 #ifdef _OPENMP
-    omp_set_num_threads(std::max(1, omp_threads / world));
+        omp_set_num_threads(std::max(1, omp_threads / world));
 #endif
-    (void)omp_threads;
-  });
+        (void)omp_threads;
+      },
+      /*spin=*/!model_.device().is_cpu());
   ranks_.resize(size_t(world));
   for (int r = 0; r < world; ++r) ranks_[size_t(r)].model = ranks[size_t(r)];
   // The workspaces first: on a GPU the KV pool is sized from what is free after them.
@@ -556,6 +559,10 @@ EngineStats Engine::stats() const {
   s.prefix_cache_hit_tokens = pc.hit_tokens;
   s.prefix_cache_blocks = pc.cached_blocks;
   s.prefix_cache_evictions = pc.evictions;
+  const DecodeGraphTiming t = model_.decode_graph_timing(ranks_[0].ws);
+  s.decode_graph_steps = t.steps;
+  s.decode_graph_ms = t.graph_ms;
+  s.decode_upload_ms = t.upload_ms;
   return s;
 }
 

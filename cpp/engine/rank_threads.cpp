@@ -1,11 +1,14 @@
 // RankThreads (engine/rank_threads.h).
 #include "engine/rank_threads.h"
 
+#include <chrono>
+
 #include "lowbit/core/error.h"
 
 namespace lowbit {
 
-RankThreads::RankThreads(int world, std::function<void(int)> bind) : world_(world), bind_(std::move(bind)) {
+RankThreads::RankThreads(int world, std::function<void(int)> bind, bool spin)
+    : world_(world), spin_(spin), bind_(std::move(bind)) {
   LOWBIT_CHECK(world >= 1, "RankThreads: world must be >= 1, got ", world);
   if (world_ > 1)
     for (int r = 0; r < world_; ++r) threads_.emplace_back([this, r] { loop(r); });
@@ -20,6 +23,17 @@ RankThreads::~RankThreads() {
   for (std::thread& t : threads_) t.join();
 }
 
+// Returns once ready() holds or kSpinMicros have passed (the caller then blocks on cv_ as without spinning).
+template <class Ready>
+void RankThreads::spin_until(Ready ready) const {
+  if (!spin_) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+  for (int i = 0; !ready(); ++i) {
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return;
+    std::this_thread::yield();
+  }
+}
+
 void RankThreads::run(const std::function<void(int)>& fn, const std::function<void(const std::string&)>& on_error) {
   if (world_ == 1) {
     fn(0);
@@ -32,6 +46,9 @@ void RankThreads::run(const std::function<void(int)>& fn, const std::function<vo
   pending_ = world_;
   ++generation_;
   cv_.notify_all();
+  lock.unlock();
+  spin_until([&] { return pending_.load() == 0; });
+  lock.lock();
   cv_.wait(lock, [&] { return pending_ == 0; });
   job_ = nullptr;
   on_error_ = nullptr;
@@ -50,6 +67,7 @@ void RankThreads::loop(int rank) {
     const std::function<void(int)>* job;
     const std::function<void(const std::string&)>* on_error;
     {
+      spin_until([&] { return stop_.load() || generation_.load() != seen; });
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;

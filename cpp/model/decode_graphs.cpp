@@ -37,12 +37,26 @@ DecodeGraphs::DecodeGraphs(const KVCache& c, int64_t rows, int64_t longest_token
   LOWBIT_CUDA_CHECK("Model.decode_step", cudaSetDevice(device.index));
   // A blocking stream: it stays ordered with eager steps on the legacy default stream.
   LOWBIT_CUDA_CHECK("Model.decode_step", cudaStreamCreate(&stream));
+  for (cudaEvent_t& e : marks) LOWBIT_CUDA_CHECK("Model.decode_step", cudaEventCreate(&e));
 }
 
 DecodeGraphs::~DecodeGraphs() {
   if (stream) cudaStreamSynchronize(stream);
   graphs.clear();  // graphs (then their pools) before the stream
+  for (cudaEvent_t e : marks)
+    if (e) cudaEventDestroy(e);
   if (stream) cudaStreamDestroy(stream);
+}
+
+void DecodeGraphs::mark(int i, const char* op) const { LOWBIT_CUDA_CHECK(op, cudaEventRecord(marks[i], stream)); }
+
+void DecodeGraphs::add_timing(const char* op) {
+  float upload = 0.f, graph = 0.f;
+  LOWBIT_CUDA_CHECK(op, cudaEventElapsedTime(&upload, marks[0], marks[1]));
+  LOWBIT_CUDA_CHECK(op, cudaEventElapsedTime(&graph, marks[1], marks[2]));
+  ++timing.steps;
+  timing.upload_ms += upload;
+  timing.graph_ms += graph;
 }
 
 #else
@@ -168,10 +182,12 @@ void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& s
   }
   const int64_t used = DecodeGraphs::meta_elems(rows, width);
   cuda::StreamScope on_graph_stream(g.stream);
+  auto& entry = g.graphs[{rows, kv_bucket}];
+  const bool timed = entry != nullptr;  // a replay (a capturing step runs eagerly first: not timed)
+  if (timed) g.mark(0, op);
   model_detail::upload_async(g.meta_device.slice(0, 0, used), g.meta_host.slice(0, 0, used));
   g.sampler.stage(sampling, rows, op);
 
-  auto& entry = g.graphs[{rows, kv_bucket}];
   if (!entry) {
     // First step of this bucket: run it eagerly (its real results, and the warm-up that fills the
     // graph's memory pool), then capture the same launches; later steps replay the graph.
@@ -189,16 +205,24 @@ void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& s
         op);
     entry = std::move(fresh);
   } else {
+    g.mark(1, op);
     entry->graph.replay(g.stream, op);
+    g.mark(2, op);
   }
   g.last_rows = rows;
   if (shard_.rank != 0) {  // no tokens here (decode_body): wait for the step, so that errors surface on every rank
     LOWBIT_CUDA_CHECK(op, cudaStreamSynchronize(g.stream));
+    if (timed) g.add_timing(op);
     tokens.clear();
     logprobs.clear();
     return;
   }
   g.sampler.fetch(n, tokens, logprobs, op);  // the step's one sync
+  if (timed) g.add_timing(op);
+}
+
+DecodeGraphTiming Model::decode_graph_timing(const ModelWorkspace& ws) const {
+  return ws.decode_graphs ? ws.decode_graphs->timing : DecodeGraphTiming{};
 }
 
 Tensor Model::decode_logits(ModelWorkspace& ws, int64_t n) const {
@@ -228,6 +252,8 @@ void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>&, 
 Tensor Model::decode_logits(ModelWorkspace&, int64_t) const {
   LOWBIT_NOT_SUPPORTED("Model.decode_logits: needs a CUDA build of lowbit");
 }
+
+DecodeGraphTiming Model::decode_graph_timing(const ModelWorkspace&) const { return {}; }
 
 #endif
 

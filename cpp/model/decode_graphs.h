@@ -12,6 +12,7 @@
 #include "lowbit/core/allocator.h"
 #include "lowbit/core/tensor.h"
 #include "lowbit/kv/kv_cache.h"
+#include "lowbit/model/model.h"  // DecodeGraphTiming
 #include "model/device_sampler.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/graph.h"
@@ -47,9 +48,14 @@ struct DecodeGraphs {
   Tensor meta_host, meta_device;  // s32, meta_elems(max_rows, max width)
   DeviceSampler sampler;          // the graphs bake in its buffers
   int64_t last_rows = 0;  // rows (bucket) of the last step, whose logits ws.logits_compute holds
+  DecodeGraphTiming timing;  // replayed steps so far
 #ifdef LOWBIT_WITH_CUDA
   cudaStream_t stream = nullptr;  // graphs are captured and replayed here (not the legacy stream)
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Entry>> graphs;
+  // A replayed step's marks on `stream`: before its uploads, before its graph launch, after the graph.
+  cudaEvent_t marks[3] = {};
+  void mark(int i, const char* op) const;
+  void add_timing(const char* op);  // after the step's sync
 #endif
 };
 

@@ -59,7 +59,7 @@ kernels::LinearPlan Model::plan_linear(const std::string& role, const PackedWeig
 kernels::AttentionPlan Model::plan_attention() {
   const kernels::ParsedKernelOptions& o = kernel_options_;
   kernels::AttentionPlan plan;
-  plan.split_mixed = o.tuning.split_mixed_attention;
+  plan.tuning = o.tuning;
   for (const kernels::AttnPhase phase : {kernels::AttnPhase::prefill, kernels::AttnPhase::decode}) {
     kernels::AttnDesc d;
     d.device = device_.kind;

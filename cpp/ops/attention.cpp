@@ -118,7 +118,8 @@ StepShape step_shape(const AttentionMeta& meta) {
 
 // Runs `kernel` (the plan's, or the registry's choice) on checked arguments.
 void run_attention(const kernels::AttnKernel* kernel, const Tensor& q, const KVCache& cache, int layer,
-                   const AttentionMeta& meta, float scale, Tensor& out, const Device& dev, const StepShape& shape) {
+                   const AttentionMeta& meta, float scale, Tensor& out, const Device& dev, const StepShape& shape,
+                   const kernels::KernelTuning& tuning) {
   constexpr const char* op = "paged_attention";
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, kernel != nullptr && kernel->launch != nullptr, op, ": kernel ",
                     kernel ? kernel->name : "(none)", " is not built into this library");
@@ -130,7 +131,7 @@ void run_attention(const kernels::AttnKernel* kernel, const Tensor& q, const KVC
     seq_info = device_seq_info(meta, dev, op);
 #endif
   }
-  kernel->launch(kernels::AttnArgs{q, cache, layer, meta, seq_info, shape.max_q, shape.max_kv, scale, out});
+  kernel->launch(kernels::AttnArgs{q, cache, layer, meta, seq_info, shape.max_q, shape.max_kv, scale, out, tuning});
 }
 
 }  // namespace
@@ -272,39 +273,41 @@ namespace {
 // kernel serves both phases anyway.
 bool run_mixed_step(const kernels::AttnKernel* decode, const kernels::AttnKernel* prefill, const Tensor& q,
                     const KVCache& cache, int layer, const AttentionMeta& meta, float scale, Tensor& out,
-                    const Device& dev) {
+                    const Device& dev, const kernels::KernelTuning& tuning) {
   const size_t n = meta.q_len.size(), d = decode_prefix(meta);
   if (d == 0 || d == n || decode == prefill || decode == nullptr || prefill == nullptr) return false;
   const AttentionMeta head = meta_part(meta, 0, d, meta.decode_seq_info);
   const AttentionMeta tail = meta_part(meta, d, n - d, meta.prefill_seq_info);
-  run_attention(decode, q, cache, layer, head, scale, out, dev, step_shape(head));
-  run_attention(prefill, q, cache, layer, tail, scale, out, dev, step_shape(tail));
+  run_attention(decode, q, cache, layer, head, scale, out, dev, step_shape(head), tuning);
+  run_attention(prefill, q, cache, layer, tail, scale, out, dev, step_shape(tail), tuning);
   return true;
 }
 
 }  // namespace
 
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
-                     Tensor& out, const std::string& kernel) {
+                     Tensor& out, const std::string& kernel, const kernels::KernelTuning& tuning) {
   const Device dev = check_attention_args(q, cache, layer, meta, scale, out);
   const StepShape shape = step_shape(meta);
   const kernels::AttnKernel* chosen =
       kernels::select_attention(describe_attention(q, out, cache, shape.decode), kernel, false, "paged_attention")
           .kernel;
   // A kernel forced by name serves every row; the registry's choice splits a mixed step by phase.
-  if (!shape.decode && kernel.empty() && decode_prefix(meta) > 0) {
+  if (!shape.decode && kernel.empty() && tuning.split_mixed_attention && decode_prefix(meta) > 0) {
     const kernels::AttnKernel* decode = kernels::try_select_attention(describe_attention(q, out, cache, true)).kernel;
-    if (run_mixed_step(decode, chosen, q, cache, layer, meta, scale, out, dev)) return;
+    if (run_mixed_step(decode, chosen, q, cache, layer, meta, scale, out, dev, tuning)) return;
   }
-  run_attention(chosen, q, cache, layer, meta, scale, out, dev, shape);
+  run_attention(chosen, q, cache, layer, meta, scale, out, dev, shape, tuning);
 }
 
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
                      Tensor& out, const kernels::AttentionPlan& plan) {
   const Device dev = check_attention_args(q, cache, layer, meta, scale, out);
   const StepShape shape = step_shape(meta);
-  if (!shape.decode && plan.split_mixed && run_mixed_step(plan.decode, plan.prefill, q, cache, layer, meta, scale, out, dev)) return;
-  run_attention(shape.decode ? plan.decode : plan.prefill, q, cache, layer, meta, scale, out, dev, shape);
+  if (!shape.decode && plan.tuning.split_mixed_attention &&
+      run_mixed_step(plan.decode, plan.prefill, q, cache, layer, meta, scale, out, dev, plan.tuning))
+    return;
+  run_attention(shape.decode ? plan.decode : plan.prefill, q, cache, layer, meta, scale, out, dev, shape, plan.tuning);
 }
 
 }  // namespace lowbit::ops

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/registry/registration.h"
+#include "kernels/sm90/prefill_split_plan.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
 #include "lowbit/cuda/kernels.h"
@@ -42,12 +43,17 @@ Fit prefill_sm90_can_run(const AttnDesc& d, std::string* why) {
 // Above the mma.sync prefill kernel (rank 2) for prefill; as a stand-in for decode, below it.
 int prefill_sm90_rank(const AttnDesc& d) { return d.phase == AttnPhase::decode ? 0 : 3; }
 
+static_assert(kMaxPrefillKeySplits == cuda::prefill_split::kMaxSplits,
+              "kernel option prefill_key_split accepts what the split merge can combine");
+
 #ifdef LOWBIT_WITH_CUDA
 void launch_prefill_sm90(const AttnArgs& a) {
   const KVCache& c = a.cache;
+  const cuda::PrefillSm90Options options{a.tuning.prefill_key_split, a.tuning.prefill_pack_heads,
+                                         a.tuning.prefill_ref_dequant};
   cuda::prefill_attention(a.q, c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer), c.v_params(a.layer),
                           a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(),
-                          cuda::PrefillKernel::hopper, cuda::k_window_of(c, a.layer));
+                          cuda::PrefillKernel::hopper, cuda::k_window_of(c, a.layer), options);
 }
 #define LOWBIT_GPU_LAUNCH(f) f
 #else

@@ -23,6 +23,13 @@ bool on_off(const std::string& key, const std::string& v) {
   return false;
 }
 
+// A decimal count in [lo, hi], or -1.
+int parse_count(const std::string& v, int lo, int hi) {
+  if (v.empty() || v.size() > 3 || v.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const int n = std::atoi(v.c_str());
+  return n >= lo && n <= hi ? n : -1;
+}
+
 }  // namespace
 
 std::string ParsedKernelOptions::forced_for(const std::string& role) const {
@@ -53,6 +60,14 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
       t.fp8_fast_accum = on_off(key, value);
     } else if (key == "split_mixed_attention") {
       t.split_mixed_attention = on_off(key, value);
+    } else if (key == "prefill_key_split") {
+      t.prefill_key_split = value == "auto" ? 0 : value == "off" ? 1 : parse_count(value, 2, kMaxPrefillKeySplits);
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, t.prefill_key_split >= 0, "kernel_overrides['prefill_key_split'] must be ",
+                        "auto, off or a split count from 2 to ", kMaxPrefillKeySplits, ", got '", value, "'");
+    } else if (key == "prefill_pack_heads") {
+      t.prefill_pack_heads = value == "auto" ? 0 : on_off(key, value) ? 2 : 1;
+    } else if (key == "prefill_ref_dequant") {
+      t.prefill_ref_dequant = on_off(key, value);
     } else if (key == "w4a16_large_tile") {
       t.w4a16_large_tile = value == "auto" ? 0 : value == "64x128" ? 64128 : value == "128x128" ? 128128
                            : value == "128x256" ? 128256 : -1;
@@ -66,7 +81,8 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
       LOWBIT_CHECK_KIND(ErrorKind::kValue, false, "kernel_overrides: unknown key '", key, "'; forced kernels: ",
                         "linear, linear.{qkv,o,gate_up,down,lm_head}, attention, attention.{prefill,decode}; ",
                         "tuning: fused_norm_quant, fused_silu_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, ",
-                        "fp8_fast_accum, split_mixed_attention");
+                        "fp8_fast_accum, split_mixed_attention, prefill_key_split, prefill_pack_heads, ",
+                        "prefill_ref_dequant");
     }
   }
   return p;

@@ -122,7 +122,8 @@ KvSide side_of(const Tensor& data, const Tensor& params) {
 
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel, const KWindow& window) {
+                       float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel, const KWindow& window,
+                       const PrefillSm90Options& sm90) {
   const char* op = "prefill_attention";
   const int64_t d = q.size(2);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, d > 0 && d <= kMaxDim, op, ": head_dim ", d,
@@ -133,7 +134,7 @@ void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_da
   if (kernel == PrefillKernel::hopper ||
       (kernel == PrefillKernel::automatic && prefill_attention_sm90_supported(q, k_data, v_data, out, window)))
     return prefill_attention_sm90(q, k_data, v_data, k_params, v_params, block_tables, seq_info, max_q_len, scale, out,
-                                  stream, window);
+                                  stream, window, sm90);
   const bool tc = kernel == PrefillKernel::tensor_core ||
                   (kernel == PrefillKernel::automatic && prefill_attention_tc_supported(q, k_data, v_data, out, window));
   if (tc)

@@ -388,7 +388,7 @@ void launch(const FmpqProblem& p, int forced_split, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmem;
   cfg.stream = stream;
-  static std::atomic<int> slot_cache[4] = {};
+  static DeviceSlots slot_cache = {};
   int slots[4];
   resident_ctas_per_split(op, kernel, cfg, slot_cache, slots);
   int split = forced_split > 0 ? forced_split : pick_split(tiles_n * tiles_m, k_blocks, slots);

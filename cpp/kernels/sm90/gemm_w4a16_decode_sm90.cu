@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Resident CTAs per split (1, 2, 4, 8) of the BT-token kernel, measured once.
 template <int BT>
 void slots_of(int (&slots)[4]) {
-  static std::atomic<int> cache[4] = {};
+  static DeviceSlots cache = {};
   resident_slots("gemm_w4a16", gemm_w4a16_decode_sm90_kernel<BT, false>, kThreads, Config<BT>::kSmemBytes, cache,
                  slots);
 }

@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Resident CTAs per split (1, 2, 4, 8) of the BT-token kernel, measured once.
 template <int BT, bool kOverlap, int W = 1>
 void slots_of(const char* op, int (&slots)[4]) {
-  static std::atomic<int> slot_cache[4] = {};
+  static DeviceSlots slot_cache = {};
   resident_slots(op, gemm_w4a16_sm90_kernel<BT, kOverlap, W>, kThreads, Config<BT, W>::kSmemBytes, slot_cache,
                  slots);
 }
@@ -584,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile (both producers: same smem).
 template <int BT, int W = 1>
 int streamk_resident(const char* op) {
-  static std::atomic<int> cache{0};
+  static DeviceCounts cache = {};
   return resident_ctas(op, gemm_w4a16_sm90_streamk_kernel<BT, W, true>, kThreads, SkConfig<BT, W>::kSmemBytes, cache);
 }
 
@@ -614,7 +614,7 @@ bool launch_streamk(const W4A16Problem& p, int ctas, cudaStream_t stream) {
   const CUtensorMap map_w =
       make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, Config<BT, W>::kTiles, 1);
   auto kernel = gemm_w4a16_sm90_streamk_kernel<BT, W, kSplitProducer>;
-  if constexpr (!kSplitProducer)  // streamk_resident set the attribute of the split-producer instance only
+  if constexpr (!kSplitProducer)  // streamk_resident raised the split-producer instance's limit on this device only
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                SkConfig<BT, W>::kSmemBytes));
   kernel<<<ctas, kThreads, SkConfig<BT, W>::kSmemBytes, stream>>>(map_x, map_w, args);

@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Resident CTAs per split (1, 2, 4, 8) of the BT-token kernel, measured once.
 template <int BT, bool kOverlap>
 void slots_of(const char* op, int (&slots)[4]) {
-  static std::atomic<int> slot_cache[4] = {};
+  static DeviceSlots slot_cache = {};
   resident_slots(op, gemm_w4a8_sm90_kernel<BT, kOverlap>, kThreads, Config<BT>::kSmemBytes, slot_cache, slots);
 }
 
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Resident CTAs of the stream-K kernel (one per SM: its smem), measured once per tile (both producers: same smem).
 template <int BT>
 int streamk_resident(const char* op) {
-  static std::atomic<int> cache{0};
+  static DeviceCounts cache = {};
   return resident_ctas(op, gemm_w4a8_sm90_streamk_kernel<BT, true>, kThreads, SkConfig<BT>::kSmemBytes, cache);
 }
 
@@ -516,7 +516,7 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer>;
-  if constexpr (!kSplitProducer)  // streamk_resident set the attribute of the split-producer instance only
+  if constexpr (!kSplitProducer)  // streamk_resident raised the split-producer instance's limit on this device only
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                SkConfig<BT>::kSmemBytes));
   kernel<<<ctas, kThreads, SkConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
@@ -642,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Resident CTAs of the persistent kernel (one per SM by its smem), measured once per tile.
 template <int BT>
 int persistent_resident(const char* op) {
-  static std::atomic<int> cache{0};
+  static DeviceCounts cache = {};
   return resident_ctas(op, gemm_w4a8_sm90_persistent_kernel<BT>, kThreads, PConfig<BT>::kSmemBytes, cache);
 }
 

@@ -344,17 +344,20 @@ void launch(const char* op, const int8_t* xq, const int8_t* wq, const float* xs,
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   // CTAs resident at once for split 1, 2, 4, 8 (clusters of kCX * split must fit in one GPC; at most 8).
-  static std::atomic<int> slot_cache[4] = {};
+  static DeviceSlots slot_cache = {};
+  const int device = current_device(op);
+  std::atomic<int> uncached[4] = {};
+  std::atomic<int>* row = device < kCachedDevices ? slot_cache[device] : uncached;
   int slots[4];
   for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
-    slots[i] = slot_cache[i].load();
+    slots[i] = row[i].load();
     if (slots[i] == 0 && kCX * s <= 8) {
       cfg.gridDim = dim3(kCX * 8, 1, s);
       attr[0].val.clusterDim.x = kCX, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = s;
       int clusters = 0;
       LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
       slots[i] = std::max(1, clusters) * kCX * s;
-      slot_cache[i].store(slots[i]);
+      row[i].store(slots[i]);
     }
   }
   int split = forced_split > 0 ? forced_split : pick_split(tiles_a * tiles_b, k_blocks, slots);

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/sm80/prefill_attention_tc.h"  // prefill_tc_args
@@ -33,9 +32,18 @@ const Entry kTable[] = {LOWBIT_SM90_ROW(64, f16),  LOWBIT_SM90_ROW(64, u8),  LOW
                         LOWBIT_SM90_ROW(128, u2),  LOWBIT_SM90_ROW(128, u4c), LOWBIT_SM90_ROW(128, u2c)};
 #undef LOWBIT_SM90_ROW
 
-Launch find_launch(int64_t d, KvType kt, KvType vt) {
+// The previous u4 / u2 dequantization (options.ref_dequant; prefill_attention_sm90_ref.cu).
+const Entry kRefTable[] = {
+    {64, KvType::u4, KvType::u4, &launch_prefill_attention_sm90<64, KvType::u4, KvType::u4, true>},
+    {64, KvType::u2, KvType::u2, &launch_prefill_attention_sm90<64, KvType::u2, KvType::u2, true>},
+    {128, KvType::u4, KvType::u4, &launch_prefill_attention_sm90<128, KvType::u4, KvType::u4, true>},
+    {128, KvType::u2, KvType::u2, &launch_prefill_attention_sm90<128, KvType::u2, KvType::u2, true>}};
+
+Launch find_launch(int64_t d, KvType kt, KvType vt, bool ref = false) {
   for (const Entry& e : kTable)
-    if (e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
+    if (!ref && e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
+  for (const Entry& e : kRefTable)
+    if (ref && e.head_dim == d && e.k == kt && e.v == vt) return e.launch;
   return nullptr;
 }
 
@@ -67,13 +75,6 @@ int sm_count(int device) {  // asked once per device
   return v;
 }
 
-// LOWBIT_PREFILL_SM90_VARIANT (read at each launch, for tests and measurements): bit 1 = never pack the query heads
-// (the kernel before packing), bit 2 = always pack them where the cache allows (the rule below aside).
-int variant_from_env() {
-  const char* e = std::getenv("LOWBIT_PREFILL_SM90_VARIANT");
-  return e != nullptr ? std::atoi(e) : 0;
-}
-
 // Query heads per CTA (the kernel reads it back as hq / gridDim.x). With an integer per-token K or V, the query
 // heads of a kv head can share a CTA (its 128 rows: 128 / group positions x group heads): chunks of fewer than 128
 // new tokens fill the CTA's rows instead of leaving most of them empty, so group times fewer CTAs visit the
@@ -85,22 +86,13 @@ int variant_from_env() {
 // per-channel K keep one head per CTA (the kernel compiles them as before).
 // With a key split (below) the CTAs no longer queue, and a chunk shorter than kRows leaves rows of an unpacked CTA
 // empty: packed, group times fewer CTAs dequantize each prefix tile, and the split restores the CTA count.
-int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sms, bool splits_short_chunk) {
+// options.pack_heads: 0 this rule, 1 never pack, 2 pack wherever the cache allows (tests and measurements).
+int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sms, bool splits_short_chunk,
+                  const PrefillSm90Options& options) {
   const bool packable = !kv_per_channel_type(kt) && (kt != KvType::f16 || vt != KvType::f16) && group >= 1 &&
                         group <= kRows;
-  const int variant = variant_from_env();
-  if (!packable || (variant & 1)) return 1;
-  return (variant & 2) || unpacked_ctas > sms || splits_short_chunk ? group : 1;
-}
-
-// LOWBIT_PREFILL_SM90_SPLITS (read at each launch): N > 0 forces N key splits (1: none), 0 leaves them to
-// prefill_split::plan_splits. Unset: no split, until the split has run on a GPU (docs/gpu_notes.md, "a key split
-// for short launches": written and compile-checked, never measured or tested on a device); then the default
-// becomes the plan (kDefaultSplits = 0).
-constexpr int kDefaultSplits = 1;
-int forced_splits_from_env() {
-  const char* e = std::getenv("LOWBIT_PREFILL_SM90_SPLITS");
-  return e != nullptr ? std::atoi(e) : kDefaultSplits;
+  if (!packable || options.pack_heads == 1) return 1;
+  return options.pack_heads == 2 || unpacked_ctas > sms || splits_short_chunk ? group : 1;
 }
 
 bool no(std::string* why, const char* reason) {
@@ -135,7 +127,8 @@ bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, con
 
 void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                             const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window) {
+                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window,
+                            const PrefillSm90Options& options) {
   const char* op = "prefill_attention";
   std::string why;
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, prefill_attention_sm90_supported(q, k_data, v_data, out, window, &why),
@@ -146,12 +139,12 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   KvType kt = KvType::f16, vt = KvType::f16;
   kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
-  const int sms = sm_count(q.device().index), forced = forced_splits_from_env();
+  const int sms = sm_count(q.device().index), forced = options.key_splits;
   // Keys before a sequence's first query: at most its table's width in keys (the host does not know kv_len).
   const int64_t prefix_bound = static_cast<int64_t>(a.max_blocks) * a.block_size - 1;
   const int64_t unpacked_ctas = static_cast<int64_t>(a.hq) * ((max_q_len + kRows - 1) / kRows) * a.num_seqs;
   const bool split_short = max_q_len < kRows && prefill_split::plan_splits(unpacked_ctas, sms, prefix_bound, forced) > 1;
-  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sms, split_short);
+  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sms, split_short, options);
   const int positions = kRows / pack;  // query positions per CTA
   const int64_t tiles = (max_q_len + positions - 1) / positions;
   PrefillTcArgs args = a;
@@ -166,7 +159,10 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   }
   const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>(tiles),
                   static_cast<unsigned>(a.num_seqs * args.splits));
-  find_launch(q.size(2), kt, vt)(args, grid, stream);
+  const Launch launch = find_launch(q.size(2), kt, vt, options.ref_dequant);
+  LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, launch != nullptr, op, ": the reference dequantization covers K and V ",
+                    "both u4 or both u2 only");
+  launch(args, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (args.splits > 1) {
     prefill_attention_split_merge(args, static_cast<int>(q.size(2)), max_q_len, stream);

@@ -251,6 +251,19 @@ __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(sel));
   return r;
 }
+// u4 / u2 codes in f32 without shifts: a field masked in place under the 2^23 bias is the float 2^23 + c 2^k
+// exactly (fields within bits 0-22), one subtraction leaves c 2^k, and the scale is pre-multiplied by 2^-k
+// (store_codes_f32). lop3 (w & mask) | magic is one instruction with the magic in a register; opaque_u32 keeps ptxas
+// from folding it into a second immediate (a LOP3 takes one, so the folded form costs two instructions a code).
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+__device__ __forceinline__ float placed_code(uint32_t w, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(mask), "r"(magic));  // (a & b) | c
+  return __uint_as_float(r) - 8388608.f;
+}
 __device__ __forceinline__ uint32_t u8_pair(uint32_t word, uint32_t sel, uint32_t s2, uint32_t z2) {
   const uint32_t biased = prmt(word, 0x64646464u, sel);  // sel 0x4140: bytes 0, 1; 0x4342: bytes 2, 3
   uint32_t r;
@@ -286,16 +299,27 @@ __device__ __forceinline__ void store_u8_codes_f16(const TileCodes<D, KvType::u8
 
 // Dequantizes the loaded u4 / u2 codes in f32 (code * scale + zero, rounded once to f16: the same values as the
 // mma.sync kernel's, the row's scale and zero by shuffle) into 16-byte chunks of the tile at `tile` (shared address).
-template <int D, KvType T>
+// kRef: each code shifted down and masked before the 2^23 bias (the kernel until the u4 / u2 rework; 2-3 integer
+// instructions a code, the producer's bottleneck). Kept for the A/B and bit-identity tests (prefill_ref_dequant).
+template <int D, KvType T, bool kRef = false>
 __device__ __forceinline__ void store_codes_f32(const TileCodes<D, T>& codes, uint32_t tile, int p) {
   using C = TileCodes<D, T>;
   using L = Layout<D>;
   constexpr int kBits = C::kBits;
   const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
+  const uint32_t magic = opaque_u32(0x4B000000u);
 #pragma unroll
   for (int i = 0; i < C::kVecs; ++i) {
     const int rr = i * C::kRowsPerLoad + lane / C::kVecs;  // the group's row of this lane's vector
     const float s = __shfl_sync(0xffffffffu, codes.own.x, rr), z = __shfl_sync(0xffffffffu, codes.own.y, rr);
+    // Scales by the field's place: a code masked in place is c 2^(kBits f) (field f), so s 2^(-kBits f) makes the
+    // product c s exactly (a power-of-two scaling, exact while s 2^(-kBits f) stays normal: s >= 2^-110 for u4,
+    // 2^-120 for u2; the quantizer's scales of f16 / bf16 rows are far above that, or 0).
+    // u2: four places (two at head_dim 64, where four spilled beside an f16 side)
+    constexpr int kPlaces = kBits == 4 ? 5 : D == 64 ? 2 : 4;
+    float sp[kPlaces];
+#pragma unroll
+    for (int f = 0; f < kPlaces; ++f) sp[f] = s * (1.f / static_cast<float>(1 << (kBits * f)));
     const uint32_t words[4] = {codes.w[i].x, codes.w[i].y, codes.w[i].z, codes.w[i].w};
 #pragma unroll
     for (int cc = 0; cc < C::kChunksPerVec; ++cc) {  // chunk vec * kChunksPerVec + cc: 8 dims
@@ -303,13 +327,27 @@ __device__ __forceinline__ void store_codes_f32(const TileCodes<D, T>& codes, ui
       if constexpr (kBits == 8) {  // byte i = dim i
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[2 * cc + e / 4] >> (8 * (e % 4))) & 0xFFu), s, z);
-      } else if constexpr (kBits == 4) {  // dim i in nibble i of the little-endian words
+      } else if constexpr (kRef && kBits == 4) {  // dim i in nibble i of the little-endian words
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[cc] >> (4 * e)) & 0xFu), s, z);
-      } else {  // 2 bits: dim i in bits 2 (i % 4) of byte i / 4; 8 dims = 16 bits
+      } else if constexpr (kRef) {  // 2 bits: dim i in bits 2 (i % 4) of byte i / 4; 8 dims = 16 bits
         const uint32_t h = (words[cc / 2] >> (16 * (cc % 2))) & 0xFFFFu;
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((h >> (2 * e)) & 0x3u), s, z);
+      } else if constexpr (kBits == 4) {  // nibbles 0-4 in place (bits 0-19), 5-7 from bits 8-19 of w >> 12
+        const uint32_t w = words[cc], hi = w >> 12;
+#pragma unroll
+        for (int e = 0; e < 5; ++e) x[e] = fmaf(placed_code(w, 0xFu << (4 * e), magic), sp[e], z);
+#pragma unroll
+        for (int e = 5; e < 8; ++e) x[e] = fmaf(placed_code(hi, 0xFu << (4 * (e - 3)), magic), sp[e - 3], z);
+      } else {  // 2 bits: the chunk's 16 bits in kPlaces-field parts, each shifted down to the bottom
+        const uint32_t w = words[cc / 2] >> (16 * (cc % 2));
+#pragma unroll
+        for (int j = 0; j < 8 / kPlaces; ++j) {
+#pragma unroll
+          for (int e = 0; e < kPlaces; ++e)
+            x[kPlaces * j + e] = fmaf(placed_code(w >> (2 * kPlaces * j), 0x3u << (2 * e), magic), sp[e], z);
+        }
       }
       const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, vec * C::kChunksPerVec + cc);
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_half2(x[0], x[1])),
@@ -319,12 +357,12 @@ __device__ __forceinline__ void store_codes_f32(const TileCodes<D, T>& codes, ui
   }
 }
 
-template <int D, KvType T>
+template <int D, KvType T, bool kRef = false>
 __device__ __forceinline__ void store_codes(const TileCodes<D, T>& codes, uint32_t tile, int p) {
   if constexpr (T == KvType::u8)
     store_u8_codes_f16<D>(codes, tile, p);
   else
-    store_codes_f32<D, T>(codes, tile, p);
+    store_codes_f32<D, T, kRef>(codes, tile, p);
 }
 
 // ---- per-channel K (u4c / u2c) ----------------------------------------------------------------------------
@@ -636,7 +674,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kO], float alpha_lo, flo
   }
 }
 
-template <int D, KvType KT, KvType VT>
+template <int D, KvType KT, KvType VT, bool kRefDequant = false>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const PrefillTcArgs a) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(!kv_per_channel<VT>(), "V per token");
@@ -754,11 +792,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
           copy_f16_rows<D, kF16K, kF16V>(a.k, a.v, k_tile(stage), v_tile(stage), p, row, runs16);
         if constexpr (!kF16K) {
           if constexpr (!kAheadK) load_codes<D, KT>(kcur, a.k, a.k_params, p, row);
-          store_codes<D, KT>(kcur, k_tile(stage), p);
+          store_codes<D, KT, kRefDequant>(kcur, k_tile(stage), p);
         }
         if constexpr (!kF16V) {
           if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
-          store_codes<D, VT>(vcur, v_tile(stage), p);
+          store_codes<D, VT, kRefDequant>(vcur, v_tile(stage), p);
         }
         publish_rows<KT, VT>(&full[stage]);
       }
@@ -1005,18 +1043,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   }
 }
 #else
-template <int D, KvType KT, KvType VT>
+template <int D, KvType KT, KvType VT, bool kRefDequant = false>
 __global__ void prefill_attention_sm90_kernel(const PrefillTcArgs) {}  // the sm_90a image is the only real one
 #endif  // LOWBIT_SM90_DEVICE
 
 }  // namespace prefill_sm90
 
 // Launches the (head_dim, K, V) instance: grid (query heads, query tiles of 128, sequences).
-template <int D, KvType KT, KvType VT>
+template <int D, KvType KT, KvType VT, bool kRefDequant>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream) {
   using namespace prefill_sm90;
   constexpr int bytes = Layout<D>::kSmemBytes + Layout<D>::kPlanBytes;  // the plan's words (t_begin: every K type)
-  auto kernel = prefill_attention_sm90_kernel<D, KT, VT>;
+  auto kernel = prefill_attention_sm90_kernel<D, KT, VT, kRefDequant>;
   LOWBIT_CUDA_CHECK("prefill_attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                               bytes));
   kernel<<<grid, kThreads, bytes, stream>>>(a);
@@ -1026,7 +1064,7 @@ void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream
 
 // The explicit instances of head_dim D and K type K with every V type (one prefill_attention_sm90_d*_k*.cu each).
 #define LOWBIT_PREFILL_SM90_INSTANCE(D, K, V) \
-  template void launch_prefill_attention_sm90<D, KvType::K, KvType::V>(const PrefillTcArgs&, dim3, cudaStream_t);
+  template void launch_prefill_attention_sm90<D, KvType::K, KvType::V, false>(const PrefillTcArgs&, dim3, cudaStream_t);
 #define LOWBIT_PREFILL_SM90_INSTANCES(D, K)  \
   namespace lowbit::cuda {                    \
   LOWBIT_PREFILL_SM90_INSTANCE(D, K, f16)     \

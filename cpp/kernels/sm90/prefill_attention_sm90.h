@@ -7,6 +7,7 @@
 #include "kernels/sm80/kv_type.cuh"
 #include "kernels/sm80/prefill_attention_tc_launch.h"
 #include "lowbit/core/tensor.h"
+#include "lowbit/cuda/forward_kernels.h"  // PrefillSm90Options
 #include "lowbit/cuda/k_window.h"
 
 namespace lowbit::cuda {
@@ -22,11 +23,14 @@ bool prefill_attention_sm90_supported(const Tensor& q, const Tensor& k_data, con
 // prefill_attention_sm90_supported does not hold.
 void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                             const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
-                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window = {});
+                            float scale, Tensor& out, cudaStream_t stream, const KWindow& window = {},
+                            const PrefillSm90Options& options = {});
 
 // The launch of one (head_dim, K, V) instance (defined in prefill_attention_sm90.cuh, compiled by the
 // prefill_attention_sm90_d*_k*.cu files, one per head_dim and K type with every V type).
-template <int D, KvType KT, KvType VT>
+// kRefDequant: u4 / u2 dequantized as before the placed-field rework (prefill_attention_sm90_ref.cu: the A/B and
+// bit-identity instances, head_dim 64 and 128 with K and V both u4 or both u2).
+template <int D, KvType KT, KvType VT, bool kRefDequant = false>
 void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream_t stream);
 
 // The key split's merge (prefill_attention_sm90_merge.cu): out from the splits' partial O and (max, sum) in a.

@@ -258,24 +258,41 @@ inline CUtensorMap make_map(const char* op, const int8_t* base, int rows, int k,
   return make_map_2d(op, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, k, ld, box_rows);
 }
 
+// Launch facts cached per device (occupancy, and the raised shared-memory limit they need): a kernel's attributes
+// belong to one device, and tensor-parallel ranks launch the same kernel on several, each from its own thread.
+// Devices past kCachedDevices are measured at every call.
+constexpr int kCachedDevices = 64;
+using DeviceSlots = std::atomic<int>[kCachedDevices][4];
+using DeviceCounts = std::atomic<int>[kCachedDevices];
+
+inline int current_device(const char* op) {
+  int device = 0;
+  LOWBIT_CUDA_CHECK(op, cudaGetDevice(&device));
+  return device;
+}
+
 // CTAs of `kernel` resident at once when launched in clusters of 1, 2, 4 and 8 CTAs along z (a cluster must
-// fit in one GPC), measured once per kernel instantiation into `cache` (cfg: the launch's block size and smem).
+// fit in one GPC), measured once per kernel instantiation and device into `cache` (cfg: the launch's block size and
+// smem; the kernel's shared-memory limit already raised on this device).
 template <class Kernel>
-void resident_ctas_per_split(const char* op, Kernel kernel, cudaLaunchConfig_t cfg, std::atomic<int> (&cache)[4],
+void resident_ctas_per_split(const char* op, Kernel kernel, cudaLaunchConfig_t cfg, DeviceSlots& cache,
                              int (&slots)[4]) {
+  const int device = current_device(op);
+  std::atomic<int> uncached[4] = {};
+  std::atomic<int>* row = device < kCachedDevices ? cache[device] : uncached;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
-    slots[i] = cache[i].load();
+    slots[i] = row[i].load();
     if (slots[i] == 0) {
       cfg.gridDim = dim3(8, 1, s);
       attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = s;
       int clusters = 0;
       LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
       slots[i] = std::max(1, clusters) * s;
-      cache[i].store(slots[i]);
+      row[i].store(slots[i]);
     }
   }
 }
@@ -283,9 +300,9 @@ void resident_ctas_per_split(const char* op, Kernel kernel, cudaLaunchConfig_t c
 // resident_ctas_per_split for a kernel of `threads` threads and `smem` dynamic shared bytes (raising the kernel's
 // shared-memory limit first: the occupancy query needs it).
 template <class Kernel>
-void resident_slots(const char* op, Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[4],
-                    int (&slots)[4]) {
-  if (cache[3].load() == 0)
+void resident_slots(const char* op, Kernel kernel, int threads, int smem, DeviceSlots& cache, int (&slots)[4]) {
+  const int device = current_device(op);
+  if (device >= kCachedDevices || cache[device][3].load() == 0)
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
   cfg.blockDim = dim3(threads);
@@ -294,18 +311,19 @@ void resident_slots(const char* op, Kernel kernel, int threads, int smem, std::a
 }
 
 // CTAs of `kernel` (`threads` threads, `smem` dynamic shared bytes) resident at once on the current device: the
-// occupancy per SM x the SMs, at least 1, measured once into `cache` (the grid of a persistent or stream-K launch).
+// occupancy per SM x the SMs, at least 1, measured once per device into `cache` (the grid of a persistent or stream-K
+// launch). Raises the kernel's shared-memory limit on the device first, which its launches rely on.
 template <class Kernel>
-int resident_ctas(const char* op, Kernel kernel, int threads, int smem, std::atomic<int>& cache) {
-  int v = cache.load();
+int resident_ctas(const char* op, Kernel kernel, int threads, int smem, DeviceCounts& cache) {
+  const int device = current_device(op);
+  int v = device < kCachedDevices ? cache[device].load() : 0;
   if (v == 0) {
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0, sms = 0;
     LOWBIT_CUDA_CHECK(op, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    LOWBIT_CUDA_CHECK(op, cudaGetDevice(&dev));
-    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     v = std::max(1, per_sm * sms);
-    cache.store(v);
+    if (device < kCachedDevices) cache[device].store(v);
   }
   return v;
 }

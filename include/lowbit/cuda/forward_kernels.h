@@ -95,10 +95,19 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // cannot run its operands throws NotSupported; `automatic` takes hopper, else tensor_core, where it can
 // run (the op-level API; plans name the kernel). Rows of out outside every sequence are left untouched.
 enum class PrefillKernel : uint8_t { automatic, tensor_core, warp, hopper };
+// Knobs of the hopper kernel (the plan's tuning prefill_key_split / prefill_pack_heads): key_splits 0 = the launch's
+// plan (a short chunk over a long prefix splits its keys over CTAs), 1 = none, N = N (at most 16); pack_heads 0 = its
+// rule, 1 = one query head per CTA, 2 = the query heads of a kv head share a CTA wherever the cache allows.
+// ref_dequant (tests and measurements): u4 / u2 dequantized the previous way (K and V both u4 or both u2 only).
+struct PrefillSm90Options {
+  int key_splits = 0;
+  int pack_heads = 0;
+  bool ref_dequant = false;
+};
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,
                        float scale, Tensor& out, cudaStream_t stream, PrefillKernel kernel = PrefillKernel::automatic,
-                       const KWindow& window = {});
+                       const KWindow& window = {}, const PrefillSm90Options& sm90 = {});
 
 // y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]) with x, w, y f16 (bias f16 or undefined), last dims
 // contiguous; f32 accumulation. Kernels: gemv (one warp per output column, 16 rows per pass), mma

@@ -51,6 +51,10 @@ struct EngineStats {
   int64_t prefix_cache_hit_tokens = 0;    // of those, tokens whose KV came from the cache
   int64_t prefix_cache_blocks = 0;        // blocks cached now (held by requests or evictable)
   int64_t prefix_cache_evictions = 0;     // cached blocks reused for other tokens so far
+  // Replayed CUDA-graph decode steps (rank 0): their count and device time (Model::decode_graph_timing); the
+  // wall time of the same steps minus these is the time the GPU waited on the host.
+  int64_t decode_graph_steps = 0;
+  double decode_graph_ms = 0, decode_upload_ms = 0;
 };
 
 class Engine {

@@ -14,12 +14,16 @@ namespace lowbit::kernels {
 //                   -> a registered kernel name; one that cannot run is an error, never ignored.
 //   tuning          "fused_norm_quant" on|off, "fused_silu_quant" on|off, "pdl" on|off,
 //                   "w4a16_large_tile" auto|64x128|128x128|128x256, "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off, "fp8_fast_accum" on|off,
-//                   "split_mixed_attention" on|off
+//                   "split_mixed_attention" on|off, "prefill_key_split" auto|off|2..64,
+//                   "prefill_pack_heads" auto|on|off, "prefill_ref_dequant" on|off
 // strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
 struct KernelOptions {
   std::map<std::string, std::string> overrides;
   bool strict = false;
 };
+
+// The most key splits prefill_key_split accepts (the sm_90 prefill merge's own bound, checked there).
+constexpr int kMaxPrefillKeySplits = 16;
 
 // Knobs inside a kernel (not which kernel runs): parsed once from the overrides, passed by value
 // into the launches, so a captured CUDA graph holds exactly what the plan says.
@@ -32,6 +36,14 @@ struct KernelTuning {
   bool sm90_pairs = false;       // wgmma 8-bit GEMMs: multicast weight tiles to pairs of A tiles
   bool fp8_fast_accum = false;   // wgmma fp8: no per-stage promotion of the sums to f32
   bool split_mixed_attention = true;  // a mixed step's decode rows on the decode attention kernel
+  // sm_90 prefill attention (prefill_attention_sm90.cu): key splits per query tile, 0 = the launch's plan
+  // (prefill_split_plan.h), 1 = none, N = N forced; query heads of a kv head sharing a CTA, 0 = its rule, 1 = never,
+  // 2 = wherever the cache allows.
+  int prefill_key_split = 0;
+  int prefill_pack_heads = 0;
+  // sm_90 prefill attention, tests and measurements only: u4 / u2 dequantized the previous way (shift and mask per
+  // code; K and V both u4 or both u2), for the A/B against the placed-field dequantization.
+  bool prefill_ref_dequant = false;
 };
 
 // The forced kernel names by role and the tuning, validated (unknown keys and bad values throw a

@@ -22,9 +22,9 @@ struct LinearPlan {
 struct AttentionPlan {
   const AttnKernel* prefill = nullptr;
   const AttnKernel* decode = nullptr;
-  // A mixed step (decode rows first, then prefill chunks) runs its decode rows on `decode` and the rest on
-  // `prefill`; off, `prefill` serves every row (the A/B of tuning "split_mixed_attention").
-  bool split_mixed = true;
+  // Passed into every launch. split_mixed_attention: a mixed step (decode rows first, then prefill chunks) runs its
+  // decode rows on `decode` and the rest on `prefill`; off, `prefill` serves every row.
+  KernelTuning tuning;
 };
 
 // One line of `lowbit info --plan`: where, which descriptor, which kernel, why.

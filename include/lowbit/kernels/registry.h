@@ -44,6 +44,7 @@ struct AttnArgs {
   int max_q_len, max_kv_len;
   float scale;
   Tensor& out;
+  KernelTuning tuning;  // the plan's (defaults for an unplanned call)
 };
 
 template <class Desc, class Args>

@@ -50,6 +50,14 @@ struct RowSampling {
   double uniform = 0.0;
 };
 
+// Device time of the replayed decode graphs (CUDA events around each replay): with the wall time of the
+// same steps it says how long the GPU waits on the host per step (what overlapping steps could hide).
+struct DecodeGraphTiming {
+  int64_t steps = 0;       // replayed graph steps timed (capturing steps are not)
+  double upload_ms = 0;    // from the step's first upload until its graph launch was reached on the stream
+  double graph_ms = 0;     // from there to the end of the graph (sampling included)
+};
+
 // Scratch activations for up to max_tokens tokens and max_logit_rows logit rows, allocated once
 // (Model::make_workspace) and reused by every forward so that the hot path never allocates.
 struct ModelWorkspace {
@@ -174,6 +182,8 @@ class Model {
   Tensor decode_logits(ModelWorkspace& ws, int64_t n) const;
   // Rows one decode graph can hold for this workspace (0 on the CPU: no graphs there).
   int64_t max_decode_rows(const ModelWorkspace& ws) const;
+  // Totals over this workspace's replayed decode steps (zeros before any, and on the CPU).
+  DecodeGraphTiming decode_graph_timing(const ModelWorkspace& ws) const;
 
  private:
   // forward_sampled's request: the rows' sampling, whether the logits are downloaded too, where tokens go.

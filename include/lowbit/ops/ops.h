@@ -114,9 +114,9 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& position
 // head h reads KV head h / (Hq / Hkv)). q and out: f32/f16/bf16 (may differ), strided rows allowed;
 // rows of out outside every sequence are left untouched. f32 accumulation.
 // `kernel` forces a registered attention kernel by name ("" = the registry's choice); one that cannot
-// run throws NotSupported with its reason.
+// run throws NotSupported with its reason. `tuning`: the kernels' knobs (kernel options, as a plan holds them).
 void paged_attention(const Tensor& q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale,
-                     Tensor& out, const std::string& kernel = "");
+                     Tensor& out, const std::string& kernel = "", const kernels::KernelTuning& tuning = {});
 // The attention descriptor of a call (decode: every sequence one query, rows in sequence order).
 kernels::AttnDesc describe_attention(const Tensor& q, const Tensor& out, const KVCache& cache, bool decode);
 // The same with the plan's kernels: plan.decode for decode steps (every sequence one query, rows in

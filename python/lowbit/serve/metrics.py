@@ -32,6 +32,11 @@ class _EngineCountersCollector(Collector):
                                 value=s["prefix_cache_blocks"])
         yield CounterMetricFamily("lowbit_prefix_cache_evictions", "Cached KV blocks evicted to hold other tokens",
                                   value=s["prefix_cache_evictions"])
+        yield CounterMetricFamily("lowbit_decode_graph_steps", "Decode steps replayed as CUDA graphs (GPU)",
+                                  value=s["decode_graph_steps"])
+        yield CounterMetricFamily("lowbit_decode_graph_device_seconds", "GPU time of those steps, uploads included "
+                                  "(their wall time minus this is GPU time lost waiting on the host)",
+                                  value=(s["decode_graph_ms"] + s["decode_upload_ms"]) / 1000)
         yield CounterMetricFamily("lowbit_preemptions", "Running requests preempted (KV freed, recomputed later) "
                                   "because the KV pool ran out", value=s["preemptions"])
 

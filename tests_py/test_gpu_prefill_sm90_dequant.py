@@ -1,0 +1,86 @@
+"""The Hopper prefill kernel's u4 / u2 dequantization (fields masked in place, the scale pre-multiplied by the field's
+power of two) against the previous one (each code shifted down and masked; kernel option prefill_ref_dequant=on) on
+the same cache and queries: the outputs must be bit-identical, since each dequantized value is the same f32
+code * scale + zero rounded once (to f16). Fresh random data whose rows span ranges from 1e-4 to 1e3 (scales from
+~1e-5 to ~1e2, zeros of either sign), fresh prompts and chunks over a cached prefix, packed and unpacked heads, split
+and unsplit keys, head_dim 64 and 128. The float64 accuracy of the new path is the other prefill test files' job."""
+import math
+
+import pytest
+import torch
+
+import lowbit
+from lowbit import _core as lb
+from test_gpu_ops import nan_like, sm
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+KERNEL = "prefill_attention_sm90"
+
+
+@pytest.fixture(autouse=True)
+def _needs_sm90():
+    if sm() != 90:
+        pytest.skip("the wgmma kernel runs on sm_90 only")
+
+
+def outputs(lens_q, lens_kv, hq, hkv, d, kv, bs, seed, options):
+    """The kernel's out for the new and the reference dequantization on one cache and one q."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(lens_q)
+    blocks_per = [math.ceil(L / bs) for L in lens_kv]
+    num_blocks = sum(blocks_per) + 1
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    table = torch.full((n, max(blocks_per)), -1, dtype=torch.int32)
+    p = 0
+    for i, nb in enumerate(blocks_per):
+        table[i, :nb] = perm[p:p + nb]
+        p += nb
+    cache = lb.KVCache(1, hkv, d, num_blocks, bs, kv, kv, "cuda")
+    slots = torch.cat([table[i, torch.arange(L) // bs].long() * bs + torch.arange(L) % bs
+                       for i, L in enumerate(lens_kv)]).to(torch.int32)
+    total = int(slots.numel())
+    # Per-row magnitudes over seven decades and offsets of either sign: scales and zeros far apart.
+    mag = 10 ** torch.empty(total, hkv, 1).uniform_(-4, 3, generator=g)
+    k = (torch.randn(total, hkv, d, generator=g) * mag + torch.randn(total, hkv, 1, generator=g) * mag * 3).half()
+    v = (torch.randn(total, hkv, d, generator=g) * mag.flip(0) + torch.randn(total, hkv, 1, generator=g)).half()
+    lb.kv_write(cache, 0, k.cuda(), v.cuda(), lb.AttentionMeta([0], [total], [total], table[:1].cuda(), slots.cuda()))
+    q_start = [sum(lens_q[:i]) for i in range(n)]
+    q = (torch.randn(sum(lens_q), hq, d, generator=g) * 0.05).half().cuda()
+    meta = lb.AttentionMeta(q_start, lens_q, lens_kv, table.cuda(), slots[:1].cuda())
+    res = []
+    for ref in ("off", "on"):
+        out = nan_like(q)
+        lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(d), out, kernel=KERNEL,
+                           options={**options, "prefill_ref_dequant": ref})
+        res.append(out.cpu())
+    return res
+
+
+LENS = {
+    "fresh": ([1, 37, 300], [1, 37, 300]),
+    "chunked": ([3, 40, 129], [260, 647, 379]),
+    "long_chunk": ([64], [2100]),
+}
+OPTIONS = {"plan": {}, "unpacked_unsplit": {"prefill_pack_heads": "off", "prefill_key_split": "off"},
+           "packed_split3": {"prefill_pack_heads": "on", "prefill_key_split": "3"}}
+
+
+@pytest.mark.parametrize("opt", list(OPTIONS))
+@pytest.mark.parametrize("lens", list(LENS))
+@pytest.mark.parametrize("kv", ["u4", "u2"])
+@pytest.mark.parametrize("hq,hkv,d,bs", [(32, 8, 128, 16), (9, 3, 64, 24)], ids=["32-8-d128-bs16", "9-3-d64-bs24"])
+def test_prefill_sm90_dequant_bit_identical_to_reference(opt, lens, kv, hq, hkv, d, bs):
+    new, ref = outputs(*LENS[lens], hq, hkv, d, kv, bs, seed=hq + d + len(lens) + len(opt), options=OPTIONS[opt])
+    inside = ~torch.isnan(ref).all(-1).all(-1)
+    assert inside.any() and not torch.isnan(new[inside]).any()
+    diff = (new.view(torch.int16) != ref.view(torch.int16)).sum().item()
+    assert diff == 0, f"{diff} of {new.numel()} outputs differ in their bits (max abs {(new - ref).abs().max():.3g})"
+
+
+def test_prefill_sm90_reference_dequant_only_for_matching_u4_u2():
+    q = torch.randn(4, 2, 64).half().cuda()
+    cache = lb.KVCache(1, 1, 64, 2, 16, "u4", "u8", "cuda")
+    meta = lb.AttentionMeta([0], [4], [4], torch.tensor([[0]], dtype=torch.int32).cuda(),
+                            torch.arange(4, dtype=torch.int32).cuda())
+    with pytest.raises(Exception, match="reference dequantization"):
+        lb.paged_attention(q, cache, 0, meta, 0.125, kernel=KERNEL, options={"prefill_ref_dequant": "on"})
