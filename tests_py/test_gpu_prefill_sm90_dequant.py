@@ -12,6 +12,7 @@ import torch
 import lowbit
 from lowbit import _core as lb
 from test_gpu_ops import nan_like, sm
+from test_gpu_prefill_sm90_pack import random_pages
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 KERNEL = "prefill_attention_sm90"
@@ -27,17 +28,8 @@ def outputs(lens_q, lens_kv, hq, hkv, d, kv, bs, seed, options):
     """The kernel's out for the new and the reference dequantization on one cache and one q."""
     g = torch.Generator().manual_seed(seed)
     n = len(lens_q)
-    blocks_per = [math.ceil(L / bs) for L in lens_kv]
-    num_blocks = sum(blocks_per) + 1
-    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
-    table = torch.full((n, max(blocks_per)), -1, dtype=torch.int32)
-    p = 0
-    for i, nb in enumerate(blocks_per):
-        table[i, :nb] = perm[p:p + nb]
-        p += nb
+    num_blocks, table, slots = random_pages(lens_kv, bs, 1, g)
     cache = lb.KVCache(1, hkv, d, num_blocks, bs, kv, kv, "cuda")
-    slots = torch.cat([table[i, torch.arange(L) // bs].long() * bs + torch.arange(L) % bs
-                       for i, L in enumerate(lens_kv)]).to(torch.int32)
     total = int(slots.numel())
     # Per-row magnitudes over seven decades and offsets of either sign: scales and zeros far apart.
     mag = 10 ** torch.empty(total, hkv, 1).uniform_(-4, 3, generator=g)

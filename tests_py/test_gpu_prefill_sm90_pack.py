@@ -54,21 +54,28 @@ def reference(q, cache, table_row, q_len, kv_len, scale):
     return torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v)
 
 
-def run_case(lens_q, lens_kv, hq, hkv, d, kt, vt, bs, seed, options=None):
-    g = torch.Generator().manual_seed(seed)
-    scale = 1 / math.sqrt(d)
-    n = len(lens_q)
+def random_pages(lens_kv, bs, spare, g):
+    """Shuffled blocks for sequences of lens_kv tokens (`spare` blocks left over): (num_blocks, the s32 block table
+    padded with -1, the s32 slot of every token, sequence after sequence)."""
     blocks_per = [math.ceil(L / bs) for L in lens_kv]
-    num_blocks = sum(blocks_per) + 2
+    num_blocks = sum(blocks_per) + spare
     perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
-    table = torch.full((n, max(blocks_per)), -1, dtype=torch.int32)
+    table = torch.full((len(lens_kv), max(blocks_per)), -1, dtype=torch.int32)
     p = 0
     for i, nb in enumerate(blocks_per):
         table[i, :nb] = perm[p:p + nb]
         p += nb
-    cache = lb.KVCache(1, hkv, d, num_blocks, bs, kt, vt, "cuda")
     slots = torch.cat([table[i, torch.arange(L) // bs].long() * bs + torch.arange(L) % bs
                        for i, L in enumerate(lens_kv)]).to(torch.int32)
+    return num_blocks, table, slots
+
+
+def run_case(lens_q, lens_kv, hq, hkv, d, kt, vt, bs, seed, options=None):
+    g = torch.Generator().manual_seed(seed)
+    scale = 1 / math.sqrt(d)
+    n = len(lens_q)
+    num_blocks, table, slots = random_pages(lens_kv, bs, 2, g)
+    cache = lb.KVCache(1, hkv, d, num_blocks, bs, kt, vt, "cuda")
     total = int(slots.numel())
     # An offset per channel beside the random part: the codes' zero points differ between keys and channels.
     k = (torch.randn(total, hkv, d, generator=g) + torch.randn(1, hkv, d, generator=g)).half()
