@@ -9,11 +9,7 @@
 # nothing is timed then; TOTAL_S, when set, shortens SIDE_S to what is left of that many seconds from the start). Logs and JSON
 # in $OUT (logs in one archive: a device call brings back at most 8 files). NO_HARNESS=1 skips the kernel-alone A/B
 # (the op's bench then splits its time into the decode kernel and the split merge from the same profile).
-set -uo pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
-unset LOWBIT_DEV_BUILD
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_script_setup.sh"
 T0=$(date +%s)
 BIN=$(mktemp -d /tmp/lowbit-dv.XXXX)
 NVCC=(nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I "$REPO/include")
@@ -26,15 +22,14 @@ HARNESS=${HARNESS:-tools/bench_decode_attention_shipped.cu}
 ) &
 HARNESS_PID=$!
 start=$(date +%s)
-(cd "$REPO" && python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
-echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
+install_package
 wait $HARNESS_PID
 echo "harness built at $(( $(date +%s) - start )) s"
 [ "${NO_HARNESS:-0}" = 1 ] || for bin in dv_old dv_new dv_old dv_new; do
   [ -x "$BIN/$bin" ] || { echo "no $bin"; tail -5 "$OUT/harness_${bin#dv_}.log"; continue; }
   echo "-- $bin"; timeout -k 5 60 "$BIN/$bin" 2>&1 | tee -a "$OUT/variants.log"
 done
-cd "$(mktemp -d /tmp/lowbit-quick.XXXX)"
+enter_work_dir quick
 KV2_FORMATS=${KV2_FORMATS:-kv4,kv2} timeout -k 5 ${BENCH_S:-120} python3 "$REPO/tools/bench_gpu_kv2.py" "$OUT/bench_kv2.json" 2>&1 | tail -30
 P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
 T="$REPO/tests_py"

@@ -4,17 +4,9 @@
 # alone on the GPU (the kernel's variants side by side), then the prefill tests (the Hopper kernel's two files in two
 # halves) beside the engine regression and memcheck / racecheck / synccheck over small cases, each capped at SIDE_S.
 # Logs and JSON in $OUT.
-set -uo pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
-unset LOWBIT_DEV_BUILD
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
-start=$(date +%s)
-(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 CMAKE_ARGS="-DLOWBIT_CUDA_ARCHS_SM80=90" LOWBIT_ATTN_ALL_INSTANCES=OFF \
-  python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
-echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
-cd "$(mktemp -d /tmp/lowbit-qcache.XXXX)"
-cp "$REPO"/tools/*.py .
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_script_setup.sh"
+install_package CMAKE_ARGS="-DLOWBIT_CUDA_ARCHS_SM80=90" LOWBIT_ATTN_ALL_INSTANCES=OFF
+enter_work_dir qcache
 [ "${QCACHE_BENCH:-1}" = 1 ] && timeout -k 5 ${BENCH_S:-170} python3 bench_gpu_prefill_qcache.py "$OUT/bench_prefill_qcache.json" 2>&1
 P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
 export OMP_NUM_THREADS=2  # eight processes share the CPUs below; torch's default threads would oversubscribe them

@@ -5,19 +5,13 @@
 # The timed KV formats are bench_gpu_attention.py's PREFILL_KV (per-token f16/u8/u4/u2 and per-channel kc4v4/kc2v2).
 # PREFILL_QUICK_PARALLEL=1 (a short device call): the benchmark right after the install, alone on the GPU, then the
 # test file (in two halves, one per kernel) beside the engine regression and the sanitizers, all capped at SIDE_S.
-set -uo pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
-unset LOWBIT_DEV_BUILD
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
-start=$(date +%s)
-(cd "$REPO" && python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
-echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
-cd "$(mktemp -d /tmp/lowbit-quick.XXXX)"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_script_setup.sh"
+install_package
+enter_work_dir quick
 P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs)
 PAR=${PREFILL_QUICK_PARALLEL:-0}
 [ "$PAR" = 1 ] || timeout -k 5 120 "${P[@]}" "$REPO/tests_py/test_gpu_prefill_sm90.py" 2>&1 | tee "$OUT/pytest_prefill_sm90.log" | tail -4
-cp "$REPO"/tools/*.py . 2>/dev/null; sed -i "s/^PREFILL_LENS = .*/PREFILL_LENS = [${PREFILL_LENS:-2048, 8192, 32768}]/" bench_gpu_attention.py
+sed -i "s/^PREFILL_LENS = .*/PREFILL_LENS = [${PREFILL_LENS:-2048, 8192, 32768}]/" bench_gpu_attention.py
 timeout -k 5 150 python3 bench_gpu_attention.py "$OUT/bench_prefill.json" --prefill 2>&1 | tail -8
 if [ "$PAR" = 1 ]; then
   for half in "not matches_cpu" "matches_cpu"; do  # the file in two halves of similar length

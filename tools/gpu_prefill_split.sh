@@ -5,17 +5,9 @@
 # prefill and prefix-cache hits with the plan and with 4 splits forced, against the unsplit kernel: the step before
 # the plan became the default), the decode-graph timing test, the packed-heads tests and a regression slice of the Hopper prefill tests, one pytest process at a time
 # (parallel ones on one GPU crawl), then memcheck over one small split case. Every step capped. Logs and JSON in $OUT.
-set -uo pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
-unset LOWBIT_DEV_BUILD
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
-start=$(date +%s)
-(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install --no-build-isolation --no-deps -v . \
-  > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
-echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
-cd "$(mktemp -d /tmp/lowbit-split.XXXX)"
-cp "$REPO"/tools/*.py .
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_script_setup.sh"
+install_package
+enter_work_dir split
 QCACHE_FRESH= QCACHE_CHUNKED=${SPLIT_CASES:-1:8192:64,1:8192:256,1:8192:1024,1:32768:64,1:32768:256,1:32768:1024} \
   QCACHE_KV=${SPLIT_KV:-u8,u4,u2} QCACHE_VARIANTS=0 QCACHE_SPLITS=0,1 \
   timeout -k 5 ${BENCH_S:-50} python3 bench_gpu_prefill_qcache.py "$OUT/bench_prefill_split.json" 2>&1
@@ -36,5 +28,7 @@ echo "memcheck rc=$?: $(tail -1 "$OUT/memcheck_split.log")"; grep -E "^=========
 timeout -k 5 ${PACK_S:-60} "${P[@]}" "$T/test_gpu_prefill_sm90_pack.py" > "$OUT/pytest_pack.log" 2>&1
 echo "pack tests rc=$?: $(tail -1 "$OUT/pytest_pack.log")"; grep -E "^(FAILED|ERROR) " "$OUT/pytest_pack.log" | cut -c1-300 | head -8
 # Batch-1 decode of the 8B shape with the decode graphs' device time beside the wall time (the host gap per step).
-[ "${B8_S:-150}" -gt 0 ] && timeout -k 5 ${B8_S:-150} python3 bench_gpu_llama8b.py "$OUT/llama8b_b1_host_gap.json" \
-  --parts "lowbit:${B8_RECIPES:-w4a8kv8}" --batches 1 --repeats 3 --part-timeout $(( ${B8_S:-150} - 10 )) 2>&1 | tail -6
+if [ "${B8_S:-150}" -gt 0 ]; then
+  timeout -k 5 ${B8_S:-150} python3 bench_gpu_llama8b.py "$OUT/llama8b_b1_host_gap.json" \
+    --parts "lowbit:${B8_RECIPES:-w4a8kv8}" --batches 1 --repeats 3 --part-timeout $(( ${B8_S:-150} - 10 )) 2>&1 | tail -6
+fi

@@ -5,17 +5,10 @@
 # both u4 / u2 dequantizations in one process, SDPA and the f16 cache beside them), the bit-identity tests, then the
 # u4 / u2 slices of the three Hopper prefill test files (float64 references), one pytest process at a time, and
 # memcheck over one small u4 case. Every step capped. Logs and JSON in $OUT.
-set -uo pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-$REPO/gpu_out}; mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 LOWBIT_COMMIT=${LOWBIT_COMMIT:-unknown}
-unset LOWBIT_DEV_BUILD
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/device.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_script_setup.sh"
 start=$(date +%s)
-(cd "$REPO" && CMAKE_BUILD_PARALLEL_LEVEL=16 CMAKE_ARGS="-DLOWBIT_CUDA_ARCHS_SM80=90" LOWBIT_ATTN_ALL_INSTANCES=OFF \
-  python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
-echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
-cd "$(mktemp -d /tmp/lowbit-u4.XXXX)"
-cp "$REPO"/tools/*.py .
+install_package CMAKE_ARGS="-DLOWBIT_CUDA_ARCHS_SM80=90" LOWBIT_ATTN_ALL_INSTANCES=OFF
+enter_work_dir u4
 QCACHE_FRESH=${U4_FRESH:-8192} QCACHE_CHUNKED=${U4_CASES:-1:8192:64,1:8192:256,1:8192:1024,1:32768:256} \
   QCACHE_KV=u8,u4,u2 QCACHE_VARIANTS=0 QCACHE_SPLITS=0 QCACHE_REF=1 \
   timeout -k 5 ${BENCH_S:-60} python3 bench_gpu_prefill_qcache.py "$OUT/bench_prefill_u4.json" 2>&1
