@@ -25,6 +25,11 @@ def sm():
     return 10 * major + minor
 
 
+# The pytestmark of the Hopper prefill kernel's test files (test_gpu_prefill_sm90*.py): a GPU, and an sm_90 one.
+SM90_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not (lowbit.cuda_available() and sm() == 90),
+                                                 reason="needs an sm_90 GPU (the wgmma kernel runs there only)")]
+
+
 def rnd(shape, dtype, seed, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g) * scale).to(DT[dtype] if isinstance(dtype, str) else dtype)

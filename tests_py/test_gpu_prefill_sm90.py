@@ -14,21 +14,14 @@ import math
 import pytest
 import torch
 
-import lowbit
 from lowbit import _core as lb
 from per_channel_ref import per_channel_case
-from test_gpu_ops import TC_ATOL_SCALE, check_tc_case, close, nan_like, sm, twin_caches
+from test_gpu_ops import SM90_ONLY, TC_ATOL_SCALE, check_tc_case, close, nan_like, sm, twin_caches
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+pytestmark = SM90_ONLY
 KERNEL = "prefill_attention_sm90"
 # The cases name the kernel they force (one Hopper kernel today; a variant joins this list).
 KERNELS = pytest.mark.parametrize("kernel", [KERNEL], ids=["sm90"])
-
-
-@pytest.fixture(autouse=True)
-def _needs_sm90():
-    if sm() != 90:
-        pytest.skip("the wgmma kernel runs on sm_90 only")
 
 
 def check(kernel, lens_q, lens_kv, hq, hkv, d, kt, vt, seed, bs, scale=None):

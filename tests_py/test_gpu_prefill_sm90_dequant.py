@@ -9,19 +9,12 @@ import math
 import pytest
 import torch
 
-import lowbit
 from lowbit import _core as lb
-from test_gpu_ops import nan_like, sm
+from test_gpu_ops import SM90_ONLY, nan_like
 from test_gpu_prefill_sm90_pack import random_pages
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+pytestmark = SM90_ONLY
 KERNEL = "prefill_attention_sm90"
-
-
-@pytest.fixture(autouse=True)
-def _needs_sm90():
-    if sm() != 90:
-        pytest.skip("the wgmma kernel runs on sm_90 only")
 
 
 def outputs(lens_q, lens_kv, hq, hkv, d, kv, bs, seed, options):

@@ -15,19 +15,12 @@ import math
 import pytest
 import torch
 
-import lowbit
 from lowbit import _core as lb
 from per_channel_ref import BITS, host, host_bytes, unpack, v_rows
-from test_gpu_ops import TC_ATOL_SCALE, close, nan_like, sm
+from test_gpu_ops import SM90_ONLY, TC_ATOL_SCALE, close, nan_like
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+pytestmark = SM90_ONLY
 KERNEL = "prefill_attention_sm90"
-
-
-@pytest.fixture(autouse=True)
-def _needs_sm90():
-    if sm() != 90:
-        pytest.skip("the wgmma kernel runs on sm_90 only")
 
 
 def k_rows(cache, pages, offs, d):

@@ -9,19 +9,12 @@ format. Tolerance as the unsplit kernel's tests: the merge is exact up to f32 ro
 import pytest
 import torch
 
-import lowbit
 from per_channel_ref import per_channel_case
-from test_gpu_ops import TC_ATOL_SCALE, close, sm
+from test_gpu_ops import SM90_ONLY, TC_ATOL_SCALE, close
 from test_gpu_prefill_sm90_pack import run_case
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
+pytestmark = SM90_ONLY
 KERNEL = "prefill_attention_sm90"
-
-
-@pytest.fixture(autouse=True)
-def _needs_sm90():
-    if sm() != 90:
-        pytest.skip("the wgmma kernel runs on sm_90 only")
 
 
 # chunk lengths and kv lengths: 17 over 1100 (prefix crosses a tile at 1024 + 76), 1 over 777, 65 over 1300, 300
