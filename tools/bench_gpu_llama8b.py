@@ -69,18 +69,24 @@ def prompt_batch(batch, vocab):
     return torch.randint(0, vocab, (max(64, batch), PROMPT), generator=g)[:batch]
 
 
+def graph_split(wall_ms_per_step, runs):
+    """lowbit on the GPU (runs of lowbit_run): the replayed decode graphs' device ms per step (median over runs) and
+    what the wall time per step leaves to the host; {} where no step replayed a graph."""
+    runs = [r for r in runs if r.get("graph_steps")]
+    if not runs:
+        return {}
+    dev = statistics.median(r["graph_device_ms"] / r["graph_steps"] for r in runs)
+    return {"graph_steps": runs[0]["graph_steps"], "graph_device_ms_per_step": round(dev, 3),
+            "host_gap_ms_per_step": round(wall_ms_per_step - dev, 3)}
+
+
 def summarize(engine, recipe, batch, runs):
     """runs: dicts with prefill_s, decode_s, total_s, decode_tokens, decode_steps, tokens -> one case row."""
     med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
     pre, dec, tot = med("prefill_s"), med("decode_s"), med("total_s")
     toks, dtoks, dsteps = runs[0]["tokens"], runs[0]["decode_tokens"], runs[0]["decode_steps"]
     first = [r.pop("first_tokens") for r in runs if "first_tokens" in r]
-    graph = {}
-    if runs[0].get("graph_steps"):  # lowbit on the GPU: device time per replayed step, and the host's share
-        dev = statistics.median(r["graph_device_ms"] / r["graph_steps"] for r in runs)
-        graph = {"graph_steps": runs[0]["graph_steps"], "graph_device_ms_per_step": round(dev, 3),
-                 "host_gap_ms_per_step": round(1000 * dec / dsteps - dev, 3)}
-    return {**graph, "engine": engine, "recipe": recipe, "batch": batch, "tokens": toks,
+    return {**graph_split(1000 * dec / dsteps, runs), "engine": engine, "recipe": recipe, "batch": batch, "tokens": toks,
             "prefill_s": round(pre, 4), "prefill_tok_s": round(batch * PROMPT / pre, 1),
             "decode_s": round(dec, 4), "decode_tokens": dtoks, "decode_steps": dsteps,
             "decode_tok_s": round(dtoks / dec, 1), "decode_ms_per_step": round(1000 * dec / dsteps, 3),

@@ -29,7 +29,7 @@ import torch
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
 from bench_gpu_common import kernel_times  # noqa: E402
-from bench_gpu_llama8b import core_config, core_weight, lowbit_run  # noqa: E402
+from bench_gpu_llama8b import core_config, core_weight, graph_split, lowbit_run  # noqa: E402
 from llama_random import LlamaShape, weight, weight_names  # noqa: E402
 
 LLAMA3_70B = LlamaShape(vocab=128256, hidden=8192, inter=28672, layers=80, heads=64, kv_heads=8, head_dim=128)
@@ -163,9 +163,7 @@ def run_case(args, recipe, tp, allreduce):
                      "decode_tok_s": round(best["decode_tokens"] / best["decode_s"], 1), "ms_per_token": round(ms, 3),
                      "floor_ms": round(floor_ms, 3), "floor_share": round(floor_ms / ms, 3),
                      "first_tokens": runs[0]["first_tokens"]}
-    if best.get("graph_steps"):  # rank 0's replayed graphs on its GPU; the rest of the wall is host time
-        dev = best["graph_device_ms"] / best["graph_steps"]
-        out["batch1"].update(graph_device_ms_per_step=round(dev, 3), host_gap_ms_per_step=round(ms - dev, 3))
+    out["batch1"].update(graph_split(ms, [best]))  # rank 0's replayed graphs on its GPU; the rest is host time
     # the next-token logits of a fixed prompt: the parent compares them across TP sizes
     logits = torch.from_dlpack(eng.logits(prompt[0][:32]))[-1].float().clone()
     torch.save(logits, f"{args.out}.logits.pt")
