@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) oneshot_norm_kernel(OneShotArgs a, O
       }
     }
     amax = block_reduce<kThreads, true>(amax);
-    const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+    const float s = row_scale<kFp8>(amax);
     if (threadIdx.x == 0) n.scales[r] = s;
     uint8_t* qrow = static_cast<uint8_t*>(n.q) + r * n.ldq;
 #pragma unroll

@@ -17,4 +17,10 @@ __device__ inline uint32_t quantize_code(float v) {
   else return static_cast<uint32_t>(max(-127, min(127, __float2int_rn(v)))) & 0xFF;
 }
 
+// The scale of a row whose largest |value| is amax: amax / qmax rounded once, 1 for an all-zero row.
+template <bool kFp8>
+__device__ __forceinline__ float row_scale(float amax) {
+  return amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+}
+
 }  // namespace lowbit::cuda

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
       }
     }
     amax = block_reduce<kThreads, true>(amax);
-    const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+    const float s = row_scale<kFp8>(amax);
     if (threadIdx.x == 0) qout.scales[r] = s;
     uint8_t* qrow = qout.q + r * qout.ldq;
 #pragma unroll
@@ -225,6 +225,23 @@ bool launch_typed_norm(const Rows& res, const Rows& x, const Rows& w, float eps,
     else run(t);
   });
   return true;
+}
+
+// The norm that quantizes its output: f16 rows (the GPU linears' activations) and an f16 or f32 weight.
+template <bool kAdd, NormOut kOut>
+void launch_norm_quantize(const Rows& res, const Rows& x, const Rows& w, float eps, const QuantOut& q,
+                          cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(x.rows);
+  const bool groups = norm_groups_of_8(kAdd, res, x, w);
+  const auto run = [&](auto weight) {  // the weight's element type: f32 or f16
+    using W = decltype(weight);
+    with_row_layout(groups, x.cols, [&](auto vec, auto per) {
+      norm_rows_kernel<kAdd, __half, W, kOut, decltype(vec)::value, decltype(per)::value>
+          <<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
+    });
+  };
+  if (w.dtype == ScalarType::f32) run(float{});
+  else run(__half{});
 }
 
 // Other dtype mixes, and rows wider than kMaxRegisterCols: the row is streamed twice (sum of squares,
@@ -328,7 +345,7 @@ __global__ void __launch_bounds__(kActThreads) silu_mul_quantize_kernel(Rows gu,
       amax = fmaxf(amax, fabsf(a[k][e]));
     }
   amax = block_reduce<kActThreads, true>(amax);
-  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+  const float s = row_scale<kFp8>(amax);
   if (threadIdx.x == 0) qout.scales[r] = s;
   uint8_t* qrow = qout.q + r * qout.ldq;
 #pragma unroll
@@ -419,7 +436,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quantize_cluster_kernel(Row
     amax = fmaxf(amax, fabsf(a[e]));
   }
   amax = cluster_max<kCluster>(block_reduce<kThreads, true>(amax));
-  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+  const float s = row_scale<kFp8>(amax);
   if (rank == 0 && threadIdx.x == 0) qout.scales[r] = s;
   if (i < inter) {
     uint32_t packed[2] = {0, 0};
@@ -462,23 +479,6 @@ bool use_row_clusters(int64_t rows, int cluster) {
   if (compute_capability_major(device) < 9) return false;
   if (mode == 1) return rows * cluster < (1LL << 31);
   return rows * cluster <= multiprocessor_count(device);
-}
-
-// The norm that quantizes its output: f16 rows (the GPU linears' activations) and an f16 or f32 weight.
-template <bool kAdd, NormOut kOut>
-void launch_norm_quantize(const Rows& res, const Rows& x, const Rows& w, float eps, const QuantOut& q,
-                          cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>(x.rows);
-  const bool groups = norm_groups_of_8(kAdd, res, x, w);
-  const auto run = [&](auto weight) {  // the weight's element type: f32 or f16
-    using W = decltype(weight);
-    with_row_layout(groups, x.cols, [&](auto vec, auto per) {
-      norm_rows_kernel<kAdd, __half, W, kOut, decltype(vec)::value, decltype(per)::value>
-          <<<grid, kThreads, 0, stream>>>(res, x, w, eps, Rows{}, q);
-    });
-  };
-  if (w.dtype == ScalarType::f32) run(float{});
-  else run(__half{});
 }
 
 __global__ void embedding_kernel(const int32_t* ids, Rows table, Rows out) {

@@ -180,7 +180,7 @@ __global__ void quantize_per_token_kernel(const __half* __restrict__ x, int64_t 
   __syncthreads();
   amax = 0.f;
   for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+  const float s = row_scale<kFp8>(amax);
   if (threadIdx.x == 0) scales[row] = s;
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     const float v = __fdiv_rn(__half2float(xr[i]), s);
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(256) quantize_per_token_vec_kernel(const __hal
   amax = 0.f;
 #pragma unroll
   for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = amax > 0.f ? __fdiv_rn(amax, quantize_qmax<kFp8>()) : 1.f;
+  const float s = row_scale<kFp8>(amax);
   if (threadIdx.x == 0) scales[row] = s;
   uint2* qr = reinterpret_cast<uint2*>(q + row * ldq);
 #pragma unroll
