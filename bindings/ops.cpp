@@ -138,8 +138,8 @@ void bind_ops(nb::module_& m) {
         ops::silu_mul_quantize(g, qt, st, pdl);
       },
       nb::arg("gate_up"), nb::arg("q"), nb::arg("scales"), nb::arg("pdl") = true,
-      "GPU: silu_mul with the per-token quantizer fused: q (s8, or e4m3 / its uint8 bytes [T, I]) and scales (f32 [T]) of the f16 rows "
-      "silu_mul would write");
+      "GPU: silu_mul with the per-token quantizer fused: q (s8, or e4m3 / its uint8 bytes [T, I]) and scales "
+      "(f32 [T]) of the f16 rows silu_mul would write");
   m.def(
       "rms_norm_quantize",
       [](nb::handle residual, nb::handle x, nb::handle weight, float eps, nb::handle q, nb::handle scales) {

@@ -773,7 +773,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     }
   };
   uint32_t rows_cur = 0, rows_nxt = 0;
-  // Step i's stage (i >= 0): a mask for a power-of-two ring, else an unsigned remainder (a multiply-high and a subtract).
+  // Step i's stage (i >= 0): a mask for a power-of-two ring, else an unsigned remainder (a multiply-high and a
+  // subtract).
   auto ring_stage = [](int i) -> int {
     return static_cast<int>(static_cast<unsigned>(i) % static_cast<unsigned>(kRing > 0 ? kRing : 1));
   };

@@ -143,7 +143,8 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   // Keys before a sequence's first query: at most its table's width in keys (the host does not know kv_len).
   const int64_t prefix_bound = static_cast<int64_t>(a.max_blocks) * a.block_size - 1;
   const int64_t unpacked_ctas = static_cast<int64_t>(a.hq) * ((max_q_len + kRows - 1) / kRows) * a.num_seqs;
-  const bool split_short = max_q_len < kRows && prefill_split::plan_splits(unpacked_ctas, sms, prefix_bound, forced) > 1;
+  const bool split_short =
+      max_q_len < kRows && prefill_split::plan_splits(unpacked_ctas, sms, prefix_bound, forced) > 1;
   const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sms, split_short, options);
   const int positions = kRows / pack;  // query positions per CTA
   const int64_t tiles = (max_q_len + positions - 1) / positions;

@@ -13,8 +13,8 @@ namespace lowbit::kernels {
 //                   "linear.lm_head", "attention", "attention.prefill", "attention.decode"
 //                   -> a registered kernel name; one that cannot run is an error, never ignored.
 //   tuning          "fused_norm_quant" on|off, "fused_silu_quant" on|off, "pdl" on|off,
-//                   "w4a16_large_tile" auto|64x128|128x128|128x256, "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off, "fp8_fast_accum" on|off,
-//                   "split_mixed_attention" on|off, "prefill_key_split" auto|off|2..64,
+//                   "w4a16_large_tile" auto|64x128|128x128|128x256, "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off,
+//                   "fp8_fast_accum" on|off, "split_mixed_attention" on|off, "prefill_key_split" auto|off|2..16,
 //                   "prefill_pack_heads" auto|on|off, "prefill_ref_dequant" on|off
 // strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
 struct KernelOptions {
