@@ -86,6 +86,9 @@ def quantize(model=None, recipe: str = "w4a16", algo: str = "rtn", out: str | Pa
     """
     spec = parse_recipe(recipe)
     check_pair(algo, spec)
+    if out is not None and options.get("pow2_scales"):
+        raise ValueError("lowbit quantize: fmpq option pow2_scales is a torch-model study (the engine's activation "
+                         "format is the recipe's), so it is not written (pass out=None)")
     if out is not None and algo == "qoq":
         from .qoq import writable
         if not writable(options):

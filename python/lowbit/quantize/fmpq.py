@@ -13,6 +13,8 @@ The int8 budget: by default the blocks covering the outlier channels (ratio crit
 `int8_fraction=f` the criterion is replaced by a budget: after the permutation, the round(f · blocks) blocks with
 the largest max|X| run int8 (COMET keeps about 20%), so the accuracy/int8-share trade-off can be swept.
 `awq_scales=True` applies AWQ's per-channel scaling (awq.py) before the permutation, a better-weights variant.
+`pow2_scales=True` calibrates under the power-of-two block-scale activation format (activation_quant.py, issue 19);
+a torch-model study option (the directory's activation format is the recipe's).
 """
 from __future__ import annotations
 
@@ -59,6 +61,9 @@ def outlier_permutation(x: torch.Tensor, ratio: float,
 class FMPQ(RTNBase):
     name = "fmpq"
     clip = True
+
+    def act_quant(self) -> str | None:
+        return "fmpq_pow2" if self.options.get("pow2_scales") else self.spec.act
 
     def transform_layer(self, model, i, cap) -> bool:
         ratio = float(self.options.get("outlier_ratio", DEFAULT_OUTLIER_RATIO))

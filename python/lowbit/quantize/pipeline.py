@@ -55,6 +55,10 @@ class RTNBase:
     def prepare(self, model: TorchLlama, tokens: torch.Tensor, progress: Progress) -> None:
         pass
 
+    def act_quant(self) -> str | None:
+        """The activation fake quantization later layers calibrate under (FakeQuant.act_quant)."""
+        return self.spec.act
+
     def transform_layer(self, model: TorchLlama, i: int, cap: dict) -> bool:
         return False
 
@@ -130,7 +134,7 @@ def run(model: TorchLlama, tokens: torch.Tensor, algo: RTNBase, progress: Progre
                 model.fake.kv = KVQuantizer(spec.k_bits, spec.v_bits, k_mode=kv_mode,
                                             v_mode="static" if kv_mode == "static" else "token",
                                             static_ranges=kv_ranges)
-            model.fake.act_quant = spec.act
+            model.fake.act_quant = algo.act_quant()
             h = model.layer(i, h)
     stats["kv_static_ranges"] = kv_ranges
     return fields, stats

@@ -6,7 +6,7 @@ Quantization is simulated on top of it:
   * weights: the algorithms replace `weights[name]` by the dequantized values of the stored format;
   * activations: `act_quant` = None | "int8" (per-token symmetric, activation.h) | "fp8" (per-token e4m3) |
     "fmpq" (COMET §3, per-token per-128-channel-block int4/int8 by a per-linear block map, after the linear's
-    input permutation);
+    input permutation) | "fmpq_pow2" (the same block map, block scales power-of-two multiples of one per-token scale);
   * KV cache: a `KVQuantizer` (kv_quant.py) applied to post-RoPE K and to V.
 `capture` hooks hand the inputs of every linear (and the post-RoPE keys) of one layer to the calibration code.
 """
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .activation_quant import fake_quant_fmpq, fake_quant_per_token_e4m3, fake_quant_per_token_int8
+from .activation_quant import (fake_quant_fmpq, fake_quant_fmpq_pow2, fake_quant_per_token_e4m3,
+                               fake_quant_per_token_int8)
 
 ATTN_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
@@ -37,7 +38,7 @@ def linear_names(num_layers: int) -> list[str]:
 @dataclass
 class FakeQuant:
     """What the forward simulates besides the (already fake-quantized) weights."""
-    act_quant: str | None = None                                 # None | "int8" | "fp8" | "fmpq"
+    act_quant: str | None = None                       # None | "int8" | "fp8" | "fmpq" | "fmpq_pow2"
     fmpq_block_bits: dict[str, np.ndarray] = field(default_factory=dict)  # weight name -> u8 [k/128]
     input_perm: dict[str, np.ndarray] = field(default_factory=dict)       # weight name -> int64 [k]
     # weight name -> orthogonal [k, k]: the input is rotated (x·R) before activation quantization (an online
@@ -101,6 +102,8 @@ class TorchLlama:
             x = fake_quant_per_token_e4m3(x)
         elif self.fake.act_quant == "fmpq":
             x = fake_quant_fmpq(x, self.fake.fmpq_block_bits[name])
+        elif self.fake.act_quant == "fmpq_pow2":
+            x = fake_quant_fmpq_pow2(x, self.fake.fmpq_block_bits[name])
         y = x @ self.weights[name].T
         bias = self.weights.get(name[: -len("weight")] + "bias")
         return y if bias is None else y + bias
