@@ -120,35 +120,37 @@ void sweep() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(), 0;
-  // once B L split [lanes|bulk]: one launch of the shipped u4/u4 (for a profiler), or of its ring with the lanes'
-  // copies / with bulk copies.
+  // once B L split [lanes|bulk]: one launch of u4/u4's ring (for a profiler) with the lanes' copies (the default) or
+  // with bulk copies.
   if (argc > 4 && !strcmp(argv[1], "once")) {
     constexpr int kR44 = decode_attn::ring_stages<128, KvType::u4, KvType::u4>();
-    constexpr bool kB44 = decode_attn::ring_bulk<128, KvType::u4, KvType::u4>();
-    const bool lanes = argc > 5 && !strcmp(argv[5], "lanes"), bulk = argc > 5 && !strcmp(argv[5], "bulk");
+    const bool bulk = argc > 5 && !strcmp(argv[5], "bulk");
     const int B = atoi(argv[2]), L = atoi(argv[3]), split = atoi(argv[4]);
-    if (lanes || (!bulk && !kB44))
+    if (!bulk)
       run<KvType::u4, KvType::u4, 4, false, kR44, 1, 0, false>(B, L, split, 0);
     else
       run<KvType::u4, KvType::u4, 4, false, kR44, 1, 0, true>(B, L, split, 0);
     return 0;
   }
-  // ab: the ring with the lanes' copies against bulk copies (u4/u4 and u2/u2 as shipped otherwise), each shape at the
-  // split the op's plan picks on an H200, the two alternated twice in one process.
+  // ab: the ring with the lanes' copies against bulk copies (u4/u4 and u2/u2 as shipped otherwise) at the splits the
+  // op's plan picks on an H200 and the next ones (a whole wave where it takes half), alternated twice in one process.
   if (argc > 1 && !strcmp(argv[1], "ab")) {
-    struct Shape { int B, L, split4, split2; };
-    for (Shape c : {Shape{64, 8192, 8192, 8192}, Shape{1, 131072, 4000, 2000}, Shape{16, 32768, 16384, 8192},
-                    Shape{256, 1536, 1536, 1536}}) {
-      float r[2][2][2];  // [round][lanes, bulk][u4/u4, u2/u2]
+    struct Shape { int B, L, split; bool two_bit; };
+    for (Shape c : {Shape{64, 8192, 8192, false}, Shape{64, 8192, 4096, false}, Shape{1, 131072, 4000, false},
+                    Shape{1, 131072, 2000, false}, Shape{16, 32768, 16384, false}, Shape{16, 32768, 8192, false},
+                    Shape{256, 1536, 1536, false}, Shape{64, 8192, 8192, true}, Shape{1, 131072, 2000, true}}) {
+      float r[2][2];  // [round][lanes, bulk]
       for (int round = 0; round < 2; ++round) {
-        r[round][0][0] = run<KvType::u4, KvType::u4, 4, false, 4, 1, 0, false>(c.B, c.L, c.split4, 30);
-        r[round][1][0] = run<KvType::u4, KvType::u4, 4, false, 4, 1, 0, true>(c.B, c.L, c.split4, 30);
-        r[round][0][1] = run<KvType::u2, KvType::u2, 3, false, 4, 1, 0, false>(c.B, c.L, c.split2, 30);
-        r[round][1][1] = run<KvType::u2, KvType::u2, 3, false, 4, 1, 0, true>(c.B, c.L, c.split2, 30);
+        if (c.two_bit) {
+          r[round][0] = run<KvType::u2, KvType::u2, 3, false, 4, 1, 0, false>(c.B, c.L, c.split, 30);
+          r[round][1] = run<KvType::u2, KvType::u2, 3, false, 4, 1, 0, true>(c.B, c.L, c.split, 30);
+        } else {
+          r[round][0] = run<KvType::u4, KvType::u4, 4, false, 4, 1, 0, false>(c.B, c.L, c.split, 30);
+          r[round][1] = run<KvType::u4, KvType::u4, 4, false, 4, 1, 0, true>(c.B, c.L, c.split, 30);
+        }
       }
-      printf("B=%d L=%d split %d/%d  u4/u4 lanes %7.1f %7.1f bulk %7.1f %7.1f us | u2/u2 lanes %7.1f %7.1f bulk %7.1f "
-             "%7.1f us\n", c.B, c.L, c.split4, c.split2, r[0][0][0], r[1][0][0], r[0][1][0], r[1][1][0], r[0][0][1],
-             r[1][0][1], r[0][1][1], r[1][1][1]);
+      printf("%s B=%d L=%d split %d  lanes %7.1f %7.1f  bulk %7.1f %7.1f us\n", c.two_bit ? "u2/u2" : "u4/u4", c.B, c.L,
+             c.split, r[0][0], r[1][0], r[0][1], r[1][1]);
     }
     return 0;
   }
@@ -171,10 +173,8 @@ int main(int argc, char** argv) {
     // As launch_decode_attention builds them (the ring where ring_stages() has one; V ahead only without it).
     constexpr int kR44 = decode_attn::ring_stages<128, KvType::u4, KvType::u4>();
     constexpr int kR22 = decode_attn::ring_stages<128, KvType::u2, KvType::u2>();
-    constexpr bool kB44 = decode_attn::ring_bulk<128, KvType::u4, KvType::u4>();
-    constexpr bool kB22 = decode_attn::ring_bulk<128, KvType::u2, KvType::u2>();
-    const float u4 = run<KvType::u4, KvType::u4, 4, false, kR44, 1, 0, kB44>(c.B, c.L, c.split, reps);
-    const float u2 = run<KvType::u2, KvType::u2, 3, kR22 == 0, kR22, 1, 0, kB22>(c.B, c.L, c.split, reps);
+    const float u4 = run<KvType::u4, KvType::u4, 4, false, kR44>(c.B, c.L, c.split, reps);
+    const float u2 = run<KvType::u2, KvType::u2, 3, kR22 == 0, kR22>(c.B, c.L, c.split, reps);
     printf("B=%d L=%d split=%d  u4/u4 %8.1f us  u2/u2 %8.1f us\n", c.B, c.L, c.split, u4, u2);
 #endif
   }

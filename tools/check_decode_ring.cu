@@ -3,8 +3,11 @@
 // Python tests check against float64: the three instances of one (K, V) at head_dim 128 run on the same random paged
 // cache (shuffled pages; block sizes 16, 32 and 8, the last one with tiles that straddle pages; odd lengths; 1-16
 // query heads per kv head; one split (the f16 output) and several (the partial outputs and their (max, sum))), and
-// the largest difference relative to the largest magnitude (the worse of the two rings) is printed per case. Also the
-// cache's parameters offset by 8 bytes (bulk copies then fall back to the lanes' copies). Exit status 1 on a mismatch.
+// the largest difference relative to the largest magnitude is printed per case and ring. Also the cache's parameters
+// offset by 8 bytes (bulk copies then fall back to the lanes' copies). The lanes' ring sums in the registers' order and
+// must agree to 1e-5; the bulk ring takes a tile's tokens in another order (bulk_slot_token), so its f32 sums round
+// differently: its f32 partials must agree to 1e-5, its f16 outputs to one f16 ulp of the largest magnitude (2^-10).
+// Exit status 1 on a mismatch.
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I include -I cpp \
 //     tools/check_decode_ring.cu -o /tmp/cr && /tmp/cr
 #include <algorithm>
@@ -19,8 +22,9 @@ using namespace lowbit::cuda;
 struct Case { int B, hq, hkv, bs, L, split; };
 bool g_misaligned = false;  // the parameter tensors 8 bytes past a 16-byte boundary
 
+struct Diff { double lanes, bulk; bool f16_out; };
 template <KvType KT, KvType VT>
-double check(const Case& c, uint32_t seed) {
+Diff check(const Case& c, uint32_t seed) {
   constexpr int D = 128;
   std::mt19937 rng(seed);
   const int max_blocks = (c.L + c.bs - 1) / c.bs, blocks = c.B * max_blocks + 3;
@@ -80,15 +84,17 @@ double check(const Case& c, uint32_t seed) {
       decode_attn::decode_attention_kernel<KT, VT, D, 4, false, 1, 1, false, kR, 0, true><<<grid, decode_attn::kThreads>>>(p);
   }
   const cudaError_t e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) { printf("cuda error %s\n", cudaGetErrorString(e)); return 1e30; }
-  double worst = 0, mag = 0;
+  const Diff bad{1e30, 1e30, splits == 1};
+  if (e != cudaSuccess) { printf("cuda error %s\n", cudaGetErrorString(e)); return bad; }
+  double rel[kRuns] = {};
   for (int run = 1; run < kRuns; ++run) {  // each ring against the registers
+  double worst = 0, mag = 0;
   if (splits == 1) {
     std::vector<__half> a(out_n), b(out_n);
     cudaMemcpy(a.data(), out[0], out_n * 2, cudaMemcpyDeviceToHost); cudaMemcpy(b.data(), out[run], out_n * 2, cudaMemcpyDeviceToHost);
     for (size_t i = 0; i < out_n; ++i) {
       const double x = __half2float(a[i]), y = __half2float(b[i]);
-      if (!std::isfinite(x) || !std::isfinite(y)) return 1e30;
+      if (!std::isfinite(x) || !std::isfinite(y)) return bad;
       worst = std::max(worst, std::fabs(x - y)); mag = std::max(mag, std::fabs(x));
     }
   } else {
@@ -98,18 +104,19 @@ double check(const Case& c, uint32_t seed) {
     // Splits past a sequence's length are left unwritten by both: compare the bytes then (both still 0xff).
     for (size_t i = 0; i < po_n; ++i) {
       if (std::isnan(a[i]) && std::isnan(b[i])) continue;
-      if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return 1e30;
+      if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return bad;
       worst = std::max(worst, double(std::fabs(a[i] - b[i]))); mag = std::max(mag, double(std::fabs(a[i])));
     }
     for (size_t i = 0; i < ps_n; ++i) {
       if (std::isnan(sa[i]) && std::isnan(sb[i])) continue;
-      if (!(std::fabs(sa[i] - sb[i]) <= 1e-5 * std::max(1.f, std::fabs(sa[i])))) return 1e30;
+      if (!(std::fabs(sa[i] - sb[i]) <= 1e-5 * std::max(1.f, std::fabs(sa[i])))) return bad;
     }
   }
+  rel[run] = mag > 0 ? worst / mag : 1e30;
   }
   cudaFree(k); cudaFree(v); cudaFree(kp_mem); cudaFree(vp_mem); cudaFree(q); cudaFree(tables); cudaFree(dl);
   for (int i = 0; i < kRuns; ++i) { cudaFree(out[i]); cudaFree(po[i]); cudaFree(ps[i]); }
-  return mag > 0 ? worst / mag : 1e30;
+  return Diff{rel[1], rel[2], splits == 1};
 }
 
 int main(int argc, char** argv) {
@@ -124,13 +131,14 @@ int main(int argc, char** argv) {
   for (size_t ci = 0; ci < plain; ++ci) cases.push_back(cases[ci]);  // the same cases with misaligned parameters
   for (const Case& c : cases) {
     g_misaligned = size_t(idx) >= plain;
-    const double r[4] = {check<KvType::u4, KvType::u4>(c, 11 + idx), check<KvType::u2, KvType::u2>(c, 23 + idx),
-                         check<KvType::u4, KvType::u2>(c, 37 + idx), check<KvType::u2, KvType::u4>(c, 41 + idx)};
+    const Diff r[4] = {check<KvType::u4, KvType::u4>(c, 11 + idx), check<KvType::u2, KvType::u2>(c, 23 + idx),
+                       check<KvType::u4, KvType::u2>(c, 37 + idx), check<KvType::u2, KvType::u4>(c, 41 + idx)};
     ++idx;
-    printf("%sB=%d hq=%d hkv=%d bs=%d L=%d split=%d  rings vs registers, rel. diff u4/u4 %.2e u2/u2 %.2e u4/u2 %.2e u2/u4 %.2e\n",
-           g_misaligned ? "params+8 " : "", c.B, c.hq, c.hkv, c.bs, c.L, c.split, r[0], r[1], r[2], r[3]);
-    for (double x : r) bad += !(x <= 1e-5);
+    printf("%sB=%d hq=%d hkv=%d bs=%d L=%d split=%d  rel. diff vs registers (lanes / bulk ring) u4/u4 %.2e / %.2e "
+           "u2/u2 %.2e / %.2e u4/u2 %.2e / %.2e u2/u4 %.2e / %.2e\n", g_misaligned ? "params+8 " : "", c.B, c.hq, c.hkv,
+           c.bs, c.L, c.split, r[0].lanes, r[0].bulk, r[1].lanes, r[1].bulk, r[2].lanes, r[2].bulk, r[3].lanes, r[3].bulk);
+    for (const Diff& d : r) bad += !(d.lanes <= 1e-5) + !(d.bulk <= (d.f16_out ? 1.0 / 1024 : 1e-5));
   }
-  printf(bad ? "MISMATCH in %d\n" : "all match (%d)\n", bad ? bad : int(cases.size()) * 4);
+  printf(bad ? "MISMATCH in %d\n" : "all match (%d)\n", bad ? bad : int(cases.size()) * 8);
   return bad ? 1 : 0;
 }

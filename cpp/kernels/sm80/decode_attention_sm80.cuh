@@ -184,24 +184,21 @@ __device__ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
-__device__ inline void mbar_arrive(uint32_t bar) {
+// This thread's arrival on the barrier, once its earlier cp.async copies land (noinc: it is one of the expected
+// arrivals; the form that raises the pending count first overflows a barrier of fewer expected arrivals).
+__device__ inline void cp_async_mbar_arrive_noinc(uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 #endif
 }
-// An arrival on the barrier once this thread's earlier cp.async copies land (the pending count is raised first, so
-// the barrier's own count is unchanged: its one arrival still comes from mbar_arrive).
-__device__ inline void cp_async_mbar_arrive(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-#endif
-}
+// Waits for the phase of that parity to complete. The suspend-time hint lets the warp sleep in one try_wait until the
+// phase completes rather than re-issue it (the first device run, without it: +20% instructions executed per tile).
 __device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "{\n .reg .pred done;\n"
-      "WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra WAIT;\n}"
-      ::"r"(bar), "r"(parity) : "memory");
+      "WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n @!done bra WAIT;\n}"
+      ::"r"(bar), "r"(parity), "r"(10000000u) : "memory");
 #endif
 }
 // bytes (a multiple of 16; both addresses 16-byte aligned) from global into this CTA's shared memory, counted on bar.
@@ -387,10 +384,11 @@ constexpr int ring_stages() {
   constexpr bool k_ok = KT == KvType::u4 || KT == KvType::u2, v_ok = VT == KvType::u4 || VT == KvType::u2;
   return D == 128 && k_ok && v_ok ? 4 : 0;
 }
-// Whether an instance's ring is fed by bulk copies on sm_90 (decode_block's kBulk; sm_80 code keeps the lanes'
-// copies): every ring instance (docs/gpu_notes.md "the ring fed by bulk copies").
+// Whether an instance also builds its ring fed by bulk copies (decode_block's kBulk; sm_80 code keeps the lanes'
+// copies in both), launched where the split plan sets DecodeAttnArgs::ring_bulk (docs/gpu_notes.md "the ring fed by
+// bulk copies"): per-token u4 K and V.
 template <int D, KvType KT, KvType VT>
-constexpr bool ring_bulk() { return ring_stages<D, KT, VT>() > 0; }
+constexpr bool ring_bulk() { return ring_stages<D, KT, VT>() > 0 && KT == KvType::u4 && VT == KvType::u4; }
 
 // One block's work: split `split` of (sequence, kv head slice), written to split slot `slot_split`. window:
 // the f16-K body reads the window keys [(len / bs) * bs, len) of per-channel K from p.k_window.
@@ -751,7 +749,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   constexpr bool kBulkRing = kUseRing && kBulk && kBulkArch;
   using Ring = RingLayout<KT, VT, D, kRing, kBulkRing>;
   uint8_t* const ring = sm.ring + warp * Ring::kWarpBytes;
-  // kBulkRing: the warp's kRing barriers (one arrival each phase: lane 0's), and whether the cache's four tensors
+  // kBulkRing: the warp's kRing barriers (32 arrivals each phase, one per lane), and whether the cache's four tensors
   // are 16-byte aligned, as bulk copies need (else every tile takes the lanes' copies).
   uint32_t ring_bar = 0;
   bool bulk_ok = false;
@@ -759,7 +757,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     ring_bar = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.bars[warp * kRing]));
     if (lane == 0) {
 #pragma unroll
-      for (int st = 0; st < kRing; ++st) mbar_init(ring_bar + 8 * st, 1);
+      for (int st = 0; st < kRing; ++st) mbar_init(ring_bar + 8 * st, 32);
       mbar_fence_init();
     }
     __syncwarp();
@@ -807,9 +805,10 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       const int pr = lane & 15;  // the parameter row of this lane (lanes 0-15 K's, 16-31 V's)
       if constexpr (kBulkRing) {
         if (bulk_ok && full_tile(tile)) {  // 16 consecutive rows: one copy per tensor, all four by lane 0
+          const uint32_t bar = ring_bar + 8 * stage;
+          mbar_arrive_expect_tx(bar, lane == 0 ? Ring::kStage : 0);  // every lane arrives; lane 0 owes the bytes
           if (lane == 0) {
-            const uint32_t bar = ring_bar + 8 * stage, dst = ring_s + stage * Ring::kStage;
-            mbar_arrive_expect_tx(bar, Ring::kStage);
+            const uint32_t dst = ring_s + stage * Ring::kStage;
             bulk_copy(dst + Ring::kKOff, k_base + static_cast<uint64_t>(row) * Ring::kKRow, 16 * Ring::kKRow, bar);
             bulk_copy(dst + Ring::kVOff, p.v + static_cast<uint64_t>(row) * Ring::kVRow, 16 * Ring::kVRow, bar);
             bulk_copy(dst + Ring::kPOff, kp + row, 16 * 8, bar);
@@ -854,12 +853,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       }
       const bool ok = tile + pr < n;
       cp_async8_zfill(st + Ring::kPOff + 8 * lane, ok ? (lane < 16 ? kp : vp) + row_of(tile + pr) : kp, ok ? 8 : 0);
-      if constexpr (kBulkRing) {  // each lane's copies arrive on the stage's barrier; lane 0's own arrival closes it
-        const uint32_t bar = ring_bar + 8 * stage;
-        cp_async_mbar_arrive(bar);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-      }
+      if constexpr (kBulkRing) cp_async_mbar_arrive_noinc(ring_bar + 8 * stage);  // each lane once its copies land
     }
   };
   // The tokens of the lane's slots: g (K rows g, g + 8) and 2t, 2t + 1 (V rows, + 8 for the other two); the bulk ring
@@ -1280,10 +1274,17 @@ constexpr int min_blocks() {
 
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
-                                      decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
-                                      decode_attn::ring_stages<D, KT, VT>(), 0, decode_attn::ring_bulk<D, KT, VT>()>
-      <<<grid, decode_attn::kThreads, 0, stream>>>(p);
+  // The ring's two feeds are two kernels; p.ring_bulk (the split plan's choice) picks one where ring_bulk() has both.
+  auto launch = [&](auto bulk_c) {
+    decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
+                                        decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
+                                        decode_attn::ring_stages<D, KT, VT>(), 0, decltype(bulk_c)::value>
+        <<<grid, decode_attn::kThreads, 0, stream>>>(p);
+  };
+  if constexpr (decode_attn::ring_bulk<D, KT, VT>()) {
+    if (p.ring_bulk) return launch(std::true_type{});
+  }
+  launch(std::false_type{});
 }
 
 // Resident blocks per SM of that instance on the current device (what its registers and shared memory allow, which
@@ -1295,7 +1296,7 @@ int decode_attention_blocks_per_sm() {
       &blocks,
       decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
                                            decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
-                                           decode_attn::ring_stages<D, KT, VT>(), 0, decode_attn::ring_bulk<D, KT, VT>()>,
+                                           decode_attn::ring_stages<D, KT, VT>(), 0, false>,
       decode_attn::kThreads, 0);
   return err == cudaSuccess ? blocks : 0;
 }
