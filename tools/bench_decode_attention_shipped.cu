@@ -2,8 +2,10 @@
 // launch_decode_attention builds them: the shared-memory ring where ring_stages() gives one; -DRING_VARIANTS: ring
 // variants) at head_dim 128, 32 q / 8 kv heads, block 16, over caches of random codes
 // and per-token (scale, zero) of realistic size (so the running max moves as on real data). The split merge is not
-// run. Median of 30 launches (CUDA events) after 3 warm-ups. Built against whichever decode_attention_sm80.cuh the
-// include path finds first (one that has ring_stages()), so one source times two versions of it in one device call:
+// run. Median of 30 launches (CUDA events) after 3 warm-ups; the 30 (event, launch, event) triples are queued before
+// the first is waited on, so a busy host CPU cannot open gaps between an event and its launch. Built against
+// whichever decode_attention_sm80.cuh the include path finds first (one that has ring_stages() and the bulk flag), so
+// one source times two versions of it in one device call:
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -I include -I cpp \
 //     tools/bench_decode_attention_shipped.cu -o /tmp/ds && /tmp/ds [time|once]
 #include <algorithm>
@@ -40,7 +42,7 @@ __global__ void fill_half(__half* p, size_t n, uint32_t seed) {
 
 bool g_pages_in_order = false;  // sweep: page i of the table is cache block i (else a fixed shuffle)
 
-template <KvType KT, KvType VT, int MB, bool VA, int RING = 0, int CH = 1, int L2 = 0>
+template <KvType KT, KvType VT, int MB, bool VA, int RING = 0, int CH = 1, int L2 = 0, bool BULK = false>
 float run(int B, int L, int split_tokens, int reps) {
   constexpr int D = 128, hq = 32, hkv = 8, bs = 16;
   const int per_seq = (L + bs - 1) / bs, blocks = B * per_seq;
@@ -67,9 +69,9 @@ float run(int B, int L, int split_tokens, int reps) {
   p.hq = hq; p.hkv = hkv; p.group = hq / hkv; p.block_size = bs; p.max_blocks = per_seq; p.split_tokens = split_tokens;
   p.num_splits = splits; p.slices = 1; p.block_shift = 4; p.tile_in_one_page = true; p.scale = 0.0883883f;
   dim3 grid(B, hkv, splits);
-  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, CH, false, RING, L2>;
+  auto kern = decode_attn::decode_attention_kernel<KT, VT, D, MB, VA, 1, CH, false, RING, L2, BULK>;
   // A ring larger than static shared memory allows takes it as dynamic shared memory.
-  constexpr int dyn = decode_attn::decode_dynamic_smem<KT, VT, D, 1, RING>();
+  constexpr int dyn = decode_attn::decode_dynamic_smem<KT, VT, D, 1, RING, BULK>();
   if (dyn > 0) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
   std::vector<float> ts;
   if (reps == 0) {
@@ -77,11 +79,17 @@ float run(int B, int L, int split_tokens, int reps) {
     ts.push_back(0.f);
   } else {
     for (int i = 0; i < 3; ++i) kern<<<grid, decode_attn::kThreads, dyn>>>(p);
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+    cudaDeviceSynchronize();
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto& e : ev) cudaEventCreate(&e);
     for (int r = 0; r < reps; ++r) {
-      cudaEventRecord(a); kern<<<grid, decode_attn::kThreads, dyn>>>(p); cudaEventRecord(b); cudaEventSynchronize(b);
-      float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000);
+      cudaEventRecord(ev[2 * r]); kern<<<grid, decode_attn::kThreads, dyn>>>(p); cudaEventRecord(ev[2 * r + 1]);
     }
+    cudaEventSynchronize(ev.back());
+    for (int r = 0; r < reps; ++r) {
+      float ms; cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]); ts.push_back(ms * 1000);
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
   }
   cudaDeviceSynchronize();
   cudaError_t e = cudaGetLastError(); if (e) printf("err %s\n", cudaGetErrorString(e));
@@ -112,10 +120,38 @@ void sweep() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(), 0;
-  // once B L split: one launch of the shipped u4/u4 (for a profiler).
+  // once B L split [lanes|bulk]: one launch of u4/u4's ring (for a profiler) with the lanes' copies (the default) or
+  // with bulk copies.
   if (argc > 4 && !strcmp(argv[1], "once")) {
     constexpr int kR44 = decode_attn::ring_stages<128, KvType::u4, KvType::u4>();
-    run<KvType::u4, KvType::u4, 4, false, kR44>(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), 0);
+    const bool bulk = argc > 5 && !strcmp(argv[5], "bulk");
+    const int B = atoi(argv[2]), L = atoi(argv[3]), split = atoi(argv[4]);
+    if (!bulk)
+      run<KvType::u4, KvType::u4, 4, false, kR44, 1, 0, false>(B, L, split, 0);
+    else
+      run<KvType::u4, KvType::u4, 4, false, kR44, 1, 0, true>(B, L, split, 0);
+    return 0;
+  }
+  // ab: the ring with the lanes' copies against bulk copies (u4/u4 and u2/u2 as shipped otherwise) at the splits the
+  // op's plan picks on an H200 and the next ones (a whole wave where it takes half), alternated twice in one process.
+  if (argc > 1 && !strcmp(argv[1], "ab")) {
+    struct Shape { int B, L, split; bool two_bit; };
+    for (Shape c : {Shape{64, 8192, 8192, false}, Shape{64, 8192, 4096, false}, Shape{1, 131072, 4000, false},
+                    Shape{1, 131072, 2000, false}, Shape{16, 32768, 16384, false}, Shape{16, 32768, 8192, false},
+                    Shape{256, 1536, 1536, false}, Shape{64, 8192, 8192, true}, Shape{1, 131072, 2000, true}}) {
+      float r[2][2];  // [round][lanes, bulk]
+      for (int round = 0; round < 2; ++round) {
+        if (c.two_bit) {
+          r[round][0] = run<KvType::u2, KvType::u2, 3, false, 4, 1, 0, false>(c.B, c.L, c.split, 30);
+          r[round][1] = run<KvType::u2, KvType::u2, 3, false, 4, 1, 0, true>(c.B, c.L, c.split, 30);
+        } else {
+          r[round][0] = run<KvType::u4, KvType::u4, 4, false, 4, 1, 0, false>(c.B, c.L, c.split, 30);
+          r[round][1] = run<KvType::u4, KvType::u4, 4, false, 4, 1, 0, true>(c.B, c.L, c.split, 30);
+        }
+      }
+      printf("%s B=%d L=%d split %d  lanes %7.1f %7.1f  bulk %7.1f %7.1f us\n", c.two_bit ? "u2/u2" : "u4/u4", c.B, c.L,
+             c.split, r[0][0], r[1][0], r[0][1], r[1][1]);
+    }
     return 0;
   }
   const bool once = argc > 1 && !strcmp(argv[1], "once");

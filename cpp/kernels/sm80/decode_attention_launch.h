@@ -39,6 +39,7 @@ struct DecodeAttnArgs {
   int slices;             // blocks per kv head: ceil(group / 8), each serving 8 of its query heads
   int block_shift;        // log2(block_size) when it is a power of two, else -1 (division)
   bool tile_in_one_page;  // block_size and split_tokens are multiples of 16: a tile never straddles pages
+  bool ring_bulk;         // the instance's ring fed by bulk copies, where it builds one (ring_bulk(); sm_90)
   float scale;
 };
 

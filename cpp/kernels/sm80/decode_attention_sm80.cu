@@ -129,6 +129,8 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
 
   const int dev = q.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
+  const int64_t sms = multiprocessor_count(dev);
+  const int64_t slots = std::max(1, blocks_per_sm(instance, dev)) * sms;  // resident blocks of one wave
   if (split_tokens == 0) {
     // Splits long enough that a block's fixed costs (query and page loads, merging its warps, writing partials) stay
     // small: at least min(512, L/16) tokens (and 64). How many: when one split of every (sequence, kv head, slice)
@@ -147,8 +149,6 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
     //   whole wave.
     // - both take one split where one split's blocks fill at least 90% of a wave (64 x 8K: 512 blocks on 528 slots)
     //   instead of two: u4/u4 164.1 -> 163.0 us, u2/u2 118.5 -> 116.2, and no split merge (4.3 us).
-    const int64_t sms = multiprocessor_count(dev);
-    const int64_t slots = std::max(1, blocks_per_sm(instance, dev)) * sms;
     const int64_t blocks_per_split = batch * hkv * ((hq / hkv + 7) / 8);  // (sequence, kv head, slice)
     const bool ring = d == 128 && (kt == KvType::u4 || kt == KvType::u2) && vt == kt;
     const bool half_wave = d == 128 && kt == KvType::u4 && vt == KvType::u4;
@@ -202,6 +202,15 @@ void decode_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_dat
   p.split_tokens = split_tokens;
   p.tile_in_one_page = bs % kTile == 0 && split_tokens % kTile == 0;
   p.scale = scale;
+  // u4/u4's ring fed by bulk copies (sm_90; decode_attention_sm80.cuh ring_bulk()) where the grid fills at least 90%
+  // of a wave of resident blocks and at most two waves. Measured on an H200 against the lanes' copies, kernel alone,
+  // same process (docs/gpu_notes.md "the ring fed by bulk copies"): one or two such waves 2-8% faster (64 x 8K one split
+  // 162.5 -> 156.5 us, split 4096 165.2 -> 161.6; 1 x 128K split 2000 51.5 -> 47.6; 16 x 32K split 8192 163.2 ->
+  // 157.3), four waves of short blocks (256 x 1.5K) 1.2% slower, half a wave (the plan's small-batch splits) 10-12%
+  // slower: there the lanes' copies stay.
+  const int64_t grid_blocks = batch * hkv * p.slices * total_splits;
+  p.ring_bulk = d == 128 && kt == KvType::u4 && vt == KvType::u4 && 10 * grid_blocks >= 9 * slots &&
+                grid_blocks <= 2 * slots;
   Tensor partials;  // one allocation: the splits' outputs [B, Hq, splits, D], then their (max, sum) [B, Hq, splits, 2]
   if (total_splits > 1) {
     const int64_t out_elems = batch * hq * total_splits * d;

@@ -161,6 +161,54 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;"
 template <int kPending>
 __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
+// Bulk copies into the ring (sm_90: cp.async.bulk through the TMA unit) and the mbarriers that count their bytes. On
+// older archs the ring keeps its per-lane copies (kBulkArch); these bodies are then empty and never called.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kBulkArch = true;
+#else
+constexpr bool kBulkArch = false;
+#endif
+__device__ inline void mbar_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// The inits visible to the async proxy (the bulk copies' complete_tx) before any copy names the barriers.
+__device__ inline void mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// This thread's arrival on the barrier, once its earlier cp.async copies land (noinc: it is one of the expected
+// arrivals; the form that raises the pending count first overflows a barrier of fewer expected arrivals).
+__device__ inline void cp_async_mbar_arrive_noinc(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+#endif
+}
+// Waits for the phase of that parity to complete. The suspend-time hint lets the warp sleep in one try_wait until the
+// phase completes rather than re-issue it (measured on an H200: no faster than without it; kept as the intent).
+__device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n @!done bra WAIT;\n}"
+      ::"r"(bar), "r"(parity), "r"(10000000u) : "memory");
+#endif
+}
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global into this CTA's shared memory, counted on bar.
+__device__ inline void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+
 __device__ inline uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
   uint32_t r;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
@@ -294,16 +342,35 @@ struct DecodeSmem {
   };
 };
 
+// With bulk copies (kBulk) the ring's stages are filled by the TMA unit and counted on one mbarrier per stage (per
+// warp): they sit outside the union, so the epilogue's warp_o never overwrites a live barrier.
+template <int D, int kSub, int kRingBytes, int kBars>
+struct DecodeSmemBulk : DecodeSmem<D, kSub, kRingBytes> {
+  __align__(8) uint64_t bars[kBars];
+};
+
 // One warp's ring of kStages tiles in shared memory (per-token integer K and V, head_dim 128): each stage holds a
 // tile's 16 K rows as in the cache, its 16 V rows padded by 16 bytes (so the lanes' reads of rows 2t + {0, 1, 8, 9}
-// hit distinct banks), then the 16 K and the 16 V (scale, zero) pairs.
-template <KvType KT, KvType VT, int D, int kStages>
+// hit distinct banks), then the 16 K and the 16 V (scale, zero) pairs. kBulk: V unpadded (one bulk copy cannot pad
+// rows; the reads avoid the worst conflicts by the token order of bulk_slot_token instead), kBytes a stage's bytes.
+template <KvType KT, KvType VT, int D, int kStages, bool kBulk = false>
 struct RingLayout {
-  static constexpr int kKRow = D * kv_bits<KT>() / 8, kVRow = D * kv_bits<VT>() / 8, kVStride = kVRow + 16;
+  static constexpr int kKRow = D * kv_bits<KT>() / 8, kVRow = D * kv_bits<VT>() / 8;
+  static constexpr int kVStride = kBulk ? kVRow : kVRow + 16;
   static constexpr int kKOff = 0, kVOff = 16 * kKRow, kPOff = kVOff + 16 * kVStride;
   static constexpr int kStage = kPOff + 32 * 8;
   static constexpr int kWarpBytes = kStages * kStage, kBlockBytes = kStages > 0 ? kWarps * kWarpBytes : 0;
 };
+// The bulk ring's token order inside a tile: mma slot i (row i of the score tile, k index i of the output mma) holds
+// token bulk_slot_token(i): slot 2t is token t, slot 2t + 1 token 7 - t, and slots 8-15 the same plus 8. A dot
+// product does not care about the order of its terms, only K, P' and V must agree. With unpadded rows the order keeps
+// the lanes' K reads (rows of slots g, g + 8) conflict-free at u4 (16-byte reads, 64-byte rows: slots 2h, 2h + 1 of
+// different parity) and u2 (8-byte reads, 32-byte rows: slots 0-3 and 4-7 distinct mod 4), V's reads (rows of slots
+// 2t + {0, 1, 8, 9}) conflict-free at u2 (4-byte reads: the four t distinct mod 4) and 2-way at u4 (8-byte reads of
+// 64-byte rows: two parities for four t, the least an unpadded row allows), where tokens 2t + {0, 1} would be 4-way.
+__host__ __device__ constexpr int bulk_slot_token(int i) {
+  return (i & 8) + ((i & 1) ? 7 - ((i & 7) >> 1) : (i & 7) >> 1);
+}
 // Ring stages of an instance (0: K/V loaded into registers). The ring takes the per-token 4- and 2-bit K and V at
 // head_dim 128, whose rows are whole 16-byte chunks and whose four stages fit the 48 KB of static shared memory.
 // Measured on an H200 (kernel alone, same call as main's register path, 64 x 8K): u4/u4 181.8 -> 167.9 us, u2/u2
@@ -317,6 +384,11 @@ constexpr int ring_stages() {
   constexpr bool k_ok = KT == KvType::u4 || KT == KvType::u2, v_ok = VT == KvType::u4 || VT == KvType::u2;
   return D == 128 && k_ok && v_ok ? 4 : 0;
 }
+// Whether an instance also builds its ring fed by bulk copies (decode_block's kBulk; sm_80 code keeps the lanes'
+// copies in both), launched where the split plan sets DecodeAttnArgs::ring_bulk (docs/gpu_notes.md "the ring fed by
+// bulk copies"): per-token u4 K and V.
+template <int D, KvType KT, KvType VT>
+constexpr bool ring_bulk() { return ring_stages<D, KT, VT>() > 0 && KT == KvType::u4 && VT == KvType::u4; }
 
 // One block's work: split `split` of (sequence, kv head slice), written to split slot `slot_split`. window:
 // the f16-K body reads the window keys [(len / bs) * bs, len) of per-channel K from p.k_window.
@@ -332,8 +404,11 @@ constexpr int ring_stages() {
 // while tile i is computed, and nothing of it is held in registers until it is used. Any number of stages (past 48 KB
 // the kernel takes dynamic shared memory); measured no faster than 4 (docs/gpu_notes.md "what bounds the 4-bit ring").
 // kL2: the ring's code copies with an L2 prefetch-size hint of that many bytes (0: none; 128 / 256 measured no faster).
+// kBulk: on sm_90, the ring's whole tiles come from four bulk copies issued by lane 0 (K, V and the two parameter
+// runs), counted on the stage's mbarrier (Smem::bars), in place of the lanes' 16-byte cp.async; V unpadded, the
+// tile's tokens in the order of bulk_slot_token. Other tiles keep the lanes' copies and signal the same barrier.
 template <KvType KT, KvType VT, int D, bool kVAhead = false, int kSub = 1, int kChains = 1, bool kVMid = false,
-          int kRing = 0, int kL2 = 0, class Smem>
+          int kRing = 0, int kL2 = 0, bool kBulk = false, class Smem>
 __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, int split, int slot_split,
                                              bool window) {
   static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
@@ -671,21 +746,39 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
   }
 
   // ---- the ring (kUseRing): this warp's stages, a tile's copy and its reads
-  using Ring = RingLayout<KT, VT, D, kRing>;
+  constexpr bool kBulkRing = kUseRing && kBulk && kBulkArch;
+  using Ring = RingLayout<KT, VT, D, kRing, kBulkRing>;
   uint8_t* const ring = sm.ring + warp * Ring::kWarpBytes;
+  // kBulkRing: the warp's kRing barriers (32 arrivals each phase, one per lane), and whether the cache's four tensors
+  // are 16-byte aligned, as bulk copies need (else every tile takes the lanes' copies).
+  uint32_t ring_bar = 0;
+  bool bulk_ok = false;
+  if constexpr (kBulkRing) {
+    ring_bar = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.bars[warp * kRing]));
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < kRing; ++st) mbar_init(ring_bar + 8 * st, 32);
+      mbar_fence_init();
+    }
+    __syncwarp();
+    bulk_ok = ((reinterpret_cast<uintptr_t>(p.k) | reinterpret_cast<uintptr_t>(p.v) |
+                reinterpret_cast<uintptr_t>(p.k_params) | reinterpret_cast<uintptr_t>(p.v_params)) & 15) == 0;
+  }
   // Lane constants of a whole tile's copy: K and V chunk `lane` of each 512-byte round (V's lands on its padded row),
   // the lane's parameter row (lanes 0-15 K's, 16-31 V's).
   // Each is pinned (pin_lane): kept in a register, not rebuilt from the thread index every step.
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  const uint32_t ring_lane16 = kUseRing ? pin_lane(16 * lane) : 0;  // the lane's chunk in K's and V's rounds
-  const uint32_t ring_k_dst = kUseRing ? pin_lane(ring_s + Ring::kKOff + 16 * lane) : 0;
+  // (The bulk ring copies whole tiles without them.)
+  constexpr bool kLaneCopies = kUseRing && !kBulkRing;
+  const uint32_t ring_lane16 = kLaneCopies ? pin_lane(16 * lane) : 0;  // the lane's chunk in K's and V's rounds
+  const uint32_t ring_k_dst = kLaneCopies ? pin_lane(ring_s + Ring::kKOff + 16 * lane) : 0;
   const uint32_t ring_v_dst =
-      kUseRing ? pin_lane(ring_s + Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16)))
-               : 0;
-  const uint32_t ring_p_dst = kUseRing ? pin_lane(ring_s + Ring::kPOff + 8 * lane) : 0;
+      kLaneCopies ? pin_lane(ring_s + Ring::kVOff + (lane / (Ring::kVRow / 16)) * Ring::kVStride + 16 * (lane % (Ring::kVRow / 16)))
+                  : 0;
+  const uint32_t ring_p_dst = kLaneCopies ? pin_lane(ring_s + Ring::kPOff + 8 * lane) : 0;
   const uint64_t ring_p_src = reinterpret_cast<uint64_t>(
       (lane < 16 ? reinterpret_cast<const float2*>(p.k_params) : reinterpret_cast<const float2*>(p.v_params)) + (lane & 15));
-  const uint64_t ring_p_lane = kUseRing ? (uint64_t{pin_lane(static_cast<uint32_t>(ring_p_src >> 32))} << 32) |
+  const uint64_t ring_p_lane = kLaneCopies ? (uint64_t{pin_lane(static_cast<uint32_t>(ring_p_src >> 32))} << 32) |
                                               pin_lane(static_cast<uint32_t>(ring_p_src))
                                         : 0;
   // The first rows of the whole tiles the ring copies come 32 steps at a time: lane L looks up the row of step
@@ -710,7 +803,20 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       const float2* kp = reinterpret_cast<const float2*>(p.k_params);
       const float2* vp = reinterpret_cast<const float2*>(p.v_params);
       const int pr = lane & 15;  // the parameter row of this lane (lanes 0-15 K's, 16-31 V's)
-      if (full_tile(tile)) {
+      if constexpr (kBulkRing) {
+        if (bulk_ok && full_tile(tile)) {  // 16 consecutive rows: one copy per tensor, all four by lane 0
+          const uint32_t bar = ring_bar + 8 * stage;
+          mbar_arrive_expect_tx(bar, lane == 0 ? Ring::kStage : 0);  // every lane arrives; lane 0 owes the bytes
+          if (lane == 0) {
+            const uint32_t dst = ring_s + stage * Ring::kStage;
+            bulk_copy(dst + Ring::kKOff, k_base + static_cast<uint64_t>(row) * Ring::kKRow, 16 * Ring::kKRow, bar);
+            bulk_copy(dst + Ring::kVOff, p.v + static_cast<uint64_t>(row) * Ring::kVRow, 16 * Ring::kVRow, bar);
+            bulk_copy(dst + Ring::kPOff, kp + row, 16 * 8, bar);
+            bulk_copy(dst + Ring::kPOff + 16 * 8, vp + row, 16 * 8, bar);
+          }
+          return;
+        }
+      } else if (full_tile(tile)) {
         // The tile's first row in 32 bits (ring_rows; the ring's 4- and 2-bit caches hold fewer than 2^32 rows), then
         // one wide multiply-add per tensor from the lane's constant pointers; the rounds' offsets are immediates.
         const uint32_t st_off = stage * Ring::kStage;
@@ -747,11 +853,18 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
       }
       const bool ok = tile + pr < n;
       cp_async8_zfill(st + Ring::kPOff + 8 * lane, ok ? (lane < 16 ? kp : vp) + row_of(tile + pr) : kp, ok ? 8 : 0);
+      if constexpr (kBulkRing) cp_async_mbar_arrive_noinc(ring_bar + 8 * stage);  // each lane once its copies land
     }
   };
-  const int ring_k_at = kUseRing ? pin_lane(Ring::kKOff + g * Ring::kKRow + kv_dims * kv_bits<KT>() / 8) : 0;
-  const int ring_v_at = kUseRing ? pin_lane(Ring::kVOff + 2 * t * Ring::kVStride + v_dims * kv_bits<VT>() / 8) : 0;
-  const int ring_p_at = kUseRing ? pin_lane(Ring::kPOff + 8 * g) : 0;  // the lane's K parameter row g
+  // The tokens of the lane's slots: g (K rows g, g + 8) and 2t, 2t + 1 (V rows, + 8 for the other two); the bulk ring
+  // permutes them (bulk_slot_token), the others hold slot i's token in row i.
+  const int g_tok = kBulkRing ? bulk_slot_token(g) : g;
+  const int v_tok0 = kBulkRing ? bulk_slot_token(2 * t) : 2 * t, v_tok1 = kBulkRing ? bulk_slot_token(2 * t + 1) : 2 * t + 1;
+  const int ring_k_at = kUseRing ? pin_lane(Ring::kKOff + g_tok * Ring::kKRow + kv_dims * kv_bits<KT>() / 8) : 0;
+  const int ring_v_at = kUseRing ? pin_lane(Ring::kVOff + v_tok0 * Ring::kVStride + v_dims * kv_bits<VT>() / 8) : 0;
+  // The bulk ring's second V row (token 7 - t: not a constant distance from the first).
+  const int ring_v_at1 = kBulkRing ? pin_lane(Ring::kVOff + v_tok1 * Ring::kVStride + v_dims * kv_bits<VT>() / 8) : 0;
+  const int ring_p_at = kUseRing ? pin_lane(Ring::kPOff + 8 * g_tok) : 0;  // the lane's K parameter row
   auto ring_read_k = [&](int stage, KRegs& r) {
     if constexpr (kUseRing) {
     const uint8_t* const st = ring + stage * Ring::kStage;
@@ -766,7 +879,13 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     }
   };
   auto ring_read_v = [&](int stage, VRegs& r) {
-    if constexpr (kUseRing) {
+    if constexpr (kBulkRing) {
+      const uint8_t* const st = ring + stage * Ring::kStage;
+      load_shared<kVBytes>(st + ring_v_at, r.v[0]);
+      load_shared<kVBytes>(st + ring_v_at1, r.v[1]);
+      load_shared<kVBytes>(st + ring_v_at + 8 * Ring::kVStride, r.v[2]);
+      load_shared<kVBytes>(st + ring_v_at1 + 8 * Ring::kVStride, r.v[3]);
+    } else if constexpr (kUseRing) {
       const uint8_t* const st = ring + stage * Ring::kStage + ring_v_at;
 #pragma unroll
       for (int u = 0; u < 4; ++u) load_shared<kVBytes>(st + v_row(u) * Ring::kVStride, r.v[u]);
@@ -792,7 +911,7 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
 #pragma unroll
     for (int s = 0; s < kRing - 1; ++s) {
       ring_copy(tile_of(s), s, __shfl_sync(0xffffffffu, rows_cur, s));
-      cp_async_commit();
+      if constexpr (!kBulkRing) cp_async_commit();
     }
   }
   // A step's tiles past the split (only the second of two) load zeros and neutral parameters without reading memory.
@@ -821,9 +940,14 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
         rows_nxt = ring_rows(ahead + 32);
       }
       ring_copy(tile_of(ahead), ahead_stage, __shfl_sync(0xffffffffu, rows_cur, ahead & 31));
-      cp_async_commit();
-      cp_async_wait<kRing - 1>();
-      __syncwarp();  // every lane's copies of this stage are visible to the warp
+      if constexpr (kBulkRing) {
+        // Phase i / kRing of the stage's barrier: this tile's bytes (and the lanes' copies of a partial tile) landed.
+        mbar_wait(ring_bar + 8 * ring_stage(i), (static_cast<unsigned>(i) / kRing) & 1);
+      } else {
+        cp_async_commit();
+        cp_async_wait<kRing - 1>();
+        __syncwarp();  // every lane's copies of this stage are visible to the warp
+      }
       ring_read_k(ring_stage(i), cur[0]);
     } else {
       base_next = base_ahead(next, page_next);
@@ -860,8 +984,8 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
     float t0 = kNoScore, t1 = kNoScore;  // this lane's largest scores of the step, heads 2t and 2t+1
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      ok_g[u] = !kMasked || tile + u * kTile + g < n;
-      ok_g8[u] = !kMasked || tile + u * kTile + g + 8 < n;
+      ok_g[u] = !kMasked || tile + u * kTile + (kUseRing ? g_tok : g) < n;
+      ok_g8[u] = !kMasked || tile + u * kTile + (kUseRing ? g_tok : g) + 8 < n;
       const uint32_t(&kg)[kKWords] = cur[u].kg;
       const uint32_t(&kg8)[kKWords] = cur[u].kg8;
       const float2 ksp_g = cur[u].ksp_g, ksp_g8 = cur[u].ksp_g8;
@@ -1059,34 +1183,38 @@ __device__ __forceinline__ void decode_block(const DecodeAttnArgs& p, Smem& sm, 
 
 // The block's shared memory is static up to 48 KB; a larger ring (more stages) takes it as dynamic shared memory
 // (decode_dynamic_smem: the bytes to launch with and to allow, 0 for a static one).
-template <KvType KT, KvType VT, int D, int kSub, int kRing>
-using DecodeSmemOf = DecodeSmem<D, kSub, RingLayout<KT, VT, D, kRing>::kBlockBytes>;
+// The ring is sized for its padded layout on every arch (the bulk ring's unpadded stages fit in it), plus the bulk
+// ring's barriers.
+template <KvType KT, KvType VT, int D, int kSub, int kRing, bool kBulk = false>
+using DecodeSmemOf =
+    std::conditional_t<(kBulk && kRing > 0), DecodeSmemBulk<D, kSub, RingLayout<KT, VT, D, kRing>::kBlockBytes, kWarps * kRing>,
+                       DecodeSmem<D, kSub, RingLayout<KT, VT, D, kRing>::kBlockBytes>>;
 constexpr int kStaticSmemMax = 48 * 1024;
-template <KvType KT, KvType VT, int D, int kSub, int kRing>
+template <KvType KT, KvType VT, int D, int kSub, int kRing, bool kBulk = false>
 constexpr int decode_dynamic_smem() {
-  constexpr int bytes = static_cast<int>(sizeof(DecodeSmemOf<KT, VT, D, kSub, kRing>));
+  constexpr int bytes = static_cast<int>(sizeof(DecodeSmemOf<KT, VT, D, kSub, kRing, kBulk>));
   return bytes > kStaticSmemMax ? bytes : 0;
 }
 
 // kMinBlocks: resident blocks per SM the register budget must allow (4: 128 registers per thread). Per-channel
 // K (u4c, u2c) launches one more split per (sequence, head): its blocks run the f16-K body over the window keys.
 template <KvType KT, KvType VT, int D, int kMinBlocks, bool kVAhead = false, int kSub = 1, int kChains = 1,
-          bool kVMid = false, int kRing = 0, int kL2 = 0>
+          bool kVMid = false, int kRing = 0, int kL2 = 0, bool kBulk = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_attention_kernel(DecodeAttnArgs p) {
   pdl_allow_dependents();  // the o GEMM (which waits for this grid to finish) may launch meanwhile
-  using Smem = DecodeSmemOf<KT, VT, D, kSub, kRing>;
+  using Smem = DecodeSmemOf<KT, VT, D, kSub, kRing, kBulk>;
   const int split = blockIdx.z;
-  if constexpr (decode_dynamic_smem<KT, VT, D, kSub, kRing>() > 0) {
+  if constexpr (decode_dynamic_smem<KT, VT, D, kSub, kRing, kBulk>() > 0) {
     static_assert(kRing > 0 && !kv_per_channel<KT>(), "only a ring outgrows static shared memory");
     extern __shared__ __align__(16) uint8_t dyn_smem[];
     Smem& sm = *reinterpret_cast<Smem*>(dyn_smem);
-    decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing, kL2>(p, sm, split, split, false);
+    decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing, kL2, kBulk>(p, sm, split, split, false);
   } else {
     __shared__ Smem sm;
     if constexpr (kv_per_channel<KT>()) {
       if (split == gridDim.z - 1) return decode_block<KvType::f16, VT, D>(p, sm, 0, split, true);
     }
-    decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing, kL2>(p, sm, split, split, false);
+    decode_block<KT, VT, D, kVAhead, kSub, kChains, kVMid, kRing, kL2, kBulk>(p, sm, split, split, false);
   }
 }
 
@@ -1146,10 +1274,17 @@ constexpr int min_blocks() {
 
 template <int D, KvType KT, KvType VT>
 void launch_decode_attention(const DecodeAttnArgs& p, dim3 grid, cudaStream_t stream) {
-  decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
-                                      decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
-                                      decode_attn::ring_stages<D, KT, VT>()>
-      <<<grid, decode_attn::kThreads, 0, stream>>>(p);
+  // The ring's two feeds are two kernels; p.ring_bulk (the split plan's choice) picks one where ring_bulk() has both.
+  auto launch = [&](auto bulk_c) {
+    decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
+                                        decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
+                                        decode_attn::ring_stages<D, KT, VT>(), 0, decltype(bulk_c)::value>
+        <<<grid, decode_attn::kThreads, 0, stream>>>(p);
+  };
+  if constexpr (decode_attn::ring_bulk<D, KT, VT>()) {
+    if (p.ring_bulk) return launch(std::true_type{});
+  }
+  launch(std::false_type{});
 }
 
 // Resident blocks per SM of that instance on the current device (what its registers and shared memory allow, which
@@ -1161,7 +1296,7 @@ int decode_attention_blocks_per_sm() {
       &blocks,
       decode_attn::decode_attention_kernel<KT, VT, D, decode_attn::min_blocks<D, KT, VT>(), decode_attn::v_ahead<KT, VT>() && decode_attn::ring_stages<D, KT, VT>() == 0,
                                            decode_attn::sub_tiles<D, KT, VT>(), decode_attn::score_chains<D, KT, VT>(), false,
-                                           decode_attn::ring_stages<D, KT, VT>()>,
+                                           decode_attn::ring_stages<D, KT, VT>(), 0, false>,
       decode_attn::kThreads, 0);
   return err == cudaSuccess ? blocks : 0;
 }
