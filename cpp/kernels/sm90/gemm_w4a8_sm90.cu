@@ -409,7 +409,7 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
 // released it (release_stage<true>: one arrival per consumer warp on each CTA's empty barrier). Unsplit tiles, the
 // overlapped mainloop and the split producer only; the int32 sums run in the same order as gemm_w4a8_sm90_kernel's
 // unsplit tile (bit-identical). An odd row-tile count leaves the last pair a spare CTA past npad: it loads its half
-// of the activations and zeros of weights (the box is out of bounds), no parameters, and stores nothing.
+// of the activations only (its consumers run on whatever the weight slots hold) and stores nothing.
 template <int BT>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_pair_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
@@ -448,11 +448,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (part == 0) {  // our half of the activation tile, to both CTAs; our barrier counts both halves
           mbar_expect_tx(&full[s], C::kXBytes);
           tma_load_2d_multicast(st + mc * (BT / 2) * kBK, &map_x, kb * kBK, m0 + mc * (BT / 2), &full[s], 3);
-        } else if (prow > 0 || part == 1) {
+        } else if (prow > 0) {
           produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, min(2, args.k_chunks - 2 * kb), prow,
                           args.shared_params);
         } else {
-          mbar_arrive(&full[s]);  // a spare CTA's parameter part: nothing to copy
+          mbar_arrive(&full[s]);  // a spare CTA: no weights or parameters (its consumers' sums are never stored)
         }
         if (++s == kStages) s = 0, phase ^= 1;
       }
