@@ -541,7 +541,7 @@ if has w4a8pairs; then
   echo "== benchmark: sm90 (pairs) vs sm90x (without) and forced tiles vs torch fp8 and cuBLAS fp16, same process"
   # shellcheck disable=SC2086
   timeout -k 5 "${PAIRS_BENCH_S:-100}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_w4a8_pairs.json" \
-    ${PAIRS_BENCH_ARGS:---ms=256,1024 --shapes=qkv,o,down,gate_up --w4a8-only --no-ab --streamk= --variants=sm90x,sm90m:128,sm90m:256} \
+    ${PAIRS_BENCH_ARGS:---ms=256,1024 --shapes=qkv,o,down,gate_up --w4a8-only --no-ab --streamk= --variants=sm90x,sm90:1:128,sm90m:128,sm90:1:256,sm90m:256} \
     2>&1 | tee "$OUT/bench_w4a8_pairs.log"
   if [ "${PAIRS_NCU:-1}" = 1 ]; then
     # shellcheck disable=SC2086

@@ -148,20 +148,16 @@ __device__ __forceinline__ void wgmma_frag(int (&acc)[N], const uint32_t (&a)[16
 // `next` and stage it-1, release that stage, then dequantize: stage it's wgmmas stay in flight into the next
 // stage's issue (same-shape wgmmas on the same accumulators are ordered by the hardware). Every consumer thread
 // arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
-// Releases a stage to the producers. Alone: every consumer thread arrives (empty counts 256). In a multicast pair
-// (kPair): the stage also holds the partner's half of the activation tile and the partner's producer writes our half
-// into it, so each consumer warp arrives once on its own CTA's barrier and once on the partner's (empty counts 2 x 8
-// warps); the warp's lanes have consumed their loads of the stage (the values fed its wgmmas) before lane 0 arrives.
+// Releases a stage to the producers: every consumer thread arrives on its own CTA's barrier (256). In a multicast pair
+// (kPair) the partner's producer also writes into the stage (our half of the activation tile, which we read only
+// through wgmma, complete by now), so lane 0 of each consumer warp also arrives on the partner's barrier (empty counts
+// 256 + 8), without a cluster-scope fence (mbar_arrive_remote).
 template <bool kPair>
 __device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int peer) {
-  if constexpr (!kPair) {
-    mbar_arrive(bar);
-  } else {
+  mbar_arrive(bar);
+  if constexpr (kPair) {
     __syncwarp();
-    if (lane == 0) {
-      mbar_arrive(bar);
-      mbar_arrive_cluster(bar, peer);
-    }
+    if (lane == 0) mbar_arrive_remote(bar, peer);
   }
 }
 
@@ -406,7 +402,7 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
 // multicasts them to both CTAs (the 128-byte swizzle depends on smem address bits, so a half box at a 1024-aligned
 // offset lands in the full box's layout), so each CTA reads half the activation bytes. Each CTA's full barrier
 // expects the whole tile's bytes (both halves signal it); a stage is free only when the consumers of both CTAs have
-// released it (release_stage<true>: one arrival per consumer warp on each CTA's empty barrier). Unsplit tiles, the
+// released it (release_stage<true>: every local consumer thread, and one arrival per partner consumer warp). Unsplit tiles, the
 // overlapped mainloop and the split producer only; the int32 sums run in the same order as gemm_w4a8_sm90_kernel's
 // unsplit tile (bit-identical). An odd row-tile count leaves the last pair a spare CTA past npad: it loads its half
 // of the activations only (its consumers run on whatever the weight slots hold) and stores nothing.
@@ -428,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int nk = args.k_blocks;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
 
-  init_pipeline<kStages>(&map_x, &map_w, full, empty, kProducerParts, 2 * kConsumerWarps);
+  init_pipeline<kStages>(&map_x, &map_w, full, empty, kProducerParts, kConsumerWarps * 32 + kConsumerWarps);
   namespace cg = cooperative_groups;
   cg::this_cluster().sync();  // the partner's barriers exist before any multicast or arrival reaches them
 
@@ -855,7 +851,7 @@ Sm90Plan plan_core(const W4A8Problem& p, const Sm90Choice& ch, bool allow_stream
 
 //
 // Multicast pairs (rule written before their first device run, docs/gpu_notes.md): the split producer's overlapped
-// plan takes them in place of every one-launch unsplit plan over at least two row tiles (same tile and k order, half
+// plan, when tile and split are free, takes them in place of every one-launch unsplit plan over at least two row tiles (same tile and k order, half
 // the activation reads); 'sm90x' keeps the plan without them, 'sm90m[:T]' forces one unsplit pair launch (T free: the
 // model's tile for split 1).
 template <bool kOverlap>
@@ -868,8 +864,8 @@ Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk
     return plan;
   }
   Sm90Plan plan = plan_core<kOverlap>(p, ch, allow_streamk);
-  plan.pair = kOverlap && !ch.one_producer && ch.pair == 0 && !plan.streamk && plan.split == 1 && plan.head == 0 &&
-              p.n > kRows;
+  plan.pair = kOverlap && !ch.one_producer && ch.pair == 0 && ch.split == 0 && ch.tokens == 0 && !plan.streamk &&
+              plan.split == 1 && plan.head == 0 && p.n > kRows;  // free choice only: 'sm90:1:T' stays unpaired
   return plan;
 }
 
