@@ -166,9 +166,9 @@ bool parse_sm90p(const char* op, const std::string& kernel, cuda::W4A8Options& o
   return true;
 }
 
-// The W4A8 wgmma kernel's multicast pairs: "sm90m" (one unsplit pair launch, the model's tile), "sm90m:T" (T = 128 or
-// 256 tokens per tile); "sm90x": the automatic plan without pairs (the plans before them, A/B timing). False for
-// another name.
+// The W4A8 wgmma kernel's multicast pairs (opt-in; measured no faster than the unpaired launch): "sm90m" (one unsplit
+// pair launch, the model's tile), "sm90m:T" (T = 128 or 256 tokens per tile); "sm90x": the automatic plan with pairs
+// off (the same as "sm90" while pairs are opt-in). False for another name.
 bool parse_sm90m(const char* op, const std::string& kernel, cuda::W4A8Options& o) {
   if (kernel == "sm90x") {
     o.sm90_pair = 1;
@@ -570,8 +570,9 @@ void bind_cuda(nb::module_& m) {
       "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
       "mainloop, for A/B timing), 'sm90o...' (the earlier one-thread producer, for A/B timing: 'sm90o', 'sm90o:S:T', "
       "'sm90ok...'), 'sm90p[:T[:G]]' (the persistent tile loop, opt-in: the resident CTAs walk whole tiles, G pins the "
-      "CTAs), 'sm90m[:T]' (multicast pairs: two CTAs on neighbouring weight-row tiles share the activation tile; the "
-      "automatic plan takes them for its unsplit one-launch plans), 'sm90x' (the automatic plan without pairs), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
+      "CTAs), 'sm90m[:T]' (multicast pairs, opt-in: two CTAs on neighbouring weight-row tiles share the activation "
+      "tile), 'sm90x' (the automatic plan with pairs off: the same as 'sm90'), 'gemv' or 'gemv:rDbB' (the "
+      "register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(
       "gemm_w4a8_sm90_plan",

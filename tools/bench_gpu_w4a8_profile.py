@@ -1,6 +1,7 @@
 """The W4A8 wgmma GEMM (gemm_w4a8_sm90) once per Llama-3-8B shape and kernel name in argv, the workload the ncu step of
 tools/gpu_run.sh (w4a8_profile) profiles: gate_up and qkv at M = 1024 by default, each as 'sm90:1:256' (one launch,
-256-token tiles, no split: the mainloop alone) unless names follow the shapes (e.g. gate_up qkv -- sm90 sm90:1:128); --m=256 sets the tokens."""
+256-token tiles, no split: the mainloop alone) unless names follow the shapes (e.g. gate_up qkv -- sm90 sm90:1:128);
+--m=256 sets the tokens."""
 import sys
 
 import torch

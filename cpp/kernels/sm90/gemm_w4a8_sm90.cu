@@ -20,7 +20,9 @@
 // without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
 // fastest in the grid (CTAs resident together share weight tiles in L2). Opt-in ('sm90p' names; measured no faster): a
 // persistent grid of the resident CTAs walking whole tiles, its producers filling the next tile's stages during an
-// epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel).
+// epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel). Opt-in ('sm90m' names; measured no faster):
+// pairs of CTAs on neighbouring weight-row tiles sharing the activation tile by TMA multicast
+// (gemm_w4a8_sm90_pair_kernel).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -394,7 +396,7 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
 }
 
-// ---- Multicast pairs ('sm90m' names): two CTAs on neighbouring weight-row tiles share one activation tile ----
+// ---- Multicast pairs ('sm90m' names, opt-in; measured 0-4% slower): two CTAs on neighbouring weight-row tiles ----
 //
 // Each CTA of the default grid reads its BT x 128 activation tile through L2 for every 128 weight rows: per stage 16
 // (BT 128) or 32 KB of activations against 8 KB of packed weights. A pair (a cluster of 2 along x) owns row tiles 2j
@@ -402,10 +404,11 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
 // multicasts them to both CTAs (the 128-byte swizzle depends on smem address bits, so a half box at a 1024-aligned
 // offset lands in the full box's layout), so each CTA reads half the activation bytes. Each CTA's full barrier
 // expects the whole tile's bytes (both halves signal it); a stage is free only when the consumers of both CTAs have
-// released it (release_stage<true>: every local consumer thread, and one arrival per partner consumer warp). Unsplit tiles, the
-// overlapped mainloop and the split producer only; the int32 sums run in the same order as gemm_w4a8_sm90_kernel's
-// unsplit tile (bit-identical). An odd row-tile count leaves the last pair a spare CTA past npad: it loads its half
-// of the activations only (its consumers run on whatever the weight slots hold) and stores nothing.
+// released it (release_stage<true>: every local consumer thread, and one arrival per partner consumer warp). Unsplit
+// tiles, the overlapped mainloop and the split producer only; the int32 sums run in the same order as
+// gemm_w4a8_sm90_kernel's unsplit tile (bit-identical). An odd row-tile count leaves the last pair a spare CTA past
+// npad: it loads its half of the activations only (its consumers run on whatever the weight slots hold) and stores
+// nothing.
 template <int BT>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_pair_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
@@ -850,10 +853,10 @@ Sm90Plan plan_core(const W4A8Problem& p, const Sm90Choice& ch, bool allow_stream
 }
 
 //
-// Multicast pairs (rule written before their first device run, docs/gpu_notes.md): the split producer's overlapped
-// plan, when tile and split are free, takes them in place of every one-launch unsplit plan over at least two row tiles (same tile and k order, half
-// the activation reads); 'sm90x' keeps the plan without them, 'sm90m[:T]' forces one unsplit pair launch (T free: the
-// model's tile for split 1).
+// Multicast pairs ('sm90m[:T]', one unsplit pair launch at T tokens, T free: the model's tile for split 1) are opt-in.
+// The rule written before their first run (pairs in place of every free one-launch unsplit plan) measured 0-4% slower
+// with the same tile on every Llama-3-8B shape at M = 256 / 1024 (H200, fd20bfd, docs/benchmarks_gpu.md "W4A8:
+// multicast pairs"), so the automatic plan keeps the unpaired launch; 'sm90x' (pairs off) is that plan.
 template <bool kOverlap>
 Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
   if (ch.pair == 2) {
@@ -863,10 +866,7 @@ Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk
     plan.pair = true;
     return plan;
   }
-  Sm90Plan plan = plan_core<kOverlap>(p, ch, allow_streamk);
-  plan.pair = kOverlap && !ch.one_producer && ch.pair == 0 && ch.split == 0 && ch.tokens == 0 && !plan.streamk &&
-              plan.split == 1 && plan.head == 0 && p.n > kRows;  // free choice only: 'sm90:1:T' stays unpaired
-  return plan;
+  return plan_core<kOverlap>(p, ch, allow_streamk);
 }
 
 // kSplitProducer false: the earlier one-thread producer ('sm90o...' names, overlapped mainloop only).

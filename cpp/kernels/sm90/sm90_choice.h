@@ -15,8 +15,8 @@ struct Sm90Choice {
   int reduce = 0;  // W4A16 split-K reduction: 0 = the kernel's default, 1 = distributed shared memory, 2 = through L2
   bool one_producer = false;  // W4A8 and W4A16: the earlier one-thread producer (A/B timing)
   bool persistent = false;  // W4A8: the persistent tile loop ('sm90p'; tokens 0 = its own pick, ctas 0 = all resident)
-  // W4A8 multicast pairs (two CTAs on neighbouring weight-row tiles share the activation tile): 0 = the plan's rule,
-  // 1 = off ('sm90x': the plans before pairs, A/B timing), 2 = forced ('sm90m[:T]': one unsplit pair launch)
+  // W4A8 multicast pairs (two CTAs on neighbouring weight-row tiles share the activation tile; opt-in, measured 0-4%
+  // slower): 0 = the plan's (off), 1 = off ('sm90x'), 2 = forced ('sm90m[:T]': one unsplit pair launch)
   int pair = 0;
 };
 
