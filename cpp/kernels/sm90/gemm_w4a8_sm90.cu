@@ -144,12 +144,6 @@ __device__ __forceinline__ void wgmma_frag(int (&acc)[N], const uint32_t (&a)[16
   wgmma_rs(acc, f, db + 2 * i);  // k32 step i of the stage: +32 bytes of k in the swizzled row
 }
 
-// Stage `it` of one consumer warpgroup: issue its wgmmas from `cur` and dequantize stage it+1 into `next`
-// while they run. Serial (kOverlap false): then wait for them and release the stage, so the warpgroup's tensor
-// work stops between stages. Overlapped: wait only for stage it-1's wgmmas (at most one group pending), which read
-// `next` and stage it-1, release that stage, then dequantize: stage it's wgmmas stay in flight into the next
-// stage's issue (same-shape wgmmas on the same accumulators are ordered by the hardware). Every consumer thread
-// arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
 // Releases a stage to the producers: every consumer thread arrives on its own CTA's barrier (256). In a multicast pair
 // (kPair) the partner's producer also writes into the stage (our half of the activation tile, which we read only
 // through wgmma, complete by now), so lane 0 of each consumer warp also arrives on the partner's barrier (empty counts
@@ -163,6 +157,12 @@ __device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int peer)
   }
 }
 
+// Stage `it` of one consumer warpgroup: issue its wgmmas from `cur` and dequantize stage it+1 into `next`
+// while they run. Serial (kOverlap false): then wait for them and release the stage, so the warpgroup's tensor
+// work stops between stages. Overlapped: wait only for stage it-1's wgmmas (at most one group pending), which read
+// `next` and stage it-1, release that stage, then dequantize: stage it's wgmmas stay in flight into the next
+// stage's issue (same-shape wgmmas on the same accumulators are ordered by the hardware). Every consumer thread
+// arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
 template <bool kOverlap, class C, int N, class StageAt, class ChunksAt, bool kPair = false>
 __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16], int it,
                                               int nk, const StageAt& stage_at, const ChunksAt& chunks_at,
