@@ -166,6 +166,23 @@ bool parse_sm90p(const char* op, const std::string& kernel, cuda::W4A8Options& o
   return true;
 }
 
+// The W4A8 wgmma kernel's multicast pairs (opt-in; measured no faster than the unpaired launch): "sm90m" (one unsplit
+// pair launch, the model's tile), "sm90m:T" (T = 128 or 256 tokens per tile); "sm90x": the automatic plan with pairs
+// off (the same as "sm90" while pairs are opt-in). False for another name.
+bool parse_sm90m(const char* op, const std::string& kernel, cuda::W4A8Options& o) {
+  if (kernel == "sm90x") {
+    o.sm90_pair = 1;
+    return true;
+  }
+  if (kernel.rfind("sm90m", 0) != 0) return false;
+  const std::string rest = kernel.substr(5);
+  LOWBIT_CHECK(rest.empty() || rest == ":128" || rest == ":256", op, ": argument 'kernel': multicast pairs are "
+               "'sm90m' or 'sm90m:T' (T = 128 or 256 tokens per tile), got '", kernel, "'");
+  o.sm90_pair = 2;
+  o.sm90_tokens = rest.empty() ? 0 : std::stoi(rest.substr(1));
+  return true;
+}
+
 // W4A8 and W4A16: "sm90o..." names the wgmma kernel's earlier one-thread producer (A/B timing) with the rest of the
 // name as after "sm90" ("sm90o", "sm90o:1:256", "sm90ok:128"; W4A16 also "sm90ow:2", "sm90og:2:256"); returns the
 // name without the "o".
@@ -512,7 +529,8 @@ void bind_cuda(nb::module_& m) {
         cuda::W4A8Options options;
         options.split_k = split_k;
         const std::string kernel = strip_one_producer(kernel_name, options);
-        const int sm90 = parse_sm90k("gemm_w4a8", kernel, options) || parse_sm90p("gemm_w4a8", kernel, options)
+        const int sm90 = parse_sm90k("gemm_w4a8", kernel, options) || parse_sm90p("gemm_w4a8", kernel, options) ||
+                                 parse_sm90m("gemm_w4a8", kernel, options)
                              ? 1
                              : parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
         LOWBIT_CHECK(sm90 != 2, "gemm_w4a8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8 (or 0 "
@@ -552,7 +570,9 @@ void bind_cuda(nb::module_& m) {
       "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
       "mainloop, for A/B timing), 'sm90o...' (the earlier one-thread producer, for A/B timing: 'sm90o', 'sm90o:S:T', "
       "'sm90ok...'), 'sm90p[:T[:G]]' (the persistent tile loop, opt-in: the resident CTAs walk whole tiles, G pins the "
-      "CTAs), 'gemv' or 'gemv:rDbB' (the register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
+      "CTAs), 'sm90m[:T]' (multicast pairs, opt-in: two CTAs on neighbouring weight-row tiles share the activation "
+      "tile), 'sm90x' (the automatic plan with pairs off: the same as 'sm90'), 'gemv' or 'gemv:rDbB' (the "
+      "register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(
       "gemm_w4a8_sm90_plan",
@@ -560,7 +580,8 @@ void bind_cuda(nb::module_& m) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options o;
         const std::string kernel = strip_one_producer(kernel_name, o);
-        if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o) || parse_sm90p("gemm_w4a8_sm90_plan", kernel, o))
+        if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o) || parse_sm90p("gemm_w4a8_sm90_plan", kernel, o) ||
+            parse_sm90m("gemm_w4a8_sm90_plan", kernel, o))
           return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
         const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a8_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,

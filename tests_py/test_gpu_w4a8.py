@@ -11,11 +11,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), r
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 # Every kernel choice of gemm_w4a8 that runs here: the mma.sync kernel with split-K 0 (automatic), 1, 3;
 # on sm_90 the wgmma kernel with cluster split-K 0 (automatic), 1, 2, 4, 8, each with 128- and 256-token tiles
-# ('sm90:S:T'), its serial mainloop ('sm90s...') and its earlier one-thread producer ('sm90o...').
+# ('sm90:S:T'), its serial mainloop ('sm90s...'), its earlier one-thread producer ('sm90o...'), its multicast pairs
+# ('sm90m...') and the automatic plan without them ('sm90x').
 KERNELS = [("sm80", 0), ("sm80", 1), ("sm80", 3)] + (
     [("sm90", 0)] + [(f"sm90:{s}:{t}", 0) for t in (128, 256) for s in (1, 2, 4, 8)] +
     [("sm90s:0:128", 0), ("sm90s:2:256", 0), ("sm90s:8:128", 0)] +
-    [("sm90o", 0), ("sm90o:1:128", 0), ("sm90o:2:256", 0)] if SM90 else [])
+    [("sm90o", 0), ("sm90o:1:128", 0), ("sm90o:2:256", 0)] +
+    [("sm90m", 0), ("sm90m:128", 0), ("sm90m:256", 0), ("sm90x", 0)] if SM90 else [])
 
 
 def two_level_weight(fmt, n, k, group, seed, edge=False):
@@ -159,7 +161,7 @@ def test_gemm_w4a8_adversarial_groups_do_not_overflow(fmt):
                                              ("qoq", 300, 256, 2048, 128)])
 def test_gemm_w4a8_scaled_f16(fmt, m, n, k, group):
     pw, xq, xs, ref = scaled_case(fmt, m, n, k, group)
-    for kernel in ["sm80"] + (["sm90", "sm90:2"] if SM90 else []):
+    for kernel in ["sm80"] + (["sm90", "sm90:2", "sm90m", "sm90x"] if SM90 else []):
         y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
         _core.gemm_w4a8(xq, xs, pw, y, kernel=kernel)
         torch.cuda.synchronize()

@@ -27,6 +27,12 @@
 #               tools/bench_gpu_sm90_tiles.py --w4a8-only --no-ab alone: sm90 vs sm90:1:256 vs sm90p:256 / :128 / free
 #               vs torch fp8 and cuBLAS fp16 at M = 256, 512, 1024 on the four 8B shapes (PERSIST_BENCH_ARGS,
 #               PERSIST_BENCH_S)
+#     w4a8pairs the W4A8 wgmma GEMM's multicast pairs ('sm90m[:T]', 'sm90x' = the plan without them): their tests
+#               (test_gpu_w4a8_pairs.py) with the W4A8 sm90 tests as regression and memcheck/racecheck/synccheck over
+#               small pair cases, all at once (PAIRS_TEST_S, PAIRS_SAN_S cap them), then tools/bench_gpu_sm90_tiles.py
+#               --w4a8-only --no-ab alone (PAIRS_BENCH_ARGS, PAIRS_BENCH_S), then ncu (a few metrics: time, L2 bytes
+#               and throughput, DRAM, tensor pipe) over qkv M = 256 and gate_up M = 1024, unpaired vs paired
+#               (PAIRS_NCU_S; PAIRS_NCU=0 skips it)
 #     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
 #               fp8 (tools/bench_gpu_sm90_tiles.py, SM90TILES_ARGS), their test files (SM90TILES_K selects), sanitizers
 #               over small cases of each path (SM90TILES_SAN_K replaces their -k expression)
@@ -195,6 +201,7 @@ SANITIZE_CASES=(
   "engine|test_gpu_engine.py|(logits_match_cpu and (w16a16 or w8a8kv4)) or (graphs_agree and w4a16kv8) or mixed_greedy"
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
+  "w4a8_pairs|test_gpu_w4a8_pairs.py|(int32_bit_exact and (1-16-64-64 or 129-520-704-128 or 7-130-576-64)) or (scaled_f16 and 17-130-576-64)"
   "w4a8_persistent|test_gpu_w4a8_persistent.py|(tile_transitions and (300-272-64-2 or 7-17-192-5 or 1100-130-320-3)) or (int32_bit_exact and 130-576-128-7) or plan_and_names"
   "sm90_streamk|test_gpu_sm90_streamk.py|(every_fixup_path and (65-100-576-3 or 7-17-128-5)) or (int32_exact and (7-17-256-5 or 65-100-1152-9)) or two_streams"
   "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names or (configs_match and (8-17-640-96 or (1-130-12352 and (r2b6 or r12b1))))"
@@ -520,6 +527,32 @@ if has w4a8persist; then
   timeout -k 5 "${PERSIST_BENCH_S:-150}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_w4a8_persistent.json" \
     ${PERSIST_BENCH_ARGS:---ms=256,512,1024 --shapes=gate_up,qkv,o,down --w4a8-only --no-ab --streamk= --variants=sm90:1:256,sm90p:256,sm90p:128,sm90p} \
     2>&1 | tee "$OUT/bench_w4a8_persistent.log"
+fi
+if has w4a8pairs; then
+  echo "== W4A8 wgmma: multicast pairs ('sm90m'): tests and sanitizers together, then the benchmark, then ncu"
+  (timeout -k 5 "${PAIRS_TEST_S:-80}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8_pairs.py" "$TESTS/test_gpu_w4a8.py" -q \
+    -rfEs --maxfail=30 -k "not quantized_directory" > "$OUT/pytest_pairs.log" 2>&1; echo "pytest (pairs + W4A8) rc=$?") &
+  expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a8_pairs|' | cut -d'|' -f3)
+  sanitize_bg pairs "${PAIRS_SAN_S:-80}" "$TESTS/test_gpu_w4a8_pairs.py" -k "$expr"
+  wait
+  echo "-- pytest_pairs.log: $(tail -1 "$OUT/pytest_pairs.log")"
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_pairs.log" | cut -c1-300 | head -20
+  sanitize_report pairs
+  echo "== benchmark: sm90 (pairs) vs sm90x (without) and forced tiles vs torch fp8 and cuBLAS fp16, same process"
+  # shellcheck disable=SC2086
+  timeout -k 5 "${PAIRS_BENCH_S:-100}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_w4a8_pairs.json" \
+    ${PAIRS_BENCH_ARGS:---ms=256,1024 --shapes=qkv,o,down,gate_up --w4a8-only --no-ab --streamk= --variants=sm90x,sm90:1:128,sm90m:128,sm90:1:256,sm90m:256} \
+    2>&1 | tee "$OUT/bench_w4a8_pairs.log"
+  if [ "${PAIRS_NCU:-1}" = 1 ]; then
+    # shellcheck disable=SC2086
+    set -- ${PAIRS_NCU_SPEC:-256 qkv -- sm90:1:128 sm90m:128}
+    m=$1; shift
+    timeout -k 5 "${PAIRS_NCU_S:-30}" ncu --clock-control none -k regex:"gemm_w4a8_sm90" --csv --metrics \
+      "gpu__time_duration.sum,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,launch__grid_size" \
+      python3 "$REPO/tools/bench_gpu_w4a8_profile.py" --m="$m" "$@" > "$OUT/ncu_pairs.csv" 2>&1
+    echo "ncu M=$m rc=$?"; grep -E '"(gpu__time|lts__t_bytes|lts__throughput|dram__|sm__pipe|launch__grid)' "$OUT/ncu_pairs.csv" \
+      | awk -F'","' '{print substr($5, 1, 60), $(NF-2), $NF}' | head -20
+  fi
 fi
 if has sm90tiles; then
   # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),

@@ -20,7 +20,9 @@
 // without split, the f16 tile leaves through shared memory as 16-byte row segments. Token tiles vary
 // fastest in the grid (CTAs resident together share weight tiles in L2). Opt-in ('sm90p' names; measured no faster): a
 // persistent grid of the resident CTAs walking whole tiles, its producers filling the next tile's stages during an
-// epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel).
+// epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel). Opt-in ('sm90m' names; measured no faster):
+// pairs of CTAs on neighbouring weight-row tiles sharing the activation tile by TMA multicast
+// (gemm_w4a8_sm90_pair_kernel).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -142,17 +144,30 @@ __device__ __forceinline__ void wgmma_frag(int (&acc)[N], const uint32_t (&a)[16
   wgmma_rs(acc, f, db + 2 * i);  // k32 step i of the stage: +32 bytes of k in the swizzled row
 }
 
+// Releases a stage to the producers: every consumer thread arrives on its own CTA's barrier (256). In a multicast pair
+// (kPair) the partner's producer also writes into the stage (our half of the activation tile, which we read only
+// through wgmma, complete by now), so lane 0 of each consumer warp also arrives on the partner's barrier (empty counts
+// 256 + 8), without a cluster-scope fence (mbar_arrive_remote).
+template <bool kPair>
+__device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int peer) {
+  mbar_arrive(bar);
+  if constexpr (kPair) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive_remote(bar, peer);
+  }
+}
+
 // Stage `it` of one consumer warpgroup: issue its wgmmas from `cur` and dequantize stage it+1 into `next`
 // while they run. Serial (kOverlap false): then wait for them and release the stage, so the warpgroup's tensor
 // work stops between stages. Overlapped: wait only for stage it-1's wgmmas (at most one group pending), which read
 // `next` and stage it-1, release that stage, then dequantize: stage it's wgmmas stay in flight into the next
 // stage's issue (same-shape wgmmas on the same accumulators are ordered by the hardware). Every consumer thread
 // arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
-template <bool kOverlap, class C, int N, class StageAt, class ChunksAt>
+template <bool kOverlap, class C, int N, class StageAt, class ChunksAt, bool kPair = false>
 __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16], int it,
                                               int nk, const StageAt& stage_at, const ChunksAt& chunks_at,
                                               uint64_t* full, uint64_t* empty, int gw, int lane, int first = 0,
-                                              bool shared_params = false) {
+                                              bool shared_params = false, int peer = 0) {
   constexpr int kStages = C::kStages;
   const uint64_t db = smem_desc(smem_u32(stage_at(it)));
   wgmma_fence();
@@ -161,7 +176,7 @@ __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cu
   wgmma_commit();
   if constexpr (kOverlap) {
     wgmma_wait<1>();
-    if (it > first) mbar_arrive(&empty[(it - 1) % kStages]);  // first: the segment's first stage (stream-K)
+    if (it > first) release_stage<kPair>(&empty[(it - 1) % kStages], lane, peer);  // first: a segment's first stage
   }
   if (it + 1 < nk) {
     mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
@@ -170,7 +185,7 @@ __device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cu
   if constexpr (!kOverlap) {
     wgmma_wait<0>();
     fence_regs(acc);
-    mbar_arrive(&empty[it % kStages]);
+    release_stage<kPair>(&empty[it % kStages], lane, peer);
   }
 }
 
@@ -379,6 +394,124 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
+}
+
+// ---- Multicast pairs ('sm90m' names, opt-in; measured 0-4% slower): two CTAs on neighbouring weight-row tiles ----
+//
+// Each CTA of the default grid reads its BT x 128 activation tile through L2 for every 128 weight rows: per stage 16
+// (BT 128) or 32 KB of activations against 8 KB of packed weights. A pair (a cluster of 2 along x) owns row tiles 2j
+// and 2j + 1 at one token tile; CTA r's activation producer loads token rows [r, r + 1) * BT/2 of the stage's tile and
+// multicasts them to both CTAs (the 128-byte swizzle depends on smem address bits, so a half box at a 1024-aligned
+// offset lands in the full box's layout), so each CTA reads half the activation bytes. Each CTA's full barrier
+// expects the whole tile's bytes (both halves signal it); a stage is free only when the consumers of both CTAs have
+// released it (release_stage<true>: every local consumer thread, and one arrival per partner consumer warp). Unsplit
+// tiles, the overlapped mainloop and the split producer only; the int32 sums run in the same order as
+// gemm_w4a8_sm90_kernel's unsplit tile (bit-identical). An odd row-tile count leaves the last pair a spare CTA past
+// npad: it loads its half of the activations only (its consumers run on whatever the weight slots hold) and stores
+// nothing.
+template <int BT>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_w4a8_sm90_pair_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                               const Args args) {
+#ifdef LOWBIT_SM90_DEVICE
+  using C = Config<BT>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kR = BT / 2;
+  const W4A8Problem& p = args.p;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  const int mc = static_cast<int>(blockIdx.x) & 1, pair = static_cast<int>(blockIdx.x) >> 1;  // token tiles fastest
+  const int m0 = pair % args.tiles_m * BT, n0 = (pair / args.tiles_m * 2 + mc) * kRows;
+  const int nk = args.k_blocks;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+
+  init_pipeline<kStages>(&map_x, &map_w, full, empty, kProducerParts, kConsumerWarps * 32 + kConsumerWarps);
+  namespace cg = cooperative_groups;
+  cg::this_cluster().sync();  // the partner's barriers exist before any multicast or arrival reaches them
+
+  int acc[kR];
+#pragma unroll
+  for (int i = 0; i < kR; ++i) acc[i] = 0;
+  const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    const int part = threadIdx.x >> 5;
+    if (lane == 0 && part < kProducerParts) {
+      const int prow = max(0, min(kRows, p.npad - n0));  // 0 on a spare CTA
+      for (int kb = 0, s = 0, phase = 1; kb < nk; ++kb) {
+        mbar_wait(&empty[s], phase);
+        uint8_t* st = smem + s * kStageBytes;
+        if (part == 0) {  // our half of the activation tile, to both CTAs; our barrier counts both halves
+          mbar_expect_tx(&full[s], C::kXBytes);
+          tma_load_2d_multicast(st + mc * (BT / 2) * kBK, &map_x, kb * kBK, m0 + mc * (BT / 2), &full[s], 3);
+        } else if (prow > 0) {
+          produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, min(2, args.k_chunks - 2 * kb), prow,
+                          args.shared_params);
+        } else {
+          mbar_arrive(&full[s]);  // a spare CTA: no weights or parameters (its consumers' sums are never stored)
+        }
+        if (++s == kStages) s = 0, phase ^= 1;
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    uint32_t fa[16], fb[16];
+    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * it); };
+    const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+    const bool shared = args.shared_params;
+    const int peer = mc ^ 1;
+    fence_regs(acc);
+    if (nk > 0) {
+      mbar_wait(&full[0], 0);
+      dequant_stage<C>(stage_at(0), gw, lane, chunks_at(0), fa, shared);
+    }
+    for (int it = 0; it < nk; it += 2) {
+      consumer_step<true, C, kR, decltype(stage_at), decltype(chunks_at), true>(
+          acc, fa, fb, it, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared, peer);
+      if (it + 1 >= nk) break;
+      consumer_step<true, C, kR, decltype(stage_at), decltype(chunks_at), true>(
+          acc, fb, fa, it + 1, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared, peer);
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (nk > 0) release_stage<true>(&empty[(nk - 1) % kStages], lane, peer);
+    // Every multicast into this CTA's stages has landed (each was awaited on a full barrier): the staged epilogue may
+    // reuse them.
+    store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, 0, 1, acc);
+  }
+  cg::this_cluster().sync();  // the partner may arrive on our empty barriers until it has consumed its last stage
+#endif
+}
+
+// The pair launch: one unsplit launch over whole pairs of row tiles (an odd count gets a spare CTA).
+template <int BT>
+void launch_pair(const W4A8Problem& p, cudaStream_t stream) {
+  const char* op = "gemm_w4a8";
+  auto kernel = gemm_w4a8_sm90_pair_kernel<BT>;
+  constexpr int kSmem = Config<BT>::kSmemBytes;
+  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int tiles_m = (p.m + BT - 1) / BT, pairs_n = ((p.n + kRows - 1) / kRows + 1) / 2;
+  const int64_t ctas = int64_t{2} * pairs_n * tiles_m;
+  LOWBIT_CHECK(ctas <= INT32_MAX, op, ": m=", p.m, " x n=", p.n, " is too large for the sm90 pair grid");
+  cudaLaunchConfig_t cfg = {};
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas));
+  const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
+  const Args args{p, (p.k + kBK - 1) / kBK, p.k / 64, 1, 0, tiles_m, vector_y, stage_in_one_group(p)};
+  const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT / 2);
+  const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
+  LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, map_x, map_w, args));
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 
 // ---- Stream-K (sm90_streamk.cuh): a persistent grid of the resident CTAs, equal k-block ranges ----
@@ -705,7 +838,7 @@ inline int persistent_tokens(const W4A8Problem& p) {
 // Llama-3-8B case (down M = 128 45.7 -> 29.1 us, M = 256 47.0 -> 39.4 at 256 tokens); in place of unsplit plans it
 // lost about as often as it won.
 template <bool kOverlap>
-Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
+Sm90Plan plan_core(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk) {
   const TileCosts& costs = !kOverlap ? kSerialCosts : ch.one_producer ? kOverlapCosts : kSplitProducerCosts;
   if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
   const bool auto_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
@@ -719,10 +852,36 @@ Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk
   return {t.tokens, t.split, t.head, false};
 }
 
+//
+// Multicast pairs ('sm90m[:T]', one unsplit pair launch at T tokens, T free: the model's tile for split 1) are opt-in.
+// The rule written before their first run (pairs in place of every free one-launch unsplit plan) measured 0-4% slower
+// with the same tile on every Llama-3-8B shape at M = 256 / 1024 (H200, fd20bfd, docs/benchmarks_gpu.md "W4A8:
+// multicast pairs"), so the automatic plan keeps the unpaired launch; 'sm90x' (pairs off) is that plan.
+template <bool kOverlap>
+Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
+  if (ch.pair == 2) {
+    Sm90Choice one = ch;
+    one.pair = 1, one.split = 1, one.no_streamk = true;
+    Sm90Plan plan = plan_for<kOverlap>(p, one, false);
+    plan.pair = true;
+    return plan;
+  }
+  return plan_core<kOverlap>(p, ch, allow_streamk);
+}
+
 // kSplitProducer false: the earlier one-thread producer ('sm90o...' names, overlapped mainloop only).
 template <bool kOverlap, bool kSplitProducer>
 void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Sm90Plan plan = plan_for<kOverlap>(p, choice);
+  if constexpr (kOverlap && kSplitProducer) {
+    if (plan.pair) {
+      if (plan.tokens == 128)
+        launch_pair<128>(p, stream);
+      else
+        launch_pair<256>(p, stream);
+      return;
+    }
+  }
   if (plan.streamk) {
     if (plan.tokens == 128 ? launch_streamk<128, kSplitProducer>(p, choice.ctas, stream)
                            : launch_streamk<256, kSplitProducer>(p, choice.ctas, stream))
@@ -752,6 +911,9 @@ void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t
                "mainloop without a split");
   LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a8: the one-thread producer ('sm90o') runs the "
                "overlapped mainloop only");
+  LOWBIT_CHECK(choice.pair != 2 || (!choice.serial && !choice.one_producer && !choice.streamk && !choice.persistent &&
+                                    choice.split <= 1),
+               "gemm_w4a8: multicast pairs ('sm90m') run the overlapped mainloop, split producer, unsplit tiles only");
   if (choice.persistent) {
     LOWBIT_CHECK(!choice.serial && !choice.one_producer && !choice.streamk && choice.split == 0, "gemm_w4a8: the "
                  "persistent kernel ('sm90p') runs the overlapped mainloop, split producer, unsplit tiles only");

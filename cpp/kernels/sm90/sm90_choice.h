@@ -15,6 +15,9 @@ struct Sm90Choice {
   int reduce = 0;  // W4A16 split-K reduction: 0 = the kernel's default, 1 = distributed shared memory, 2 = through L2
   bool one_producer = false;  // W4A8 and W4A16: the earlier one-thread producer (A/B timing)
   bool persistent = false;  // W4A8: the persistent tile loop ('sm90p'; tokens 0 = its own pick, ctas 0 = all resident)
+  // W4A8 multicast pairs (two CTAs on neighbouring weight-row tiles share the activation tile; opt-in, measured 0-4%
+  // slower): 0 = the plan's (off), 1 = off ('sm90x'), 2 = forced ('sm90m[:T]': one unsplit pair launch)
+  int pair = 0;
 };
 
 struct Sm90Plan {
@@ -22,6 +25,7 @@ struct Sm90Plan {
   int head;  // > 0: a first launch runs tiles [0, head) unsplit, a second the rest at `split`
   bool streamk = false;  // W4A16: one stream-K launch of `tokens`-token tiles (split and head 0)
   int rows = 128;        // W4A16: weight rows per CTA (256: the wide tile)
+  bool pair = false;     // W4A8: one unsplit launch of multicast pairs (split 1, head 0)
 };
 
 }  // namespace lowbit::cuda::detail

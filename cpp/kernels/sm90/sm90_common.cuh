@@ -41,6 +41,17 @@ __device__ inline void mbar_arrive_cluster(uint64_t* bar, int cta) {
       "r"(cta)
       : "memory");
 }
+// The same arrival with the default (.release.cta) semantics, as CUTLASS's ClusterBarrier::arrive(cta_id) issues it:
+// `.release.cluster` above costs a MEMBAR.ALL.GPU before every arrival (SASS), ~0.4 us per stage in the W4A8 pair
+// kernel's consumer loop (measured, docs/gpu_notes.md). For releasing a stage whose partner-written bytes this CTA read
+// only through wgmma (complete at wgmma.wait_group) before arriving.
+__device__ inline void mbar_arrive_remote(uint64_t* bar, int cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+}
 __device__ inline void mbar_wait(uint64_t* bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_LOOP:\n"

@@ -106,6 +106,10 @@ struct W4A8Options {
   int gemv_ring = 0, gemv_blocks = 0;  // the gemv kernel's configuration 'rDbB' (0, 0 = automatic)
   bool sm90_one_producer = false;  // the wgmma kernel's earlier one-thread producer (A/B timing: 'sm90o...' names)
   bool sm90_persistent = false;  // the wgmma kernel's persistent tile loop ('sm90p...' names; opt-in, not measured)
+  // the wgmma kernel's multicast pairs (two CTAs on neighbouring weight-row tiles share the activation tile; opt-in,
+  // measured 0-4% slower than the unpaired launch): 0 = the plan's (off), 1 = off ('sm90x'), 2 = one unsplit pair
+  // launch ('sm90m', 'sm90m:T')
+  int sm90_pair = 0;
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
