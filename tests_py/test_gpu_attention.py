@@ -95,6 +95,32 @@ def test_decode_attention_matches_float64(kv, hq, hkv, d, lens, split):
     assert rel < 2e-3, f"relative error {rel:.2e}"
 
 
+@pytest.mark.parametrize("splits", [1, 7])
+def test_decode_attention_whole_wave_grid(splits):
+    """u4 K and V at head_dim 128 on a grid of 1-2 waves of resident blocks: on sm_90 the split plan feeds the ring
+    by bulk copies there (decode_attention_sm80.cu, ring_bulk). The grid is ~6 blocks per SM (1.5 waves at 4 resident
+    blocks per SM, within 1-2 waves for 3-5); lengths mix whole 16-token tiles (bulk copies) with partial ones (the
+    lanes' copies on the same stage barriers). splits 7: split_tokens 64 over lengths up to 400."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    batch = -(-6 * sms // (8 * splits))
+    g = torch.Generator().manual_seed(splits)
+    hi = 64 * splits if splits > 1 else 400
+    lens = [int(x) for x in torch.randint(1, hi + 1, (batch,), generator=g)]
+    lens[:3] = [hi, 16 * (hi // 32), 1]  # a full-length sequence, whole tiles only, one token
+    k, v, kp, vp, table, seq_k, seq_v = make_cache("u4", lens, 8, 128, 16, seed=11 + splits)
+    q = torch.randn(batch, 32, 128, generator=g).half()
+    out = torch.full((batch, 32, 128), float("nan"), dtype=torch.float16, device="cuda")
+    scale = 1.0 / math.sqrt(128)
+    _core.decode_attention(q.cuda(), k, v, kp, vp, table, torch.tensor(lens, dtype=torch.int32, device="cuda"),
+                           max(lens), scale, out, kv_dtype="u4", split_tokens=0 if splits == 1 else 64, v_dtype="u4")
+    torch.cuda.synchronize()
+    ref = reference(q, seq_k, seq_v, scale)
+    got = out.cpu().double()
+    assert not torch.isnan(got).any(), "unwritten outputs"
+    rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)  # per (sequence, head): a wrong tile shows in its row
+    assert rel.max() < 4e-3, f"worst (sequence, head) relative error {rel.max():.2e} at {divmod(int(rel.argmax()), 32)}"
+
+
 @pytest.mark.parametrize("kv", ["f16", "u4", "u8/u4"])
 @pytest.mark.parametrize("block_size,split", [(8, 0), (16, 40), (32, 100), (1, 0)])
 @pytest.mark.parametrize("d", [64, 80, 96])
