@@ -76,12 +76,13 @@ def test_prefill_sm90_reference_dequant_only_for_matching_u4_u2():
 
 
 # Per-channel K: (prefix, chunk) per sequence, K / V types, (Hq, Hkv), block size (= the K group).
-KC = [(([200, 0], [70, 140]), ("u4c", "u4"), (8, 2), 16), (([300], [64]), ("u2c", "u2"), (32, 8), 32),
-      (([130, 47], [129, 3]), ("u4c", "u4"), (4, 4), 32), (([517], [200]), ("u2c", "u2"), (6, 2), 16)]
+# (per_channel_case takes the code type of K; the cache holds it per channel.)
+KC = [(([200, 0], [70, 140]), ("u4", "u4"), (8, 2), 16), (([300], [64]), ("u2", "u2"), (32, 8), 32),
+      (([130, 47], [129, 3]), ("u4", "u4"), (4, 4), 32), (([517], [200]), ("u2", "u2"), (6, 2), 16)]
 
 
 @pytest.mark.parametrize("opt", ["plan", "unpacked_unsplit"])
-@pytest.mark.parametrize("case", KC, ids=[f"{c[1][0]}-{c[2][0]}-{c[2][1]}-bs{c[3]}-{i}" for i, c in enumerate(KC)])
+@pytest.mark.parametrize("case", KC, ids=[f"{c[1][0]}c-{c[2][0]}-{c[2][1]}-bs{c[3]}-{i}" for i, c in enumerate(KC)])
 def test_prefill_sm90_per_channel_dequant_bit_identical_to_reference(opt, case):
     (prefix, chunk), (kt, vt), (hq, hkv), bs = case
     opts = {"plan": {}, "unpacked_unsplit": {"prefill_key_split": "off"}}[opt]

@@ -101,18 +101,21 @@ int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sm
 // The dequantized copy (prefill_dequant_copy.cu). The fused launch dequantizes a kv head's prefix tile once per CTA
 // that visits it: `visits` CTAs per kv head and sequence (G / heads per CTA x query tiles). Its producer is the
 // integer caches' bound: a u4 tile costs ~3.0 us against the f16 cache's ~1.7 (H200, 256-token chunks over 8K and
-// 32K, docs/benchmarks_gpu.md "Prefill over a long cached prefix: dequantize once"), so from about 4 visits one pass
-// over the keys (reading the codes, writing f16: ~45 us at 32K x 8 kv heads x D 128) and the f16 instance cost less.
+// 32K, docs/benchmarks_gpu.md "Prefill over a long cached prefix: dequantize once"), so with enough visits one pass
+// over the keys and the f16 instance cost less. Measured (H200, Llama-3-8B heads): the copy costs 24-33 us at 8K and
+// 83-110 us at 32K for u8 / u4, 46 / 170 us for u2 (its stores are the least coalesced); u8 / u4 gain from 8 visits
+// (256-token chunks) on, u2 only from 32 (1024 tokens: 8 visits lost 20-26%). Hence 4 visits, 16 with a u2 side.
 // Below that (a packed 64-token chunk: 2 visits) the fused launch stays. The copy lives for the launch only;
 // kMaxCopyBytes bounds it (the engine keeps 512 MiB out of the KV pool for a step's scratch), and a failed
 // allocation falls back to the fused launch. options.dequant_copy: 0 this rule, 1 never, 2 wherever it reads the cache.
 // The rule stays out of launches whose packing or split is forced (tests and measurements of the fused kernel).
-constexpr int kCopyMinVisits = 4;
+constexpr int kCopyMinVisits = 4, kCopyMinVisitsU2 = 16;
 constexpr int64_t kMaxCopyBytes = int64_t(256) << 20;
 bool wants_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t bytes, const PrefillSm90Options& options) {
   if (options.ref_dequant || options.dequant_copy == 1 || !prefill_dequant_copy_covers(head_dim, kt, vt)) return false;
   if (options.dequant_copy == 2) return true;
-  return options.pack_heads == 0 && options.key_splits == 0 && visits >= kCopyMinVisits && bytes <= kMaxCopyBytes;
+  const int min_visits = kt == KvType::u2 || vt == KvType::u2 ? kCopyMinVisitsU2 : kCopyMinVisits;
+  return options.pack_heads == 0 && options.key_splits == 0 && visits >= min_visits && bytes <= kMaxCopyBytes;
 }
 
 bool no(std::string* why, const char* reason) {
