@@ -405,6 +405,10 @@ TEST(Registry, PrefillKernelOptions) {
   EXPECT_FALSE(defaults.prefill_ref_dequant);  // the placed-field u4 / u2 dequantization
   EXPECT_TRUE(parse_kernel_options({{{"prefill_ref_dequant", "on"}}, false}).tuning.prefill_ref_dequant);
   EXPECT_FALSE(parse_kernel_options({{{"prefill_ref_dequant", "off"}}, false}).tuning.prefill_ref_dequant);
+  EXPECT_EQ(defaults.prefill_dequant_copy, 0);  // the launch's rule
+  EXPECT_EQ(parse_kernel_options({{{"prefill_dequant_copy", "auto"}}, false}).tuning.prefill_dequant_copy, 0);
+  EXPECT_EQ(parse_kernel_options({{{"prefill_dequant_copy", "off"}}, false}).tuning.prefill_dequant_copy, 1);
+  EXPECT_EQ(parse_kernel_options({{{"prefill_dequant_copy", "on"}}, false}).tuning.prefill_dequant_copy, 2);
 }
 
 TEST(Registry, ModelPlanNamesTheKernelsAndHonoursOverrides) {

@@ -3,7 +3,10 @@ power of two) against the previous one (each code shifted down and masked; kerne
 the same cache and queries: the outputs must be bit-identical, since each dequantized value is the same f32
 code * scale + zero rounded once (to f16). Fresh random data whose rows span ranges from 1e-4 to 1e3 (scales from
 ~1e-5 to ~1e2, zeros of either sign), fresh prompts and chunks over a cached prefix, packed and unpacked heads, split
-and unsplit keys, head_dim 64 and 128. The float64 accuracy of the new path is the other prefill test files' job."""
+and unsplit keys, head_dim 64 and 128. The float64 accuracy of the new path is the other prefill test files' job.
+Per-channel K (u4c / u2c, the block's per-channel scale pre-multiplied the same way) likewise against its previous
+extraction, at head_dim 128 with u4 / u2 V. The dequantized copy (prefill_dequant_copy) is off here: its own file
+holds it to the fused kernel."""
 import math
 
 import pytest
@@ -11,6 +14,7 @@ import torch
 
 from lowbit import _core as lb
 from test_gpu_ops import SM90_ONLY, nan_like
+from per_channel_ref import per_channel_case
 from test_gpu_prefill_sm90_pack import random_pages
 
 pytestmark = SM90_ONLY
@@ -36,7 +40,7 @@ def outputs(lens_q, lens_kv, hq, hkv, d, kv, bs, seed, options):
     for ref in ("off", "on"):
         out = nan_like(q)
         lb.paged_attention(q, cache, 0, meta, 1 / math.sqrt(d), out, kernel=KERNEL,
-                           options={**options, "prefill_ref_dequant": ref})
+                           options={**options, "prefill_ref_dequant": ref, "prefill_dequant_copy": "off"})
         res.append(out.cpu())
     return res
 
@@ -69,3 +73,26 @@ def test_prefill_sm90_reference_dequant_only_for_matching_u4_u2():
                             torch.arange(4, dtype=torch.int32).cuda())
     with pytest.raises(Exception, match="reference dequantization"):
         lb.paged_attention(q, cache, 0, meta, 0.125, kernel=KERNEL, options={"prefill_ref_dequant": "on"})
+
+
+# Per-channel K: (prefix, chunk) per sequence, K / V types, (Hq, Hkv), block size (= the K group).
+# (per_channel_case takes the code type of K; the cache holds it per channel.)
+KC = [(([200, 0], [70, 140]), ("u4", "u4"), (8, 2), 16), (([300], [64]), ("u2", "u2"), (32, 8), 32),
+      (([130, 47], [129, 3]), ("u4", "u4"), (4, 4), 32), (([517], [200]), ("u2", "u2"), (6, 2), 16)]
+
+
+@pytest.mark.parametrize("opt", ["plan", "unpacked_unsplit"])
+@pytest.mark.parametrize("case", KC, ids=[f"{c[1][0]}c-{c[2][0]}-{c[2][1]}-bs{c[3]}-{i}" for i, c in enumerate(KC)])
+def test_prefill_sm90_per_channel_dequant_bit_identical_to_reference(opt, case):
+    (prefix, chunk), (kt, vt), (hq, hkv), bs = case
+    opts = {"plan": {}, "unpacked_unsplit": {"prefill_key_split": "off"}}[opt]
+    outs = [per_channel_case(prefix, chunk, hq, hkv, 128, kt, vt, bs, seed=hq + bs + len(opt), device="cuda",
+                             kernel=KERNEL, options={**opts, "prefill_ref_dequant": ref})
+            for ref in ("off", "on")]
+    (new, ref64, inside), (old, _, _) = outs
+    assert not torch.isnan(new[inside]).any()
+    assert torch.isnan(new[~inside]).all(), "a row outside every sequence was written"
+    rel = float((new[inside].double() - ref64[inside]).norm() / ref64[inside].norm())
+    assert rel < 2e-3, f"relative error {rel:.2e} against float64"
+    diff = (new.view(torch.int16) != old.view(torch.int16)).sum().item()
+    assert diff == 0, f"{diff} of {new.numel()} outputs differ in their bits (max abs {(new - old).abs().max():.3g})"

@@ -14,6 +14,10 @@ without suffix), N = N splits forced (tag suffix _sN; _s1 = the kernel without t
 QCACHE_REF=1: u4 and u2 also timed with the kernel option prefill_ref_dequant=on (tag suffix _ref: the previous
 dequantization, each code shifted and masked), and `{kv}_ref_bits_equal` says whether its out has the same bits as
 the placed-field dequantization's on the same cache and q.
+QCACHE_COPY: the kernel option prefill_dequant_copy per run, "auto" (tag without suffix) and / or "off" (suffix _nc:
+the fused kernel) or "on" (_dc); `{tag}_bits_equal_first_copy` says whether out has the bits of the first setting's.
+QCACHE_KV may hold kc4 (u4 K per channel in blocks of 16 with its f16 window, u4 V; QCACHE_REF=1 times its previous
+extraction too).
 TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
 import math
 import os
@@ -35,6 +39,9 @@ FORMATS = os.environ.get("QCACHE_KV", "u8,u4,u2").split(",")
 VARIANTS = [int(x) for x in os.environ.get("QCACHE_VARIANTS", "0,1").split(",")]
 SPLITS = [int(x) for x in os.environ.get("QCACHE_SPLITS", "0").split(",")]
 REF = os.environ.get("QCACHE_REF", "0") == "1"
+REF_KV = os.environ.get("QCACHE_REF_KV", "u4,u2,kc4").split(",")  # the formats QCACHE_REF=1 applies to
+COPY = os.environ.get("QCACHE_COPY", "auto").split(",")
+COPY_TAG = {"auto": "", "off": "_nc", "on": "_dc"}
 REPS = 10
 KERNEL = "prefill_attention_sm90"
 
@@ -78,26 +85,39 @@ def case(b, prefix, chunk):
     out = torch.empty_like(q)
     ref = None
     for kv in ["f16"] + FORMATS:
-        cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
+        if kv == "kc4":  # per-channel u4 K (its window slots prepared before the write), u4 V
+            cache = _core.KVCache(1, HKV, D, nblk, block_size=BLOCK, k_type="u4", v_type="u4", device="cuda",
+                                  k_per_channel=True, k_window_slots=nblk)
+            _core.prepare_k_window(cache, slots)
+        else:
+            cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, write_meta)
-        refs = [False, True] if REF and kv in ("u4", "u2") else [False]
-        for var, sp, rf in [(v, sp, rf) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS for rf in refs]:
+        refs = [False, True] if REF and kv in REF_KV else [False]
+        copies = ["auto"] if kv in ("f16", "kc4") else COPY
+        outs = {}
+        # The previous dequantization runs the fused kernel only (prefill_ref_dequant turns the copy off).
+        for var, sp, rf, cp in [(v, sp, rf, cp) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS
+                                for rf in refs for cp in (copies if not rf else copies[-1:])]:
             opts = {"prefill_pack_heads": ["auto", "off", "on"][var],
-                    "prefill_key_split": {0: "auto", 1: "off"}.get(sp, str(sp))}
+                    "prefill_key_split": {0: "auto", 1: "off"}.get(sp, str(sp)), "prefill_dequant_copy": cp}
             if rf:
                 opts["prefill_ref_dequant"] = "on"
             call = lambda cache=cache, opts=opts: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out,
                                                                         kernel=KERNEL, options=opts)
             t = profiled_kernel_us(call, REPS, "prefill_attention")  # the split's merge kernel included
-            tag = (kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "") + ("_ref" if rf else "")
+            tag = ((kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "") + ("_ref" if rf else "")
+                   + COPY_TAG[cp])
             row[f"{tag}_us"], row[f"{tag}_tflops"] = t, flops / (t * 1e6)
             if "sdpa_us" in row:
                 row[f"{tag}_vs_sdpa"] = row["sdpa_us"] / t
             call()
             torch.cuda.synchronize()
-            if rf:  # the previous dequantization against the placed-field one just before it (same options)
-                row[f"{tag}_bits_equal"] = bool(torch.equal(out.view(torch.int16), last.view(torch.int16)))
-            last = out.clone()
+            outs[(var, sp, rf, cp)] = out.clone()
+            same = lambda x, y: bool(torch.equal(x.view(torch.int16), y.view(torch.int16)))
+            if rf:  # the previous dequantization against the placed-field one (same options, the same copy setting)
+                row[f"{tag}_bits_equal"] = same(out, outs[(var, sp, False, cp)])
+            if cp != copies[0] and not rf:  # this copy setting against the first one's output
+                row[f"{tag}_bits_equal_first_copy"] = same(out, outs[(var, sp, False, copies[0])])
             if kv == "f16" and ref is None:
                 ref = out.float().clone()
             else:  # vs the f16 cache's first output (a quantized cache: its quantization error, equal across variants
@@ -122,13 +142,15 @@ def main():
                 f"sdpa {r.get('sdpa_tflops', float('nan')):6.1f}  f16 {r['f16_tflops']:6.1f}")
         sfx = [f"_s{sp}" if sp else "" for sp in SPLITS]
         head += "".join(f"/{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
-        cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}_tflops']:.0f}" for v in VARIANTS for x in sfx)
-                          + "".join(f" ref {r[f'{kv}_v{v}{x}_ref_tflops']:.0f}"
-                                    f"{'' if r[f'{kv}_v{v}{x}_ref_bits_equal'] else ' BITS DIFFER'}"
-                                    for v in VARIANTS for x in sfx if f"{kv}_v{v}{x}_ref_tflops" in r)
+        tags = lambda kv: [""] if kv == "kc4" else [COPY_TAG[c] for c in COPY]
+        cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}{c}_us']:.1f}" for v in VARIANTS for x in sfx
+                                             for c in tags(kv))
+                          + "".join(f" ref {r[f'{kv}_v{v}{x}_ref{tags(kv)[-1]}_us']:.1f}"
+                                    f"{'' if r[f'{kv}_v{v}{x}_ref{tags(kv)[-1]}_bits_equal'] else ' BITS DIFFER'}"
+                                    for v in VARIANTS for x in sfx if f"{kv}_v{v}{x}_ref{tags(kv)[-1]}_us" in r)
                           for kv in FORMATS)
         print(head, " ", cells, flush=True)
-    print("TFLOPS; per format the variants", VARIANTS, "x splits", SPLITS)
+    print("sdpa / f16 in TFLOPS; per format us for the variants", VARIANTS, "x splits", SPLITS, "x copy", COPY)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,10 @@ const Entry kRefTable[] = {
     {64, KvType::u4, KvType::u4, &launch_prefill_attention_sm90<64, KvType::u4, KvType::u4, true>},
     {64, KvType::u2, KvType::u2, &launch_prefill_attention_sm90<64, KvType::u2, KvType::u2, true>},
     {128, KvType::u4, KvType::u4, &launch_prefill_attention_sm90<128, KvType::u4, KvType::u4, true>},
-    {128, KvType::u2, KvType::u2, &launch_prefill_attention_sm90<128, KvType::u2, KvType::u2, true>}};
+    {128, KvType::u2, KvType::u2, &launch_prefill_attention_sm90<128, KvType::u2, KvType::u2, true>},
+    // per-channel K the previous way (prefill_attention_sm90_ref_kc.cu)
+    {128, KvType::u4c, KvType::u4, &launch_prefill_attention_sm90<128, KvType::u4c, KvType::u4, true>},
+    {128, KvType::u2c, KvType::u2, &launch_prefill_attention_sm90<128, KvType::u2c, KvType::u2, true>}};
 
 Launch find_launch(int64_t d, KvType kt, KvType vt, bool ref = false) {
   for (const Entry& e : kTable)
@@ -95,6 +98,26 @@ int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sm
   return options.pack_heads == 2 || unpacked_ctas > sms || splits_short_chunk ? group : 1;
 }
 
+// The dequantized copy (prefill_dequant_copy.cu). The fused launch dequantizes a kv head's prefix tile once per CTA
+// that visits it: `visits` CTAs per kv head and sequence (G / heads per CTA x query tiles). Its producer is the
+// integer caches' bound: a u4 tile costs ~3.0 us against the f16 cache's ~1.7 (H200, 256-token chunks over 8K and
+// 32K, docs/benchmarks_gpu.md "Prefill over a long cached prefix: dequantize once"), so with enough visits one pass
+// over the keys and the f16 instance cost less. Measured (H200, Llama-3-8B heads): the copy costs 24-33 us at 8K and
+// 83-110 us at 32K for u8 / u4, 46 / 170 us for u2 (its stores are the least coalesced); u8 / u4 gain from 8 visits
+// (256-token chunks) on, u2 only from 32 (1024 tokens: 8 visits lost 20-26%). Hence 4 visits, 16 with a u2 side.
+// Below that (a packed 64-token chunk: 2 visits) the fused launch stays. The copy lives for the launch only;
+// kMaxCopyBytes bounds it (the engine keeps 512 MiB out of the KV pool for a step's scratch), and a failed
+// allocation falls back to the fused launch. options.dequant_copy: 0 this rule, 1 never, 2 wherever it reads the cache.
+// The rule stays out of launches whose packing or split is forced (tests and measurements of the fused kernel).
+constexpr int kCopyMinVisits = 4, kCopyMinVisitsU2 = 16;
+constexpr int64_t kMaxCopyBytes = int64_t(256) << 20;
+bool wants_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t bytes, const PrefillSm90Options& options) {
+  if (options.ref_dequant || options.dequant_copy == 1 || !prefill_dequant_copy_covers(head_dim, kt, vt)) return false;
+  if (options.dequant_copy == 2) return true;
+  const int min_visits = kt == KvType::u2 || vt == KvType::u2 ? kCopyMinVisitsU2 : kCopyMinVisits;
+  return options.pack_heads == 0 && options.key_splits == 0 && visits >= min_visits && bytes <= kMaxCopyBytes;
+}
+
 bool no(std::string* why, const char* reason) {
   if (why) *why = reason;
   return false;
@@ -140,15 +163,43 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   kv_type_of(k_data.dtype(), kt, window.defined());
   kv_type_of(v_data.dtype(), vt);
   const int sms = sm_count(q.device().index), forced = options.key_splits;
+  const int64_t head_dim = q.size(2);
   // Keys before a sequence's first query: at most its table's width in keys (the host does not know kv_len).
   const int64_t prefix_bound = static_cast<int64_t>(a.max_blocks) * a.block_size - 1;
   const int64_t unpacked_ctas = static_cast<int64_t>(a.hq) * ((max_q_len + kRows - 1) / kRows) * a.num_seqs;
   const bool split_short =
       max_q_len < kRows && prefill_split::plan_splits(unpacked_ctas, sms, prefix_bound, forced) > 1;
-  const int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sms, split_short, options);
+  int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sms, split_short, options);
+  PrefillTcArgs args = a;
+  Tensor copy, copy_table;  // the dequantized copy and its block table, for this launch
+  {
+    const int per_cta = kRows / pack;  // query positions
+    const int64_t visits = static_cast<int64_t>(a.hq / pack / a.hkv) * ((max_q_len + per_cta - 1) / per_cta);
+    const int64_t pages = static_cast<int64_t>(a.num_seqs) * a.max_blocks;
+    const int64_t halves = pages * a.hkv * a.block_size * head_dim;  // one side
+    if (wants_copy(static_cast<int>(head_dim), kt, vt, visits, 4 * halves, options)) {
+      try {
+        copy = Tensor::empty({2 * halves}, ScalarType::f16, q.device());
+        copy_table = Tensor::empty({pages}, ScalarType::s32, q.device());
+      } catch (const std::exception&) {  // no room for the copy: the fused launch needs none
+        copy = Tensor(), copy_table = Tensor();
+      }
+    }
+    if (copy.defined()) {
+      __half* k16 = reinterpret_cast<__half*>(copy.data_ptr());
+      prefill_dequant_copy(a, static_cast<int>(head_dim), kt, vt, k16, k16 + halves, copy_table.data<int32_t>(),
+                           stream);
+      LOWBIT_CUDA_CHECK_LAUNCH(op);
+      args.k = reinterpret_cast<const uint8_t*>(k16);
+      args.v = reinterpret_cast<const uint8_t*>(k16 + halves);
+      args.k_params = args.v_params = nullptr;
+      args.block_tables = copy_table.data<int32_t>();
+      kt = vt = KvType::f16;
+      pack = 1;  // f16 keeps one head per CTA
+    }
+  }
   const int positions = kRows / pack;  // query positions per CTA
   const int64_t tiles = (max_q_len + positions - 1) / positions;
-  PrefillTcArgs args = a;
   args.splits = prefill_split::plan_splits((a.hq / pack) * tiles * a.num_seqs, sms, prefix_bound, forced);
   Tensor partials;  // the splits' O [splits, tokens, hq, D], then their (max, sum) [splits, tokens, hq, 2]
   if (args.splits > 1) {
@@ -160,9 +211,9 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   }
   const dim3 grid(static_cast<unsigned>(a.hq / pack), static_cast<unsigned>(tiles),
                   static_cast<unsigned>(a.num_seqs * args.splits));
-  const Launch launch = find_launch(q.size(2), kt, vt, options.ref_dequant);
+  const Launch launch = find_launch(head_dim, kt, vt, options.ref_dequant);
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, launch != nullptr, op, ": the reference dequantization covers K and V ",
-                    "both u4 or both u2 only");
+                    "both u4 or both u2, and u4c / u2c K with u4 / u2 V at head_dim 128");
   launch(args, grid, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   if (args.splits > 1) {

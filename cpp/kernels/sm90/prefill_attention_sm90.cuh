@@ -422,7 +422,16 @@ __device__ __forceinline__ void load_channel_codes(TileCodes<D, T>& codes, const
 // of this thread's tile row (-1 past kv_len). Chunk by chunk (8 dims: 8 scales and 8 zeros in registers, read
 // through L1), the lane's rows one load after the other; the parameters are read again only where the block of
 // the lane's row changes (at most once in a warp's 32 rows for block sizes of 32 and up).
-template <int D, KvType T>
+// Codes as in store_codes_f32: each field masked in place under the 2^23 bias (placed_code), the dim's scale
+// pre-multiplied by 2^-(its field's bit place) where it is loaded, so the FFMA makes the same exact product c s and
+// the same bits. u4: nibbles 0-4 of a chunk's word in place, 5-7 from w >> 12 (places 2-4); u2: the chunk's 16 bits
+// shifted to the bottom, dims at places 0, 2, ..., 14. kRef: each code shifted and masked first (the A/B and the
+// bit-identity tests, prefill_ref_dequant).
+template <int Bits>
+__device__ __forceinline__ float channel_place_scale(int e) {  // 2^-(bit place of dim e's field), e = 0..7
+  return Bits == 4 ? 1.f / static_cast<float>(1 << (4 * (e < 5 ? e : e - 3))) : 1.f / static_cast<float>(1 << (2 * e));
+}
+template <int D, KvType T, bool kRef = false>
 __device__ __forceinline__ void store_channel_codes(const TileCodes<D, T>& codes, uint32_t tile, int p, int own_block,
                                                     const float* params) {
   using C = TileCodes<D, T>;
@@ -430,6 +439,7 @@ __device__ __forceinline__ void store_channel_codes(const TileCodes<D, T>& codes
   constexpr int kBits = C::kBits;
   static_assert(kBits == 4 || kBits == 2, "u4c / u2c");
   const int lane = p & 31, vec = lane % C::kVecs, warp_row0 = p & ~31;
+  const uint32_t magic = opaque_u32(0x4B000000u);
 #pragma unroll
   for (int cc = 0; cc < C::kChunksPerVec; ++cc) {
     const int chunk = vec * C::kChunksPerVec + cc;
@@ -447,17 +457,31 @@ __device__ __forceinline__ void store_channel_codes(const TileCodes<D, T>& codes
         }
         sc[0] = s0.x, sc[1] = s0.y, sc[2] = s0.z, sc[3] = s0.w, sc[4] = s1.x, sc[5] = s1.y, sc[6] = s1.z, sc[7] = s1.w;
         zr[0] = z0.x, zr[1] = z0.y, zr[2] = z0.z, zr[3] = z0.w, zr[4] = z1.x, zr[5] = z1.y, zr[6] = z1.z, zr[7] = z1.w;
+        if constexpr (!kRef) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sc[e] *= channel_place_scale<kBits>(e);  // exact: a power of two
+        }
       }
       const int rr = i * C::kRowsPerLoad + lane / C::kVecs;
       const uint32_t words[4] = {codes.w[i].x, codes.w[i].y, codes.w[i].z, codes.w[i].w};
       float x[8];
-      if constexpr (kBits == 4) {
+      if constexpr (kRef && kBits == 4) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((words[cc] >> (4 * e)) & 0xFu), sc[e], zr[e]);
-      } else {
+      } else if constexpr (kRef) {
         const uint32_t h = (words[cc / 2] >> (16 * (cc % 2))) & 0xFFFFu;
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = fmaf(code_f32((h >> (2 * e)) & 0x3u), sc[e], zr[e]);
+      } else if constexpr (kBits == 4) {
+        const uint32_t w = words[cc], hi = w >> 12;
+#pragma unroll
+        for (int e = 0; e < 5; ++e) x[e] = fmaf(placed_code(w, 0xFu << (4 * e), magic), sc[e], zr[e]);
+#pragma unroll
+        for (int e = 5; e < 8; ++e) x[e] = fmaf(placed_code(hi, 0xFu << (4 * (e - 3)), magic), sc[e], zr[e]);
+      } else {
+        const uint32_t w = words[cc / 2] >> (16 * (cc % 2));
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[e] = fmaf(placed_code(w, 0x3u << (2 * e), magic), sc[e], zr[e]);
       }
       const uint32_t dst = tile + chunk_offset<L::kTileBlockBytes>(warp_row0 + rr, chunk);
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(pack_half2(x[0], x[1])),
@@ -510,7 +534,7 @@ __device__ __forceinline__ void publish_rows(uint64_t* full) {
 // per-channel parameters) or as the window rows of keys [max(key0, codes_end(p0)), min(key0 + kKeys, p1 + 1)) (the
 // rest zero-filled), and V as for per-token K. Codes load one view ahead where prefetch_k / prefetch_v allow it
 // (the K codes only for a codes view).
-template <int D, KvType KT, KvType VT>
+template <int D, KvType KT, KvType VT, bool kRef = false>
 __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, const ChannelPlan plan,
                                                       const int32_t* pages, int kvh, int kv_len, uint32_t k_tile0,
                                                       uint64_t* full, uint64_t* empty, int p, bool runs16,
@@ -576,11 +600,13 @@ __device__ __forceinline__ void produce_channel_views(const PrefillTcArgs& a, co
     if constexpr (kF16V) copy_f16_rows<D, false, true>(nullptr, a.v, 0, v_tile, p, row, runs16);
     if (!window) {
       if constexpr (!kAheadK) load_channel_codes<D, KT>(kcur, a.k, p, row);
-      store_channel_codes<D, KT>(kcur, k_tile, p, page >= 0 ? page * a.hkv + kvh : -1, a.k_params);
+      // Beside u8 V the placed fields' two more registers spilled (20 bytes at head_dim 128): the shifts there.
+      constexpr bool kRefK = kRef || VT == KvType::u8;
+      store_channel_codes<D, KT, kRefK>(kcur, k_tile, p, page >= 0 ? page * a.hkv + kvh : -1, a.k_params);
     }
     if constexpr (!kF16V) {
       if constexpr (!kAheadV) load_codes<D, VT>(vcur, a.v, a.v_params, p, row);
-      store_codes<D, VT>(vcur, v_tile, p);
+      store_codes<D, VT, kRef>(vcur, v_tile, p);
     }
     cp_async_arrive(&full[stage]);  // full_arrivals: both ways for every view
     fence_proxy_async();
@@ -760,7 +786,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
     cp_async_arrive(q_full);
     if constexpr (kPerChannel) {
-      produce_channel_views<D, KT, VT>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16, t_begin_smem);
+      produce_channel_views<D, KT, VT, kRefDequant>(a, plan, pages, kvh, kv_len, k_tile(0), full, empty, p, runs16,
+                                                    t_begin_smem);
     } else {
       constexpr bool kF16K = KT == KvType::f16, kF16V = VT == KvType::f16;
       constexpr bool kAheadK = prefetch_k<D, KT, VT>(), kAheadV = prefetch_v<D, KT, VT>();

@@ -2,6 +2,7 @@
 // which operands it covers and its launch. The registry prefers it on sm_90 (attention_sm90_entries.cpp);
 // everything it does not cover takes the mma.sync kernel (prefill_attention_tc.h).
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include "kernels/sm80/kv_type.cuh"
@@ -35,5 +36,13 @@ void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream
 
 // The key split's merge (prefill_attention_sm90_merge.cu): out from the splits' partial O and (max, sum) in a.
 void prefill_attention_split_merge(const PrefillTcArgs& a, int head_dim, int max_q_len, cudaStream_t stream);
+
+// The dequantized copy (prefill_dequant_copy.cu): whether it reads this cache (per-token u8 / u4 / u2 K and V,
+// head_dim 64 / 128), and the copy of every key below each sequence's kv_len into k_out / v_out, f16
+// [num_seqs * max_blocks, Hkv, block_size, D] (page g = seq * max_blocks + block), with table_out [num_seqs,
+// max_blocks] = g: the f16 instance then runs with those in place of the cache's data and block table.
+bool prefill_dequant_copy_covers(int head_dim, KvType kt, KvType vt);
+void prefill_dequant_copy(const PrefillTcArgs& a, int head_dim, KvType kt, KvType vt, __half* k_out, __half* v_out,
+                          int32_t* table_out, cudaStream_t stream);
 
 }  // namespace lowbit::cuda

@@ -98,11 +98,15 @@ enum class PrefillKernel : uint8_t { automatic, tensor_core, warp, hopper };
 // Knobs of the hopper kernel (the plan's tuning prefill_key_split / prefill_pack_heads): key_splits 0 = the launch's
 // plan (a short chunk over a long prefix splits its keys over CTAs), 1 = none, N = N (at most 16); pack_heads 0 = its
 // rule, 1 = one query head per CTA, 2 = the query heads of a kv head share a CTA wherever the cache allows.
-// ref_dequant (tests and measurements): u4 / u2 dequantized the previous way (K and V both u4 or both u2 only).
+// ref_dequant (tests and measurements): u4 / u2 dequantized the previous way (K and V both u4 or both u2 only; per
+// channel: u4c K with u4 V, u2c K with u2 V, head_dim 128). dequant_copy 0 = its rule (a per-token u8 / u4 / u2
+// cache whose prefix tiles the fused launch would dequantize 4 or more times is dequantized once into an f16 copy,
+// then the f16 instance runs on it), 1 = never, 2 = wherever the cache allows.
 struct PrefillSm90Options {
   int key_splits = 0;
   int pack_heads = 0;
   bool ref_dequant = false;
+  int dequant_copy = 0;
 };
 void prefill_attention(const Tensor& q, const Tensor& k_data, const Tensor& v_data, const Tensor& k_params,
                        const Tensor& v_params, const Tensor& block_tables, const Tensor& seq_info, int max_q_len,

@@ -15,7 +15,8 @@ namespace lowbit::kernels {
 //   tuning          "fused_norm_quant" on|off, "fused_silu_quant" on|off, "pdl" on|off,
 //                   "w4a16_large_tile" auto|64x128|128x128|128x256, "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off,
 //                   "fp8_fast_accum" on|off, "split_mixed_attention" on|off, "prefill_key_split" auto|off|2..16,
-//                   "prefill_pack_heads" auto|on|off, "prefill_ref_dequant" on|off
+//                   "prefill_pack_heads" auto|on|off, "prefill_ref_dequant" on|off,
+//                   "prefill_dequant_copy" auto|on|off
 // strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
 struct KernelOptions {
   std::map<std::string, std::string> overrides;
@@ -44,6 +45,10 @@ struct KernelTuning {
   // sm_90 prefill attention, tests and measurements only: u4 / u2 dequantized the previous way (shift and mask per
   // code; K and V both u4 or both u2), for the A/B against the placed-field dequantization.
   bool prefill_ref_dequant = false;
+  // sm_90 prefill attention over a per-token integer cache: 0 = its rule (dequantize the sequences' keys once into
+  // an f16 copy where the fused launch would dequantize each prefix tile 4 or more times), 1 = never, 2 = wherever
+  // the cache allows.
+  int prefill_dequant_copy = 0;
 };
 
 // The forced kernel names by role and the tuning, validated (unknown keys and bad values throw a
