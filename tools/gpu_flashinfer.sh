@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # FlashInfer as a second attention peer, in one device call: install lowbit (the README's install), unpack the
-# peer's files (PEERS_TAR: a tar.xz whose top level holds the flashinfer package and the few pure-Python / one
-# binary packages it imports, none of which the device has; FlashInfer JIT-compiles its kernels with the device's
-# nvcc into $FLASHINFER_WORKSPACE_BASE) into a folder put on PYTHONPATH for the benchmark only, then
+# peer's files (PEERS_TAR: the archive tools/pack_flashinfer_peer.sh builds, carried under build/: the flashinfer
+# package and the four it imports that the device lacks; FlashInfer JIT-compiles its kernels with the device's nvcc
+# into $FLASHINFER_WORKSPACE_BASE) into a folder put on PYTHONPATH for the benchmark only, then
 # tools/bench_gpu_flashinfer.py (FLASHINFER_* knobs pass through) capped at BENCH_S. JSON and logs in $OUT.
 # REUSE_INSTALL=1 skips the install when a lowbit package already imports from outside the tree (a warm machine
 # right after a call that installed this same tree).
