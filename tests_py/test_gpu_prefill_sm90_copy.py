@@ -39,9 +39,12 @@ def outputs(lens_q, lens_kv, hq, hkv, d, kt, vt, bs, seed, option_sets):
     return res
 
 
+# Odd lengths end inside a page (the copy's partial last page); "whole_pages" ends on a page boundary at every
+# block size here (96 and 480 keys: multiples of 16, 24 and 32), the copy's full-page path for the last page too.
 LENS = {"fresh": ([1, 37, 300], [1, 37, 300]), "chunked": ([3, 40, 129], [260, 647, 379]),
-        "long_chunk": ([256], [1500])}
-KV = [("u8", "u8"), ("u4", "u4"), ("u2", "u2"), ("u4", "u2"), ("u8", "u4")]
+        "long_chunk": ([256], [1500]), "whole_pages": ([16, 48], [96, 480])}
+# Each code width on each side: u2 K with u8 V has the most output per code byte on K and the least on V.
+KV = [("u8", "u8"), ("u4", "u4"), ("u2", "u2"), ("u4", "u2"), ("u8", "u4"), ("u2", "u8")]
 SHAPES = [(32, 8, 128, 16), (9, 3, 64, 24), (8, 8, 128, 32)]
 FUSED = {"prefill_pack_heads": "off", "prefill_key_split": "off"}
 

@@ -72,6 +72,21 @@ def profiled_kernel_us(fns, reps, name_part="", warmup=1):
     return total / (reps * len(fns))
 
 
+def profiled_kernel_parts_us(fn, reps, name_parts, warmup=1):
+    """Like profiled_kernel_us for one callable, one profile: microseconds per call of the kernels whose names
+    contain each of name_parts (a list; one figure each, e.g. a launch's kernels and one kernel of them)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per = kernel_times(prof)
+    return [sum(t for name, (t, _) in per.items() if part in name and not name.startswith("Memcpy")) / reps
+            for part in name_parts]
+
+
 def read_bandwidth_gbs(nbytes=2 << 30):
     """A pure read: torch's sum over an f32 tensor of `nbytes` (one pass, the result a scalar), bytes read per second.
     What the device can stream from DRAM, to hold a kernel's weight bytes per second against (the copy figure below

@@ -15,7 +15,9 @@ QCACHE_REF=1: u4 and u2 also timed with the kernel option prefill_ref_dequant=on
 dequantization, each code shifted and masked), and `{kv}_ref_bits_equal` says whether its out has the same bits as
 the placed-field dequantization's on the same cache and q.
 QCACHE_COPY: the kernel option prefill_dequant_copy per run, "auto" (tag without suffix) and / or "off" (suffix _nc:
-the fused kernel) or "on" (_dc); `{tag}_bits_equal_first_copy` says whether out has the bits of the first setting's.
+the fused kernel) or "on" (_dc); `{tag}_bits_equal_first_copy` says whether out has the bits of the first setting's;
+`{tag}_copy_us` is the dequantized copy's kernel alone (in the same profile as `{tag}_us`, which includes it; 0 where
+the launch took the fused kernel).
 QCACHE_KV may hold kc4 (u4 K per channel in blocks of 16 with its f16 window, u4 V; QCACHE_REF=1 times its previous
 extraction too).
 TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 
 from lowbit import _core
 
-from bench_gpu_common import device_meta, profiled_kernel_us, write_json
+from bench_gpu_common import device_meta, profiled_kernel_parts_us, profiled_kernel_us, write_json
 
 HQ, HKV, D, BLOCK = 32, 8, 128, 16
 FRESH = [int(x) for x in os.environ.get("QCACHE_FRESH", "2048,8192,32768").split(",") if x]
@@ -104,10 +106,13 @@ def case(b, prefix, chunk):
                 opts["prefill_ref_dequant"] = "on"
             call = lambda cache=cache, opts=opts: _core.paged_attention(q, cache, 0, meta, 1 / math.sqrt(D), out,
                                                                         kernel=KERNEL, options=opts)
-            t = profiled_kernel_us(call, REPS, "prefill_attention")  # the split's merge kernel included
+            # the split's merge kernel and the dequantized copy included; the copy alone beside it
+            t, t_copy = profiled_kernel_parts_us(call, REPS, ["prefill_attention", "dequant_copy"])
             tag = ((kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "") + ("_ref" if rf else "")
                    + COPY_TAG[cp])
             row[f"{tag}_us"], row[f"{tag}_tflops"] = t, flops / (t * 1e6)
+            if kv not in ("f16", "kc4"):
+                row[f"{tag}_copy_us"] = t_copy
             if "sdpa_us" in row:
                 row[f"{tag}_vs_sdpa"] = row["sdpa_us"] / t
             call()
@@ -143,8 +148,10 @@ def main():
         sfx = [f"_s{sp}" if sp else "" for sp in SPLITS]
         head += "".join(f"/{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
         tags = lambda kv: [""] if kv == "kc4" else [COPY_TAG[c] for c in COPY]
-        cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}{c}_us']:.1f}" for v in VARIANTS for x in sfx
-                                             for c in tags(kv))
+        cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}{c}_us']:.1f}"
+                                             + (f"(c{r[f'{kv}_v{v}{x}{c}_copy_us']:.1f})"
+                                                if r.get(f"{kv}_v{v}{x}{c}_copy_us") else "")
+                                             for v in VARIANTS for x in sfx for c in tags(kv))
                           + "".join(f" ref {r[f'{kv}_v{v}{x}_ref{tags(kv)[-1]}_us']:.1f}"
                                     f"{'' if r[f'{kv}_v{v}{x}_ref{tags(kv)[-1]}_bits_equal'] else ' BITS DIFFER'}"
                                     for v in VARIANTS for x in sfx if f"{kv}_v{v}{x}_ref{tags(kv)[-1]}_us" in r)

@@ -7,107 +7,141 @@
 // and the pre-multiplied scale make it there), rounded once to f16; u8 as f16 (code - 128) * f16(scale) +
 // f16(zero + 128 scale) in one f16 FMA (u8_pair). Rows past a sequence's kv_len are not written (the kernel never
 // reads them).
+//
+// Layout of the work: a page's rows (Hkv x block_size, contiguous in the cache and in the copy) split into 16-byte
+// output chunks of 8 dims; lane i of a warp makes chunk i of the page, so a warp's store is 512 contiguous bytes
+// and its code load 64-256 contiguous bytes (2-8 a lane), the row's (scale, zero) a broadcast. A thread keeps its
+// chunk column and steps down the rows, kBatch rows' loads issued before their stores.
 #include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/sm80/attention_math.cuh"
 #include "kernels/sm90/prefill_attention_sm90.h"
 #include "lowbit/cuda/check.h"
 
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256, kBatch = 4;
 
-// One 16-byte vector of codes (16 / 32 / 64 dims) of a cache row into its f16 row `dst` (offset by the vector).
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo in the low half (the lower dim)
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float code_f32(uint32_t c) { return __uint_as_float(0x4B000000u | c) - 8388608.f; }
+
+// The codes of one chunk: 8 bytes (u8), 4 (u4), 2 (u2, in the low half).
 template <KvType T>
-__device__ __forceinline__ void dequant_vector(uint4 w, float2 sz, __half* dst) {
-  constexpr int kBits = kv_bits<T>(), kDims = 128 / kBits;
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  uint32_t h[kDims / 2];
-  if constexpr (kBits == 8) {
-    const __half s = __float2half_rn(sz.x), z = __float2half_rn(fmaf(128.f, sz.x, sz.y));
-#pragma unroll
-    for (int i = 0; i < kDims; i += 2) {
-      const uint32_t b = words[i / 4] >> (8 * (i % 4));
-      const __half lo = __hfma(__float2half_rn(static_cast<float>(static_cast<int>(b & 0xFFu) - 128)), s, z);
-      const __half hi = __hfma(__float2half_rn(static_cast<float>(static_cast<int>((b >> 8) & 0xFFu) - 128)), s, z);
-      h[i / 2] = static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
-    }
-  } else {  // dim i at bits kBits * i of the little-endian words
-    constexpr int kPerWord = 32 / kBits;
-    constexpr uint32_t kMask = (1u << kBits) - 1;
-#pragma unroll
-    for (int i = 0; i < kDims; i += 2) {
-      const uint32_t x = words[i / kPerWord] >> (kBits * (i % kPerWord));
-      h[i / 2] = attn_math::pack_half2(__fmaf_rn(static_cast<float>(x & kMask), sz.x, sz.y),
-                                       __fmaf_rn(static_cast<float>((x >> kBits) & kMask), sz.x, sz.y));
-    }
-  }
-  uint4* out = reinterpret_cast<uint4*>(dst);
-#pragma unroll
-  for (int j = 0; j < kDims / 8; ++j) out[j] = make_uint4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
-}
+using Codes = std::conditional_t<T == KvType::u8, uint2, uint32_t>;
 
-struct CopyArgs {
-  const uint8_t* src[2];  // K, V codes [blocks, Hkv, bs, D * bits / 8]
-  const float2* params[2];
-  __half* dst[2];         // [num_seqs * max_blocks, Hkv, bs, D]
-  const int32_t* block_tables;
-  const int32_t* seq_info;
-  int32_t* table_out;     // [num_seqs, max_blocks]: page g of the copy is g
-  int num_seqs, max_blocks, hkv, block_size;
-};
-
-// One page of the copy per block (blockIdx.x = seq * max_blocks + block), K (blockIdx.y 0) or V (1).
-template <int D, KvType KT, KvType VT>
-__global__ void __launch_bounds__(kThreads) prefill_attention_dequant_copy_kernel(const CopyArgs a) {
-  const int g = blockIdx.x, side = blockIdx.y;
-  if (side == 0 && threadIdx.x == 0) a.table_out[g] = g;
-  const int seq = g / a.max_blocks, block = g % a.max_blocks;
-  const int kv_len = a.seq_info[2 * a.num_seqs + seq], key0 = block * a.block_size;
-  if (key0 >= kv_len) return;
-  const int page = a.block_tables[g];
-  const int rows = min(a.block_size, kv_len - key0);
-  auto run = [&](auto tag) {
-    constexpr KvType T = decltype(tag)::value;
-    constexpr int kVecs = D * kv_bits<T>() / 8 / 16, kDims = 128 / kv_bits<T>();
-    const int items = a.hkv * a.block_size * kVecs;
-    for (int i = threadIdx.x; i < items; i += kThreads) {
-      const int vec = i % kVecs, hr = i / kVecs, r = hr % a.block_size, h = hr / a.block_size;
-      if (r >= rows) continue;
-      const int64_t src_row = (static_cast<int64_t>(page) * a.hkv + h) * a.block_size + r;
-      const int64_t dst_row = (static_cast<int64_t>(g) * a.hkv + h) * a.block_size + r;
-      const uint4 w = __ldg(reinterpret_cast<const uint4*>(a.src[side] + src_row * (D * kv_bits<T>() / 8)) + vec);
-      dequant_vector<T>(w, __ldg(a.params[side] + src_row), a.dst[side] + dst_row * D + vec * kDims);
-    }
-  };
-  if (side == 0)
-    run(std::integral_constant<KvType, KT>{});
+template <KvType T>
+__device__ __forceinline__ Codes<T> load_codes(const uint8_t* p) {
+  if constexpr (T == KvType::u8)
+    return __ldg(reinterpret_cast<const uint2*>(p));
+  else if constexpr (T == KvType::u4)
+    return __ldg(reinterpret_cast<const uint32_t*>(p));
   else
-    run(std::integral_constant<KvType, VT>{});
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+}
+
+// u8 dims 2j, 2j + 1 of a word: (byte - 128) exact in f16 (1024 + byte less 1152), then one f16x2 FMA.
+__device__ __forceinline__ uint32_t u8_pair(uint32_t word, uint32_t sel, __half2 s2, __half2 z2) {
+  const uint32_t biased = __byte_perm(word, 0x64646464u, sel);  // sel 0x4140: bytes 0, 1; 0x4342: bytes 2, 3
+  const __half2 c = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2half2(__ushort_as_half(0x6480u)));
+  const __half2 r = __hfma2(c, s2, z2);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+template <KvType T>
+__device__ __forceinline__ uint4 dequant_chunk(Codes<T> w, float2 sz) {
+  if constexpr (T == KvType::u8) {
+    const __half2 s2 = __float2half2_rn(sz.x), z2 = __float2half2_rn(fmaf(128.f, sz.x, sz.y));
+    return make_uint4(u8_pair(w.x, 0x4140, s2, z2), u8_pair(w.x, 0x4342, s2, z2), u8_pair(w.y, 0x4140, s2, z2),
+                      u8_pair(w.y, 0x4342, s2, z2));
+  } else {  // dim i at bits kBits * i
+    constexpr int kBits = kv_bits<T>();
+    constexpr uint32_t kMask = (1u << kBits) - 1;
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 8; i += 2)
+      h[i / 2] = pack2(__fmaf_rn(code_f32((w >> (kBits * i)) & kMask), sz.x, sz.y),
+                       __fmaf_rn(code_f32((w >> (kBits * (i + 1))) & kMask), sz.x, sz.y));
+    return make_uint4(h[0], h[1], h[2], h[3]);
+  }
+}
+
+// One side (K or V) of one page: `page` of the cache into page g of the copy, rows r < rows of each head.
+template <int D, KvType T>
+__device__ __forceinline__ void copy_page(const uint8_t* __restrict__ src, const float2* __restrict__ params,
+                                          __half* __restrict__ dst, int page, int g, int rows, int hkv, int bs) {
+  constexpr int kChunks = D / 8, kStep = kThreads / kChunks, kCodeBytes = kv_bits<T>();  // 8 dims x bits / 8
+  constexpr int kRowBytes = D * kv_bits<T>() / 8;
+  const int c = threadIdx.x % kChunks, total = hkv * bs;
+  const int64_t src_row0 = static_cast<int64_t>(page) * total, dst_row0 = static_cast<int64_t>(g) * total;
+  const uint8_t* s = src + src_row0 * kRowBytes + c * kCodeBytes;
+  const float2* p = params + src_row0;
+  uint4* d = reinterpret_cast<uint4*>(dst + dst_row0 * D) + c;
+  for (int r0 = threadIdx.x / kChunks; r0 < total; r0 += kBatch * kStep) {
+    Codes<T> w[kBatch];
+    float2 sz[kBatch];
+    bool live[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {  // every load of the batch before any store
+      const int r = r0 + b * kStep;
+      live[b] = r < total && (rows == bs || r % bs < rows);
+      if (live[b]) {
+        w[b] = load_codes<T>(s + static_cast<int64_t>(r) * kRowBytes);
+        sz[b] = __ldg(p + r);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+      if (live[b]) d[static_cast<int64_t>(r0 + b * kStep) * kChunks] = dequant_chunk<T>(w[b], sz[b]);
+  }
+}
+
+// One page of the copy per block (blockIdx.x = seq * max_blocks + block), K (blockIdx.y 0) or V (1). The
+// arguments are plain values: no struct indexed at run time, no stack frame.
+template <int D, KvType KT, KvType VT>
+__global__ void __launch_bounds__(kThreads)
+    prefill_attention_dequant_copy_kernel(const uint8_t* k_src, const uint8_t* v_src, const float2* k_params,
+                                          const float2* v_params, __half* k_dst, __half* v_dst,
+                                          const int32_t* block_tables, const int32_t* seq_info, int32_t* table_out,
+                                          int num_seqs, int max_blocks, int hkv, int block_size) {
+  const int g = blockIdx.x;
+  if (blockIdx.y == 0 && threadIdx.x == 0) table_out[g] = g;
+  const int seq = g / max_blocks, block = g % max_blocks;
+  const int kv_len = seq_info[2 * num_seqs + seq], key0 = block * block_size;
+  if (key0 >= kv_len) return;
+  const int page = block_tables[g], rows = min(block_size, kv_len - key0);
+  if (blockIdx.y == 0)
+    copy_page<D, KT>(k_src, k_params, k_dst, page, g, rows, hkv, block_size);
+  else
+    copy_page<D, VT>(v_src, v_params, v_dst, page, g, rows, hkv, block_size);
 }
 
 template <int D, KvType KT, KvType VT>
-void launch_copy(const CopyArgs& a, cudaStream_t stream) {
+void launch_copy(const PrefillTcArgs& a, __half* k_out, __half* v_out, int32_t* table_out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.num_seqs * a.max_blocks), 2);
-  prefill_attention_dequant_copy_kernel<D, KT, VT><<<grid, kThreads, 0, stream>>>(a);
+  prefill_attention_dequant_copy_kernel<D, KT, VT><<<grid, kThreads, 0, stream>>>(
+      a.k, a.v, reinterpret_cast<const float2*>(a.k_params), reinterpret_cast<const float2*>(a.v_params), k_out, v_out,
+      a.block_tables, a.seq_info, table_out, a.num_seqs, a.max_blocks, a.hkv, a.block_size);
 }
 
 template <int D, KvType KT>
-void launch_for_v(const CopyArgs& a, KvType vt, cudaStream_t stream) {
-  if (vt == KvType::u8) launch_copy<D, KT, KvType::u8>(a, stream);
-  if (vt == KvType::u4) launch_copy<D, KT, KvType::u4>(a, stream);
-  if (vt == KvType::u2) launch_copy<D, KT, KvType::u2>(a, stream);
+void launch_for_v(const PrefillTcArgs& a, KvType vt, __half* k, __half* v, int32_t* t, cudaStream_t stream) {
+  if (vt == KvType::u8) launch_copy<D, KT, KvType::u8>(a, k, v, t, stream);
+  if (vt == KvType::u4) launch_copy<D, KT, KvType::u4>(a, k, v, t, stream);
+  if (vt == KvType::u2) launch_copy<D, KT, KvType::u2>(a, k, v, t, stream);
 }
 
 template <int D>
-void launch_for_k(const CopyArgs& a, KvType kt, KvType vt, cudaStream_t stream) {
-  if (kt == KvType::u8) launch_for_v<D, KvType::u8>(a, vt, stream);
-  if (kt == KvType::u4) launch_for_v<D, KvType::u4>(a, vt, stream);
-  if (kt == KvType::u2) launch_for_v<D, KvType::u2>(a, vt, stream);
+void launch_for_k(const PrefillTcArgs& a, KvType kt, KvType vt, __half* k, __half* v, int32_t* t,
+                  cudaStream_t stream) {
+  if (kt == KvType::u8) launch_for_v<D, KvType::u8>(a, vt, k, v, t, stream);
+  if (kt == KvType::u4) launch_for_v<D, KvType::u4>(a, vt, k, v, t, stream);
+  if (kt == KvType::u2) launch_for_v<D, KvType::u2>(a, vt, k, v, t, stream);
 }
 
 }  // namespace
@@ -121,16 +155,10 @@ void prefill_dequant_copy(const PrefillTcArgs& a, int head_dim, KvType kt, KvTyp
                           int32_t* table_out, cudaStream_t stream) {
   LOWBIT_CHECK(prefill_dequant_copy_covers(head_dim, kt, vt), "prefill_attention: the dequantized copy reads ",
                "per-token u8 / u4 / u2 K and V at head_dim 64 or 128");
-  CopyArgs c{};
-  c.src[0] = a.k, c.src[1] = a.v;
-  c.params[0] = reinterpret_cast<const float2*>(a.k_params), c.params[1] = reinterpret_cast<const float2*>(a.v_params);
-  c.dst[0] = k_out, c.dst[1] = v_out;
-  c.block_tables = a.block_tables, c.seq_info = a.seq_info, c.table_out = table_out;
-  c.num_seqs = a.num_seqs, c.max_blocks = a.max_blocks, c.hkv = a.hkv, c.block_size = a.block_size;
   if (head_dim == 64)
-    launch_for_k<64>(c, kt, vt, stream);
+    launch_for_k<64>(a, kt, vt, k_out, v_out, table_out, stream);
   else
-    launch_for_k<128>(c, kt, vt, stream);
+    launch_for_k<128>(a, kt, vt, k_out, v_out, table_out, stream);
 }
 
 }  // namespace lowbit::cuda
