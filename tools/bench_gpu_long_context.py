@@ -1,5 +1,6 @@
 """Long context end to end (issue 16): a Llama-3-8B-shaped model with random weights (llama_random.py), W4A16
 weights, one KV format per recipe (default kv16 / kv8 / kv4 / kv2 / kc2v2), prompts of --context tokens (32K).
+A recipe may carry kernel options: "w4a16kv4+prefill_dequant_copy=off" (an A/B in one run).
 Per recipe, in its own child process (clean memory; a crash or a timeout costs that recipe only):
   capacity        the largest batch whose KV cache fits at context + new tokens: the engine's pool takes the device
                   memory free after loading, less a --reserve-gib workspace, and capacity = its blocks over the
@@ -46,7 +47,8 @@ def worker(args, recipe):
     shape = shape_of(args)
     out = {"recipe": recipe, "context": args.context, "new_tokens": args.new, "cases": [], "error": None}
     t = time.perf_counter()
-    model = lowbit_model(shape, recipe, device, dtype)
+    base, *overrides = recipe.split("+")  # "recipe+key=value": kernel options for an A/B in one run
+    model = lowbit_model(shape, base, device, dtype, dict(o.split("=", 1) for o in overrides))
     out["load_s"] = round(time.perf_counter() - t, 1)
     info = model.info()
     per_token = info["kv_bytes_per_token"]

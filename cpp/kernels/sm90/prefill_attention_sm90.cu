@@ -118,6 +118,17 @@ bool wants_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t byte
   return options.pack_heads == 0 && options.key_splits == 0 && visits >= min_visits && bytes <= kMaxCopyBytes;
 }
 
+// The copy's buffers are asked in size classes, powers of two: the caching allocator keeps a freed block for a
+// request of its exact (512-byte rounded) size only, and a chunked prefill with a growing prefix asks a new size at
+// each step. A power of two serves every launch up to it (each layer's, the next steps' and the next prompt's), and
+// what the cache keeps of the copies stays below twice the largest (at most 512 MiB at the 256 MiB cap). The rule
+// still weighs the copy's exact bytes.
+int64_t size_class(int64_t n) {
+  int64_t c = 1;
+  while (c < n) c <<= 1;
+  return c;
+}
+
 bool no(std::string* why, const char* reason) {
   if (why) *why = reason;
   return false;
@@ -179,8 +190,8 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
     const int64_t halves = pages * a.hkv * a.block_size * head_dim;  // one side
     if (wants_copy(static_cast<int>(head_dim), kt, vt, visits, 4 * halves, options)) {
       try {
-        copy = Tensor::empty({2 * halves}, ScalarType::f16, q.device());
-        copy_table = Tensor::empty({pages}, ScalarType::s32, q.device());
+        copy = Tensor::empty({size_class(2 * halves)}, ScalarType::f16, q.device());
+        copy_table = Tensor::empty({size_class(pages)}, ScalarType::s32, q.device());
       } catch (const std::exception&) {  // no room for the copy: the fused launch needs none
         copy = Tensor(), copy_table = Tensor();
       }
