@@ -3,8 +3,8 @@ keys dequantized once into an f16 paged copy, then the f16 instance over it). (1
 same cache and q, both unpacked and unsplit: the copy holds the values the fused producer stores in shared memory and
 the consumers are the same code, so the outputs must have the same bits. (2) Against a float64 reference of the
 cache's own contents (relative error, test_gpu_prefill_sm90_pack's reference), forced on and through the launch's rule
-(Llama-3-8B heads, a 256-token chunk over a cached prefix: 8 CTAs per kv head, above the rule's 4 for u8 / u4; with a
-u2 side the rule keeps the fused kernel there)."""
+(Llama-3-8B heads, a 256-token chunk over a cached prefix: 8 CTAs per kv head, above the rule's 4, so the rule takes
+the copy for every format)."""
 import math
 
 import pytest

@@ -102,20 +102,21 @@ int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sm
 // that visits it: `visits` CTAs per kv head and sequence (G / heads per CTA x query tiles). Its producer is the
 // integer caches' bound: a u4 tile costs ~3.0 us against the f16 cache's ~1.7 (H200, 256-token chunks over 8K and
 // 32K, docs/benchmarks_gpu.md "Prefill over a long cached prefix: dequantize once"), so with enough visits one pass
-// over the keys and the f16 instance cost less. Measured (H200, Llama-3-8B heads): the copy costs 24-33 us at 8K and
-// 83-110 us at 32K for u8 / u4, 46 / 170 us for u2 (its stores are the least coalesced); u8 / u4 gain from 8 visits
-// (256-token chunks) on, u2 only from 32 (1024 tokens: 8 visits lost 20-26%). Hence 4 visits, 16 with a u2 side.
-// Below that (a packed 64-token chunk: 2 visits) the fused launch stays. The copy lives for the launch only;
+// over the keys and the f16 instance cost less. Measured (H200, Llama-3-8B heads, one chunk; the copy kernel with
+// one 16-byte output chunk per lane, 12e615b): the copy alone costs 11-15 us at 8K and 42-54 us at 32K (u2 least,
+// u8 most), and from 8 visits on (256-token chunks) it wins for every format: u8 / u4 / u2 82 / 80 / 78 us against
+// the fused 96 / 98 / 91 over 8K, 282 / 275 / 266 against 372 / 401 / 315 over 32K. At 2 visits (a packed 64-token
+// chunk) it loses: 41-44 us against 32-35 over 8K, 132-143 against 89-113 over 32K. Hence 4 visits for every format
+// (4 itself, a packed 128-token chunk, not measured). The copy lives for the launch only;
 // kMaxCopyBytes bounds it (the engine keeps 512 MiB out of the KV pool for a step's scratch), and a failed
 // allocation falls back to the fused launch. options.dequant_copy: 0 this rule, 1 never, 2 wherever it reads the cache.
 // The rule stays out of launches whose packing or split is forced (tests and measurements of the fused kernel).
-constexpr int kCopyMinVisits = 4, kCopyMinVisitsU2 = 16;
+constexpr int kCopyMinVisits = 4;
 constexpr int64_t kMaxCopyBytes = int64_t(256) << 20;
 bool wants_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t bytes, const PrefillSm90Options& options) {
   if (options.ref_dequant || options.dequant_copy == 1 || !prefill_dequant_copy_covers(head_dim, kt, vt)) return false;
   if (options.dequant_copy == 2) return true;
-  const int min_visits = kt == KvType::u2 || vt == KvType::u2 ? kCopyMinVisitsU2 : kCopyMinVisits;
-  return options.pack_heads == 0 && options.key_splits == 0 && visits >= min_visits && bytes <= kMaxCopyBytes;
+  return options.pack_heads == 0 && options.key_splits == 0 && visits >= kCopyMinVisits && bytes <= kMaxCopyBytes;
 }
 
 // The copy's buffers are asked in size classes, powers of two: the caching allocator keeps a freed block for a
