@@ -35,6 +35,32 @@ TEST(PrefillSplitPlan, RangesPartitionTheTilesInOrder) {
   }
 }
 
+// The tail split (per-channel K with the dequantized copy): the head splits partition [0, splittable) near evenly,
+// the last split is exactly [splittable, tiles), whatever the split count.
+TEST(PrefillSplitPlan, TailRangesCutAtTheSplittableTiles) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 5000; ++trial) {
+    const int tiles = std::uniform_int_distribution<int>(1, 400)(rng);
+    const int splittable = std::uniform_int_distribution<int>(0, tiles - 1)(rng);
+    const int splits = std::uniform_int_distribution<int>(2, ps::kMaxSplits)(rng);
+    int at = 0;
+    for (int s = 0; s < splits; ++s) {
+      int b = -1, e = -1;
+      ps::tail_split_range(tiles, splittable, splits, s, b, e);
+      ASSERT_EQ(b, at) << tiles << " " << splittable << " " << splits << " " << s;
+      ASSERT_LE(b, e);
+      if (s + 1 < splits) {
+        ASSERT_LE(e, splittable);
+        ASSERT_LE(e - b, (splittable + splits - 2) / (splits - 1));  // near even over the head splits
+      } else {
+        ASSERT_EQ(b, splittable);
+        ASSERT_EQ(e, tiles);
+      }
+      at = e;
+    }
+  }
+}
+
 TEST(PrefillSplitPlan, SplitsOnlyShortLaunchesOverLongPrefixes) {
   EXPECT_EQ(ps::plan_splits(32, 132, 32768), 4);   // 1 x 64 tokens, 32 heads: 128 CTAs
   EXPECT_EQ(ps::plan_splits(64, 132, 32768), 2);   // 1 x 256

@@ -19,7 +19,8 @@ the fused kernel) or "on" (_dc); `{tag}_bits_equal_first_copy` says whether out 
 `{tag}_copy_us` is the dequantized copy's kernel alone (in the same profile as `{tag}_us`, which includes it; 0 where
 the launch took the fused kernel).
 QCACHE_KV may hold kc4 (u4 K per channel in blocks of 16 with its f16 window, u4 V; QCACHE_REF=1 times its previous
-extraction too).
+extraction too) and kc2 (u2 K per channel, u2 V); since the per-channel copy (the sealed keys dequantized once) they
+take QCACHE_COPY's settings too (until then kc4 ran the launch's choice only).
 TFLOPS count the causal part: 4 Hq D sum over rows of the keys each row sees. Writes JSON (argv[1])."""
 import math
 import os
@@ -87,15 +88,16 @@ def case(b, prefix, chunk):
     out = torch.empty_like(q)
     ref = None
     for kv in ["f16"] + FORMATS:
-        if kv == "kc4":  # per-channel u4 K (its window slots prepared before the write), u4 V
-            cache = _core.KVCache(1, HKV, D, nblk, block_size=BLOCK, k_type="u4", v_type="u4", device="cuda",
+        if kv in ("kc4", "kc2"):  # per-channel u4 / u2 K (its window slots prepared before the write), V alike
+            code = "u4" if kv == "kc4" else "u2"
+            cache = _core.KVCache(1, HKV, D, nblk, block_size=BLOCK, k_type=code, v_type=code, device="cuda",
                                   k_per_channel=True, k_window_slots=nblk)
             _core.prepare_k_window(cache, slots)
         else:
             cache = _core.KVCache(1, HKV, D, nblk, BLOCK, kv, kv, "cuda")
         _core.kv_write(cache, 0, k, v, write_meta)
         refs = [False, True] if REF and kv in REF_KV else [False]
-        copies = ["auto"] if kv in ("f16", "kc4") else COPY
+        copies = ["auto"] if kv == "f16" else COPY
         outs = {}
         # The previous dequantization runs the fused kernel only (prefill_ref_dequant turns the copy off).
         for var, sp, rf, cp in [(v, sp, rf, cp) for v in ([0] if kv == "f16" else VARIANTS) for sp in SPLITS
@@ -111,7 +113,7 @@ def case(b, prefix, chunk):
             tag = ((kv if kv == "f16" else f"{kv}_v{var}") + (f"_s{sp}" if sp else "") + ("_ref" if rf else "")
                    + COPY_TAG[cp])
             row[f"{tag}_us"], row[f"{tag}_tflops"] = t, flops / (t * 1e6)
-            if kv not in ("f16", "kc4"):
+            if kv != "f16":
                 row[f"{tag}_copy_us"] = t_copy
             if "sdpa_us" in row:
                 row[f"{tag}_vs_sdpa"] = row["sdpa_us"] / t
@@ -147,7 +149,7 @@ def main():
                 f"sdpa {r.get('sdpa_tflops', float('nan')):6.1f}  f16 {r['f16_tflops']:6.1f}")
         sfx = [f"_s{sp}" if sp else "" for sp in SPLITS]
         head += "".join(f"/{r[f'f16{x}_tflops']:.0f}" for x in sfx[1:])
-        tags = lambda kv: [""] if kv == "kc4" else [COPY_TAG[c] for c in COPY]
+        tags = lambda kv: [COPY_TAG[c] for c in COPY]
         cells = "  ".join(f"{kv}:" + "/".join(f"{r[f'{kv}_v{v}{x}{c}_us']:.1f}"
                                              + (f"(c{r[f'{kv}_v{v}{x}{c}_copy_us']:.1f})"
                                                 if r.get(f"{kv}_v{v}{x}{c}_copy_us") else "")

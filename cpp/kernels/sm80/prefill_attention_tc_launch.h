@@ -41,6 +41,12 @@ struct PrefillTcArgs {
   int splits = 1, split_tokens = 0;
   float* split_o = nullptr;
   float2* split_ml = nullptr;
+  // Per-channel K with the dequantized copy (prefill_attention_sm90.cu): split_tail 1 cuts a CTA's keys at the
+  // codes every row sees (prefill_split::tail_split_range: splits 0..splits-2 over the tiles below, the last split
+  // the rest), and a launch covers splits [split_first, split_first + split_count) of the `splits` (grid.z is
+  // sequences x split_count; 0 = all of them): the f16 instance over the copy takes the first ones, the per-channel
+  // instance the last, both writing the same partials for one merge.
+  int split_tail = 0, split_first = 0, split_count = 0;
 };
 
 // Launches the kernel instance for head_dim D and K/V types KT/VT (prefill_attention_tc_sm80.cuh

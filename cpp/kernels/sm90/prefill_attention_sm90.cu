@@ -2,6 +2,7 @@
 // (head_dim, K, V) instance (the kernel and its design: prefill_attention_sm90.cuh).
 #include "kernels/sm90/prefill_attention_sm90.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -114,7 +115,9 @@ int heads_per_cta(KvType kt, KvType vt, int group, int64_t unpacked_ctas, int sm
 constexpr int kCopyMinVisits = 4;
 constexpr int64_t kMaxCopyBytes = int64_t(256) << 20;
 bool wants_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t bytes, const PrefillSm90Options& options) {
-  if (options.ref_dequant || options.dequant_copy == 1 || !prefill_dequant_copy_covers(head_dim, kt, vt)) return false;
+  if (kv_per_channel_type(kt) || options.ref_dequant || options.dequant_copy == 1 ||
+      !prefill_dequant_copy_covers(head_dim, kt, vt))
+    return false;  // per-channel K: wants_channel_copy
   if (options.dequant_copy == 2) return true;
   return options.pack_heads == 0 && options.key_splits == 0 && visits >= kCopyMinVisits && bytes <= kMaxCopyBytes;
 }
@@ -128,6 +131,80 @@ int64_t size_class(int64_t n) {
   int64_t c = 1;
   while (c < n) c <<= 1;
   return c;
+}
+
+// Per-channel K (u4c / u2c): a block that seals inside the chunk is codes for its later queries and window rows for
+// the earlier ones, so no single copy serves the whole launch. The keys below the tail split's bound (whole key tiles
+// below min(first_pos, codes_end(first_pos)): sealed before the chunk, codes for every query) are the same for every
+// query: the copy dequantizes those (per-channel K, per-token V), the f16 instance runs over them as the first
+// splits of a key split, the per-channel instance over the rest (the chunk's own blocks, the window, the diagonal)
+// as its last split, and the merge combines them (split_tail in PrefillTcArgs). The fused kernel dequantizes every
+// sealed tile once per CTA visiting it (G x query tiles; per-channel K is never packed) at 0.30-0.63x SDPA
+// (docs/benchmarks_gpu.md, "Per-channel K prefill: the sealed prefix dequantized once"). The rule: as the
+// per-token copy's (4 visits), and only where some sequence can have 4 sealed key tiles (the table's width less
+// the chunk: a fresh prompt has none, and the split would only add the merge).
+constexpr int kChannelMinSealedTiles = 4;
+bool wants_channel_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t bytes, int64_t sealed_bound,
+                        const PrefillSm90Options& options) {
+  if (!kv_per_channel_type(kt) || options.ref_dequant || options.dequant_copy == 1 ||
+      !prefill_dequant_copy_covers(head_dim, kt, vt))
+    return false;
+  if (options.dequant_copy == 2) return true;
+  return options.pack_heads == 0 && options.key_splits == 0 && visits >= kCopyMinVisits && bytes <= kMaxCopyBytes &&
+         sealed_bound >= kChannelMinSealedTiles * kRows;
+}
+
+// The launches of the per-channel copy (above): false (nothing launched) where its buffers cannot be allocated.
+bool launch_channel_copy(const PrefillTcArgs& a, const Tensor& q, int max_q_len, KvType kt, KvType vt, int sms,
+                         const PrefillSm90Options& options, cudaStream_t stream) {
+  const char* op = "prefill_attention";
+  const int64_t head_dim = q.size(2);
+  const int64_t tiles = (max_q_len + kRows - 1) / kRows;
+  const int64_t prefix_bound = static_cast<int64_t>(a.max_blocks) * a.block_size - 1;
+  // The f16 instance's splits: the key split's plan for its launch (a forced split count includes the tail's).
+  int head_splits = options.key_splits > 1 ? options.key_splits - 1
+                                           : prefill_split::plan_splits(a.hq * tiles * a.num_seqs, sms, prefix_bound);
+  head_splits = std::max(1, std::min(head_splits, prefill_split::kMaxSplits - 1));
+  const int64_t pages = static_cast<int64_t>(a.num_seqs) * a.max_blocks;
+  const int64_t halves = pages * a.hkv * a.block_size * head_dim;  // one side
+  PrefillTcArgs f = a;
+  f.splits = head_splits + 1;
+  f.split_tail = 1;
+  f.split_tokens = static_cast<int>(q.size(0));
+  const int64_t rows = static_cast<int64_t>(f.splits) * f.split_tokens * a.hq;
+  Tensor copy, copy_table, partials;
+  try {
+    copy = Tensor::empty({size_class(2 * halves)}, ScalarType::f16, q.device());
+    copy_table = Tensor::empty({size_class(pages)}, ScalarType::s32, q.device());
+    partials = Tensor::empty({rows * (head_dim + 2)}, ScalarType::f32, q.device());
+  } catch (const std::exception&) {  // no room: the fused launch
+    return false;
+  }
+  f.split_o = partials.data<float>();
+  f.split_ml = reinterpret_cast<float2*>(f.split_o + rows * head_dim);
+  __half* k16 = reinterpret_cast<__half*>(copy.data_ptr());
+  prefill_dequant_copy(a, static_cast<int>(head_dim), kt, vt, k16, k16 + halves, copy_table.data<int32_t>(), stream);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  PrefillTcArgs head = f;  // the sealed keys: the f16 instance over the copy, splits [0, head_splits)
+  head.k = reinterpret_cast<const uint8_t*>(k16);
+  head.v = reinterpret_cast<const uint8_t*>(k16 + halves);
+  head.k_params = head.v_params = nullptr;
+  head.k_window = nullptr;
+  head.window_map = nullptr;
+  head.block_tables = copy_table.data<int32_t>();
+  head.split_first = 0, head.split_count = head_splits;
+  find_launch(head_dim, KvType::f16, KvType::f16)(
+      head, dim3(static_cast<unsigned>(a.hq), static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_seqs * head_splits)),
+      stream);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  PrefillTcArgs tail = f;  // the rest: the per-channel instance on the cache, the last split
+  tail.split_first = head_splits, tail.split_count = 1;
+  find_launch(head_dim, kt, vt)(
+      tail, dim3(static_cast<unsigned>(a.hq), static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_seqs)), stream);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  prefill_attention_split_merge(f, static_cast<int>(head_dim), max_q_len, stream);
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  return true;
 }
 
 bool no(std::string* why, const char* reason) {
@@ -182,6 +259,14 @@ void prefill_attention_sm90(const Tensor& q, const Tensor& k_data, const Tensor&
   const bool split_short =
       max_q_len < kRows && prefill_split::plan_splits(unpacked_ctas, sms, prefix_bound, forced) > 1;
   int pack = heads_per_cta(kt, vt, a.hq / a.hkv, unpacked_ctas, sms, split_short, options);
+  if (kv_per_channel_type(kt)) {  // per-channel K: the copy of the sealed keys (one head per CTA)
+    const int64_t visits = static_cast<int64_t>(a.hq / a.hkv) * ((max_q_len + kRows - 1) / kRows);
+    const int64_t halves = static_cast<int64_t>(a.num_seqs) * a.max_blocks * a.hkv * a.block_size * head_dim;
+    const int64_t sealed_bound = static_cast<int64_t>(a.max_blocks) * a.block_size - max_q_len;
+    if (wants_channel_copy(static_cast<int>(head_dim), kt, vt, visits, 4 * halves, sealed_bound, options) &&
+        launch_channel_copy(a, q, max_q_len, kt, vt, sms, options, stream))
+      return;
+  }
   PrefillTcArgs args = a;
   Tensor copy, copy_table;  // the dequantized copy and its block table, for this launch
   {

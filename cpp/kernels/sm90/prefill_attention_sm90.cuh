@@ -726,7 +726,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const int cta_pos = kPack ? kRows / pack : kRows;                // query positions per CTA
   const int live_rows = kPack ? cta_pos * pack : kRows;            // rows past it are never stored
   const int h = blockIdx.x * pack;                                 // the query head of row 0
-  const int seq = blockIdx.z / a.splits, split = blockIdx.z % a.splits;  // key split: prefill_split_plan.h
+  // Key split (prefill_split_plan.h): this launch's splits are [split_first, split_first + launched) of a.splits.
+  const int launched = a.split_count > 0 ? a.split_count : a.splits;
+  const int seq = blockIdx.z / launched, split = a.split_first + blockIdx.z % launched;
   const int q_tile = gridDim.y - 1 - blockIdx.y;  // the longest causal ranges start first
   const int ns = a.num_seqs;
   const int q_start = a.seq_info[seq], q_len = a.seq_info[ns + seq], kv_len = a.seq_info[2 * ns + seq];
@@ -740,8 +742,13 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   // are one view each, and every split but the last ends before them.
   int t_begin = 0, t_end = num_tiles;
   if (a.splits > 1) {
-    const int splittable = min(first_pos, kPerChannel ? codes_end(first_pos, a.block_size) : first_pos) / kKeys;
-    prefill_split::split_range(num_tiles, splittable, a.splits, split, t_begin, t_end);
+    // The tail split (the dequantized copy of per-channel K) cuts at the per-channel bound in every instance.
+    const bool channel_bound = kPerChannel || a.split_tail;
+    const int splittable = min(first_pos, channel_bound ? codes_end(first_pos, a.block_size) : first_pos) / kKeys;
+    if (a.split_tail)
+      prefill_split::tail_split_range(num_tiles, splittable, a.splits, split, t_begin, t_end);
+    else
+      prefill_split::split_range(num_tiles, splittable, a.splits, split, t_begin, t_end);
   }
   const bool last_split = split + 1 == a.splits;
   const int32_t* pages = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks;
@@ -1040,7 +1047,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     const float l_lo = attn_math::quad_sum(st.l_lo), l_hi = attn_math::quad_sum(st.l_hi);
     if (a.splits > 1) {  // key split: this range's unnormalized O and (max, sum) per row, for the merge
       // The split from blockIdx again (not held across the loop).
-      const int64_t base = static_cast<int64_t>(blockIdx.z % a.splits) * a.split_tokens + q_start;
+      const int launched_splits = a.split_count > 0 ? a.split_count : a.splits;
+      const int64_t base =
+          static_cast<int64_t>(a.split_first + blockIdx.z % launched_splits) * a.split_tokens + q_start;
       auto store = [&](int row, int head, float m, float l, int e0) {
         const int64_t at = (base + row) * a.hq + head;
         float* dst = a.split_o + at * D + 2 * t4;

@@ -37,8 +37,9 @@ void launch_prefill_attention_sm90(const PrefillTcArgs& a, dim3 grid, cudaStream
 // The key split's merge (prefill_attention_sm90_merge.cu): out from the splits' partial O and (max, sum) in a.
 void prefill_attention_split_merge(const PrefillTcArgs& a, int head_dim, int max_q_len, cudaStream_t stream);
 
-// The dequantized copy (prefill_dequant_copy.cu): whether it reads this cache (per-token u8 / u4 / u2 K and V,
-// head_dim 64 / 128), and the copy of every key below each sequence's kv_len into k_out / v_out, f16
+// The dequantized copy (prefill_dequant_copy.cu): whether it reads this cache (per-token u8 / u4 / u2 K and V, or
+// per-channel u4c / u2c K with such V; head_dim 64 / 128), and the copy of every key below each sequence's kv_len
+// (per-channel K: below the tail split's bound, the keys every query sees as sealed codes) into k_out / v_out, f16
 // [num_seqs * max_blocks, Hkv, block_size, D] (page g = seq * max_blocks + block), with table_out [num_seqs,
 // max_blocks] = g: the f16 instance then runs with those in place of the cache's data and block table.
 bool prefill_dequant_copy_covers(int head_dim, KvType kt, KvType vt);

@@ -48,4 +48,17 @@ LOWBIT_SPLIT_HD inline void split_range(int tiles, int splittable, int splits, i
   end = split + 1 == splits ? tiles : bound(split + 1);
 }
 
+// The tail split (per-channel K with the dequantized copy): splits 0..splits-2 take tiles [0, splittable) near even
+// (keys every row of the CTA sees as sealed codes: the copy holds them), the last split the rest [splittable, tiles)
+// (the chunk's own blocks, the window and the diagonal: the per-channel kernel's views).
+LOWBIT_SPLIT_HD inline void tail_split_range(int tiles, int splittable, int splits, int split, int& begin, int& end) {
+  if (split + 1 >= splits) {
+    begin = splittable, end = tiles;
+    return;
+  }
+  const int n = splits - 1;
+  begin = static_cast<int>(static_cast<int64_t>(split) * splittable / n);
+  end = static_cast<int>(static_cast<int64_t>(split + 1) * splittable / n);
+}
+
 }  // namespace lowbit::cuda::prefill_split
