@@ -101,7 +101,8 @@ enum class PrefillKernel : uint8_t { automatic, tensor_core, warp, hopper };
 // ref_dequant (tests and measurements): u4 / u2 dequantized the previous way (K and V both u4 or both u2 only; per
 // channel: u4c K with u4 V, u2c K with u2 V, head_dim 128). dequant_copy 0 = its rule (a per-token u8 / u4 / u2
 // cache whose prefix tiles the fused launch would dequantize 4 or more times is dequantized once into an f16 copy,
-// then the f16 instance runs on it), 1 = never, 2 = wherever the cache allows.
+// then the f16 instance runs on it; per-channel K from 4 visits too: the keys sealed before the chunk copied, the
+// rest by the per-channel instance as the last split of a key split), 1 = never, 2 = wherever the cache allows.
 struct PrefillSm90Options {
   int key_splits = 0;
   int pack_heads = 0;
