@@ -55,7 +55,8 @@ struct Config {
   static constexpr int kPBytes = 2 * 2 * kRows;             // [chunk][step | offset][row] u8
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static constexpr int kScaleBytes = (BT + kRows) * 4;  // 'sm90q': the tile's x_scale and channel_scale, staged
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + kScaleBytes;
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
@@ -66,6 +67,11 @@ struct Args {
   int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // f16 y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
   bool shared_params;  // both chunks of a stage in one group (group % 128 == 0): chunk 0's parameters serve both
+  // 'sm90q' (opt-in): the weight and parameter producers prefetch stage kb + prefetch into L2 after copying stage kb
+  // (0: off); the consumers stage the tile's scales in smem before the mainloop (smem_scales).
+  int prefetch = 0;
+  int cshift = -1;  // log2(group / 64) when that is a power of two (a chunk's group row by a shift), else -1
+  bool smem_scales = false;
 };
 
 #ifdef LOWBIT_SM90_DEVICE
@@ -214,20 +220,36 @@ __device__ __forceinline__ void consume_run(int (&acc)[N], uint32_t (&fa)[16], u
 
 // Part `part` of stage kb's copies (sm90_producer.cuh): 128 k of x, its two packed 64-k chunks, then the u8 steps and
 // offsets of its `chunks` chunks (chunk 0's only when shared_params: both chunks in one group), prow bytes each.
+// 'sm90q': pf_kb >= 0 names a later stage (pf_chunks chunks) whose weight box (part 1) or parameters (part 2) are
+// prefetched into L2 after this stage's copies are issued; cshift >= 0 finds a chunk's group row by a shift.
 template <class C>
 __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* bar, const CUtensorMap* map_x,
                                              const CUtensorMap* map_w, const W4A8Problem& p, int kb, int m0, int n0,
-                                             int chunks, int prow, bool shared_params) {
+                                             int chunks, int prow, bool shared_params, int pf_kb = -1,
+                                             int pf_chunks = 0, int cshift = -1) {
+  const auto group_row = [&](int chunk) {
+    return static_cast<int64_t>(cshift >= 0 ? chunk >> cshift : chunk * 64 / p.group) * p.npad + n0;
+  };
   produce_stage_part<C>(part, st, bar, map_x, map_w, kb * kBK, m0, 2 * kb, n0, [&] {
     uint8_t* ps = st + C::kXBytes + C::kWBytes;
     const int copies = shared_params ? 1 : chunks;
     mbar_expect_tx(bar, copies * 2 * prow);
     for (int c = 0; c < copies; ++c) {
-      const int64_t row0 = static_cast<int64_t>((2 * kb + c) * 64 / p.group) * p.npad + n0;
+      const int64_t row0 = group_row(2 * kb + c);
       bulk_load(ps + c * 2 * kRows, p.steps + row0, prow, bar);
       bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, bar);
     }
   });
+  if (pf_kb < 0) return;
+  if (part == 1) {
+    tma_prefetch_3d(map_w, 0, 2 * pf_kb, n0 / 16);
+  } else if (part == 2) {
+    for (int c = 0; c < (shared_params ? 1 : pf_chunks); ++c) {
+      const int64_t row0 = group_row(2 * pf_kb + c);
+      bulk_prefetch_l2(p.steps + row0, prow);
+      bulk_prefetch_l2(p.offsets + row0, prow);
+    }
+  }
 }
 
 // The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
@@ -235,24 +257,42 @@ __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* ba
 // [warp in slice][v/4][lane] int4 (the pipeline smem is idle by then; the producer warpgroup joins
 // the two cluster barriers).
 // Split 1, f16 y: the scaled tile leaves through shared memory as 16-byte row segments.
+// scales (not null, 'sm90q'): the tile's x_scale [BT] then channel_scale [kRows], staged in smem by
+// stage_tile_scales before the mainloop (zeros past m and npad), in place of the global loads after the last wgmma.
 template <int BT>
 __device__ inline void store_tile_staged(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
-                                         int lane, const int (&acc)[BT / 2]) {
+                                         int lane, const int (&acc)[BT / 2], const float* scales = nullptr) {
   const int r_lo = n0 + gw * 16 + (lane >> 2), r_hi = r_lo + 8;  // channel_scale holds npad rows
-  const float cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f, cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
+  float cs_lo, cs_hi;
+  if (scales != nullptr) {
+    cs_lo = scales[BT + r_lo - n0], cs_hi = scales[BT + r_hi - n0];
+  } else {
+    cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f, cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
+  }
   store_rows_through_smem<kRows, BT, kConsumerWarps>(
       smem, static_cast<__half*>(p.y), p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y, [&](int v, int token) {
-        const float xs = m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
+        const float xs = scales != nullptr ? scales[token] : m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
         return __float2half_rn(static_cast<float>(acc[v]) * xs * (((v >> 1) & 1) ? cs_hi : cs_lo));
       });
 }
 
+// The consumers (thread t of 256) copy the tile's scales into `scales` (store_tile_staged's layout), then sync.
+template <int BT>
+__device__ inline void stage_tile_scales(const W4A8Problem& p, float* scales, int m0, int n0, int t) {
+  for (int i = t; i < BT + kRows; i += kConsumerWarps * 32) {
+    const int r = n0 + i - BT;
+    scales[i] = i < BT ? (m0 + i < p.m ? p.x_scale[m0 + i] : 0.f) : (r < p.npad ? p.channel_scale[r] : 0.f);
+  }
+  consumer_sync();
+}
+
 template <int BT>
 __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
-                                  int lane, int rank, int split, const int (&acc)[BT / 2]) {
+                                  int lane, int rank, int split, const int (&acc)[BT / 2],
+                                  const float* scales = nullptr) {
   constexpr int kR = BT / 2;
   if (split == 1 && !p.raw) {
-    store_tile_staged<BT>(p, vector_y, smem, n0, m0, gw, lane, acc);
+    store_tile_staged<BT>(p, vector_y, smem, n0, m0, gw, lane, acc, scales);
     return;
   }
   if (split == 1) {
@@ -306,9 +346,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int prow = min(kRows, p.npad - n0);
       for (int it = 0, s = 0, phase = 1; it < nk; ++it) {
         const int kb = kb0 + it;
+        const int pk = args.prefetch > 0 && kb + args.prefetch < args.k_blocks ? kb + args.prefetch : -1;
         mbar_wait(&empty[s], phase);
         produce_part<C>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
-                        min(2, args.k_chunks - 2 * kb), prow, args.shared_params);
+                        min(2, args.k_chunks - 2 * kb), prow, args.shared_params, pk,
+                        pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
         if (++s == kStages) s = 0, phase ^= 1;
       }
     }
@@ -344,6 +386,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t fa[16], fb[16];
     const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb0 + it)); };
     const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+    float* scales = nullptr;  // 'sm90q': the tile's scales in smem, loaded while the first stages are in flight
+    if (args.smem_scales && split == 1 && !p.raw) {
+      scales = reinterpret_cast<float*>(empty + kStages);
+      stage_tile_scales<BT>(p, scales, m0, n0, static_cast<int>(threadIdx.x) - 128);
+    }
     fence_regs(acc);
     const bool shared = kSplitProducer && args.shared_params;
     if (nk > 0) {
@@ -360,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
-    store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
+    store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc, scales);
   }
 
 #endif
@@ -376,8 +423,18 @@ void slots_of(const char* op, int (&slots)[4]) {
 // Groups of a multiple of 128 k put both 64-k chunks of a 128-k stage in one group.
 inline bool stage_in_one_group(const W4A8Problem& p) { return p.group % kBK == 0; }
 
+// log2(group / 64) when group / 64 is a power of two, else -1 (the producers then divide).
+inline int chunk_group_shift(const W4A8Problem& p) {
+  const int cpg = p.group / 64;
+  if (p.group % 64 != 0 || cpg <= 0 || (cpg & (cpg - 1)) != 0) return -1;
+  int shift = 0;
+  while ((1 << shift) < cpg) ++shift;
+  return shift;
+}
+
+// tuned ('sm90q'): L2 prefetch C::kStages stages ahead, the shift for group rows, the scales staged in smem.
 template <int BT, bool kOverlap, bool kSplitProducer>
-void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
+void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, bool tuned = false) {
   const char* op = "gemm_w4a8";
   auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer>;
   constexpr int kSmem = Config<BT>::kSmemBytes;
@@ -390,7 +447,9 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
   cfg.stream = stream;
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
+  Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
+  if (tuned && kSplitProducer)
+    args.prefetch = Config<BT>::kStages, args.cshift = chunk_group_shift(p), args.smem_scales = true;
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
@@ -531,6 +590,8 @@ struct SkArgs {
   bool vector_y;
   StreamKWorkspace ws;  // s32 partial slots of kRows x BT, flags
   bool shared_params;   // Args::shared_params
+  int prefetch = 0;     // Args::prefetch ('sm90q': within the segment's tile)
+  int cshift = -1;      // Args::cshift
 };
 
 // gemm_w4a16_sm90.cu's stream-K kernel with this file's stage: segments last to first, one running stage counter.
@@ -571,7 +632,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
         uint8_t* st = smem + s * kStageBytes;
         if constexpr (kSplitProducer) {
-          produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, chunks, prow, args.shared_params);
+          const int pk = args.prefetch > 0 && kb + args.prefetch < kb_n ? kb + args.prefetch : -1;
+          produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, chunks, prow, args.shared_params, pk,
+                          pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
           continue;
         }
         mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + chunks * 2 * prow);
@@ -628,7 +691,7 @@ int streamk_resident(const char* op) {
 // The stream-K launch over `ctas` CTAs (0: every resident one); false without a workspace (first use inside a graph
 // capture). The workspace is the W4A16 kernel's (one per device, 128 x 256 slots of 4 bytes).
 template <int BT, bool kSplitProducer>
-bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
+bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream, bool tuned = false) {
   const char* op = "gemm_w4a8";
   const int resident = streamk_resident<BT>(op);
   LOWBIT_CHECK(ctas >= 0 && ctas <= resident, op, ": stream-K over ", ctas, " CTAs; at most ", resident,
@@ -644,8 +707,9 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * tiles_m;
   LOWBIT_CHECK(tiles * k_blocks <= INT32_MAX, op, ": m=", p.m, " n=", p.n, " k=", p.k, " is too large for stream-K");
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws,
-                    kSplitProducer && stage_in_one_group(p)};
+  SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws,
+              kSplitProducer && stage_in_one_group(p)};
+  if (tuned && kSplitProducer) args.prefetch = SkConfig<BT>::kStages, args.cshift = chunk_group_shift(p);
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer>;
@@ -882,9 +946,10 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
       return;
     }
   }
+  const bool tuned = choice.prefetch;
   if (plan.streamk) {
-    if (plan.tokens == 128 ? launch_streamk<128, kSplitProducer>(p, choice.ctas, stream)
-                           : launch_streamk<256, kSplitProducer>(p, choice.ctas, stream))
+    if (plan.tokens == 128 ? launch_streamk<128, kSplitProducer>(p, choice.ctas, stream, tuned)
+                           : launch_streamk<256, kSplitProducer>(p, choice.ctas, stream, tuned))
       return;
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a8: the stream-K workspace is allocated on "
                       "first use, which a graph capture forbids: run the op once before capturing");
@@ -893,8 +958,8 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a8: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
   const auto go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
-  if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
-  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
+  if (plan.head > 0) go(p, 1, 0, plan.head, stream, tuned);  // whole unsplit waves, then the rest split
+  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, tuned);
 }
 
 }  // namespace
@@ -911,6 +976,9 @@ void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t
                "mainloop without a split");
   LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a8: the one-thread producer ('sm90o') runs the "
                "overlapped mainloop only");
+  LOWBIT_CHECK(!choice.prefetch || (!choice.serial && !choice.one_producer && !choice.persistent && choice.pair != 2),
+               "gemm_w4a8: 'sm90q' (L2 prefetch, staged scales) runs the overlapped mainloop with the split producer, "
+               "one-tile-per-CTA and stream-K launches only");
   LOWBIT_CHECK(choice.pair != 2 || (!choice.serial && !choice.one_producer && !choice.streamk && !choice.persistent &&
                                     choice.split <= 1),
                "gemm_w4a8: multicast pairs ('sm90m') run the overlapped mainloop, split producer, unsplit tiles only");
