@@ -193,11 +193,12 @@ std::string strip_one_producer(const std::string& kernel, Options& o) {
   return "sm90" + kernel.substr(5);
 }
 
-// W4A8: "sm90q..." names the wgmma kernel with L2 prefetch of later stages and staged scales (opt-in), the rest of the
-// name as after "sm90" ("sm90q", "sm90q:1:128", "sm90qk:128"); returns the name without the "q".
+// W4A8: "sm90q..." names the wgmma kernel with L2 prefetch of later stages and staged scales (opt-in), "sm90r..." the
+// same with each weight-row tile's k blocks rotated; the rest of the name as after "sm90" ("sm90q", "sm90q:1:128",
+// "sm90qk:128", "sm90r:1:128"); returns the name without the "q" / "r".
 std::string strip_prefetch(const std::string& kernel, cuda::W4A8Options& o) {
-  if (kernel.rfind("sm90q", 0) != 0) return kernel;
-  o.sm90_prefetch = true;
+  if (kernel.rfind("sm90q", 0) != 0 && kernel.rfind("sm90r", 0) != 0) return kernel;
+  o.sm90_prefetch = kernel[4] == 'q' ? 1 : 2;
   return "sm90" + kernel.substr(5);
 }
 
@@ -581,7 +582,7 @@ void bind_cuda(nb::module_& m) {
       "CTAs), 'sm90m[:T]' (multicast pairs, opt-in: two CTAs on neighbouring weight-row tiles share the activation "
       "tile), 'sm90x' (the automatic plan with pairs off: the same as 'sm90'), 'sm90q...' (opt-in: L2 prefetch of later "
       "stages' weights and parameters, the tile's scales staged in smem; the rest as after 'sm90', e.g. 'sm90q:1:128', "
-      "'sm90qk:128'), 'gemv' or 'gemv:rDbB' (the "
+      "'sm90qk:128'), 'sm90r...' (opt-in: 'sm90q' with each weight-row tile's k blocks in a rotated order), 'gemv' or 'gemv:rDbB' (the "
       "register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(

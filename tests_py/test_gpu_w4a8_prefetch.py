@@ -1,5 +1,6 @@
 """The W4A8 wgmma kernel's 'sm90q...' launches (opt-in): the weight and parameter producers prefetch later stages into
-L2, group rows come from a shift, and the unsplit f16 epilogue reads the tile's scales from smem. The int32 sums are
+L2, group rows come from a shift, and the unsplit f16 epilogue reads the tile's scales from smem; 'sm90r...' also walks
+each weight-row tile's k blocks from its own start (rotated: the int32 sums do not depend on the order). The sums are
 checked bit-exact against the CPU reference on odd shapes (token, row and k tails, one-chunk last stages, g64 / g128,
 split-K clusters, stream-K with few CTAs), the f16 output against float64 and bit-identical to the same launch without
 'q', and the names and plans."""
@@ -15,7 +16,7 @@ SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")]
 
 NAMES = ("sm90q", "sm90q:1:128", "sm90q:1:256", "sm90q:2:128", "sm90q:4:256", "sm90qk:128", "sm90qk:256:5",
-         "sm90qk:128:3")
+         "sm90qk:128:3", "sm90r", "sm90r:1:128", "sm90r:1:256", "sm90r:2:128", "sm90r:8:128")
 
 # (m, n, k, group): k % 128 == 64 a one-chunk last stage, n past whole 128-row tiles, m past 128 / 256, k long enough
 # that the prefetch distance (8 / 5 stages) lands inside and past the k range.
@@ -38,7 +39,8 @@ def test_gemm_w4a8_sm90q_int32_bit_exact(m, n, k, group):
 
 # f16 y: 16-byte rows (vector stores) and rows 2 bytes off (scalar stores); the staged scales give the same bits.
 @pytest.mark.parametrize("m,n,k,group", [(17, 130, 576, 64), (300, 520, 2048, 128), (129, 4103, 640, 64)])
-@pytest.mark.parametrize("name", ["sm90q:1:128", "sm90q:1:256", "sm90q:2:128", "sm90qk:128", "sm90q"])
+@pytest.mark.parametrize("name", ["sm90q:1:128", "sm90q:1:256", "sm90q:2:128", "sm90qk:128", "sm90q", "sm90r:1:128",
+                                  "sm90r:1:256", "sm90r:2:128"])
 def test_gemm_w4a8_sm90q_scaled_f16(m, n, k, group, name):
     pw, xq, xs, ref = scaled_case("liquid" if n % 2 else "qoq", m, n, k, group)
     for ldy in (n, n + 1):
@@ -58,14 +60,16 @@ def test_gemm_w4a8_sm90q_scaled_f16(m, n, k, group, name):
 
 
 def test_gemm_w4a8_sm90q_plans_and_names():
-    """'sm90q...' plans as the name without 'q'; the serial, one-thread, persistent and pair launches refuse it."""
+    """'sm90q...' / 'sm90r...' plan as the name without the letter; the serial, one-thread, persistent and pair launches
+    refuse them."""
     for m, n, k in [(256, 6144, 4096), (1024, 4096, 14336), (256, 4096, 4096), (1024, 6144, 4096)]:
         assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90q") == _core.gemm_w4a8_sm90_plan(m, n, k)
         assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90q:1:128") == (128, 1, 0)
         assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90qk:256") == (256, 0, 0)
+        assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90r") == _core.gemm_w4a8_sm90_plan(m, n, k)
     qw = two_level_weight("qoq", 64, 128, 64, seed=1)
     pw = _core.pack_weight(qw, "sm80", "cuda:0")
     x, y = torch.zeros(4, 128, dtype=torch.int8, device="cuda"), torch.empty(4, 64, dtype=torch.int32, device="cuda")
-    for bad in ("sm90qs:1:128", "sm90qm", "sm90qp", "sm90oq"):
+    for bad in ("sm90qs:1:128", "sm90qm", "sm90qp", "sm90oq", "sm90rs:2:256", "sm90rm:128"):
         with pytest.raises(ValueError):
             _core.gemm_w4a8(x, None, pw, y, kernel=bad)

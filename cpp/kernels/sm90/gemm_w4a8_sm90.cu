@@ -72,6 +72,9 @@ struct Args {
   int prefetch = 0;
   int cshift = -1;  // log2(group / 64) when that is a power of two (a chunk's group row by a shift), else -1
   bool smem_scales = false;
+  // 'sm90r' (opt-in, 'sm90q' and this): each weight-row tile walks its k blocks from block (row tile % nk) on, wrapping
+  // around, so that the CTAs running together read different activation blocks (int32 sums: the same in any order).
+  bool rotate = false;
 };
 
 #ifdef LOWBIT_SM90_DEVICE
@@ -330,6 +333,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
   const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+  const int rot = args.rotate && nk > 0 ? (tile / args.tiles_m) % nk : 0;
+  const auto kb_of = [&](int it) { return kb0 + (it + rot < nk ? it + rot : it + rot - nk); };  // it's k block
 
   init_pipeline<kStages>(&map_x, &map_w, full, empty, kSplitProducer ? kProducerParts : 1, kConsumerWarps * 32);
 
@@ -345,8 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kSplitProducer && lane == 0 && part < kProducerParts) {  // producers: one part of each stage
       const int prow = min(kRows, p.npad - n0);
       for (int it = 0, s = 0, phase = 1; it < nk; ++it) {
-        const int kb = kb0 + it;
-        const int pk = args.prefetch > 0 && kb + args.prefetch < args.k_blocks ? kb + args.prefetch : -1;
+        const int kb = kb_of(it);
+        const int pk = args.prefetch > 0 && it + args.prefetch < nk ? kb_of(it + args.prefetch) : -1;
         mbar_wait(&empty[s], phase);
         produce_part<C>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
                         min(2, args.k_chunks - 2 * kb), prow, args.shared_params, pk,
@@ -384,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
     // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
     uint32_t fa[16], fb[16];
-    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb0 + it)); };
+    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * kb_of(it)); };
     const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
     float* scales = nullptr;  // 'sm90q': the tile's scales in smem, loaded while the first stages are in flight
     if (args.smem_scales && split == 1 && !p.raw) {
@@ -432,9 +437,10 @@ inline int chunk_group_shift(const W4A8Problem& p) {
   return shift;
 }
 
-// tuned ('sm90q'): L2 prefetch C::kStages stages ahead, the shift for group rows, the scales staged in smem.
+// tuned 1 ('sm90q'): L2 prefetch C::kStages stages ahead, the shift for group rows, the scales staged in smem; 2
+// ('sm90r'): and each row tile's k blocks rotated.
 template <int BT, bool kOverlap, bool kSplitProducer>
-void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, bool tuned = false) {
+void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, int tuned = 0) {
   const char* op = "gemm_w4a8";
   auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer>;
   constexpr int kSmem = Config<BT>::kSmemBytes;
@@ -448,8 +454,9 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
   Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
-  if (tuned && kSplitProducer)
+  if (tuned > 0 && kSplitProducer)
     args.prefetch = Config<BT>::kStages, args.cshift = chunk_group_shift(p), args.smem_scales = true;
+  args.rotate = tuned == 2 && kSplitProducer;
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
@@ -691,7 +698,7 @@ int streamk_resident(const char* op) {
 // The stream-K launch over `ctas` CTAs (0: every resident one); false without a workspace (first use inside a graph
 // capture). The workspace is the W4A16 kernel's (one per device, 128 x 256 slots of 4 bytes).
 template <int BT, bool kSplitProducer>
-bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream, bool tuned = false) {
+bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream, int tuned = 0) {
   const char* op = "gemm_w4a8";
   const int resident = streamk_resident<BT>(op);
   LOWBIT_CHECK(ctas >= 0 && ctas <= resident, op, ": stream-K over ", ctas, " CTAs; at most ", resident,
@@ -709,7 +716,7 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream, bool tu
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
   SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws,
               kSplitProducer && stage_in_one_group(p)};
-  if (tuned && kSplitProducer) args.prefetch = SkConfig<BT>::kStages, args.cshift = chunk_group_shift(p);
+  if (tuned > 0 && kSplitProducer) args.prefetch = SkConfig<BT>::kStages, args.cshift = chunk_group_shift(p);
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer>;
@@ -946,7 +953,7 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
       return;
     }
   }
-  const bool tuned = choice.prefetch;
+  const int tuned = choice.prefetch;  // stream-K: 'sm90r' runs as 'sm90q' (segments keep their k order)
   if (plan.streamk) {
     if (plan.tokens == 128 ? launch_streamk<128, kSplitProducer>(p, choice.ctas, stream, tuned)
                            : launch_streamk<256, kSplitProducer>(p, choice.ctas, stream, tuned))
@@ -976,8 +983,8 @@ void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t
                "mainloop without a split");
   LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a8: the one-thread producer ('sm90o') runs the "
                "overlapped mainloop only");
-  LOWBIT_CHECK(!choice.prefetch || (!choice.serial && !choice.one_producer && !choice.persistent && choice.pair != 2),
-               "gemm_w4a8: 'sm90q' (L2 prefetch, staged scales) runs the overlapped mainloop with the split producer, "
+  LOWBIT_CHECK(choice.prefetch == 0 || (!choice.serial && !choice.one_producer && !choice.persistent && choice.pair != 2),
+               "gemm_w4a8: 'sm90q' / 'sm90r' (L2 prefetch, staged scales, rotated k) run the overlapped mainloop with the split producer, "
                "one-tile-per-CTA and stream-K launches only");
   LOWBIT_CHECK(choice.pair != 2 || (!choice.serial && !choice.one_producer && !choice.streamk && !choice.persistent &&
                                     choice.split <= 1),
