@@ -206,7 +206,7 @@ SANITIZE_CASES=(
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
   "w4a8_pairs|test_gpu_w4a8_pairs.py|(int32_bit_exact and (1-16-64-64 or 129-520-704-128 or 7-130-576-64)) or (scaled_f16 and 17-130-576-64)"
-  "w4a8_prefetch|test_gpu_w4a8_prefetch.py|int32_bit_exact and (7-130-576-64 or 65-200-2112-128)"
+  "w4a8_prefetch|test_gpu_w4a8_prefetch.py|(int32_bit_exact and 65-200-2112-128) or (scaled_f16 and 17-130 and sm90r:1:128)"
   "w4a8_persistent|test_gpu_w4a8_persistent.py|(tile_transitions and (300-272-64-2 or 7-17-192-5 or 1100-130-320-3)) or (int32_bit_exact and 130-576-128-7) or plan_and_names"
   "sm90_streamk|test_gpu_sm90_streamk.py|(every_fixup_path and (65-100-576-3 or 7-17-128-5)) or (int32_exact and (7-17-256-5 or 65-100-1152-9)) or two_streams"
   "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names or (configs_match and (8-17-640-96 or (1-130-12352 and (r2b6 or r12b1))))"
