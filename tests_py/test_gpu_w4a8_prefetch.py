@@ -73,3 +73,23 @@ def test_gemm_w4a8_sm90q_plans_and_names():
     for bad in ("sm90qs:1:128", "sm90qm", "sm90qp", "sm90oq", "sm90rs:2:256", "sm90rm:128"):
         with pytest.raises(ValueError):
             _core.gemm_w4a8(x, None, pw, y, kernel=bad)
+
+
+# The automatic plan runs its unsplit one-launch tiles tuned (Llama-3-8B qkv at M = 256, o at M = 1024 on an H200):
+# the same int32 sums and f16 values as the forced untuned launch at the plan's tile.
+@pytest.mark.parametrize("m,n,k", [(256, 6144, 4096), (1024, 4096, 4096), (200, 4103, 1088)])
+def test_gemm_w4a8_automatic_plan_matches_untuned(m, n, k):
+    qw = two_level_weight("qoq", n, k, 128, seed=m + n + k)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    g = torch.Generator().manual_seed(m + k)
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g).cuda()
+    xs = (torch.rand(m, generator=g) * 0.01 + 1e-4).cuda()
+    tokens = _core.gemm_w4a8_sm90_plan(m, n, k)[0]
+    for dtype, scales in ((torch.int32, None), (torch.float16, xs)):
+        outs = []
+        for kernel in ("sm90", f"sm90:1:{tokens}"):
+            y = torch.full((m, n), -7, dtype=dtype, device="cuda")
+            _core.gemm_w4a8(xq, scales, pw, y, kernel=kernel)
+            torch.cuda.synchronize()
+            outs.append(y.cpu())
+        assert torch.equal(outs[0], outs[1]), dtype

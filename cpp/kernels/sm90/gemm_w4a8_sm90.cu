@@ -55,8 +55,8 @@ struct Config {
   static constexpr int kPBytes = 2 * 2 * kRows;             // [chunk][step | offset][row] u8
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
-  static constexpr int kScaleBytes = (BT + kRows) * 4;  // 'sm90q': the tile's x_scale and channel_scale, staged
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + kScaleBytes;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static constexpr int kScaleBytes = (BT + kRows) * 4;  // tuned launches: the tile's x_scale and channel_scale
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
@@ -67,14 +67,8 @@ struct Args {
   int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // f16 y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
   bool shared_params;  // both chunks of a stage in one group (group % 128 == 0): chunk 0's parameters serve both
-  // 'sm90q' (opt-in): the weight and parameter producers prefetch stage kb + prefetch into L2 after copying stage kb
-  // (0: off); the consumers stage the tile's scales in smem before the mainloop (smem_scales).
-  int prefetch = 0;
-  int cshift = -1;  // log2(group / 64) when that is a power of two (a chunk's group row by a shift), else -1
-  bool smem_scales = false;
-  // 'sm90r' (opt-in, 'sm90q' and this): each weight-row tile walks its k blocks from block (row tile % nk) on, wrapping
-  // around, so that the CTAs running together read different activation blocks (int32 sums: the same in any order).
-  bool rotate = false;
+  // Tuned launches (kTune > 0; groups of 64 * 2^j only): log2(group / 64), a chunk's group row by a shift.
+  int cshift = 0;
 };
 
 #ifdef LOWBIT_SM90_DEVICE
@@ -223,15 +217,15 @@ __device__ __forceinline__ void consume_run(int (&acc)[N], uint32_t (&fa)[16], u
 
 // Part `part` of stage kb's copies (sm90_producer.cuh): 128 k of x, its two packed 64-k chunks, then the u8 steps and
 // offsets of its `chunks` chunks (chunk 0's only when shared_params: both chunks in one group), prow bytes each.
-// 'sm90q': pf_kb >= 0 names a later stage (pf_chunks chunks) whose weight box (part 1) or parameters (part 2) are
-// prefetched into L2 after this stage's copies are issued; cshift >= 0 finds a chunk's group row by a shift.
-template <class C>
+// Tuned launches (kTuned): pf_kb >= 0 names a later stage (pf_chunks chunks) whose weight box (part 1) or parameters
+// (part 2) are prefetched into L2 after this stage's copies are issued, and a chunk's group row is chunk >> cshift.
+template <class C, bool kTuned = false>
 __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* bar, const CUtensorMap* map_x,
                                              const CUtensorMap* map_w, const W4A8Problem& p, int kb, int m0, int n0,
                                              int chunks, int prow, bool shared_params, int pf_kb = -1,
-                                             int pf_chunks = 0, int cshift = -1) {
+                                             int pf_chunks = 0, int cshift = 0) {
   const auto group_row = [&](int chunk) {
-    return static_cast<int64_t>(cshift >= 0 ? chunk >> cshift : chunk * 64 / p.group) * p.npad + n0;
+    return static_cast<int64_t>(kTuned ? chunk >> cshift : chunk * 64 / p.group) * p.npad + n0;
   };
   produce_stage_part<C>(part, st, bar, map_x, map_w, kb * kBK, m0, 2 * kb, n0, [&] {
     uint8_t* ps = st + C::kXBytes + C::kWBytes;
@@ -243,7 +237,7 @@ __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* ba
       bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, bar);
     }
   });
-  if (pf_kb < 0) return;
+  if (!kTuned || pf_kb < 0) return;
   if (part == 1) {
     tma_prefetch_3d(map_w, 0, 2 * pf_kb, n0 / 16);
   } else if (part == 2) {
@@ -260,22 +254,29 @@ __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* ba
 // [warp in slice][v/4][lane] int4 (the pipeline smem is idle by then; the producer warpgroup joins
 // the two cluster barriers).
 // Split 1, f16 y: the scaled tile leaves through shared memory as 16-byte row segments.
-// scales (not null, 'sm90q'): the tile's x_scale [BT] then channel_scale [kRows], staged in smem by
-// stage_tile_scales before the mainloop (zeros past m and npad), in place of the global loads after the last wgmma.
 template <int BT>
 __device__ inline void store_tile_staged(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
-                                         int lane, const int (&acc)[BT / 2], const float* scales = nullptr) {
+                                         int lane, const int (&acc)[BT / 2]) {
   const int r_lo = n0 + gw * 16 + (lane >> 2), r_hi = r_lo + 8;  // channel_scale holds npad rows
-  float cs_lo, cs_hi;
-  if (scales != nullptr) {
-    cs_lo = scales[BT + r_lo - n0], cs_hi = scales[BT + r_hi - n0];
-  } else {
-    cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f, cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
-  }
+  const float cs_lo = r_lo < p.npad ? p.channel_scale[r_lo] : 0.f, cs_hi = r_hi < p.npad ? p.channel_scale[r_hi] : 0.f;
   store_rows_through_smem<kRows, BT, kConsumerWarps>(
       smem, static_cast<__half*>(p.y), p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y, [&](int v, int token) {
-        const float xs = scales != nullptr ? scales[token] : m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
+        const float xs = m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
         return __float2half_rn(static_cast<float>(acc[v]) * xs * (((v >> 1) & 1) ? cs_hi : cs_lo));
+      });
+}
+
+// The same epilogue with the tile's scales read from smem (tuned launches): x_scale [BT] then channel_scale [kRows],
+// staged by stage_tile_scales before the mainloop (zeros past m and npad), in place of global loads after the last
+// wgmma. The same products, so the same f16 values.
+template <int BT>
+__device__ inline void store_tile_staged_scales(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0,
+                                                int gw, int lane, const int (&acc)[BT / 2], const float* scales) {
+  const int r_lo = gw * 16 + (lane >> 2);
+  const float cs_lo = scales[BT + r_lo], cs_hi = scales[BT + r_lo + 8];
+  store_rows_through_smem<kRows, BT, kConsumerWarps>(
+      smem, static_cast<__half*>(p.y), p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y, [&](int v, int token) {
+        return __float2half_rn(static_cast<float>(acc[v]) * scales[token] * (((v >> 1) & 1) ? cs_hi : cs_lo));
       });
 }
 
@@ -291,11 +292,10 @@ __device__ inline void stage_tile_scales(const W4A8Problem& p, float* scales, in
 
 template <int BT>
 __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0, int gw,
-                                  int lane, int rank, int split, const int (&acc)[BT / 2],
-                                  const float* scales = nullptr) {
+                                  int lane, int rank, int split, const int (&acc)[BT / 2]) {
   constexpr int kR = BT / 2;
   if (split == 1 && !p.raw) {
-    store_tile_staged<BT>(p, vector_y, smem, n0, m0, gw, lane, acc, scales);
+    store_tile_staged<BT>(p, vector_y, smem, n0, m0, gw, lane, acc);
     return;
   }
   if (split == 1) {
@@ -314,8 +314,13 @@ __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* 
 
 // Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 weight rows (token tiles fastest),
 // z = split (one cluster along z). kSplitProducer: three producer threads (produce_part), else the one thread of
-// the earlier rounds (kept for A/B timing: kernel names 'sm90o...').
-template <int BT, bool kOverlap, bool kSplitProducer = true>
+// the earlier rounds (kept for A/B timing: kernel names 'sm90o...'). kTune (split producer and overlapped mainloop
+// only; 0 is the kernel as before): 1 ('sm90q', and the automatic plan's unsplit one-launch tiles) the weight and
+// parameter producers prefetch stage kb + kStages into L2 after issuing stage kb, group rows by a shift (cshift), the
+// unsplit f16 epilogue's scales staged in smem before the mainloop; 2 ('sm90r') also each weight-row tile walks its k
+// blocks from block (row tile % nk) on, wrapping, so that CTAs running together read different activation blocks (the
+// int32 sums do not depend on the order).
+template <int BT, bool kOverlap, bool kSplitProducer = true, int kTune = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                           const Args args) {
@@ -333,8 +338,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
   const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
-  const int rot = args.rotate && nk > 0 ? (tile / args.tiles_m) % nk : 0;
+  static_assert(kTune == 0 || (kOverlap && kSplitProducer), "tuned launches: overlapped mainloop, split producer");
+  const int rot = kTune == 2 && nk > 0 ? (tile / args.tiles_m) % nk : 0;
   const auto kb_of = [&](int it) { return kb0 + (it + rot < nk ? it + rot : it + rot - nk); };  // it's k block
+  constexpr int kAhead = kTune > 0 ? kStages : 0;  // L2 prefetch distance in stages
 
   init_pipeline<kStages>(&map_x, &map_w, full, empty, kSplitProducer ? kProducerParts : 1, kConsumerWarps * 32);
 
@@ -351,11 +358,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int prow = min(kRows, p.npad - n0);
       for (int it = 0, s = 0, phase = 1; it < nk; ++it) {
         const int kb = kb_of(it);
-        const int pk = args.prefetch > 0 && it + args.prefetch < nk ? kb_of(it + args.prefetch) : -1;
+        const int pk = kAhead > 0 && it + kAhead < nk ? kb_of(it + kAhead) : -1;
         mbar_wait(&empty[s], phase);
-        produce_part<C>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
-                        min(2, args.k_chunks - 2 * kb), prow, args.shared_params, pk,
-                        pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
+        produce_part<C, (kTune > 0)>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
+                                     min(2, args.k_chunks - 2 * kb), prow, args.shared_params, pk,
+                                     pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
         if (++s == kStages) s = 0, phase ^= 1;
       }
     }
@@ -391,11 +398,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t fa[16], fb[16];
     const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * kb_of(it)); };
     const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
-    float* scales = nullptr;  // 'sm90q': the tile's scales in smem, loaded while the first stages are in flight
-    if (args.smem_scales && split == 1 && !p.raw) {
-      scales = reinterpret_cast<float*>(empty + kStages);
-      stage_tile_scales<BT>(p, scales, m0, n0, static_cast<int>(threadIdx.x) - 128);
-    }
+    // tuned, unsplit f16: the tile's scales in smem, loaded while the first stages are in flight
+    float* scales = reinterpret_cast<float*>(empty + kStages);
+    const bool smem_scales = kTune > 0 && split == 1 && !p.raw;
+    if (smem_scales) stage_tile_scales<BT>(p, scales, m0, n0, static_cast<int>(threadIdx.x) - 128);
     fence_regs(acc);
     const bool shared = kSplitProducer && args.shared_params;
     if (nk > 0) {
@@ -412,7 +418,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
-    store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc, scales);
+    if (smem_scales)
+      store_tile_staged_scales<BT>(p, args.vector_y, smem, n0, m0, gw, lane, acc, scales);
+    else
+      store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
   }
 
 #endif
@@ -437,13 +446,13 @@ inline int chunk_group_shift(const W4A8Problem& p) {
   return shift;
 }
 
-// tuned 1 ('sm90q'): L2 prefetch C::kStages stages ahead, the shift for group rows, the scales staged in smem; 2
-// ('sm90r'): and each row tile's k blocks rotated.
-template <int BT, bool kOverlap, bool kSplitProducer>
-void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, int tuned = 0) {
+// kTune: gemm_w4a8_sm90_kernel's (its smem holds the tile's scales past the barriers when > 0).
+template <int BT, bool kOverlap, bool kSplitProducer, int kTune = 0>
+void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
-  auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer>;
-  constexpr int kSmem = Config<BT>::kSmemBytes;
+  auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer, kTune>;
+  constexpr int kSmem = Config<BT>::kSmemBytes + (kTune > 0 ? Config<BT>::kScaleBytes : 0);
+  static_assert(kSmem <= 232448, "the tuned kernel's smem exceeds the sm_90 per-block limit");
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_m = (p.m + BT - 1) / BT;
   const int k_blocks = (p.k + kBK - 1) / kBK;
@@ -454,9 +463,7 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
   Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
-  if (tuned > 0 && kSplitProducer)
-    args.prefetch = Config<BT>::kStages, args.cshift = chunk_group_shift(p), args.smem_scales = true;
-  args.rotate = tuned == 2 && kSplitProducer;
+  if (kTune > 0) args.cshift = chunk_group_shift(p);
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
@@ -597,13 +604,14 @@ struct SkArgs {
   bool vector_y;
   StreamKWorkspace ws;  // s32 partial slots of kRows x BT, flags
   bool shared_params;   // Args::shared_params
-  int prefetch = 0;     // Args::prefetch ('sm90q': within the segment's tile)
-  int cshift = -1;      // Args::cshift
+  int cshift = 0;       // Args::cshift (tuned launches)
 };
 
 // gemm_w4a16_sm90.cu's stream-K kernel with this file's stage: segments last to first, one running stage counter.
-// kSplitProducer as in gemm_w4a8_sm90_kernel: each of the three producer threads walks the same segments.
-template <int BT, bool kSplitProducer = true>
+// kSplitProducer as in gemm_w4a8_sm90_kernel: each of the three producer threads walks the same segments. kTune
+// ('sm90qk...', 'sm90rk...'; split producer only): the L2 prefetch of stage kb + kStages within the segment's tile
+// and the group-row shift, as gemm_w4a8_sm90_kernel's kTune 1 (the epilogue's scales stay global loads).
+template <int BT, bool kSplitProducer = true, bool kTune = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_streamk_kernel(const __grid_constant__ CUtensorMap map_x,
                                   const __grid_constant__ CUtensorMap map_w, const SkArgs args) {
@@ -639,9 +647,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
         uint8_t* st = smem + s * kStageBytes;
         if constexpr (kSplitProducer) {
-          const int pk = args.prefetch > 0 && kb + args.prefetch < kb_n ? kb + args.prefetch : -1;
-          produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, chunks, prow, args.shared_params, pk,
-                          pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
+          const int pk = kTune && kb + kStages < kb_n ? kb + kStages : -1;
+          produce_part<C, kTune>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, chunks, prow, args.shared_params,
+                                 pk, pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
           continue;
         }
         mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + chunks * 2 * prow);
@@ -697,8 +705,8 @@ int streamk_resident(const char* op) {
 
 // The stream-K launch over `ctas` CTAs (0: every resident one); false without a workspace (first use inside a graph
 // capture). The workspace is the W4A16 kernel's (one per device, 128 x 256 slots of 4 bytes).
-template <int BT, bool kSplitProducer>
-bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream, int tuned = 0) {
+template <int BT, bool kSplitProducer, bool kTune = false>
+bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
   const int resident = streamk_resident<BT>(op);
   LOWBIT_CHECK(ctas >= 0 && ctas <= resident, op, ": stream-K over ", ctas, " CTAs; at most ", resident,
@@ -716,11 +724,12 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream, int tun
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
   SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws,
               kSplitProducer && stage_in_one_group(p)};
-  if (tuned > 0 && kSplitProducer) args.prefetch = SkConfig<BT>::kStages, args.cshift = chunk_group_shift(p);
+  if (kTune) args.cshift = chunk_group_shift(p);
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer>;
-  if constexpr (!kSplitProducer)  // streamk_resident raised the split-producer instance's limit on this device only
+  static_assert(!kTune || kSplitProducer, "tuned stream-K: split producer only");
+  auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer, kTune>;
+  if constexpr (!kSplitProducer || kTune)  // streamk_resident raised the default instance's limit on this device only
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                SkConfig<BT>::kSmemBytes));
   kernel<<<ctas, kThreads, SkConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
@@ -953,20 +962,44 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
       return;
     }
   }
-  const int tuned = choice.prefetch;  // stream-K: 'sm90r' runs as 'sm90q' (segments keep their k order)
+  // choice.prefetch: 'sm90q' 1, 'sm90r' 2 (stream-K runs 'sm90r' as 'sm90q': segments keep their k order).
+  // Tuned launches find group rows by a shift: other groups (not 64 * 2^j) run untuned.
+  const int tuned = chunk_group_shift(p) >= 0 ? choice.prefetch : 0;
   if (plan.streamk) {
-    if (plan.tokens == 128 ? launch_streamk<128, kSplitProducer>(p, choice.ctas, stream, tuned)
-                           : launch_streamk<256, kSplitProducer>(p, choice.ctas, stream, tuned))
-      return;
+    bool ran;
+    if constexpr (kSplitProducer) {
+      ran = tuned > 0 ? (plan.tokens == 128 ? launch_streamk<128, true, true>(p, choice.ctas, stream)
+                                            : launch_streamk<256, true, true>(p, choice.ctas, stream))
+                      : (plan.tokens == 128 ? launch_streamk<128, true>(p, choice.ctas, stream)
+                                            : launch_streamk<256, true>(p, choice.ctas, stream));
+    } else {
+      ran = plan.tokens == 128 ? launch_streamk<128, false>(p, choice.ctas, stream)
+                               : launch_streamk<256, false>(p, choice.ctas, stream);
+    }
+    if (ran) return;
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a8: the stream-K workspace is allocated on "
                       "first use, which a graph capture forbids: run the op once before capturing");
     plan = plan_for<kOverlap>(p, choice, false);
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a8: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-  const auto go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
-  if (plan.head > 0) go(p, 1, 0, plan.head, stream, tuned);  // whole unsplit waves, then the rest split
-  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, tuned);
+  using Go = void (*)(const W4A8Problem&, int, int, int, cudaStream_t);
+  Go go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
+  if constexpr (kOverlap && kSplitProducer) {
+    // The automatic plan (tile and split free) runs its unsplit one-launch tiles tuned: measured faster than the
+    // untuned launch in the same process on every such Llama-3-8B plan (H200, f8ec738: qkv 256 28.3 -> 24.5 us,
+    // qkv / o / down 1024 72.1 -> 55.9, 37.5 -> 29.5, 91.3 -> 86.5; docs/benchmarks_gpu.md, "W4A8: L2 prefetch of
+    // later stages"). Its split and stream-K plans stay untuned (stream-K measured slower tuned); 'sm90:S:T' pins
+    // the untuned launch for A/B.
+    const bool free = choice.tokens == 0 && choice.split == 0 && !choice.streamk;
+    const int tune = tuned > 0                                                           ? tuned
+                     : free && plan.split == 1 && plan.head == 0 && chunk_group_shift(p) >= 0 ? 1
+                                                                                              : 0;
+    if (tune == 1) go = plan.tokens == 128 ? launch<128, true, true, 1> : launch<256, true, true, 1>;
+    if (tune == 2) go = plan.tokens == 128 ? launch<128, true, true, 2> : launch<256, true, true, 2>;
+  }
+  if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
+  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
 }
 
 }  // namespace
