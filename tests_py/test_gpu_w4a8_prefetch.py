@@ -75,10 +75,10 @@ def test_gemm_w4a8_sm90q_plans_and_names():
             _core.gemm_w4a8(x, None, pw, y, kernel=bad)
 
 
-# The automatic plan runs its unsplit one-launch tiles tuned (Llama-3-8B qkv at M = 256, o at M = 1024 on an H200):
-# the same int32 sums and f16 values as the forced untuned launch at the plan's tile.
+# Full Llama-3-8B layers (qkv at M = 256, o at M = 1024: unsplit one-launch plans on an H200) and an odd one: the
+# tuned launches at the automatic plan and at its tile give the same int32 sums and f16 values as the untuned ones.
 @pytest.mark.parametrize("m,n,k", [(256, 6144, 4096), (1024, 4096, 4096), (200, 4103, 1088)])
-def test_gemm_w4a8_automatic_plan_matches_untuned(m, n, k):
+def test_gemm_w4a8_tuned_matches_untuned_at_the_plan(m, n, k):
     qw = two_level_weight("qoq", n, k, 128, seed=m + n + k)
     pw = _core.pack_weight(qw, "sm80", "cuda:0")
     g = torch.Generator().manual_seed(m + k)
@@ -87,9 +87,10 @@ def test_gemm_w4a8_automatic_plan_matches_untuned(m, n, k):
     tokens = _core.gemm_w4a8_sm90_plan(m, n, k)[0]
     for dtype, scales in ((torch.int32, None), (torch.float16, xs)):
         outs = []
-        for kernel in ("sm90", f"sm90:1:{tokens}"):
+        for kernel in ("sm90", "sm90q", "sm90r", f"sm90:1:{tokens}", f"sm90q:1:{tokens}", f"sm90r:1:{tokens}"):
             y = torch.full((m, n), -7, dtype=dtype, device="cuda")
             _core.gemm_w4a8(xq, scales, pw, y, kernel=kernel)
             torch.cuda.synchronize()
             outs.append(y.cpu())
-        assert torch.equal(outs[0], outs[1]), dtype
+        for kernel, out in zip(("sm90q", "sm90r", "1:T", "q:1:T", "r:1:T"), outs[1:]):
+            assert torch.equal(outs[0], out), (dtype, kernel)
