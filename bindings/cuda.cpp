@@ -193,6 +193,15 @@ std::string strip_one_producer(const std::string& kernel, Options& o) {
   return "sm90" + kernel.substr(5);
 }
 
+// W4A8: "sm90q..." names the wgmma kernel with L2 prefetch of later stages and staged scales (opt-in), "sm90r..." the
+// same with each weight-row tile's k blocks rotated; the rest of the name as after "sm90" ("sm90q", "sm90q:1:128",
+// "sm90qk:128", "sm90r:1:128"); returns the name without the "q" / "r".
+std::string strip_prefetch(const std::string& kernel, cuda::W4A8Options& o) {
+  if (kernel.rfind("sm90q", 0) != 0 && kernel.rfind("sm90r", 0) != 0) return kernel;
+  o.sm90_prefetch = kernel[4] == 'q' ? 1 : 2;
+  return "sm90" + kernel.substr(5);
+}
+
 // The W4A16 wgmma plan queries' options from a kernel name: '' (the automatic plan) or any sm90 name the op takes.
 cuda::W4A16Options sm90_plan_options(const char* op, const std::string& kernel_name) {
   cuda::W4A16Options o;
@@ -528,7 +537,7 @@ void bind_cuda(nb::module_& m) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options options;
         options.split_k = split_k;
-        const std::string kernel = strip_one_producer(kernel_name, options);
+        const std::string kernel = strip_prefetch(strip_one_producer(kernel_name, options), options);
         const int sm90 = parse_sm90k("gemm_w4a8", kernel, options) || parse_sm90p("gemm_w4a8", kernel, options) ||
                                  parse_sm90m("gemm_w4a8", kernel, options)
                              ? 1
@@ -571,7 +580,9 @@ void bind_cuda(nb::module_& m) {
       "mainloop, for A/B timing), 'sm90o...' (the earlier one-thread producer, for A/B timing: 'sm90o', 'sm90o:S:T', "
       "'sm90ok...'), 'sm90p[:T[:G]]' (the persistent tile loop, opt-in: the resident CTAs walk whole tiles, G pins the "
       "CTAs), 'sm90m[:T]' (multicast pairs, opt-in: two CTAs on neighbouring weight-row tiles share the activation "
-      "tile), 'sm90x' (the automatic plan with pairs off: the same as 'sm90'), 'gemv' or 'gemv:rDbB' (the "
+      "tile), 'sm90x' (the automatic plan with pairs off: the same as 'sm90'), 'sm90q...' (opt-in: L2 prefetch of later "
+      "stages' weights and parameters, the tile's scales staged in smem; the rest as after 'sm90', e.g. 'sm90q:1:128', "
+      "'sm90qk:128'), 'sm90r...' (opt-in: 'sm90q' with each weight-row tile's k blocks in a rotated order), 'gemv' or 'gemv:rDbB' (the "
       "register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(
@@ -579,7 +590,7 @@ void bind_cuda(nb::module_& m) {
       [](int64_t m, int64_t n, int64_t k, int device, const std::string& kernel_name) {
 #ifdef LOWBIT_WITH_CUDA
         cuda::W4A8Options o;
-        const std::string kernel = strip_one_producer(kernel_name, o);
+        const std::string kernel = strip_prefetch(strip_one_producer(kernel_name, o), o);
         if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o) || parse_sm90p("gemm_w4a8_sm90_plan", kernel, o) ||
             parse_sm90m("gemm_w4a8_sm90_plan", kernel, o))
           return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);

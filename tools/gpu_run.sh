@@ -33,6 +33,10 @@
 #               --w4a8-only --no-ab alone (PAIRS_BENCH_ARGS, PAIRS_BENCH_S), then ncu (a few metrics: time, L2 bytes
 #               and throughput, DRAM, tensor pipe) over qkv M = 256 and gate_up M = 1024, unpaired vs paired
 #               (PAIRS_NCU_S; PAIRS_NCU=0 skips it)
+#     w4a8q     the W4A8 wgmma GEMM's 'sm90q...' launches (L2 prefetch of later stages, staged scales): their tests
+#               (test_gpu_w4a8_prefetch.py) with the W4A8 sm90 and pair tests as regression and memcheck/racecheck/
+#               synccheck over small cases, all at once (Q_TEST_S, Q_SAN_S cap them), then tools/bench_gpu_sm90_tiles.py
+#               --w4a8-only --no-ab alone (Q_BENCH_ARGS, Q_BENCH_S): sm90 vs sm90q vs forced tiles vs torch fp8, cuBLAS
 #     sm90tiles the wgmma W4A16/W4A8 GEMMs per tile / split / mainloop (and W4A16 stream-K) vs cuBLAS fp16 and torch
 #               fp8 (tools/bench_gpu_sm90_tiles.py, SM90TILES_ARGS), their test files (SM90TILES_K selects), sanitizers
 #               over small cases of each path (SM90TILES_SAN_K replaces their -k expression)
@@ -202,6 +206,7 @@ SANITIZE_CASES=(
   "kv_per_channel|test_gpu_kv_per_channel.py|64-128-u4 or 128-32-u8 or slots_run_out"
   "prefill_sm90|test_gpu_prefill_sm90.py|(sm90_matches_cpu and 9-3-64-24 and chunked and (u8-u4 or f16-f16)) or (sm90_matches_cpu and 8-2-128-16 and fresh and (u2-u2 or u4-f16)) or refuses"
   "w4a8_pairs|test_gpu_w4a8_pairs.py|(int32_bit_exact and (1-16-64-64 or 129-520-704-128 or 7-130-576-64)) or (scaled_f16 and 17-130-576-64)"
+  "w4a8_prefetch|test_gpu_w4a8_prefetch.py|(int32_bit_exact and 65-200-2112-128) or (scaled_f16 and 17-130 and sm90r:1:128)"
   "w4a8_persistent|test_gpu_w4a8_persistent.py|(tile_transitions and (300-272-64-2 or 7-17-192-5 or 1100-130-320-3)) or (int32_bit_exact and 130-576-128-7) or plan_and_names"
   "sm90_streamk|test_gpu_sm90_streamk.py|(every_fixup_path and (65-100-576-3 or 7-17-128-5)) or (int32_exact and (7-17-256-5 or 65-100-1152-9)) or two_streams"
   "w4a16_gemv|test_gpu_w4a16_gemv.py|(matches_float64 and (0-17-64-64-1-False or 8-272-576-128-5-True or 1-4103-640-96-2-False or 1-1000-4160-32-3-True)) or (splits_long_rows and 8-8192-64) or strided or bad_names or (configs_match and (8-17-640-96 or (1-130-12352 and (r2b6 or r12b1))))"
@@ -553,6 +558,23 @@ if has w4a8pairs; then
     echo "ncu M=$m rc=$?"; grep -E '"(gpu__time|lts__t_bytes|lts__throughput|dram__|sm__pipe|launch__grid)' "$OUT/ncu_pairs.csv" \
       | awk -F'","' '{print substr($5, 1, 60), $(NF-2), $NF}' | head -20
   fi
+fi
+if has w4a8q; then
+  echo "== W4A8 wgmma 'sm90q' (L2 prefetch, staged scales): tests and sanitizers together, then the benchmark"
+  (timeout -k 5 "${Q_TEST_S:-90}" "${PYTEST[@]}" "$TESTS/test_gpu_w4a8_prefetch.py" "$TESTS/test_gpu_w4a8.py" \
+    "$TESTS/test_gpu_w4a8_pairs.py" -q -rfEs --maxfail=30 -k "not quantized_directory" > "$OUT/pytest_q.log" 2>&1
+    echo "pytest (sm90q + W4A8 + pairs) rc=$?") &
+  expr=$(printf '%s\n' "${SANITIZE_CASES[@]}" | grep '^w4a8_prefetch|' | cut -d'|' -f3)
+  sanitize_bg q "${Q_SAN_S:-110}" "$TESTS/test_gpu_w4a8_prefetch.py" -k "$expr"
+  wait
+  echo "-- pytest_q.log: $(tail -1 "$OUT/pytest_q.log")"
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_q.log" | cut -c1-300 | head -20
+  sanitize_report q
+  echo "== benchmark: sm90 vs sm90q and forced tiles vs torch fp8 and cuBLAS fp16, same process"
+  # shellcheck disable=SC2086
+  timeout -k 5 "${Q_BENCH_S:-110}" python3 "$REPO/tools/bench_gpu_sm90_tiles.py" "$OUT/bench_w4a8_q.json" \
+    ${Q_BENCH_ARGS:---ms=256,1024 --shapes=qkv,o,down --w4a8-only --no-ab --streamk= --variants=sm90q,sm90r,sm90:1:128,sm90q:1:128,sm90r:1:128,sm90x} \
+    2>&1 | tee "$OUT/bench_w4a8_q.log"
 fi
 if has sm90tiles; then
   # The wgmma W4A16/W4A8 kernels' tiles, splits and mainloops: the benchmark first (SM90TILES_BENCH_S caps it),

@@ -231,6 +231,7 @@ detail::Sm90Choice sm90_choice_of(const W4A8Options& options) {
   c.streamk = options.sm90_streamk, c.ctas = options.sm90_ctas, c.no_streamk = options.sm90_no_streamk;
   c.one_producer = options.sm90_one_producer, c.persistent = options.sm90_persistent;
   c.pair = options.sm90_pair;
+  c.prefetch = options.sm90_prefetch;
   return c;
 }
 

@@ -22,7 +22,9 @@
 // persistent grid of the resident CTAs walking whole tiles, its producers filling the next tile's stages during an
 // epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel). Opt-in ('sm90m' names; measured no faster):
 // pairs of CTAs on neighbouring weight-row tiles sharing the activation tile by TMA multicast
-// (gemm_w4a8_sm90_pair_kernel).
+// (gemm_w4a8_sm90_pair_kernel). Opt-in ('sm90q' / 'sm90r' names: kTune; measured in an earlier build only): the weight and
+// parameter producers prefetch later stages into L2, the unsplit epilogue's scales staged in smem, and ('sm90r') each
+// weight-row tile's k blocks walked from its own start.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
@@ -56,6 +58,7 @@ struct Config {
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+  static constexpr int kScaleBytes = (BT + kRows) * 4;  // tuned launches: the tile's x_scale and channel_scale
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
 };
@@ -66,6 +69,8 @@ struct Args {
   int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // f16 y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
   bool shared_params;  // both chunks of a stage in one group (group % 128 == 0): chunk 0's parameters serve both
+  // Tuned launches (kTune > 0; groups of 64 * 2^j only): log2(group / 64), a chunk's group row by a shift.
+  int cshift = 0;
 };
 
 #ifdef LOWBIT_SM90_DEVICE
@@ -214,20 +219,36 @@ __device__ __forceinline__ void consume_run(int (&acc)[N], uint32_t (&fa)[16], u
 
 // Part `part` of stage kb's copies (sm90_producer.cuh): 128 k of x, its two packed 64-k chunks, then the u8 steps and
 // offsets of its `chunks` chunks (chunk 0's only when shared_params: both chunks in one group), prow bytes each.
-template <class C>
+// Tuned launches (kTuned): pf_kb >= 0 names a later stage (pf_chunks chunks) whose weight box (part 1) or parameters
+// (part 2) are prefetched into L2 after this stage's copies are issued, and a chunk's group row is chunk >> cshift.
+template <class C, bool kTuned = false>
 __device__ __forceinline__ void produce_part(int part, uint8_t* st, uint64_t* bar, const CUtensorMap* map_x,
                                              const CUtensorMap* map_w, const W4A8Problem& p, int kb, int m0, int n0,
-                                             int chunks, int prow, bool shared_params) {
+                                             int chunks, int prow, bool shared_params, int pf_kb = -1,
+                                             int pf_chunks = 0, int cshift = 0) {
+  const auto group_row = [&](int chunk) {
+    return static_cast<int64_t>(kTuned ? chunk >> cshift : chunk * 64 / p.group) * p.npad + n0;
+  };
   produce_stage_part<C>(part, st, bar, map_x, map_w, kb * kBK, m0, 2 * kb, n0, [&] {
     uint8_t* ps = st + C::kXBytes + C::kWBytes;
     const int copies = shared_params ? 1 : chunks;
     mbar_expect_tx(bar, copies * 2 * prow);
     for (int c = 0; c < copies; ++c) {
-      const int64_t row0 = static_cast<int64_t>((2 * kb + c) * 64 / p.group) * p.npad + n0;
+      const int64_t row0 = group_row(2 * kb + c);
       bulk_load(ps + c * 2 * kRows, p.steps + row0, prow, bar);
       bulk_load(ps + c * 2 * kRows + kRows, p.offsets + row0, prow, bar);
     }
   });
+  if (!kTuned || pf_kb < 0) return;
+  if (part == 1) {
+    tma_prefetch_3d(map_w, 0, 2 * pf_kb, n0 / 16);
+  } else if (part == 2) {
+    for (int c = 0; c < (shared_params ? 1 : pf_chunks); ++c) {
+      const int64_t row0 = group_row(2 * pf_kb + c);
+      bulk_prefetch_l2(p.steps + row0, prow);
+      bulk_prefetch_l2(p.offsets + row0, prow);
+    }
+  }
 }
 
 // The consumers' epilogue. Split 1: each lane stores its accumulators. Split-K: split rank j reduces
@@ -245,6 +266,30 @@ __device__ inline void store_tile_staged(const W4A8Problem& p, bool vector_y, ui
         const float xs = m0 + token < p.m ? p.x_scale[m0 + token] : 0.f;
         return __float2half_rn(static_cast<float>(acc[v]) * xs * (((v >> 1) & 1) ? cs_hi : cs_lo));
       });
+}
+
+// The same epilogue with the tile's scales read from smem (tuned launches): x_scale [BT] then channel_scale [kRows],
+// staged by stage_tile_scales before the mainloop (zeros past m and npad), in place of global loads after the last
+// wgmma. The same products, so the same f16 values.
+template <int BT>
+__device__ inline void store_tile_staged_scales(const W4A8Problem& p, bool vector_y, uint8_t* smem, int n0, int m0,
+                                                int gw, int lane, const int (&acc)[BT / 2], const float* scales) {
+  const int r_lo = gw * 16 + (lane >> 2);
+  const float cs_lo = scales[BT + r_lo], cs_hi = scales[BT + r_lo + 8];
+  store_rows_through_smem<kRows, BT, kConsumerWarps>(
+      smem, static_cast<__half*>(p.y), p.ldy, p.m, p.n, m0, n0, gw, lane, vector_y, [&](int v, int token) {
+        return __float2half_rn(static_cast<float>(acc[v]) * scales[token] * (((v >> 1) & 1) ? cs_hi : cs_lo));
+      });
+}
+
+// The consumers (thread t of 256) copy the tile's scales into `scales` (store_tile_staged's layout), then sync.
+template <int BT>
+__device__ inline void stage_tile_scales(const W4A8Problem& p, float* scales, int m0, int n0, int t) {
+  for (int i = t; i < BT + kRows; i += kConsumerWarps * 32) {
+    const int r = n0 + i - BT;
+    scales[i] = i < BT ? (m0 + i < p.m ? p.x_scale[m0 + i] : 0.f) : (r < p.npad ? p.channel_scale[r] : 0.f);
+  }
+  consumer_sync();
 }
 
 template <int BT>
@@ -271,8 +316,13 @@ __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* 
 
 // Grid: x = tiles [tile_base, tile_base + gridDim.x) of BT tokens x 128 weight rows (token tiles fastest),
 // z = split (one cluster along z). kSplitProducer: three producer threads (produce_part), else the one thread of
-// the earlier rounds (kept for A/B timing: kernel names 'sm90o...').
-template <int BT, bool kOverlap, bool kSplitProducer = true>
+// the earlier rounds (kept for A/B timing: kernel names 'sm90o...'). kTune (split producer and overlapped mainloop
+// only; 0 is the kernel as before): 1 ('sm90q', and the automatic plan's unsplit one-launch tiles) the weight and
+// parameter producers prefetch stage kb + kStages into L2 after issuing stage kb, group rows by a shift (cshift), the
+// unsplit f16 epilogue's scales staged in smem before the mainloop; 2 ('sm90r') also each weight-row tile walks its k
+// blocks from block (row tile % nk) on, wrapping, so that CTAs running together read different activation blocks (the
+// int32 sums do not depend on the order).
+template <int BT, bool kOverlap, bool kSplitProducer = true, int kTune = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                           const Args args) {
@@ -290,6 +340,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
   const int kb0 = rank * args.k_blocks / split, nk = (rank + 1) * args.k_blocks / split - kb0;
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31;
+  static_assert(kTune == 0 || (kOverlap && kSplitProducer), "tuned launches: overlapped mainloop, split producer");
+  const int rot = kTune == 2 && nk > 0 ? (tile / args.tiles_m) % nk : 0;
+  const auto kb_of = [&](int it) { return kb0 + (it + rot < nk ? it + rot : it + rot - nk); };  // it's k block
+  constexpr int kAhead = kTune > 0 ? kStages : 0;  // L2 prefetch distance in stages
 
   init_pipeline<kStages>(&map_x, &map_w, full, empty, kSplitProducer ? kProducerParts : 1, kConsumerWarps * 32);
 
@@ -305,10 +359,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (kSplitProducer && lane == 0 && part < kProducerParts) {  // producers: one part of each stage
       const int prow = min(kRows, p.npad - n0);
       for (int it = 0, s = 0, phase = 1; it < nk; ++it) {
-        const int kb = kb0 + it;
+        const int kb = kb_of(it);
+        const int pk = kAhead > 0 && it + kAhead < nk ? kb_of(it + kAhead) : -1;
         mbar_wait(&empty[s], phase);
-        produce_part<C>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
-                        min(2, args.k_chunks - 2 * kb), prow, args.shared_params);
+        produce_part<C, (kTune > 0)>(part, smem + s * kStageBytes, &full[s], &map_x, &map_w, p, kb, m0, n0,
+                                     min(2, args.k_chunks - 2 * kb), prow, args.shared_params, pk,
+                                     pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
         if (++s == kStages) s = 0, phase ^= 1;
       }
     }
@@ -342,8 +398,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
     // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
     uint32_t fa[16], fb[16];
-    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb0 + it)); };
+    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * kb_of(it)); };
     const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+    // tuned, unsplit f16: the tile's scales in smem, loaded while the first stages are in flight
+    float* scales = reinterpret_cast<float*>(empty + kStages);
+    const bool smem_scales = kTune > 0 && split == 1 && !p.raw;
+    if (smem_scales) stage_tile_scales<BT>(p, scales, m0, n0, static_cast<int>(threadIdx.x) - 128);
     fence_regs(acc);
     const bool shared = kSplitProducer && args.shared_params;
     if (nk > 0) {
@@ -360,7 +420,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
-    store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
+    if (smem_scales)
+      store_tile_staged_scales<BT>(p, args.vector_y, smem, n0, m0, gw, lane, acc, scales);
+    else
+      store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, rank, split, acc);
   }
 
 #endif
@@ -376,11 +439,22 @@ void slots_of(const char* op, int (&slots)[4]) {
 // Groups of a multiple of 128 k put both 64-k chunks of a 128-k stage in one group.
 inline bool stage_in_one_group(const W4A8Problem& p) { return p.group % kBK == 0; }
 
-template <int BT, bool kOverlap, bool kSplitProducer>
+// log2(group / 64) when group / 64 is a power of two, else -1 (the producers then divide).
+inline int chunk_group_shift(const W4A8Problem& p) {
+  const int cpg = p.group / 64;
+  if (p.group % 64 != 0 || cpg <= 0 || (cpg & (cpg - 1)) != 0) return -1;
+  int shift = 0;
+  while ((1 << shift) < cpg) ++shift;
+  return shift;
+}
+
+// kTune: gemm_w4a8_sm90_kernel's (its smem holds the tile's scales past the barriers when > 0).
+template <int BT, bool kOverlap, bool kSplitProducer, int kTune = 0>
 void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
-  auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer>;
-  constexpr int kSmem = Config<BT>::kSmemBytes;
+  auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer, kTune>;
+  constexpr int kSmem = Config<BT>::kSmemBytes + (kTune > 0 ? Config<BT>::kScaleBytes : 0);
+  static_assert(kSmem <= 232448, "the tuned kernel's smem exceeds the sm_90 per-block limit");
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int tiles_m = (p.m + BT - 1) / BT;
   const int k_blocks = (p.k + kBK - 1) / kBK;
@@ -390,7 +464,8 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
   cfg.stream = stream;
 
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
+  Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
+  if (kTune > 0) args.cshift = chunk_group_shift(p);
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
   launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
@@ -531,11 +606,14 @@ struct SkArgs {
   bool vector_y;
   StreamKWorkspace ws;  // s32 partial slots of kRows x BT, flags
   bool shared_params;   // Args::shared_params
+  int cshift = 0;       // Args::cshift (tuned launches)
 };
 
 // gemm_w4a16_sm90.cu's stream-K kernel with this file's stage: segments last to first, one running stage counter.
-// kSplitProducer as in gemm_w4a8_sm90_kernel: each of the three producer threads walks the same segments.
-template <int BT, bool kSplitProducer = true>
+// kSplitProducer as in gemm_w4a8_sm90_kernel: each of the three producer threads walks the same segments. kTune
+// ('sm90qk...', 'sm90rk...'; split producer only): the L2 prefetch of stage kb + kStages within the segment's tile
+// and the group-row shift, as gemm_w4a8_sm90_kernel's kTune 1 (the epilogue's scales stay global loads).
+template <int BT, bool kSplitProducer = true, bool kTune = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w4a8_sm90_streamk_kernel(const __grid_constant__ CUtensorMap map_x,
                                   const __grid_constant__ CUtensorMap map_w, const SkArgs args) {
@@ -571,7 +649,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
         uint8_t* st = smem + s * kStageBytes;
         if constexpr (kSplitProducer) {
-          produce_part<C>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, chunks, prow, args.shared_params);
+          const int pk = kTune && kb + kStages < kb_n ? kb + kStages : -1;
+          produce_part<C, kTune>(part, st, &full[s], &map_x, &map_w, p, kb, m0, n0, chunks, prow, args.shared_params,
+                                 pk, pk >= 0 ? min(2, args.k_chunks - 2 * pk) : 0, args.cshift);
           continue;
         }
         mbar_expect_tx(&full[s], C::kXBytes + C::kWBytes + chunks * 2 * prow);
@@ -627,7 +707,7 @@ int streamk_resident(const char* op) {
 
 // The stream-K launch over `ctas` CTAs (0: every resident one); false without a workspace (first use inside a graph
 // capture). The workspace is the W4A16 kernel's (one per device, 128 x 256 slots of 4 bytes).
-template <int BT, bool kSplitProducer>
+template <int BT, bool kSplitProducer, bool kTune = false>
 bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
   const int resident = streamk_resident<BT>(op);
@@ -644,12 +724,14 @@ bool launch_streamk(const W4A8Problem& p, int ctas, cudaStream_t stream) {
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * tiles_m;
   LOWBIT_CHECK(tiles * k_blocks <= INT32_MAX, op, ": m=", p.m, " n=", p.n, " k=", p.k, " is too large for stream-K");
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
-  const SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws,
-                    kSplitProducer && stage_in_one_group(p)};
+  SkArgs args{p, {static_cast<int>(tiles * k_blocks), ctas, k_blocks}, p.k / 64, tiles_m, vector_y, ws,
+              kSplitProducer && stage_in_one_group(p)};
+  if (kTune) args.cshift = chunk_group_shift(p);
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer>;
-  if constexpr (!kSplitProducer)  // streamk_resident raised the split-producer instance's limit on this device only
+  static_assert(!kTune || kSplitProducer, "tuned stream-K: split producer only");
+  auto kernel = gemm_w4a8_sm90_streamk_kernel<BT, kSplitProducer, kTune>;
+  if constexpr (!kSplitProducer || kTune)  // streamk_resident raised the default instance's limit on this device only
     LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                SkConfig<BT>::kSmemBytes));
   kernel<<<ctas, kThreads, SkConfig<BT>::kSmemBytes, stream>>>(map_x, map_w, args);
@@ -882,17 +964,44 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
       return;
     }
   }
+  // choice.prefetch: 'sm90q' 1, 'sm90r' 2 (stream-K runs 'sm90r' as 'sm90q': segments keep their k order).
+  // Tuned launches find group rows by a shift: other groups (not 64 * 2^j) run untuned.
+  const int tuned = chunk_group_shift(p) >= 0 ? choice.prefetch : 0;
   if (plan.streamk) {
-    if (plan.tokens == 128 ? launch_streamk<128, kSplitProducer>(p, choice.ctas, stream)
-                           : launch_streamk<256, kSplitProducer>(p, choice.ctas, stream))
-      return;
+    bool ran;
+    if constexpr (kSplitProducer) {
+      ran = tuned > 0 ? (plan.tokens == 128 ? launch_streamk<128, true, true>(p, choice.ctas, stream)
+                                            : launch_streamk<256, true, true>(p, choice.ctas, stream))
+                      : (plan.tokens == 128 ? launch_streamk<128, true>(p, choice.ctas, stream)
+                                            : launch_streamk<256, true>(p, choice.ctas, stream));
+    } else {
+      ran = plan.tokens == 128 ? launch_streamk<128, false>(p, choice.ctas, stream)
+                               : launch_streamk<256, false>(p, choice.ctas, stream);
+    }
+    if (ran) return;
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !choice.streamk, "gemm_w4a8: the stream-K workspace is allocated on "
                       "first use, which a graph capture forbids: run the op once before capturing");
     plan = plan_for<kOverlap>(p, choice, false);
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a8: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-  const auto go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
+  using Go = void (*)(const W4A8Problem&, int, int, int, cudaStream_t);
+  Go go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
+  if constexpr (kOverlap && kSplitProducer) {
+    // kTuneAutomaticPlan: the automatic plan (tile and split free) would run its unsplit one-launch tiles tuned. Off:
+    // the tuned launch measured faster than the untuned one in the same process on every such Llama-3-8B plan (H200,
+    // f8ec738: qkv 256 28.3 -> 24.5 us, qkv / o / down 1024 72.1 -> 55.9, 37.5 -> 29.5, 91.3 -> 86.5), but both ran
+    // inside one kernel function carrying both paths (55-70% more SASS than main's), whose untuned path was itself
+    // 9-43% slower than main's kernel an hour earlier; the lean template instances here are not measured yet
+    // (docs/benchmarks_gpu.md, "W4A8: L2 prefetch of later stages"). 'sm90:S:T' pins the untuned launch for A/B.
+    constexpr bool kTuneAutomaticPlan = false;
+    const bool free = kTuneAutomaticPlan && choice.tokens == 0 && choice.split == 0 && !choice.streamk;
+    const int tune = tuned > 0                                                           ? tuned
+                     : free && plan.split == 1 && plan.head == 0 && chunk_group_shift(p) >= 0 ? 1
+                                                                                              : 0;
+    if (tune == 1) go = plan.tokens == 128 ? launch<128, true, true, 1> : launch<256, true, true, 1>;
+    if (tune == 2) go = plan.tokens == 128 ? launch<128, true, true, 2> : launch<256, true, true, 2>;
+  }
   if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
   go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
 }
@@ -911,6 +1020,9 @@ void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t
                "mainloop without a split");
   LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a8: the one-thread producer ('sm90o') runs the "
                "overlapped mainloop only");
+  LOWBIT_CHECK(choice.prefetch == 0 || (!choice.serial && !choice.one_producer && !choice.persistent && choice.pair != 2),
+               "gemm_w4a8: 'sm90q' / 'sm90r' (L2 prefetch, staged scales, rotated k) run the overlapped mainloop with the split producer, "
+               "one-tile-per-CTA and stream-K launches only");
   LOWBIT_CHECK(choice.pair != 2 || (!choice.serial && !choice.one_producer && !choice.streamk && !choice.persistent &&
                                     choice.split <= 1),
                "gemm_w4a8: multicast pairs ('sm90m') run the overlapped mainloop, split producer, unsplit tiles only");

@@ -18,6 +18,10 @@ struct Sm90Choice {
   // W4A8 multicast pairs (two CTAs on neighbouring weight-row tiles share the activation tile; opt-in, measured 0-4%
   // slower): 0 = the plan's (off), 1 = off ('sm90x'), 2 = forced ('sm90m[:T]': one unsplit pair launch)
   int pair = 0;
+  // W4A8 'sm90q...' (opt-in): the producers prefetch later stages' weights and parameters into L2 and the consumers
+  // stage the tile's scales in smem (one-tile-per-CTA and stream-K launches; same plan, same sums); 2 ('sm90r...'):
+  // and each row tile of a one-tile-per-CTA launch walks its k blocks from its own start (same int32 sums)
+  int prefetch = 0;
 };
 
 struct Sm90Plan {

@@ -200,6 +200,19 @@ __device__ inline void reduce_split_k(uint8_t* smem, int gw, int lane, int rank,
   }
 }
 
+// L2 prefetches (no shared memory, no barrier): the 3-D box a later tma_load_3d reads, and `bytes` (a multiple of 16,
+// 16-byte aligned) from src, so that the later copy finds them in L2 instead of DRAM.
+__device__ inline void tma_prefetch_3d(const CUtensorMap* map, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ inline void bulk_prefetch_l2(const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
+               : "memory");
+}
+
 // 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) completing on `bar`.
 __device__ inline void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
   asm volatile(

@@ -110,6 +110,9 @@ struct W4A8Options {
   // measured 0-4% slower than the unpaired launch): 0 = the plan's (off), 1 = off ('sm90x'), 2 = one unsplit pair
   // launch ('sm90m', 'sm90m:T')
   int sm90_pair = 0;
+  // the wgmma kernel's L2 prefetch of later stages and staged scales ('sm90q...' names: the rest as after 'sm90';
+  // opt-in until measured); 2: 'sm90r...', and each weight-row tile's k blocks in a rotated order
+  int sm90_prefetch = 0;
 };
 void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                const W4A8Options& options = {});
