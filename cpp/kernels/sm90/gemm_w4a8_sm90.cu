@@ -22,7 +22,7 @@
 // persistent grid of the resident CTAs walking whole tiles, its producers filling the next tile's stages during an
 // epilogue staged in smem of its own (gemm_w4a8_sm90_persistent_kernel). Opt-in ('sm90m' names; measured no faster):
 // pairs of CTAs on neighbouring weight-row tiles sharing the activation tile by TMA multicast
-// (gemm_w4a8_sm90_pair_kernel). Opt-in ('sm90q' / 'sm90r' names: kTune; measured in an earlier build only): the weight and
+// (gemm_w4a8_sm90_pair_kernel). Opt-in ('sm90q' / 'sm90r' names: kTune; measured 1-8% slower): the weight and
 // parameter producers prefetch later stages into L2, the unsplit epilogue's scales staged in smem, and ('sm90r') each
 // weight-row tile's k blocks walked from its own start.
 #include <cooperative_groups.h>
@@ -989,11 +989,9 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Go go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
   if constexpr (kOverlap && kSplitProducer) {
     // kTuneAutomaticPlan: the automatic plan (tile and split free) would run its unsplit one-launch tiles tuned. Off:
-    // the tuned launch measured faster than the untuned one in the same process on every such Llama-3-8B plan (H200,
-    // f8ec738: qkv 256 28.3 -> 24.5 us, qkv / o / down 1024 72.1 -> 55.9, 37.5 -> 29.5, 91.3 -> 86.5), but both ran
-    // inside one kernel function carrying both paths (55-70% more SASS than main's), whose untuned path was itself
-    // 9-43% slower than main's kernel an hour earlier; the lean template instances here are not measured yet
-    // (docs/benchmarks_gpu.md, "W4A8: L2 prefetch of later stages"). 'sm90:S:T' pins the untuned launch for A/B.
+    // as these lean template instances, the tuned launch is 1-8% slower than the untuned one on every Llama-3-8B plan
+    // at M = 256 / 1024 (H200, 674b897: qkv 256 21.5 vs 21.3 us, down 1024 80.0 vs 74.5; docs/benchmarks_gpu.md,
+    // "W4A8: what the 128-token tile waits for"). 'sm90:S:T' pins the untuned launch for A/B.
     constexpr bool kTuneAutomaticPlan = false;
     const bool free = kTuneAutomaticPlan && choice.tokens == 0 && choice.split == 0 && !choice.streamk;
     const int tune = tuned > 0                                                           ? tuned
