@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from lowbit import _core
-from bench_gpu_common import copy_bandwidth_gbs, device_meta, kernel_times, profiled_kernel_us, write_json
+from bench_gpu_common import copy_bandwidth_gbs, device_meta, profiled_kernel_parts_us, profiled_kernel_us, write_json
 from bench_gpu_kv_per_channel import D, HKV, HQ, decode_step, filled_cache
 
 CONFIGS = [(64, 8192), (1, 131072), (16, 32768), (256, 1536)]
@@ -43,15 +43,7 @@ def bytes_per_step(b, length, kt, vt, per_channel, group):
 
 def profiled_parts_us(fn, reps):
     """(all kernels, the decode kernel, the split merge) in device microseconds per call, from one profile."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    per = {n: t for n, (t, _) in kernel_times(prof).items() if not n.startswith("Memcpy")}
-    part = lambda key: sum(t for n, t in per.items() if key in n) / reps
-    return sum(per.values()) / reps, part("decode_attention_kernel"), part("combine_splits")
+    return tuple(profiled_kernel_parts_us(fn, reps, ["", "decode_attention_kernel", "combine_splits"]))
 
 
 def old_rule_split(b, length):
