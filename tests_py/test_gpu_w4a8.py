@@ -53,6 +53,27 @@ def scaled_case(fmt, m, n, k, group):
     return pw, xq, xs, ref
 
 
+def check_scaled_f16_same_bits(kernel, baseline, m, n, k, group):
+    """`kernel` and `baseline` on one scaled case (QoQ weights at even n, LiquidQuant at odd), y rows of n and n + 1
+    halves (16-byte rows: vector stores; 2 bytes off: scalar stores), NaN-poisoned: nothing written past n, the f16
+    output within its rounding of float64, and the two kernels' bits equal (the same sums and epilogue values)."""
+    pw, xq, xs, ref = scaled_case("liquid" if n % 2 else "qoq", m, n, k, group)
+    for ldy in (n, n + 1):
+        outs = []
+        for name in (kernel, baseline):
+            buf = torch.full((m, ldy), float("nan"), dtype=torch.float16, device="cuda")
+            y = buf[:, :n]
+            _core.gemm_w4a8(xq, xs, pw, y, kernel=name)
+            torch.cuda.synchronize()
+            outs.append(y.cpu())
+            if ldy > n:
+                assert torch.isnan(buf[:, n:].cpu()).all(), name  # nothing past n
+        got = outs[0].double()
+        assert not torch.isnan(got).any()
+        assert (got - ref).norm() / ref.norm() < 1e-3  # f16 output rounding only
+        assert torch.equal(outs[0], outs[1]), f"{kernel} vs {baseline}"
+
+
 # (k % 128 == 64 leaves the wgmma kernel a one-chunk last stage; n % 128 != 0 a partial weight tile;
 # m past 128 and 256 partial token tiles.)
 CASES = [("qoq", 1, 16, 64, 64), ("liquid", 7, 130, 576, 64), ("qoq", 65, 200, 576, 128), ("liquid", 300, 96, 1024, 64),

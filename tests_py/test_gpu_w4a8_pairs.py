@@ -9,7 +9,7 @@ import torch
 import lowbit
 from lowbit import _core
 
-from test_gpu_w4a8 import s8_weights, scaled_case, two_level_weight
+from test_gpu_w4a8 import check_scaled_f16_same_bits, s8_weights, two_level_weight
 
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="the wgmma kernel's pairs need sm_90")]
@@ -38,21 +38,7 @@ def test_gemm_w4a8_pairs_int32_bit_exact(m, n, k, group):
 @pytest.mark.parametrize("m,n,k,group", [(17, 130, 576, 64), (300, 520, 2048, 128), (129, 4103, 640, 64)])
 @pytest.mark.parametrize("tokens", [128, 256])
 def test_gemm_w4a8_pairs_scaled_f16(m, n, k, group, tokens):
-    pw, xq, xs, ref = scaled_case("liquid" if n % 2 else "qoq", m, n, k, group)
-    for ldy in (n, n + 1):
-        outs = []
-        for kernel in (f"sm90m:{tokens}", f"sm90:1:{tokens}"):
-            buf = torch.full((m, ldy), float("nan"), dtype=torch.float16, device="cuda")
-            y = buf[:, :n]
-            _core.gemm_w4a8(xq, xs, pw, y, kernel=kernel)
-            torch.cuda.synchronize()
-            outs.append(y.cpu())
-            if ldy > n:
-                assert torch.isnan(buf[:, n:].cpu()).all(), kernel  # nothing past n
-        got = outs[0].double()
-        assert not torch.isnan(got).any()
-        assert (got - ref).norm() / ref.norm() < 1e-3  # f16 output rounding only
-        assert torch.equal(outs[0], outs[1])  # the same sums and epilogue as the unpaired launch
+    check_scaled_f16_same_bits(f"sm90m:{tokens}", f"sm90:1:{tokens}", m, n, k, group)  # the unpaired launch
 
 
 def test_gemm_w4a8_pairs_plans_and_names():

@@ -10,7 +10,7 @@ import torch
 import lowbit
 from lowbit import _core
 
-from test_gpu_w4a8 import s8_weights, scaled_case, two_level_weight
+from test_gpu_w4a8 import check_scaled_f16_same_bits, s8_weights, two_level_weight
 
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")]
@@ -42,21 +42,7 @@ def test_gemm_w4a8_sm90q_int32_bit_exact(m, n, k, group):
 @pytest.mark.parametrize("name", ["sm90q:1:128", "sm90q:1:256", "sm90q:2:128", "sm90qk:128", "sm90q", "sm90r:1:128",
                                   "sm90r:1:256", "sm90r:2:128"])
 def test_gemm_w4a8_sm90q_scaled_f16(m, n, k, group, name):
-    pw, xq, xs, ref = scaled_case("liquid" if n % 2 else "qoq", m, n, k, group)
-    for ldy in (n, n + 1):
-        outs = []
-        for kernel in (name, "sm90" + name[5:]):
-            buf = torch.full((m, ldy), float("nan"), dtype=torch.float16, device="cuda")
-            y = buf[:, :n]
-            _core.gemm_w4a8(xq, xs, pw, y, kernel=kernel)
-            torch.cuda.synchronize()
-            outs.append(y.cpu())
-            if ldy > n:
-                assert torch.isnan(buf[:, n:].cpu()).all(), kernel  # nothing past n
-        got = outs[0].double()
-        assert not torch.isnan(got).any()
-        assert (got - ref).norm() / ref.norm() < 1e-3  # f16 output rounding only
-        assert torch.equal(outs[0], outs[1]), name  # the same sums and epilogue values
+    check_scaled_f16_same_bits(name, "sm90" + name[5:], m, n, k, group)  # the same launch untuned
 
 
 def test_gemm_w4a8_sm90q_plans_and_names():
