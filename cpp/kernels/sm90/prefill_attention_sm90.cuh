@@ -744,7 +744,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   if (a.splits > 1) {
     // The tail split (the dequantized copy of per-channel K) cuts at the per-channel bound in every instance.
     const bool channel_bound = kPerChannel || a.split_tail;
-    const int splittable = min(first_pos, channel_bound ? codes_end(first_pos, a.block_size) : first_pos) / kKeys;
+    const int splittable = prefill_split::splittable_keys(first_pos, a.block_size, channel_bound) / kKeys;
     if (a.split_tail)
       prefill_split::tail_split_range(num_tiles, splittable, a.splits, split, t_begin, t_end);
     else

@@ -21,12 +21,14 @@
 #include <type_traits>
 
 #include "kernels/sm90/prefill_attention_sm90.h"
+#include "kernels/sm90/prefill_split_plan.h"
 #include "lowbit/cuda/check.h"
 
 namespace lowbit::cuda {
 namespace {
 
 constexpr int kThreads = 256, kBatch = 4;
+constexpr int kKeyTile = 128;  // the Hopper prefill kernel's keys per tile (kKeys in prefill_attention_sm90.cuh)
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo in the low half (the lower dim)
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
   int limit = seq_info[2 * num_seqs + seq];  // kv_len
   if constexpr (kv_per_channel<KT>()) {
     const int first_pos = limit - seq_info[num_seqs + seq];
-    limit = min(first_pos, (first_pos + 1) / block_size * block_size) / 128 * 128;  // kKeys
+    limit = prefill_split::splittable_keys(first_pos, block_size, true) / kKeyTile * kKeyTile;  // the kernel's splittable tiles
   }
   const int key0 = block * block_size;
   if (key0 >= limit) return;

@@ -48,6 +48,15 @@ LOWBIT_SPLIT_HD inline void split_range(int tiles, int splittable, int splits, i
   end = split + 1 == splits ? tiles : bound(split + 1);
 }
 
+// Where the key split's non-last splits end, in keys, for a chunk whose first position is first_pos: the cached
+// prefix, and with per-channel K (quantized per block of bs tokens, the newest partial block kept in f16) only the
+// keys every query of the chunk sees as sealed codes (the block the chunk completes is window rows for its earlier
+// queries). The dequantized copy of per-channel K copies the keys below it (rounded down to whole key tiles).
+LOWBIT_SPLIT_HD inline int splittable_keys(int first_pos, int bs, bool per_channel) {
+  const int bound = per_channel ? (first_pos + 1) / bs * bs : first_pos;  // blocks sealed once first_pos is written
+  return first_pos < bound ? first_pos : bound;
+}
+
 // The tail split (per-channel K with the dequantized copy): splits 0..splits-2 take tiles [0, splittable) near even
 // (keys every row of the CTA sees as sealed codes: the copy holds them), the last split the rest [splittable, tiles)
 // (the chunk's own blocks, the window and the diagonal: the per-channel kernel's views).
