@@ -415,7 +415,7 @@ def test_fmpq_gpu_errors_name_the_problem():
 
 # ---- the engine: w4a4 recipes on the GPU ------------------------------------------------------------
 def fmpq_llama(recipe, device, dtype, frac, seed=0, permute=True, vocab=1000, hidden=256, inter=320, layers=2,
-               heads=8, kv_heads=2, head_dim=128):
+               heads=8, kv_heads=2, head_dim=128, kernel_overrides=None):
     """A random Llama with qoq weights, an FMPQ block map per linear (int8 fraction `frac`) and, when `permute`,
     a random input permutation per linear input (shared by the linears that read one input): the GPU
     quantizer gathers the channels itself."""
@@ -446,6 +446,8 @@ def fmpq_llama(recipe, device, dtype, frac, seed=0, permute=True, vocab=1000, hi
                     m.set_input_permutation(p + name + ".weight", perm)
         for name in ("input_layernorm", "post_attention_layernorm"):
             m.set_weight(p + name + ".weight", 0.8 + 0.4 * torch.rand(hidden, generator=g))
+    if kernel_overrides:
+        m.set_kernel_options(kernel_overrides, False)
     m.finalize()
     return m
 
