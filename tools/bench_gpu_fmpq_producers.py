@@ -6,7 +6,7 @@ current stream):
 beside W8A8's fused per-token quantizers (rms_norm_quantize, silu_mul_quantize) for scale. Block maps with 10% int8
 blocks. Operands are re-used call after call (up to ~30 MB at 512 tokens: they stay in the H100/H200 L2, as a
 producer's input written by the GEMM just before does in a step). JSON to argv[1].
-  python3 tools/bench_gpu_fmpq_producers.py out.json [--tokens 1,64,512]
+  python3 tools/bench_gpu_fmpq_producers.py out.json [--tokens 1,64,256,512]
 """
 import argparse
 import json
@@ -33,7 +33,7 @@ def block_map(k, frac, seed):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--tokens", default="1,64,512")
+    ap.add_argument("--tokens", default="1,64,256,512")
     ap.add_argument("--int8-fraction", type=float, default=0.1)
     args = ap.parse_args()
     rows = []

@@ -87,7 +87,7 @@
 #               FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
 #     fmpqfused the fused FMPQ producers (RMSNorm / SiLU·mul writing FMPQ codes): tools/bench_gpu_fmpq_producers.py alone
 #               (FUSED_BENCH_ARGS), a profiled w4a4kv4 decode step with the producers fused and unfused
-#               (tools/profile_gpu_step.py, FUSED_STEP_ARGS default "--batch 512 --layers 4 --steps 8"; FUSED_STEP=0 skips
+#               (tools/profile_gpu_step.py, FUSED_STEP_ARGS default "--batch 256 --layers 4 --steps 8"; FUSED_STEP=0 skips
 #               it, FUSED_STEP_S caps each), then test_gpu_fmpq_producers.py (FUSED_K selects with -k, FUSED_TEST_S caps
 #               it) with memcheck and racecheck over its small cases at the same time (FUSED_SANITIZE=0 skips them,
 #               FUSED_SANITIZE_S caps each)
@@ -671,7 +671,7 @@ if has fmpqfused; then
     for v in fused unfused; do
       ov=""; [ $v = unfused ] && ov="--overrides fused_norm_quant=off,fused_silu_quant=off"
       timeout "${FUSED_STEP_S:-90}" python3 "$REPO/tools/profile_gpu_step.py" "$OUT/step_w4a4kv4_$v.json" \
-        --recipe w4a4kv4 ${FUSED_STEP_ARGS:---batch 512 --layers 4 --steps 8} $ov 2>&1 \
+        --recipe w4a4kv4 ${FUSED_STEP_ARGS:---batch 256 --layers 4 --steps 8} $ov 2>&1 \
         | tee "$OUT/step_$v.log" | grep -v "^lowbit:" | head -16
     done
   fi
