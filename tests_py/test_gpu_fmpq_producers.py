@@ -170,14 +170,17 @@ def engine_runs(model, ids, prompts):
     return logits, eager, graphs
 
 
-# (recipe, (hidden, intermediate, heads, kv heads, head_dim), int8 fraction): the default small Llama, and SmolLM2-135M's
-# widths (576: half a block at the end of the norms' rows; 704: half a block at the end of the down linear's input).
+# (recipe, (hidden, intermediate, heads, kv heads, head_dim), int8 fraction, down_proj permuted): the default small
+# Llama, and SmolLM2-135M's widths (576: half a block at the end of the norms' rows; 704: half a block at the end of
+# the down linear's input). Quantized directories permute no down_proj (the plan fuses SiLU·mul only then); one case
+# keeps a down permutation (the plan runs SiLU·mul and quantize_fmpq apart there).
 SMALL, SMOL = (256, 320, 8, 2, 128), (576, 704, 9, 3, 64)
-ENGINE_CASES = [("w4a4kv4", SMALL, 0.1), ("w4a4kv4", SMOL, 0.1), ("w4a4kv4", SMOL, 1.0), ("w4a4kv8", SMALL, 1.0)]
+ENGINE_CASES = [("w4a4kv4", SMALL, 0.1, False), ("w4a4kv4", SMOL, 0.1, False), ("w4a4kv4", SMOL, 1.0, True),
+                ("w4a4kv8", SMALL, 1.0, False)]
 
 
-@pytest.mark.parametrize("recipe,shape,frac", ENGINE_CASES)
-def test_w4a4_fused_producers_give_the_unfused_logits(recipe, shape, frac):
+@pytest.mark.parametrize("recipe,shape,frac,permute_down", ENGINE_CASES)
+def test_w4a4_fused_producers_give_the_unfused_logits(recipe, shape, frac, permute_down):
     """The w4a4 forward pass with the fused producers (the default) against fused_norm_quant / fused_silu_quant off
     (on SmolLM2's widths each alone too): the same codes reach the same GEMMs, so logits, greedy tokens and logprobs
     are equal exactly, eager and in CUDA graphs."""
@@ -190,7 +193,7 @@ def test_w4a4_fused_producers_give_the_unfused_logits(recipe, shape, frac):
     runs = {}
     for name, ov in variants:
         model = fmpq_llama(recipe, "cuda", "f16", frac, seed=4, hidden=hidden, inter=inter, heads=heads,
-                           kv_heads=kv_heads, head_dim=head_dim, kernel_overrides=ov)
+                           kv_heads=kv_heads, head_dim=head_dim, kernel_overrides=ov, permute_down=permute_down)
         runs[name] = engine_runs(model, ids, prompts)
     logits, eager, graphs = runs["fused"]
     assert torch.isfinite(logits).all()
