@@ -608,18 +608,21 @@ void bind_cuda(nb::module_& m) {
 
   m.def(
       "quantize_fmpq_gpu",
-      [](nb::handle x, nb::handle block_bits, nb::handle q, nb::handle scales, uintptr_t stream) {
+      [](nb::handle x, nb::handle block_bits, nb::handle q, nb::handle scales, uintptr_t stream, nb::handle perm) {
 #ifdef LOWBIT_WITH_CUDA
         Tensor qt = tensor_from_python(q, "q"), st = tensor_from_python(scales, "scales");
+        const Tensor p = perm.is_none() ? Tensor() : tensor_from_python(perm, "perm");
         cuda::quantize_fmpq(tensor_from_python(x, "x"), tensor_from_python(block_bits, "block_bits"), qt, st,
-                            as_stream(stream));
+                            as_stream(stream), p);
 #else
         no_cuda("quantize_fmpq_gpu");
 #endif
       },
       nb::arg("x"), nb::arg("block_bits"), nb::arg("q"), nb::arg("scales"), nb::arg("stream") = 0,
+      nb::arg("perm").none() = nb::none(),
       "GPU: COMET FMPQ into caller-allocated q s8 [m, k] and scales f32 [m, blocks] on `stream` (block_bits: a "
-      "host uint8 tensor of 4 / 8 per 128 channels); quantize_fmpq's codes and scales bit for bit");
+      "host uint8 tensor of 4 / 8 per 128 channels); quantize_fmpq's codes and scales bit for bit; perm (s32 [k] on "
+      "the device, optional): of x[:, perm]");
   m.def(
       "gemm_fmpq",
       [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,

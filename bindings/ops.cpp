@@ -153,6 +153,37 @@ void bind_ops(nb::module_& m) {
       "GPU: (residual += x when x is given) then the per-token codes q (s8, or e4m3 / its uint8 bytes) and scales "
       "(f32) of the f16 rows rms_norm(residual) * weight would write");
   m.def(
+      "rms_norm_quantize_fmpq",
+      [](nb::handle residual, nb::handle x, nb::handle weight, float eps, nb::handle block_bits, nb::handle perm,
+         nb::handle q, nb::handle scales) {
+        Tensor r = tensor_from_python(residual, "residual");
+        FmpqActivation a;
+        a.q = optional_tensor(q, "q");
+        a.scales = optional_tensor(scales, "scales");
+        ops::rms_norm_quantize_fmpq(r, optional_tensor(x, "x"), tensor_from_python(weight, "weight"), eps,
+                                    tensor_from_python(block_bits, "block_bits"), optional_tensor(perm, "perm"), a);
+        return nb::make_tuple(a.q, a.scales);
+      },
+      nb::arg("residual"), nb::arg("x").none(), nb::arg("weight"), nb::arg("eps"), nb::arg("block_bits"),
+      nb::arg("perm").none() = nb::none(), nb::arg("q").none() = nb::none(), nb::arg("scales").none() = nb::none(),
+      "GPU: (residual += x when x is given) then the COMET FMPQ codes (s8 [T, H]) and block scales (f32 [T, blocks]) "
+      "quantize_fmpq makes of the f16 rows rms_norm(residual) * weight would write, gathered through perm (s32 [H] on "
+      "the device, optional); block_bits: a host uint8 tensor of 4 / 8 per 128 channels. Returns (q, scales)");
+  m.def(
+      "silu_mul_quantize_fmpq",
+      [](nb::handle gate_up, nb::handle block_bits, nb::handle perm, nb::handle q, nb::handle scales) {
+        FmpqActivation a;
+        a.q = optional_tensor(q, "q");
+        a.scales = optional_tensor(scales, "scales");
+        ops::silu_mul_quantize_fmpq(tensor_from_python(gate_up, "gate_up"), tensor_from_python(block_bits, "block_bits"),
+                                    optional_tensor(perm, "perm"), a);
+        return nb::make_tuple(a.q, a.scales);
+      },
+      nb::arg("gate_up"), nb::arg("block_bits"), nb::arg("perm").none() = nb::none(), nb::arg("q").none() = nb::none(),
+      nb::arg("scales").none() = nb::none(),
+      "GPU: silu_mul with quantize_fmpq fused: the COMET FMPQ codes and block scales of the f16 rows silu_mul would "
+      "write (gate_up [T, 2I]), gathered through perm (optional). Returns (q, scales)");
+  m.def(
       "_row_cluster_mode",
       [](int mode) {
 #ifdef LOWBIT_WITH_CUDA

@@ -256,6 +256,15 @@ def ok():
          "torch.empty(2))", "TypeError", "'gate_up'", "f16"),
     case("silu_mul_quantize_on_cpu", "C.silu_mul_quantize(torch.randn(2, 8).half(), torch.empty(2, 4, "
          "dtype=torch.int8), torch.empty(2))", "NotImplementedError", "silu_mul_quantize", "GPU only"),
+    case("rms_norm_quantize_fmpq_on_cpu", "C.rms_norm_quantize_fmpq(torch.randn(2, 128).half(), None, "
+         "torch.ones(128).half(), 1e-5, torch.tensor([4], dtype=torch.uint8))", "NotImplementedError",
+         "rms_norm_quantize_fmpq", "GPU only"),
+    case("rms_norm_quantize_fmpq_rows", "C.rms_norm_quantize_fmpq(torch.randn(2, 8), torch.randn(3, 8), "
+         "torch.ones(8), 1e-5, torch.tensor([4], dtype=torch.uint8))", "ValueError", "'residual'", "'x'"),
+    case("silu_mul_quantize_fmpq_odd_width", "C.silu_mul_quantize_fmpq(torch.randn(2, 7).half(), "
+         "torch.tensor([4], dtype=torch.uint8))", "ValueError", "'gate_up'", "even"),
+    case("silu_mul_quantize_fmpq_on_cpu", "C.silu_mul_quantize_fmpq(torch.randn(2, 8).half(), "
+         "torch.tensor([4], dtype=torch.uint8))", "NotImplementedError", "silu_mul_quantize_fmpq", "GPU only"),
     case("embedding_id_out_of_range", "C.embedding(torch.tensor([1, 50], dtype=torch.int32), torch.randn(50, 8))",
          "IndexError", "ids[1] = 50", "50 rows"),
     case("embedding_int64_ids", "C.embedding(torch.tensor([1, 2]), torch.randn(50, 8))", "TypeError", "'ids'", "s64"),

@@ -415,7 +415,7 @@ def test_fmpq_gpu_errors_name_the_problem():
 
 # ---- the engine: w4a4 recipes on the GPU ------------------------------------------------------------
 def fmpq_llama(recipe, device, dtype, frac, seed=0, permute=True, vocab=1000, hidden=256, inter=320, layers=2,
-               heads=8, kv_heads=2, head_dim=128):
+               heads=8, kv_heads=2, head_dim=128, kernel_overrides=None, permute_down=True):
     """A random Llama with qoq weights, an FMPQ block map per linear (int8 fraction `frac`) and, when `permute`,
     a random input permutation per linear input (shared by the linears that read one input): the GPU
     quantizer gathers the channels itself."""
@@ -442,10 +442,12 @@ def fmpq_llama(recipe, device, dtype, frac, seed=0, permute=True, vocab=1000, hi
                 w[:, perm[:8]] *= 6  # outlier input channels
                 m.set_weight(p + name + ".weight", w)
                 m.set_fmpq_block_bits(p + name + ".weight", bits)
-                if permute:
+                if permute and (permute_down or name != "mlp.down_proj"):  # quantized dirs permute no down_proj
                     m.set_input_permutation(p + name + ".weight", perm)
         for name in ("input_layernorm", "post_attention_layernorm"):
             m.set_weight(p + name + ".weight", 0.8 + 0.4 * torch.rand(hidden, generator=g))
+    if kernel_overrides:
+        m.set_kernel_options(kernel_overrides, False)
     m.finalize()
     return m
 

@@ -85,6 +85,12 @@
 #               regression, FMPQ_SANITIZE=0 the sanitizers (FMPQ_SANITIZE_S caps each, default 300 s; FMPQ_SANITIZE_K
 #               replaces their -k expression);
 #               FMPQ_BENCH_ARGS (e.g. --ms=256,1024) and FMPQ_BENCH_S pass to / cap the benchmark
+#     fmpqfused the fused FMPQ producers (RMSNorm / SiLU·mul writing FMPQ codes): tools/bench_gpu_fmpq_producers.py alone
+#               (FUSED_BENCH_ARGS), then test_gpu_fmpq_producers.py (FUSED_K selects with -k, FUSED_TEST_S caps it) with
+#               memcheck and racecheck over its small cases at the same time (FUSED_SANITIZE=0 skips them,
+#               FUSED_SANITIZE_S caps each), then a profiled w4a4kv4 decode step with the producers fused and unfused
+#               (tools/profile_gpu_step.py, FUSED_STEP_ARGS default "--batch 256 --layers 4 --steps 8"; FUSED_STEP=0 skips
+#               it, FUSED_STEP_S caps each)
 #     peak      tools/bench_gpu_peak.py (the QServe / LiquidGEMM peak-throughput protocol) after the mixed-step
 #               attention and engine tests (PEAK_TESTS=0 skips them, PEAK_K selects with -k) and a sanitizer pass
 #               over the mixed-step split (PEAK_SANITIZE=0 skips it, PEAK_SANITIZE_K selects); PEAK_PARTS, PEAK_RECIPES (overrides per recipe:
@@ -657,6 +663,31 @@ if has serve; then
     fi
   fi
 fi
+if has fmpqfused; then
+  echo "== fused FMPQ producers: kernels alone, tests + sanitizers, then a decode step fused vs unfused"
+  timeout "${FUSED_BENCH_S:-60}" python3 "$REPO/tools/bench_gpu_fmpq_producers.py" "$OUT/bench_fmpq_producers.json" \
+    ${FUSED_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_fmpq_producers.log" | tail -8
+  fused_san="(norm_quantize and (7-960 or 65-1000)) or (silu and (7-200 or 65-1004)) or allocate"
+  if [ "${FUSED_SANITIZE:-1}" != 0 ]; then
+    for tool in memcheck racecheck; do
+      sanitize_one "$tool" fmpqfused "${FUSED_SANITIZE_S:-150}" "$TESTS/test_gpu_fmpq_producers.py" -k "$fused_san" &
+    done
+  fi
+  timeout -k 5 "${FUSED_TEST_S:-200}" "${PYTEST[@]}" "$TESTS/test_gpu_fmpq_producers.py" -q -rfEs --maxfail=20 \
+    --durations=5 ${FUSED_K:+-k "$FUSED_K"} 2>&1 | tee "$OUT/pytest_fmpqfused.log" | tail -12
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest_fmpqfused.log" | cut -c1-400 | head -20
+  wait
+  sanitize_report fmpqfused
+  if [ "${FUSED_STEP:-1}" != 0 ]; then
+    for v in fused unfused; do
+      ov=""; [ $v = unfused ] && ov="--overrides fused_norm_quant=off,fused_silu_quant=off"
+      timeout "${FUSED_STEP_S:-90}" python3 "$REPO/tools/profile_gpu_step.py" "$OUT/step_w4a4kv4_$v.json" \
+        --recipe w4a4kv4 ${FUSED_STEP_ARGS:---batch 256 --layers 4 --steps 8} $ov 2>&1 \
+        | tee "$OUT/step_$v.log" | grep -v "^lowbit:" | head -16
+    done
+  fi
+fi
+
 if has files; then
   echo "== chosen test files, one group after another (FILES_GROUPS)"
   IFS=';' read -r -a groups <<< "${FILES_GROUPS:-}"

@@ -6,6 +6,7 @@ The eager kernel times are the ones a graph replays; the difference between thei
 is launch/gap overhead. The same steps are also timed with graphs on for comparison, and one prefill of the
 prompts is profiled the same way.
   python3 tools/profile_gpu_step.py out.json [--recipe w4a16kv8] [--batch 1] [--layers 32] [--steps 16]
+      [--overrides fused_norm_quant=off,...]
 """
 import argparse
 import dataclasses
@@ -52,12 +53,14 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0, help="0: the 8B shape's 32")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--overrides", default="", help="kernel overrides key=value,... (e.g. fused_norm_quant=off)")
     args = ap.parse_args()
     shape = dataclasses.replace(LLAMA3_8B, layers=args.layers) if args.layers else LLAMA3_8B
-    model = lowbit_model(shape, args.recipe, "cuda", "f16")
+    overrides = dict(kv.split("=", 1) for kv in args.overrides.split(",") if kv)
+    model = lowbit_model(shape, args.recipe, "cuda", "f16", overrides or None)
     kv = model.info()["kv_bytes_per_token"] * args.batch * (512 + args.steps + 64)
     prompts = prompt_batch(args.batch, shape.vocab).tolist()
-    result = {"recipe": args.recipe, "batch": args.batch, "layers": shape.layers, "steps": args.steps,
+    result = {"recipe": args.recipe, "overrides": overrides, "batch": args.batch, "layers": shape.layers, "steps": args.steps,
               "device": torch.cuda.get_device_name(), "commit": os.environ.get("LOWBIT_COMMIT", "")}
     for graphs in (True, False):
         eng = _core.Engine(model, max_batch_tokens=max(512 * args.batch, 512), max_seqs=max(args.batch, 1),

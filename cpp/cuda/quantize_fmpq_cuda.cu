@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/fmpq_code.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 #include "lowbit/quant/activation.h"
@@ -45,6 +46,48 @@ __global__ void quantize_fmpq_kernel(const void* x, bool half, int64_t ldx, cons
     if (c < k) q[row * ldq + c] = static_cast<int8_t>(max(-lim, min(lim, __float2int_rn(v[i] / s))));
   }
   if (lane == 0) scales[static_cast<int64_t>(row) * blocks + b] = s;
+}
+
+// SiLU·mul with quantize_fmpq fused (the down linear's input): each half warp takes one (token, block) of the f16
+// rows silu_mul would write, act[t, c] = silu(gate[t, c]) * up[t, c] with silu_mul's f32 expression rounded to f16,
+// read through perm (output column c from act column perm[c]). Lane l of the half holds columns 8 l .. + 7 of the
+// block: 16-byte loads of gate and up where `vec` (no perm, rows 16-byte aligned, I % 8 == 0), else one element at
+// a time. The f16 rows are never written.
+constexpr int kSiluThreads = 256, kSiluPairs = kSiluThreads / 16;  // (token, block) pairs per CTA
+
+__device__ __forceinline__ void load8_f16(const __half* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __half* h = reinterpret_cast<const __half*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) out[e] = __half2float(h[e]);
+}
+
+__global__ void __launch_bounds__(kSiluThreads)
+    silu_mul_quantize_fmpq_kernel(const __half* gu, int64_t ldg, const int32_t* perm, int m, int k, int blocks,
+                                  FmpqBits bits, bool vec, int8_t* q, int64_t ldq, bool q8, float* scales) {
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kSiluPairs + threadIdx.x / 16;
+  const bool active = pair < static_cast<int64_t>(m) * blocks;  // a whole half warp agrees
+  const int row = active ? static_cast<int>(pair / blocks) : 0, b = active ? static_cast<int>(pair % blocks) : 0;
+  const int c = b * kFmpqBlock + 8 * static_cast<int>(threadIdx.x % 16);
+  const __half* g = gu + row * ldg;
+  const __half* u = g + k;
+  float a[8], v[8];
+  if (vec && active && c + 8 <= k) {
+    load8_f16(g + c, a);
+    load8_f16(u + c, v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const bool in = active && c + e < k;
+      const int j = in ? (perm ? perm[c + e] : c + e) : 0;
+      a[e] = in ? __half2float(g[j]) : 0.f;
+      v[e] = in ? __half2float(u[j]) : 0.f;  // silu(0) * 0 = 0: no effect on the block max
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a[e] = __half2float(__float2half_rn(a[e] / (1.f + expf(-a[e])) * v[e]));
+  fmpq_codes_half_warp(a, b, k, active && fmpq_int8_block(bits, b), active, q + row * ldq,
+                       scales + static_cast<int64_t>(row) * blocks + b, q8);
 }
 
 }  // namespace
@@ -105,6 +148,56 @@ void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor&
       x.data_ptr(), x.dtype() == ScalarType::f16, x.stride(0), perm.defined() ? perm.data<int32_t>() : nullptr,
       static_cast<int>(m), static_cast<int>(k),
       static_cast<int>(blocks), bits, q.data<int8_t>(), q.stride(0), scales.data<float>());
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace lowbit::cuda
+
+namespace lowbit::cuda {
+
+void silu_mul_quantize_fmpq(const Tensor& gate_up, const Tensor& block_bits, Tensor& q, Tensor& scales,
+                            cudaStream_t stream, const Tensor& perm) {
+  const char* op = "silu_mul_quantize_fmpq";
+  check_cuda_tensor(gate_up, op, "gate_up");
+  check_dim(gate_up, 2, op, "gate_up");
+  check_dtype(gate_up, ScalarType::f16, op, "gate_up");
+  LOWBIT_CHECK(gate_up.size(1) % 2 == 0, op, ": argument 'gate_up' must have an even last dimension [m, 2 * k], got ",
+               shape_str(gate_up.shape()));
+  LOWBIT_CHECK(gate_up.stride(1) == 1 || gate_up.size(1) <= 1, op, ": argument 'gate_up' needs unit stride in the ",
+               "last dim");
+  const int64_t m = gate_up.size(0), k = gate_up.size(1) / 2, blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
+  LOWBIT_CHECK(block_bits.defined() && block_bits.dim() == 1 && block_bits.size(0) == blocks, op,
+               ": argument 'block_bits' must have shape [", blocks, "] (one entry per ", kFmpqBlock,
+               " channels of k=", k, "), got ", block_bits.defined() ? shape_str(block_bits.shape()) : "undefined");
+  const FmpqBits bits = fmpq_bits_of(block_bits, op);
+  check_same_device(q, gate_up, op, "q");
+  check_dtype(q, ScalarType::s8, op, "q");
+  check_shape(q, {m, k}, op, "q");
+  LOWBIT_CHECK(q.stride(1) == 1 || k <= 1, op, ": argument 'q' needs unit stride in the last dim");
+  check_same_device(scales, gate_up, op, "scales");
+  check_dtype(scales, ScalarType::f32, op, "scales");
+  check_shape(scales, {m, blocks}, op, "scales");
+  check_contiguous(scales, op, "scales");
+  if (perm.defined()) {  // its values were checked where it was set (Model.set_input_permutation)
+    check_same_device(perm, gate_up, op, "perm");
+    check_dtype(perm, ScalarType::s32, op, "perm");
+    check_shape(perm, {k}, op, "perm");
+    check_contiguous(perm, op, "perm");
+  }
+  LOWBIT_CHECK(m * blocks < (1LL << 31) / 16 && m * std::max<int64_t>(2 * k, 1) < (1LL << 40), op,
+               ": problem too large");
+  if (m == 0 || k == 0) return;
+  LOWBIT_CUDA_CHECK(op, cudaSetDevice(gate_up.device().index));
+  const auto* g = static_cast<const __half*>(gate_up.data_ptr());
+  const int64_t ldg = gate_up.stride(0);
+  const bool vec = !perm.defined() && reinterpret_cast<uintptr_t>(g) % 16 == 0 && ldg % 8 == 0 && k % 8 == 0;
+  int8_t* qp = q.data<int8_t>();
+  const bool q8 = reinterpret_cast<uintptr_t>(qp) % 8 == 0 && q.stride(0) % 8 == 0;
+  const int64_t pairs = m * blocks;
+  silu_mul_quantize_fmpq_kernel<<<static_cast<unsigned>((pairs + kSiluPairs - 1) / kSiluPairs), kSiluThreads, 0,
+                                  stream>>>(g, ldg, perm.defined() ? perm.data<int32_t>() : nullptr,
+                                            static_cast<int>(m), static_cast<int>(k), static_cast<int>(blocks), bits,
+                                            vec, qp, q.stride(0), q8, scales.data<float>());
   LOWBIT_CUDA_CHECK_LAUNCH(op);
 }
 

@@ -10,6 +10,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/float_io.cuh"
+#include "cuda/fmpq_code.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/quantize_code.cuh"
 #include "lowbit/cuda/check.h"
@@ -90,15 +91,28 @@ struct QuantOut {
   int64_t ldq;
   float* scales;
 };
-enum class NormOut { rows, int8, e4m3 };
+// Where a norm that writes FMPQ codes puts them (NormOut::fmpq): codes [rows, ldq] of the row gathered through perm
+// (null: none), f32 scales [rows, ceil(cols / 128)], the block map; q8: code rows 8-byte aligned.
+struct FmpqOut {
+  int8_t* q;
+  int64_t ldq;
+  float* scales;
+  const int32_t* perm;
+  FmpqBits bits;
+  bool q8;
+};
+enum class NormOut { rows, int8, e4m3, fmpq };
 
 // kOut = rows: `out` gets the normed row. Otherwise the normed row, rounded to T exactly as `out` would
 // hold it, is quantized per token as quantize_per_token_{s8,e4m3} would quantize that `out` (same
 // scale and codes), so the linear after it reads codes without a separate quantize kernel.
 // kVec 8 needs cols % 8 == 0 and groups_of_8 of x, res and w (out: out_groups says, else element stores).
+// kOut = fmpq: the f16 normed row (the bytes `out` would hold) goes to shared memory, then each 128-channel block of
+// row[perm] gets quantize_fmpq's codes and scale, one block per half warp.
 template <bool kAdd, typename T, typename W, NormOut kOut = NormOut::rows, int kVec = 1, int kGroups = kPer / kVec>
 __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, Rows w, float eps, Rows out,
-                                                             QuantOut qout = {}, bool out_groups = false) {
+                                                             QuantOut qout = {}, bool out_groups = false,
+                                                             FmpqOut fout = {}) {
   static_assert(kGroups * kVec <= kPer, "at most kPer values per thread");
   constexpr int kValues = kGroups * kVec;
   pdl_allow_dependents();  // the GEMM that reads `out` may launch and prefetch its weights meanwhile
@@ -157,6 +171,36 @@ __global__ void __launch_bounds__(kThreads) norm_rows_kernel(Rows res, Rows x, R
 #pragma unroll
         for (int e = 0; e < kVec; ++e) store_f32(orow + i + e, og[e]);
       }
+    }
+  } else if constexpr (kOut == NormOut::fmpq) {
+    static_assert(std::is_same_v<T, __half>, "FMPQ codes come from f16 rows");
+    __shared__ __align__(16) __half row[kMaxRegisterCols];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int i = first_col(g);
+      if (i >= cols) continue;
+      float og[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) og[e] = v[g * kVec + e] * inv * wv[g * kVec + e];
+      store_group<kVec>(row + i, og);  // kVec 8: cols % 8 == 0, so the group is whole
+    }
+    __syncthreads();
+    const int blocks = (cols + kFmpqBlock - 1) / kFmpqBlock, half = static_cast<int>(threadIdx.x) / 16;
+    const int l = static_cast<int>(threadIdx.x) % 16;
+    int8_t* qrow = fout.q + r * fout.ldq;
+    for (int b0 = 0; b0 < blocks; b0 += kThreads / 16) {  // the same trip count for every lane (shuffles)
+      const int b = b0 + half, c = b * kFmpqBlock + 8 * l;
+      const bool active = b < blocks;
+      float q[8];
+      if (!fout.perm && active && c + 8 <= cols) {
+        load_group<8>(row + c, q);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          q[e] = active && c + e < cols ? __half2float(row[fout.perm ? fout.perm[c + e] : c + e]) : 0.f;
+      }
+      fmpq_codes_half_warp(q, b, cols, active && fmpq_int8_block(fout.bits, b), active, qrow,
+                           fout.scales + r * blocks + b, fout.q8);
     }
   } else {
     constexpr bool kFp8 = kOut == NormOut::e4m3;
@@ -577,6 +621,41 @@ void norm_quantize(const Rows& residual, const Rows& x, const Rows& weight, floa
     else launch_norm_quantize<false, NormOut::int8>(Rows{}, residual, weight, eps, qo, stream);
   }
   LOWBIT_CUDA_CHECK_LAUNCH(op);
+}
+
+bool norm_quantize_fmpq(const Rows& residual, const Rows& x, const Rows& weight, float eps, const FmpqBits& bits,
+                        const int32_t* perm, int8_t* q, int64_t ldq, float* scales, cudaStream_t stream) {
+  constexpr const char* op = "norm_quantize_fmpq";
+  const bool add = x.base != nullptr;
+  const Rows& rows = add ? x : residual;
+  if (rows.cols > kMaxRegisterCols || rows.dtype != ScalarType::f16 || residual.dtype != ScalarType::f16 ||
+      (weight.dtype != ScalarType::f16 && weight.dtype != ScalarType::f32) ||
+      (rows.cols + kFmpqBlock - 1) / kFmpqBlock > kFmpqMaxBlocks)
+    return false;  // the caller runs the norm, then quantize_fmpq (the same bytes)
+  if (rows.rows == 0 || rows.cols == 0) return true;
+  const unsigned grid = grid_of(rows.rows, op);
+  const FmpqOut fo{q, ldq, scales, perm, bits, reinterpret_cast<uintptr_t>(q) % 8 == 0 && ldq % 8 == 0};
+  // The plain norm's layout for these rows (with_row_layout, norm_groups_of_8): the same square sum, so the same
+  // f16 row as add_rms_norm / rms_norm would write.
+  const bool groups = add ? norm_groups_of_8(true, residual, x, weight) : norm_groups_of_8(false, Rows{}, residual,
+                                                                                           weight);
+  const auto run = [&](auto add_c, auto weight_t) {
+    constexpr bool kAdd = decltype(add_c)::value;
+    using W = decltype(weight_t);
+    with_row_layout(groups, rows.cols, [&](auto vec, auto per) {
+      norm_rows_kernel<kAdd, __half, W, NormOut::fmpq, decltype(vec)::value, decltype(per)::value>
+          <<<grid, kThreads, 0, stream>>>(kAdd ? residual : Rows{}, kAdd ? x : residual, weight, eps, Rows{}, {},
+                                          false, fo);
+    });
+  };
+  const auto with_weight = [&](auto add_c) {
+    if (weight.dtype == ScalarType::f32) run(add_c, float{});
+    else run(add_c, __half{});
+  };
+  if (add) with_weight(std::true_type{});
+  else with_weight(std::false_type{});
+  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  return true;
 }
 
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream) {

@@ -2,8 +2,9 @@
 //   embedding -> per layer: rms_norm, qkv linear (+bias), rope and kv_write (one fused op on the
 //   GPU), paged_attention, o linear, add_rms_norm, gate_up linear, silu_mul, down linear -> final
 //   add_rms_norm -> lm_head on the rows that need logits. Residual adds are fused into the next norm
-//   (add_rms_norm); with W8A8 / FP8 on the GPU the norm also quantizes the next linear's input. Under tensor
-//   parallelism the o / down partial sums are all-reduced there too, in the same kernel on the one-shot group.
+//   (add_rms_norm); with W8A8 / FP8 / FMPQ on the GPU the norm (and SiLU·mul) also quantizes the next linear's
+//   input. Under tensor parallelism the o / down partial sums are all-reduced there too, in the same kernel on the
+//   one-shot group (FMPQ: all-reduced first, then the norm that writes the codes).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -62,22 +63,29 @@ ModelWorkspace Model::make_workspace(int64_t max_tokens, int64_t max_logit_rows)
   return ws;
 }
 
-void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
-                       const kernels::LinearPlan& plan, ModelWorkspace& ws) const {
-  const int64_t T = x.size(0), k = x.size(1);
-  if (recipe_.activation == ActivationMode::fmpq_mixed && !in.block_bits.defined())
+FmpqActivation Model::fmpq_codes(const LinearInput& in, int64_t T, int64_t k, ModelWorkspace& ws) const {
+  if (!in.block_bits.defined())
     LOWBIT_NOT_SUPPORTED("Model.forward: recipe ", recipe_.text, " (FMPQ activations) needs a block map per linear ",
                          "(Model.set_fmpq_block_bits, written by `lowbit quantize --algo fmpq`); weights quantized ",
                          "round-to-nearest by set_weight carry none");
+  FmpqActivation a;
+  a.q = ws.fmpq.q.slice(0, 0, T * k).view({T, k});
+  a.scales = ws.fmpq.scales.slice(0, 0, T * in.block_bits.numel()).view({T, in.block_bits.numel()});
+  return a;
+}
+
+void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
+                       const kernels::LinearPlan& plan, ModelWorkspace& ws) const {
+  const int64_t T = x.size(0), k = x.size(1);
   if (recipe_.activation == ActivationMode::fmpq_mixed && !device_.is_cpu()) {
     // The GPU quantizer reads x[:, perm] itself and writes the codes and block scales in one kernel.
-    FmpqActivation a;
-    a.q = ws.fmpq.q.slice(0, 0, T * k).view({T, k});
-    a.scales = ws.fmpq.scales.slice(0, 0, T * in.block_bits.numel()).view({T, in.block_bits.numel()});
+    FmpqActivation a = fmpq_codes(in, T, k, ws);
     ops::quantize_fmpq(x, in.block_bits, in.perm, a);
     ops::linear_fmpq(a, w, bias, y, plan);
     return;
   }
+  if (recipe_.activation == ActivationMode::fmpq_mixed && !in.block_bits.defined())
+    (void)fmpq_codes(in, T, k, ws);  // throws: no block map
   Tensor input = x;
   if (in.perm.defined()) {
     input = ws.permuted.slice(0, 0, T * k).view({T, k});
@@ -87,9 +95,7 @@ void Model::run_linear(const Tensor& x, const LinearInput& in, const PackedWeigh
     ops::linear(input, w, bias, y, plan);
     return;
   }
-  FmpqActivation a;
-  a.q = ws.fmpq.q.slice(0, 0, T * k).view({T, k});
-  a.scales = ws.fmpq.scales.slice(0, 0, T * in.block_bits.numel()).view({T, in.block_bits.numel()});
+  FmpqActivation a = fmpq_codes(in, T, k, ws);
   quantize_fmpq(input, in.block_bits, a);
   ops::linear_fmpq(a, w, bias, y, plan);
 }
@@ -128,6 +134,13 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
       ops::linear_quantized(codes, scales, w, bias, y, plan);
       return;
     }
+    if (plan.fused_fmpq_quant) {  // FMPQ: the norm writes the block codes of normed[:, perm] (one kernel, same bytes)
+      if (added.defined()) reduce_partial_sums(added);
+      FmpqActivation a = fmpq_codes(in, T, residual.size(1), ws);
+      ops::rms_norm_quantize_fmpq(residual, added, norm_w, eps, in.block_bits, in.perm, a);
+      ops::linear_fmpq(a, w, bias, y, plan);
+      return;
+    }
     if (!added.defined())
       ops::rms_norm(residual, norm_w, eps, normed);
     else
@@ -153,6 +166,10 @@ void Model::forward_layers(const Tensor& ids, const Tensor& positions, const ops
       Tensor scales = Tensor::empty({T}, ScalarType::f32, device_);
       ops::silu_mul_quantize(gate_up, codes, scales, plans_.down.tuning.pdl);
       ops::linear_quantized(codes, scales, L.down, no_bias, hidden, plans_.down);
+    } else if (plans_.down.fused_fmpq_quant) {  // FMPQ: SiLU·mul writes the down linear's block codes
+      FmpqActivation a = fmpq_codes(L.down_in, T, act.size(1), ws);
+      ops::silu_mul_quantize_fmpq(gate_up, L.down_in.block_bits, L.down_in.perm, a);
+      ops::linear_fmpq(a, L.down, no_bias, hidden, plans_.down);
     } else {
       ops::silu_mul(gate_up, act);
       run_linear(act, L.down_in, L.down, no_bias, hidden, plans_.down, ws);

@@ -193,6 +193,99 @@ void silu_mul_quantize(const Tensor& gate_up, Tensor& q, Tensor& scales, bool pd
 #endif
 }
 
+#ifdef LOWBIT_WITH_CUDA
+namespace {
+
+// out.q / out.scales for FMPQ codes of [T, k] on `dev` (undefined ones allocated), checked; the block map recorded.
+void fmpq_outputs(FmpqActivation& out, int64_t T, int64_t k, const Tensor& block_bits, const Tensor& perm,
+                  const Device& dev, const char* op) {
+  const int64_t blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
+  LOWBIT_CHECK(block_bits.defined() && block_bits.dim() == 1 && block_bits.size(0) == blocks, op,
+               ": argument 'block_bits' must have shape [", blocks, "] (one entry per ", kFmpqBlock,
+               " channels of k=", k, "), got ", block_bits.defined() ? shape_str(block_bits.shape()) : "undefined");
+  if (!out.q.defined()) out.q = Tensor::empty({T, k}, ScalarType::s8, dev);
+  if (!out.scales.defined()) out.scales = Tensor::empty({T, blocks}, ScalarType::f32, dev);
+  check_dtype(out.q, ScalarType::s8, op, "q");
+  check_shape(out.q, {T, k}, op, "q");
+  LOWBIT_CHECK(out.q.stride(1) == 1 || k <= 1, op, ": argument 'q' must be contiguous in its last dimension");
+  check_dtype(out.scales, ScalarType::f32, op, "scales");
+  check_shape(out.scales, {T, blocks}, op, "scales");
+  check_contiguous(out.scales, op, "scales");
+  if (perm.defined()) {  // its values were checked where it was set (Model.set_input_permutation)
+    check_dtype(perm, ScalarType::s32, op, "perm");
+    check_shape(perm, {k}, op, "perm");
+    check_contiguous(perm, op, "perm");
+  }
+  out.block_bits = block_bits;
+}
+
+}  // namespace
+#endif
+
+void rms_norm_quantize_fmpq(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                            const Tensor& block_bits, const Tensor& perm, FmpqActivation& out) {
+  constexpr const char* op = "rms_norm_quantize_fmpq";
+  check_float(residual, op, "residual");
+  check_dim(residual, 2, op, "residual");
+  if (x.defined()) {
+    check_float(x, op, "x");
+    check_same_rows(residual, "residual", x, "x", op);
+  }
+  check_norm_weight(weight, residual.size(-1), op);
+  LOWBIT_CHECK(eps >= 0, op, ": eps must be >= 0, got ", eps);
+  const Device dev = op_device(op, {{"residual", &residual}, {"x", &x}, {"weight", &weight}, {"perm", &perm},
+                                    {"q", &out.q}, {"scales", &out.scales}});
+  if (dev.is_cpu())
+    LOWBIT_NOT_SUPPORTED(op, ": runs on the GPU only (on the CPU, rms_norm, the permutation and quantize_fmpq)");
+#ifdef LOWBIT_WITH_CUDA
+  const int64_t T = residual.size(0), H = residual.size(1);
+  fmpq_outputs(out, T, H, block_bits, perm, dev, op);
+  const cuda::FmpqBits bits = cuda::fmpq_bits_of(block_bits, op);
+  const cudaStream_t stream = cuda::current_stream();
+  const cuda::Rows rv = gpu_rows(rows_of(residual, op, "residual")), wv = gpu_rows(rows_of(weight, op, "weight"));
+  const cuda::Rows xv = x.defined() ? gpu_rows(rows_of(x, op, "x")) : cuda::Rows{};
+  if (cuda::norm_quantize_fmpq(rv, xv, wv, eps, bits, perm.defined() ? perm.data<int32_t>() : nullptr,
+                               out.q.data<int8_t>(), out.q.stride(0), out.scales.data<float>(), stream))
+    return;
+  // Rows the fused kernel does not take: the two kernels it replaces (the same bytes).
+  Tensor normed = Tensor::empty({T, H}, residual.dtype(), dev);
+  if (x.defined()) add_rms_norm(residual, x, weight, eps, normed);
+  else rms_norm(residual, weight, eps, normed);
+  cuda::quantize_fmpq(normed, block_bits, out.q, out.scales, stream, perm);
+#else
+  (void)block_bits;
+  no_cuda_kernel(op);
+#endif
+}
+
+void silu_mul_quantize_fmpq(const Tensor& gate_up, const Tensor& block_bits, const Tensor& perm,
+                            FmpqActivation& out) {
+  constexpr const char* op = "silu_mul_quantize_fmpq";
+  check_float(gate_up, op, "gate_up");
+  check_dim(gate_up, 2, op, "gate_up");
+  LOWBIT_CHECK(gate_up.size(1) % 2 == 0, op, ": argument 'gate_up' must have an even last dimension [T, 2 * I], got ",
+               shape_str(gate_up.shape()));
+  const Device dev =
+      op_device(op, {{"gate_up", &gate_up}, {"perm", &perm}, {"q", &out.q}, {"scales", &out.scales}});
+  if (dev.is_cpu())
+    LOWBIT_NOT_SUPPORTED(op, ": runs on the GPU only (on the CPU, silu_mul, the permutation and quantize_fmpq)");
+#ifdef LOWBIT_WITH_CUDA
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  fmpq_outputs(out, T, I, block_bits, perm, dev, op);
+  const cudaStream_t stream = cuda::current_stream();
+  if (gate_up.dtype() == ScalarType::f16) {
+    cuda::silu_mul_quantize_fmpq(gate_up, block_bits, out.q, out.scales, stream, perm);
+    return;
+  }
+  Tensor act = Tensor::empty({T, I}, gate_up.dtype(), dev);  // f32 / bf16 rows: the two kernels
+  silu_mul(gate_up, act);
+  cuda::quantize_fmpq(act, block_bits, out.q, out.scales, stream, perm);
+#else
+  (void)block_bits;
+  no_cuda_kernel(op);
+#endif
+}
+
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   constexpr const char* op = "embedding";
   check_defined(ids, op, "ids");

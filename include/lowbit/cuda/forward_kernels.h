@@ -13,6 +13,8 @@
 
 namespace lowbit::cuda {
 
+struct FmpqBits;  // lowbit/cuda/kernels.h
+
 // `rows` rows of `cols` contiguous elements of an f32/f16/bf16 tensor, `stride` elements apart.
 struct Rows {
   void* base = nullptr;
@@ -31,6 +33,13 @@ void add_rms_norm(const Rows& residual, const Rows& x, const Rows& weight, float
 // of them. The normed rows themselves are not written.
 void norm_quantize(const Rows& residual, const Rows& x, const Rows& weight, float eps, void* q, int64_t ldq,
                    ScalarType q_type, float* scales, cudaStream_t stream);
+// The pre-norm of a COMET FMPQ linear with quantize_fmpq fused: with x (x.base set), residual += x first; then the
+// f16 rows rms_norm / add_rms_norm would write, gathered through perm (device s32 [cols], null = none), become
+// codes (s8 [rows, ldq], int4 or int8 values per 128-channel block by `bits`) and f32 block scales ([rows, blocks],
+// contiguous): quantize_fmpq's bytes. The normed rows are not written. f16 rows of at most 8192 columns and an
+// f16/f32 weight; false (nothing launched) otherwise.
+bool norm_quantize_fmpq(const Rows& residual, const Rows& x, const Rows& weight, float eps, const FmpqBits& bits,
+                        const int32_t* perm, int8_t* q, int64_t ldq, float* scales, cudaStream_t stream);
 // out[r, i] = silu(gu[r, i]) * gu[r, I + i] with I = out.cols.
 void silu_mul(const Rows& gate_up, const Rows& out, cudaStream_t stream);
 // SiLU·mul with the next linear's per-token quantizer fused: codes (s8 or e4m3, [rows, ldq]) and f32 scales of the

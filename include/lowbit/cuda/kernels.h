@@ -139,6 +139,11 @@ FmpqBits fmpq_bits_of(const Tensor& block_bits, const char* op);
 // on the device, a permutation; undefined = none): quantize x[:, perm] (the gather happens in the read).
 void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor& scales, cudaStream_t stream,
                    const Tensor& perm = Tensor());
+// SiLU·mul with quantize_fmpq fused (the down linear's input): gate_up f16 [m, 2k] (unit stride in the last dim);
+// q, scales, block_bits and perm as above, the bytes quantize_fmpq makes of the f16 rows silu_mul writes (which are
+// not written).
+void silu_mul_quantize_fmpq(const Tensor& gate_up, const Tensor& block_bits, Tensor& q, Tensor& scales,
+                            cudaStream_t stream, const Tensor& perm = Tensor());
 
 // COMET W4Ax GEMM over FMPQ activations (cpp/kernels/sm80/gemm_fmpq_sm80.cu, mma.sync s8, sm_80 and
 // newer): y[m, n] = channel_scale[n] * sum_b x_scale[m, b] * acc_b[m, n], acc_b the exact int32 sum of

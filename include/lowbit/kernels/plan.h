@@ -15,6 +15,9 @@ struct LinearPlan {
   ActivationMode act = ActivationMode::float16;
   KernelTuning tuning;
   bool fused_norm_quant = false;  // GPU W8A8/FP8: the pre-norm (SiLU·mul for down) hands this linear s8/e4m3 codes
+  // GPU FMPQ (w4a4): the pre-norm (SiLU·mul for down) hands this linear its FMPQ codes and block scales, its input
+  // permutation applied (tuning fused_norm_quant / fused_silu_quant)
+  bool fused_fmpq_quant = false;
   const GemmKernel* kernel_for(int64_t m) const { return by_m[size_t(m_bucket_of(m))]; }
 };
 

@@ -213,6 +213,9 @@ class Model {
   PackedWeight pack(const QuantizedWeight& w) const;
   // The common input of the linears `suffixes` of layer l (their staged perms / block maps must agree).
   LinearInput shared_input(int l, const std::vector<const char*>& suffixes, const char* what) const;
+  // The workspace's FMPQ codes and block scales for T tokens of the linear whose input is `in` (k channels);
+  // throws NotSupported where the linear has no block map.
+  FmpqActivation fmpq_codes(const LinearInput& in, int64_t T, int64_t k, ModelWorkspace& ws) const;
   // y = linear(x[:, perm]) by `plan` (FMPQ: quantize_fmpq by the block map first).
   void run_linear(const Tensor& x, const LinearInput& in, const PackedWeight& w, const Tensor& bias, Tensor& y,
                   const kernels::LinearPlan& plan, ModelWorkspace& ws) const;

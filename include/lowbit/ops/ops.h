@@ -74,6 +74,15 @@ void silu_mul(const Tensor& gate_up, Tensor& out);
 // are the codes linear(act=int8/fp8_per_token) would make of silu_mul's f16 output; gate_up f16 [T, 2I]. pdl: may
 // launch as a programmatic dependent of the kernel before it (sm_90+).
 void silu_mul_quantize(const Tensor& gate_up, Tensor& q, Tensor& scales, bool pdl = true);
+// The COMET FMPQ forms (GPU only): out.q (s8 [T, k]) and out.scales (f32 [T, ceil(k / 128)]; undefined ones are
+// allocated) are the bytes quantize_fmpq(y, block_bits, perm) makes of the f16 rows y the unfused op would write, the
+// rows themselves not written. rms_norm_quantize_fmpq: residual += x when x is defined (as add_rms_norm), y =
+// rms_norm(residual) * weight; silu_mul_quantize_fmpq: y = silu_mul(gate_up). perm: s32 [k] on the device or
+// undefined (none). Rows the fused kernels do not take run the two ops they replace (the same bytes).
+void rms_norm_quantize_fmpq(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                            const Tensor& block_bits, const Tensor& perm, FmpqActivation& out);
+void silu_mul_quantize_fmpq(const Tensor& gate_up, const Tensor& block_bits, const Tensor& perm,
+                            FmpqActivation& out);
 void embedding(const Tensor& ids /*s32 [T]*/, const Tensor& table /*[V, H]*/, Tensor& out /*[T, H]*/);
 // out[t, j] = x[t, perm[j]]: the input permutation of an act-order linear (GPTQ desc_act, FMPQ reorder).
 // x and out: the same float dtype, [T, k] rows (x may be strided, out may not alias x); perm: s32 [k] on
