@@ -146,7 +146,7 @@ int64_t size_class(int64_t n) {
 // heads, G 16, one chunk): 1.35-3.7x faster than the fused launch at 64 / 256 / 1024 tokens (4 / 8 / 32 visits) over
 // 8K and 32K, kc4 and kc2. The rule: 4 visits as the per-token copy's (below 4 not measured), and only where some
 // sequence can have 4 sealed key tiles (the table's width less the chunk: a fresh prompt has none, and the split
-// would only add the merge).
+// would only add the merge). The tail launch runs on a second stream beside the copy and the head (launch_channel_copy).
 constexpr int kChannelMinSealedTiles = 4;
 bool wants_channel_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t bytes, int64_t sealed_bound,
                         const PrefillSm90Options& options) {
@@ -187,7 +187,10 @@ bool launch_channel_copy(const PrefillTcArgs& a, const Tensor& q, int max_q_len,
   f.split_o = partials.data<float>();
   f.split_ml = reinterpret_cast<float2*>(f.split_o + rows * head_dim);
   // The tail reads only the cache and writes only its own split's partials: on the side stream (options.side_stream)
-  // it runs beside the copy and the head, and only the merge waits for both. The same launches either way.
+  // it runs beside the copy and the head, and only the merge waits for both. The same launches either way. The
+  // buffers go back to the caching allocator on return, which hands a block to the next launch on `stream` at once
+  // (one stream's order): the join puts the tail before the merge, so before anything queued after it, and a later
+  // fork waits on all of that before its tail starts.
   std::optional<StreamFork> fork;
   if (options.side_stream != 1) fork.emplace(stream, q.device().index, op);
   PrefillTcArgs tail = f;  // the rest: the per-channel instance on the cache, the last split
