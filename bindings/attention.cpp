@@ -5,11 +5,15 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "bindings/bind.h"
 #include "bindings/tensor_arg.h"
 #include "lowbit/ops/ops.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "lowbit/cuda/stream.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -74,7 +78,12 @@ void bind_attention(nb::module_& m) {
           [](AttentionMeta& a, nb::handle t) { a.block_tables = optional_tensor_arg(t, "block_tables"); })
       .def_prop_rw(
           "slot_mapping", [](const AttentionMeta& a) { return a.slot_mapping.defined() ? nb::cast(a.slot_mapping) : nb::none(); },
-          [](AttentionMeta& a, nb::handle t) { a.slot_mapping = optional_tensor_arg(t, "slot_mapping"); });
+          [](AttentionMeta& a, nb::handle t) { a.slot_mapping = optional_tensor_arg(t, "slot_mapping"); })
+      .def_prop_rw(
+          "seq_info", [](const AttentionMeta& a) { return a.seq_info.defined() ? nb::cast(a.seq_info) : nb::none(); },
+          [](AttentionMeta& a, nb::handle t) { a.seq_info = optional_tensor_arg(t, "seq_info"); },
+          "GPU: s32 [3, num_seqs] (q_start, q_len, kv_len) on the device, or None (paged_attention uploads it at each "
+          "call, a synchronous copy: set it to capture the call in a CUDA graph)");
 
   m.def(
       "rope",
@@ -127,21 +136,32 @@ void bind_attention(nb::module_& m) {
   m.def(
       "paged_attention",
       [](nb::handle q, const KVCache& cache, int layer, const AttentionMeta& meta, float scale, nb::handle out,
-         const std::string& kernel, const std::map<std::string, std::string>& options) {
+         const std::string& kernel, const std::map<std::string, std::string>& options, uintptr_t stream) {
         const kernels::ParsedKernelOptions parsed = kernels::parse_kernel_options(kernels::KernelOptions{options});
         LOWBIT_CHECK_KIND(ErrorKind::kValue, parsed.forced.empty(), "paged_attention: options take kernel tuning ",
                           "keys only; force a kernel with kernel=");
         Tensor qt = tensor_from_python(q, "q");
         Tensor ot = out.is_none() ? Tensor::empty(qt.shape(), qt.dtype(), qt.device()) : tensor_from_python(out, "out");
+#ifdef LOWBIT_WITH_CUDA
+        if (stream) {
+          cuda::StreamScope scope(reinterpret_cast<cudaStream_t>(stream));
+          ops::paged_attention(qt, cache, layer, meta, scale, ot, kernel, parsed.tuning);
+          return out.is_none() ? nb::cast(ot) : nb::borrow(out);
+        }
+#endif
+        LOWBIT_CHECK(stream == 0, "paged_attention: argument 'stream' needs a CUDA build of lowbit");
         ops::paged_attention(qt, cache, layer, meta, scale, ot, kernel, parsed.tuning);
         return out.is_none() ? nb::cast(ot) : nb::borrow(out);
       },
       nb::arg("q"), nb::arg("cache"), nb::arg("layer"), nb::arg("meta"), nb::arg("scale"),
       nb::arg("out") = nb::none(), nb::arg("kernel") = "", nb::arg("options") = std::map<std::string, std::string>{},
+      nb::arg("stream") = 0,
       "out[T, Hq, D] = causal softmax(q kᵀ * scale) v over the paged cache (GQA when Hq > Hkv). "
       "Returns out (allocated like q when None). kernel: a registered attention kernel to force "
       "(lowbit._core.kernels.attention_kernels() lists them; one that cannot run raises with its reason), '' for "
-      "the registry's choice. options: kernel tuning as kernel_overrides takes it (e.g. {'prefill_key_split': '4'}).");
+      "the registry's choice. options: kernel tuning as kernel_overrides takes it (e.g. {'prefill_key_split': '4'}). "
+      "stream: a cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream) to launch on, 0 = lowbit's "
+      "current stream; with meta.seq_info set, a GPU call can be captured in a CUDA graph on that stream.");
 }
 
 }  // namespace lowbit::bindings

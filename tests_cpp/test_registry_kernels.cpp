@@ -409,6 +409,12 @@ TEST(Registry, PrefillKernelOptions) {
   EXPECT_EQ(parse_kernel_options({{{"prefill_dequant_copy", "auto"}}, false}).tuning.prefill_dequant_copy, 0);
   EXPECT_EQ(parse_kernel_options({{{"prefill_dequant_copy", "off"}}, false}).tuning.prefill_dequant_copy, 1);
   EXPECT_EQ(parse_kernel_options({{{"prefill_dequant_copy", "on"}}, false}).tuning.prefill_dequant_copy, 2);
+  EXPECT_EQ(defaults.prefill_side_stream, 0);  // the per-channel split on a second stream
+  EXPECT_EQ(parse_kernel_options({{{"prefill_side_stream", "auto"}}, false}).tuning.prefill_side_stream, 0);
+  EXPECT_EQ(parse_kernel_options({{{"prefill_side_stream", "off"}}, false}).tuning.prefill_side_stream, 1);
+  EXPECT_EQ(parse_kernel_options({{{"prefill_side_stream", "on"}}, false}).tuning.prefill_side_stream, 2);
+  EXPECT_NE(error_of([] { parse_kernel_options({{{"prefill_side_stream", "2"}}, false}); }).find("on or off"),
+            std::string::npos);
 }
 
 TEST(Registry, ModelPlanNamesTheKernelsAndHonoursOverrides) {

@@ -68,11 +68,12 @@ def reference(q, k_written, cache, table_row, q_len, kv_len, scale):
 
 
 def per_channel_case(prefix, chunk, hq, hkv, d, kt, vt, bs, seed, device, kernel="", scale=None, gap=1, q_dtype=None,
-                     options=None):
+                     options=None, run=None):
     """Writes `prefix[i]` cached tokens of each sequence (one kv_write), then its `chunk[i]` new tokens (another),
     and runs paged_attention for the chunks on `device` (`kernel` forces the GPU's, `options` its tuning). Returns (output on the host,
     float64 reference, mask of the rows inside the sequences); output rows are poisoned with NaN before (`gap` rows
-    before each sequence's stay outside every sequence)."""
+    before each sequence's stay outside every sequence). `run(q, cache, meta, scale, out)`, if given, makes the GPU
+    call(s) in place of the one paged_attention (tests that run one case several ways)."""
     scale = 1 / math.sqrt(d) if scale is None else scale
     g = torch.Generator().manual_seed(seed)
     n = len(chunk)
@@ -85,7 +86,7 @@ def per_channel_case(prefix, chunk, hq, hkv, d, kt, vt, bs, seed, device, kernel
     for i, nb in enumerate(blocks_per):
         table[i, :nb] = perm[at:at + nb]
         at += nb
-    gpu = device == "cuda"
+    gpu = str(device).startswith("cuda")
     cache = lb.KVCache(1, hkv, d, num_blocks, block_size=bs, k_type=kt, v_type=vt, device=device, k_per_channel=True,
                        k_window_slots=num_blocks if gpu else 0)
     ks, vs = [], []
@@ -119,7 +120,9 @@ def per_channel_case(prefix, chunk, hq, hkv, d, kt, vt, bs, seed, device, kernel
     meta = lb.AttentionMeta(q_start, chunk, lens, table.to(device), slots.to(device))
     qx = q if q_dtype is None else q.to(q_dtype)
     out = torch.full(qx.shape, float("nan"), dtype=qx.dtype, device=device)
-    if gpu:
+    if gpu and run is not None:
+        run(qx.to(device), cache, meta, scale, out)
+    elif gpu:
         lb.paged_attention(qx.to(device), cache, 0, meta, scale, out, kernel=kernel, options=options or {})
     else:
         lb.paged_attention(qx, cache, 0, meta, scale, out)

@@ -87,6 +87,71 @@ def profiled_kernel_parts_us(fn, reps, name_parts, warmup=1):
             for part in name_parts]
 
 
+def call_spans_us(prof, reps):
+    """Device microseconds per call from first kernel start to last kernel end, mean over the `reps` calls of a
+    torch.profiler run that made only those calls, one after another (each call's kernels start after the previous
+    call's last kernel ends, as on one stream or a fork joined back before its last kernel). Kernels on several streams
+    count once however they overlap, unlike the summed kernel times above. None where the kernel records do not
+    split into `reps` equal groups."""
+    evs = sorted(((ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                  if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith(("Memcpy", "Memset"))))
+    if not evs or len(evs) % reps:
+        return None
+    k = len(evs) // reps
+    groups = [evs[i * k:(i + 1) * k] for i in range(reps)]
+    return sum(max(e for _, e in g) - g[0][0] for g in groups) / reps
+
+
+def profiled_parts_and_span_us(fn, reps, name_parts, warmup=1):
+    """profiled_kernel_parts_us and call_spans_us from one profile: ([us per call of each name part], span us)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per = kernel_times(prof)
+    parts = [sum(t for name, (t, _) in per.items() if part in name and not name.startswith("Memcpy")) / reps
+             for part in name_parts]
+    return parts, call_spans_us(prof, reps)
+
+
+def graph_calls_us(fn_on, calls=10, reps=10, warmup=3):
+    """Median device microseconds per call of `fn_on(stream)` (stream: a cudaStream_t as an integer, for ops that take
+    one; torch ops launch on the current stream, which is it) captured `calls` times into one CUDA graph on a side
+    stream (relaxed mode: launches that set their shared-memory limit at each call) and replayed, CUDA events around
+    each replay: no host time between the kernels. None (the error printed) where the capture fails."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            fn_on(stream.cuda_stream)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="relaxed"):
+            for _ in range(calls):
+                fn_on(stream.cuda_stream)
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        print("graph capture:", repr(e)[:200])
+        torch.cuda.synchronize()
+        return None
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    del graph
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def read_bandwidth_gbs(nbytes=2 << 30):
     """A pure read: torch's sum over an f32 tensor of `nbytes` (one pass, the result a scalar), bytes read per second.
     What the device can stream from DRAM, to hold a kernel's weight bytes per second against (the copy figure below

@@ -50,7 +50,8 @@ static_assert(kMaxPrefillKeySplits == cuda::prefill_split::kMaxSplits,
 void launch_prefill_sm90(const AttnArgs& a) {
   const KVCache& c = a.cache;
   const cuda::PrefillSm90Options options{a.tuning.prefill_key_split, a.tuning.prefill_pack_heads,
-                                         a.tuning.prefill_ref_dequant, a.tuning.prefill_dequant_copy};
+                                         a.tuning.prefill_ref_dequant, a.tuning.prefill_dequant_copy,
+                                         a.tuning.prefill_side_stream};
   cuda::prefill_attention(a.q, c.k_data(a.layer), c.v_data(a.layer), c.k_params(a.layer), c.v_params(a.layer),
                           a.meta.block_tables, a.seq_info, a.max_q_len, a.scale, a.out, cuda::current_stream(),
                           cuda::PrefillKernel::hopper, cuda::k_window_of(c, a.layer), options);

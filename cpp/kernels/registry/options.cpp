@@ -70,6 +70,8 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
       t.prefill_ref_dequant = on_off(key, value);
     } else if (key == "prefill_dequant_copy") {
       t.prefill_dequant_copy = value == "auto" ? 0 : on_off(key, value) ? 2 : 1;
+    } else if (key == "prefill_side_stream") {
+      t.prefill_side_stream = value == "auto" ? 0 : on_off(key, value) ? 2 : 1;
     } else if (key == "w4a16_large_tile") {
       t.w4a16_large_tile = value == "auto" ? 0 : value == "64x128" ? 64128 : value == "128x128" ? 128128
                            : value == "128x256" ? 128256 : -1;
@@ -84,7 +86,7 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
                         "linear, linear.{qkv,o,gate_up,down,lm_head}, attention, attention.{prefill,decode}; ",
                         "tuning: fused_norm_quant, fused_silu_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, ",
                         "fp8_fast_accum, split_mixed_attention, prefill_key_split, prefill_pack_heads, ",
-                        "prefill_ref_dequant, prefill_dequant_copy");
+                        "prefill_ref_dequant, prefill_dequant_copy, prefill_side_stream");
     }
   }
   return p;

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "kernels/sm80/prefill_attention_tc.h"  // prefill_tc_args
 #include "kernels/sm90/prefill_split_plan.h"
+#include "kernels/sm90/stream_fork.h"
 #include "lowbit/cuda/check.h"
 
 namespace lowbit::cuda {
@@ -144,7 +146,7 @@ int64_t size_class(int64_t n) {
 // heads, G 16, one chunk): 1.35-3.7x faster than the fused launch at 64 / 256 / 1024 tokens (4 / 8 / 32 visits) over
 // 8K and 32K, kc4 and kc2. The rule: 4 visits as the per-token copy's (below 4 not measured), and only where some
 // sequence can have 4 sealed key tiles (the table's width less the chunk: a fresh prompt has none, and the split
-// would only add the merge).
+// would only add the merge). The tail launch runs on a second stream beside the copy and the head (launch_channel_copy).
 constexpr int kChannelMinSealedTiles = 4;
 bool wants_channel_copy(int head_dim, KvType kt, KvType vt, int64_t visits, int64_t bytes, int64_t sealed_bound,
                         const PrefillSm90Options& options) {
@@ -184,6 +186,21 @@ bool launch_channel_copy(const PrefillTcArgs& a, const Tensor& q, int max_q_len,
   }
   f.split_o = partials.data<float>();
   f.split_ml = reinterpret_cast<float2*>(f.split_o + rows * head_dim);
+  // The tail reads only the cache and writes only its own split's partials: on the side stream (options.side_stream)
+  // it runs beside the copy and the head, and only the merge waits for both. The same launches either way. The
+  // buffers go back to the caching allocator on return, which hands a block to the next launch on `stream` at once
+  // (one stream's order): the join puts the tail before the merge, so before anything queued after it, and a later
+  // fork waits on all of that before its tail starts.
+  std::optional<StreamFork> fork;
+  if (options.side_stream != 1) fork.emplace(stream, q.device().index, op);
+  PrefillTcArgs tail = f;  // the rest: the per-channel instance on the cache, the last split
+  tail.split_first = head_splits, tail.split_count = 1;
+  const auto launch_tail = [&](cudaStream_t s) {
+    find_launch(head_dim, kt, vt)(
+        tail, dim3(static_cast<unsigned>(a.hq), static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_seqs)), s);
+    LOWBIT_CUDA_CHECK_LAUNCH(op);
+  };
+  if (fork) launch_tail(fork->side());
   __half* k16 = reinterpret_cast<__half*>(copy.data_ptr());
   prefill_dequant_copy(a, static_cast<int>(head_dim), kt, vt, k16, k16 + halves, copy_table.data<int32_t>(), stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
@@ -199,11 +216,10 @@ bool launch_channel_copy(const PrefillTcArgs& a, const Tensor& q, int max_q_len,
       head, dim3(static_cast<unsigned>(a.hq), static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_seqs * head_splits)),
       stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
-  PrefillTcArgs tail = f;  // the rest: the per-channel instance on the cache, the last split
-  tail.split_first = head_splits, tail.split_count = 1;
-  find_launch(head_dim, kt, vt)(
-      tail, dim3(static_cast<unsigned>(a.hq), static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_seqs)), stream);
-  LOWBIT_CUDA_CHECK_LAUNCH(op);
+  if (fork)
+    fork->join();
+  else
+    launch_tail(stream);
   prefill_attention_split_merge(f, static_cast<int>(head_dim), max_q_len, stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
   return true;

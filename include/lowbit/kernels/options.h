@@ -16,7 +16,7 @@ namespace lowbit::kernels {
 //                   "w4a16_large_tile" auto|64x128|128x128|128x256, "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off,
 //                   "fp8_fast_accum" on|off, "split_mixed_attention" on|off, "prefill_key_split" auto|off|2..16,
 //                   "prefill_pack_heads" auto|on|off, "prefill_ref_dequant" on|off,
-//                   "prefill_dequant_copy" auto|on|off
+//                   "prefill_dequant_copy" auto|on|off, "prefill_side_stream" auto|on|off
 // strict: a plan that would take a slow fallback kernel (a faster one cannot run) is an error.
 struct KernelOptions {
   std::map<std::string, std::string> overrides;
@@ -49,6 +49,9 @@ struct KernelTuning {
   // an f16 copy where the fused launch would dequantize each prefix tile 4 or more times), 1 = never, 2 = wherever
   // the cache allows.
   int prefill_dequant_copy = 0;
+  // The per-channel K copy's launches (above): 0 = its rule (the per-channel split on a second stream beside the
+  // copy and the f16 split), 1 = off (one stream, A/Bs), 2 = on.
+  int prefill_side_stream = 0;
 };
 
 // The forced kernel names by role and the tuning, validated (unknown keys and bad values throw a
