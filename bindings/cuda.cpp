@@ -583,7 +583,7 @@ void bind_cuda(nb::module_& m) {
       "tile), 'sm90x' (the automatic plan with pairs off: the same as 'sm90'), 'sm90q...' (opt-in: L2 prefetch of later "
       "stages' weights and parameters, the tile's scales staged in smem; the rest as after 'sm90', e.g. 'sm90q:1:128', "
       "'sm90qk:128'), 'sm90r...' (opt-in: 'sm90q' with each weight-row tile's k blocks in a rotated order), 'gemv' or 'gemv:rDbB' (the "
-      "register-direct GEMV, 1-16 tokens; automatic at one token on sm_90)");
+      "register-direct GEMV, 1-8 tokens; automatic at one token on sm_90)");
 
   m.def(
       "gemm_w4a8_sm90_plan",

@@ -1,4 +1,4 @@
-"""GPU register-direct W4A8 GEMV (gemm_w4a8 kernel "gemv[:rDbB]", 1-16 tokens): the raw int32 accumulators bit-exact
+"""GPU register-direct W4A8 GEMV (gemm_w4a8 kernel "gemv[:rDbB]", 1-8 tokens): the raw int32 accumulators bit-exact
 against the s8 weights each paper's formula gives (independent of the packer) and against the mma.sync kernel, the
 scaled f16 output bit-exact against the mma.sync kernel and close to float64, for QoQ and LiquidQuant weights on odd
 n and k, group tails, k splits over CTAs, every compiled configuration, strided x, poisoned outputs, x written by the
@@ -16,13 +16,10 @@ CONFIGS = ["r4b4", "r6b3", "r8b2", "r6b4", "r3b5"]
 
 # (fmt, m, n, k, group): one chunk (7 of 8 k slices empty), partial 16-row tiles (n % 16 != 0), group tails (k % group
 # == 64), 2-8 tokens, k longer than one CTA's x budget (split over CTAs: 8 tokens at k 8192 under r4b4, 14336 under the
-# automatic r6b3), the 8B down shape; 9-16 tokens (the second 8-token tile: a zero row for its columns past m at 9-15,
-# none at 16; 16 tokens at k 4096 unsplit under r6b3, at 14336 split).
+# automatic r6b3), the 8B down shape.
 CASES = [("qoq", 1, 16, 64, 64), ("liquid", 1, 130, 576, 64), ("qoq", 1, 200, 576, 128), ("liquid", 3, 4103, 640, 64),
          ("qoq", 8, 272, 1088, 128), ("liquid", 5, 96, 8256, 64), ("qoq", 8, 40, 14336, 128),
-         ("liquid", 2, 17, 192, 64), ("qoq", 1, 4096, 14336, 128), ("liquid", 7, 33, 8192, 128),
-         ("qoq", 9, 130, 576, 64), ("liquid", 12, 4103, 640, 64), ("qoq", 15, 33, 8256, 128),
-         ("liquid", 16, 272, 4096, 128), ("qoq", 16, 40, 14336, 128), ("liquid", 13, 17, 64, 64)]
+         ("liquid", 2, 17, 192, 64), ("qoq", 1, 4096, 14336, 128), ("liquid", 7, 33, 8192, 128)]
 
 
 def problem(fmt, m, n, k, group, seed):
@@ -75,8 +72,7 @@ def test_gemv_scaled_matches_sm80_bit_for_bit_and_float64(fmt, m, n, k, group):
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("fmt,m,n,k,group", [("liquid", 1, 130, 576, 64), ("qoq", 8, 272, 8192, 128),
-                                              ("qoq", 1, 48, 14336, 128), ("liquid", 16, 130, 1088, 64),
-                                              ("qoq", 11, 48, 8192, 128)])
+                                              ("qoq", 1, 48, 14336, 128)])
 def test_gemv_configs_int32_bit_exact(cfg, fmt, m, n, k, group):
     qw, pw, xq, xs = problem(fmt, m, n, k, group, seed=n + k)
     assert torch.equal(run(pw, xq, xs, n, f"gemv:{cfg}", raw=True, ldy_pad=2).long(), xq.long() @ s8_weights(qw).T)
@@ -151,9 +147,9 @@ def test_linear_at_one_token_runs_the_gemv_choice(fmt):
 
 
 def test_gemv_bad_names_and_token_counts():
-    qw, pw, xq, _ = problem("qoq", 17, 32, 128, 64, seed=1)
-    y = torch.empty(17, 32, dtype=torch.int32, device="cuda")
-    with pytest.raises(Exception, match="1-16 tokens"):
+    qw, pw, xq, _ = problem("qoq", 9, 32, 128, 64, seed=1)
+    y = torch.empty(9, 32, dtype=torch.int32, device="cuda")
+    with pytest.raises(Exception, match="1-8 tokens"):
         _core.gemm_w4a8(xq.cuda(), None, pw, y, kernel="gemv")
     y1 = torch.empty(1, 32, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="no configuration r5b5"):

@@ -1,4 +1,4 @@
-"""The W4A8 register-direct GEMV (gemm_w4a8 kernel "gemv", 1-16 tokens; its automatic configuration and each compiled one forced)
+"""The W4A8 one-token GEMV (gemm_w4a8 kernel "gemv", its automatic configuration and each compiled one forced)
 against the mma.sync W4A8 kernel ("sm80", its automatic split-K), the W4A16 GEMV (g128, "gemv") and cuBLAS fp16
 (torch F.linear) in the same process, on Llama-3-8B's linears and one rank's shard of Llama-3-70B's at tensor
 parallelism 2. The GEMM alone on int8 codes (the quantizer in front is the same for both W4A8 kernels). Reports
@@ -60,7 +60,7 @@ def main():
                 ws = [_core.pack_weight(qw, "sm80", "cuda:0") for _ in range(copies_for(wbytes[fmt], l2))]
                 for kernel in ("sm80", "gemv", ""):
                     t[f"{fmt}.{kernel or 'auto'}"] = graph_time_us(w4a8_fns(ws, xq, xs, y, kernel))
-                if i == 0 and m <= 16:
+                if i == 0 and m <= 8:
                     for cfg in configs:
                         by_config[cfg] = graph_time_us(w4a8_fns(ws, xq, xs, y, f"gemv:{cfg}"))
                 del ws, qw

@@ -1,4 +1,4 @@
-// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu, sm_80 and newer): 1-16 tokens, the qoq / liquid weights
+// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu, sm_80 and newer): 1-8 tokens, the qoq / liquid weights
 // (pack_sm80_w4a8's layout) streamed into registers without shared-memory staging. Called by cuda::gemm_w4a8
 // (gemm_w4a8_sm80.cu), which checks the arguments.
 #pragma once
@@ -10,7 +10,7 @@
 
 namespace lowbit::cuda::detail {
 
-constexpr int kGemv8MaxTokens = 16;
+constexpr int kGemv8MaxTokens = 8;
 
 // Compiled configurations, named "rDbB" in 'gemv:rDbB' (bindings), as the W4A16 GEMV's (gemm_w4a16_gemv_sm80.h):
 // D = chunks in flight per warp (the register ring), B = CTAs per SM the registers are budgeted for

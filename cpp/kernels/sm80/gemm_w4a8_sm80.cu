@@ -296,7 +296,7 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  // The register-direct GEMV when named (1-16 tokens), and at one token on sm_90 when the caller pins no split
+  // The register-direct GEMV when named (1-8 tokens), and at one token on sm_90 when the caller pins no split
   // (gemm_w4a8_gemv_sm80.cu; the registry's rank for gemm_w4a8_gemv_sm80 is the plans' copy of this rule).
   const bool gemv = options.kernel == Gemm8Kernel::gemv ||
                     (options.kernel == Gemm8Kernel::automatic && m == 1 && options.split_k <= 0 &&

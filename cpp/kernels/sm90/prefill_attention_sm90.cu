@@ -191,12 +191,8 @@ bool launch_channel_copy(const PrefillTcArgs& a, const Tensor& q, int max_q_len,
   // buffers go back to the caching allocator on return, which hands a block to the next launch on `stream` at once
   // (one stream's order): the join puts the tail before the merge, so before anything queued after it, and a later
   // fork waits on all of that before its tail starts.
-  // `auto` forks only where the tail is at most half a wave: at 1024 tokens its 256 CTAs took the SMs ahead of the
-  // copy (on the critical path) and stretched it 16 -> 94 us (H200, 8K), so the fork gained nothing there.
-  const int64_t tail_ctas = static_cast<int64_t>(a.hq) * tiles * a.num_seqs;
-  const bool side = options.side_stream == 2 || (options.side_stream == 0 && 2 * tail_ctas <= sms);
   std::optional<StreamFork> fork;
-  if (side) fork.emplace(stream, q.device().index, op);  // recorded before the copy: the tail does not wait for it
+  if (options.side_stream != 1) fork.emplace(stream, q.device().index, op);  // before the copy: the tail skips it
   PrefillTcArgs tail = f;  // the rest: the per-channel instance on the cache, the last split
   tail.split_first = head_splits, tail.split_count = 1;
   const auto launch_tail = [&](cudaStream_t s) {
@@ -207,8 +203,10 @@ bool launch_channel_copy(const PrefillTcArgs& a, const Tensor& q, int max_q_len,
   __half* k16 = reinterpret_cast<__half*>(copy.data_ptr());
   prefill_dequant_copy(a, static_cast<int>(head_dim), kt, vt, k16, k16 + halves, copy_table.data<int32_t>(), stream);
   LOWBIT_CUDA_CHECK_LAUNCH(op);
-  // The copy (the critical path) is launched first so that, eagerly, it does not start a host launch late (measured
-  // 3-19 us slower eagerly than in a graph with the tail first); a graph holds the same nodes either way.
+  // The copy is launched before the tail: with the tail first, its high-priority CTAs took the SMs ahead of the copy
+  // (on the critical path) and stretched it 16 -> 94 us at 1024 tokens over 8K, and eagerly the copy started a host
+  // launch late. Copy first, the fork measured no slower than one stream at 64-1024 tokens (H200, 9add64c: 1024 over
+  // 32K 1075 vs 1116 us eagerly, 1084 vs 1164 in a graph); a graph holds the same nodes either way.
   if (fork) launch_tail(fork->side());
   PrefillTcArgs head = f;  // the sealed keys: the f16 instance over the copy, splits [0, head_splits)
   head.k = reinterpret_cast<const uint8_t*>(k16);

@@ -112,9 +112,8 @@ enum class PrefillKernel : uint8_t { automatic, tensor_core, warp, hopper };
 // cache whose prefix tiles the fused launch would dequantize 4 or more times is dequantized once into an f16 copy,
 // then the f16 instance runs on it; per-channel K from 4 visits too: the keys sealed before the chunk copied, the
 // rest by the per-channel instance as the last split of a key split), 1 = never, 2 = wherever the cache allows.
-// side_stream (that per-channel split): 2 = the per-channel instance on a second stream beside the copy and the
-// f16 instance (forked from and joined back to `stream` with events; capturable), 0 = so where its grid is at most
-// half the SMs, 1 = all on `stream` (A/Bs).
+// side_stream (that per-channel split): 0 / 2 = the per-channel instance on a second stream beside the copy and the
+// f16 instance (forked from and joined back to `stream` with events; capturable), 1 = all on `stream` (A/Bs).
 struct PrefillSm90Options {
   int key_splits = 0;
   int pack_heads = 0;
