@@ -7,10 +7,14 @@
 #               (default 120 s); write JSONs to "$OUT/..."
 #   MC_GROUPS   ';'-separated pytest argument lists (file names under tests_py/, -k as shell words), each capped by
 #               MC_TEST_S (default 90 s)
-#   MC_SAN      one pytest argument list for memcheck, racecheck and synccheck (each capped by MC_SAN_S, default 40 s)
+#   MC_SAN      one pytest argument list for memcheck, racecheck and synccheck (each capped by MC_SAN_S, default 40 s;
+#               MC_SAN_TOOLS picks fewer)
+#   MC_INSTALL  extra build environment for the install, e.g. a lean build for a timing-only call:
+#               MC_INSTALL='CMAKE_ARGS=-DLOWBIT_CUDA_ARCHS_SM80=90 LOWBIT_ATTN_ALL_INSTANCES=OFF'
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_script_setup.sh"
 start=$(date +%s)
-install_package
+# shellcheck disable=SC2086  # MC_INSTALL is VAR=value words
+install_package ${MC_INSTALL:-}
 enter_work_dir merge
 T="$REPO/tests_py"
 P=(python3 -m pytest -p no:cacheprovider --rootdir "$REPO" -q -rfEs --maxfail=20)
@@ -40,7 +44,8 @@ done
 if [ -n "${MC_SAN:-}" ]; then
   eval "san=($MC_SAN)"
   for i in "${!san[@]}"; do [[ "${san[$i]}" == *.py* ]] && san[$i]="$T/${san[$i]}"; done
-  for tool in memcheck racecheck synccheck; do
+  IFS=, read -r -a tools <<< "${MC_SAN_TOOLS:-memcheck,racecheck,synccheck}"
+  for tool in "${tools[@]}"; do
     timeout -k 5 "${MC_SAN_S:-40}" compute-sanitizer --tool "$tool" --error-exitcode 9 "${P[@]}" "${san[@]}" \
       > "$OUT/${tool}.log" 2>&1
     echo "== $tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1) / $(tail -1 "$OUT/$tool.log")"
