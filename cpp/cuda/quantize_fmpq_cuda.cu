@@ -113,6 +113,34 @@ FmpqBits fmpq_bits_of(const Tensor& block_bits, const char* op) {
   return bits;
 }
 
+namespace {
+// The block map (one entry per 128 channels of k) and the outputs both FMPQ producers write: q [m, k] s8, scales
+// [m, blocks] f32, and the optional input permutation perm [k] s32, all on `ref`'s device.
+FmpqBits check_fmpq_outputs(const Tensor& ref, const Tensor& block_bits, const Tensor& q, const Tensor& scales,
+                            const Tensor& perm, int64_t m, int64_t k, const char* op) {
+  const int64_t blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
+  LOWBIT_CHECK(block_bits.defined() && block_bits.dim() == 1 && block_bits.size(0) == blocks, op,
+               ": argument 'block_bits' must have shape [", blocks, "] (one entry per ", kFmpqBlock,
+               " channels of k=", k, "), got ", block_bits.defined() ? shape_str(block_bits.shape()) : "undefined");
+  const FmpqBits bits = fmpq_bits_of(block_bits, op);
+  check_same_device(q, ref, op, "q");
+  check_dtype(q, ScalarType::s8, op, "q");
+  check_shape(q, {m, k}, op, "q");
+  LOWBIT_CHECK(q.stride(1) == 1 || k <= 1, op, ": argument 'q' needs unit stride in the last dim");
+  check_same_device(scales, ref, op, "scales");
+  check_dtype(scales, ScalarType::f32, op, "scales");
+  check_shape(scales, {m, blocks}, op, "scales");
+  check_contiguous(scales, op, "scales");
+  if (perm.defined()) {  // its values were checked where it was set (Model.set_input_permutation)
+    check_same_device(perm, ref, op, "perm");
+    check_dtype(perm, ScalarType::s32, op, "perm");
+    check_shape(perm, {k}, op, "perm");
+    check_contiguous(perm, op, "perm");
+  }
+  return bits;
+}
+}  // namespace
+
 void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor& scales, cudaStream_t stream,
                    const Tensor& perm) {
   const char* op = "quantize_fmpq";
@@ -122,24 +150,7 @@ void quantize_fmpq(const Tensor& x, const Tensor& block_bits, Tensor& q, Tensor&
                     ": on the GPU argument 'x' must be f16 or f32, got ", name_of(x.dtype()));
   LOWBIT_CHECK(x.stride(1) == 1 || x.size(1) <= 1, op, ": argument 'x' needs unit stride in the last dim");
   const int64_t m = x.size(0), k = x.size(1), blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
-  LOWBIT_CHECK(block_bits.defined() && block_bits.dim() == 1 && block_bits.size(0) == blocks, op,
-               ": argument 'block_bits' must have shape [", blocks, "] (one entry per ", kFmpqBlock,
-               " channels of k=", k, "), got ", block_bits.defined() ? shape_str(block_bits.shape()) : "undefined");
-  const FmpqBits bits = fmpq_bits_of(block_bits, op);
-  check_same_device(q, x, op, "q");
-  check_dtype(q, ScalarType::s8, op, "q");
-  check_shape(q, {m, k}, op, "q");
-  LOWBIT_CHECK(q.stride(1) == 1 || k <= 1, op, ": argument 'q' needs unit stride in the last dim");
-  check_same_device(scales, x, op, "scales");
-  check_dtype(scales, ScalarType::f32, op, "scales");
-  check_shape(scales, {m, blocks}, op, "scales");
-  check_contiguous(scales, op, "scales");
-  if (perm.defined()) {  // its values were checked where it was set (Model.set_input_permutation)
-    check_same_device(perm, x, op, "perm");
-    check_dtype(perm, ScalarType::s32, op, "perm");
-    check_shape(perm, {k}, op, "perm");
-    check_contiguous(perm, op, "perm");
-  }
+  const FmpqBits bits = check_fmpq_outputs(x, block_bits, q, scales, perm, m, k, op);
   LOWBIT_CHECK(m * blocks < (1LL << 31) / 32 && m * std::max<int64_t>(k, 1) < (1LL << 40), op, ": problem too large");
   if (m == 0 || k == 0) return;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(x.device().index));
@@ -166,24 +177,7 @@ void silu_mul_quantize_fmpq(const Tensor& gate_up, const Tensor& block_bits, Ten
   LOWBIT_CHECK(gate_up.stride(1) == 1 || gate_up.size(1) <= 1, op, ": argument 'gate_up' needs unit stride in the ",
                "last dim");
   const int64_t m = gate_up.size(0), k = gate_up.size(1) / 2, blocks = (k + kFmpqBlock - 1) / kFmpqBlock;
-  LOWBIT_CHECK(block_bits.defined() && block_bits.dim() == 1 && block_bits.size(0) == blocks, op,
-               ": argument 'block_bits' must have shape [", blocks, "] (one entry per ", kFmpqBlock,
-               " channels of k=", k, "), got ", block_bits.defined() ? shape_str(block_bits.shape()) : "undefined");
-  const FmpqBits bits = fmpq_bits_of(block_bits, op);
-  check_same_device(q, gate_up, op, "q");
-  check_dtype(q, ScalarType::s8, op, "q");
-  check_shape(q, {m, k}, op, "q");
-  LOWBIT_CHECK(q.stride(1) == 1 || k <= 1, op, ": argument 'q' needs unit stride in the last dim");
-  check_same_device(scales, gate_up, op, "scales");
-  check_dtype(scales, ScalarType::f32, op, "scales");
-  check_shape(scales, {m, blocks}, op, "scales");
-  check_contiguous(scales, op, "scales");
-  if (perm.defined()) {  // its values were checked where it was set (Model.set_input_permutation)
-    check_same_device(perm, gate_up, op, "perm");
-    check_dtype(perm, ScalarType::s32, op, "perm");
-    check_shape(perm, {k}, op, "perm");
-    check_contiguous(perm, op, "perm");
-  }
+  const FmpqBits bits = check_fmpq_outputs(gate_up, block_bits, q, scales, perm, m, k, op);
   LOWBIT_CHECK(m * blocks < (1LL << 31) / 16 && m * std::max<int64_t>(2 * k, 1) < (1LL << 40), op,
                ": problem too large");
   if (m == 0 || k == 0) return;
