@@ -8,6 +8,23 @@ import subprocess
 import torch
 
 
+def replay_median_us(graph, calls, reps, warmup):
+    """Median microseconds per call of a captured CUDA graph holding `calls` calls: `warmup` replays, then `reps`
+    replays each between two CUDA events (no host time between the kernels)."""
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(times)
+
+
 def graph_time_us(fn_calls, reps=20, warmup=3):
     """Median microseconds per call. `fn_calls` is a list of callables (e.g. one per weight copy, so
     successive calls do not hit in L2); they are captured once into a CUDA graph and replayed."""
@@ -24,18 +41,7 @@ def graph_time_us(fn_calls, reps=20, warmup=3):
     with torch.cuda.graph(graph, stream=stream):
         for f in fn_calls:
             f()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / len(fn_calls))
-    return statistics.median(times)
+    return replay_median_us(graph, len(fn_calls), reps, warmup)
 
 
 def kernel_times(prof):
@@ -136,20 +142,10 @@ def graph_calls_us(fn_on, calls=10, reps=10, warmup=3):
         print("graph capture:", repr(e)[:200])
         torch.cuda.synchronize()
         return None
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    us = replay_median_us(graph, calls, reps, warmup)
     del graph
     torch.cuda.synchronize()
-    return statistics.median(times)
+    return us
 
 
 def read_bandwidth_gbs(nbytes=2 << 30):
