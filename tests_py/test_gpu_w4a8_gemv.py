@@ -1,4 +1,4 @@
-"""GPU register-direct W4A8 GEMV (gemm_w4a8 kernel "gemv[:rDbB]", 1-8 tokens): the raw int32 accumulators bit-exact
+"""GPU register-direct W4A8 GEMV (gemm_w4a8 kernel "gemv[:rDbB]", 1-16 tokens): the raw int32 accumulators bit-exact
 against the s8 weights each paper's formula gives (independent of the packer) and against the mma.sync kernel, the
 scaled f16 output bit-exact against the mma.sync kernel and close to float64, for QoQ and LiquidQuant weights on odd
 n and k, group tails, k splits over CTAs, every compiled configuration, strided x, poisoned outputs, x written by the
@@ -16,10 +16,13 @@ CONFIGS = ["r4b4", "r6b3", "r8b2", "r6b4", "r3b5"]
 
 # (fmt, m, n, k, group): one chunk (7 of 8 k slices empty), partial 16-row tiles (n % 16 != 0), group tails (k % group
 # == 64), 2-8 tokens, k longer than one CTA's x budget (split over CTAs: 8 tokens at k 8192 under r4b4, 14336 under the
-# automatic r6b3), the 8B down shape.
+# automatic r6b3), the 8B down shape; 9-16 tokens (the second 8-token tile: a zero row for its columns past m at 9-15,
+# none at 16; 16 tokens at k 4096 unsplit under r6b3, at 14336 split).
 CASES = [("qoq", 1, 16, 64, 64), ("liquid", 1, 130, 576, 64), ("qoq", 1, 200, 576, 128), ("liquid", 3, 4103, 640, 64),
          ("qoq", 8, 272, 1088, 128), ("liquid", 5, 96, 8256, 64), ("qoq", 8, 40, 14336, 128),
-         ("liquid", 2, 17, 192, 64), ("qoq", 1, 4096, 14336, 128), ("liquid", 7, 33, 8192, 128)]
+         ("liquid", 2, 17, 192, 64), ("qoq", 1, 4096, 14336, 128), ("liquid", 7, 33, 8192, 128),
+         ("qoq", 9, 130, 576, 64), ("liquid", 12, 4103, 640, 64), ("qoq", 15, 33, 8256, 128),
+         ("liquid", 16, 272, 4096, 128), ("qoq", 16, 40, 14336, 128), ("liquid", 13, 17, 64, 64)]
 
 
 def problem(fmt, m, n, k, group, seed):
@@ -53,7 +56,9 @@ def run(pw, xq, xs, n, kernel, raw, split_k=0, ldy_pad=0, ldx_pad=0):
 def test_gemv_int32_bit_exact(fmt, m, n, k, group):
     qw, pw, xq, xs = problem(fmt, m, n, k, group, seed=m * 7 + n + k)
     ref = xq.long() @ s8_weights(qw).T
-    for kernel in ["gemv"] + ([""] if m == 1 else []):  # '' = the op's choice: the gemv at one token on sm_90
+    # '' = the op's choice: the gemv at one token on sm_90; 'gemvw': 4 weight tiles per CTA (n past the last tile: idle
+    # warps), k split over CTAs
+    for kernel in ["gemv", "gemvw"] + ([""] if m == 1 else []):
         got = run(pw, xq, xs, n, kernel, raw=True, ldy_pad=5)
         assert torch.equal(got.long(), ref), kernel
     assert torch.equal(run(pw, xq, xs, n, "sm80", raw=True).long(), ref)
@@ -65,6 +70,7 @@ def test_gemv_scaled_matches_sm80_bit_for_bit_and_float64(fmt, m, n, k, group):
     got = run(pw, xq, xs, n, "gemv", raw=False, ldy_pad=3)
     assert not torch.isnan(got).any(), "unwritten outputs"
     assert torch.equal(got, run(pw, xq, xs, n, "sm80", raw=False))
+    assert torch.equal(got, run(pw, xq, xs, n, "gemvw", raw=False, ldy_pad=3))
     cs = torch.from_dlpack(qw.channel_scales).double()
     ref = (xq.double() @ s8_weights(qw).double().T) * xs.double()[:, None] * cs[None, :]
     assert (got.double() - ref).norm() / ref.norm() < 1e-3  # f16 output rounding only
@@ -72,10 +78,13 @@ def test_gemv_scaled_matches_sm80_bit_for_bit_and_float64(fmt, m, n, k, group):
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("fmt,m,n,k,group", [("liquid", 1, 130, 576, 64), ("qoq", 8, 272, 8192, 128),
-                                              ("qoq", 1, 48, 14336, 128)])
+                                              ("qoq", 1, 48, 14336, 128), ("liquid", 16, 130, 1088, 64),
+                                              ("qoq", 11, 48, 8192, 128)])
 def test_gemv_configs_int32_bit_exact(cfg, fmt, m, n, k, group):
     qw, pw, xq, xs = problem(fmt, m, n, k, group, seed=n + k)
-    assert torch.equal(run(pw, xq, xs, n, f"gemv:{cfg}", raw=True, ldy_pad=2).long(), xq.long() @ s8_weights(qw).T)
+    want = xq.long() @ s8_weights(qw).T
+    assert torch.equal(run(pw, xq, xs, n, f"gemv:{cfg}", raw=True, ldy_pad=2).long(), want)
+    assert torch.equal(run(pw, xq, xs, n, f"gemvw:{cfg}", raw=True, ldy_pad=2).long(), want)
 
 
 def test_gemv_strided_x():
@@ -147,12 +156,14 @@ def test_linear_at_one_token_runs_the_gemv_choice(fmt):
 
 
 def test_gemv_bad_names_and_token_counts():
-    qw, pw, xq, _ = problem("qoq", 9, 32, 128, 64, seed=1)
-    y = torch.empty(9, 32, dtype=torch.int32, device="cuda")
-    with pytest.raises(Exception, match="1-8 tokens"):
+    qw, pw, xq, _ = problem("qoq", 17, 32, 128, 64, seed=1)
+    y = torch.empty(17, 32, dtype=torch.int32, device="cuda")
+    with pytest.raises(Exception, match="1-16 tokens"):
         _core.gemm_w4a8(xq.cuda(), None, pw, y, kernel="gemv")
     y1 = torch.empty(1, 32, dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="no configuration r5b5"):
         _core.gemm_w4a8(xq[:1].cuda(), None, pw, y1, kernel="gemv:r5b5")
     with pytest.raises(ValueError, match="'gemv' takes an optional ':rDbB'"):
         _core.gemm_w4a8(xq[:1].cuda(), None, pw, y1, kernel="gemv:4")
+    with pytest.raises(ValueError, match="'gemv' takes an optional ':rDbB'"):
+        _core.gemm_w4a8(xq[:1].cuda(), None, pw, y1, kernel="gemvw:4")

@@ -1,4 +1,4 @@
-"""The W4A8 one-token GEMV (gemm_w4a8 kernel "gemv", its automatic configuration and each compiled one forced)
+"""The W4A8 register-direct GEMV (gemm_w4a8 kernel "gemv", 1-16 tokens; its automatic configuration and each compiled one forced)
 against the mma.sync W4A8 kernel ("sm80", its automatic split-K), the W4A16 GEMV (g128, "gemv") and cuBLAS fp16
 (torch F.linear) in the same process, on Llama-3-8B's linears and one rank's shard of Llama-3-70B's at tensor
 parallelism 2. The GEMM alone on int8 codes (the quantizer in front is the same for both W4A8 kernels). Reports
@@ -58,9 +58,9 @@ def main():
                 wbytes[fmt] = n * k // 2 + 2 * n * (k // group)
                 qw = random_two_level(fmt, n, k, group, 1)
                 ws = [_core.pack_weight(qw, "sm80", "cuda:0") for _ in range(copies_for(wbytes[fmt], l2))]
-                for kernel in ("sm80", "gemv", ""):
+                for kernel in ("sm80", "gemv", "gemvw", ""):
                     t[f"{fmt}.{kernel or 'auto'}"] = graph_time_us(w4a8_fns(ws, xq, xs, y, kernel))
-                if i == 0 and m <= 8:
+                if i == 0 and m <= 16:
                     for cfg in configs:
                         by_config[cfg] = graph_time_us(w4a8_fns(ws, xq, xs, y, f"gemv:{cfg}"))
                 del ws, qw
@@ -86,7 +86,8 @@ def main():
                 row[f"{fmt}_gemv_vs_sm80"] = round(t[f"{fmt}.sm80"] / t[f"{fmt}.gemv"], 3)
             rows.append(row)
             print(f"{name:<16} m={m} | cuBLAS {t['cublas']:6.2f} | W4A16 gemv {t.get('w4a16.gemv', float('nan')):6.2f} | "
-                  + " | ".join(f"{fmt} sm80 {t[fmt + '.sm80']:6.2f} gemv {t[fmt + '.gemv']:6.2f} auto "
+                  + " | ".join(f"{fmt} sm80 {t[fmt + '.sm80']:6.2f} gemv {t[fmt + '.gemv']:6.2f} gemvw "
+                               f"{t[fmt + '.gemvw']:6.2f} auto "
                                f"{t[fmt + '.auto']:6.2f} ({row[fmt + '_gemv_vs_sm80']:.2f}x, "
                                f"{gbs[fmt + '.gemv']:.0f} GB/s)" for fmt in formats)
                   + f" | ceiling {row['read_ceiling_us'][f0]:.1f}", flush=True)

@@ -293,11 +293,11 @@ Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
   if (f == Fit::yes && why) *why = "u4 -> s8 in registers ((q*s + a) ^ 0x80 per byte), s8 mma.sync, int32 accumulators, split-K";
   return f;
 }
-// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu): one token per plan bucket (the op takes 1-8 when named).
+// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu): one token per plan bucket (the op takes 1-16 when named).
 Fit w4a8_gemv_can_run(const GemmDesc& d, std::string* why) {
   const Fit f = w4a8_can_run(d, why, 80);
   if (f != Fit::yes) return f;
-  if (d.m != MBucket::m1) return refuse(why, "a GEMV: its plans serve one token (the op takes 1-8 when named)");
+  if (d.m != MBucket::m1) return refuse(why, "a GEMV: its plans serve one token (the op takes 1-16 when named)");
   if (why) *why = "weights streamed straight into registers (no shared-memory staging), s8 mma.sync, int32 exact";
   return f;
 }

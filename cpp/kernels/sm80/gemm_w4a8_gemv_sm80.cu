@@ -1,4 +1,4 @@
-// W4A8 GEMV for 1-8 tokens, register-direct (kernel name "gemv[:rDbB]" of gemm_w4a8): the W4A16 GEMV's design
+// W4A8 GEMV for 1-16 tokens, register-direct (kernel name "gemv[:rDbB]" of gemm_w4a8): the W4A16 GEMV's design
 // (gemm_w4a16_gemv_sm80.cu, which says why: the smem-ring kernels hold too few bytes in flight per SM at one token)
 // over pack_sm80_w4a8's layout, which QoQ and LiquidQuant weights share.
 //
@@ -11,14 +11,15 @@
 // loads are issued before the programmatic-dependent wait (the weights do not depend on the kernel before).
 //
 // Math: the same in-register dequant as the mma.sync W4A8 kernel ((q*s + a) ^ 0x80 per byte, w4a8_common_sm80.cuh)
-// straight into the A fragment, mma.sync m16n8k32 s8 with the tokens as B (8 columns, tokens past m read a zero row),
+// straight into the A fragment, mma.sync m16n8k32 s8 with the tokens as B (8 columns, tokens past m read a zero row;
+// 9-16 tokens: a second 8-column tile, one more ldmatrix and two more mma per chunk on the same dequantized A),
 // int32 accumulation over the whole k (exact, so the slices' and the k splits' sums equal the other kernels' bit for
 // bit) and the per-token x per-channel scales once in the epilogue. Per chunk: 2 mma + ~30 dequant instructions (half
 // the W4A16 GEMV's dequant work). x (s8, the CTA's k range for its tokens) is copied once per CTA into shared memory;
 // its rows are an odd multiple of 16 bytes apart (conflict-free ldmatrix.x4: one per chunk gives all four B words).
 //
 // When x for the whole k would not fit the configuration's shared-memory budget (at r4b4 ~47 KB per CTA: one token
-// past k ~24000, 8 tokens past k ~5200) the k range is split over gridDim.y CTAs whose int32 partials a small kernel
+// past k ~24000, 8 tokens past k ~5200, 16 tokens past k ~2700) the k range is split over gridDim.y CTAs whose int32 partials a small kernel
 // sums before the scales.
 #include <cuda_fp16.h>
 
@@ -45,19 +46,28 @@ using w4a8::dequant_bytes;
 using w4a8::mma_s8_16832;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kRedBytes = kWarps * 32 * 16;
+// Token tiles of 8 (the mma's n): 1 up to 8 tokens, 2 up to 16.
+constexpr int token_tiles(int m) { return m <= 8 ? 1 : 2; }
+// The k slices' int32 sums, one int4 per lane and warp per token tile.
+constexpr int red_bytes(int tiles) { return tiles * kWarps * 32 * 16; }
 // Bytes of x per CTA: what leaves `blocks` CTAs per SM room on Hopper / A100 (228 KB, 1 KB reserved per CTA) with the
 // reduction area, at most 100000.
-constexpr int x_budget(int blocks) { return std::min(100000, 228 * 1024 / blocks - 1024 - kRedBytes - 512); }
+constexpr int x_budget(int blocks, int tiles) {
+  return std::min(100000, 228 * 1024 / blocks - 1024 - red_bytes(tiles) - 512);
+}
 // Rows of x in shared memory: 16 * (4 * chunks + 1) bytes apart, an odd multiple of 16, so the 8 rows one ldmatrix
 // phase reads fall in 8 different 16-byte bank groups.
 int x_row_bytes(int chunks) { return chunks * kChunkK + 16; }
-int x_bytes(int m, int chunks) { return (m + 1) * x_row_bytes(chunks); }
+// x's rows, then a zero row for the token tiles' columns past m (none at 8 or 16 tokens: 16 tokens x k 4096 then fit
+// r6b3's budget unsplit).
+__host__ __device__ constexpr int x_rows(int m) { return m % 8 == 0 ? m : m + 1; }
+int x_bytes(int m, int chunks) { return x_rows(m) * x_row_bytes(chunks); }
 
 struct Args {
   W4A8Problem p;
   int32_t* partial;                // [gridDim.y, m, n] when gridDim.y > 1
   int k_chunks, z_chunks, x_row;   // z_chunks: chunks per CTA along y; x_row: bytes between x rows in shared memory
+  int tiles, slices;               // 16-row weight tiles per CTA and k slices per tile (tiles x slices = 8 warps)
   float inv_chunks_per_group;      // 1 / (group / 64)
   bool pdl;
 };
@@ -83,17 +93,19 @@ __device__ __forceinline__ void store_output(const W4A8Problem& p, int token, in
         __float2half_rn(static_cast<float>(v) * p.x_scale[token] * p.channel_scale[col]);
 }
 
-// kRing: chunks in flight per warp; kBlocks: CTAs per SM the registers are budgeted for.
-template <int kRing, int kBlocks>
+// kRing: chunks in flight per warp; kBlocks: CTAs per SM the registers are budgeted for; kTiles: 8-token tiles.
+template <int kRing, int kBlocks, int kTiles>
 __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a8_gemv_kernel(Args a) {
   extern __shared__ uint4 smem_u4[];
   uint8_t* xs = reinterpret_cast<uint8_t*>(smem_u4);
   const W4A8Problem& p = a.p;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int nt = blockIdx.x;
+  const int tile = warp % a.tiles, slice = warp / a.tiles;
+  const int nt = blockIdx.x * a.tiles + tile, n_tiles = (p.n + kTileN - 1) / kTileN;
   const int zb = blockIdx.y * a.z_chunks, ze = min(zb + a.z_chunks, a.k_chunks);
-  const int per = (ze - zb + kWarps - 1) / kWarps;
-  const int kb = min(zb + warp * per, ze), ke = min(kb + per, ze);
+  const int per = (ze - zb + a.slices - 1) / a.slices;
+  // A warp past the last tile (n not a multiple of 16 x tiles) streams nothing but still meets the CTA's barriers.
+  const int kb = nt < n_tiles ? min(zb + slice * per, ze) : ze, ke = min(kb + per, ze);
 
   // This lane's 16 bytes of chunk kc are 16-byte word wofs + 32 kc of p.w (a layer stays below 2^32 such words).
   const uint32_t wofs = static_cast<uint32_t>(nt) * a.k_chunks * 32 + lane;
@@ -122,18 +134,22 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a8_gemv_kernel(Args 
       cp_async16(xs + r * a.x_row + q * 16, p.x + r * p.ldx + zb * kChunkK + q * 16);
   cp_async_commit();
   uint8_t* zero_row = xs + p.m * a.x_row;
-  if (p.m < 8)
+  if (p.m < 8 * kTiles)
     for (int q = threadIdx.x; q < len16; q += kThreads) reinterpret_cast<uint4*>(zero_row)[q] = make_uint4(0, 0, 0, 0);
   cp_async_wait<0>();
   __syncthreads();
 
   // ldmatrix.x4: lane l addresses token l & 7 of matrix l >> 3 = the chunk's 16-byte column l >> 3, so lane
   // (g, t) receives k 4t..4t+3 (+16, +32, +48) of token g: b0, b1 of step 0, then of step 1.
-  const int tok = lane & 7;
-  uint32_t xaddr = smem_addr((tok < p.m ? xs + tok * a.x_row : zero_row) + 16 * (lane >> 3)) + (kb - zb) * kChunkK;
+  uint32_t xaddr[kTiles];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    const int tok = 8 * j + (lane & 7);
+    xaddr[j] = smem_addr((tok < p.m ? xs + tok * a.x_row : zero_row) + 16 * (lane >> 3)) + (kb - zb) * kChunkK;
+  }
 
   const int g = lane >> 2;
-  int acc[4] = {0, 0, 0, 0};
+  int acc[kTiles][4] = {};
   for (int base = kb; base < ke; base += kRing) {
 #pragma unroll
     for (int d = 0; d < kRing; ++d) {
@@ -147,9 +163,12 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a8_gemv_kernel(Args 
       const uint32_t r_g = __shfl_sync(0xffffffffu, so, g), r_g8 = __shfl_sync(0xffffffffu, so, g + 8);
       const uint32_t s_g = r_g & 0xffu, s_g8 = r_g8 & 0xffu;
       const uint32_t a_g = __byte_perm(r_g, 0, 0x1111), a_g8 = __byte_perm(r_g8, 0, 0x1111);
-      uint32_t b[4];
-      ldmatrix_x4(xaddr, b[0], b[1], b[2], b[3]);
-      xaddr += kChunkK;
+      uint32_t b[kTiles][4];
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        ldmatrix_x4(xaddr[j], b[j][0], b[j][1], b[j][2], b[j][3]);
+        xaddr[j] += kChunkK;
+      }
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
         const uint32_t w_g = step ? wv.z : wv.x, w_g8 = step ? wv.w : wv.y;
@@ -157,32 +176,37 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a8_gemv_kernel(Args 
                                 dequant_bytes(w_g8 & 0x0f0f0f0fu, s_g8, a_g8),
                                 dequant_bytes((w_g >> 4) & 0x0f0f0f0fu, s_g, a_g),
                                 dequant_bytes((w_g8 >> 4) & 0x0f0f0f0fu, s_g8, a_g8)};
-        mma_s8_16832(acc, af, b[2 * step], b[2 * step + 1]);
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) mma_s8_16832(acc[j], af, b[j][2 * step], b[j][2 * step + 1]);
       }
       if (kLateRefill && kc + kRing < ke) issue(d, kc + kRing);
     }
   }
 
   // The 8 k slices meet in shared memory after x, summed in int32 (exact) by warp 0.
-  int4* red = reinterpret_cast<int4*>(xs + (p.m + 1) * a.x_row);
-  red[warp * 32 + lane] = make_int4(acc[0], acc[1], acc[2], acc[3]);
-  __syncthreads();
-  if (warp != 0) return;
+  int4* red = reinterpret_cast<int4*>(xs + x_rows(p.m) * a.x_row);
 #pragma unroll
-  for (int s = 1; s < kWarps; ++s) {
-    const int4 v = red[s * 32 + lane];
-    acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
-  }
-  // acc: c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8, the same tokens.
+  for (int j = 0; j < kTiles; ++j)
+    red[(j * kWarps + warp) * 32 + lane] = make_int4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+  __syncthreads();
+  if (slice != 0 || nt >= n_tiles) return;
   const int t = lane & 3;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int token = 2 * t + (c & 1), col = nt * kTileN + g + 8 * (c >> 1);
-    if (token >= p.m || col >= p.n) continue;
-    if (gridDim.y == 1)
-      store_output(p, token, col, acc[c]);
-    else
-      a.partial[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.n + col] = acc[c];
+  for (int j = 0; j < kTiles; ++j) {
+    for (int s = 1; s < a.slices; ++s) {  // the tile's other k slices: warps tile + s * tiles
+      const int4 v = red[(j * kWarps + s * a.tiles + tile) * 32 + lane];
+      acc[j][0] += v.x, acc[j][1] += v.y, acc[j][2] += v.z, acc[j][3] += v.w;
+    }
+    // acc[j]: c0, c1 = row g, tokens 8j + 2t, 8j + 2t + 1; c2, c3 = row g + 8, the same tokens.
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int token = 8 * j + 2 * t + (c & 1), col = nt * kTileN + g + 8 * (c >> 1);
+      if (token >= p.m || col >= p.n) continue;
+      if (gridDim.y == 1)
+        store_output(p, token, col, acc[j][c]);
+      else
+        a.partial[(static_cast<int64_t>(blockIdx.y) * p.m + token) * p.n + col] = acc[j][c];
+    }
   }
 }
 
@@ -197,19 +221,29 @@ __global__ void sum_partials8_kernel(W4A8Problem p, const int32_t* partial, int 
 
 }  // namespace
 
-Gemv8Plan gemm_w4a8_gemv_plan(int m, int k, int ring, int blocks) {
+Gemv8Plan gemm_w4a8_gemv_plan(int m, int n, int k, int ring, int blocks, bool wide, int sms) {
   LOWBIT_CHECK(m >= 1 && m <= kGemv8MaxTokens, "gemm_w4a8: the gemv kernel takes 1-", kGemv8MaxTokens,
                " tokens, got m=", m);
-  const GemvShape s = plan_gemv_shape("gemm_w4a8", kGemv8Configs, k / kChunkK, ring, blocks,
-                                      [&](int b, int chunks) { return x_bytes(m, chunks) <= x_budget(b); });
-  return {s.split, s.chunks_per_split, s.config};
+  const int k_chunks = k / kChunkK;
+  const GemvShape s = plan_gemv_shape("gemm_w4a8", kGemv8Configs, k_chunks, ring, blocks,
+                                      [&](int b, int chunks) { return x_bytes(m, chunks) <= x_budget(b, token_tiles(m)); });
+  if (!wide) return {s.split, s.chunks_per_split, s.config, 1};
+  // Wide: 4 tiles per CTA read one copy of x (x per CTA a quarter of the one-tile kernel's per weight byte), and k
+  // is split over CTAs until the grid has ~3 CTAs per SM, each warp keeping at least 4 chunks.
+  constexpr int kWideTiles = 4, kSlices = kWarps / kWideTiles;
+  const int groups = ((n + kTileN - 1) / kTileN + kWideTiles - 1) / kWideTiles;
+  const int most = std::max(1, k_chunks / (4 * kSlices));
+  int split = std::max(s.split, std::min(most, (3 * sms + groups - 1) / groups));
+  const int per = (k_chunks + split - 1) / split;
+  split = (k_chunks + per - 1) / per;
+  return {split, per, s.config, kWideTiles};
 }
 
 namespace {
 template <int kRing, int kBlocks>
 void launch_config(const Args& args, dim3 grid, int smem, bool pdl, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
-  auto kernel = gemm_w4a8_gemv_kernel<kRing, kBlocks>;
+  auto kernel = token_tiles(args.p.m) == 1 ? gemm_w4a8_gemv_kernel<kRing, kBlocks, 1> : gemm_w4a8_gemv_kernel<kRing, kBlocks, 2>;
   LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   launch_maybe_pdl(op, pdl, kernel, grid, dim3(kThreads), static_cast<size_t>(smem), stream, args);
 }
@@ -218,12 +252,14 @@ void launch_config(const Args& args, dim3 grid, int smem, bool pdl, cudaStream_t
 void gemm_w4a8_gemv(const W4A8Problem& p, int32_t* partial, const Gemv8Plan& plan, bool pdl, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
   const int k_chunks = p.k / kChunkK, n_tiles = (p.n + kTileN - 1) / kTileN;
-  const int smem = x_bytes(p.m, plan.chunks_per_split) + kRedBytes;
+  const int smem = x_bytes(p.m, plan.chunks_per_split) + red_bytes(token_tiles(p.m));
+  LOWBIT_CHECK(plan.tiles == 1 || plan.tiles == 2 || plan.tiles == 4 || plan.tiles == 8, op, ": bad tiles per CTA ",
+               plan.tiles);
   LOWBIT_CHECK(plan.split <= 65535, op, ": split too large");
   LOWBIT_CHECK(plan.split == 1 || partial != nullptr, op, ": a split gemv needs its int32 partials");
   const Args args{p, partial, k_chunks, plan.chunks_per_split, x_row_bytes(plan.chunks_per_split),
-                  1.f / static_cast<float>(p.group / kChunkK), pdl};
-  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(plan.split));
+                  plan.tiles, kWarps / plan.tiles, 1.f / static_cast<float>(p.group / kChunkK), pdl};
+  const dim3 grid(static_cast<unsigned>((n_tiles + plan.tiles - 1) / plan.tiles), static_cast<unsigned>(plan.split));
   // One case per kGemv8Configs entry (gemm_w4a8_gemv_sm80.h), in its order.
   static_assert(kGemv8ConfigCount == 5, "a launch case per configuration");
   switch (plan.config) {

@@ -1,4 +1,4 @@
-// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu, sm_80 and newer): 1-8 tokens, the qoq / liquid weights
+// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu, sm_80 and newer): 1-16 tokens, the qoq / liquid weights
 // (pack_sm80_w4a8's layout) streamed into registers without shared-memory staging. Called by cuda::gemm_w4a8
 // (gemm_w4a8_sm80.cu), which checks the arguments.
 #pragma once
@@ -10,7 +10,7 @@
 
 namespace lowbit::cuda::detail {
 
-constexpr int kGemv8MaxTokens = 8;
+constexpr int kGemv8MaxTokens = 16;
 
 // Compiled configurations, named "rDbB" in 'gemv:rDbB' (bindings), as the W4A16 GEMV's (gemm_w4a16_gemv_sm80.h):
 // D = chunks in flight per warp (the register ring), B = CTAs per SM the registers are budgeted for
@@ -26,11 +26,13 @@ struct Gemv8Plan {
   int split;             // CTAs along k (> 1 only when x for the whole k would not fit in shared memory)
   int chunks_per_split;  // 64-k chunks per CTA along k
   int config;            // index into kGemv8Configs
+  int tiles = 1;         // 16-row weight tiles per CTA (4 in the wide plan: one copy of x for 64 weight rows)
 };
 
 // The launch shape for this problem; `ring`, `blocks` = 0 take the automatic configuration, else name one of
 // kGemv8Configs.
-Gemv8Plan gemm_w4a8_gemv_plan(int m, int k, int ring = 0, int blocks = 0);
+// `wide` (kernel name 'gemvw'): 4 tiles per CTA and k split over CTAs until the grid has ~3 CTAs per SM (sms).
+Gemv8Plan gemm_w4a8_gemv_plan(int m, int n, int k, int ring = 0, int blocks = 0, bool wide = false, int sms = 132);
 // y = x · Wᵀ (scaled f16 or raw int32 as p.raw says); when plan.split > 1, `partial` holds split * m * n int32 that
 // the kernel's own sum adds (exact in any order) before the scales. `pdl`: launched as a programmatic dependent of
 // the kernel before it on the stream.

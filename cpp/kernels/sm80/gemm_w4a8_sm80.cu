@@ -296,16 +296,19 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  // The register-direct GEMV when named (1-8 tokens), and at one token on sm_90 when the caller pins no split
+  // The register-direct GEMV when named (1-16 tokens), and at one token on sm_90 when the caller pins no split
   // (gemm_w4a8_gemv_sm80.cu; the registry's rank for gemm_w4a8_gemv_sm80 is the plans' copy of this rule).
   const bool gemv = options.kernel == Gemm8Kernel::gemv ||
                     (options.kernel == Gemm8Kernel::automatic && m == 1 && options.split_k <= 0 &&
                      compute_capability_major(dev) == 9);
   if (gemv) {
+    int sms = 132;
+    if (options.gemv_wide) LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, m <= detail::kGemv8MaxTokens, op, ": the gemv kernel takes 1-",
                       detail::kGemv8MaxTokens, " tokens, got m=", m, "; name 'sm80' instead");
     const detail::Gemv8Plan plan =
-        detail::gemm_w4a8_gemv_plan(static_cast<int>(m), static_cast<int>(k), options.gemv_ring, options.gemv_blocks);
+        detail::gemm_w4a8_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), options.gemv_ring,
+                                    options.gemv_blocks, options.gemv_wide, sms);
     Tensor partial;
     if (plan.split > 1) partial = Tensor::empty({plan.split * m * n}, ScalarType::s32, xq.device());
     const detail::W4A8Problem problem{xq.data<int8_t>(), xq.stride(0), raw ? nullptr : x_scale.data<float>(),

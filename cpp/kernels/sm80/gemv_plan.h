@@ -25,7 +25,7 @@ GemvShape plan_gemv_shape(const char* op, const Config (&configs)[N], int k_chun
     while (c < N && (configs[c].depth != d || configs[c].blocks != b)) ++c;
     return c;
   };
-  // The split stops at one chunk per CTA: a bound on the loop only, since x for one chunk of 8 tokens (about 1.3 KB)
+  // The split stops at one chunk per CTA: a bound on the loop only, since x for one chunk of 16 tokens (about 1.4 KB)
   // fits every configuration's budget (at least ~32 KB), so no plan of either format ever reaches it.
   auto split_for = [&](int config) {
     int split = 1;

@@ -104,6 +104,7 @@ struct W4A8Options {
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
   int gemv_ring = 0, gemv_blocks = 0;  // the gemv kernel's configuration 'rDbB' (0, 0 = automatic)
+  bool gemv_wide = false;  // the gemv kernel's wide plan ('gemvw...': 4 weight tiles per CTA, k split to fill the SMs)
   bool sm90_one_producer = false;  // the wgmma kernel's earlier one-thread producer (A/B timing: 'sm90o...' names)
   bool sm90_persistent = false;  // the wgmma kernel's persistent tile loop ('sm90p...' names; opt-in, not measured)
   // the wgmma kernel's multicast pairs (two CTAs on neighbouring weight-row tiles share the activation tile; opt-in,
