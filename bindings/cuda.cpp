@@ -550,8 +550,9 @@ void bind_cuda(nb::module_& m) {
         } else if (kernel.rfind("gemv", 0) == 0) {
           // "gemv" or "gemv:rDbB" (a compiled configuration: D chunks in flight per warp, B CTAs per SM; the op
           // checks that it exists); "gemvw[:rDbB]" the wide plan (4 weight tiles per CTA, k split to fill the SMs)
-          options.gemv_wide = kernel.rfind("gemvw", 0) == 0;
-          const std::string rest = kernel.substr(options.gemv_wide ? 5 : 4);
+          const bool wide = kernel.rfind("gemvw", 0) == 0;
+          options.gemv_width = wide ? cuda::GemvWidth::wide : cuda::GemvWidth::one_tile;
+          const std::string rest = kernel.substr(wide ? 5 : 4);
           int ring = 0, blocks = 0, used = 0;
           LOWBIT_CHECK(rest.empty() || (std::sscanf(rest.c_str(), ":r%db%d%n", &ring, &blocks, &used) == 2 &&
                                         used == static_cast<int>(rest.size()) && ring > 0 && blocks > 0),
@@ -584,8 +585,9 @@ void bind_cuda(nb::module_& m) {
       "tile), 'sm90x' (the automatic plan with pairs off: the same as 'sm90'), 'sm90q...' (opt-in: L2 prefetch of later "
       "stages' weights and parameters, the tile's scales staged in smem; the rest as after 'sm90', e.g. 'sm90q:1:128', "
       "'sm90qk:128'), 'sm90r...' (opt-in: 'sm90q' with each weight-row tile's k blocks in a rotated order), 'gemv' or 'gemv:rDbB' (the "
-      "register-direct GEMV, 1-16 tokens; automatic at one token on sm_90), 'gemvw[:rDbB]' (its wide plan: 4 weight tiles "
-      "per CTA share one copy of x, k split over CTAs to fill the SMs)");
+      "register-direct GEMV, 1-16 tokens, one 16-row weight tile per CTA; automatic at 1-4 tokens on sm_90, where its "
+      "width follows the shape), 'gemvw[:rDbB]' (its wide plan: 4 weight tiles per CTA share one copy of x, k split "
+      "over CTAs to fill the SMs)");
 
   m.def(
       "gemm_w4a8_sm90_plan",

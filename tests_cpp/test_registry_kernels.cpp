@@ -203,15 +203,19 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   const std::string fp8_g32 =
       error_of([&] { select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::e4m3, 32, 1)); });
   EXPECT_NE(fp8_g32.find("gemm_wfp8a16_sm80: needs per-channel weight scales"), std::string::npos) << fp8_g32;
-  // W4A8: the register-direct GEMV at one token on sm_90, the mma.sync kernel below 128 tokens and on sm_80/89, the
-  // wgmma kernel from 128 tokens on sm_90.
+  // W4A8: the register-direct GEMV at 1-4 tokens on sm_90, the mma.sync kernel from 5 to 127 tokens and on
+  // sm_80/89, the wgmma kernel from 128 tokens on sm_90.
   for (const WeightFormat f : {WeightFormat::qoq, WeightFormat::liquid}) {
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 1)).kernel->name,
                  "gemm_w4a8_gemv_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 64, 1)).kernel->name,
                  "gemm_w4a8_gemv_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::int8_per_token, f, 128, 1)).kernel->name, "gemm_w4a8_sm80");
-    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 2)).kernel->name, "gemm_w4a8_sm80");
+    for (const int m : {2, 4})
+      EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, m)).kernel->name,
+                   "gemm_w4a8_gemv_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::int8_per_token, f, 128, 4)).kernel->name, "gemm_w4a8_sm80");
+    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 5)).kernel->name, "gemm_w4a8_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 127)).kernel->name,
                  "gemm_w4a8_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 128)).kernel->name,
@@ -380,6 +384,20 @@ TEST(Registry, KernelOptionsAreValidated) {
   EXPECT_EQ(p.forced_for("attention.decode"), "");
   EXPECT_FALSE(p.tuning.pdl);
   EXPECT_TRUE(p.strict);
+  // A token bucket narrows a linear key; the bucket's key wins over its role's, the role's over the family's.
+  const ParsedKernelOptions b = parse_kernel_options(
+      {{{"linear", "gemm_f32act_cpu"}, {"linear@m2-4", "gemm_s8act_cpu"}, {"linear.qkv@m2-4", "gemm_fp8act_cpu"}}, false});
+  EXPECT_EQ(b.forced_for("linear.qkv", "m2-4"), "gemm_fp8act_cpu");
+  EXPECT_EQ(b.forced_for("linear.o", "m2-4"), "gemm_s8act_cpu");
+  EXPECT_EQ(b.forced_for("linear.o", "m5-16"), "gemm_f32act_cpu");
+  EXPECT_EQ(b.forced_for("linear.qkv"), "gemm_f32act_cpu");
+  EXPECT_NE(error_of([] { parse_kernel_options({{{"linear@m2-8", "x"}}, false}); }).find("unknown token bucket 'm2-8'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_kernel_options({{{"attention@m1", "x"}}, false}); })
+                .find("only linear roles take a token bucket, got 'attention'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_kernel_options({{{"linear.qkv@m1", ""}}, false}); }).find("must name a kernel"),
+            std::string::npos);
 }
 
 TEST(Registry, PrefillKernelOptions) {

@@ -56,9 +56,9 @@ def run(pw, xq, xs, n, kernel, raw, split_k=0, ldy_pad=0, ldx_pad=0):
 def test_gemv_int32_bit_exact(fmt, m, n, k, group):
     qw, pw, xq, xs = problem(fmt, m, n, k, group, seed=m * 7 + n + k)
     ref = xq.long() @ s8_weights(qw).T
-    # '' = the op's choice: the gemv at one token on sm_90; 'gemvw': 4 weight tiles per CTA (n past the last tile: idle
-    # warps), k split over CTAs
-    for kernel in ["gemv", "gemvw"] + ([""] if m == 1 else []):
+    # '' = the op's choice: the gemv at 1-4 tokens on sm_90, its width by shape; 'gemvw': 4 weight tiles per CTA (n past
+    # the last tile: idle warps), k split over CTAs
+    for kernel in ["gemv", "gemvw"] + ([""] if m <= 4 else []):
         got = run(pw, xq, xs, n, kernel, raw=True, ldy_pad=5)
         assert torch.equal(got.long(), ref), kernel
     assert torch.equal(run(pw, xq, xs, n, "sm80", raw=True).long(), ref)
@@ -134,23 +134,25 @@ def test_gemv_reads_x_after_the_kernel_that_wrote_it():
     assert all(torch.equal(y.cpu(), w) for y, w in zip(ys, want))
 
 
-@pytest.mark.parametrize("fmt", ["qoq", "liquid"])
-def test_linear_at_one_token_runs_the_gemv_choice(fmt):
-    """ops.linear with int8_per_token activations at one token: the registry names gemm_w4a8_gemv_sm80 on sm_90 (the
-    mma.sync kernel elsewhere), and its f16 output is the quantizer + gemv output bit for bit."""
-    n, k = 4103, 1088
-    qw, pw, _, _ = problem(fmt, 1, n, k, 64 if fmt == "liquid" else 128, seed=21)
+@pytest.mark.parametrize("fmt,m,n", [("qoq", 1, 4103), ("liquid", 1, 16400), ("liquid", 2, 8200), ("qoq", 3, 5130),
+                                     ("liquid", 4, 4103), ("qoq", 5, 5130)])
+def test_linear_at_few_tokens_runs_the_gemv_choice(fmt, m, n):
+    """ops.linear with int8_per_token activations at 1-4 tokens: the registry names gemm_w4a8_gemv_sm80 on sm_90 (the
+    mma.sync kernel elsewhere and from 5 tokens), and its f16 output is the quantizer + the op's own choice bit for bit
+    (the shapes reach both widths: one tile at 1 token and 4103 rows, the wide plan at 16400 / 8200 x 8256 / 5130)."""
+    k = 8256 if m == 2 else 1088
+    qw, pw, _, _ = problem(fmt, m, n, k, 64 if fmt == "liquid" else 128, seed=21 + m)
     sm = torch.cuda.get_device_capability()
     r = _core.kernels.select_gemm(device="cuda", sm=sm[0] * 10 + sm[1], act="int8_per_token", x="f16", y="f16",
-                                  weight=fmt, packed="sm80", group=qw.group, n=n, k=k, m=1)
-    assert r["kernel"] == ("gemm_w4a8_gemv_sm80" if SM90 else "gemm_w4a8_sm80"), r
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(22)).half().cuda()
-    y = torch.full((1, n), float("nan"), dtype=torch.float16, device="cuda")
+                                  weight=fmt, packed="sm80", group=qw.group, n=n, k=k, m=m)
+    assert r["kernel"] == ("gemm_w4a8_gemv_sm80" if SM90 and m <= 4 else "gemm_w4a8_sm80"), r
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(22)).half().cuda()
+    y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
     _core.linear(x, pw, None, y, act="int8_per_token")
-    xq, xs = torch.empty(1, k, dtype=torch.int8, device="cuda"), torch.empty(1, device="cuda")
+    xq, xs = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
     _core.quantize_per_token_s8(x, xq, xs)
-    want = torch.empty(1, n, dtype=torch.float16, device="cuda")
-    _core.gemm_w4a8(xq, xs, pw, want, kernel="gemv")
+    want = torch.empty(m, n, dtype=torch.float16, device="cuda")
+    _core.gemm_w4a8(xq, xs, pw, want, kernel="" if m <= 4 else "sm80")
     torch.cuda.synchronize()
     assert torch.equal(y, want)
 

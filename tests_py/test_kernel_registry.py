@@ -67,11 +67,14 @@ def test_w4a16_gemv_at_one_token(sm, m, n, k, expected):
     assert r["kernel"] == expected and not r["fallback"], r
 
 
-# W4A8 (QoQ, LiquidQuant): the register-direct GEMV at one token on sm_90 (as the W4A16 GEMV), the mma.sync kernel from
-# 2 tokens and on other GPUs, the wgmma kernel from 128 tokens on sm_90.
+# W4A8 (QoQ, LiquidQuant): the register-direct GEMV at 1-4 tokens on sm_90, the mma.sync kernel from 5 tokens and on
+# other GPUs, the wgmma kernel from 128 tokens on sm_90.
 @pytest.mark.parametrize("sm,m,weight,group,expected", [(90, 1, "qoq", 128, "gemm_w4a8_gemv_sm80"),
                                                         (90, 1, "liquid", 64, "gemm_w4a8_gemv_sm80"),
-                                                        (90, 2, "qoq", 128, "gemm_w4a8_sm80"),
+                                                        (90, 2, "qoq", 128, "gemm_w4a8_gemv_sm80"),
+                                                        (90, 4, "liquid", 64, "gemm_w4a8_gemv_sm80"),
+                                                        (90, 5, "qoq", 128, "gemm_w4a8_sm80"),
+                                                        (80, 3, "qoq", 128, "gemm_w4a8_sm80"),
                                                         (90, 128, "liquid", 64, "gemm_w4a8_sm90"),
                                                         (80, 1, "qoq", 128, "gemm_w4a8_sm80"),
                                                         (89, 1, "liquid", 64, "gemm_w4a8_sm80")])
@@ -164,6 +167,15 @@ def test_llm_kernel_overrides_and_strict(tiny_path):
     assert kernels["linear.qkv"] == "gemm_s8act_cpu" and kernels["linear.lm_head"] == "gemm_f32act_cpu"
     out = llm.generate("hi", lowbit.GenerationConfig(max_tokens=3, ignore_eos=True))
     assert len(out[0].token_ids) == 3
+    # One token bucket of a role: only that bucket's plan line is forced; one that cannot run there is an error.
+    llm = lowbit.LLM(str(tiny_path), recipe="w8a8", progress=False, kernel_overrides={"linear.o@m2-4": "gemm_s8act_cpu"})
+    why = {p["role"]: p["why"] for p in llm.model.plan()}
+    assert why["linear.o m2-4"].startswith("forced"), why
+    assert not any(w.startswith("forced") for r, w in why.items() if r != "linear.o m2-4"), why
+    with pytest.raises(NotImplementedError, match="linear.o: forced kernel gemm_s8act_cpu cannot run"):
+        lowbit.LLM(str(tiny_path), progress=False, kernel_overrides={"linear.o@m5-16": "gemm_s8act_cpu"})
+    with pytest.raises(ValueError, match="unknown token bucket 'm3'"):
+        lowbit.LLM(str(tiny_path), progress=False, kernel_overrides={"linear@m3": "gemm_f32act_cpu"})
 
 
 def test_cli_info_plan(tiny_path):

@@ -69,6 +69,7 @@ def main():
             if m <= 8:
                 ws16 = w4a16_weights(n, k, copies_for(w16_bytes, l2))
                 t["w4a16.gemv"] = graph_time_us(w4a16_calls(ws16, n, k, m, 0, "gemv"))
+                t["w4a16.auto"] = graph_time_us(w4a16_calls(ws16, n, k, m, 0, ""))
                 del ws16
             f16 = [torch.randn(n, k, device="cuda").half() for _ in range(copies_for(n * k * 2, l2))]
             x = torch.randn(m, k, device="cuda").half()
@@ -85,7 +86,8 @@ def main():
             for fmt in formats:
                 row[f"{fmt}_gemv_vs_sm80"] = round(t[f"{fmt}.sm80"] / t[f"{fmt}.gemv"], 3)
             rows.append(row)
-            print(f"{name:<16} m={m} | cuBLAS {t['cublas']:6.2f} | W4A16 gemv {t.get('w4a16.gemv', float('nan')):6.2f} | "
+            print(f"{name:<16} m={m} | cuBLAS {t['cublas']:6.2f} | W4A16 gemv {t.get('w4a16.gemv', float('nan')):6.2f} "
+                  f"auto {t.get('w4a16.auto', float('nan')):6.2f} | "
                   + " | ".join(f"{fmt} sm80 {t[fmt + '.sm80']:6.2f} gemv {t[fmt + '.gemv']:6.2f} gemvw "
                                f"{t[fmt + '.gemvw']:6.2f} auto "
                                f"{t[fmt + '.auto']:6.2f} ({row[fmt + '_gemv_vs_sm80']:.2f}x, "

@@ -439,7 +439,7 @@ Model::Info Model::info() const {
   i.device = device_.str();
   i.parameter_bytes = parameter_bytes_;
   i.kv_bytes_per_token = kv_bytes_per_token();
-  // The kernels the plan runs, one line per role: "linear.qkv: gemm_w4a16_sm80 (m1, m2-16, m17-127),
+  // The kernels the plan runs, one line per role: "linear.qkv: gemm_w4a16_sm80 (m1, m2-4, m5-16, m17-127),
   // gemm_w4a16_large_sm80 (m128+)", "attention.decode: decode_attention_sm80".
   std::vector<std::pair<std::string, std::vector<std::string>>> roles;  // role -> "kernel (buckets)"
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> by_role;  // role -> (kernel, bucket)

@@ -13,6 +13,7 @@ namespace {
 int64_t representative_m(kernels::MBucket b) {
   switch (b) {
     case kernels::MBucket::m1: return 1;
+    case kernels::MBucket::m4: return 4;
     case kernels::MBucket::m16: return 16;
     case kernels::MBucket::m127: return 64;
     case kernels::MBucket::m_large: return 256;
@@ -40,12 +41,12 @@ kernels::LinearPlan Model::plan_linear(const std::string& role, const PackedWeig
   // Activation rows live in the workspace: [tokens, k] slices of allocations, 16-byte aligned when
   // k elements are a multiple of 16 bytes.
   const bool aligned = bytes_for(x_type, w.k) % 16 == 0;
-  const std::string forced = o.forced_for("linear." + role);
   const std::string what = "Model: linear." + role;
   for (int b = 0; b < kernels::kNumMBuckets; ++b) {
     const kernels::MBucket bucket = kernels::MBucket(b);
     const kernels::GemmDesc desc =
         kernels::describe_gemm(device_, act, x_type, dtype_, w, representative_m(bucket), aligned);
+    const std::string forced = o.forced_for("linear." + role, kernels::name_of(bucket));
     const kernels::GemmSelection s = kernels::select_gemm(desc, forced, o.strict, what.c_str());
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, s.kernel->launch != nullptr, what, ": kernel ", s.kernel->name,
                       " is not built into this library (a build without CUDA?)");

@@ -15,7 +15,8 @@ namespace lowbit::kernels {
 const char* name_of(MBucket b) {
   switch (b) {
     case MBucket::m1: return "m1";
-    case MBucket::m16: return "m2-16";
+    case MBucket::m4: return "m2-4";
+    case MBucket::m16: return "m5-16";
     case MBucket::m127: return "m17-127";
     case MBucket::m_large: return "m128+";
   }

@@ -36,17 +36,17 @@ bool f16_gemm(const GemmDesc& d, std::string* why) {
 
 // The f16 mma tiles: 32 tokens (92 KB of shared memory) up to m = 32, 64/128 tokens (110 KB) beyond.
 bool mma_tile_fits(const GemmDesc& d) {
-  const bool small_tile = d.m == MBucket::m1 || d.m == MBucket::m16;
+  const bool small_tile = decode_sized(d.m);
   return smem_optin_kb(d.sm) >= (small_tile ? 90 : 108);
 }
 
 Fit gemv_can_run(const GemmDesc& d, std::string* why) {
   if (!f16_gemm(d, why)) return Fit::no;
-  if (d.m != MBucket::m1 && d.m != MBucket::m16)
+  if (!decode_sized(d.m))
     return slow(why, "one warp per output column re-reads the weight every 16 rows: slow past 16 tokens");
   return fits(why, "one warp per output column, <= 16 rows per pass");
 }
-int gemv_rank(const GemmDesc& d) { return d.m == MBucket::m1 ? 3 : d.m == MBucket::m16 ? 1 : -1; }
+int gemv_rank(const GemmDesc& d) { return d.m == MBucket::m1 ? 3 : decode_sized(d.m) ? 1 : -1; }
 
 Fit mma_can_run(const GemmDesc& d, std::string* why) {
   if (!f16_gemm(d, why)) return Fit::no;
@@ -60,7 +60,7 @@ int mma_rank(const GemmDesc&) { return 2; }
 
 Fit wmma_can_run(const GemmDesc& d, std::string* why) {
   if (!f16_gemm(d, why)) return Fit::no;
-  if (d.m != MBucket::m1 && d.m != MBucket::m16 && (!d.aligned_rows || !mma_tile_fits(d)))
+  if (!decode_sized(d.m) && (!d.aligned_rows || !mma_tile_fits(d)))
     return slow(why, "wmma 16x16x16 without a cp.async pipeline: the mma kernel cannot run this shape");
   return fits(why, "wmma 16x16x16, any alignment");
 }
@@ -293,18 +293,20 @@ Fit w4a8_sm80_can_run(const GemmDesc& d, std::string* why) {
   if (f == Fit::yes && why) *why = "u4 -> s8 in registers ((q*s + a) ^ 0x80 per byte), s8 mma.sync, int32 accumulators, split-K";
   return f;
 }
-// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu): one token per plan bucket (the op takes 1-16 when named).
+// The register-direct W4A8 GEMV (gemm_w4a8_gemv_sm80.cu): the 1 and 2-4 token buckets (the op takes 1-16 when
+// named; from ~8 tokens the mma.sync kernel's shared x tile wins).
 Fit w4a8_gemv_can_run(const GemmDesc& d, std::string* why) {
   const Fit f = w4a8_can_run(d, why, 80);
   if (f != Fit::yes) return f;
-  if (d.m != MBucket::m1) return refuse(why, "a GEMV: its plans serve one token (the op takes 1-16 when named)");
+  if (d.m != MBucket::m1 && d.m != MBucket::m4)
+    return refuse(why, "a GEMV: its plans serve 1-4 tokens (the op takes 1-16 when named)");
   if (why) *why = "weights streamed straight into registers (no shared-memory staging), s8 mma.sync, int32 exact";
   return f;
 }
-// At one token on sm_90, above gemm_w4a8_sm80 (rank 1), as the W4A16 GEMV (its design measured 1.12-1.49x the
-// smem-ring kernels there); on other GPUs unmeasured, so forced only. gemm_w4a8 (gemm_w4a8_sm80.cu) is the op's
-// copy of this rule.
-int w4a8_gemv_rank(const GemmDesc& d) { return d.m == MBucket::m1 && d.sm == 90 ? 2 : 0; }
+// At 1-4 tokens on sm_90, above gemm_w4a8_sm80 (rank 1): measured 1.27-1.61x that kernel at one token and
+// 0.96-1.36x at 2-4 (the wide plan on the larger layers; H200, docs/benchmarks_gpu.md); on other GPUs unmeasured,
+// so forced only. gemm_w4a8 (gemm_w4a8_sm80.cu) is the op's copy of this rule.
+int w4a8_gemv_rank(const GemmDesc& d) { return (d.m == MBucket::m1 || d.m == MBucket::m4) && d.sm == 90 ? 2 : 0; }
 }  // namespace
 
 // COMET W4Ax: FMPQ s8 codes (int4 blocks in [-7, 7]) with per-block scales x qoq/liquid weights (shared
@@ -374,7 +376,7 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
                  wfp8a16_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_wfp8a16_sm80)});
   out.push_back({"gemm_w4a8_sm80", "W4A8 QoQ / LiquidQuant u4 weights x s8 per-token activations, mma.sync",
                  w4a8_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_w4a8_sm80)});
-  out.push_back({"gemm_w4a8_gemv_sm80", "W4A8 GEMV (1 token): QoQ / LiquidQuant u4 weights streamed into registers, "
+  out.push_back({"gemm_w4a8_gemv_sm80", "W4A8 GEMV (1-4 tokens): QoQ / LiquidQuant u4 weights streamed into registers, "
                  "s8 mma.sync", w4a8_gemv_can_run, w4a8_gemv_rank, LOWBIT_GPU_LAUNCH(launch_w4a8_gemv_sm80)});
   out.push_back({"gemm_fmpq_sm80", "COMET W4Ax: FMPQ int4/int8 block activations x qoq/liquid u4 weights, mma.sync",
                  fmpq_sm80_can_run, rank_one, LOWBIT_GPU_LAUNCH(launch_fmpq_sm80)});

@@ -66,7 +66,7 @@ Fit w4a16_decode_sm90_can_run(const GemmDesc& d, std::string* why) {
 // mma.sync kernel (rank 2 there); it was measured slower than that kernel on narrower layers (H200,
 // docs/benchmarks_gpu.md), which keep it.
 int w4a16_decode_sm90_rank(const GemmDesc& d) {
-  return (d.m == MBucket::m1 || d.m == MBucket::m16) && d.n >= 16384 ? 3 : 0;
+  return decode_sized(d.m) && d.n >= 16384 ? 3 : 0;
 }
 
 Fit fmpq_sm90_can_run(const GemmDesc& d, std::string* why) {

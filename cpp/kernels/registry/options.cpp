@@ -4,6 +4,7 @@
 #include <set>
 
 #include "lowbit/core/error.h"
+#include "lowbit/kernels/desc.h"
 #include "lowbit/kernels/options.h"
 
 namespace lowbit::kernels {
@@ -32,12 +33,14 @@ int parse_count(const std::string& v, int lo, int hi) {
 
 }  // namespace
 
-std::string ParsedKernelOptions::forced_for(const std::string& role) const {
-  auto it = forced.find(role);
-  if (it != forced.end()) return it->second;
+std::string ParsedKernelOptions::forced_for(const std::string& role, const std::string& bucket) const {
   const std::string family = role.substr(0, role.find('.'));
-  it = forced.find(family);
-  return it != forced.end() ? it->second : std::string();
+  for (const std::string& key : {bucket.empty() ? std::string() : role + "@" + bucket,
+                                 bucket.empty() ? std::string() : family + "@" + bucket, role, family}) {
+    const auto it = key.empty() ? forced.end() : forced.find(key);
+    if (it != forced.end()) return it->second;
+  }
+  return std::string();
 }
 
 ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
@@ -45,7 +48,18 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
   p.strict = options.strict;
   KernelTuning& t = p.tuning;
   for (const auto& [key, value] : options.overrides) {
-    if (forced_roles().count(key)) {
+    const size_t at = key.find('@');
+    if (at != std::string::npos) {  // "linear.qkv@m2-4": one token bucket of a linear role
+      const std::string role = key.substr(0, at), bucket = key.substr(at + 1);
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, forced_roles().count(role) && role.rfind("linear", 0) == 0,
+                        "kernel_overrides['", key, "']: only linear roles take a token bucket, got '", role, "'");
+      bool known = false;
+      for (int b = 0; b < kNumMBuckets; ++b) known = known || bucket == name_of(MBucket(b));
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, known, "kernel_overrides['", key, "']: unknown token bucket '", bucket,
+                        "' (m1, m2-4, m5-16, m17-127, m128+)");
+      LOWBIT_CHECK_KIND(ErrorKind::kValue, !value.empty(), "kernel_overrides['", key, "'] must name a kernel");
+      p.forced[key] = value;
+    } else if (forced_roles().count(key)) {
       LOWBIT_CHECK_KIND(ErrorKind::kValue, !value.empty(), "kernel_overrides['", key, "'] must name a kernel");
       p.forced[key] = value;
     } else if (key == "fused_norm_quant") {
@@ -83,7 +97,8 @@ ParsedKernelOptions parse_kernel_options(const KernelOptions& options) {
                         "or 8, got '", value, "'");
     } else {
       LOWBIT_CHECK_KIND(ErrorKind::kValue, false, "kernel_overrides: unknown key '", key, "'; forced kernels: ",
-                        "linear, linear.{qkv,o,gate_up,down,lm_head}, attention, attention.{prefill,decode}; ",
+                        "linear, linear.{qkv,o,gate_up,down,lm_head} (each optionally @ a token bucket: @m1, @m2-4, ",
+                        "@m5-16, @m17-127, @m128+), attention, attention.{prefill,decode}; ",
                         "tuning: fused_norm_quant, fused_silu_quant, pdl, w4a16_large_tile, sm90_split, sm90_pairs, ",
                         "fp8_fast_accum, split_mixed_attention, prefill_key_split, prefill_pack_heads, ",
                         "prefill_ref_dequant, prefill_dequant_copy, prefill_side_stream");

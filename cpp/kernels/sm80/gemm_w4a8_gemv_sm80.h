@@ -29,6 +29,16 @@ struct Gemv8Plan {
   int tiles = 1;         // 16-row weight tiles per CTA (4 in the wide plan: one copy of x for 64 weight rows)
 };
 
+// The automatic width (H200, bench/results/h200-2026-11-28-w4a8-gemvw-3d799e8.json, 8B and 70B/TP2 layers): the
+// wide plan pays where one copy of x per 4 tiles outweighs the split's partial sums: the widest layers (gate_up) at
+// one token, layers of >= 8192 rows and >= 64M weights at two, from 5120 rows at 3-4 (one tile: 0.85-0.95x of it
+// on 4096-row layers at every count).
+inline bool gemv8_wide_pays(int64_t m, int64_t n, int64_t k) {
+  if (m <= 1) return n >= 16384;
+  if (m == 2) return n >= 8192 && n * k >= (int64_t{64} << 20);
+  return n >= 5120;
+}
+
 // The launch shape for this problem; `ring`, `blocks` = 0 take the automatic configuration, else name one of
 // kGemv8Configs.
 // `wide` (kernel name 'gemvw'): 4 tiles per CTA and k split over CTAs until the grid has ~3 CTAs per SM (sms).

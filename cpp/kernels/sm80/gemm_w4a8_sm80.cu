@@ -20,6 +20,7 @@
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
 #include "kernels/sm80/gemm_w4a8_gemv_sm80.h"
+#include "lowbit/kernels/desc.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm80/w4a8_common_sm80.cuh"
 #include "kernels/sm90/gemm_w4a8_sm90.h"
@@ -296,19 +297,24 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
 
   const int dev = xq.device().index;
   LOWBIT_CUDA_CHECK(op, cudaSetDevice(dev));
-  // The register-direct GEMV when named (1-16 tokens), and at one token on sm_90 when the caller pins no split
-  // (gemm_w4a8_gemv_sm80.cu; the registry's rank for gemm_w4a8_gemv_sm80 is the plans' copy of this rule).
+  // The register-direct GEMV when named (1-16 tokens), and at 1-4 tokens (the registry's m1 and m2-4 buckets) on sm_90
+  // when the caller pins no split (gemm_w4a8_gemv_sm80.cu; the registry's rank for gemm_w4a8_gemv_sm80 is the plans'
+  // copy of this rule). Its width follows the shape unless named.
+  const kernels::MBucket bucket = kernels::m_bucket_of(m);
   const bool gemv = options.kernel == Gemm8Kernel::gemv ||
-                    (options.kernel == Gemm8Kernel::automatic && m == 1 && options.split_k <= 0 &&
+                    (options.kernel == Gemm8Kernel::automatic && options.split_k <= 0 &&
+                     (bucket == kernels::MBucket::m1 || bucket == kernels::MBucket::m4) &&
                      compute_capability_major(dev) == 9);
   if (gemv) {
-    int sms = 132;
-    if (options.gemv_wide) LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, m <= detail::kGemv8MaxTokens, op, ": the gemv kernel takes 1-",
                       detail::kGemv8MaxTokens, " tokens, got m=", m, "; name 'sm80' instead");
+    const bool wide = options.gemv_width == GemvWidth::wide ||
+                      (options.gemv_width == GemvWidth::automatic && detail::gemv8_wide_pays(m, n, k));
+    int sms = 132;
+    if (wide) LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const detail::Gemv8Plan plan =
         detail::gemm_w4a8_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), options.gemv_ring,
-                                    options.gemv_blocks, options.gemv_wide, sms);
+                                    options.gemv_blocks, wide, sms);
     Tensor partial;
     if (plan.split > 1) partial = Tensor::empty({plan.split * m * n}, ScalarType::s32, xq.device());
     const detail::W4A8Problem problem{xq.data<int8_t>(), xq.stride(0), raw ? nullptr : x_scale.data<float>(),

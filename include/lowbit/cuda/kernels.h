@@ -93,6 +93,7 @@ void gemm_wfp8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k
 enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90, gemv };
 // sm90_split / sm90_tokens: the wgmma kernel's split-K cluster (1/2/4/8) and tokens per tile (128/256), 0 =
 // its cost model's; sm90_serial: its earlier mainloop that waits for each stage's wgmmas (A/B timing only).
+enum class GemvWidth : uint8_t { automatic, one_tile, wide };
 struct W4A8Options {
   int split_k = 0;
   bool pdl = true;
@@ -104,7 +105,9 @@ struct W4A8Options {
   int sm90_ctas = 0;          // stream-K's CTAs (0 = every resident one; tests pin fewer)
   bool sm90_no_streamk = false;  // the cost model without its stream-K candidate (A/B timing)
   int gemv_ring = 0, gemv_blocks = 0;  // the gemv kernel's configuration 'rDbB' (0, 0 = automatic)
-  bool gemv_wide = false;  // the gemv kernel's wide plan ('gemvw...': 4 weight tiles per CTA, k split to fill the SMs)
+  // the gemv kernel's CTA width: its rule by shape (automatic), one 16-row weight tile ('gemv...') or the wide plan
+  // ('gemvw...': 4 weight tiles per CTA share one copy of x, k split over CTAs to fill the SMs)
+  GemvWidth gemv_width = GemvWidth::automatic;
   bool sm90_one_producer = false;  // the wgmma kernel's earlier one-thread producer (A/B timing: 'sm90o...' names)
   bool sm90_persistent = false;  // the wgmma kernel's persistent tile loop ('sm90p...' names; opt-in, not measured)
   // the wgmma kernel's multicast pairs (two CTAs on neighbouring weight-row tiles share the activation tile; opt-in,

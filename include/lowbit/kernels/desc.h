@@ -14,14 +14,21 @@
 
 namespace lowbit::kernels {
 
-// Token-count buckets. A plan holds one kernel per bucket, so a step picks its kernel with two
-// compares: 1 (decode of one sequence) | 2..16 | 17..127 | >= 128 (prefill-sized).
-enum class MBucket : uint8_t { m1, m16, m127, m_large };
-constexpr int kNumMBuckets = 4;
+// Token-count buckets. A plan holds one kernel per bucket, so a step picks its kernel with a few
+// compares: 1 (decode of one sequence) | 2..4 | 5..16 | 17..127 | >= 128 (prefill-sized). 2..4 is its own
+// bucket because the weight-streaming GEMVs still beat the mma tiles there and lose from ~8 tokens.
+enum class MBucket : uint8_t { m1, m4, m16, m127, m_large };
+constexpr int kNumMBuckets = 5;
 inline MBucket m_bucket_of(int64_t m) {
-  return m <= 1 ? MBucket::m1 : m <= 16 ? MBucket::m16 : m < 128 ? MBucket::m127 : MBucket::m_large;
+  return m <= 1    ? MBucket::m1
+         : m <= 4  ? MBucket::m4
+         : m <= 16 ? MBucket::m16
+         : m < 128 ? MBucket::m127
+                   : MBucket::m_large;
 }
-const char* name_of(MBucket b);  // "m1", "m2-16", "m17-127", "m128+"
+// Up to 16 tokens: the decode-sized buckets (m1, m2-4, m5-16).
+inline bool decode_sized(MBucket b) { return b == MBucket::m1 || b == MBucket::m4 || b == MBucket::m16; }
+const char* name_of(MBucket b);  // "m1", "m2-4", "m5-16", "m17-127", "m128+"
 
 struct GemmDesc {
   DeviceKind device = DeviceKind::cpu;

@@ -12,6 +12,8 @@ namespace lowbit::kernels {
 //   forced kernels  "linear", "linear.qkv", "linear.o", "linear.gate_up", "linear.down",
 //                   "linear.lm_head", "attention", "attention.prefill", "attention.decode"
 //                   -> a registered kernel name; one that cannot run is an error, never ignored.
+//                   A linear key may name one token bucket: "linear@m2-4", "linear.qkv@m5-16" (buckets m1, m2-4,
+//                   m5-16, m17-127, m128+; desc.h); a bucket's key wins over its role's.
 //   tuning          "fused_norm_quant" on|off, "fused_silu_quant" on|off, "pdl" on|off,
 //                   "w4a16_large_tile" auto|64x128|128x128|128x256, "sm90_split" 0|1|2|4|8, "sm90_pairs" on|off,
 //                   "fp8_fast_accum" on|off, "split_mixed_attention" on|off, "prefill_key_split" auto|off|2..16,
@@ -60,8 +62,9 @@ struct ParsedKernelOptions {
   std::map<std::string, std::string> forced;  // role ("linear.qkv", "attention.decode", ...) -> kernel
   KernelTuning tuning;
   bool strict = false;
-  // The forced kernel for a role ("linear.qkv" falls back to "linear"), or "" when none.
-  std::string forced_for(const std::string& role) const;
+  // The forced kernel for a role ("linear.qkv" falls back to "linear"), or "" when none; with a bucket name,
+  // "linear.qkv@m2-4" and "linear@m2-4" come first.
+  std::string forced_for(const std::string& role, const std::string& bucket = "") const;
 };
 ParsedKernelOptions parse_kernel_options(const KernelOptions& options);
 
