@@ -29,13 +29,13 @@ struct Gemv8Plan {
   int tiles = 1;         // 16-row weight tiles per CTA (4 in the wide plan: one copy of x for 64 weight rows)
 };
 
-// The automatic width (H200, bench/results/h200-2026-11-28-w4a8-gemvw-3d799e8.json, 8B and 70B/TP2 layers): the
+// The automatic width (H200, bench/results/h200-2026-11-28-w4a8-gemv-m1to4-a2d3da2.json, 8B and 70B/TP2 layers): the
 // wide plan pays where one copy of x per 4 tiles outweighs the split's partial sums: the widest layers (gate_up) at
-// one token, layers of >= 8192 rows and >= 64M weights at two, from 5120 rows at 3-4 (one tile: 0.85-0.95x of it
-// on 4096-row layers at every count).
+// one token, layers of >= 8192 rows and >= 64M weights at 2-3 tokens, from 5120 rows at 4 (one tile was 0.85-0.95x
+// of it on 4096-row layers at every count, and 1.15x faster on 8B qkv at 3 tokens).
 inline bool gemv8_wide_pays(int64_t m, int64_t n, int64_t k) {
   if (m <= 1) return n >= 16384;
-  if (m == 2) return n >= 8192 && n * k >= (int64_t{64} << 20);
+  if (m <= 3) return n >= 8192 && n * k >= (int64_t{64} << 20);
   return n >= 5120;
 }
 
