@@ -1,4 +1,4 @@
-"""Batch-1 decode step of the Llama-3-8B shape (random weights) as CUDA graphs replay it: per-kernel device time,
+"""A decode step of the Llama-3-8B shape (batch 1, or --batch N sequences) (random weights) as CUDA graphs replay it: per-kernel device time,
 the idle time before each kernel (inside the step's graph, and between steps on the host), and the tok/s of
 tools/bench_gpu_llama8b.py's batch-1 case (512-token prompt, 128 new tokens, median of repeats) on the same model.
 
@@ -88,14 +88,16 @@ def analyse(acts, steps):
     }
 
 
-def context_profile(model, vocab, ctx, steps):
+def context_profile(model, vocab, ctx, steps, batch=1):
     from lowbit import _core
-    kv = model.info()["kv_bytes_per_token"] * (ctx + 3 * steps + 64)
+    kv = model.info()["kv_bytes_per_token"] * (ctx + 3 * steps + 64) * batch
     eng = _core.Engine(model, max_batch_tokens=max(4096, ctx), max_seqs=64, kv_cache_bytes=kv, prefix_caching=False)
     g = torch.Generator().manual_seed(11)
-    prompt = torch.randint(0, vocab, (ctx,), generator=g).tolist()
-    eng.add_request(0, prompt, temperature=0.0, max_tokens=3 * steps + 8)
-    eng.step()  # prefill
+    for r in range(batch):  # distinct prompts of one length: every row decodes at the same steps
+        eng.add_request(r, torch.randint(0, vocab, (ctx,), generator=g).tolist(), temperature=0.0,
+                        max_tokens=3 * steps + 8)
+    for _ in range(-(-batch * ctx // max(4096, ctx))):
+        eng.step()  # the prefill chunks
     for _ in range(4):
         eng.step()  # graphs captured
     torch.cuda.synchronize()
@@ -110,7 +112,7 @@ def context_profile(model, vocab, ctx, steps):
         torch.cuda.synchronize()
     while eng.has_unfinished():
         eng.step()
-    res = {"context": ctx, "step_ms_graphs": step_ms}
+    res = {"context": ctx, "batch": batch, "step_ms_graphs": step_ms}
     res.update(analyse(activities(prof), steps))
     del eng
     return res
@@ -157,6 +159,7 @@ def main():
     ap.add_argument("--specs", default="w4a8kv8,w4a16kv8")
     ap.add_argument("--contexts", default="512,2048")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoding together in the profiled steps")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--row-cluster-modes", default="", help="e.g. 0,-1: one run per mode on each model")
     ap.add_argument("--ab-rounds", type=int, default=0,
@@ -165,7 +168,7 @@ def main():
     args = ap.parse_args()
     shape = LLAMA3_8B
     result = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("LOWBIT_COMMIT", ""),
-              "date": time.strftime("%Y-%m-%d"), "batch": 1, "steps": args.steps, "runs": []}
+              "date": time.strftime("%Y-%m-%d"), "batch": args.batch, "steps": args.steps, "runs": []}
 
     def save():
         with open(args.out, "w") as f:
@@ -191,7 +194,7 @@ def main():
                   f"({run['bench_b1']['decode_ms_per_step']} ms/step)", flush=True)
             run["contexts"] = []
             for ctx in (int(c) for c in args.contexts.split(",")):
-                p = context_profile(model, shape.vocab, ctx, args.steps)
+                p = context_profile(model, shape.vocab, ctx, args.steps, args.batch)
                 run["contexts"].append(p)
                 print(f"  ctx {ctx}: step {p['step_ms_graphs']:.3f} ms wall; profiled span {p['span_us_per_step']:.1f} "
                       f"us = busy {p['busy_us_per_step']:.1f} + idle in step {p['idle_in_step_us_per_step']:.1f} "
