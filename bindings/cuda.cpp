@@ -632,13 +632,17 @@ void bind_cuda(nb::module_& m) {
       [](nb::handle xq, nb::handle x_scale, const PackedWeight& w, nb::handle y, int split_k, uintptr_t stream,
          const std::string& kernel, nb::handle block_bits) {
 #ifdef LOWBIT_WITH_CUDA
-        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90" || kernel == "sm90s" || kernel == "s4",
-                     "gemm_fmpq: argument 'kernel' must be '', 'sm80', 's4', 'sm90' or 'sm90s' (the serial mainloop), "
-                     "got '", kernel, "'");
+        LOWBIT_CHECK(kernel.empty() || kernel == "sm80" || kernel == "sm90" || kernel == "sm90s" || kernel == "s4" ||
+                         kernel == "gemv" || kernel == "gemv1" || kernel == "gemvw",
+                     "gemm_fmpq: argument 'kernel' must be '', 'sm80', 's4', 'sm90', 'sm90s' (the serial mainloop), "
+                     "'gemv', 'gemv1' or 'gemvw', got '", kernel, "'");
         const cuda::FmpqKernel k = kernel == "sm80"    ? cuda::FmpqKernel::sm80
                                    : kernel == "s4"    ? cuda::FmpqKernel::sm80_s4
                                    : kernel == "sm90"  ? cuda::FmpqKernel::sm90
                                    : kernel == "sm90s" ? cuda::FmpqKernel::sm90_serial
+                                   : kernel == "gemv"  ? cuda::FmpqKernel::gemv
+                                   : kernel == "gemv1" ? cuda::FmpqKernel::gemv_one_tile
+                                   : kernel == "gemvw" ? cuda::FmpqKernel::gemv_wide
                                                        : cuda::FmpqKernel::automatic;
         Tensor out = tensor_from_python(y, "y");
         cuda::gemm_fmpq(tensor_from_python(xq, "xq"), optional_tensor(x_scale, "x_scale"), w, out, as_stream(stream),
@@ -656,7 +660,10 @@ void bind_cuda(nb::module_& m) {
       "blocks each), 's4' (int4 tensor cores for the int4 blocks of `block_bits`, a host uint8 tensor of 4 / 8 "
       "per block; as 'sm80' otherwise, the same int32 block sums; the default on sm_80/86/87/89 when block_bits is "
       "given), 'sm90' (scaled outputs; split_k: 0 automatic or the cluster size 1, 2, 4, 8; each block's flush under "
-      "the next block's wgmmas) or 'sm90s' (the same kernel flushing between blocks; bit-identical outputs)");
+      "the next block's wgmmas), 'sm90s' (the same kernel flushing between blocks; bit-identical outputs), "
+      "'gemv' (the register-direct GEMV, 1-16 tokens, scaled outputs, split_k 0; its width by shape: the default on "
+      "sm_90 at 1-4 tokens; equal to the others to f32 rounding), 'gemv1' / 'gemvw' (one weight tile per CTA / the "
+      "wide plan)");
 
   m.def(
       "quantize_per_token_e4m3",

@@ -253,6 +253,7 @@ void launch_w4a8_gemv_sm80(const GemmArgs& a) { launch_w4a8(a, cuda::Gemm8Kernel
 void launch_fp8_sm89(const GemmArgs& a) { launch_gemm8(a, cuda::Gemm8Kernel::sm80, true); }
 void launch_fmpq_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80); }
 void launch_fmpq_s4_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::sm80_s4); }
+void launch_fmpq_gemv_sm80(const GemmArgs& a) { launch_fmpq(a, cuda::FmpqKernel::gemv); }
 }  // namespace
 #define LOWBIT_GPU_LAUNCH(f) f
 #else
@@ -352,6 +353,19 @@ Fit fmpq_s4_sm80_can_run(const GemmDesc& d, std::string* why) {
 }
 // Above gemm_fmpq_sm80 (rank 1) where int4 tensor cores exist; below it elsewhere.
 int fmpq_s4_sm80_rank(const GemmDesc& d) { return int4_tensor_cores(d.sm) ? 2 : 0; }
+// The W4A8 register-direct GEMV's FMPQ form: 1-4 tokens (the op takes 1-16 when named).
+Fit fmpq_gemv_can_run(const GemmDesc& d, std::string* why) {
+  const Fit f = fmpq_can_run(d, why, 80);
+  if (f != Fit::yes) return f;
+  if (d.m != MBucket::m1 && d.m != MBucket::m4)
+    return refuse(why, "a GEMV: its plans serve 1-4 tokens (the op takes 1-16 when named)");
+  if (why) *why = "weights streamed straight into registers, s8 mma.sync, each 128-channel block's exact int32 sum "
+                  "flushed to f32 with its block scale";
+  return f;
+}
+// At 1-4 tokens on sm_90, above gemm_fmpq_sm80 (rank 1), as the W4A8 GEMV; elsewhere forced only (int4 tensor
+// cores make gemm_fmpq_s4_sm80 the choice on Ampere/Ada). gemm_fmpq (gemm_fmpq_sm80.cu) is the op's copy of this rule.
+int fmpq_gemv_rank(const GemmDesc& d) { return (d.m == MBucket::m1 || d.m == MBucket::m4) && d.sm == 90 ? 2 : 0; }
 }  // namespace
 
 void register_gemm_sm80(std::vector<GemmKernel>& out) {
@@ -383,6 +397,9 @@ void register_gemm_sm80(std::vector<GemmKernel>& out) {
   out.push_back({"gemm_fmpq_s4_sm80", "COMET W4Ax with int4 tensor cores: int4 blocks on s4 mma.sync, int8 blocks on "
                  "s8, one accumulator (sm_80/86/89 default; sm_90 only when forced)", fmpq_s4_sm80_can_run,
                  fmpq_s4_sm80_rank, LOWBIT_GPU_LAUNCH(launch_fmpq_s4_sm80)});
+  out.push_back({"gemm_fmpq_gemv_sm80", "COMET W4Ax GEMV (1-4 tokens): FMPQ block activations x qoq/liquid u4 weights "
+                 "streamed into registers, s8 mma.sync", fmpq_gemv_can_run, fmpq_gemv_rank,
+                 LOWBIT_GPU_LAUNCH(launch_fmpq_gemv_sm80)});
   out.push_back({"gemm_fp8_sm89", "FP8 e4m3 x e4m3 mma.sync (sm_89+), per-token activations", fp8_sm89_can_run,
                  rank_one, LOWBIT_GPU_LAUNCH(launch_fp8_sm89)});
 }

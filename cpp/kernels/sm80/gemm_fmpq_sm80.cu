@@ -26,6 +26,7 @@
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm80/w4a8_common_sm80.cuh"
 #include "kernels/sm80/fmpq_s4_stream_sm80.cuh"
+#include "kernels/sm80/gemm_w4a8_gemv_sm80.h"
 #include "kernels/sm90/gemm_fmpq_sm90.h"
 
 namespace lowbit::cuda {
@@ -389,6 +390,34 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
     bits = fmpq_bits_of(block_bits, op);
     LOWBIT_CHECK(block_bits.size(0) == blocks, op, ": argument 'block_bits' has ", block_bits.size(0),
                  " blocks, k=", k, " has ", blocks);
+  }
+  // The register-direct GEMV (gemm_w4a8_gemv_sm80.cu's FMPQ form) when named, and at 1-4 tokens (the registry's m1
+  // and m2-4 buckets) on sm_90 when the caller pins no split, as gemm_w4a8 does; its width follows the shape unless
+  // named ('gemv1' / 'gemvw').
+  const bool gemv_named =
+      kernel == FmpqKernel::gemv || kernel == FmpqKernel::gemv_one_tile || kernel == FmpqKernel::gemv_wide;
+  if (gemv_named || (kernel == FmpqKernel::automatic && !s4 && out != Out::raw && split_k == 0 && m <= 4 &&
+                     compute_capability_major(dev) == 9)) {
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, out != Out::raw, op,
+                      ": the gemv kernel writes scaled f16/f32 rows only (raw per-block sums: kernel sm80)");
+    LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, m <= detail::kGemv8MaxTokens, op, ": the gemv kernel takes 1-",
+                      detail::kGemv8MaxTokens, " tokens, got m=", m, "; name 'sm80' instead");
+    LOWBIT_CHECK(split_k == 0, op, ": the gemv kernel picks its own k split (split_k must be 0), got ", split_k);
+    const bool wide = kernel == FmpqKernel::gemv_wide ||
+                      (kernel != FmpqKernel::gemv_one_tile && detail::gemv8_wide_pays(m, n, k));
+    const detail::Gemv8Plan plan = detail::gemm_w4a8_gemv_plan(
+        static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0, 0, wide,
+        wide ? multiprocessor_count(dev) : 132, /*fmpq=*/true);
+    Tensor partial;
+    if (plan.split > 1) partial = Tensor::empty({plan.split * m * n}, ScalarType::f32, xq.device());
+    const detail::FmpqProblem problem{xq.data<int8_t>(), xq.stride(0), x_scale.data<float>(), w.data.data<uint8_t>(),
+                                      w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(), w.channel_scales.data<float>(),
+                                      y.data_ptr(), y.stride(0), static_cast<int>(m), static_cast<int>(n),
+                                      static_cast<int>(k), static_cast<int>(blocks), w.group, static_cast<int>(npad),
+                                      out == Out::f32};
+    detail::gemm_fmpq_gemv(problem, partial.defined() ? partial.data<float>() : nullptr, plan, pdl_supported(dev),
+                           stream);
+    return;
   }
   // The wgmma kernel from 128 tokens on (its tile); below, the mma.sync kernel's small tiles and split-K.
   const bool sm90 = !s4 && (kernel == FmpqKernel::sm90 || kernel == FmpqKernel::sm90_serial ||

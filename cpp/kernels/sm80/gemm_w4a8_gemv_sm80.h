@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/sm90/gemm_fmpq_sm90.h"  // FmpqProblem
 #include "kernels/sm90/gemm_w4a8_sm90.h"  // W4A8Problem
 
 namespace lowbit::cuda::detail {
@@ -42,10 +43,16 @@ inline bool gemv8_wide_pays(int64_t m, int64_t n, int64_t k) {
 // The launch shape for this problem; `ring`, `blocks` = 0 take the automatic configuration, else name one of
 // kGemv8Configs.
 // `wide` (kernel name 'gemvw'): 4 tiles per CTA and k split over CTAs until the grid has ~3 CTAs per SM (sms).
-Gemv8Plan gemm_w4a8_gemv_plan(int m, int n, int k, int ring = 0, int blocks = 0, bool wide = false, int sms = 132);
+// `fmpq`: FMPQ activations (their block scales share x's budget; each CTA's k range is whole 128-channel blocks).
+Gemv8Plan gemm_w4a8_gemv_plan(int m, int n, int k, int ring = 0, int blocks = 0, bool wide = false, int sms = 132,
+                              bool fmpq = false);
 // y = x · Wᵀ (scaled f16 or raw int32 as p.raw says); when plan.split > 1, `partial` holds split * m * n int32 that
 // the kernel's own sum adds (exact in any order) before the scales. `pdl`: launched as a programmatic dependent of
 // the kernel before it on the stream.
 void gemm_w4a8_gemv(const W4A8Problem& p, int32_t* partial, const Gemv8Plan& plan, bool pdl, cudaStream_t stream);
+// The same GEMV over FMPQ activations (COMET W4Ax; gemm_fmpq's "gemv"): y = channel scale x sum over blocks of the
+// block's exact int32 sum x its token's block scale, f16 or f32 out (p.f32_out); when plan.split > 1, `partial` holds
+// split * m * n f32 that a second kernel sums in split order.
+void gemm_fmpq_gemv(const FmpqProblem& p, float* partial, const Gemv8Plan& plan, bool pdl, cudaStream_t stream);
 
 }  // namespace lowbit::cuda::detail

@@ -161,8 +161,12 @@ void silu_mul_quantize_fmpq(const Tensor& gate_up, const Tensor& block_bits, Ten
 // mma.sync m16n8k64 s4, int8 blocks on the sm80 kernel's s8 stream, by the host u8 block map `block_bits` (4 / 8
 // per block; int4 blocks must hold codes in [-8, 7]); split_k and raw outputs as sm80, the same int32 block sums
 // bit for bit; slow on sm_90 (no fast s4).
-// `automatic` takes sm90 on sm_90 from 128 tokens on, sm80_s4 on sm_80/86/87/89 when block_bits is given.
-enum class FmpqKernel : uint8_t { automatic, sm80, sm90, sm90_serial, sm80_s4 };
+// gemv (the register-direct W4A8 GEMV's FMPQ form, 1-16 tokens, scaled outputs only, split_k 0: its own k split;
+// its width by shape, or gemv_one_tile / gemv_wide): block sums flushed in f32 per warp, so its outputs equal the
+// other kernels' to f32 rounding, not bit for bit.
+// `automatic` takes the gemv on sm_90 at 1-4 tokens, sm90 on sm_90 from 128 tokens on, sm80_s4 on sm_80/86/87/89
+// when block_bits is given.
+enum class FmpqKernel : uint8_t { automatic, sm80, sm90, sm90_serial, sm80_s4, gemv, gemv_one_tile, gemv_wide };
 void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, Tensor& y, cudaStream_t stream,
                int split_k = 0, FmpqKernel kernel = FmpqKernel::automatic, const Tensor& block_bits = Tensor());
 
