@@ -62,16 +62,18 @@ def test_gemv_matches_float64_and_the_mma_kernel(fmt, m, n, k, group, frac):
         assert torch.equal(got16, run(pw, q, s, n, kernel)), kernel
 
 
-@pytest.mark.parametrize("fmt,m,n", [("qoq", 1, 4103), ("liquid", 3, 5130), ("qoq", 4, 272), ("liquid", 5, 272)])
+@pytest.mark.parametrize("fmt,m,n", [("qoq", 1, 4103), ("liquid", 1, 272), ("liquid", 3, 5130), ("qoq", 4, 5130),
+                                     ("qoq", 2, 272), ("liquid", 5, 5130)])
 def test_linear_fmpq_takes_the_gemv_at_few_tokens(fmt, m, n):
-    """The registry names gemm_fmpq_gemv_sm80 at 1-4 tokens on sm_90 (gemm_fmpq_sm80 from 5), and linear_fmpq's
-    output through the plan equals the op's own choice bit for bit."""
+    """The registry names gemm_fmpq_gemv_sm80 on sm_90 at one token and at 2-4 tokens but on down-like layers
+    (k >= 1.75 n: here 272 x 1088), gemm_fmpq_sm80 otherwise below 128 tokens, and linear_fmpq's output through the
+    plan equals the op's own choice bit for bit."""
     k, group = 1088, 64 if fmt == "liquid" else 128
     pw, q, s, _ = problem(fmt, m, n, k, group, 0.1, seed=31 + m)
     sm = torch.cuda.get_device_capability()
     r = _core.kernels.select_gemm(device="cuda", sm=sm[0] * 10 + sm[1], act="fmpq_mixed", x="s8", y="f16",
                                   weight=fmt, packed="sm80", group=group, n=n, k=k, m=m)
-    gemv = SM90 and m <= 4
+    gemv = SM90 and (m == 1 or (m <= 4 and 4 * k < 7 * n))
     assert (r["kernel"] == "gemm_fmpq_gemv_sm80") == gemv, r
     want = run(pw, q, s, n, "gemv" if gemv else "")
     assert torch.equal(run(pw, q, s, n, ""), want)  # the op's own choice

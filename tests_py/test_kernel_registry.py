@@ -227,8 +227,11 @@ def test_paged_attention_forced_kernel_on_the_cpu():
 
 def test_fmpq_gpu_kernel_and_its_refusals():
     """COMET W4Ax on the GPU: FMPQ s8 codes x qoq/liquid weights take gemm_fmpq_s4_sm80 (int4 tensor cores) on
-    sm_80/86/87/89, on sm_90 gemm_fmpq_gemv_sm80 at 1-4 tokens, gemm_fmpq_sm80 from 5 and gemm_fmpq_sm90 from 128
-    on; w8 weights and f16 rows (no block map) are refused by name."""
+    sm_80/86/87/89, on sm_90 gemm_fmpq_gemv_sm80 at 1-4 tokens (down-like layers only at one), gemm_fmpq_sm80 from
+    5 and gemm_fmpq_sm90 from 128 on; w8 weights and f16 rows (no block map) are refused by name."""
+    down = _core.kernels.select_gemm(device="cuda", sm=90, act="fmpq_mixed", x="s8", y="f16", weight="liquid",
+                                     packed="sm80", group=64, n=4096, k=14336, m=3)  # down-like at 2-4 tokens
+    assert down["kernel"] == "gemm_fmpq_sm80", down
     for sm, m, expected in ((80, 1, "gemm_fmpq_s4_sm80"), (80, 4096, "gemm_fmpq_s4_sm80"),
                             (86, 16, "gemm_fmpq_s4_sm80"), (89, 4096, "gemm_fmpq_s4_sm80"), (89, 3, "gemm_fmpq_s4_sm80"),
                             (87, 100, "gemm_fmpq_s4_sm80"), (90, 1, "gemm_fmpq_gemv_sm80"),

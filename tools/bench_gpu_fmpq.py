@@ -7,6 +7,7 @@ shapes, all in one process (random weights: cost does not depend on values). Per
   fmpq_us / _with_quant   lowbit gemm_fmpq on FMPQ codes (automatic: wgmma from 128 tokens on sm_90), and with
                           quantize_fmpq in front
   fmpq_sm80_us            gemm_fmpq forced to its mma.sync kernel
+  fmpq_gemv_us            (up to 16 tokens) gemm_fmpq forced to the register-direct GEMV ('gemv', its width by shape)
   fmpq_serial_us          (sm_90, from 128 tokens) gemm_fmpq forced to the wgmma kernel's serial mainloop
                           ('sm90s': each block flushed between blocks), A/B against fmpq_us (overlapped)
   w4a8_t128_us            (sm_90, from 128 tokens) gemm_w4a8 forced to 128-token tiles ('sm90:0:128'), FMPQ's tile
@@ -62,6 +63,9 @@ def bench_shape(name, n, k, ms, l2):
         row["fmpq_us"] = graph_time_us([lambda w=w: _core.gemm_fmpq(lfq, lfs, w, ly, 0, cs().cuda_stream) for w in ws])
         row["fmpq_sm80_us"] = graph_time_us(
             [lambda w=w: _core.gemm_fmpq(lfq, lfs, w, ly, 0, cs().cuda_stream, "sm80") for w in ws])
+        if m <= 16:
+            row["fmpq_gemv_us"] = graph_time_us(
+                [lambda w=w: _core.gemm_fmpq(lfq, lfs, w, ly, 0, cs().cuda_stream, "gemv") for w in ws])
         if SM90 and m >= 128:
             row["fmpq_serial_us"] = graph_time_us(
                 [lambda w=w: _core.gemm_fmpq(lfq, lfs, w, ly, 0, cs().cuda_stream, "sm90s") for w in ws])
@@ -80,7 +84,7 @@ def bench_shape(name, n, k, ms, l2):
               f"(+quant {row['fmpq_with_quant_us']:7.1f}, sm80 {row['fmpq_sm80_us']:7.1f})  fmpq/w4a8 x{row['fmpq_vs_w4a8']:.2f}  "
               f"vs sm80 x{row['fmpq_vs_w4a8_sm80']:.2f}  vs cublas x{row['fmpq_vs_cublas']:.2f}"
               + (f"  serial {row['fmpq_serial_us']:7.1f}  w4a8 t128 {row['w4a8_t128_us']:7.1f}" if "fmpq_serial_us" in row
-                 else ""), flush=True)
+                 else "") + (f"  gemv {row['fmpq_gemv_us']:7.1f}" if "fmpq_gemv_us" in row else ""), flush=True)
     return rows
 
 

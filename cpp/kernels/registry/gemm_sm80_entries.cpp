@@ -363,9 +363,13 @@ Fit fmpq_gemv_can_run(const GemmDesc& d, std::string* why) {
                   "flushed to f32 with its block scale";
   return f;
 }
-// At 1-4 tokens on sm_90, above gemm_fmpq_sm80 (rank 1), as the W4A8 GEMV; elsewhere forced only (int4 tensor
-// cores make gemm_fmpq_s4_sm80 the choice on Ampere/Ada). gemm_fmpq (gemm_fmpq_sm80.cu) is the op's copy of this rule.
-int fmpq_gemv_rank(const GemmDesc& d) { return (d.m == MBucket::m1 || d.m == MBucket::m4) && d.sm == 90 ? 2 : 0; }
+// On sm_90 above gemm_fmpq_sm80 (rank 1) at one token, and at 2-4 tokens but on layers whose k is long against n
+// (down: measured 0.82-0.97x the mma.sync kernel there; the same rule as gemm_w4a8_gemv_sm80.h's fmpq_gemv_pays,
+// the op's copy); elsewhere forced only (int4 tensor cores make gemm_fmpq_s4_sm80 the choice on Ampere/Ada).
+int fmpq_gemv_rank(const GemmDesc& d) {
+  if (d.sm != 90) return 0;
+  return d.m == MBucket::m1 || (d.m == MBucket::m4 && 4 * d.k < 7 * d.n) ? 2 : 0;
+}
 }  // namespace
 
 void register_gemm_sm80(std::vector<GemmKernel>& out) {

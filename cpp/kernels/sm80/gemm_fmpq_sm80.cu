@@ -391,13 +391,13 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
     LOWBIT_CHECK(block_bits.size(0) == blocks, op, ": argument 'block_bits' has ", block_bits.size(0),
                  " blocks, k=", k, " has ", blocks);
   }
-  // The register-direct GEMV (gemm_w4a8_gemv_sm80.cu's FMPQ form) when named, and at 1-4 tokens (the registry's m1
-  // and m2-4 buckets) on sm_90 when the caller pins no split, as gemm_w4a8 does; its width follows the shape unless
-  // named ('gemv1' / 'gemvw').
+  // The register-direct GEMV (gemm_w4a8_gemv_sm80.cu's FMPQ form) when named, and where it pays on sm_90 (one token;
+  // 2-4 tokens but on down-like layers: fmpq_gemv_pays; the registry's rank is the plans' copy of this rule) when the
+  // caller pins no split; its width follows the shape unless named ('gemv1' / 'gemvw').
   const bool gemv_named =
       kernel == FmpqKernel::gemv || kernel == FmpqKernel::gemv_one_tile || kernel == FmpqKernel::gemv_wide;
-  if (gemv_named || (kernel == FmpqKernel::automatic && !s4 && out != Out::raw && split_k == 0 && m <= 4 &&
-                     compute_capability_major(dev) == 9)) {
+  if (gemv_named || (kernel == FmpqKernel::automatic && !s4 && out != Out::raw && split_k == 0 &&
+                     detail::fmpq_gemv_pays(m, n, k) && compute_capability_major(dev) == 9)) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, out != Out::raw, op,
                       ": the gemv kernel writes scaled f16/f32 rows only (raw per-block sums: kernel sm80)");
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, m <= detail::kGemv8MaxTokens, op, ": the gemv kernel takes 1-",

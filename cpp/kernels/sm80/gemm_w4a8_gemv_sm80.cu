@@ -211,7 +211,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a8_gemv_kernel(Args 
         for (int j = 0; j < kTiles; ++j) mma_s8_16832(acc[j], af, b[j][2 * step], b[j][2 * step + 1]);
       }
       // FMPQ: chunk kc ends block kc / 2 when odd, or when it is k's last chunk (a one-chunk last block): the
-      // block's exact int32 sums (|sum| < 2^22: exact in f32) times each token's scale, then a fresh block.
+      // block's exact int32 sums times each token's scale, then a fresh block. |sum| <= 128 * 127 * 127 < 2^22, so
+      // the sum is exactly the f32 (2^23 + 2^22 + sum) - (2^23 + 2^22): an integer add and a float add in place of
+      // the quarter-rate int-to-float conversion.
       if (kFmpq && ((kc & 1) || kc + 1 == ke)) {
         const float* bs = sscale + ((kc >> 1) - b0);
 #pragma unroll
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) gemm_w4a8_gemv_kernel(Args 
           for (int c = 0; c < 4; ++c) {
             const int token = 8 * j + 2 * tq + (c & 1);
             const float sc = token < p.m ? bs[token * nb] : 0.f;
-            facc[j][c] = fmaf(static_cast<float>(acc[j][c]), sc, facc[j][c]);
+            facc[j][c] = fmaf(__int_as_float(0x4B400000 + acc[j][c]) - 12582912.f, sc, facc[j][c]);
             acc[j][c] = 0;
           }
       }

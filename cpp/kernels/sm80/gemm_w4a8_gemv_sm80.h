@@ -40,6 +40,11 @@ inline bool gemv8_wide_pays(int64_t m, int64_t n, int64_t k) {
   return n >= 5120;
 }
 
+// FMPQ at 2-4 tokens (H200, bench/results/h200-2026-11-28-fmpq-gemv-6004df8.json): on layers whose k is long against
+// n (down: k >= 1.75 n) the GEMV measured 0.82-0.97x the mma.sync FMPQ kernel, which keeps them; at one token it
+// is faster on every layer.
+inline bool fmpq_gemv_pays(int64_t m, int64_t n, int64_t k) { return m <= 1 || (m <= 4 && 4 * k < 7 * n); }
+
 // The launch shape for this problem; `ring`, `blocks` = 0 take the automatic configuration, else name one of
 // kGemv8Configs.
 // `wide` (kernel name 'gemvw'): 4 tiles per CTA and k split over CTAs until the grid has ~3 CTAs per SM (sms).
