@@ -4,6 +4,8 @@
 #include "kernels/registry/registration.h"
 
 #include <utility>
+
+#include "kernels/sm80/gemv_rules.h"  // plain C++: the GEMVs' shape rules, shared with the ops
 #ifdef LOWBIT_WITH_CUDA
 #include "lowbit/cuda/forward_kernels.h"
 #include "lowbit/cuda/kernels.h"
@@ -363,12 +365,12 @@ Fit fmpq_gemv_can_run(const GemmDesc& d, std::string* why) {
                   "flushed to f32 with its block scale";
   return f;
 }
-// On sm_90 above gemm_fmpq_sm80 (rank 1) at one token, and at 2-4 tokens but on layers whose k is long against n
-// (down: measured 0.82-0.97x the mma.sync kernel there; the same rule as gemm_w4a8_gemv_sm80.h's fmpq_gemv_pays,
-// the op's copy); elsewhere forced only (int4 tensor cores make gemm_fmpq_s4_sm80 the choice on Ampere/Ada).
+// On sm_90 above gemm_fmpq_sm80 (rank 1) where it pays (gemv_rules.h: one token, and 2-4 tokens but on down-like
+// layers; gemm_fmpq applies the same rule); elsewhere forced only (int4 tensor cores make gemm_fmpq_s4_sm80 the choice
+// on Ampere/Ada).
 int fmpq_gemv_rank(const GemmDesc& d) {
-  if (d.sm != 90) return 0;
-  return d.m == MBucket::m1 || (d.m == MBucket::m4 && 4 * d.k < 7 * d.n) ? 2 : 0;
+  if (d.sm != 90 || (d.m != MBucket::m1 && d.m != MBucket::m4)) return 0;
+  return cuda::detail::fmpq_gemv_pays(d.m == MBucket::m1 ? 1 : 4, d.n, d.k) ? 2 : 0;
 }
 }  // namespace
 

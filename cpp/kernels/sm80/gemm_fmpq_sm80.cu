@@ -392,7 +392,7 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                  " blocks, k=", k, " has ", blocks);
   }
   // The register-direct GEMV (gemm_w4a8_gemv_sm80.cu's FMPQ form) when named, and where it pays on sm_90 (one token;
-  // 2-4 tokens but on down-like layers: fmpq_gemv_pays; the registry's rank is the plans' copy of this rule) when the
+  // 2-4 tokens but on down-like layers: fmpq_gemv_pays, which the registry's rank reads too) when the
   // caller pins no split; its width follows the shape unless named ('gemv1' / 'gemvw').
   const bool gemv_named =
       kernel == FmpqKernel::gemv || kernel == FmpqKernel::gemv_one_tile || kernel == FmpqKernel::gemv_wide;
@@ -406,8 +406,8 @@ void gemm_fmpq(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
     const bool wide = kernel == FmpqKernel::gemv_wide ||
                       (kernel != FmpqKernel::gemv_one_tile && detail::gemv8_wide_pays(m, n, k));
     const detail::Gemv8Plan plan = detail::gemm_w4a8_gemv_plan(
-        static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0, 0, wide,
-        wide ? multiprocessor_count(dev) : 132, /*fmpq=*/true);
+        static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 0, 0, wide, multiprocessor_count(dev),
+        /*fmpq=*/true);
     Tensor partial;
     if (plan.split > 1) partial = Tensor::empty({plan.split * m * n}, ScalarType::f32, xq.device());
     const detail::FmpqProblem problem{xq.data<int8_t>(), xq.stride(0), x_scale.data<float>(), w.data.data<uint8_t>(),

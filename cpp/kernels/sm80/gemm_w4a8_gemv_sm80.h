@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/sm80/gemv_rules.h"  // gemv8_wide_pays, fmpq_gemv_pays
 #include "kernels/sm90/gemm_fmpq_sm90.h"  // FmpqProblem
 #include "kernels/sm90/gemm_w4a8_sm90.h"  // W4A8Problem
 
@@ -29,21 +30,6 @@ struct Gemv8Plan {
   int config;            // index into kGemv8Configs
   int tiles = 1;         // 16-row weight tiles per CTA (4 in the wide plan: one copy of x for 64 weight rows)
 };
-
-// The automatic width (H200, bench/results/h200-2026-11-28-w4a8-gemv-m1to4-a2d3da2.json, 8B and 70B/TP2 layers): the
-// wide plan pays where one copy of x per 4 tiles outweighs the split's partial sums: the widest layers (gate_up) at
-// one token, layers of >= 8192 rows and >= 64M weights at 2-3 tokens, from 5120 rows at 4 (one tile was 0.85-0.95x
-// of it on 4096-row layers at every count, and 1.15x faster on 8B qkv at 3 tokens).
-inline bool gemv8_wide_pays(int64_t m, int64_t n, int64_t k) {
-  if (m <= 1) return n >= 16384;
-  if (m <= 3) return n >= 8192 && n * k >= (int64_t{64} << 20);
-  return n >= 5120;
-}
-
-// FMPQ at 2-4 tokens (H200, bench/results/h200-2026-11-28-fmpq-gemv-6004df8.json): on layers whose k is long against
-// n (down: k >= 1.75 n) the GEMV measured 0.82-0.97x the mma.sync FMPQ kernel, which keeps them; at one token it
-// is faster on every layer.
-inline bool fmpq_gemv_pays(int64_t m, int64_t n, int64_t k) { return m <= 1 || (m <= 4 && 4 * k < 7 * n); }
 
 // The launch shape for this problem; `ring`, `blocks` = 0 take the automatic configuration, else name one of
 // kGemv8Configs.

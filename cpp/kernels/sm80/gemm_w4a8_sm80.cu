@@ -310,11 +310,9 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                       detail::kGemv8MaxTokens, " tokens, got m=", m, "; name 'sm80' instead");
     const bool wide = options.gemv_width == GemvWidth::wide ||
                       (options.gemv_width == GemvWidth::automatic && detail::gemv8_wide_pays(m, n, k));
-    int sms = 132;
-    if (wide) LOWBIT_CUDA_CHECK(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const detail::Gemv8Plan plan =
         detail::gemm_w4a8_gemv_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), options.gemv_ring,
-                                    options.gemv_blocks, wide, sms);
+                                    options.gemv_blocks, wide, multiprocessor_count(dev));
     Tensor partial;
     if (plan.split > 1) partial = Tensor::empty({plan.split * m * n}, ScalarType::s32, xq.device());
     const detail::W4A8Problem problem{xq.data<int8_t>(), xq.stride(0), raw ? nullptr : x_scale.data<float>(),
