@@ -6,7 +6,8 @@ Two or more GPUs: NCCL ranks on cuda:0..N-1, eager and with CUDA graphs (the all
 the decode graphs), logits and greedy tokens against one GPU, with the one-shot peer-memory all-reduce (the default
 where the GPUs have peer access), the same fused into the RMSNorm after it (LOWBIT_TP_FUSED_NORM=1) and NCCL alone;
 the one-shot all-reduce by itself against a float64 sum, back to back with skewed ranks and inside replayed CUDA graphs;
-the fused all-reduce + residual add + RMSNorm (and its int8 / e4m3 codes) against float64, in replayed graphs too.
+the fused all-reduce + residual add + RMSNorm (and its int8 / e4m3 codes) against float64, back to back with skewed
+ranks and in replayed graphs too.
 Run by tools/gpu_run.sh on the installed package."""
 import random
 import threading
@@ -280,7 +281,7 @@ def test_fused_all_reduce_add_rms_norm_matches_float64(monkeypatch, dtype):
     dt = DTYPES[dtype]
     comms = _group()
     assert "fused" in comms[0].all_reduce
-    # odd widths (4104 = 513 packs of f16), one pack, many rows, up to the 512 KiB bound (32 x 8192 f16: every slot)
+    # odd widths (4104 = 513 packs of f16), one pack, many rows, up to the 512 KiB bound (32 x 8192 f16: the inbox)
     cases = [(1, 4104), (3, 4104), (1, 8192), (5, 512), (7, 1000), (1, 8), (32 if dt != torch.float32 else 16, 8192)]
     for seed, (rows, cols) in enumerate(cases):
         for w_dtype in (dt, torch.float32):
@@ -336,13 +337,13 @@ def test_fused_all_reduce_rms_norm_quantize_matches_float64(monkeypatch, codes):
 
 @needs_peer
 def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
-    """Odd widths (not whole 16-byte packs), more rows than slots, messages above the bound: False, nothing written,
-    on every rank alike (the model then all-reduces and normalizes in two steps). Without LOWBIT_TP_FUSED_NORM=1
-    (the default) or with it 0: never."""
+    """Odd widths (not whole 16-byte packs), more rows than the kernel runs at once, messages above the bound: False,
+    nothing written, on every rank alike (the model then all-reduces and normalizes in two steps). Without
+    LOWBIT_TP_FUSED_NORM=1 (the default) or with it 0: never."""
     monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
     comms = _group(65536)
     assert "fused" in comms[0].all_reduce
-    # 4099 f16: not whole packs; 65 rows: more than the group's 64 slots; 8 x 16 KB: above the 64 KiB bound
+    # 4099 f16: not whole packs; 65 rows: more than the kernel's 64 blocks; 8 x 16 KB: above the 64 KiB bound
     for rows, cols in [(2, 4099), (65, 8), (8, 8192)]:
         parts, residual, weight, _, _ = _norm_case(rows, cols, torch.float16, rows, torch.float16)
         ps = [p.to(f"cuda:{r}") for r, p in enumerate(parts)]
@@ -365,10 +366,46 @@ def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
 
 
 @needs_peer
+def test_fused_norm_back_to_back_with_skewed_ranks(monkeypatch):
+    """Many fused calls of changing shapes (so each call lays its rows out differently in the inboxes) queued without a
+    GPU sync while one rank or the other is held back by a GPU sleep: a fast rank's push must never land on lines a
+    slow rank still reads, nor a stale line pass for the awaited step. Driven as the one-shot skew test above."""
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
+    comms = _group()
+    rng = random.Random(11)
+    shapes = [(1, 8192), (3, 4104), (1, 8), (16, 8192), (2, 520), (1, 16384)]
+    plan = [(shapes[i % len(shapes)], rng.random() < 0.3, rng.randrange(2)) for i in range(120)]
+    cases = []
+    for i, ((rows, cols), _, _) in enumerate(plan):
+        parts, residual, weight, want_res, want = _norm_case(rows, cols, torch.float16, 500 + i, torch.float16)
+        ranks = [dict(p=parts[r].to(f"cuda:{r}"), res=residual.to(f"cuda:{r}"), w=weight.to(f"cuda:{r}"),
+                      out=torch.full((rows, cols), float("nan"), dtype=torch.float16, device=f"cuda:{r}"))
+                 for r in range(2)]
+        cases.append((ranks, want_res, want))
+    barrier = threading.Barrier(2)
+
+    def rank(r):
+        for i, ((_, skew, slow), (ranks, _, _)) in enumerate(zip(plan, cases)):
+            if i % 20 == 0:
+                barrier.wait()
+            if skew and slow == r:
+                torch.cuda._sleep(200_000)  # ~0.1 ms
+            c = ranks[r]
+            assert comms[r].all_reduce_add_rms_norm(c["p"], c["res"], c["w"], EPS, out=c["out"], stream=_stream(r))
+    _on_each_rank(rank, on_error=barrier.abort)
+    for i, (ranks, want_res, want) in enumerate(cases):
+        for r in range(2):
+            assert torch.equal(ranks[r]["res"].cpu(), want_res), f"call {i} {plan[i][0]}: rank {r} residual"
+            got = ranks[r]["out"].cpu().double()
+            bound = (ULP[torch.float16] + 1e-5) * want.abs() + 1e-6 * want.abs().max()
+            assert not ((got - want).abs() > bound).any(), f"call {i} {plan[i][0]}: rank {r}"
+
+
+@needs_peer
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_fused_norm_in_cuda_graphs_replayed_with_fresh_inputs(monkeypatch, dtype):
-    """Each rank captures a plain all-reduce and two fused norms (they share the group's slots and step counters);
-    40 replays with fresh inputs copied in before each."""
+    """Each rank captures a plain all-reduce and two fused norms (two steps of the fused kernel's counter per replay,
+    both inbox halves); 40 replays with fresh inputs copied in before each."""
     monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
     dt = DTYPES[dtype]
     comms = _group()

@@ -9,7 +9,7 @@
   allreduce   the all-reduce share (NCCL or one-shot kernels) of an eager decode step at batch 1 and at the peak
               batch (torch.profiler, rank 0's GPU; the fused kernel counts whole, its norm included); TP>1 runs once
               per --allreduce path: "oneshot" (the default group: small all-reduces over peer memory, then
-              add_rms_norm), "fused" (LOWBIT_TP_FUSED_NORM=1: the same all-reduce fused with the residual add and
+              add_rms_norm), "fused" (LOWBIT_TP_FUSED_NORM=1: the all-reduce pushed to the peers and fused with the residual add and
               RMSNorm after it) and "nccl" (oneshot_max_bytes=0), for A/B timing;
   identity    whether TP=N's greedy tokens of request 0 equal TP=1's.
 Only --layers of the 80 layers are loaded (a 70B model per case would take minutes to draw and pack): per-token costs
@@ -41,7 +41,8 @@ LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 
 def build(shape, recipe, tp, allreduce="oneshot"):
     """The group's models, rank r on cuda:r; every weight drawn and quantized once on cuda:0, each rank keeps its
     shard. allreduce "nccl": NCCL only; "oneshot": the default group (the one-shot kernel for small messages, then
-    add_rms_norm); "fused": LOWBIT_TP_FUSED_NORM=1 (the one-shot all-reduce fused with the residual add and RMSNorm)."""
+    add_rms_norm); "fused": LOWBIT_TP_FUSED_NORM=1 (the all-reduce pushed to the peers, fused with the residual add and
+    RMSNorm: cuda/allreduce_norm_push.h)."""
     from lowbit import _core
     c = core_config(shape)
     bound = 0 if allreduce == "nccl" else -1

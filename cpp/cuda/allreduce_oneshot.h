@@ -41,28 +41,4 @@ int64_t oneshot_max_message_bytes(const OneShotArgs& args);
 // it with the same n and dtype. n * element size must be <= oneshot_max_message_bytes(args); n == 0 is a no-op.
 void oneshot_all_reduce(const OneShotArgs& args, void* data, int64_t n, ScalarType dtype, cudaStream_t stream);
 
-// The all-reduce fused with the residual add and the RMSNorm that follow a row-parallel linear
-// (allreduce_norm_oneshot.cu): residual += round(sum over ranks of partial, in rank order), rounded to the rows'
-// dtype exactly as oneshot_all_reduce + add_rms_norm round it; then out = rms_norm(residual) * weight, or the per-token
-// codes of that out (q_type s8 / e4m3, f16 rows only; as the norm that quantizes, rms_norm_quantize). One block per
-// row; a row takes ceil(row bytes / slot bytes) of the one-shot's block slots, each with its own step counter and
-// flags, so the protocol above holds slot by slot and the plain all-reduce and this kernel share one group.
-struct OneShotNormRows {
-  const void* partial = nullptr;  // this rank's [rows, cols], row stride ld_partial (elements)
-  void* residual = nullptr;       // [rows, cols], updated in place
-  const void* weight = nullptr;   // [cols], f32 or the rows' dtype
-  void* out = nullptr;            // [rows, cols] normed rows, or nullptr when q is set
-  void* q = nullptr;              // [rows, ldq] codes and scales [rows] instead of out
-  float* scales = nullptr;
-  int64_t ld_partial = 0, ld_residual = 0, ld_out = 0, ldq = 0;
-  int64_t rows = 0, cols = 0;
-  ScalarType dtype = ScalarType::f16, weight_dtype = ScalarType::f16, q_type = ScalarType::s8;
-  float eps = 0.f;
-};
-// Whether oneshot_add_rms_norm takes these rows (shapes, dtypes and strides only, so every rank of a group answers the
-// same): rows * slots per row <= max_blocks, whole 16-byte packs per row, cols <= 2048 packs. `why` gets the reason.
-bool oneshot_add_rms_norm_fits(const OneShotArgs& args, const OneShotNormRows& n, const char** why = nullptr);
-// Every rank calls it with the same shapes; the pointers must be 16-byte aligned (an error otherwise).
-void oneshot_add_rms_norm(const OneShotArgs& args, const OneShotNormRows& n, cudaStream_t stream);
-
 }  // namespace lowbit::cuda

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "cuda/allreduce_norm_push.h"
 #include "cuda/allreduce_oneshot.h"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/stream.h"
@@ -58,11 +59,14 @@ class PeerBuffers {
     // whole 16-byte packs per block slot, at least one pack per thread of a full block (256 threads)
     const int64_t unit = 16 * int64_t(args_.max_blocks);
     args_.capacity = std::max<int64_t>((max_bytes + unit - 1) / unit * unit, 256 * unit);
+    push_.world = world;
+    // the fused norm takes decode-sized calls only: a larger bound would grow every rank's inbox by 4 x world bytes
+    push_.capacity = (std::min<int64_t>(max_bytes, kOneShotDefaultBytes) + 15) / 16 * 16;
     try {
       LOWBIT_CUDA_CHECK(op, cudaHostAlloc(reinterpret_cast<void**>(&abort_), sizeof(int),
                                           cudaHostAllocMapped | cudaHostAllocPortable));
       *abort_ = 0;
-      args_.abort = abort_;  // unified addressing: the host pointer is valid on every device
+      args_.abort = push_.abort = abort_;  // unified addressing: the host pointer is valid on every device
       for (int r = 0; r < world; ++r) {
         LOWBIT_CUDA_CHECK(op, cudaSetDevice(devices[size_t(r)]));
         LOWBIT_CUDA_CHECK(op, cudaMalloc(&args_.staging[r], size_t(2 * args_.capacity)));
@@ -70,6 +74,12 @@ class PeerBuffers {
         LOWBIT_CUDA_CHECK(op, cudaMalloc(reinterpret_cast<void**>(&counters_[r]), kCounterBytes));
         LOWBIT_CUDA_CHECK(op, cudaMemset(args_.flags[r], 0, kFlagBytes));
         LOWBIT_CUDA_CHECK(op, cudaMemset(counters_[r], 0, kCounterBytes));
+        // the fused norm's inbox (cuda/allreduce_norm_push.h): zero flags never match a step (steps start at 1)
+        const int64_t inbox = cuda::push_norm_inbox_bytes(world, push_.capacity);
+        LOWBIT_CUDA_CHECK(op, cudaMalloc(&push_.inbox[r], size_t(inbox)));
+        LOWBIT_CUDA_CHECK(op, cudaMalloc(reinterpret_cast<void**>(&push_counters_[r]), kPushCounterBytes));
+        LOWBIT_CUDA_CHECK(op, cudaMemset(push_.inbox[r], 0, size_t(inbox)));
+        LOWBIT_CUDA_CHECK(op, cudaMemset(push_counters_[r], 0, kPushCounterBytes));
         LOWBIT_CUDA_CHECK(op, cudaDeviceSynchronize());  // zeroed before any rank's stream (maybe non-blocking) runs
       }
     } catch (...) {
@@ -87,6 +97,13 @@ class PeerBuffers {
     a.counters = counters_[rank];
     return a;
   }
+  cuda::PushNormArgs push_args_for(int rank) const {
+    cuda::PushNormArgs a = push_;
+    a.rank = rank;
+    a.own_inbox = push_.inbox[rank];
+    a.counters = push_counters_[rank];
+    return a;
+  }
   int64_t max_message_bytes() const { return cuda::oneshot_max_message_bytes(args_); }
   // Releases every rank's waiting kernel (they leave garbage; the group is failed anyway).
   void abort() { *static_cast<volatile int*>(abort_) = 1; }
@@ -100,6 +117,8 @@ class PeerBuffers {
       if (args_.staging[r]) cudaFree(args_.staging[r]);
       if (args_.flags[r]) cudaFree(args_.flags[r]);
       if (counters_[r]) cudaFree(counters_[r]);
+      if (push_.inbox[r]) cudaFree(push_.inbox[r]);
+      if (push_counters_[r]) cudaFree(push_counters_[r]);
     }
     if (abort_) cudaFreeHost(abort_);
     cudaSetDevice(previous);
@@ -108,9 +127,12 @@ class PeerBuffers {
 
   static constexpr size_t kFlagBytes = sizeof(uint32_t) * cuda::kOneShotMaxBlocks * cuda::kOneShotMaxWorld;
   static constexpr size_t kCounterBytes = sizeof(uint32_t) * cuda::kOneShotMaxBlocks;
+  static constexpr size_t kPushCounterBytes = 2 * sizeof(uint32_t);
   std::vector<int> devices_;
   cuda::OneShotArgs args_;
   uint32_t* counters_[cuda::kOneShotMaxWorld] = {};
+  cuda::PushNormArgs push_;  // the fused norm's inboxes (one per rank, in its GPU's memory)
+  uint32_t* push_counters_[cuda::kOneShotMaxWorld] = {};
   int* abort_ = nullptr;
 };
 
@@ -119,7 +141,7 @@ class PeerCommunicator final : public Communicator {
   PeerCommunicator(std::shared_ptr<Communicator> nccl, std::shared_ptr<PeerBuffers> buffers, int device,
                    int64_t max_bytes, bool fused_norm)
       : nccl_(std::move(nccl)), buffers_(std::move(buffers)), args_(buffers_->args_for(nccl_->rank())),
-        device_(device), max_bytes_(max_bytes), fused_norm_(fused_norm) {}
+        push_(buffers_->push_args_for(nccl_->rank())), device_(device), max_bytes_(max_bytes), fused_norm_(fused_norm) {}
   int rank() const override { return nccl_->rank(); }
   int world_size() const override { return nccl_->world_size(); }
   std::string backend() const override { return "nccl"; }
@@ -151,7 +173,7 @@ class PeerCommunicator final : public Communicator {
     constexpr const char* op = "Communicator.all_reduce_add_rms_norm";
     if (!fused_norm_ || !partial.defined() || partial.dim() != 2 || !residual.defined() || !weight.defined())
       return false;
-    cuda::OneShotNormRows n;
+    cuda::ReduceNormRows n;
     n.rows = partial.size(0);
     n.cols = partial.size(1);
     n.dtype = partial.dtype();
@@ -183,7 +205,7 @@ class PeerCommunicator final : public Communicator {
       n.out = out.data_ptr();
       n.ld_out = out.stride(0);
     }
-    if (!cuda::oneshot_add_rms_norm_fits(args_, n)) return false;
+    if (!cuda::push_add_rms_norm_fits(push_, n)) return false;
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !aborted_, op, ": the tensor-parallel group was aborted after an error ",
                       "on another rank");
     const Tensor* all[] = {&partial, &residual, &weight, &rows_out, &scales};
@@ -191,7 +213,7 @@ class PeerCommunicator final : public Communicator {
       LOWBIT_CHECK(!t->defined() || (t->device().is_cuda() && t->device().index == device_), op, ": rank ", rank(),
                    " runs on cuda:", device_, ", a tensor is on ", t->device().str());
     LOWBIT_CUDA_CHECK(op, cudaSetDevice(device_));
-    cuda::oneshot_add_rms_norm(args_, n, cuda::current_stream());
+    cuda::push_add_rms_norm(push_, n, cuda::current_stream());
     return true;
   }
   void all_gather(const Tensor& in, Tensor& out) override { nccl_->all_gather(in, out); }
@@ -206,6 +228,7 @@ class PeerCommunicator final : public Communicator {
   std::shared_ptr<Communicator> nccl_;
   std::shared_ptr<PeerBuffers> buffers_;
   const cuda::OneShotArgs args_;
+  const cuda::PushNormArgs push_;
   const int device_;
   const int64_t max_bytes_;
   const bool fused_norm_;  // all_reduce_add_rms_norm in one kernel (LOWBIT_TP_FUSED_NORM=1; off by default)
