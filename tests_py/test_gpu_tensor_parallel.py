@@ -4,7 +4,8 @@ One GPU: the ranks share cuda:0 over the thread communicator (tensor_parallel_ba
 shard shapes through the GPU kernels, the partial sums and the vocabulary gather, for every weight family.
 Two or more GPUs: NCCL ranks on cuda:0..N-1, eager and with CUDA graphs (the all-reduces and the gather captured in
 the decode graphs), logits and greedy tokens against one GPU, with the one-shot peer-memory all-reduce (the default
-where the GPUs have peer access), the same fused into the RMSNorm after it (LOWBIT_TP_FUSED_NORM=1) and NCCL alone;
+where the GPUs have peer access) fused into the RMSNorm after it (the default), the same unfused
+(LOWBIT_TP_FUSED_NORM=0) and NCCL alone;
 the one-shot all-reduce by itself against a float64 sum, back to back with skewed ranks and inside replayed CUDA graphs;
 the fused all-reduce + residual add + RMSNorm (and its int8 / e4m3 codes) against float64, back to back with skewed
 ranks and in replayed graphs too.
@@ -277,7 +278,7 @@ def _fused(comms, parts, residual, weight, out=None, q=None, scales=None):
 @needs_peer
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
 def test_fused_all_reduce_add_rms_norm_matches_float64(monkeypatch, dtype):
-    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")  # off by default
+    monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")  # the default, said explicitly
     dt = DTYPES[dtype]
     comms = _group()
     assert "fused" in comms[0].all_reduce
@@ -339,7 +340,7 @@ def test_fused_all_reduce_rms_norm_quantize_matches_float64(monkeypatch, codes):
 def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
     """Odd widths (not whole 16-byte packs), more rows than the kernel runs at once, messages above the bound: False,
     nothing written, on every rank alike (the model then all-reduces and normalizes in two steps). Without
-    LOWBIT_TP_FUSED_NORM=1 (the default) or with it 0: never."""
+    LOWBIT_TP_FUSED_NORM=0: never; unset (the default) or 1: fused."""
     monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
     comms = _group(65536)
     assert "fused" in comms[0].all_reduce
@@ -353,7 +354,7 @@ def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
         assert _fused(comms, ps, res, ws, out=out) == [False, False], (rows, cols)
         assert torch.equal(res[0].cpu(), residual) and not out[0].any()
     monkeypatch.delenv("LOWBIT_TP_FUSED_NORM")
-    assert "fused" not in _group()[0].all_reduce
+    assert "fused" in _group()[0].all_reduce
     monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "0")
     off = _group()
     assert "fused" not in off[0].all_reduce

@@ -8,9 +8,10 @@
               weights per rank and a 2 GiB reserve subtracted, the rest scaled to the layers loaded here);
   allreduce   the all-reduce share (NCCL or one-shot kernels) of an eager decode step at batch 1 and at the peak
               batch (torch.profiler, rank 0's GPU; the fused kernel counts whole, its norm included); TP>1 runs once
-              per --allreduce path: "oneshot" (the default group: small all-reduces over peer memory, then
-              add_rms_norm), "fused" (LOWBIT_TP_FUSED_NORM=1: the all-reduce pushed to the peers and fused with the residual add and
-              RMSNorm after it) and "nccl" (oneshot_max_bytes=0), for A/B timing;
+              per --allreduce path: "fused" (the default group: the all-reduce after o / down pushed to the peers
+              and fused with the residual add and RMSNorm after it, other small all-reduces one-shot over peer
+              memory), "oneshot" (LOWBIT_TP_FUSED_NORM=0: one-shot all-reduce, then add_rms_norm) and "nccl"
+              (oneshot_max_bytes=0), for A/B timing;
   identity    whether TP=N's greedy tokens of request 0 equal TP=1's.
 Only --layers of the 80 layers are loaded (a 70B model per case would take minutes to draw and pack): per-token costs
 scale with the layers, the vocabulary projection is whole. Each case runs in its own child process.
@@ -40,9 +41,9 @@ LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 
 
 def build(shape, recipe, tp, allreduce="oneshot"):
     """The group's models, rank r on cuda:r; every weight drawn and quantized once on cuda:0, each rank keeps its
-    shard. allreduce "nccl": NCCL only; "oneshot": the default group (the one-shot kernel for small messages, then
-    add_rms_norm); "fused": LOWBIT_TP_FUSED_NORM=1 (the all-reduce pushed to the peers, fused with the residual add and
-    RMSNorm: cuda/allreduce_norm_push.h)."""
+    shard. allreduce "nccl": NCCL only; "fused": the default group (the all-reduce pushed to the peers, fused with the
+    residual add and RMSNorm: cuda/allreduce_norm_push.h); "oneshot": LOWBIT_TP_FUSED_NORM=0 (the one-shot kernel for
+    small messages, then add_rms_norm)."""
     from lowbit import _core
     c = core_config(shape)
     bound = 0 if allreduce == "nccl" else -1

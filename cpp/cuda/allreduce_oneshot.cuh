@@ -1,4 +1,4 @@
-// Device helpers of the one-shot kernels (allreduce_oneshot.cu, allreduce_norm_oneshot.cu): the flag stores and loads
+// Device helpers of the peer-memory kernels (allreduce_oneshot.cu, allreduce_norm_push.cu): the flag stores and loads
 // of the protocol (allreduce_oneshot.h) and 16-byte packs of f32/f16/bf16 summed in f32.
 #pragma once
 #include <cstdint>

@@ -12,9 +12,9 @@
 //   - NCCL (make_nccl_communicators, builds with NCCL only): one GPU per rank, the collectives are
 //     enqueued on the calling thread's current stream (cuda/stream.h) and can be captured in graphs.
 //     When every pair of the GPUs has peer access, small all-reduces (a decode step's) take a one-shot
-//     kernel over peer memory instead (dist/peer_communicator.cpp); everything else stays on NCCL. With
-//     LOWBIT_TP_FUSED_NORM=1 that group also fuses the all-reduce after a row-parallel linear with the residual add
-//     and the RMSNorm (all_reduce_add_rms_norm; off by default: slower end to end so far, docs/benchmarks_gpu.md).
+//     kernel over peer memory instead (dist/peer_communicator.cpp); everything else stays on NCCL. That group
+//     also fuses the all-reduce after a row-parallel linear with the residual add and the RMSNorm, pushing each
+//     rank's rows into its peers' memory (all_reduce_add_rms_norm; LOWBIT_TP_FUSED_NORM=0 turns it off).
 #pragma once
 #include <cstdint>
 #include <memory>
