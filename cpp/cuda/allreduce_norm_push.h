@@ -9,7 +9,7 @@
 // peer's data costs one NVLink write, where the one-shot kernel's pull costs a flag round trip and remote loads.
 //
 // Why it is safe: the step is one per group and call (every block of a call reads the same counter; the last block
-// to finish advances it), and calls alternate between two halves of the inbox by step parity. A sender writes call
+// to read it advances it), and calls alternate between two halves of the inbox by step parity. A sender writes call
 // e + 2 into the half of call e only after it has received the peer's lines of call e + 1, which the peer writes in
 // a later kernel than the one that read call e (stream order). Flags only grow, so a stale line never matches the
 // awaited step (until the 32-bit step wraps, after 2^32 calls of the group: a line would have to stay unwritten
@@ -52,7 +52,8 @@ struct ReduceNormRows {
   float eps = 0.f;
 };
 // Whether push_add_rms_norm takes these rows (shapes, dtypes and strides only, so every rank of a group answers the
-// same): rows * row bytes <= capacity, whole 16-byte packs per row, cols <= 2048 packs. `why` gets the reason.
+// same): rows * row bytes <= capacity, at most 64 rows, whole 16-byte packs per row, cols <= 2048 packs. `why` gets
+// the reason.
 bool push_add_rms_norm_fits(const PushNormArgs& args, const ReduceNormRows& n, const char** why = nullptr);
 // Every rank calls it with the same shapes; the pointers must be 16-byte aligned (an error otherwise).
 void push_add_rms_norm(const PushNormArgs& args, const ReduceNormRows& n, cudaStream_t stream);
