@@ -60,7 +60,7 @@ class PeerBuffers {
     const int64_t unit = 16 * int64_t(args_.max_blocks);
     args_.capacity = std::max<int64_t>((max_bytes + unit - 1) / unit * unit, 256 * unit);
     push_.world = world;
-    // the fused norm takes decode-sized calls only: a larger bound would grow every rank's inbox by 4 x world bytes
+    // the fused norm takes decode-sized calls only (each byte of bound costs every rank 4 x world bytes of inbox)
     push_.capacity = (std::min<int64_t>(max_bytes, kOneShotDefaultBytes) + 15) / 16 * 16;
     try {
       LOWBIT_CUDA_CHECK(op, cudaHostAlloc(reinterpret_cast<void**>(&abort_), sizeof(int),
