@@ -3,9 +3,9 @@
 One GPU: the ranks share cuda:0 over the thread communicator (tensor_parallel_backend="threads"): every rank's
 shard shapes through the GPU kernels, the partial sums and the vocabulary gather, for every weight family.
 Two or more GPUs: NCCL ranks on cuda:0..N-1, eager and with CUDA graphs (the all-reduces and the gather captured in
-the decode graphs), logits and greedy tokens against one GPU, with the one-shot peer-memory all-reduce (the default
-where the GPUs have peer access) fused into the RMSNorm after it (the default), the same unfused
-(LOWBIT_TP_FUSED_NORM=0) and NCCL alone;
+the decode graphs), logits and greedy tokens against one GPU, with the default group where the GPUs have peer access
+(the all-reduce after o / down pushed to the peers and fused into the RMSNorm after it, other small all-reduces
+one-shot over peer memory), the same without the fusion (LOWBIT_TP_FUSED_NORM=0) and NCCL alone;
 the one-shot all-reduce by itself against a float64 sum, back to back with skewed ranks and inside replayed CUDA graphs;
 the fused all-reduce + residual add + RMSNorm (and its int8 / e4m3 codes) against float64, back to back with skewed
 ranks and in replayed graphs too.
@@ -339,7 +339,7 @@ def test_fused_all_reduce_rms_norm_quantize_matches_float64(monkeypatch, codes):
 @needs_peer
 def test_fused_norm_declines_what_it_does_not_take(monkeypatch):
     """Odd widths (not whole 16-byte packs), more rows than the kernel runs at once, messages above the bound: False,
-    nothing written, on every rank alike (the model then all-reduces and normalizes in two steps). Without
+    nothing written, on every rank alike (the model then all-reduces and normalizes in two steps). With
     LOWBIT_TP_FUSED_NORM=0: never; unset (the default) or 1: fused."""
     monkeypatch.setenv("LOWBIT_TP_FUSED_NORM", "1")
     comms = _group(65536)

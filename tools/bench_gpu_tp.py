@@ -39,7 +39,7 @@ PEAK_BW = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s of HBM (SXM parts)
 LADDER = (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
 
 
-def build(shape, recipe, tp, allreduce="oneshot"):
+def build(shape, recipe, tp, allreduce="fused"):
     """The group's models, rank r on cuda:r; every weight drawn and quantized once on cuda:0, each rank keeps its
     shard. allreduce "nccl": NCCL only; "fused": the default group (the all-reduce pushed to the peers, fused with the
     residual add and RMSNorm: cuda/allreduce_norm_push.h); "oneshot": LOWBIT_TP_FUSED_NORM=0 (the one-shot kernel for
