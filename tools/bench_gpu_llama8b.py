@@ -181,8 +181,10 @@ def lowbit_model(shape, recipe, device, dtype, kernel_overrides=None, fmpq_int8_
     return m
 
 
-def lowbit_run(eng, prompts, new, rid0):
-    """One batch of requests to completion; the prefill phase ends when every request has its first token."""
+def lowbit_run(eng, prompts, new, rid0, per_step=False):
+    """One batch of requests to completion; the prefill phase ends when every request has its first token.
+    per_step: also each decode-phase step's wall ms, tokens and replayed-graph device ms ("steps": [[ms, tokens,
+    graph ms or None]]), for the full-batch steady state (bench_gpu_tp.py)."""
     B = len(prompts)
     for i, p in enumerate(prompts):
         eng.add_request(rid0 + i, p, temperature=0.0, max_tokens=new)  # no stop ids: EOS ignored
@@ -190,10 +192,17 @@ def lowbit_run(eng, prompts, new, rid0):
     # Replayed decode graphs' device time (engine stats): over the decode phase, the wall time less it is the time
     # the GPU waited on the host (bookkeeping, Python, the step's sync).
     graph_time = lambda s: (s["decode_graph_steps"], s["decode_graph_ms"] + s["decode_upload_ms"])  # noqa: E731
+    steps = []
     t0 = time.perf_counter()
     while eng.has_unfinished():
+        if per_step and t_pre is not None:
+            g_before, t_step = graph_time(eng.stats()), time.perf_counter()
         evs = eng.step()
         n = sum(ev.token >= 0 for ev in evs)
+        if per_step and t_pre is not None:
+            ms = (time.perf_counter() - t_step) * 1e3
+            g_after = graph_time(eng.stats())
+            steps.append([ms, n, g_after[1] - g_before[1] if g_after[0] > g_before[0] else None])
         toks0 += [ev.token for ev in evs if ev.request_id == rid0 and ev.token >= 0]
         made += n
         if t_pre is None:
@@ -209,7 +218,8 @@ def lowbit_run(eng, prompts, new, rid0):
     assert made == B * new, f"{made} tokens generated, expected {B * new}"
     return {"prefill_s": t_pre, "decode_s": total - t_pre, "total_s": total, "tokens": made,
             "decode_tokens": dec_tokens, "decode_steps": dec_steps, "first_tokens": toks0[:FIRST_TOKENS],
-            "graph_steps": graphs1[0] - graphs0[0], "graph_device_ms": graphs1[1] - graphs0[1]}
+            "graph_steps": graphs1[0] - graphs0[0], "graph_device_ms": graphs1[1] - graphs0[1],
+            **({"steps": steps} if per_step else {})}
 
 
 def part_lowbit(args, shape, out, recipe):

@@ -21,6 +21,7 @@ scale with the layers, the vocabulary projection is whole. Each case runs in its
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -148,8 +149,15 @@ def run_case(args, recipe, tp, allreduce):
     out["device"] = name
     wbytes = max(weight_bytes_per_token(m) for m in models)
     out["weight_bytes_per_rank"] = wbytes
-    group = models if tp > 1 else models[0]
-    # batch 1
+    if not args.no_batch1:
+        run_batch1(args, out, models, shape, wbytes, bw)
+    run_peak(args, out, models, shape)
+    return out
+
+
+def run_batch1(args, out, models, shape, wbytes, bw):
+    from lowbit import _core
+    group = models if len(models) > 1 else models[0]
     eng = _core.Engine(group, max_batch_tokens=2048, max_seqs=4, kv_cache_bytes=models[0].info()["kv_bytes_per_token"]
                        * 4 * 512, prefix_caching=False)
     prompt = torch.randint(0, shape.vocab, (1, 128), generator=torch.Generator().manual_seed(5)).tolist()
@@ -171,8 +179,28 @@ def run_case(args, recipe, tp, allreduce):
     torch.save(logits, f"{args.out}.logits.pt")
     del eng
     out["batch1"]["profile"] = decode_profile(models, 1, shape)
-    print(json.dumps({"recipe": recipe, "tp": tp, "allreduce": out["allreduce"], "batch1": out["batch1"]}), flush=True)
-    # peak
+    print(json.dumps({"recipe": out["recipe"], "tp": out["tp"], "allreduce": out["allreduce"], "batch1": out["batch1"]}),
+          flush=True)
+
+
+def full_batch(steps, batch):
+    """The steady state of a peak run: decode steps in which every one of the `batch` sequences made a token (after
+    the last prefill chunk, before the first sequence finished), i.e. the static batch of the papers' protocol."""
+    full = [s for s in steps if s[1] == batch]
+    if not full:
+        return {"steps": 0}
+    ms = statistics.median(s[0] for s in full)
+    graph = [s[2] for s in full if s[2] is not None]
+    out = {"steps": len(full), "step_ms": round(ms, 3), "decode_tok_s": round(batch / ms * 1e3, 1)}
+    if graph:
+        dev = statistics.median(graph)
+        out.update({"graph_device_ms": round(dev, 3), "host_gap_ms": round(ms - dev, 3)})
+    return out
+
+
+def run_peak(args, out, models, shape):
+    from lowbit import _core
+    group = models if len(models) > 1 else models[0]
     kv_bytes, full = emulated_kv_bytes(models, args.layers)
     out["full_model_weight_bytes_per_rank"] = full
     per_seq = models[0].info()["kv_bytes_per_token"] * (1024 + 512 + 16)
@@ -183,14 +211,13 @@ def run_case(args, recipe, tp, allreduce):
         B = fits[-1]
         eng = _core.Engine(group, max_batch_tokens=8192, max_seqs=B, kv_cache_bytes=kv_bytes, prefix_caching=False)
         prompts = torch.randint(0, shape.vocab, (B, 1024), generator=torch.Generator().manual_seed(7)).tolist()
-        r = lowbit_run(eng, prompts, 512, 10_000)
+        r = lowbit_run(eng, prompts, 512, 10_000, per_step=True)
         out["peak"].update({"decode_tok_s": round(r["decode_tokens"] / r["decode_s"], 1),
                             "e2e_tok_s": round(r["tokens"] / r["total_s"], 1), "prefill_s": round(r["prefill_s"], 2),
-                            "decode_s": round(r["decode_s"], 2)})
+                            "decode_s": round(r["decode_s"], 2), "full_batch": full_batch(r["steps"], B)})
         del eng
         out["peak"]["profile"] = decode_profile(models, B, shape)
-        print(json.dumps({"recipe": recipe, "tp": tp, "peak": out["peak"]}), flush=True)
-    return out
+        print(json.dumps({"recipe": out["recipe"], "tp": out["tp"], "peak": out["peak"]}), flush=True)
 
 
 def compare_logits(results, part, base_part, tp):
@@ -209,24 +236,30 @@ def compare_logits(results, part, base_part, tp):
 
 def table(results):
     lines = ["| recipe | TP | all-reduce | batch-1 tok/s | ms/token | floor ms | floor share | speed-up | all-reduce share"
-             " b1 | peak batch | peak decode tok/s | speed-up | all-reduce share peak | greedy = TP1 (leading tokens) |",
-             "|" + "---|" * 14]
-    base = {r["recipe"]: r for r in results if r.get("tp") == 1 and "batch1" in r and r["layers"] == results[0]["layers"]}
+             " b1 | peak batch | peak decode tok/s | speed-up | full-batch step ms (graph) | full-batch tok/s | speed-up |"
+             " all-reduce share peak | greedy = TP1 (leading tokens) |",
+             "|" + "---|" * 17]
+    base = {r["recipe"]: r for r in results if r.get("tp") == 1 and "peak" in r and r["layers"] == results[0]["layers"]}
+    ratio = lambda a, b: round(a / b, 2) if a and b else None  # noqa: E731
     for r in results:
         if "error" in r:
             lines.append(f"| {r['recipe']} | {r['tp']} | {r.get('allreduce_path', '')} | error: {r['error'][:80]} |"
-                         + " |" * 10)
+                         + " |" * 13)
             continue
-        b1, pk, b = r["batch1"], r["peak"], base.get(r["recipe"])
-        up1 = b1["decode_tok_s"] / b["batch1"]["decode_tok_s"] if b else None
-        upk = pk.get("decode_tok_s", 0) / b["peak"]["decode_tok_s"] if b and b["peak"].get("decode_tok_s") else None
-        ft, bt = b1["first_tokens"], b["batch1"]["first_tokens"] if b else []
+        b1, pk, b = r.get("batch1", {}), r["peak"], base.get(r["recipe"], {})
+        bb1, bpk = b.get("batch1", {}), b.get("peak", {})
+        fb, bfb = pk.get("full_batch", {}), bpk.get("full_batch", {})
+        ft, bt = b1.get("first_tokens", []), bb1.get("first_tokens", [])
         lead = next((i for i, (x, y) in enumerate(zip(ft, bt)) if x != y), min(len(ft), len(bt)))
-        same = f"{lead}/{len(ft)}" if b else None
-        lines.append(f"| {r['recipe']} | {r['tp']} | {r.get('allreduce_path', '-')} | {b1['decode_tok_s']} | "
-                     f"{b1['ms_per_token']} | {b1['floor_ms']} | {b1['floor_share']} | {up1 and round(up1, 2)} | "
+        same = f"{lead}/{len(ft)}" if ft and bt else None
+        lines.append(f"| {r['recipe']} | {r['tp']} | {r.get('allreduce_path', '-')} | {b1.get('decode_tok_s')} | "
+                     f"{b1.get('ms_per_token')} | {b1.get('floor_ms')} | {b1.get('floor_share')} | "
+                     f"{ratio(b1.get('decode_tok_s'), bb1.get('decode_tok_s'))} | "
                      f"{b1.get('profile', {}).get('allreduce_share')} | {pk['batch']} | {pk.get('decode_tok_s')} | "
-                     f"{upk and round(upk, 2)} | {pk.get('profile', {}).get('allreduce_share')} | {same} |"
+                     f"{ratio(pk.get('decode_tok_s'), bpk.get('decode_tok_s'))} | "
+                     f"{fb.get('step_ms')} ({fb.get('graph_device_ms')}) | {fb.get('decode_tok_s')} | "
+                     f"{ratio(fb.get('decode_tok_s'), bfb.get('decode_tok_s'))} | "
+                     f"{pk.get('profile', {}).get('allreduce_share')} | {same} |"
                      + (f" host gap {b1['host_gap_ms_per_step']} ms/step" if "host_gap_ms_per_step" in b1 else ""))
     return "\n".join(lines)
 
@@ -239,6 +272,7 @@ def main():
     ap.add_argument("--layers", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peak", action="store_true", help="batch 1 only")
+    ap.add_argument("--no-batch1", action="store_true", help="the peak only")
     ap.add_argument("--ladder", default="", help="batch rungs for the peak search (default: 16 .. 1024)")
     ap.add_argument("--allreduce", default="fused,oneshot,nccl", help="TP>1 all-reduce paths, each its own case")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp:allreduce, run in this process
@@ -258,7 +292,7 @@ def main():
                     continue
                 part = f"{args.out}.{recipe}.tp{tp}{'' if tp == 1 else '-' + path}.json"
                 cmd = [sys.executable, __file__, part, "--case", f"{recipe}:{tp}:{path}", "--layers", str(args.layers),
-                       "--repeats", str(args.repeats), "--ladder", args.ladder] + (["--no-peak"] if args.no_peak else [])
+                       "--repeats", str(args.repeats), "--ladder", args.ladder] + (["--no-peak"] if args.no_peak else []) + (["--no-batch1"] if args.no_batch1 else [])
                 rc = subprocess.run(cmd).returncode
                 if rc == 0 and os.path.exists(part):
                     with open(part) as f:
