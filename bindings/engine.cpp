@@ -53,6 +53,9 @@ nb::dict stats_dict(const Engine& e) {
   d["decode_graph_steps"] = s.decode_graph_steps;
   d["decode_graph_ms"] = s.decode_graph_ms;
   d["decode_upload_ms"] = s.decode_upload_ms;
+  d["decode_step_wall_ms"] = s.decode_step_wall_ms;
+  d["decode_ranks_wall_ms"] = s.decode_ranks_wall_ms;
+  d["decode_rank0_wall_ms"] = s.decode_rank0_wall_ms;
   return d;
 }
 

@@ -471,3 +471,8 @@ def test_decode_graph_timing_counts_replayed_steps():
     assert s["decode_graph_steps"] == 22
     assert 0 < s["decode_upload_ms"] and 0 < s["decode_graph_ms"]
     assert s["decode_graph_ms"] + s["decode_upload_ms"] < wall_ms
+    # The same 22 steps' host walls nest: rank 0's decode_step waits for its GPU work, the ranks' hand-off holds
+    # rank 0's call, step() holds the hand-off, and all of it lies inside the Python loop's wall.
+    device = s["decode_graph_ms"] + s["decode_upload_ms"]
+    assert device <= s["decode_rank0_wall_ms"] * 1.001 + 0.05
+    assert s["decode_rank0_wall_ms"] <= s["decode_ranks_wall_ms"] <= s["decode_step_wall_ms"] < wall_ms

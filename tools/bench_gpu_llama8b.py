@@ -183,8 +183,9 @@ def lowbit_model(shape, recipe, device, dtype, kernel_overrides=None, fmpq_int8_
 
 def lowbit_run(eng, prompts, new, rid0, per_step=False):
     """One batch of requests to completion; the prefill phase ends when every request has its first token.
-    per_step: also each decode-phase step's wall ms, tokens and replayed-graph device ms ("steps": [[ms, tokens,
-    graph ms or None]]), for the full-batch steady state (bench_gpu_tp.py)."""
+    per_step: also each decode-phase step's wall ms, tokens, replayed-graph device ms and host walls ("steps": [[ms,
+    tokens, graph ms or None, [step(), ranks, rank 0 ms] or None]]), for the full-batch steady state
+    (bench_gpu_tp.py)."""
     B = len(prompts)
     for i, p in enumerate(prompts):
         eng.add_request(rid0 + i, p, temperature=0.0, max_tokens=new)  # no stop ids: EOS ignored
@@ -192,17 +193,24 @@ def lowbit_run(eng, prompts, new, rid0, per_step=False):
     # Replayed decode graphs' device time (engine stats): over the decode phase, the wall time less it is the time
     # the GPU waited on the host (bookkeeping, Python, the step's sync).
     graph_time = lambda s: (s["decode_graph_steps"], s["decode_graph_ms"] + s["decode_upload_ms"])  # noqa: E731
+    # per_step: the replayed step's host walls too (EngineStats: step(), the ranks' hand-off, rank 0's decode_step)
+    walls = lambda s: [s.get(k, 0.0) for k in ("decode_step_wall_ms", "decode_ranks_wall_ms",  # noqa: E731
+                                               "decode_rank0_wall_ms")]
     steps = []
     t0 = time.perf_counter()
     while eng.has_unfinished():
         if per_step and t_pre is not None:
-            g_before, t_step = graph_time(eng.stats()), time.perf_counter()
+            s_before = eng.stats()
+            g_before, w_before, t_step = graph_time(s_before), walls(s_before), time.perf_counter()
         evs = eng.step()
         n = sum(ev.token >= 0 for ev in evs)
         if per_step and t_pre is not None:
             ms = (time.perf_counter() - t_step) * 1e3
-            g_after = graph_time(eng.stats())
-            steps.append([ms, n, g_after[1] - g_before[1] if g_after[0] > g_before[0] else None])
+            s_after = eng.stats()
+            g_after = graph_time(s_after)
+            replayed = g_after[0] > g_before[0]
+            steps.append([ms, n, g_after[1] - g_before[1] if replayed else None,
+                          [a - b for a, b in zip(walls(s_after), w_before)] if replayed else None])
         toks0 += [ev.token for ev in evs if ev.request_id == rid0 and ev.token >= 0]
         made += n
         if t_pre is None:

@@ -195,6 +195,11 @@ def full_batch(steps, batch):
     if graph:
         dev = statistics.median(graph)
         out.update({"graph_device_ms": round(dev, 3), "host_gap_ms": round(ms - dev, 3)})
+    walls = [s[3] for s in full if len(s) > 3 and s[3] is not None]
+    if walls:  # medians of the nested host walls: step(), the ranks' hand-off, rank 0's decode_step
+        step, ranks, rank0 = (statistics.median(w[i] for w in walls) for i in range(3))
+        out["host_walls_ms"] = {"binding": round(ms - step, 3), "engine_step": round(step, 3),
+                                "ranks_handoff": round(ranks, 3), "rank0_decode_step": round(rank0, 3)}
     return out
 
 
@@ -216,7 +221,8 @@ def run_peak(args, out, models, shape):
                             "e2e_tok_s": round(r["tokens"] / r["total_s"], 1), "prefill_s": round(r["prefill_s"], 2),
                             "decode_s": round(r["decode_s"], 2), "full_batch": full_batch(r["steps"], B)})
         del eng
-        out["peak"]["profile"] = decode_profile(models, B, shape)
+        if not args.no_profile:
+            out["peak"]["profile"] = decode_profile(models, B, shape)
         print(json.dumps({"recipe": out["recipe"], "tp": out["tp"], "peak": out["peak"]}), flush=True)
 
 
@@ -273,6 +279,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peak", action="store_true", help="batch 1 only")
     ap.add_argument("--no-batch1", action="store_true", help="the peak only")
+    ap.add_argument("--no-profile", action="store_true", help="no eager profile of the peak batch")
     ap.add_argument("--ladder", default="", help="batch rungs for the peak search (default: 16 .. 1024)")
     ap.add_argument("--allreduce", default="fused,oneshot,nccl", help="TP>1 all-reduce paths, each its own case")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp:allreduce, run in this process
@@ -291,8 +298,10 @@ def main():
                                     "error": f"{torch.cuda.device_count()} GPU(s) visible"})
                     continue
                 part = f"{args.out}.{recipe}.tp{tp}{'' if tp == 1 else '-' + path}.json"
+                flags = [f for f, on in (("--no-peak", args.no_peak), ("--no-batch1", args.no_batch1),
+                                          ("--no-profile", args.no_profile)) if on]
                 cmd = [sys.executable, __file__, part, "--case", f"{recipe}:{tp}:{path}", "--layers", str(args.layers),
-                       "--repeats", str(args.repeats), "--ladder", args.ladder] + (["--no-peak"] if args.no_peak else []) + (["--no-batch1"] if args.no_batch1 else [])
+                       "--repeats", str(args.repeats), "--ladder", args.ladder] + flags
                 rc = subprocess.run(cmd).returncode
                 if rc == 0 and os.path.exists(part):
                     with open(part) as f:

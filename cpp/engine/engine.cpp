@@ -2,6 +2,7 @@
 #include "lowbit/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -406,11 +407,13 @@ bool Engine::device_row_sampling(const std::vector<ScheduledChunk>& chunks) {
 Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
   fill_batch(chunks, false);
   const bool host_rows = device_row_sampling(chunks);  // every chunk of a graph step samples
+  const auto handed = std::chrono::steady_clock::now();
   run_ranks([&](int r) {
     Rank& rank = ranks_[size_t(r)];
     ops::prepare_k_window(*rank.cache, batch_.attn.slot_mapping, block_live());
     rank.model->decode_step(batch_, row_sampling_, *rank.cache, rank.ws, rank.tokens, rank.logprobs);
   });
+  last_ranks_wall_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - handed).count();
   if (!host_rows) return Tensor();
   Tensor logits;  // on rank 0's thread: its GPU is current there
   run_ranks([&](int r) {
@@ -420,6 +423,8 @@ Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
 }
 
 std::vector<TokenEvent> Engine::step() {
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t timed_before = model_.decode_graph_timing(ranks_[0].ws).steps;
   std::vector<TokenEvent> events = std::move(pending_events_);
   pending_events_.clear();
   std::vector<std::pair<int32_t, int32_t>> copies;
@@ -500,6 +505,10 @@ std::vector<TokenEvent> Engine::step() {
     if (e.finished) finish(scheduler_->remove(seq->request_id));
     events.push_back(std::move(e));
   }
+  if (graph_step && model_.decode_graph_timing(ranks_[0].ws).steps > timed_before) {  // a replayed (timed) step
+    graph_step_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    graph_ranks_wall_ms_ += last_ranks_wall_ms_;
+  }
   return events;
 }
 
@@ -563,6 +572,9 @@ EngineStats Engine::stats() const {
   s.decode_graph_steps = t.steps;
   s.decode_graph_ms = t.graph_ms;
   s.decode_upload_ms = t.upload_ms;
+  s.decode_step_wall_ms = graph_step_wall_ms_;
+  s.decode_ranks_wall_ms = graph_ranks_wall_ms_;
+  s.decode_rank0_wall_ms = t.host_ms;
   return s;
 }
 

@@ -2,6 +2,7 @@
 #include "model/decode_graphs.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "lowbit/model/model.h"
@@ -50,13 +51,14 @@ DecodeGraphs::~DecodeGraphs() {
 
 void DecodeGraphs::mark(int i, const char* op) const { LOWBIT_CUDA_CHECK(op, cudaEventRecord(marks[i], stream)); }
 
-void DecodeGraphs::add_timing(const char* op) {
+void DecodeGraphs::add_timing(const char* op, double host_ms) {
   float upload = 0.f, graph = 0.f;
   LOWBIT_CUDA_CHECK(op, cudaEventElapsedTime(&upload, marks[0], marks[1]));
   LOWBIT_CUDA_CHECK(op, cudaEventElapsedTime(&graph, marks[1], marks[2]));
   ++timing.steps;
   timing.upload_ms += upload;
   timing.graph_ms += graph;
+  timing.host_ms += host_ms;
 }
 
 #else
@@ -147,6 +149,10 @@ void Model::decode_body(int64_t rows, int64_t kv_bucket, KVCache& cache, ModelWo
 void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& sampling, KVCache& cache,
                         ModelWorkspace& ws, std::vector<int32_t>& tokens, std::vector<float>& logprobs) const {
   constexpr const char* op = "Model.decode_step";
+  const auto entered = std::chrono::steady_clock::now();
+  const auto wall_ms = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - entered).count();
+  };
   LOWBIT_CHECK(finalized_, op, ": call finalize() after setting the weights");
   LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, !device_.is_cpu(), op, ": decode graphs need a CUDA model, this one is on ",
                     device_.str());
@@ -212,13 +218,13 @@ void Model::decode_step(const ForwardBatch& b, const std::vector<RowSampling>& s
   g.last_rows = rows;
   if (shard_.rank != 0) {  // no tokens here (decode_body): wait for the step, so that errors surface on every rank
     LOWBIT_CUDA_CHECK(op, cudaStreamSynchronize(g.stream));
-    if (timed) g.add_timing(op);
+    if (timed) g.add_timing(op, wall_ms());
     tokens.clear();
     logprobs.clear();
     return;
   }
   g.sampler.fetch(n, tokens, logprobs, op);  // the step's one sync
-  if (timed) g.add_timing(op);
+  if (timed) g.add_timing(op, wall_ms());
 }
 
 DecodeGraphTiming Model::decode_graph_timing(const ModelWorkspace& ws) const {

@@ -55,7 +55,7 @@ struct DecodeGraphs {
   // A replayed step's marks on `stream`: before its uploads, before its graph launch, after the graph.
   cudaEvent_t marks[3] = {};
   void mark(int i, const char* op) const;
-  void add_timing(const char* op);  // after the step's sync
+  void add_timing(const char* op, double host_ms);  // after the step's sync; host_ms: decode_step's wall so far
 #endif
 };
 

@@ -55,6 +55,10 @@ struct EngineStats {
   // wall time of the same steps minus these is the time the GPU waited on the host.
   int64_t decode_graph_steps = 0;
   double decode_graph_ms = 0, decode_upload_ms = 0;
+  // The same steps' host walls, nested: step() as a whole, the ranks' decode_step calls (from the hand-off until
+  // every rank returned) and rank 0's decode_step alone (entry to return). Their differences place the host time:
+  // the engine's own bookkeeping, waiting for the other ranks, rank 0's staging and its wait for the GPU.
+  double decode_step_wall_ms = 0, decode_ranks_wall_ms = 0, decode_rank0_wall_ms = 0;
 };
 
 class Engine {
@@ -149,6 +153,8 @@ class Engine {
   std::vector<RowSampling> row_sampling_;    // per logit row of a step sampled on the device
   int64_t clock_ = 0;
   int64_t prefill_tokens_ = 0, generated_tokens_ = 0;
+  // Host walls of replayed graph steps (EngineStats::decode_step_wall_ms, decode_ranks_wall_ms).
+  double graph_step_wall_ms_ = 0, graph_ranks_wall_ms_ = 0, last_ranks_wall_ms_ = 0;
 };
 
 }  // namespace lowbit

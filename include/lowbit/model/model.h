@@ -56,6 +56,7 @@ struct DecodeGraphTiming {
   int64_t steps = 0;       // replayed graph steps timed (capturing steps are not)
   double upload_ms = 0;    // from the step's first upload until its graph launch was reached on the stream
   double graph_ms = 0;     // from there to the end of the graph (sampling included)
+  double host_ms = 0;      // the same steps' decode_step calls on the host, entry to return (this rank's wall)
 };
 
 // Scratch activations for up to max_tokens tokens and max_logit_rows logit rows, allocated once

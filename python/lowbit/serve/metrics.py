@@ -37,6 +37,9 @@ class _EngineCountersCollector(Collector):
         yield CounterMetricFamily("lowbit_decode_graph_device_seconds", "GPU time of those steps, uploads included "
                                   "(their wall time minus this is GPU time lost waiting on the host)",
                                   value=(s["decode_graph_ms"] + s["decode_upload_ms"]) / 1000)
+        yield CounterMetricFamily("lowbit_decode_graph_wall_seconds", "Wall time of the engine's steps that replayed "
+                                  "those graphs (minus the device seconds: the GPU's wait on the host)",
+                                  value=s["decode_step_wall_ms"] / 1000)
         yield CounterMetricFamily("lowbit_preemptions", "Running requests preempted (KV freed, recomputed later) "
                                   "because the KV pool ran out", value=s["preemptions"])
 
