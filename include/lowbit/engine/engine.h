@@ -145,6 +145,7 @@ class Engine {
   std::unique_ptr<BlockAllocator> alloc_;
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<Sampler> samplers_;            // one per thread: rows are sampled in parallel
+  int sample_team_ = 1;                      // threads that sample rows on the host (<= samplers_.size())
   ForwardBatch batch_;                       // reused every step (host tables)
   Tensor block_tables_host_, slot_mapping_host_;  // s32, max sizes
   int64_t max_blocks_per_seq_ = 0;
