@@ -91,9 +91,11 @@ std::vector<ScheduledChunk> Scheduler::schedule(std::vector<std::pair<int32_t, i
       if ((s->remaining() == 1) == decodes && !scheduled.count(s.get())) order.push_back(s.get());
     for (Sequence* s : order) {
       if (budget == 0) break;
-      if (std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == s; }) ==
-          running_.end())
-        continue;  // preempted by an older sequence above
+      // Preempted by an older sequence above? Only a preemption in this call takes sequences out of running_, so
+      // the search (quadratic over a batch: 0.3 ms per step at 1536 sequences) runs only after one.
+      if (preempted &&
+          std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == s; }) == running_.end())
+        continue;
       const int64_t len = std::min(s->remaining(), budget);
       if (!reserve(s, len)) continue;
       scheduled.insert(s);
