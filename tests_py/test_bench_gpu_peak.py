@@ -39,6 +39,10 @@ def test_peak_tool_runs_w4a8_and_w4a4_each_in_its_own_process(tmp_path):
         for c in part["cases"]:
             assert "error" not in c, c
             assert c["tokens"] == 8 * c["batch"] and c["decode_steps"] == 7 and c["decode_tok_s"] > 0
+            # every decode step of a batch prefilled in one step is a full-batch step (no graphs on the CPU)
+            fb = c["full_batch"]
+            assert fb["steps"] == 7 and fb["decode_tok_s"] > 0 and "graph_device_ms" not in fb
+            assert "steps" not in c["runs"][0]
     assert "fmpq" not in w4a8
     # tiny widths 256 and 512: 2 and 4 blocks, half of them int8
     assert w4a4["fmpq"]["int8_fraction"] == 0.5

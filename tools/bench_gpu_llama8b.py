@@ -80,13 +80,35 @@ def graph_split(wall_ms_per_step, runs):
             "host_gap_ms_per_step": round(wall_ms_per_step - dev, 3)}
 
 
+def full_batch(steps, batch):
+    """The steady state of a peak run: decode steps in which every one of the `batch` sequences made a token (after
+    the last prefill chunk, before the first sequence finished), i.e. the static batch of the papers' protocol."""
+    full = [s for s in steps if s[1] == batch]
+    if not full:
+        return {"steps": 0}
+    ms = statistics.median(s[0] for s in full)
+    graph = [s[2] for s in full if s[2] is not None]
+    out = {"steps": len(full), "step_ms": round(ms, 3), "decode_tok_s": round(batch / ms * 1e3, 1)}
+    if graph:
+        dev = statistics.median(graph)
+        out.update({"graph_device_ms": round(dev, 3), "host_gap_ms": round(ms - dev, 3)})
+    walls = [s[3] for s in full if len(s) > 3 and s[3] is not None]
+    if walls:  # medians of the nested host walls: step(), the ranks' hand-off, rank 0's decode_step
+        step, ranks, rank0 = (statistics.median(w[i] for w in walls) for i in range(3))
+        out["host_walls_ms"] = {"binding": round(ms - step, 3), "engine_step": round(step, 3),
+                                "ranks_handoff": round(ranks, 3), "rank0_decode_step": round(rank0, 3)}
+    return out
+
+
 def summarize(engine, recipe, batch, runs):
     """runs: dicts with prefill_s, decode_s, total_s, decode_tokens, decode_steps, tokens -> one case row."""
     med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
     pre, dec, tot = med("prefill_s"), med("decode_s"), med("total_s")
     toks, dtoks, dsteps = runs[0]["tokens"], runs[0]["decode_tokens"], runs[0]["decode_steps"]
     first = [r.pop("first_tokens") for r in runs if "first_tokens" in r]
-    return {**graph_split(1000 * dec / dsteps, runs), "engine": engine, "recipe": recipe, "batch": batch, "tokens": toks,
+    steps = [s for r in runs for s in r.pop("steps", [])]  # lowbit_run(per_step=True): the full-batch steady state
+    return {**graph_split(1000 * dec / dsteps, runs), **({"full_batch": full_batch(steps, batch)} if steps else {}),
+            "engine": engine, "recipe": recipe, "batch": batch, "tokens": toks,
             "prefill_s": round(pre, 4), "prefill_tok_s": round(batch * PROMPT / pre, 1),
             "decode_s": round(dec, 4), "decode_tokens": dtoks, "decode_steps": dsteps,
             "decode_tok_s": round(dtoks / dec, 1), "decode_ms_per_step": round(1000 * dec / dsteps, 3),

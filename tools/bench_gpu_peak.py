@@ -12,6 +12,9 @@ Per engine, in its own child process (bench_gpu_llama8b's driver: clean memory f
        decode tok/s   tokens generated after every request has its first token / that time (the papers' figure)
        e2e tok/s      B * 512 / the whole time, prefill included
        prefill tok/s  B * 1024 / the time until every request has its first token
+       full batch     lowbit: the median decode step in which all B requests made a token (the static batch that
+                      torch.compile's baseline runs throughout), its tok/s and, with CUDA graphs, the step's device
+                      time and host walls (Engine.stats())
      and the device memory peak;
   3. at the peak batch, one decode step under torch.profiler, its kernels summed into GEMM / attention / other.
      lowbit: a separate short request batch with CUDA graphs off (each kernel a record), torch: its eager step.
@@ -224,7 +227,9 @@ def part_lowbit(args, shape, out, spec):
             prompts = prompt_batch(batch, shape.vocab).tolist()
             runs = []
             for _ in range(args.repeats):
-                runs.append(harness.lowbit_run(eng, prompts, NEW, next(request_ids)))
+                # per_step: the full-batch steady state beside the decode phase (torch.compile's static batch is
+                # full-batch throughout)
+                runs.append(harness.lowbit_run(eng, prompts, NEW, next(request_ids), per_step=True))
                 part.sample_memory()
             return runs
         finally:

@@ -21,7 +21,6 @@ scale with the layers, the vocabulary projection is whole. Each case runs in its
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ import torch
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
 from bench_gpu_common import kernel_times  # noqa: E402
-from bench_gpu_llama8b import core_config, core_weight, graph_split, lowbit_run  # noqa: E402
+from bench_gpu_llama8b import core_config, core_weight, full_batch, graph_split, lowbit_run  # noqa: E402
 from llama_random import LlamaShape, weight, weight_names  # noqa: E402
 
 LLAMA3_70B = LlamaShape(vocab=128256, hidden=8192, inter=28672, layers=80, heads=64, kv_heads=8, head_dim=128)
@@ -181,26 +180,6 @@ def run_batch1(args, out, models, shape, wbytes, bw):
     out["batch1"]["profile"] = decode_profile(models, 1, shape)
     print(json.dumps({"recipe": out["recipe"], "tp": out["tp"], "allreduce": out["allreduce"], "batch1": out["batch1"]}),
           flush=True)
-
-
-def full_batch(steps, batch):
-    """The steady state of a peak run: decode steps in which every one of the `batch` sequences made a token (after
-    the last prefill chunk, before the first sequence finished), i.e. the static batch of the papers' protocol."""
-    full = [s for s in steps if s[1] == batch]
-    if not full:
-        return {"steps": 0}
-    ms = statistics.median(s[0] for s in full)
-    graph = [s[2] for s in full if s[2] is not None]
-    out = {"steps": len(full), "step_ms": round(ms, 3), "decode_tok_s": round(batch / ms * 1e3, 1)}
-    if graph:
-        dev = statistics.median(graph)
-        out.update({"graph_device_ms": round(dev, 3), "host_gap_ms": round(ms - dev, 3)})
-    walls = [s[3] for s in full if len(s) > 3 and s[3] is not None]
-    if walls:  # medians of the nested host walls: step(), the ranks' hand-off, rank 0's decode_step
-        step, ranks, rank0 = (statistics.median(w[i] for w in walls) for i in range(3))
-        out["host_walls_ms"] = {"binding": round(ms - step, 3), "engine_step": round(step, 3),
-                                "ranks_handoff": round(ranks, 3), "rank0_decode_step": round(rank0, 3)}
-    return out
 
 
 def run_peak(args, out, models, shape):
