@@ -5,7 +5,9 @@
               memory bandwidth; "floor share" = floor / measured (1.0 = at the floor);
   peak        the papers' protocol (1024 in / 512 out, greedy, EOS ignored) at the largest batch whose KV cache the
               *whole 80-layer model* would leave room for on each GPU (gpu_memory_fraction 0.9, the full model's
-              weights per rank and a 2 GiB reserve subtracted, the rest scaled to the layers loaded here);
+              weights per rank and a 2 GiB reserve subtracted, the rest scaled to the layers loaded here): decode-phase
+              tok/s and the full-batch steady state (the median step in which every sequence decodes, with the
+              replayed graph's device ms and the host walls of Engine.stats());
   allreduce   the all-reduce share (NCCL or one-shot kernels) of an eager decode step at batch 1 and at the peak
               batch (torch.profiler, rank 0's GPU; the fused kernel counts whole, its norm included); TP>1 runs once
               per --allreduce path: "fused" (the default group: the all-reduce after o / down pushed to the peers
@@ -16,7 +18,8 @@
 Only --layers of the 80 layers are loaded (a 70B model per case would take minutes to draw and pack): per-token costs
 scale with the layers, the vocabulary projection is whole. Each case runs in its own child process.
   python3 tools/bench_gpu_tp.py out.json [--recipes w4a16kv8,w4a8kv4] [--tp 1,2] [--layers 10]
-                                         [--allreduce fused,oneshot,nccl]
+                                         [--allreduce fused,oneshot,nccl] [--no-batch1 | --no-peak] [--no-profile]
+tools/tp_layer_fit.py fits runs at two --layers to the 80-layer model.
 """
 import argparse
 import json
