@@ -218,28 +218,27 @@ def lowbit_run(eng, prompts, new, rid0, per_step=False):
     # per_step: the replayed step's host walls too (EngineStats: step(), the ranks' hand-off, rank 0's decode_step)
     walls = lambda s: [s.get(k, 0.0) for k in ("decode_step_wall_ms", "decode_ranks_wall_ms",  # noqa: E731
                                                "decode_rank0_wall_ms")]
-    steps = []
+    steps, prev = [], None  # per_step: prev = the stats after the last step (one read per step)
     t0 = time.perf_counter()
     while eng.has_unfinished():
-        if per_step and t_pre is not None:
-            s_before = eng.stats()
-            g_before, w_before, t_step = graph_time(s_before), walls(s_before), time.perf_counter()
+        t_step = time.perf_counter()
         evs = eng.step()
+        ms = (time.perf_counter() - t_step) * 1e3
         n = sum(ev.token >= 0 for ev in evs)
-        if per_step and t_pre is not None:
-            ms = (time.perf_counter() - t_step) * 1e3
-            s_after = eng.stats()
-            g_after = graph_time(s_after)
-            replayed = g_after[0] > g_before[0]
-            steps.append([ms, n, g_after[1] - g_before[1] if replayed else None,
-                          [a - b for a, b in zip(walls(s_after), w_before)] if replayed else None])
+        if per_step and prev is not None:
+            cur = eng.stats()
+            replayed = cur["decode_graph_steps"] > prev["decode_graph_steps"]
+            steps.append([ms, n, graph_time(cur)[1] - graph_time(prev)[1] if replayed else None,
+                          [a - b for a, b in zip(walls(cur), walls(prev))] if replayed else None])
+            prev = cur
         toks0 += [ev.token for ev in evs if ev.request_id == rid0 and ev.token >= 0]
         made += n
         if t_pre is None:
             first.update(ev.request_id for ev in evs if ev.token >= 0)
             if len(first) == B:
                 t_pre = time.perf_counter() - t0
-                graphs0 = graph_time(eng.stats())
+                prev = eng.stats()
+                graphs0 = graph_time(prev)
         else:
             dec_tokens += n
             dec_steps += 1
