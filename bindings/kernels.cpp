@@ -55,7 +55,7 @@ void bind_kernels(nb::module_& root) {
       "select_gemm",
       [](const std::string& device, int sm, const std::string& act, const std::string& x, const std::string& y,
          const std::string& weight, const std::string& packed, int group, int64_t n, int64_t k, int64_t m,
-         bool aligned, const std::string& forced, bool strict) {
+         bool aligned, bool cublaslt, const std::string& forced, bool strict) {
         GemmDesc d;
         d.device = Device::parse(device).kind;
         d.sm = sm;
@@ -69,6 +69,7 @@ void bind_kernels(nb::module_& root) {
         d.k = k;
         d.m = m_bucket_of(m);
         d.aligned_rows = aligned;
+        d.cublaslt = cublaslt && d.device == DeviceKind::cuda;
         nb::dict out = forced.empty() && !strict ? selection_dict(try_select_gemm(d))
                                                  : selection_dict(select_gemm(d, forced, strict, "select_gemm"));
         out["desc"] = d.to_string();
@@ -76,7 +77,8 @@ void bind_kernels(nb::module_& root) {
       },
       nb::kw_only(), nb::arg("device"), nb::arg("sm") = 0, nb::arg("act") = "float16", nb::arg("x") = "f32",
       nb::arg("y") = "f32", nb::arg("weight") = "f32", nb::arg("packed") = "cpu", nb::arg("group") = 0,
-      nb::arg("n") = 64, nb::arg("k") = 64, nb::arg("m") = 1, nb::arg("aligned") = true, nb::arg("forced") = "",
+      nb::arg("n") = 64, nb::arg("k") = 64, nb::arg("m") = 1, nb::arg("aligned") = true,
+      nb::arg("cublaslt") = true, nb::arg("forced") = "",
       nb::arg("strict") = false,
       "The GEMM kernel for a descriptor: {kernel (None: none can run), fallback, why, reasons, desc}. With "
       "forced or strict it raises as a model load would.");

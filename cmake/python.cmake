@@ -21,10 +21,20 @@ if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   set_property(TARGET _core APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/python_exports.map)
 endif()
 target_include_directories(_core PRIVATE ${PROJECT_SOURCE_DIR})
+# The shared libraries of the nvidia-* wheels next to lowbit in site-packages (torch loads the same ones):
+# libnccl.so.2 from nvidia-nccl-cu13, libcublasLt.so.13 from nvidia-cublas.
+set(_rpath "")
+set(_build_rpath "")
 if(LOWBIT_WITH_NCCL)
-  # libnccl.so.2 comes from the nvidia-nccl-cu13 wheel next to lowbit in site-packages (torch loads the same one).
-  set_target_properties(_core PROPERTIES INSTALL_RPATH "$ORIGIN/../nvidia/nccl/lib;${LOWBIT_NCCL_LIBRARY_DIR}"
-                                         BUILD_RPATH "${LOWBIT_NCCL_LIBRARY_DIR}")
+  list(APPEND _rpath "$ORIGIN/../nvidia/nccl/lib" "${LOWBIT_NCCL_LIBRARY_DIR}")
+  list(APPEND _build_rpath "${LOWBIT_NCCL_LIBRARY_DIR}")
+endif()
+if(LOWBIT_WITH_CUBLASLT)
+  list(APPEND _rpath "$ORIGIN/../nvidia/cu13/lib" "$ORIGIN/../nvidia/cublas/lib" "${LOWBIT_CUBLASLT_LIBRARY_DIR}")
+  list(APPEND _build_rpath "${LOWBIT_CUBLASLT_LIBRARY_DIR}")
+endif()
+if(_rpath)
+  set_target_properties(_core PROPERTIES INSTALL_RPATH "${_rpath}" BUILD_RPATH "${_build_rpath}")
 endif()
 # Developers point LOWBIT_DEV_BUILD at this folder to import a build-tree extension.
 set_target_properties(_core PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/python_ext)

@@ -70,7 +70,7 @@ TEST(Registry, EveryKernelHasAUniqueNameASummaryAndAnAnswer) {
     EXPECT_TRUE(names.insert(k.name).second) << k.name;
     EXPECT_GT(std::string(k.summary).size(), 10u) << k.name;
   }
-  for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80",
+  for (const char* n : {"gemm_f32act_cpu", "gemm_s8act_cpu", "gemm_f16_gemv_sm80", "gemm_f16_mma_sm80", "gemm_f16_cublaslt",
                         "gemm_w4a16_sm80", "gemm_w4a16_large_sm80", "gemm_w4a16_gemv_sm80", "gemm_w8a8_sm80", "gemm_w8a8_sm90", "gemm_fp8_sm90",
                         "gemm_w4a8_sm80", "gemm_w4a8_gemv_sm80", "gemm_w4a8_sm90", "gemm_w4a16_sm90", "gemm_w4a16_decode_sm90",
                         "paged_attention_cpu", "decode_attention_sm80", "prefill_attention_tc_sm80",
@@ -242,6 +242,35 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   // sm_86 (99 KB of shared memory): the 110 KB mma tiles do not fit.
   EXPECT_STREQ(select_gemm(gpu_gemm(86, ActivationMode::float16, WeightFormat::f16, 0, 512)).kernel->name,
                "gemm_f16_wmma_sm80");
+  // A build without cuBLASLt (the descriptors above) says so in the reasons.
+  EXPECT_NE(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::f16, 0, 512)).reasons().find(
+                "gemm_f16_cublaslt: this lowbit build has no cuBLASLt"),
+            std::string::npos);
+  // With cuBLASLt: it takes every f16 GEMM, at every token count, on every arch and any row alignment; weights
+  // other than f16 never reach it.
+  const auto with_cublaslt = [](GemmDesc d) {
+    d.cublaslt = true;
+    return d;
+  };
+  for (const int sm : {80, 86, 89, 90}) {
+    for (const int m : {1, 2, 16, 17, 127, 128, 4096})
+      EXPECT_STREQ(select_gemm(with_cublaslt(gpu_gemm(sm, ActivationMode::float16, WeightFormat::f16, 0, m)))
+                       .kernel->name,
+                   "gemm_f16_cublaslt")
+          << sm << " " << m;
+  }
+  GemmDesc unaligned_lt = with_cublaslt(unaligned);
+  const GemmSelection u = select_gemm(unaligned_lt);
+  EXPECT_STREQ(u.kernel->name, "gemm_f16_cublaslt");
+  EXPECT_FALSE(u.fallback);
+  EXPECT_STREQ(select_gemm(with_cublaslt(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 512)))
+                   .kernel->name,
+               "gemm_w4a16_sm90");
+  const std::string forced_w4 = error_of([&] {
+    select_gemm(with_cublaslt(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 512)), "gemm_f16_cublaslt");
+  });
+  EXPECT_NE(forced_w4.find("gemm_f16_cublaslt cannot run"), std::string::npos) << forced_w4;
+  EXPECT_NE(forced_w4.find("needs f16 weights, got w4"), std::string::npos) << forced_w4;
 }
 
 TEST(Registry, AttentionChoicesByDescriptor) {

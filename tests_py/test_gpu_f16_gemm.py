@@ -1,4 +1,5 @@
-"""GPU f16 GEMM (w16a16 linear, cpp/kernels/sm80/gemm_f16_sm80.cu + gemm_f16_mma_sm80.cu): every registered
+"""GPU f16 GEMM (w16a16 linear, cpp/kernels/sm80/gemm_f16_sm80.cu + gemm_f16_mma_sm80.cu, and cuBLASLt where built:
+cpp/kernels/cublaslt/): every registered
 kernel, forced through linear(..., kernel=name), against a float64 reference on odd shapes.
 
 Tolerance: x and w are f16 (exact in float64), the kernels accumulate in f32 (relative error ~sqrt(k)
@@ -14,7 +15,9 @@ from lowbit import _core as lb
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 
-KERNELS = ["gemm_f16_mma_sm80", "gemm_f16_wmma_sm80", "gemm_f16_gemv_sm80"]
+# cuBLASLt (gemm_f16_cublaslt) where this build has it.
+KERNELS = ["gemm_f16_mma_sm80", "gemm_f16_wmma_sm80", "gemm_f16_gemv_sm80"] + [
+    k["name"] for k in lb.kernels.gemm_kernels() if k["name"] == "gemm_f16_cublaslt" and k["built"]]
 REL_TOL, ROW_TOL = 2e-3, 8e-3
 
 

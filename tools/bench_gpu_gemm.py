@@ -4,7 +4,8 @@ token counts.
 --w4a8-only: lowbit W4A8 (QoQ g128 and LiquidQuant g64 weights, the GEMM alone and with the per-token int8
 quantizer) vs cuBLAS fp16, lowbit W4A16 and W8A8, torch._scaled_mm fp8.
 --f16-only: lowbit's f16 GEMM (the w16a16 linear: default dispatch and each registered f16 kernel forced
-through linear(..., kernel=gemm_f16_{gemv,wmma,mma}_sm80)) vs cuBLAS fp16.
+through linear(..., kernel=gemm_f16_{gemv,wmma,mma}_sm80 / gemm_f16_cublaslt)) vs cuBLAS fp16, on the four
+linears and the 8B lm_head (128256 x 4096).
 From M=64 the W4A16 rows also time each W4A16 kernel forced (gemm_w4a16(..., kernel=small / large:<tile> / sm90:<split>)).
 
 Peers in the same process: cuBLAS fp16 (torch.matmul), tinygemm int4 (torch._weight_int4pack_mm),
@@ -21,6 +22,8 @@ from bench_gpu_common import (copies_for, copy_bandwidth_gbs, device_meta, graph
                               write_json)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+# --f16-only also times the f16 lm_head of Llama-3-8B (vocab 128256; every recipe keeps it in f16).
+LM_HEAD_8B = {"lm_head": (128256, 4096)}
 # --llama70b: the same four linears of Llama-3-70B (hidden 8192, 64 q / 8 kv heads of 128, intermediate 28672).
 SHAPES_70B = {"qkv": (10240, 8192), "o": (8192, 8192), "gate_up": (57344, 8192), "down": (8192, 28672)}
 MS = [1, 16, 64, 256, 1024]
@@ -317,19 +320,30 @@ def bench_w4a8_only(name, n, k, m, l2):
     return row
 
 
-F16_KERNELS = ["mma", "wmma", "gemv"]
+F16_KERNELS = ["mma", "wmma", "gemv", "cublaslt"]
+
+
+def f16_kernel_name(kernel):
+    return "gemm_f16_cublaslt" if kernel == "cublaslt" else f"gemm_f16_{kernel}_sm80"
 # The f16 GEMM is reached only through lowbit's linear op, which launches on lowbit's current stream (the
 # legacy default stream from Python: no stream scope is exposed), and a torch graph capture refuses such
 # launches: it is timed by the profiler's device times (the GEMM and, with split-K, its sum kernel).
 F16_REPS = 10
 
 
+_F16_WEIGHTS = {}
+
+
 def f16_setup(n, k, copies, m, kernel=""):
     """lowbit.linear calls y = x · wᵀ over `copies` f16 weights packed for sm80 (lowbit tensors made once),
     with a registered f16 kernel forced ("" = the registry's choice)."""
-    g = torch.Generator().manual_seed(n + k)
-    qw = _core.quantize_weight((torch.randn(n, k, generator=g) * 0.02), "f16", GROUP)
-    ws = [_core.pack_weight(qw, "sm80", "cuda") for _ in range(copies)]
+    key = (n, k, copies)
+    if key not in _F16_WEIGHTS:  # made once per shape: the lm_head's 0.5 G values take seconds on the host
+        _F16_WEIGHTS.clear()
+        g = torch.Generator().manual_seed(n + k)
+        qw = _core.quantize_weight((torch.randn(n, k, generator=g) * 0.02), "f16", GROUP)
+        _F16_WEIGHTS[key] = [_core.pack_weight(qw, "sm80", "cuda") for _ in range(copies)]
+    ws = _F16_WEIGHTS[key]
     x = torch.randn(m, k, device="cuda").half()
     y = torch.empty(m, n, device="cuda").half()
     lx, ly = lowbit.from_dlpack(x), lowbit.from_dlpack(y)
@@ -344,11 +358,11 @@ def bench_f16_only(name, n, k, m, l2):
     copies = copies_for(n * k * 2, l2)
     row["lowbit_f16_us"] = profiled_kernel_us(f16_setup(n, k, copies, m), F16_REPS)
     for kernel in F16_KERNELS:
-        if kernel == "gemv" and m > 64:
-            continue
+        if (kernel == "gemv" and m > 64) or (kernel == "wmma" and n * k > 1e9 / 2):
+            continue  # the GEMV runs 16-row slices; wmma on the lm_head is minutes of nothing
         try:
             row[f"lowbit_f16_{kernel}_us"] = profiled_kernel_us(
-                f16_setup(n, k, copies, m, kernel=f"gemm_f16_{kernel}_sm80"), F16_REPS)
+                f16_setup(n, k, copies, m, kernel=f16_kernel_name(kernel)), F16_REPS)
         except Exception as e:  # noqa: BLE001 - record why
             row[f"lowbit_f16_{kernel}_error"] = str(e).splitlines()[0][:160]
     row["f16_speedup_vs_cublas"] = row["cublas_fp16_us"] / row["lowbit_f16_us"]
@@ -386,6 +400,8 @@ def main():
     sweep = split_sweep(meta["l2_bytes"]) if "--sweep" in sys.argv else []
     rows = []
     shapes = SHAPES_70B if "--llama70b" in sys.argv else SHAPES
+    if "--f16-only" in sys.argv and "--llama70b" not in sys.argv:
+        shapes = {**SHAPES, **LM_HEAD_8B}
     meta["shapes"] = "Llama-3-70B" if "--llama70b" in sys.argv else "Llama-3-8B"
     only = [a[9:].split(",") for a in sys.argv[1:] if a.startswith("--shapes=")]  # e.g. --shapes=gate_up
     for name, (n, k) in shapes.items():

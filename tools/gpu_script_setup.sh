@@ -17,6 +17,7 @@ install_package() {
   (cd "$REPO" && env CMAKE_BUILD_PARALLEL_LEVEL=16 "$@" python3 -m pip install --no-build-isolation --no-deps -v . \
     > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
   echo "build $(( $(date +%s) - start )) s"; grep -E "[1-9][0-9]* bytes spill" "$OUT/build.log" | sort | uniq -c | head
+  grep -E "lowbit: (NCCL|cuBLASLt)" "$OUT/build.log" | sed 's/.*lowbit:/lowbit:/' | sort -u
 }
 
 enter_work_dir() {

@@ -64,6 +64,9 @@ GemmDesc describe_gemm(const Device& device, ActivationMode act, ScalarType x_ty
   d.k = w.k;
   d.m = m_bucket_of(m);
   d.aligned_rows = aligned_rows;
+#ifdef LOWBIT_WITH_CUBLASLT
+  d.cublaslt = device.kind == DeviceKind::cuda;
+#endif
   return d;
 }
 

@@ -10,6 +10,7 @@ namespace lowbit::kernels {
 void register_gemm_cpu(std::vector<GemmKernel>& out);   // gemm_cpu_entries.cpp
 void register_gemm_sm80(std::vector<GemmKernel>& out);  // gemm_sm80_entries.cpp
 void register_gemm_sm90(std::vector<GemmKernel>& out);  // gemm_sm90_entries.cpp
+void register_gemm_cublaslt(std::vector<GemmKernel>& out);  // gemm_cublaslt_entries.cpp
 void register_attention_cpu(std::vector<AttnKernel>& out);   // attention_cpu_entries.cpp
 void register_attention_sm80(std::vector<AttnKernel>& out);  // attention_sm80_entries.cpp
 void register_attention_sm90(std::vector<AttnKernel>& out);  // attention_sm90_entries.cpp

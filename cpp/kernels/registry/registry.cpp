@@ -15,6 +15,7 @@ const std::vector<GemmKernel>& gemm_kernels() {
     register_gemm_cpu(v);
     register_gemm_sm80(v);
     register_gemm_sm90(v);
+    register_gemm_cublaslt(v);
     return v;
   }();
   return all;

@@ -42,6 +42,7 @@ struct GemmDesc {
   int64_t n = 0, k = 0;
   MBucket m = MBucket::m1;
   bool aligned_rows = true;  // x rows start 16-byte aligned with a row stride that keeps them so
+  bool cublaslt = false;     // CUDA: this build has cuBLASLt (gemm_f16_cublaslt can run)
   std::string to_string() const;  // "gemm cuda sm_90 w4 g128 act=float16 x=f16 y=f16 n=4096 k=4096 m1"
 };
 
