@@ -83,8 +83,9 @@ def test_norm_quantize_same_bytes_in_every_mode_and_float64(t, c, wdtype, add, f
 
 # ---- silu_mul_quantize ---------------------------------------------------------------------------------------------
 
+# Past 16384 channels mode 0 takes the two-kernel fallback and mode 1 the cluster kernel with two groups per thread.
 SILU_SHAPES = [(1, 14336), (2, 14336), (4, 14336), (16, 14336), (1, 4096), (3, 8192), (1, 2056), (5, 6008),
-               (1, 16384), (33, 4104), (300, 256)]
+               (1, 16384), (33, 4104), (300, 256), (1, 28672), (4, 28672), (1, 32768), (5, 16392), (40, 20008)]
 
 
 def silu_run(gu, fp8, pdl, mode):

@@ -1,8 +1,10 @@
 """GPU SiLU·mul with the down linear's per-token quantizer fused (ops::silu_mul_quantize): the codes and scales
 must be the bytes the two kernels it replaces make (silu_mul to f16 rows, then quantize_per_token_{s8,e4m3}),
 and within the quantizer's rounding of a float64 silu(gate) * up. Shapes cover the fused kernel's 1, 2 and 4
-groups per thread (I up to 4096, 8192, 16384), I not a multiple of 8 and I > 16384 (the two-kernel fallback),
-odd row counts, and rows with a stride (a slice of a wider buffer)."""
+groups per thread (I up to 4096, 8192, 16384), I from 16392 to 32768 (on sm_90 the cluster kernel with two groups
+per thread for up to 16 rows, Llama-3-70B's 28672 among them; more rows, or another GPU, the two-kernel fallback),
+I > 32768 (the fallback), I not a multiple of 8, odd row counts, and rows with a stride (a slice of a wider
+buffer)."""
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from lowbit import _core
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 
 SHAPES = [(1, 14336), (1, 4096), (3, 8), (5, 1000), (7, 2056), (2, 8200), (2, 16392), (33, 576), (300, 128),
-          (1, 1)]
+          (1, 1), (1, 28672), (16, 28672), (17, 28672), (3, 32768), (2, 32776)]
 
 
 def gate_up(t, i, seed, pad=0):

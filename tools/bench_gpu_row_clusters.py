@@ -3,6 +3,9 @@ the greedy sampler (sample_rows over 128256 f16 logits, temperature 0: argmax + 
 cluster mode 0) vs a cluster of CTAs per row on sm_90 (mode 1), in one process; and the quantizing norm
 (rms_norm_quantize: residual add + RMSNorm + per-token int8, width 4096), one block per row in both modes, for scale. Median of each launch's kernel
 record in the torch profiler (these ops launch on lowbit's current stream, which a CUDA-graph capture refuses).
+Also SiLU·mul + quantizer at Llama-3-70B's width 28672 (one GPU), where mode 0 runs the two kernels the fused op
+replaces (silu_mul, then the per-token quantizer: no one-block kernel holds 28672 channels) and mode 1 the cluster
+kernel with two groups per thread; there the figure is every kernel of a call, summed.
   python3 tools/bench_gpu_row_clusters.py out.json
 """
 import json
@@ -37,6 +40,19 @@ def median_kernel_us(fn, name_part):
     return statistics.median(times), len(times)
 
 
+def per_call_us(fn):
+    """Every kernel's device time per call, summed (the fallback is two kernels)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS):
+            fn()
+        torch.cuda.synchronize()
+    return sum(getattr(ev, "device_time_total", None) or ev.cuda_time_total for ev in prof.events()
+               if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith("Memcpy")) / REPS
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "bench_row_clusters.json"
     rows = []
@@ -47,6 +63,8 @@ def main():
         qn, sn = torch.empty(t, 4096, dtype=torch.int8, device="cuda"), torch.empty(t, device="cuda")
         gu = torch.randn(t, 2 * 14336, device="cuda").half()
         qs, ss = torch.empty(t, 14336, dtype=torch.int8, device="cuda"), torch.empty(t, device="cuda")
+        gu70 = torch.randn(t, 2 * 28672, device="cuda").half()
+        qs70, ss70 = torch.empty(t, 28672, dtype=torch.int8, device="cuda"), torch.empty(t, device="cuda")
         for mode in (0, 1):
             lb._row_cluster_mode(mode)
             r = {"rows": t, "mode": "one block per row" if mode == 0 else "cluster per row"}
@@ -54,6 +72,7 @@ def main():
                 lambda: lb.rms_norm_quantize(res, x, w, 1e-5, qn, sn), "norm")
             r["silu_mul_quantize_14336_us"], _ = median_kernel_us(
                 lambda: lb.silu_mul_quantize(gu, qs, ss, pdl=False), "silu_mul_quantize")
+            r["silu_mul_quantize_28672_us"] = per_call_us(lambda: lb.silu_mul_quantize(gu70, qs70, ss70, pdl=False))
             logits = torch.randn(t, 128256, device="cuda").half()
             prm = torch.tensor([[0.0, 0, 1.0, 0.0, 0.5]] * t, dtype=torch.float64, device="cuda").view(torch.int64)
             tok, lp = torch.empty(t, dtype=torch.int32, device="cuda"), torch.empty(t, device="cuda")

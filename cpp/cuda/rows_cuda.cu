@@ -452,10 +452,11 @@ __device__ __forceinline__ int cluster_rank() {
 }
 
 // silu_mul_quantize_kernel spread over a cluster of kCluster CTAs per row (sm_90, few rows): CTA `rank` takes the
-// 8-column groups [rank * kThreads, (rank + 1) * kThreads) of the row, one per thread, with the same f32
-// expression and f16 rounding per element; the row max is merged through distributed shared memory (a max: the
-// one-block scale and codes, bit for bit).
-template <bool kFp8, int kCluster>
+// kGroups x kThreads 8-column groups from (rank * kGroups) * kThreads on, kGroups per thread (k-th at thread + k *
+// kThreads: coalesced), with the same f32 expression and f16 rounding per element; the row max is merged through
+// distributed shared memory (a max: the one-block scale and codes, bit for bit). kGroups = 2 with 8 CTAs covers
+// 32768 channels (Llama-3-70B's 28672 on one GPU), past the one-block kernel's 16384.
+template <bool kFp8, int kCluster, int kGroups>
 __global__ void __launch_bounds__(kThreads) silu_mul_quantize_cluster_kernel(Rows gu, QuantOut qout) {
   pdl_allow_dependents();
   pdl_wait_for_producers();
@@ -463,29 +464,37 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quantize_cluster_kernel(Row
   const int64_t r = blockIdx.x / kCluster;
   const int inter = static_cast<int>(gu.cols / 2);
   const __half* g = static_cast<const __half*>(gu.base) + r * gu.stride;
-  const int i = (rank * kThreads + static_cast<int>(threadIdx.x)) * 8;
-  float a[8], b[8];
-  if (i < inter) {
-    load_group<8>(g + i, a);
-    load_group<8>(g + inter + i, b);
-  } else {
+  float a[kGroups][8], b[kGroups][8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) a[e] = b[e] = 0.f;
+  for (int k = 0; k < kGroups; ++k) {
+    const int i = ((rank * kGroups + k) * kThreads + static_cast<int>(threadIdx.x)) * 8;
+    if (i < inter) {
+      load_group<8>(g + i, a[k]);
+      load_group<8>(g + inter + i, b[k]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a[k][e] = b[k][e] = 0.f;
+    }
   }
   float amax = 0.f;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float x = a[e];
-    a[e] = round_to<__half>(x / (1.f + expf(-x)) * b[e]);
-    amax = fmaxf(amax, fabsf(a[e]));
-  }
+  for (int k = 0; k < kGroups; ++k)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float x = a[k][e];
+      a[k][e] = round_to<__half>(x / (1.f + expf(-x)) * b[k][e]);
+      amax = fmaxf(amax, fabsf(a[k][e]));
+    }
   amax = cluster_max<kCluster>(block_reduce<kThreads, true>(amax));
   const float s = row_scale<kFp8>(amax);
   if (rank == 0 && threadIdx.x == 0) qout.scales[r] = s;
-  if (i < inter) {
+#pragma unroll
+  for (int k = 0; k < kGroups; ++k) {
+    const int i = ((rank * kGroups + k) * kThreads + static_cast<int>(threadIdx.x)) * 8;
+    if (i >= inter) continue;
     uint32_t packed[2] = {0, 0};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) packed[e / 4] |= quantize_code<kFp8>(__fdiv_rn(a[e], s)) << (8 * (e % 4));
+    for (int e = 0; e < 8; ++e) packed[e / 4] |= quantize_code<kFp8>(__fdiv_rn(a[k][e], s)) << (8 * (e % 4));
     *reinterpret_cast<uint2*>(qout.q + r * qout.ldq + i) = make_uint2(packed[0], packed[1]);
   }
   cluster_wait();
@@ -677,10 +686,13 @@ bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_t
                        cudaStream_t stream) {
   const int64_t inter = gate_up.cols / 2;
   if (gate_up.rows == 0 || inter == 0) return true;
+  // Past the one-block kernel's 16384 channels only the cluster kernel with two groups per thread runs (few rows on
+  // sm_90, up to 32768 channels); elsewhere the caller runs silu_mul, then the stand-alone quantizer (the same bytes).
+  const bool wide = inter > int64_t{4} * 8 * kActThreads;
   if (gate_up.dtype != ScalarType::f16 || gate_up.cols % 16 != 0 || !groups_of_8(gate_up) ||
-      reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 8 != 0 || inter > int64_t{4} * 8 * kActThreads ||
+      reinterpret_cast<uintptr_t>(q) % 8 != 0 || ldq % 8 != 0 || inter > int64_t{2} * 8 * 8 * kThreads ||
       (q_type != ScalarType::s8 && q_type != ScalarType::e4m3))
-    return false;  // the caller runs silu_mul, then the stand-alone quantizer (the same bytes)
+    return false;
   int device = 0;
   LOWBIT_CUDA_CHECK("silu_mul_quantize", cudaGetDevice(&device));
   pdl = pdl && pdl_supported(device);
@@ -689,22 +701,25 @@ bool silu_mul_quantize(const Rows& gate_up, void* q, int64_t ldq, ScalarType q_t
   // Few rows (batch-1 decode): a cluster of 2, 4 or 8 CTAs per row on sm_90 (the same bytes).
   const int cluster = inter <= 8 * kThreads ? 1 : inter <= 2 * 8 * kThreads ? 2 : inter <= 4 * 8 * kThreads ? 4 : 8;
   if (cluster > 1 && use_row_clusters(gate_up.rows, cluster)) {
+    using std::integral_constant;
     const auto run_cluster = [&](auto fp8) {
       constexpr bool kFp8 = decltype(fp8)::value;
-      const auto launch = [&](auto size) {
-        constexpr int kCluster = decltype(size)::value;
-        launch_cluster<kCluster>("silu_mul_quantize", pdl, silu_mul_quantize_cluster_kernel<kFp8, kCluster>,
+      const auto launch = [&](auto size, auto groups) {
+        constexpr int kCluster = decltype(size)::value, kGroups = decltype(groups)::value;
+        launch_cluster<kCluster>("silu_mul_quantize", pdl, silu_mul_quantize_cluster_kernel<kFp8, kCluster, kGroups>,
                                  gate_up.rows, stream, gate_up, qo);
       };
-      if (cluster == 2) launch(std::integral_constant<int, 2>{});
-      else if (cluster == 4) launch(std::integral_constant<int, 4>{});
-      else launch(std::integral_constant<int, 8>{});
+      if (cluster == 2) launch(integral_constant<int, 2>{}, integral_constant<int, 1>{});
+      else if (cluster == 4) launch(integral_constant<int, 4>{}, integral_constant<int, 1>{});
+      else if (!wide) launch(integral_constant<int, 8>{}, integral_constant<int, 1>{});
+      else launch(integral_constant<int, 8>{}, integral_constant<int, 2>{});
     };
     if (q_type == ScalarType::e4m3) run_cluster(std::true_type{});
     else run_cluster(std::false_type{});
     LOWBIT_CUDA_CHECK_LAUNCH("silu_mul_quantize");
     return true;
   }
+  if (wide) return false;  // too many rows for clusters (or not sm_90): the two-kernel path
   const auto run = [&](auto fp8, auto groups) {
     launch_maybe_pdl("silu_mul_quantize", pdl, silu_mul_quantize_kernel<decltype(fp8)::value, decltype(groups)::value>,
                      grid, dim3(kActThreads), 0, stream, gate_up, qo);

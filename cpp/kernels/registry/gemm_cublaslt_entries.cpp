@@ -1,7 +1,7 @@
 // cuBLASLt in the GEMM registry (cpp/kernels/cublaslt/): the f16 GEMM at every token count, which is the w16a16
 // linears and every recipe's f16 lm_head. Measured on an H200 (bench/results/h200-2026-11-28-f16-gemm-cublaslt.json)
 // it beat lowbit's f16 kernels at every shape and token count timed: 1.2-1.8x the GEMV at one token, 1.1-1.4x the
-// split-K mma.sync kernel at 16, 2.1-2.6x it at 256-1024 (cuBLAS's wgmma kernels against mma.sync).
+// split-K mma.sync kernel at 16, 2.5-3.5x it at 256-1024 (cuBLAS's wgmma kernels against mma.sync).
 // Whether the build has cuBLASLt is part of the descriptor (GemmDesc::cublaslt), so the choice reads as data and
 // docs/support.md does not depend on the build that writes it.
 #include "kernels/registry/registration.h"
