@@ -92,6 +92,15 @@ def test_bench_and_info_verbs(loads, capsys):
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
     code, out, _ = run(capsys, "info", "--quiet")
     assert code == 0 and "arch        llama: 30 layers, hidden 576, 9/3 heads x 64" in out and "recipe      w4a16g32" in out
+    # The optional GPU libraries the build found are named in CUDA builds only (a CPU build has neither).
+    from lowbit import _core
+    from lowbit.info import cuda_libraries
+    libs = cuda_libraries()
+    assert set(libs) == {"cublaslt", "nccl"}
+    if _core.has_cuda_build():
+        assert re.search(r"cuda        build yes, device .*; cublaslt (yes|no), nccl (yes|no)", out), out
+    else:
+        assert libs == {"cublaslt": False, "nccl": False} and "cuda        build no, device not available\n" in out + "\n"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -96,7 +96,15 @@ def model_info(llm) -> dict[str, Any]:
         "engine": dict(llm.engine.stats()),
         "cuda_build": bool(_core.has_cuda_build()),
         "cuda_available": bool(_core.cuda_available()),
+        "cuda_libraries": cuda_libraries(),
     }
+
+
+def cuda_libraries() -> dict[str, bool]:
+    """The optional libraries this build found (docs/build.md): cuBLASLt (the f16 GEMM) and NCCL (TP over GPUs)."""
+    from . import _core
+    return {"cublaslt": any(k["name"] == "gemm_f16_cublaslt" and k["built"] for k in _core.kernels.gemm_kernels()),
+            "nccl": bool(_core.nccl_available()[0])}
 
 
 def _mib(n: int) -> str:
@@ -150,8 +158,11 @@ def format_info(info: dict[str, Any]) -> str:
     lines.append(f"kv cache    {kv} bytes per token; {eng['num_blocks']} blocks x {eng['block_size']} tokens "
                  f"= {_mib(kv * eng['num_blocks'] * eng['block_size'])}")
     lines.append("kernels     " + (", ".join(info["kernels"]) or "-"))
+    libs = info.get("cuda_libraries") or {}
+    found = ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in libs.items())
     lines.append(f"cuda        build {'yes' if info['cuda_build'] else 'no'}, "
-                 f"device {'available' if info['cuda_available'] else 'not available'}")
+                 f"device {'available' if info['cuda_available'] else 'not available'}"
+                 + (f"; {found}" if info["cuda_build"] and found else ""))
     return "\n".join(lines)
 
 
