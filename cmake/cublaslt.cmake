@@ -5,20 +5,8 @@
 set(LOWBIT_WITH_CUBLASLT OFF)
 if(LOWBIT_WITH_CUDA AND NOT LOWBIT_CUBLASLT STREQUAL "OFF")
   # The wheel before the toolkit: the same copy torch loads.
-  set(_cublas_hints ${LOWBIT_CUBLAS_ROOT} $ENV{LOWBIT_CUBLAS_ROOT})
-  set(_py "${Python_EXECUTABLE}")
-  if(NOT _py)
-    find_program(_py NAMES python3 python)
-  endif()
-  if(_py)
-    foreach(_module nvidia.cu13 nvidia.cublas)
-      execute_process(COMMAND "${_py}" -c "import ${_module} as m; print(list(m.__path__)[0])"
-                      OUTPUT_VARIABLE _wheel OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _rc)
-      if(_rc EQUAL 0 AND _wheel)
-        list(APPEND _cublas_hints "${_wheel}")
-      endif()
-    endforeach()
-  endif()
+  lowbit_wheel_dirs(_wheels nvidia.cu13 nvidia.cublas)
+  set(_cublas_hints ${LOWBIT_CUBLAS_ROOT} $ENV{LOWBIT_CUBLAS_ROOT} ${_wheels})
   find_path(LOWBIT_CUBLASLT_INCLUDE_DIR cublasLt.h HINTS ${_cublas_hints} ${CUDAToolkit_INCLUDE_DIRS}
             PATH_SUFFIXES include NO_DEFAULT_PATH)
   find_path(LOWBIT_CUBLASLT_INCLUDE_DIR cublasLt.h)

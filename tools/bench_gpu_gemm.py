@@ -321,17 +321,15 @@ def bench_w4a8_only(name, n, k, m, l2):
 
 
 F16_KERNELS = ["mma", "wmma", "gemv", "cublaslt"]
-
-
-def f16_kernel_name(kernel):
-    return "gemm_f16_cublaslt" if kernel == "cublaslt" else f"gemm_f16_{kernel}_sm80"
 # The f16 GEMM is reached only through lowbit's linear op, which launches on lowbit's current stream (the
 # legacy default stream from Python: no stream scope is exposed), and a torch graph capture refuses such
 # launches: it is timed by the profiler's device times (the GEMM and, with split-K, its sum kernel).
 F16_REPS = 10
-
-
 _F16_WEIGHTS = {}
+
+
+def f16_kernel_name(kernel):
+    return "gemm_f16_cublaslt" if kernel == "cublaslt" else f"gemm_f16_{kernel}_sm80"
 
 
 def f16_setup(n, k, copies, m, kernel=""):

@@ -25,7 +25,8 @@ REPS = 200
 ROWS = (1, 4, 16)
 
 
-def median_kernel_us(fn, name_part):
+def kernel_records(fn):
+    """(name, device us) of every kernel of REPS calls of fn, after 5 warm-up calls."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -33,8 +34,12 @@ def median_kernel_us(fn, name_part):
         for _ in range(REPS):
             fn()
         torch.cuda.synchronize()
-    times = [getattr(ev, "device_time_total", None) or ev.cuda_time_total for ev in prof.events()
-             if ev.device_type == torch.autograd.DeviceType.CUDA and name_part in ev.name]
+    return [(ev.name, getattr(ev, "device_time_total", None) or ev.cuda_time_total) for ev in prof.events()
+            if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith("Memcpy")]
+
+
+def median_kernel_us(fn, name_part):
+    times = [t for name, t in kernel_records(fn) if name_part in name]
     if not times:
         raise RuntimeError(f"no kernel named like {name_part!r}")
     return statistics.median(times), len(times)
@@ -42,15 +47,7 @@ def median_kernel_us(fn, name_part):
 
 def per_call_us(fn):
     """Every kernel's device time per call, summed (the fallback is two kernels)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPS):
-            fn()
-        torch.cuda.synchronize()
-    return sum(getattr(ev, "device_time_total", None) or ev.cuda_time_total for ev in prof.events()
-               if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith("Memcpy")) / REPS
+    return sum(t for _, t in kernel_records(fn)) / REPS
 
 
 def main():

@@ -220,6 +220,4 @@ void gemm_f16_cublaslt(const Tensor& x, const Tensor& w, const Tensor& bias, Ten
   LOWBIT_CUDA_CHECK_LAUNCH(kOp);
 }
 
-size_t gemm_f16_cublaslt_cached_plans() { return thread_state().plans.size(); }
-
 }  // namespace lowbit::cuda

@@ -3,8 +3,6 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
-#include <cstddef>
-
 #include "lowbit/core/tensor.h"
 
 namespace lowbit::cuda {
@@ -14,8 +12,5 @@ namespace lowbit::cuda {
 // capture (the plan, cached per thread and shape, is made on the first eager call of a shape; a first call
 // inside a capture makes it there, which needs no device work).
 void gemm_f16_cublaslt(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, cudaStream_t stream);
-
-// Plans cached by this thread (one per device, shape, row strides and pointer alignments): for tests.
-size_t gemm_f16_cublaslt_cached_plans();
 
 }  // namespace lowbit::cuda
