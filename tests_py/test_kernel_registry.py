@@ -85,6 +85,21 @@ def test_w4a8_gemv_at_one_token(sm, m, weight, group, expected):
         assert r["kernel"] == expected and not r["fallback"], r
 
 
+# The f16 GEMM: cuBLASLt at every token count in a build that has it (the descriptor says so); without it the GEMV at
+# one token and the mma.sync kernel from two, with the missing library named among the candidates' reasons.
+@pytest.mark.parametrize("m", [1, 2, 16, 17, 4096])
+def test_f16_gemm_on_cublaslt_and_without_it(m):
+    args = dict(device="cuda", sm=90, act="float16", x="f16", y="f16", weight="f16", packed="sm80", n=4096, k=4096, m=m)
+    assert _core.kernels.select_gemm(**args)["kernel"] == "gemm_f16_cublaslt"
+    r = _core.kernels.select_gemm(**args, cublaslt=False)
+    assert r["kernel"] == ("gemm_f16_gemv_sm80" if m == 1 else "gemm_f16_mma_sm80") and not r["fallback"], r
+    assert "gemm_f16_cublaslt: this lowbit build has no cuBLASLt" in r["reasons"], r["reasons"]
+    with pytest.raises(NotImplementedError, match="forced kernel gemm_f16_cublaslt cannot run.*no cuBLASLt"):
+        _core.kernels.select_gemm(**args, cublaslt=False, forced="gemm_f16_cublaslt")
+    w4 = _core.kernels.select_gemm(**{**args, "weight": "w4"}, group=128, forced="", strict=False)
+    assert w4["kernel"] != "gemm_f16_cublaslt"
+
+
 def test_decode_attention_kernel_and_named_fallbacks():
     ok = _core.kernels.select_attention(device="cuda", sm=90, phase="decode", head_dim=64, q="f16", k="u8", v="u4",
                                         gqa=3)
