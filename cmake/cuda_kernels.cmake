@@ -41,14 +41,8 @@ target_link_libraries(lowbit_kernels_sm90 PUBLIC lowbit_quant)
 
 # cuBLASLt (cmake/cublaslt.cmake): host code only, the f16 GEMM's launch.
 if(LOWBIT_WITH_CUBLASLT)
-  add_library(lowbit_kernels_cublaslt STATIC ${PROJECT_SOURCE_DIR}/cpp/kernels/cublaslt/gemm_f16_cublaslt.cpp)
-  target_include_directories(lowbit_kernels_cublaslt PUBLIC
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/cpp>
-    $<INSTALL_INTERFACE:include>)
+  lowbit_cuda_lib(lowbit_kernels_cublaslt cpp/kernels/cublaslt "${LOWBIT_CUDA_ARCHS_SM80}")
   target_include_directories(lowbit_kernels_cublaslt PRIVATE ${LOWBIT_CUBLASLT_INCLUDE_DIR})
-  target_compile_options(lowbit_kernels_cublaslt PRIVATE -Wall -Wextra -Wno-unused-parameter -O2)
-  target_compile_definitions(lowbit_kernels_cublaslt PUBLIC LOWBIT_WITH_CUDA=1 LOWBIT_WITH_CUBLASLT=1)
-  target_link_libraries(lowbit_kernels_cublaslt PUBLIC lowbit_core lowbit_cuda_common CUDA::cudart_static
-                        ${LOWBIT_CUBLASLT_LIBRARY})
-  set_target_properties(lowbit_kernels_cublaslt PROPERTIES EXPORT_NAME kernels_cublaslt)
+  target_compile_definitions(lowbit_kernels_cublaslt PUBLIC LOWBIT_WITH_CUBLASLT=1)
+  target_link_libraries(lowbit_kernels_cublaslt PUBLIC lowbit_cuda_common ${LOWBIT_CUBLASLT_LIBRARY})
 endif()

@@ -7,15 +7,11 @@ import torch
 
 import lowbit
 from lowbit import _core
+from lowbit.info import cuda_libraries
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), reason="needs a CUDA GPU")]
 
-
-def cublaslt_built():
-    return any(k["name"] == "gemm_f16_cublaslt" and k["built"] for k in _core.kernels.gemm_kernels())
-
-
-needs_cublaslt = pytest.mark.skipif(not lowbit.cuda_available() or not cublaslt_built(),
+needs_cublaslt = pytest.mark.skipif(not lowbit.cuda_available() or not cuda_libraries()["cublaslt"],
                                     reason="this build has no cuBLASLt")
 
 

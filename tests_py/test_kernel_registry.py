@@ -96,8 +96,8 @@ def test_f16_gemm_on_cublaslt_and_without_it(m):
     assert "gemm_f16_cublaslt: this lowbit build has no cuBLASLt" in r["reasons"], r["reasons"]
     with pytest.raises(NotImplementedError, match="forced kernel gemm_f16_cublaslt cannot run.*no cuBLASLt"):
         _core.kernels.select_gemm(**args, cublaslt=False, forced="gemm_f16_cublaslt")
-    w4 = _core.kernels.select_gemm(**{**args, "weight": "w4"}, group=128, forced="", strict=False)
-    assert w4["kernel"] != "gemm_f16_cublaslt"
+    w4 = _core.kernels.select_gemm(**{**args, "weight": "w4", "group": 128})
+    assert w4["kernel"] not in (None, "gemm_f16_cublaslt"), w4
 
 
 def test_decode_attention_kernel_and_named_fallbacks():
