@@ -56,6 +56,8 @@ nb::dict stats_dict(const Engine& e) {
   d["decode_step_wall_ms"] = s.decode_step_wall_ms;
   d["decode_ranks_wall_ms"] = s.decode_ranks_wall_ms;
   d["decode_rank0_wall_ms"] = s.decode_rank0_wall_ms;
+  d["overlapped_steps"] = s.overlapped_steps;
+  d["dropped_rows"] = s.dropped_rows;
   return d;
 }
 
@@ -179,7 +181,7 @@ void bind_engine(nb::module_& m) {
       .def("__init__",
            [](Engine* self, nb::handle model, int64_t max_batch_tokens, int max_seqs, int block_size,
               int64_t kv_cache_bytes, int num_threads, double gpu_memory_fraction, bool cuda_graphs,
-              bool prefix_caching) {
+              bool prefix_caching, bool overlap_steps) {
              EngineConfig c;
              c.max_batch_tokens = max_batch_tokens;
              c.max_seqs = max_seqs;
@@ -189,6 +191,7 @@ void bind_engine(nb::module_& m) {
              c.gpu_memory_fraction = gpu_memory_fraction;
              c.cuda_graphs = cuda_graphs;
              c.prefix_caching = prefix_caching;
+             c.overlap_steps = overlap_steps;
              // One Model, or the ranks of a tensor-parallel group in rank order.
              std::vector<const Model*> ranks;
              if (nb::isinstance<Model>(model))
@@ -199,7 +202,8 @@ void bind_engine(nb::module_& m) {
            },
            nb::arg("model"), nb::arg("max_batch_tokens") = 2048, nb::arg("max_seqs") = 64, nb::arg("block_size") = 16,
            nb::arg("kv_cache_bytes") = 0, nb::arg("num_threads") = 0, nb::arg("gpu_memory_fraction") = 0.9,
-           nb::arg("cuda_graphs") = true, nb::arg("prefix_caching") = true, nb::keep_alive<1, 2>())
+           nb::arg("cuda_graphs") = true, nb::arg("prefix_caching") = true, nb::arg("overlap_steps") = true,
+           nb::keep_alive<1, 2>())
       .def(
           "add_request",
           [](Engine& e, int64_t request_id, const std::vector<int32_t>& prompt_ids, float temperature, int top_k,

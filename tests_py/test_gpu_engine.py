@@ -458,7 +458,8 @@ def test_decode_graph_timing_counts_replayed_steps():
     and below their wall time (the GPU cannot be busy longer than the host waited for it)."""
     import time
     model = random_llama("w16a16", "cuda", "f16", seed=5)
-    eng = _core.Engine(model, max_batch_tokens=256, cuda_graphs=True)
+    # serial steps: with overlap_steps the host returns before a step's GPU work ends (test_gpu_overlap_steps.py)
+    eng = _core.Engine(model, max_batch_tokens=256, cuda_graphs=True, overlap_steps=False)
     assert eng.stats()["decode_graph_steps"] == 0
     prompt = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(7)).tolist()
     start = time.perf_counter()

@@ -219,11 +219,13 @@ def lowbit_run(eng, prompts, new, rid0, per_step=False):
     walls = lambda s: [s.get(k, 0.0) for k in ("decode_step_wall_ms", "decode_ranks_wall_ms",  # noqa: E731
                                                "decode_rank0_wall_ms")]
     steps, prev = [], None  # per_step: prev = the stats after the last step (one read per step)
-    t0 = time.perf_counter()
+    t0 = t_last = time.perf_counter()
     while eng.has_unfinished():
-        t_step = time.perf_counter()
         evs = eng.step()
-        ms = (time.perf_counter() - t_step) * 1e3
+        # a step's period: since the previous step() returned, this loop's own work included (with overlap_steps a
+        # step() returns before the GPU finishes the next step, so its call alone would not be the step's time)
+        now = time.perf_counter()
+        ms, t_last = (now - t_last) * 1e3, now
         n = sum(ev.token >= 0 for ev in evs)
         if per_step and prev is not None:
             cur = eng.stats()

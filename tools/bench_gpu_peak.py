@@ -24,7 +24,8 @@ Per engine, in its own child process (bench_gpu_llama8b's driver: clean memory f
 w4a4 (FMPQ) recipes get a block map per decoder linear with --fmpq-int8-fraction int8 blocks (default 0.1, the issue's
 GEMM target) and the input permutations `lowbit quantize --algo fmpq` writes (tools/fmpq_random.py); the part
 records the layout under "fmpq".
-A recipe may carry kernel overrides for an A/B in one run: --recipes w4a8kv4,w4a8kv4+split_mixed_attention=off.
+A recipe may carry kernel overrides for an A/B in one run: --recipes w4a8kv4,w4a8kv4+split_mixed_attention=off;
+"+overlap=off" runs the engine with overlap_steps=False (each decode step waited for before the next is queued).
 --profile-prefill also profiles two mixed steps of the prefill phase (half the requests decoding, the rest still
 prefilling), kernel by kernel, beside their wall time.
 """
@@ -121,12 +122,12 @@ def run_batches(part, engine, recipe, fixed, candidates, run, after_error, after
 
 
 # ---------------------------------------------------------------------------------------------- lowbit
-def lowbit_engine(model, batch, graphs=True):
+def lowbit_engine(model, batch, graphs=True, overlap=True):
     from lowbit import _core
     kv = model.info()["kv_bytes_per_token"] * batch * (PROMPT + NEW + KV_MARGIN)
     # Repeats reuse the prompts: without prefix caching every run prefills them (the protocol measures prefill).
     return _core.Engine(model, max_batch_tokens=8192, max_seqs=batch, kv_cache_bytes=kv, cuda_graphs=graphs,
-                        prefix_caching=False)
+                        prefix_caching=False, overlap_steps=overlap)
 
 
 def lowbit_fits(model, batch):
@@ -205,6 +206,8 @@ def part_lowbit(args, shape, out, spec):
     from lowbit import _core
     part = Part(out, "lowbit", spec)
     recipe, overrides = split_recipe(spec)
+    overlap = overrides.pop("overlap", "on") != "off"  # an engine option, not a kernel override
+    part.d["overlap_steps"] = overlap
     device, dtype = ("cuda", "f16") if cuda() else ("cpu", "f32")
     t = time.perf_counter()
     model = lowbit_model(shape, recipe, device, dtype, overrides, args.fmpq_int8_fraction)
@@ -222,7 +225,7 @@ def part_lowbit(args, shape, out, spec):
     request_ids = itertools.count(100, 1 << 20)  # a block of ids per run
 
     def run(batch):
-        eng = lowbit_engine(model, batch)
+        eng = lowbit_engine(model, batch, overlap=overlap)
         try:
             prompts = prompt_batch(batch, shape.vocab).tolist()
             runs = []

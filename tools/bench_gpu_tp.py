@@ -196,13 +196,20 @@ def run_peak(args, out, models, shape):
     out["peak"] = {"kv_cache_bytes": kv_bytes, "batch": fits[-1] if fits else 0}
     if fits and not args.no_peak:
         B = fits[-1]
-        eng = _core.Engine(group, max_batch_tokens=8192, max_seqs=B, kv_cache_bytes=kv_bytes, prefix_caching=False)
         prompts = torch.randint(0, shape.vocab, (B, 1024), generator=torch.Generator().manual_seed(7)).tolist()
-        r = lowbit_run(eng, prompts, 512, 10_000, per_step=True)
-        out["peak"].update({"decode_tok_s": round(r["decode_tokens"] / r["decode_s"], 1),
-                            "e2e_tok_s": round(r["tokens"] / r["total_s"], 1), "prefill_s": round(r["prefill_s"], 2),
-                            "decode_s": round(r["decode_s"], 2), "full_batch": full_batch(r["steps"], B)})
-        del eng
+        # "peak": the first --overlap mode; each mode's figures under "by_overlap" (the same models, one process)
+        for i, mode in enumerate(args.overlap.split(",")):
+            eng = _core.Engine(group, max_batch_tokens=8192, max_seqs=B, kv_cache_bytes=kv_bytes, prefix_caching=False,
+                               overlap_steps=mode == "on")
+            r = lowbit_run(eng, prompts, 512, 10_000 * (i + 1), per_step=True)
+            figures = {"decode_tok_s": round(r["decode_tokens"] / r["decode_s"], 1),
+                       "e2e_tok_s": round(r["tokens"] / r["total_s"], 1), "prefill_s": round(r["prefill_s"], 2),
+                       "decode_s": round(r["decode_s"], 2), "full_batch": full_batch(r["steps"], B),
+                       "overlapped_steps": eng.stats()["overlapped_steps"]}
+            if i == 0:
+                out["peak"].update(figures)
+            out["peak"].setdefault("by_overlap", {})[mode] = figures
+            del eng
         if not args.no_profile:
             out["peak"]["profile"] = decode_profile(models, B, shape)
         print(json.dumps({"recipe": out["recipe"], "tp": out["tp"], "peak": out["peak"]}), flush=True)
@@ -264,6 +271,7 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="no eager profile of the peak batch")
     ap.add_argument("--ladder", default="", help="batch rungs for the peak search (default: 16 .. 1024)")
     ap.add_argument("--allreduce", default="fused,oneshot,nccl", help="TP>1 all-reduce paths, each its own case")
+    ap.add_argument("--overlap", default="on", help="peak: overlap_steps modes, each run on the same models (on,off)")
     ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # recipe:tp:allreduce, run in this process
     args = ap.parse_args()
     if args.case:
@@ -283,7 +291,7 @@ def main():
                 flags = [f for f, on in (("--no-peak", args.no_peak), ("--no-batch1", args.no_batch1),
                                           ("--no-profile", args.no_profile)) if on]
                 cmd = [sys.executable, __file__, part, "--case", f"{recipe}:{tp}:{path}", "--layers", str(args.layers),
-                       "--repeats", str(args.repeats), "--ladder", args.ladder] + flags
+                       "--repeats", str(args.repeats), "--ladder", args.ladder, "--overlap", args.overlap] + flags
                 rc = subprocess.run(cmd).returncode
                 if rc == 0 and os.path.exists(part):
                     with open(part) as f:

@@ -8,6 +8,7 @@
 // mass) of the candidates that share the prefix found so far; the search stops as soon as the chosen
 // bin holds one candidate. Masses are exp(s - top) summed in double, as on the host, in a fixed
 // order (per-thread strided sums, then warps in order), so results do not vary from run to run.
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -30,6 +31,11 @@ __device__ __forceinline__ uint64_t key_of(float s, int id) {
   b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // order-preserving map of floats to unsigned
   return (static_cast<uint64_t>(b) << 32) | static_cast<uint32_t>(0x7FFFFFFF - id);
 }
+__global__ void feed_sampled_kernel(int32_t* ids, const int32_t* feed, const int32_t* sampled, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    if (feed[i] >= 0) ids[i] = sampled[feed[i]];
+}
+
 __device__ __forceinline__ int id_of(uint64_t key) { return 0x7FFFFFFF - static_cast<int>(key & 0xFFFFFFFFu); }
 
 struct RowView {
@@ -320,6 +326,14 @@ void sample_rows(const Rows& logits, const double* params, int32_t* tokens, floa
     sample_kernel<<<static_cast<unsigned>(logits.rows), kThreads, 0, stream>>>(logits, params, tokens, logprobs);
   }
   LOWBIT_CUDA_CHECK_LAUNCH("sample_rows");
+}
+
+void feed_sampled_tokens(int32_t* ids, const int32_t* feed, const int32_t* sampled, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 64));
+  feed_sampled_kernel<<<blocks, threads, 0, stream>>>(ids, feed, sampled, n);
+  LOWBIT_CUDA_CHECK_LAUNCH("feed_sampled_tokens");
 }
 
 }  // namespace lowbit::cuda

@@ -267,10 +267,18 @@ void Engine::finish(std::unique_ptr<Sequence> seq) {
     s->second.num_computed = seq->num_computed;
     s->second.in_use_by = -1;
     s->second.last_used = ++clock_;
+    retire(std::move(seq));
     return;
   }
   if (s != sessions_.end() && s->second.in_use_by == seq->request_id) sessions_.erase(s);
   if (seq->kv >= 0) alloc_->free_sequence(seq->kv);
+  retire(std::move(seq));
+}
+
+void Engine::retire(std::unique_ptr<Sequence> seq) {
+  if (!in_flight_) return;  // no queued step holds it
+  seq->retired = true;
+  retired_.push_back(std::move(seq));
 }
 
 void Engine::abort(int64_t request_id) {
@@ -278,7 +286,8 @@ void Engine::abort(int64_t request_id) {
   if (!seq) return;
   auto s = seq->opts.session_id >= 0 ? sessions_.find(seq->opts.session_id) : sessions_.end();
   if (s != sessions_.end() && s->second.in_use_by == request_id) sessions_.erase(s);
-  if (seq->kv >= 0) alloc_->free_sequence(seq->kv);
+  if (seq->kv >= 0) alloc_->free_sequence(seq->kv);  // a queued step's writes into it come before any reuse (stream order)
+  retire(std::move(seq));
   TokenEvent e;
   e.request_id = request_id;
   e.finished = true;
@@ -293,7 +302,7 @@ void Engine::end_session(int64_t session_id) {
   sessions_.erase(s);  // a request still continuing it frees its KV when it ends
 }
 
-bool Engine::has_unfinished() const { return !scheduler_->empty() || !pending_events_.empty(); }
+bool Engine::has_unfinished() const { return !scheduler_->empty() || !pending_events_.empty() || in_flight_; }
 
 // Fills batch_ for `chunks` (KV already reserved). all_rows: logits of every token (Engine::logits),
 // otherwise of the last token of each chunk that samples.
@@ -381,12 +390,13 @@ bool Engine::graph_decode_step(const std::vector<ScheduledChunk>& chunks) const 
 namespace {
 // A row the device's sampler can answer: nothing edits its logits (penalties, stop ids held back
 // below min_tokens) and no top logprobs are asked for; the others are sampled on the host.
-bool device_sampled(const Sequence& seq) {
+bool device_sampled(const Sequence& seq, int64_t generated) {
   const RequestOptions& o = seq.opts;
-  const bool suppress_stops = seq.num_generated() < o.min_tokens && !o.stop_token_ids.empty();
+  const bool suppress_stops = generated < o.min_tokens && !o.stop_token_ids.empty();
   return o.repetition_penalty == 1.f && o.presence_penalty == 0.f && o.frequency_penalty == 0.f && o.logprobs == 0 &&
          !suppress_stops;
 }
+bool device_sampled(const Sequence& seq) { return device_sampled(seq, seq.num_generated()); }
 }  // namespace
 
 bool Engine::device_row_sampling(const std::vector<ScheduledChunk>& chunks) {
@@ -416,7 +426,7 @@ Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
     ops::prepare_k_window(*rank.cache, batch_.attn.slot_mapping, block_live());
     rank.model->decode_step(batch_, row_sampling_, *rank.cache, rank.ws, rank.tokens, rank.logprobs);
   });
-  last_ranks_wall_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - handed).count();
+  last_ranks_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - handed).count();
   if (!host_rows) return Tensor();
   Tensor logits;  // on rank 0's thread: its GPU is current there
   run_ranks([&](int r) {
@@ -425,19 +435,200 @@ Tensor Engine::graph_decode(const std::vector<ScheduledChunk>& chunks) {
   return logits;
 }
 
+bool Engine::can_overlap(const std::vector<ScheduledChunk>& chunks) const {
+  if (!cfg_.overlap_steps || ranks_[0].cache->config().k_per_channel) return false;  // kc: host window bookkeeping
+  for (const ScheduledChunk& c : chunks)
+    if (!device_sampled(*c.seq)) return false;
+  return true;
+}
+
+void Engine::launch_decode(const std::vector<ScheduledChunk>& chunks, const std::vector<int32_t>& feed) {
+  fill_batch(chunks, false);
+  LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !device_row_sampling(chunks),
+                    "Engine: a queued decode step has a row the device cannot sample");
+  // Rank 0's latest launch, read before any rank launches this step (rank 0 moves on to this step's slot).
+  const DecodeFeedSource source = feed.empty() ? DecodeFeedSource{} : model_.decode_feed_source(ranks_[0].ws);
+  const auto handed = std::chrono::steady_clock::now();
+  run_ranks([&](int r) {
+    Rank& rank = ranks_[size_t(r)];
+    rank.model->decode_launch(batch_, row_sampling_, feed, source, *rank.cache, rank.ws);
+  });
+  last_ranks_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - handed).count();
+}
+
+std::unique_ptr<Engine::InFlight> Engine::launch_continuation(const InFlight& step) {
+  // A request that could join must be admitted by the scheduler first (a prefill chunk is not a graph step).
+  if (scheduler_->num_waiting() > 0 && scheduler_->num_running() < cfg_.max_seqs) return nullptr;
+  const int64_t max_pos = model_.config().max_position_embeddings;
+  auto next = std::make_unique<InFlight>();
+  std::vector<int32_t> feed;
+  int64_t live = 0, blocks = 0;
+  for (size_t i = 0; i < step.chunks.size(); ++i) {
+    Sequence* s = step.chunks[i].seq;
+    if (s->retired) continue;
+    ++live;
+    // Once `step` is taken, s holds one more token: it may end there by length, or need the host's sampler next.
+    const int64_t generated = s->num_generated() + 1, length = int64_t(s->tokens.size()) + 1;
+    if (generated >= s->opts.max_tokens || length >= max_pos) continue;
+    if (!device_sampled(*s, generated)) return nullptr;
+    blocks += alloc_->blocks_needed(s->kv, 1);
+    next->chunks.push_back({s, s->num_computed + 1, 1, true});
+    feed.push_back(int32_t(i));
+  }
+  // Every running sequence must be a row here (none may starve), and the KV of one more token must fit.
+  if (next->chunks.empty() || live != scheduler_->num_running() || blocks > alloc_->num_free_blocks()) return nullptr;
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  for (const ScheduledChunk& c : next->chunks)
+    LOWBIT_CHECK_KIND(ErrorKind::kRuntime, alloc_->append_tokens(c.seq->kv, 1, &copies),
+                      "Engine: KV reservation failed after the free-block check");
+  if (!copies.empty())  // copy-on-write of a shared last block; ordered after `step` and before the next on the GPU
+    run_ranks([&](int r) {
+      for (const auto& c : copies) ranks_[size_t(r)].cache->copy_block(c.first, c.second);
+    });
+  for (const ScheduledChunk& c : next->chunks) {
+    c.seq->pending_token = int64_t(c.seq->tokens.size());
+    c.seq->tokens.push_back(-1);  // `step` samples it; the device feeds it to the next step
+  }
+  launch_decode(next->chunks, feed);
+  ++overlapped_steps_;
+  return next;
+}
+
+void Engine::take_step(const InFlight& step, std::vector<TokenEvent>& events) {
+  const auto handed = std::chrono::steady_clock::now();
+  run_ranks([&](int r) {
+    Rank& rank = ranks_[size_t(r)];
+    rank.model->decode_wait(rank.ws, rank.tokens, rank.logprobs);
+  });
+  last_ranks_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - handed).count();
+  std::vector<Sequence*> seqs;
+  std::vector<SampleResult> results;
+  for (size_t i = 0; i < step.chunks.size(); ++i) {
+    Sequence* s = step.chunks[i].seq;
+    if (s->retired) {  // it stopped (or was aborted) after this step was queued: its row is dropped
+      ++dropped_rows_;
+      continue;
+    }
+    s->num_computed += step.chunks[i].len;
+    alloc_->cache_computed_blocks(s->kv, s->tokens, s->num_computed);
+    seqs.push_back(s);
+    SampleResult r;
+    r.token = ranks_[0].tokens[i];
+    r.logprob = ranks_[0].logprobs[i];
+    results.push_back(std::move(r));
+  }
+  append_tokens(seqs, results, events);
+}
+
+void Engine::drain(const InFlight&) {
+  try {  // the step's slot is free again whatever the wait says; its error is the one being raised already
+    run_ranks([&](int r) {
+      Rank& rank = ranks_[size_t(r)];
+      rank.model->decode_wait(rank.ws, rank.tokens, rank.logprobs);
+    });
+  } catch (...) {
+  }
+}
+
+void Engine::abandon(const std::vector<const InFlight*>& steps) {
+  std::vector<Sequence*> seqs;
+  for (const InFlight* f : steps)
+    if (f)
+      for (const ScheduledChunk& c : f->chunks)
+        if (!c.seq->retired && std::find(seqs.begin(), seqs.end(), c.seq) == seqs.end()) seqs.push_back(c.seq);
+  for (auto it = seqs.rbegin(); it != seqs.rend(); ++it) {
+    Sequence* s = *it;
+    if (s->pending_token >= 0) s->tokens.resize(size_t(s->pending_token));  // the placeholder is the last token
+    s->pending_token = -1;
+    if (scheduler_->find(s->request_id) == s) scheduler_->requeue(s);
+  }
+}
+
+void Engine::append_tokens(const std::vector<Sequence*>& seqs, std::vector<SampleResult>& results,
+                           std::vector<TokenEvent>& events) {
+  const int64_t max_pos = model_.config().max_position_embeddings;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence* seq = seqs[i];
+    SampleResult& r = results[i];
+    if (seq->pending_token >= 0) {  // a queued step already holds a placeholder for this token
+      seq->tokens[size_t(seq->pending_token)] = r.token;
+      seq->pending_token = -1;
+    } else {
+      seq->tokens.push_back(r.token);
+    }
+    ++generated_tokens_;
+    TokenEvent e;
+    e.request_id = seq->request_id;
+    e.token = r.token;
+    e.logprob = r.logprob;
+    e.top_logprobs = std::move(r.top_logprobs);
+    const std::vector<int32_t>& stops = seq->opts.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), r.token) != stops.end())
+      e.finish_reason = "stop";
+    else if (seq->num_generated() >= seq->opts.max_tokens || int64_t(seq->tokens.size()) >= max_pos)
+      e.finish_reason = "length";
+    e.finished = !e.finish_reason.empty();
+    if (e.finished) finish(scheduler_->remove(seq->request_id));
+    events.push_back(std::move(e));
+  }
+}
+
 std::vector<TokenEvent> Engine::step() {
   const auto started = std::chrono::steady_clock::now();
   const int64_t timed_before = model_.decode_graph_timing(ranks_[0].ws).steps;
   std::vector<TokenEvent> events = std::move(pending_events_);
   pending_events_.clear();
-  std::vector<std::pair<int32_t, int32_t>> copies;
-  const std::vector<ScheduledChunk> chunks = scheduler_->schedule(&copies);
-  if (!copies.empty())
-    run_ranks([&](int r) {
-      for (const auto& c : copies) ranks_[size_t(r)].cache->copy_block(c.first, c.second);
-    });
-  if (chunks.empty()) return events;
+  last_ranks_wall_ms_ = 0;
+  if (!in_flight_) {
+    std::vector<std::pair<int32_t, int32_t>> copies;
+    std::vector<ScheduledChunk> chunks = scheduler_->schedule(&copies);
+    if (!copies.empty())
+      run_ranks([&](int r) {
+        for (const auto& c : copies) ranks_[size_t(r)].cache->copy_block(c.first, c.second);
+      });
+    if (chunks.empty()) return events;
+    if (!graph_decode_step(chunks) || !can_overlap(chunks)) {
+      run_step(chunks, events);
+      note_graph_wall(started, timed_before);
+      return events;
+    }
+    try {
+      launch_decode(chunks, {});
+    } catch (...) {
+      for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) scheduler_->requeue(it->seq);
+      pending_events_ = std::move(events);
+      throw;
+    }
+    in_flight_ = std::make_unique<InFlight>(InFlight{std::move(chunks)});
+  }
+  // Queue the next step behind the one in flight, then take that one: the GPU runs the next step while the host
+  // hands out this one's tokens and returns to the caller.
+  std::unique_ptr<InFlight> current = std::move(in_flight_);
+  std::vector<std::unique_ptr<Sequence>> ended = std::move(retired_);  // rows of `current` at most: freed below
+  retired_.clear();
+  try {
+    in_flight_ = launch_continuation(*current);
+    take_step(*current, events);
+  } catch (...) {
+    // Nothing of the failed steps counts (as in run_step): their sequences recompute from scratch later.
+    std::unique_ptr<InFlight> queued = std::move(in_flight_);
+    if (queued) drain(*queued);
+    abandon({current.get(), queued.get()});
+    retired_.clear();
+    pending_events_ = std::move(events);
+    throw;
+  }
+  note_graph_wall(started, timed_before);
+  return events;
+}
 
+void Engine::note_graph_wall(std::chrono::steady_clock::time_point started, int64_t timed_before) {
+  if (model_.decode_graph_timing(ranks_[0].ws).steps <= timed_before) return;  // no replayed (timed) step taken
+  graph_step_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  graph_ranks_wall_ms_ += last_ranks_wall_ms_;
+}
+
+void Engine::run_step(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>& events) {
   Tensor logits;
   const bool graph_step = graph_decode_step(chunks);
   // Eager GPU steps sample on the device too: a mixed step would otherwise download [rows, vocab] f32 logits.
@@ -449,10 +640,10 @@ std::vector<TokenEvent> Engine::step() {
     // failing step (e.g. a kernel missing for the recipe) never leaves a half-written cache behind.
     for (auto it = chunks.rbegin(); it != chunks.rend(); ++it) scheduler_->requeue(it->seq);
     pending_events_ = std::move(events);
+    events.clear();
     throw;
   }
   const int64_t vocab = model_.config().vocab_size;
-  const int64_t max_pos = model_.config().max_position_embeddings;
   std::vector<Sequence*> to_sample;
   for (const ScheduledChunk& c : chunks) {
     Sequence* seq = c.seq;
@@ -491,31 +682,7 @@ std::vector<TokenEvent> Engine::step() {
     }
   }
   if (error) std::rethrow_exception(error);
-
-  for (int64_t i = 0; i < n; ++i) {
-    Sequence* seq = to_sample[size_t(i)];
-    SampleResult& r = results[size_t(i)];
-    seq->tokens.push_back(r.token);
-    ++generated_tokens_;
-    TokenEvent e;
-    e.request_id = seq->request_id;
-    e.token = r.token;
-    e.logprob = r.logprob;
-    e.top_logprobs = std::move(r.top_logprobs);
-    const std::vector<int32_t>& stops = seq->opts.stop_token_ids;
-    if (std::find(stops.begin(), stops.end(), r.token) != stops.end())
-      e.finish_reason = "stop";
-    else if (seq->num_generated() >= seq->opts.max_tokens || int64_t(seq->tokens.size()) >= max_pos)
-      e.finish_reason = "length";
-    e.finished = !e.finish_reason.empty();
-    if (e.finished) finish(scheduler_->remove(seq->request_id));
-    events.push_back(std::move(e));
-  }
-  if (graph_step && model_.decode_graph_timing(ranks_[0].ws).steps > timed_before) {  // a replayed (timed) step
-    graph_step_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-    graph_ranks_wall_ms_ += last_ranks_wall_ms_;
-  }
-  return events;
+  append_tokens(to_sample, results, events);
 }
 
 Tensor Engine::logits(const std::vector<int32_t>& prompt) {
@@ -581,6 +748,8 @@ EngineStats Engine::stats() const {
   s.decode_step_wall_ms = graph_step_wall_ms_;
   s.decode_ranks_wall_ms = graph_ranks_wall_ms_;
   s.decode_rank0_wall_ms = t.host_ms;
+  s.overlapped_steps = overlapped_steps_;
+  s.dropped_rows = dropped_rows_;
   return s;
 }
 

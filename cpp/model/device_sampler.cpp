@@ -1,7 +1,6 @@
 // DeviceSampler (model/device_sampler.h).
 #include "model/device_sampler.h"
 
-#include "model/device_support.h"
 #ifdef LOWBIT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -23,9 +22,12 @@ DeviceSampler::DeviceSampler(int64_t rows, const Device& device) : max_rows(rows
 }
 
 void DeviceSampler::stage(const std::vector<RowSampling>& sampling, int64_t rows, const char* op) {
+  stage(sampling, rows, static_cast<double*>(params_host.data_ptr()), op);
+}
+
+void DeviceSampler::stage(const std::vector<RowSampling>& sampling, int64_t rows, double* params, const char* op) {
   LOWBIT_CHECK(rows >= int64_t(sampling.size()) && rows <= max_rows, op, ": ", rows, " sampled rows (",
                sampling.size(), " requests), the sampler holds ", max_rows);
-  double* params = static_cast<double*>(params_host.data_ptr());
   for (int64_t i = 0; i < rows; ++i) {
     const RowSampling s = i < int64_t(sampling.size()) ? sampling[size_t(i)] : RowSampling{};
     LOWBIT_CHECK(s.temperature >= 0.f && s.top_p > 0.f && s.top_p <= 1.f && s.min_p >= 0.f && s.min_p <= 1.f &&
@@ -34,7 +36,12 @@ void DeviceSampler::stage(const std::vector<RowSampling>& sampling, int64_t rows
     double* p = params + i * 5;
     p[0] = s.temperature, p[1] = s.top_k, p[2] = s.top_p, p[3] = s.min_p, p[4] = s.uniform;
   }
-  model_detail::upload_async(params_device.slice(0, 0, rows), params_host.slice(0, 0, rows));
+#ifdef LOWBIT_WITH_CUDA
+  LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(params_device.data_ptr(), params, size_t(rows) * 5 * sizeof(double),
+                                        cudaMemcpyHostToDevice, cuda::current_stream()));
+#else
+  LOWBIT_NOT_SUPPORTED(op, ": sampling on the GPU needs a CUDA build of lowbit");
+#endif
 }
 
 #ifdef LOWBIT_WITH_CUDA
@@ -57,7 +64,19 @@ void DeviceSampler::fetch(int64_t n, std::vector<int32_t>& tokens, std::vector<f
   logprobs.assign(logprobs_host.data<float>(), logprobs_host.data<float>() + n);
 }
 
+void DeviceSampler::download_async(int64_t n, int32_t* tokens, float* logprobs, const char* op) const {
+  const cudaStream_t stream = cuda::current_stream();
+  LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(tokens, tokens_device.data_ptr(), size_t(n) * 4, cudaMemcpyDeviceToHost,
+                                        stream));
+  LOWBIT_CUDA_CHECK(op, cudaMemcpyAsync(logprobs, logprobs_device.data_ptr(), size_t(n) * 4, cudaMemcpyDeviceToHost,
+                                        stream));
+}
+
 #else
+
+void DeviceSampler::download_async(int64_t, int32_t*, float*, const char* op) const {
+  LOWBIT_NOT_SUPPORTED(op, ": sampling on the GPU needs a CUDA build of lowbit");
+}
 
 void DeviceSampler::sample(const Tensor&) const {
   LOWBIT_NOT_SUPPORTED("DeviceSampler: sampling on the GPU needs a CUDA build of lowbit");

@@ -21,6 +21,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
                    help="GPU: share of the device memory the process may fill; the KV cache gets the rest (default 0.9)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="GPU: run decode steps without CUDA graphs")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="GPU: wait for each decode step before queueing the next (overlap_steps=False)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--quiet", action="store_true", help="no load progress on stderr")
     p.add_argument("--kernel", action="append", default=[], metavar="ROLE=KERNEL",
@@ -126,8 +128,9 @@ def _load(args):
     from .llm import LLM
     return LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
                progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
-               cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
-               strict=args.strict, load_format=args.load_format, tensor_parallel=args.tp)
+               cuda_graphs=not args.no_cuda_graphs, overlap_steps=not args.no_overlap,
+               kernel_overrides=_kernel_overrides(args.kernel), strict=args.strict, load_format=args.load_format,
+               tensor_parallel=args.tp)
 
 
 def _sampling(args):
@@ -199,8 +202,8 @@ def cmd_serve(args) -> int:
     from .serve import serve
     llm = LLM(args.model, recipe=args.recipe, device=args.device, dtype=args.dtype, num_threads=args.threads,
               progress=not args.quiet, gpu_memory_fraction=args.gpu_memory_fraction,
-              cuda_graphs=not args.no_cuda_graphs, kernel_overrides=_kernel_overrides(args.kernel),
-              strict=args.strict, max_seqs=args.max_seqs, kv_cache_memory=args.kv_cache_memory, step_thread=True,
+              cuda_graphs=not args.no_cuda_graphs, overlap_steps=not args.no_overlap,
+              kernel_overrides=_kernel_overrides(args.kernel), strict=args.strict, max_seqs=args.max_seqs, kv_cache_memory=args.kv_cache_memory, step_thread=True,
               prefix_caching=not args.no_prefix_caching, load_format=args.load_format, tensor_parallel=args.tp)
     serve(llm, host=args.host, port=args.port, model_name=args.served_model_name, api_key=args.api_key,
           max_seqs=args.max_seqs, max_queue=args.max_queue, log_level=args.log_level)

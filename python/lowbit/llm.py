@@ -35,7 +35,7 @@ class LLM:
                  dtype: str | None = None, max_batch_tokens: int = 2048, max_seqs: int = 64,
                  kv_cache_memory: int | None = None, block_size: int = 16, num_threads: int | None = None,
                  progress: bool = True, step_thread: bool = False, gpu_memory_fraction: float = 0.9,
-                 cuda_graphs: bool = True, kernel_overrides: dict[str, str] | None = None,
+                 cuda_graphs: bool = True, overlap_steps: bool = True, kernel_overrides: dict[str, str] | None = None,
                  strict: bool = False, prefix_caching: bool = True, load_format: str = "auto",
                  tensor_parallel: int = 1, tensor_parallel_backend: str = "auto") -> None:
         from . import _core
@@ -46,6 +46,8 @@ class LLM:
             raise ValueError(f"LLM: kv_cache_memory must be a positive number of bytes or None, got {kv_cache_memory!r}")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads <= 0):
             raise ValueError(f"LLM: num_threads must be a positive integer or None, got {num_threads!r}")
+        if not isinstance(overlap_steps, bool):
+            raise ValueError(f"LLM: overlap_steps must be True or False, got {overlap_steps!r}")
         if not isinstance(prefix_caching, bool):
             raise ValueError(f"LLM: prefix_caching must be True or False, got {prefix_caching!r}")
         if not isinstance(tensor_parallel, int) or isinstance(tensor_parallel, bool) or tensor_parallel < 1:
@@ -85,7 +87,8 @@ class LLM:
                                    max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
                                    block_size=block_size, kv_cache_bytes=kv_cache_memory or 0,
                                    num_threads=num_threads or 0, gpu_memory_fraction=float(gpu_memory_fraction),
-                                   cuda_graphs=bool(cuda_graphs), prefix_caching=prefix_caching)
+                                   cuda_graphs=bool(cuda_graphs), prefix_caching=prefix_caching,
+                                   overlap_steps=overlap_steps)
         eos = list(self.config.eos_token_ids) or list(self.tokenizer.eos_token_ids)
         self._driver = EngineDriver(self.engine, self.tokenizer, eos, step_thread=step_thread)
         self._next_session = 0

@@ -70,6 +70,9 @@ void cast_rows_to_f32(const Rows& x, const Rows& out, cudaStream_t stream);
 // unmodified row (f32). tokens/logprobs: device s32/f32 [rows]. On sm_90 (row cluster mode not 0) a cluster of 8
 // CTAs scans each row: the same tokens, the logprob's sum of exp in another order (its last bits may differ).
 void sample_rows(const Rows& logits, const double* params, int32_t* tokens, float* logprobs, cudaStream_t stream);
+// ids[i] = sampled[feed[i]] where feed[i] >= 0: a queued decode step takes its token ids from the tokens the step
+// before it sampled, still on the device. ids, feed, sampled: device s32 ([n], [n], rows of that step).
+void feed_sampled_tokens(int32_t* ids, const int32_t* feed, const int32_t* sampled, int64_t n, cudaStream_t stream);
 
 // Rotates q [T, Hq, D] and k [T, Hkv, D] (either may be undefined; f32/f16/bf16; last dim
 // contiguous) at device positions (s32 [T]). inv_freq has rotary_dim / 2 (<= 128) entries computed

@@ -2,6 +2,7 @@
 // TokenEvents. Owns the paged KV cache and every per-step buffer (sized once at construction).
 // Not thread-safe: one caller drives step(); the Python binding releases the GIL inside it.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,6 +32,13 @@ struct EngineConfig {
   // for per-step scratch and graph memory.
   double gpu_memory_fraction = 0.9;
   bool cuda_graphs = true;          // GPU: decode-only steps replay CUDA graphs (Model::decode_step)
+  // GPU, CUDA graphs: while a decode step runs, the next one is queued behind it with its token ids taken from this
+  // step's sampled tokens on the device, so the host's work (this step's tokens and events, the caller's loop, the
+  // next step's staging) overlaps the GPU's instead of leaving it idle. step() still returns one step's events. A
+  // sequence that samples a stop token computes one more row, which is dropped. Steps are not overlapped while a
+  // waiting request could be admitted, a row is sampled on the host (penalties, logprobs, min_tokens with stop ids)
+  // or K is quantized per channel.
+  bool overlap_steps = true;
   int num_threads = 0;              // CPU threads for the kernels (0: leave the OpenMP default)
   // Automatic prefix caching: full KV blocks stay cached (keyed by their tokens' chained hash, the
   // model, recipe and K/V formats) and a request whose prompt starts with cached blocks computes only
@@ -59,6 +67,9 @@ struct EngineStats {
   // every rank returned) and rank 0's decode_step alone (entry to return). Their differences place the host time:
   // the engine's own bookkeeping, waiting for the other ranks, rank 0's staging and its wait for the GPU.
   double decode_step_wall_ms = 0, decode_ranks_wall_ms = 0, decode_rank0_wall_ms = 0;
+  // Decode steps queued behind the step before them (EngineConfig::overlap_steps), and rows they computed for
+  // sequences that had stopped meanwhile (dropped).
+  int64_t overlapped_steps = 0, dropped_rows = 0;
 };
 
 class Engine {
@@ -115,6 +126,31 @@ class Engine {
   // A decode-only GPU step: graph replay, sampling on the device into device_tokens_/_logprobs_;
   // returns the step's host logits when some row is sampled on the host (undefined otherwise).
   Tensor graph_decode(const std::vector<ScheduledChunk>& chunks);
+  // Overlapped decode steps (EngineConfig::overlap_steps): a graph step launched and not yet taken.
+  struct InFlight {
+    std::vector<ScheduledChunk> chunks;  // one decode row per chunk, in row order
+  };
+  // Whether `chunks` (a graph decode step) may be launched without waiting, and continued behind itself.
+  bool can_overlap(const std::vector<ScheduledChunk>& chunks) const;
+  // Launches a decode step on every rank without waiting; feed as Model::decode_launch.
+  void launch_decode(const std::vector<ScheduledChunk>& chunks, const std::vector<int32_t>& feed);
+  // The step after `step`, queued behind it (its rows: step's sequences that go on, their tokens fed on the
+  // device); nullptr when it cannot be planned now (step() then takes `step` and schedules afresh).
+  std::unique_ptr<InFlight> launch_continuation(const InFlight& step);
+  // Waits for `step` and hands its tokens to its sequences (events, finishes).
+  void take_step(const InFlight& step, std::vector<TokenEvent>& events);
+  // Waits for a queued step whose results are not wanted (after another step failed), ignoring its errors.
+  void drain(const InFlight& step);
+  // After a failed overlapped step: every sequence of `steps` recomputes from scratch later (placeholders dropped).
+  void abandon(const std::vector<const InFlight*>& steps);
+  // Appends each sampled row's token (results[i] for chunks[i]) and makes its event; finished sequences end.
+  void append_tokens(const std::vector<Sequence*>& seqs, std::vector<SampleResult>& results,
+                     std::vector<TokenEvent>& events);
+  void retire(std::unique_ptr<Sequence> seq);  // ends seq's life after the queued step that holds it
+  // One step scheduled by the scheduler, run to completion (eager, or a graph step that is not overlapped).
+  void run_step(const std::vector<ScheduledChunk>& chunks, std::vector<TokenEvent>& events);
+  // Adds step()'s wall to the graph-step walls when it took a replayed (timed) graph step.
+  void note_graph_wall(std::chrono::steady_clock::time_point started, int64_t timed_before);
   int64_t gpu_kv_budget(const Model& model, int64_t block_bytes) const;
   int64_t window_slots() const;                  // per-channel K on a GPU: f16 window slots per rank (else 0)
   int64_t window_bytes(int64_t slots) const;     // their bytes per rank
@@ -152,6 +188,9 @@ class Engine {
   std::map<int64_t, Session> sessions_;
   std::vector<TokenEvent> pending_events_;   // abort events for the next step
   std::vector<RowSampling> row_sampling_;    // per logit row of a step sampled on the device
+  std::unique_ptr<InFlight> in_flight_;      // overlap_steps: the step launched and not yet taken
+  std::vector<std::unique_ptr<Sequence>> retired_;  // ended while in_flight_ holds their rows
+  int64_t overlapped_steps_ = 0, dropped_rows_ = 0;
   int64_t clock_ = 0;
   int64_t prefill_tokens_ = 0, generated_tokens_ = 0;
   // Host walls of replayed graph steps (EngineStats::decode_step_wall_ms, decode_ranks_wall_ms).

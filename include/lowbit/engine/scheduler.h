@@ -32,6 +32,11 @@ struct Sequence {
   SeqId kv = -1;               // allocator sequence, -1 while it holds no KV
   int64_t num_computed = 0;    // tokens whose K/V are in the cache (computed or adopted from the prefix cache)
   int64_t admit_order = -1;    // larger = admitted more recently
+  // Overlapped decode steps (EngineConfig::overlap_steps): tokens[pending_token] is a placeholder for the token a
+  // step still running samples (-1: none; when set, it is the last token); retired: finished or aborted while a
+  // queued step still holds its row, which is then dropped.
+  int64_t pending_token = -1;
+  bool retired = false;
   int64_t num_generated() const { return int64_t(tokens.size()) - prompt_len; }
   int64_t remaining() const { return int64_t(tokens.size()) - num_computed; }
 };

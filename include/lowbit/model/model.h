@@ -59,6 +59,14 @@ struct DecodeGraphTiming {
   double host_ms = 0;      // the same steps' decode_step calls on the host, entry to return (this rank's wall)
 };
 
+// Where another rank's queued decode step finds the tokens rank 0 sampled (tensor parallelism): rank 0's device
+// buffer, its device index, and the event recorded after the sampling of rank 0's latest launched step.
+struct DecodeFeedSource {
+  const int32_t* tokens = nullptr;
+  int device = -1;
+  void* sampled = nullptr;  // cudaEvent_t
+};
+
 // Scratch activations for up to max_tokens tokens and max_logit_rows logit rows, allocated once
 // (Model::make_workspace) and reused by every forward so that the hot path never allocates.
 struct ModelWorkspace {
@@ -179,6 +187,17 @@ class Model {
   // log-softmax. The logits stay on the device until decode_logits() fetches them.
   void decode_step(const ForwardBatch& batch, const std::vector<RowSampling>& sampling, KVCache& cache,
                    ModelWorkspace& ws, std::vector<int32_t>& tokens, std::vector<float>& logprobs) const;
+  // decode_step in two halves, so that the engine can queue the next step before it takes this one's tokens:
+  // decode_launch checks, stages, uploads and launches the step, then returns; decode_wait waits for the oldest
+  // launched step and returns its tokens (rank 0; cleared elsewhere). At most two steps are in flight. feed (empty,
+  // or one entry per sequence): feed[i] >= 0 takes row i's token id from row feed[i] of the previous launched
+  // step's sampled tokens on the device (batch.token_ids[i] is not read); other ranks copy rank 0's from `source`.
+  void decode_launch(const ForwardBatch& batch, const std::vector<RowSampling>& sampling,
+                     const std::vector<int32_t>& feed, const DecodeFeedSource& source, KVCache& cache,
+                     ModelWorkspace& ws) const;
+  void decode_wait(ModelWorkspace& ws, std::vector<int32_t>& tokens, std::vector<float>& logprobs) const;
+  // Rank 0's tokens of its latest launched step, for the other ranks' next decode_launch.
+  DecodeFeedSource decode_feed_source(const ModelWorkspace& ws) const;
   // f32 [n, vocab] logits of the last decode_step's first n rows: a view of ws.logits (host).
   Tensor decode_logits(ModelWorkspace& ws, int64_t n) const;
   // Rows one decode graph can hold for this workspace (0 on the CPU: no graphs there).
