@@ -40,10 +40,13 @@ def uniform_source(seed):
 
 
 def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=320, layers=2, heads=8, kv_heads=2,
-                 head_dim=128, max_pos=512, kernel_overrides=None):
+                 head_dim=128, max_pos=512, kernel_overrides=None, communicator=None):
+    """communicator: this model is that rank of a tensor-parallel group (each rank draws the same weights)."""
     cfg = llama_config(vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos)
     g, u = uniform_source(seed)
     m = _core.Model(cfg, recipe, device, dtype)
+    if communicator is not None:
+        m.set_tensor_parallel(communicator)
     if kernel_overrides:
         m.set_kernel_options(kernel_overrides, False)
     m.set_weight("model.embed_tokens.weight", u(vocab, hidden, a=1.0))

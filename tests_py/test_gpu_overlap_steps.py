@@ -47,14 +47,22 @@ def prompts(seed, lengths):
 def first_new_token(tokens, start):
     """The first position >= start whose token does not occur before it (a stop id that ends the request there)."""
     ids = [t for t, _ in tokens]
-    return next(i for i in range(start, len(ids)) if ids[i] not in ids[:i])
+    found = [i for i in range(start, len(ids)) if ids[i] not in ids[:i]]
+    assert found, f"no new token at or after position {start}: {ids}"
+    return found[0]
+
+
+# A random model's text repeats itself, greedy or at temperature 1; a request that must stop on a token seen for the
+# first time late in its output samples this hot instead (seeded, so both modes draw the same).
+HOT = dict(temperature=4.0)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_overlapped_steps_equal_serial_steps(recipe):
     model = random_llama(recipe, "cuda", "f16", seed=3)
     ps = prompts(11, (3, 17, 40, 9))
-    opts = [dict(temperature=0.0, max_tokens=12), dict(temperature=0.0, max_tokens=20),
+    # request 1 samples (seeded): a random model's greedy text repeats, and its stop id must first occur late
+    opts = [dict(temperature=0.0, max_tokens=12), dict(**HOT, seed=5, max_tokens=20),
             dict(temperature=0.8, top_p=0.9, seed=11, max_tokens=27), dict(temperature=0.0, max_tokens=33)]
     first, _, _ = drive(make_engine(model, False), list(zip(ps, opts)))
     stop_at = first_new_token(first[1], 4)
@@ -88,13 +96,14 @@ def test_session_continued_after_a_stop_in_a_queued_step():
     dropped row; the next turn reuses that KV and decodes as the serial engine does."""
     model = random_llama("w4a8kv8", "cuda", "f16", seed=5)
     p0, q0, q1 = prompts(13, (19, 7, 5))
-    plain, _, _ = drive(make_engine(model, False), [(p0, dict(temperature=0.0, max_tokens=24)),
+    plain, _, _ = drive(make_engine(model, False), [(p0, dict(**HOT, seed=3, max_tokens=24)),
                                                    (q0, dict(temperature=0.0, max_tokens=24))])
     stop = plain[0][first_new_token(plain[0], 5)][0]
     results = []
     for overlap in (False, True):
         eng = make_engine(model, overlap)
-        turn1, reasons, _ = drive(eng, [(p0, dict(temperature=0.0, max_tokens=24, session_id=1, stop_token_ids=[stop])),
+        turn1, reasons, _ = drive(eng, [(p0, dict(**HOT, seed=3, max_tokens=24, session_id=1,
+                                                  stop_token_ids=[stop])),
                                         (q0, dict(temperature=0.0, max_tokens=24))])
         assert reasons == ["stop", "length"]
         history = p0 + [t for t, _ in turn1[0]]
@@ -158,3 +167,23 @@ def test_overlapped_steps_are_timed_like_serial_ones():
         assert stats["overlapped_steps"] == (22 if overlap else 0) and stats["dropped_rows"] == 0
         assert stats["decode_graph_ms"] > 0
     assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(not (_core.nccl_available()[0] and torch.cuda.device_count() >= 2),
+                    reason="needs 2 GPUs and a build with NCCL")
+def test_tensor_parallel_overlapped_steps_equal_serial_steps():
+    """TP=2 over NCCL: rank 0 samples; a queued step's other rank copies rank 0's tokens from its GPU once rank 0's
+    event says they are there. Both modes must agree bit for bit, a stop token's dropped row included."""
+    comms = _core.make_nccl_communicators([0, 1])
+    models = [random_llama("w16a16", f"cuda:{r}", "f16", seed=8, communicator=comms[r]) for r in range(2)]
+    ps = prompts(16, (4, 23, 9, 14))
+    opts = [dict(temperature=0.0, max_tokens=14), dict(**HOT, seed=2, max_tokens=22),
+            dict(temperature=0.0, max_tokens=18), dict(temperature=0.7, seed=9, max_tokens=25)]
+    first, _, _ = drive(_core.Engine(models, max_batch_tokens=512, max_seqs=8, overlap_steps=False),
+                        list(zip(ps, opts)))
+    opts[1]["stop_token_ids"] = [first[1][first_new_token(first[1], 4)][0]]
+    runs = [drive(_core.Engine(models, max_batch_tokens=512, max_seqs=8, overlap_steps=overlap), list(zip(ps, opts)))
+            for overlap in (False, True)]
+    assert runs[0][1] == runs[1][1] and runs[0][1][1] == "stop"
+    assert runs[1][0] == runs[0][0]
+    assert runs[1][2]["overlapped_steps"] > 10 and runs[1][2]["dropped_rows"] == 1
