@@ -40,8 +40,10 @@ def uniform_source(seed):
 
 
 def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=320, layers=2, heads=8, kv_heads=2,
-                 head_dim=128, max_pos=512, kernel_overrides=None, communicator=None):
-    """communicator: this model is that rank of a tensor-parallel group (each rank draws the same weights)."""
+                 head_dim=128, max_pos=512, kernel_overrides=None, communicator=None, embed_scale=1.0):
+    """communicator: this model is that rank of a tensor-parallel group (each rank draws the same weights).
+    embed_scale: the embedding's range; at 1 the tied embedding dominates the logits and greedy text repeats the
+    last token, smaller scales give text that moves on."""
     cfg = llama_config(vocab, hidden, inter, layers, heads, kv_heads, head_dim, max_pos)
     g, u = uniform_source(seed)
     m = _core.Model(cfg, recipe, device, dtype)
@@ -49,7 +51,7 @@ def random_llama(recipe, device, dtype, seed=0, vocab=1000, hidden=256, inter=32
         m.set_tensor_parallel(communicator)
     if kernel_overrides:
         m.set_kernel_options(kernel_overrides, False)
-    m.set_weight("model.embed_tokens.weight", u(vocab, hidden, a=1.0))
+    m.set_weight("model.embed_tokens.weight", u(vocab, hidden, a=embed_scale))
     m.set_weight("model.norm.weight", 0.8 + 0.4 * torch.rand(hidden, generator=g))
     q, kv = heads * head_dim, kv_heads * head_dim
     for i in range(layers):

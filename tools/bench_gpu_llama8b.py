@@ -261,7 +261,9 @@ def part_lowbit(args, shape, out, recipe):
     t = time.perf_counter()
     # "recipe+key=value+...": kernel overrides for an A/B in one run (e.g. +linear.qkv=gemm_w4a8_sm80)
     base, *overrides = recipe.split("+")
-    model = lowbit_model(shape, base, device, dtype, dict(o.split("=", 1) for o in overrides))
+    kernel_overrides = dict(o.split("=", 1) for o in overrides)
+    overlap = kernel_overrides.pop("overlap", "on") != "off"  # "+overlap=off": the engine's overlap_steps, A/B
+    model = lowbit_model(shape, base, device, dtype, kernel_overrides)
     part.d["load_s"] = round(time.perf_counter() - t, 2)
     info = model.info()
     part.d["info"] = info
@@ -272,9 +274,10 @@ def part_lowbit(args, shape, out, recipe):
     max_b = max(args.batches)
     kv_bytes = info["kv_bytes_per_token"] * max_b * (PROMPT + NEW + 64)
     eng = _core.Engine(model, max_batch_tokens=args.max_batch_tokens, max_seqs=max(64, max_b),
-                       kv_cache_bytes=kv_bytes, prefix_caching=False)  # repeated prompts are prefilled every run
+                       kv_cache_bytes=kv_bytes, prefix_caching=False,  # repeated prompts are prefilled every run
+                       overlap_steps=overlap)
     part.d["engine_config"] = {"max_batch_tokens": args.max_batch_tokens, "max_seqs": max(64, max_b),
-                               "kv_cache_bytes": kv_bytes, "block_size": 16}
+                               "kv_cache_bytes": kv_bytes, "block_size": 16, "overlap_steps": overlap}
     part.sample_memory()
     part.d["memory"]["after_load"] = stats()
     part.save()
