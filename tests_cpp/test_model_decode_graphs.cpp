@@ -1,5 +1,5 @@
-// The bucketing of CUDA-graph decode steps (model/decode_graphs.h) and decode_step's refusal on
-// the CPU. The graphs themselves need a GPU: tests_py/test_gpu_engine.py runs them there.
+// The bucketing of CUDA-graph decode steps (model/decode_graphs.h) and the refusals of decode_step,
+// decode_launch and decode_wait on the CPU. The graphs themselves need a GPU: tests_py/test_gpu_engine.py runs them there.
 #include <gtest/gtest.h>
 
 #include "model/decode_graphs.h"
@@ -38,6 +38,26 @@ TEST(DecodeGraphs, DecodeStepNeedsACudaModel) {
     EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);
     EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
   }
+}
+
+TEST(DecodeGraphs, LaunchAndWaitNeedACudaModelAndALaunchedStep) {
+  const ModelConfig c = testing_ref::tiny_config();
+  Model m(c, "w16a16");
+  testing_ref::load(m, testing_ref::random_weights(c, 1));
+  KVCache cache(m.kv_cache_config(8, 16));
+  ModelWorkspace ws = m.make_workspace(16, 16);
+  ForwardBatch b;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  EXPECT_THROW(m.decode_launch(b, {}, {}, DecodeFeedSource{}, cache, ws), Error);
+  try {  // nothing was launched: the wait must say so (a CPU build: that graphs need CUDA)
+    m.decode_wait(ws, tokens, logprobs);
+    FAIL() << "decode_wait returned without a launched step";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("in flight") != std::string::npos || what.find("CUDA") != std::string::npos) << what;
+  }
+  EXPECT_EQ(m.decode_feed_source(ws).tokens, nullptr);  // no graphs, no tokens to feed
 }
 
 }  // namespace
