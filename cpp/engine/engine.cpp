@@ -520,8 +520,8 @@ void Engine::take_step(const InFlight& step, std::vector<TokenEvent>& events) {
   append_tokens(seqs, results, events);
 }
 
-void Engine::drain(const InFlight&) {
-  try {  // the step's slot is free again whatever the wait says; its error is the one being raised already
+void Engine::drain_queued_step() {
+  try {  // the step's slot is free again whatever the wait says; the error being raised is the earlier one
     run_ranks([&](int r) {
       Rank& rank = ranks_[size_t(r)];
       rank.model->decode_wait(rank.ws, rank.tokens, rank.logprobs);
@@ -612,7 +612,7 @@ std::vector<TokenEvent> Engine::step() {
   } catch (...) {
     // Nothing of the failed steps counts (as in run_step): their sequences recompute from scratch later.
     std::unique_ptr<InFlight> queued = std::move(in_flight_);
-    if (queued) drain(*queued);
+    if (queued) drain_queued_step();
     abandon({current.get(), queued.get()});
     retired_.clear();
     pending_events_ = std::move(events);

@@ -139,11 +139,12 @@ class Engine {
   std::unique_ptr<InFlight> launch_continuation(const InFlight& step);
   // Waits for `step` and hands its tokens to its sequences (events, finishes).
   void take_step(const InFlight& step, std::vector<TokenEvent>& events);
-  // Waits for a queued step whose results are not wanted (after another step failed), ignoring its errors.
-  void drain(const InFlight& step);
+  // Waits for the queued step when its results are not wanted (another step failed), ignoring its errors.
+  void drain_queued_step();
   // After a failed overlapped step: every sequence of `steps` recomputes from scratch later (placeholders dropped).
   void abandon(const std::vector<const InFlight*>& steps);
-  // Appends each sampled row's token (results[i] for chunks[i]) and makes its event; finished sequences end.
+  // Appends each sampled token (results[i] to seqs[i], filling a placeholder if one waits) and makes its event;
+  // finished sequences end.
   void append_tokens(const std::vector<Sequence*>& seqs, std::vector<SampleResult>& results,
                      std::vector<TokenEvent>& events);
   void retire(std::unique_ptr<Sequence> seq);  // ends seq's life after the queued step that holds it
