@@ -42,6 +42,7 @@
 #include <atomic>
 
 #include "cuda/pdl.cuh"
+#include "cuda/smem_limit.h"
 #include "kernels/sm80/gemm_w4a16_gemv_sm80.h"
 #include "kernels/sm80/gemv_plan.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
@@ -254,7 +255,7 @@ void launch_config(const W4A16Problem& p, const Args& args, dim3 grid, int smem,
                                      : gemm_w4a16_gemv_kernel<true, false, kRing, kBlocks>)
                        : (two_halves ? gemm_w4a16_gemv_kernel<false, true, kRing, kBlocks>
                                      : gemm_w4a16_gemv_kernel<false, false, kRing, kBlocks>);
-  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  raise_dynamic_smem_limit(op, kernel, smem);  // smem varies by launch (cuda/smem_limit.h)
   launch_maybe_pdl(op, pdl, kernel, grid, dim3(kThreads), static_cast<size_t>(smem), stream, args);
 }
 }  // namespace

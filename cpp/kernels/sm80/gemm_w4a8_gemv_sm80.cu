@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "cuda/pdl.cuh"
+#include "cuda/smem_limit.h"
 #include "kernels/sm80/gemm_w4a8_gemv_sm80.h"
 #include "kernels/sm80/gemv_plan.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
@@ -322,7 +323,7 @@ void launch_config(const Args& args, dim3 grid, int smem, bool pdl, cudaStream_t
   const char* op = kFmpq ? "gemm_fmpq" : "gemm_w4a8";
   auto kernel = token_tiles(args.p.m) == 1 ? gemm_w4a8_gemv_kernel<kRing, kBlocks, 1, kFmpq>
                                            : gemm_w4a8_gemv_kernel<kRing, kBlocks, 2, kFmpq>;
-  LOWBIT_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  raise_dynamic_smem_limit(op, kernel, smem);  // smem varies by launch (cuda/smem_limit.h)
   launch_maybe_pdl(op, pdl, kernel, grid, dim3(kThreads), static_cast<size_t>(smem), stream, args);
 }
 }  // namespace
