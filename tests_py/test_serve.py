@@ -323,6 +323,8 @@ def test_prefix_cache_hit_shows_in_metrics(http, client, llm, llm_no_cache):
     assert _metric(http, "lowbit_prefix_cache_blocks") >= expect_hit // 16
     assert _metric(http, "lowbit_prefix_cache_queries_tokens_total") >= sum(len(i) for i in ids)
     _metric(http, "lowbit_prefix_cache_evictions_total")  # present
+    assert _metric(http, "lowbit_overlapped_steps_total") == 0  # the CPU engine never queues a step behind another
+    assert _metric(http, "lowbit_dropped_rows_total") == 0
     assert texts == [o.text for o in llm_no_cache.generate(prompts, max_tokens=10)]  # same tokens as caching off
 
 

@@ -38,8 +38,13 @@ class _EngineCountersCollector(Collector):
                                   "(their wall time minus this is GPU time lost waiting on the host)",
                                   value=(s["decode_graph_ms"] + s["decode_upload_ms"]) / 1000)
         yield CounterMetricFamily("lowbit_decode_graph_wall_seconds", "Wall time of the engine's steps that replayed "
-                                  "those graphs (minus the device seconds: the GPU's wait on the host)",
+                                  "those graphs (serial steps: minus the device seconds, the GPU's wait on the host; "
+                                  "overlapped steps return before the GPU is done, so it may be below them)",
                                   value=s["decode_step_wall_ms"] / 1000)
+        yield CounterMetricFamily("lowbit_overlapped_steps", "Decode steps queued on the GPU behind the running one "
+                                  "(overlap_steps)", value=s["overlapped_steps"])
+        yield CounterMetricFamily("lowbit_dropped_rows", "Rows of queued decode steps whose request had stopped or "
+                                  "was aborted meanwhile (computed, not used)", value=s["dropped_rows"])
         yield CounterMetricFamily("lowbit_preemptions", "Running requests preempted (KV freed, recomputed later) "
                                   "because the KV pool ran out", value=s["preemptions"])
 
