@@ -1,6 +1,9 @@
 // The bucketing of CUDA-graph decode steps (model/decode_graphs.h) and the refusals of decode_step,
-// decode_launch and decode_wait on the CPU. The graphs themselves need a GPU: tests_py/test_gpu_engine.py runs them there.
+// decode_launch and decode_wait on the CPU. The graphs themselves need a GPU: tests_py/test_gpu_engine.py
+// and test_gpu_overlap_steps.py run them there.
 #include <gtest/gtest.h>
+
+#include <memory>
 
 #include "model/decode_graphs.h"
 #include "test_model_reference.h"
@@ -21,18 +24,27 @@ TEST(DecodeGraphs, ContextBucketsStartAt256AndCapAtTheLongestSequence) {
   for (const auto& e : expected) EXPECT_EQ(decode_kv_bucket(e[0], e[1]), e[2]) << e[0] << " of " << e[1];
 }
 
-TEST(DecodeGraphs, DecodeStepNeedsACudaModel) {
-  const ModelConfig c = testing_ref::tiny_config();
-  Model m(c, "w16a16");
-  testing_ref::load(m, testing_ref::random_weights(c, 1));
-  KVCache cache(m.kv_cache_config(8, 16));
-  ModelWorkspace ws = m.make_workspace(16, 16);
+// A tiny finalized model on the CPU with its cache and workspace.
+class DecodeGraphsOnCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing_ref::load(m, testing_ref::random_weights(c, 1));
+    cache = std::make_unique<KVCache>(m.kv_cache_config(8, 16));
+    ws = m.make_workspace(16, 16);
+  }
+  ModelConfig c = testing_ref::tiny_config();
+  Model m{c, "w16a16"};
+  std::unique_ptr<KVCache> cache;
+  ModelWorkspace ws;
+};
+
+TEST_F(DecodeGraphsOnCpu, DecodeStepNeedsACudaModel) {
   EXPECT_EQ(m.max_decode_rows(ws), 0);
   ForwardBatch b;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   try {
-    m.decode_step(b, {}, cache, ws, tokens, logprobs);
+    m.decode_step(b, {}, *cache, ws, tokens, logprobs);
     FAIL() << "decode_step ran on a CPU model";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kNotSupported);
@@ -40,16 +52,11 @@ TEST(DecodeGraphs, DecodeStepNeedsACudaModel) {
   }
 }
 
-TEST(DecodeGraphs, LaunchAndWaitNeedACudaModelAndALaunchedStep) {
-  const ModelConfig c = testing_ref::tiny_config();
-  Model m(c, "w16a16");
-  testing_ref::load(m, testing_ref::random_weights(c, 1));
-  KVCache cache(m.kv_cache_config(8, 16));
-  ModelWorkspace ws = m.make_workspace(16, 16);
+TEST_F(DecodeGraphsOnCpu, LaunchAndWaitNeedACudaModelAndALaunchedStep) {
   ForwardBatch b;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
-  EXPECT_THROW(m.decode_launch(b, {}, {}, DecodeFeedSource{}, cache, ws), Error);
+  EXPECT_THROW(m.decode_launch(b, {}, {}, DecodeFeedSource{}, *cache, ws), Error);
   try {  // nothing was launched: the wait must say so (a CPU build: that graphs need CUDA)
     m.decode_wait(ws, tokens, logprobs);
     FAIL() << "decode_wait returned without a launched step";

@@ -253,16 +253,21 @@ def lowbit_run(eng, prompts, new, rid0, per_step=False):
             **({"steps": steps} if per_step else {})}
 
 
+def split_spec(spec):
+    """A lowbit part's spec, "recipe+key=value+...", for A/Bs in one run: kernel overrides (e.g.
+    +linear.qkv=gemm_w4a8_sm80), except "+overlap=off", the engine's overlap_steps. -> (recipe, overrides, overlap)."""
+    recipe, *pairs = spec.split("+")
+    overrides = dict(o.split("=", 1) for o in pairs)
+    return recipe, overrides, overrides.pop("overlap", "on") != "off"
+
+
 def part_lowbit(args, shape, out, recipe):
     from lowbit import _core
     part = Part(out, "lowbit", recipe)
     device, dtype = ("cuda", "f16") if cuda() else ("cpu", "f32")
     stats = lambda: dict(_core.allocator_stats(device)) if device == "cuda" else {}  # noqa: E731
     t = time.perf_counter()
-    # "recipe+key=value+...": kernel overrides for an A/B in one run (e.g. +linear.qkv=gemm_w4a8_sm80)
-    base, *overrides = recipe.split("+")
-    kernel_overrides = dict(o.split("=", 1) for o in overrides)
-    overlap = kernel_overrides.pop("overlap", "on") != "off"  # "+overlap=off": the engine's overlap_steps, A/B
+    base, kernel_overrides, overlap = split_spec(recipe)
     model = lowbit_model(shape, base, device, dtype, kernel_overrides)
     part.d["load_s"] = round(time.perf_counter() - t, 2)
     info = model.info()

@@ -140,12 +140,6 @@ def lowbit_fits(model, batch):
     return True, ""
 
 
-def split_recipe(spec):
-    """'w4a8kv4+split_mixed_attention=off' -> ('w4a8kv4', {'split_mixed_attention': 'off'})."""
-    recipe, *overrides = spec.split("+")
-    return recipe, dict(o.split("=", 1) for o in overrides)
-
-
 def lowbit_profile_prefill(model, batch, shape, steps=2):
     """Mixed steps of the prefill phase: once half the requests have their first token (so half decode while
     the rest prefill in chunks of max_batch_tokens), `steps` eager steps under the profiler, with their wall
@@ -205,8 +199,7 @@ def lowbit_profile(model, batch, shape, steps=4):
 def part_lowbit(args, shape, out, spec):
     from lowbit import _core
     part = Part(out, "lowbit", spec)
-    recipe, overrides = split_recipe(spec)
-    overlap = overrides.pop("overlap", "on") != "off"  # an engine option, not a kernel override
+    recipe, overrides, overlap = harness.split_spec(spec)
     part.d["overlap_steps"] = overlap
     device, dtype = ("cuda", "f16") if cuda() else ("cpu", "f32")
     t = time.perf_counter()

@@ -442,6 +442,13 @@ bool Engine::can_overlap(const std::vector<ScheduledChunk>& chunks) const {
   return true;
 }
 
+void Engine::copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& copies) {
+  if (copies.empty()) return;
+  run_ranks([&](int r) {
+    for (const auto& c : copies) ranks_[size_t(r)].cache->copy_block(c.first, c.second);
+  });
+}
+
 void Engine::launch_decode(const std::vector<ScheduledChunk>& chunks, const std::vector<int32_t>& feed) {
   fill_batch(chunks, false);
   LOWBIT_CHECK_KIND(ErrorKind::kRuntime, !device_row_sampling(chunks),
@@ -481,10 +488,7 @@ std::unique_ptr<Engine::InFlight> Engine::launch_continuation(const InFlight& st
   for (const ScheduledChunk& c : next->chunks)
     LOWBIT_CHECK_KIND(ErrorKind::kRuntime, alloc_->append_tokens(c.seq->kv, 1, &copies),
                       "Engine: KV reservation failed after the free-block check");
-  if (!copies.empty())  // copy-on-write of a shared last block; ordered after `step` and before the next on the GPU
-    run_ranks([&](int r) {
-      for (const auto& c : copies) ranks_[size_t(r)].cache->copy_block(c.first, c.second);
-    });
+  copy_blocks(copies);  // copy-on-write of a shared last block: after `step` and before the next on the GPU
   for (const ScheduledChunk& c : next->chunks) {
     c.seq->pending_token = int64_t(c.seq->tokens.size());
     c.seq->tokens.push_back(-1);  // `step` samples it; the device feeds it to the next step
@@ -582,10 +586,7 @@ std::vector<TokenEvent> Engine::step() {
   if (!in_flight_) {
     std::vector<std::pair<int32_t, int32_t>> copies;
     std::vector<ScheduledChunk> chunks = scheduler_->schedule(&copies);
-    if (!copies.empty())
-      run_ranks([&](int r) {
-        for (const auto& c : copies) ranks_[size_t(r)].cache->copy_block(c.first, c.second);
-      });
+    copy_blocks(copies);
     if (chunks.empty()) return events;
     if (!graph_decode_step(chunks) || !can_overlap(chunks)) {
       run_step(chunks, events);

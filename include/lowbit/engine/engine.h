@@ -132,6 +132,8 @@ class Engine {
   };
   // Whether `chunks` (a graph decode step) may be launched without waiting, and continued behind itself.
   bool can_overlap(const std::vector<ScheduledChunk>& chunks) const;
+  // The scheduler's copy-on-write block copies (src, dst), on every rank's cache.
+  void copy_blocks(const std::vector<std::pair<int32_t, int32_t>>& copies);
   // Launches a decode step on every rank without waiting; feed as Model::decode_launch.
   void launch_decode(const std::vector<ScheduledChunk>& chunks, const std::vector<int32_t>& feed);
   // The step after `step`, queued behind it (its rows: step's sequences that go on, their tokens fed on the
