@@ -277,6 +277,28 @@ def test_step_thread_frees_an_abandoned_streams_kv(tiny_path):
             time.sleep(0.02)
 
 
+def test_step_thread_takes_a_burst_of_submissions_without_a_thread_each(tiny_path, tiny):
+    """submit_nowait returns before the step thread takes the request (the server awaits the future instead of
+    holding a thread per submission): 200 at once all reach the engine and produce the tokens generate() gives, and
+    a request the engine refuses reports its error through the future."""
+    cfg = GenerationConfig(max_tokens=5, temperature=0.7, seed=11, ignore_eos=True)
+    prompts = [ids_of(3 + i % 5, 70 + i) for i in range(200)]
+    want = [o.token_ids for o in tiny.generate(prompts[:8], cfg)]
+    with lowbit.LLM(str(tiny_path), progress=False, step_thread=True) as llm:
+        driver = llm._driver
+        pending = [driver.submit_nowait(None, p, cfg) for p in prompts]
+        states = [state for state, _ in pending]
+        for _, added in pending:
+            assert added.result(timeout=30) is None
+        driver.wait(states)
+        assert [s.token_ids for s in states[:8]] == want
+        assert all(len(s.token_ids) == 5 and s.finish_reason == "length" for s in states)
+        _, refused = driver.submit_nowait(None, prompts[0], cfg.replace(stop_token_ids=[10**6]))
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            refused.result(timeout=30)
+        assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_model_files(tmp_path, tiny_path):
     with pytest.raises(FileNotFoundError, match=r"model not found: .*nope\.gguf"):

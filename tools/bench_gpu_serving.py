@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-len", type=int, default=2000, help="shared-prefix scenario: common prefix tokens")
     p.add_argument("--prefix-suffix-len", type=int, default=48, help="... distinct tokens after it")
     p.add_argument("--prefix-output-len", type=int, default=16, help="... generated tokens")
-    p.add_argument("--prefix-requests", type=int, default=100)
+    p.add_argument("--prefix-requests", type=int, default=100,
+                   help="0 skips the shared-prefix runs and the second server (saturation and rates only)")
     p.add_argument("--prefix-rate", type=bs.parse_rate, default=math.inf, help="... req/s (default inf: all at once)")
     p.add_argument("--warmup", type=int, default=4, help="requests (at once, short) before measuring, per engine")
     p.add_argument("--seed", type=int, default=0)
@@ -76,9 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--offline-child", default=None, help=argparse.SUPPRESS)  # internal: run step 1, write here
     args = p.parse_args(argv)
     args.rate_list = [bs.parse_rate(r) for r in args.rates.split(",") if r.strip()]
-    for name in ("input_len", "output_len", "num_requests", "rate_requests", "prefix_requests", "max_seqs"):
+    for name in ("input_len", "output_len", "num_requests", "rate_requests", "max_seqs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.prefix_requests < 0:
+        p.error("--prefix-requests must be >= 0")
     if args.prefix_len < 1 or args.prefix_suffix_len < 0 or args.prefix_output_len < 1 or args.warmup < 0:
         p.error("--prefix-len and --prefix-output-len must be >= 1, --prefix-suffix-len and --warmup >= 0")
     return args
@@ -183,10 +186,11 @@ def serve_caching_on(args, report: dict, save) -> None:
             work = prompts(args, args.seed + 1 + i, args.rate_requests, args.input_len)
             report["rates"].append(run(url, model, work, args.output_len, rate, args.seed))
             save()
-        phase(f"shared prefix, caching on: {args.prefix_requests} requests")
-        report["prefix"]["caching_on"] = run(url, model, prefix_workload(args), args.prefix_output_len,
-                                             args.prefix_rate, args.seed)
-        save()
+        if args.prefix_requests:
+            phase(f"shared prefix, caching on: {args.prefix_requests} requests")
+            report["prefix"]["caching_on"] = run(url, model, prefix_workload(args), args.prefix_output_len,
+                                                 args.prefix_rate, args.seed)
+            save()
 
 
 def serve_caching_off(args, report: dict, save) -> None:
@@ -227,7 +231,8 @@ def print_table(r: dict) -> None:
     print(f"{'run':>12} {'ok/n':>8} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} "
           f"{'TPOT p99':>9} {'ITL p50':>8} {'ITL p99':>8}   (ms)")
     named = [("saturation", r["saturation"])] + [(f"{x['request_rate']} req/s", x) for x in r["rates"]]
-    named += [("prefix on", r["prefix"]["caching_on"]), ("prefix off", r["prefix"]["caching_off"])]
+    named += [(n, x) for n, x in (("prefix on", r["prefix"]["caching_on"]), ("prefix off", r["prefix"]["caching_off"]))
+              if x is not None]
     for name, x in named:
         print(f"{name:>12} {x['completed']:>4}/{x['num_requests']:<3} {x['output_throughput']:>10.1f} "
               f"{ms(x, 'ttft', 'p50_ms'):>9} {ms(x, 'ttft', 'p99_ms'):>9} {ms(x, 'tpot', 'p50_ms'):>9} "
@@ -253,7 +258,9 @@ def finish(report: dict) -> None:
     report["targets"] = {"server_ge_90pct_offline": (report["throughput_ratio"] or 0) >= 0.9,
                          "prefix_ttft_ge_5x": (prefix["ttft_median_ratio"] or 0) >= 5}
     report["errors"] = sum(x["errors"] for x in runs if x)
-    report["complete"] = all(runs) and len(report["rates"]) == len(report["parameters"]["rates"].split(","))
+    wanted = runs if report["parameters"]["prefix_requests"] else runs[:-2]
+    report["complete"] = all(wanted) and len(report["rates"]) == len(
+        [x for x in report["parameters"]["rates"].split(",") if x.strip()])
     report["timings_s"]["total"] = time.perf_counter() - _T0
 
 
@@ -288,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = (("offline", "offline LLM.generate (a child process)", None),
              ("server_caching_on", "lowbit serve, prefix caching on", serve_caching_on),
              ("server_caching_off", "lowbit serve --no-prefix-caching", serve_caching_off))
+    if not args.prefix_requests:
+        steps = steps[:2]
     try:
         for key, what, step in steps:
             phase(what)

@@ -6,7 +6,7 @@ microseconds (CUDA graph replay, rotating weight copies past 3x L2) and weight b
 steps and offsets; W4A16: + f16 scales and zeros), beside the device's read bandwidth (a 2 GiB f32 sum).
 JSON to argv[1], rewritten after every row (a run cut short keeps its rows).
   python3 tools/bench_gpu_w4a8_decode.py out.json [--ms 1] [--formats qoq,liquid] [--configs r4b4,r6b3,...]
-      [--shapes 8b.gate_up,70b_tp2.gate_up,...]
+      [--shapes 8b.gate_up,70b_tp2.gate_up,...] [--kernels sm80,gemv,gemvw,] [--no-w4a16]
 """
 import argparse
 
@@ -35,6 +35,9 @@ def main():
     ap.add_argument("--formats", default="qoq,liquid")
     ap.add_argument("--configs", default="r4b4,r6b3,r8b2,r6b4,r3b5", help="gemv configurations to force (first format)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="shape names in the order to run them")
+    ap.add_argument("--kernels", default="sm80,gemv,gemvw,",
+                    help="gemm_w4a8 kernel names timed for every format ('' = the automatic choice)")
+    ap.add_argument("--no-w4a16", action="store_true", help="skip the W4A16 GEMV columns")
     args = ap.parse_args()
     from lowbit import _core
     meta = device_meta()
@@ -43,6 +46,7 @@ def main():
     print(f"{meta['device']}: read {read:.0f} GB/s (f32 sum)", flush=True)
     formats = [f for f in args.formats.split(",") if f]
     configs = [c for c in args.configs.split(",") if c]
+    kernels = args.kernels.split(",")
     head = {"benchmark": "w4a8_decode_gemv", "meta": meta, "read_gbs": round(read, 1)}
     rows = []
     for m in (int(v) for v in args.ms.split(",")):
@@ -58,7 +62,7 @@ def main():
                 wbytes[fmt] = n * k // 2 + 2 * n * (k // group)
                 qw = random_two_level(fmt, n, k, group, 1)
                 ws = [_core.pack_weight(qw, "sm80", "cuda:0") for _ in range(copies_for(wbytes[fmt], l2))]
-                for kernel in ("sm80", "gemv", "gemvw", ""):
+                for kernel in kernels:
                     t[f"{fmt}.{kernel or 'auto'}"] = graph_time_us(w4a8_fns(ws, xq, xs, y, kernel))
                 if i == 0 and m <= 16:
                     for cfg in configs:
@@ -66,7 +70,7 @@ def main():
                 del ws, qw
                 torch.cuda.empty_cache()
             w16_bytes = n * k // 2 + n * (k // W4A16_GROUP) * 4
-            if m <= 8:
+            if m <= 8 and not args.no_w4a16:
                 ws16 = w4a16_weights(n, k, copies_for(w16_bytes, l2))
                 t["w4a16.gemv"] = graph_time_us(w4a16_calls(ws16, n, k, m, 0, "gemv"))
                 t["w4a16.auto"] = graph_time_us(w4a16_calls(ws16, n, k, m, 0, ""))
@@ -84,14 +88,14 @@ def main():
                    "weight_gbs": {key: round(v, 1) for key, v in gbs.items()},
                    "read_ceiling_us": {f: round(wbytes[f] / (read * 1e9) * 1e6, 2) for f in formats}}
             for fmt in formats:
-                row[f"{fmt}_gemv_vs_sm80"] = round(t[f"{fmt}.sm80"] / t[f"{fmt}.gemv"], 3)
+                if f"{fmt}.sm80" in t and f"{fmt}.gemv" in t:
+                    row[f"{fmt}_gemv_vs_sm80"] = round(t[f"{fmt}.sm80"] / t[f"{fmt}.gemv"], 3)
             rows.append(row)
-            print(f"{name:<16} m={m} | cuBLAS {t['cublas']:6.2f} | W4A16 gemv {t.get('w4a16.gemv', float('nan')):6.2f} "
-                  f"auto {t.get('w4a16.auto', float('nan')):6.2f} | "
-                  + " | ".join(f"{fmt} sm80 {t[fmt + '.sm80']:6.2f} gemv {t[fmt + '.gemv']:6.2f} gemvw "
-                               f"{t[fmt + '.gemvw']:6.2f} auto "
-                               f"{t[fmt + '.auto']:6.2f} ({row[fmt + '_gemv_vs_sm80']:.2f}x, "
-                               f"{gbs[fmt + '.gemv']:.0f} GB/s)" for fmt in formats)
+            nan = float("nan")
+            print(f"{name:<16} m={m} | cuBLAS {t['cublas']:6.2f} | W4A16 gemv {t.get('w4a16.gemv', nan):6.2f} "
+                  f"auto {t.get('w4a16.auto', nan):6.2f} | "
+                  + " | ".join(fmt + " " + " ".join(f"{kn or 'auto'} {t[fmt + '.' + (kn or 'auto')]:6.2f}"
+                                                    for kn in kernels) for fmt in formats)
                   + f" | ceiling {row['read_ceiling_us'][f0]:.1f}", flush=True)
             if by_config:
                 print("    gemv by config: " + " ".join(f"{c}:{v:.1f}" for c, v in by_config.items()), flush=True)

@@ -142,20 +142,36 @@ class EngineDriver:
     # ------------------------------------------------------------------ engine access
     def call(self, fn: Callable[[], Any]) -> Any:
         """Runs fn (which uses the engine) on the thread that owns the engine and returns its result."""
-        if self._thread is None:
-            return fn()
-        if threading.current_thread() is self._thread:
-            return fn()
+        return self.call_nowait(fn).result()
+
+    def call_nowait(self, fn: Callable[[], Any]) -> Future:
+        """Queues fn for the thread that owns the engine (runs it now when that is this thread, or in inline mode);
+        the future holds its result or exception."""
         fut: Future = Future()
+        if self._thread is None or threading.current_thread() is self._thread:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                fut.set_exception(e)
+            return fut
         with self._cond:
             if self._closing:
                 raise RuntimeError("LLM: the engine's step thread is closed")
             self._commands.append((fn, fut))
             self._cond.notify_all()
-        return fut.result()
+        return fut
 
     def submit(self, prompt: str | None, prompt_ids: list[int], config: GenerationConfig,
                session_id: int = -1) -> RequestState:
+        state, added = self.submit_nowait(prompt, prompt_ids, config, session_id)
+        added.result()
+        return state
+
+    def submit_nowait(self, prompt: str | None, prompt_ids: list[int], config: GenerationConfig,
+                      session_id: int = -1) -> tuple[RequestState, Future]:
+        """Queues the request for the engine's thread and returns at once: its state, and a future that is done
+        (or holds the engine's error) once the engine has the request. A server awaits that future instead of
+        holding a thread per submission (each submission waits for the step thread's next turn, one step away)."""
         stop_ids = set(config.stop_token_ids) | (set() if config.ignore_eos else set(self.eos_token_ids))
         state = RequestState(next(self._ids), prompt, prompt_ids, config, self.tokenizer, stop_ids)
 
@@ -168,8 +184,7 @@ class EngineDriver:
                 stop_token_ids=sorted(stop_ids), logprobs=config.logprobs, session_id=session_id)
             self._live[state.request_id] = state
 
-        self.call(add)
-        return state
+        return state, self.call_nowait(add)
 
     def abort(self, state: RequestState) -> None:
         """Ends the request (no-op once finished) and frees its KV."""

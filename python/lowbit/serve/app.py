@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generation import GenerationConfig
 from .auth import ApiKeyMiddleware
-from .engine_loop import EngineLoop, Update
+from .engine_loop import EngineLoop, Update, UpdateChannel
 from .metrics import Metrics
 from .handlers import chat_job, completion_job, run_job
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestError, error_body
@@ -84,46 +84,50 @@ class Server:
         return [cfg.replace(seed=seed + j) for j in range(n)]
 
     async def generate(self, prompts: list[tuple[str | None, list[int]]], configs: list[GenerationConfig],
-                       t_arrival: float) -> AsyncIterator[Update]:
-        """Runs every prompt once per config; yields updates with index = prompt * len(configs) + config.
+                       t_arrival: float) -> AsyncIterator[list[Update]]:
+        """Runs every prompt once per config; yields its updates (index = prompt * len(configs) + config) in
+        lists: everything queued when the caller asks again, so a stream that fell behind writes its backlog at once
+        instead of one write per engine step.
 
         Closing the iterator early (a client gone, an error) aborts whatever is still running."""
-        queue: asyncio.Queue = asyncio.Queue()
+        channel = UpdateChannel()
         states = []
         last_token_time: dict[int, float] = {}
         try:
             for text, ids in prompts:
                 for cfg in configs:
-                    states.append(await self.engine.submit(text, ids, cfg, len(states), queue))
+                    states.append(await self.engine.submit(text, ids, cfg, len(states), channel))
                     self.metrics.prompt_tokens.inc(len(ids))
             remaining = len(states)
             while remaining:
-                u: Update = await queue.get()
-                if u.error is not None:
-                    raise u.error
-                if u.token_ids:
-                    self._observe_latency(u, last_token_time, t_arrival)
-                if u.finish_reason is not None:
-                    remaining -= 1
-                yield u
+                queued = await channel.take_all()
+                batch = []
+                for u in queued:
+                    if u.error is not None:
+                        if batch:  # what came before the error still reaches the client
+                            yield batch
+                        raise u.error
+                    if u.token_ids:
+                        self._observe_latency(u, last_token_time, t_arrival)
+                    if u.finish_reason is not None:
+                        remaining -= 1
+                    batch.append(u)
+                yield batch
         finally:
             for s in states:
                 self.engine.abort(s)
 
     def _observe_latency(self, u: Update, last: dict[int, float], t_arrival: float) -> None:
         m = self.metrics
-        m.generation_tokens.inc(len(u.token_ids))
         k = len(u.token_ids)
-        if u.index not in last:
+        m.generation_tokens.inc(k)
+        previous = last.get(u.index)
+        if previous is None:
             m.ttft.observe(u.time - t_arrival)
-            k -= 1
+            if k > 1:  # further tokens that came with the first one
+                m.itl.observe(0.0, k - 1)
         else:
-            gap = (u.time - last[u.index]) / k  # tokens that arrived together share the gap
-            for _ in range(k):
-                m.itl.observe(gap)
-            k = 0
-        for _ in range(k):  # further tokens that came with the first one
-            m.itl.observe(0.0)
+            m.itl.observe((u.time - previous) / k, k)  # tokens that arrived together share the gap
         last[u.index] = u.time
 
 

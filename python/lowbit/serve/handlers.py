@@ -161,9 +161,10 @@ def _usage(job: Job, choices) -> dict[str, int]:
 
 async def _complete(server, job: Job) -> dict[str, Any]:
     choices = [Choice() for _ in range(len(job.prompts) * len(job.configs))]
-    async with contextlib.aclosing(server.generate(job.prompts, job.configs, job.t_arrival)) as updates:
-        async for u in updates:
-            choices[u.index].add(u)
+    async with contextlib.aclosing(server.generate(job.prompts, job.configs, job.t_arrival)) as batches:
+        async for batch in batches:
+            for u in batch:
+                choices[u.index].add(u)
     out = []
     for i, c in enumerate(choices):
         lp = _logprobs_body(server, job, c.token_ids, c.logprobs, c.top_logprobs)
@@ -181,11 +182,18 @@ def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
 async def _stream(server, job: Job) -> AsyncIterator[str]:
     kind = "chat.completion.chunk" if job.chat else "text_completion"
     head = envelope(kind, ("chatcmpl-" if job.chat else "cmpl-") + uuid.uuid4().hex, server.model_name)
     choices = [Choice() for _ in range(len(job.prompts) * len(job.configs))]
-    extra = {"usage": None} if job.include_usage else {}
+    # Every chunk is the envelope, one choice, then usage (null until the last chunk when asked for): the parts
+    # around the choice are rendered once per stream, each chunk only encodes its own choice.
+    before = "data: " + _dumps(head)[:-1] + ', "choices": ['
+    after = ("], " + '"usage": null}\n\n') if job.include_usage else "]}\n\n"
 
     def chunk(index: int, text: str | None, lp, finish: str | None, first: bool = False) -> str:
         if job.chat:
@@ -197,22 +205,26 @@ async def _stream(server, job: Job) -> AsyncIterator[str]:
             c = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
             c = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
-        return _sse({**head, "choices": [c], **extra})
+        return before + _dumps(c) + after
 
     if job.chat:  # OpenAI opens every chat choice with the assistant role
         for i in range(len(choices)):
             yield chunk(i, "", None, None, first=True)
     try:
-        async with contextlib.aclosing(server.generate(job.prompts, job.configs, job.t_arrival)) as updates:
-            async for u in updates:
-                c = choices[u.index]
-                offset = len(c.text)
-                c.add(u)
-                lp = _logprobs_body(server, job, u.token_ids, u.logprobs, u.top_logprobs, offset)
-                if u.text or (lp and u.token_ids):
-                    yield chunk(u.index, u.text, lp, None)
-                if u.finish_reason is not None:
-                    yield chunk(u.index, None if job.chat else "", None, u.finish_reason)
+        async with contextlib.aclosing(server.generate(job.prompts, job.configs, job.t_arrival)) as batches:
+            async for batch in batches:
+                events = []  # the batch's chunks go out in one write
+                for u in batch:
+                    c = choices[u.index]
+                    offset = len(c.text)
+                    c.add(u)
+                    lp = _logprobs_body(server, job, u.token_ids, u.logprobs, u.top_logprobs, offset)
+                    if u.text or (lp and u.token_ids):
+                        events.append(chunk(u.index, u.text, lp, None))
+                    if u.finish_reason is not None:
+                        events.append(chunk(u.index, None if job.chat else "", None, u.finish_reason))
+                if events:
+                    yield "".join(events)
     except Exception as e:  # noqa: BLE001 - the stream already began (200): report the error in it
         yield _sse({"error": {"message": f"generation failed: {e}", "type": "internal_error", "param": None,
                               "code": None}})
