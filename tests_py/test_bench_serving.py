@@ -87,6 +87,16 @@ def test_shared_prefix(tmp_path):
     _check_run(run)
 
 
+def test_requests_spread_over_client_processes(tmp_path):
+    """--client-procs 3 over 6 requests at 4 req/s: each process sends its share on the common schedule, the results
+    come back complete and in request order (prompt lengths and usage per request), the duration spans them all."""
+    report = _run_tool(tmp_path, "procs", "--client-procs", "3", "--request-rate", "4")
+    assert report["arguments"]["client_procs"] == 3
+    (run,) = report["runs"]
+    _check_run(run)
+    assert run["duration_s"] >= max(r["e2e"] for r in run["requests"])
+
+
 def test_workload_helpers():
     tool = _load_tool()
     prompts = tool.build_prompts(0, 5, 16, 10, 100, 200)

@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4, help="requests (at once, short) before measuring, per engine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--launch-timeout", type=float, default=600, help="seconds to wait for a server to be healthy")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes the saturation run is spread over (one may bound ~1000 streams)")
     p.add_argument("--out", default=None, help="JSON path (default $OUT/bench_gpu_serving.json)")
     p.add_argument("--offline-child", default=None, help=argparse.SUPPRESS)  # internal: run step 1, write here
     args = p.parse_args(argv)
@@ -82,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.prefix_requests < 0:
         p.error("--prefix-requests must be >= 0")
+    if args.client_procs < 1:
+        p.error("--client-procs must be >= 1")
     if args.prefix_len < 1 or args.prefix_suffix_len < 0 or args.prefix_output_len < 1 or args.warmup < 0:
         p.error("--prefix-len and --prefix-output-len must be >= 1, --prefix-suffix-len and --warmup >= 0")
     return args
@@ -154,8 +158,9 @@ def launch_args(args, prefix_caching: bool) -> str:
     return shlex.join(a + ([] if prefix_caching else ["--no-prefix-caching"]))
 
 
-def run(base_url: str, model: str, work: list[list[int]], output_len: int, rate: float, seed: int) -> dict:
-    results, duration = asyncio.run(bs.run_at_rate(base_url, None, model, work, output_len, rate, seed, None))
+def run(base_url: str, model: str, work: list[list[int]], output_len: int, rate: float, seed: int,
+        client_procs: int = 1) -> dict:
+    results, duration = bs.run_workload(base_url, None, model, work, output_len, rate, seed, None, client_procs)
     summary = bs.summarize(results, duration, rate)
     del summary["requests"]  # per-request lists would make the JSON large; the percentiles are what we report
     return summary
@@ -179,7 +184,7 @@ def serve_caching_on(args, report: dict, save) -> None:
         warm(args, url, model)
         phase(f"saturation: {args.num_requests} requests at once")
         report["saturation"] = run(url, model, prompts(args, args.seed, args.num_requests, args.input_len),
-                                   args.output_len, math.inf, args.seed)
+                                   args.output_len, math.inf, args.seed, args.client_procs)
         save()
         for i, rate in enumerate(args.rate_list):  # fresh prompts per rate: nothing cached from an earlier run
             phase(f"{args.rate_requests} requests at {rate} req/s")

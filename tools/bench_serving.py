@@ -125,16 +125,21 @@ async def send_request(client: httpx.AsyncClient, model: str, prompt: list[int],
 
 # ------------------------------------------------------------------ one run
 async def run_at_rate(base_url: str, api_key: str | None, model: str, prompts: list[list[int]], output_len: int,
-                      rate: float, seed: int, max_concurrency: int | None) -> tuple[list[RequestResult], float]:
-    """Fires the prompts on the arrival schedule; returns the results and the wall time of the whole run."""
+                      rate: float, seed: int, max_concurrency: int | None, offsets: list[float] | None = None,
+                      start_wall: float | None = None) -> tuple[list[RequestResult], float]:
+    """Fires the prompts on the arrival schedule (`offsets` when given, else drawn from seed and rate), counted
+    from now or from the wall-clock time `start_wall`; returns the results and the wall time of the whole run."""
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
-    offsets = arrival_offsets(seed, len(prompts), rate)
+    if offsets is None:
+        offsets = arrival_offsets(seed, len(prompts), rate)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # No pool limit of httpx's own: concurrency is the workload's to choose, not the client's.
     pool = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", headers=headers, timeout=None,
                                  limits=pool) as client:
         start = time.perf_counter()
+        if start_wall is not None:
+            start += start_wall - time.time()
 
         async def one(prompt: list[int], offset: float) -> RequestResult:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
@@ -143,6 +148,37 @@ async def run_at_rate(base_url: str, api_key: str | None, model: str, prompts: l
 
         results = await asyncio.gather(*(one(p, o) for p, o in zip(prompts, offsets)))
         return list(results), time.perf_counter() - start
+
+
+def _client_process(base_url: str, api_key: str | None, model: str, prompts: list[list[int]], offsets: list[float],
+                    output_len: int, max_concurrency: int | None, start_wall: float) -> tuple[list[RequestResult], float]:
+    """One client process's share of a run (run_workload)."""
+    return asyncio.run(run_at_rate(base_url, api_key, model, prompts, output_len, math.inf, 0, max_concurrency,
+                                   offsets, start_wall))
+
+
+def run_workload(base_url: str, api_key: str | None, model: str, prompts: list[list[int]], output_len: int,
+                 rate: float, seed: int, max_concurrency: int | None,
+                 client_procs: int = 1) -> tuple[list[RequestResult], float]:
+    """run_at_rate from this process, or spread over `client_procs` processes: at a thousand streams one Python
+    client's SSE parsing can be the bound, not the server. The arrival schedule is the same either way (request i
+    keeps its offset from a common start; process j sends requests j, j + N, ...); results come back in request
+    order and the wall time is the last process's."""
+    if client_procs <= 1:
+        return asyncio.run(run_at_rate(base_url, api_key, model, prompts, output_len, rate, seed, max_concurrency))
+    import concurrent.futures
+    import multiprocessing
+    offsets = arrival_offsets(seed, len(prompts), rate)
+    share = None if max_concurrency is None else -(-max_concurrency // client_procs)
+    start_wall = time.time() + 2.0  # every process is up and connected before the first send
+    with concurrent.futures.ProcessPoolExecutor(client_procs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        jobs = [ex.submit(_client_process, base_url, api_key, model, prompts[j::client_procs],
+                          offsets[j::client_procs], output_len, share, start_wall) for j in range(client_procs)]
+        parts = [job.result() for job in jobs]
+    results: list[RequestResult] = [RequestResult()] * len(prompts)
+    for j, (part, _) in enumerate(parts):
+        results[j::client_procs] = part
+    return results, max(elapsed for _, elapsed in parts)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -335,6 +371,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-rate", type=parse_rate, default=float("inf"), help="req/s (Poisson) or inf")
     p.add_argument("--sweep-rates", help="comma-separated rates to run one after another, e.g. 1,2,4,inf")
     p.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: no limit)")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes the requests are spread over (a thousand streams can bound one)")
     p.add_argument("--num-warmup", type=int, default=1, help="requests sent (one at a time) before measuring")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the arrival times")
     p.add_argument("--min-token-id", type=int, default=100, help="random prompt ids are drawn from")
@@ -348,6 +386,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rates = [parse_rate(r) for r in args.sweep_rates.split(",")] if args.sweep_rates else [args.request_rate]
     if args.output_len < 1 or args.input_len < 1 or args.num_requests < 1:
         p.error("--input-len, --output-len and --num-requests must be >= 1")
+    if args.client_procs < 1:
+        p.error("--client-procs must be >= 1")
     return args
 
 
@@ -361,8 +401,8 @@ def benchmark(args: argparse.Namespace, base_url: str) -> list[dict[str, Any]]:
             asyncio.run(run_at_rate(base_url, args.api_key, model, [p], args.output_len, math.inf, 0, None))
     runs = []
     for rate in args.rates:
-        results, duration = asyncio.run(run_at_rate(base_url, args.api_key, model, prompts, args.output_len, rate,
-                                                    args.seed, args.max_concurrency))
+        results, duration = run_workload(base_url, args.api_key, model, prompts, args.output_len, rate, args.seed,
+                                         args.max_concurrency, args.client_procs)
         runs.append(summarize(results, duration, rate))
     return runs
 
