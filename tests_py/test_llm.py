@@ -4,6 +4,7 @@ bad input (each a clear error, after which the engine keeps serving).
 
 Two models: a tiny random Llama written as GGUF (fast, near-uniform distributions, so sampling filters are
 visible) and the real SmolLM2-135M-Instruct (text, chat template, stop strings)."""
+import sys
 import threading
 import time
 
@@ -297,6 +298,21 @@ def test_step_thread_takes_a_burst_of_submissions_without_a_thread_each(tiny_pat
         with pytest.raises(ValueError, match="stop_token_ids"):
             refused.result(timeout=30)
         assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names for the OS: Linux only")
+def test_step_thread_is_named_for_the_os(tiny_path):
+    """top -H and /proc show the engine's thread as lowbit-step (a serving profile tells it from the event loop)."""
+    with lowbit.LLM(str(tiny_path), progress=False, step_thread=True) as llm:
+        tid = llm._driver._thread.native_id
+        deadline = time.monotonic() + 5  # the thread names itself when it starts running
+        while True:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name == "lowbit-step" or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert name == "lowbit-step"
 
 
 # ------------------------------------------------------------------ bad input

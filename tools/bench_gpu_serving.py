@@ -183,8 +183,17 @@ def serve_caching_on(args, report: dict, save) -> None:
         model = bs.served_model(url, None)
         warm(args, url, model)
         phase(f"saturation: {args.num_requests} requests at once")
+        pid = bs.SERVER_PIDS.get(url)
+        server_before, client_before = bs.thread_cpu_seconds(pid) if pid else {}, os.times()
         report["saturation"] = run(url, model, prompts(args, args.seed, args.num_requests, args.input_len),
                                    args.output_len, math.inf, args.seed, args.client_procs)
+        client_after = os.times()
+        # Where the CPU went during the run: the server's threads (its Python ones share one GIL) and the client.
+        report["saturation_cpu"] = {
+            "server_threads": bs.cpu_between(pid, server_before)[:8] if pid else [],
+            "client_s": round(sum(client_after[:4]) - sum(client_before[:4]), 3),
+            "client_procs": args.client_procs,
+        }
         save()
         for i, rate in enumerate(args.rate_list):  # fresh prompts per rate: nothing cached from an earlier run
             phase(f"{args.rate_requests} requests at {rate} req/s")
@@ -247,6 +256,11 @@ def print_table(r: dict) -> None:
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}x"
+    cpu = r.get("saturation_cpu")
+    if cpu and cpu["server_threads"]:
+        busiest = ", ".join(f"{'main' if t['main'] else t['name']} {t['cpu_s']:.1f}" for t in cpu["server_threads"][:5])
+        print(f"saturation CPU seconds: server threads {busiest}; client ({cpu['client_procs']} process(es)) "
+              f"{cpu['client_s']:.1f}; over {r['saturation']['duration_s']:.1f} s")
     print(f"server saturation / offline output throughput: {fmt(r['throughput_ratio'])} (target >= 0.90x)")
     print(f"shared-prefix TTFT median, caching off / on:   {fmt(r['prefix']['ttft_median_ratio'])} (target >= 5x)")
     print(f"errors: {r['errors']}; wall {r['timings_s']['total']:.0f} s")
@@ -289,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "gpu_serving", "complete": False,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": commit(), "device": None, "host": bs.host_info(), "parameters": parameters,
-              "offline": None, "saturation": None, "rates": [], "throughput_ratio": None,
+              "offline": None, "saturation": None, "saturation_cpu": None, "rates": [], "throughput_ratio": None,
               "prefix": {"caching_on": None, "caching_off": None, "ttft_median_ratio": None},
               "targets": {}, "errors": 0, "timings_s": {}}
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import glob
 import json
 import math
 import os
@@ -244,6 +245,35 @@ def _wait_healthy(proc: subprocess.Popen, root: str, timeout: float) -> None:
     raise RuntimeError(f"lowbit serve was not healthy within {timeout:.0f} s")
 
 
+SERVER_PIDS: dict[str, int] = {}  # base URL -> pid of a server launched_server started
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) so far of each thread of process `pid`, {tid: (name, seconds)}; empty where
+    /proc is not there (not Linux)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            with open(f"{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.rsplit("/", 1)[1])] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_between(pid: int, before: dict[int, tuple[str, float]]) -> list[dict[str, Any]]:
+    """Per-thread CPU seconds of `pid` since `before` (thread_cpu_seconds), busiest first; the main thread (the
+    server's event loop) is the one whose tid is the pid."""
+    after = thread_cpu_seconds(pid)
+    rows = [{"tid": tid, "name": name, "main": tid == pid, "cpu_s": round(s - before.get(tid, (name, 0.0))[1], 3)}
+            for tid, (name, s) in after.items()]
+    return sorted(rows, key=lambda r: -r["cpu_s"])
+
+
 @contextlib.contextmanager
 def launched_server(launch_args: str, timeout: float) -> Iterator[str]:
     """Starts `python -m lowbit serve <launch_args>` on a free port (unless the args name one), waits for
@@ -259,6 +289,7 @@ def launched_server(launch_args: str, timeout: float) -> Iterator[str]:
     try:
         root = f"http://127.0.0.1:{port}"
         _wait_healthy(proc, root, timeout)
+        SERVER_PIDS[root + "/v1"] = proc.pid
         yield root + "/v1"
     finally:
         _stop(proc)

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from ._threads import name_native_thread
 from .generation import GenerationConfig
 from .outputs import RequestOutput, Timings
 
@@ -250,6 +251,7 @@ class EngineDriver:
         return self._cond
 
     def _loop(self) -> None:
+        name_native_thread("lowbit-step")
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._closing or self._commands or self._live)

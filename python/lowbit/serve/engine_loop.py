@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .._threads import name_native_thread
 from ..driver import RequestState
 from ..generation import GenerationConfig
 
@@ -122,6 +123,7 @@ class EngineLoop:
         return await asyncio.to_thread(self.llm.stats)
 
     def _run(self) -> None:
+        name_native_thread("lowbit-pump")
         while True:
             with self._cond:
                 # Woken by every engine step; the timeout only bounds how late a close is noticed.
