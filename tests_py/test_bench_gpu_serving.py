@@ -55,6 +55,32 @@ def test_cpu_run_writes_a_sane_report(tmp_path):
     assert set(r["targets"]) == {"server_ge_90pct_offline", "prefix_ttft_ge_5x"}
     t = r["timings_s"]
     assert t["total"] >= t["offline"] + t["server_caching_on"] + t["server_caching_off"] > 0
+    cpu = r["saturation_cpu"]  # where the saturation run's CPU went: the server's threads and the client
+    assert cpu["client_procs"] == 1 and cpu["client_s"] > 0
+    if sys.platform.startswith("linux"):
+        names = {x["name"] for x in cpu["server_threads"]}
+        assert sum(x["main"] for x in cpu["server_threads"]) <= 1 and "lowbit-step" in names
+        assert all(x["cpu_s"] >= 0 for x in cpu["server_threads"])
+        assert "saturation CPU seconds: server threads" in proc.stdout
+
+
+def test_saturation_only_from_two_client_processes(tmp_path):
+    """--prefix-requests 0: offline and saturation only (no second server); --client-procs 2 sends the saturation run
+    from two processes, and the report is complete."""
+    model = write_config(tmp_path / "tiny")
+    out = tmp_path / "sat.json"
+    cmd = [sys.executable, str(TOOL), "--model", model, "--recipe", "w16a16", "--device", "cpu", "--input-len", "32",
+           "--output-len", "8", "--num-requests", "10", "--rates", "", "--prefix-requests", "0", "--client-procs", "2",
+           "--max-seqs", "8", "--warmup", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "LOWBIT_COMMIT": "t"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(out.read_text())
+    assert r["complete"] and r["errors"] == 0 and r["rates"] == []
+    assert r["prefix"] == {"caching_on": None, "caching_off": None, "ttft_median_ratio": None}
+    assert "server_caching_off" not in r["timings_s"]
+    sat = r["saturation"]
+    assert sat["completed"] == 10 and sat["total_output_tokens"] == 10 * 8
+    assert r["saturation_cpu"]["client_procs"] == 2 and r["saturation_cpu"]["client_s"] > 0
 
 
 def test_llama3_8b_config_is_llama3_8b(tmp_path):
