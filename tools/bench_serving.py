@@ -176,10 +176,10 @@ def run_workload(base_url: str, api_key: str | None, model: str, prompts: list[l
         jobs = [ex.submit(_client_process, base_url, api_key, model, prompts[j::client_procs],
                           offsets[j::client_procs], output_len, share, start_wall) for j in range(client_procs)]
         parts = [job.result() for job in jobs]
-    results: list[RequestResult] = [RequestResult()] * len(prompts)
+    results: list[RequestResult | None] = [None] * len(prompts)
     for j, (part, _) in enumerate(parts):
         results[j::client_procs] = part
-    return results, max(elapsed for _, elapsed in parts)
+    return results, max(elapsed for _, elapsed in parts)  # type: ignore[return-value]: every slot is filled
 
 
 def percentile(values: list[float], q: float) -> float:

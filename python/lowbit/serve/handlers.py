@@ -178,12 +178,12 @@ async def _complete(server, job: Job) -> dict[str, Any]:
     return {**envelope(kind, request_id, server.model_name), "choices": out, "usage": _usage(job, choices)}
 
 
-def _sse(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
 def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+def _sse(body: dict[str, Any]) -> str:
+    return f"data: {_dumps(body)}\n\n"
 
 
 async def _stream(server, job: Job) -> AsyncIterator[str]:
