@@ -61,7 +61,7 @@ cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); 
 // The weight-stationary wgmma kernels' names (W4A16, W4A8): "sm90", or "sm90s" for the serial mainloop (A/B
 // timing), then optionally ":S" (split-K cluster 1, 2, 4, 8; 0 = the cost model's) and ":T" (tokens per tile, 128
 // or 256). Returns 0 for another name, 1 when parsed into split/tokens/serial, 2 for a malformed sm90 name.
-int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial) {
+int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial, bool small_tiles = false) {
   split = 0, tokens = 0, serial = kernel.rfind("sm90s", 0) == 0;
   if (kernel.rfind("sm90", 0) != 0) return 0;
   std::string rest = kernel.substr(serial ? 5 : 4);
@@ -71,7 +71,8 @@ int parse_sm90(const std::string& kernel, int& split, int& tokens, bool& serial)
   const size_t colon = rest.find(':');
   const std::string s = rest.substr(0, colon), t = colon == std::string::npos ? "" : rest.substr(colon + 1);
   if (s != "0" && s != "1" && s != "2" && s != "4" && s != "8") return 2;
-  if (colon != std::string::npos && t != "128" && t != "256") return 2;
+  const bool small = small_tiles && (t == "16" || t == "32" || t == "64");
+  if (colon != std::string::npos && t != "128" && t != "256" && !small) return 2;
   split = s[0] - '0';
   tokens = t.empty() ? 0 : std::stoi(t);
   return 1;
@@ -541,10 +542,11 @@ void bind_cuda(nb::module_& m) {
         const int sm90 = parse_sm90k("gemm_w4a8", kernel, options) || parse_sm90p("gemm_w4a8", kernel, options) ||
                                  parse_sm90m("gemm_w4a8", kernel, options)
                              ? 1
-                             : parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial);
+                             : parse_sm90(kernel, options.sm90_split, options.sm90_tokens, options.sm90_serial, true);
         LOWBIT_CHECK(sm90 != 2, "gemm_w4a8: argument 'kernel': the split in 'sm90:S' must be 1, 2, 4 or 8 (or 0 "
-                     "with a tile: 'sm90:S:T', T = 128 or 256 tokens; 'sm90s...' the serial mainloop), got '", kernel,
-                     "'");
+                     "with a tile: 'sm90:S:T', T = 16, 32, 64, 128 or 256 tokens; 'sm90s...' the serial "
+                     "mainloop), got '",
+                     kernel, "'");
         if (sm90 == 1) {
           options.kernel = cuda::Gemm8Kernel::sm90;
         } else if (kernel.rfind("gemv", 0) == 0) {
@@ -577,8 +579,10 @@ void bind_cuda(nb::module_& m) {
       nb::arg("stream") = 0, nb::arg("kernel") = "",
       "GPU: y = (xq · Wᵀ) * x_scale[m] * channel_scale[n] for a qoq/liquid PackedWeight packed for sm80 on the "
       "device (f16 y), or the raw int32 accumulators (s32 y, x_scale may be None). kernel: '' (on sm_90 the gemv at "
-      "one token and wgmma from 128 tokens, else mma.sync), 'sm80' (split_k: 0 automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
-      "'sm90:S:T' (T = 128 or 256 tokens per tile, S = 0 leaves the split to the cost model), 'sm90s...' (the serial "
+      "1-4 tokens, wgmma from 17 tokens and from 5 on layers of 16384+ rows, else mma.sync), 'sm80' (split_k: 0 "
+      "automatic), 'sm90' or 'sm90:S' (split-K cluster S = 1, 2, 4, 8), "
+      "'sm90:S:T' (T = 16, 32, 64, 128 or 256 tokens per tile, S = 0 leaves the split to the cost model; the automatic "
+      "plan takes the 16 / 32 / 64-token tiles at 5-64 tokens), 'sm90s...' (the serial "
       "mainloop, for A/B timing), 'sm90o...' (the earlier one-thread producer, for A/B timing: 'sm90o', 'sm90o:S:T', "
       "'sm90ok...'), 'sm90p[:T[:G]]' (the persistent tile loop, opt-in: the resident CTAs walk whole tiles, G pins the "
       "CTAs), 'sm90m[:T]' (multicast pairs, opt-in: two CTAs on neighbouring weight-row tiles share the activation "
@@ -598,7 +602,8 @@ void bind_cuda(nb::module_& m) {
         if (parse_sm90k("gemm_w4a8_sm90_plan", kernel, o) || parse_sm90p("gemm_w4a8_sm90_plan", kernel, o) ||
             parse_sm90m("gemm_w4a8_sm90_plan", kernel, o))
           return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);
-        const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+        const int sm90 =
+            parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial, true);
         LOWBIT_CHECK(sm90 == 1, "gemm_w4a8_sm90_plan: argument 'kernel' must be '' or an sm90 name, got '", kernel,
                      "'");
         return cuda::gemm_w4a8_sm90_plan(m, n, k, device, o);

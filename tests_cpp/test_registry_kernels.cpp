@@ -203,8 +203,8 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   const std::string fp8_g32 =
       error_of([&] { select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::e4m3, 32, 1)); });
   EXPECT_NE(fp8_g32.find("gemm_wfp8a16_sm80: needs per-channel weight scales"), std::string::npos) << fp8_g32;
-  // W4A8: the register-direct GEMV at 1-4 tokens on sm_90, the mma.sync kernel from 5 to 127 tokens and on
-  // sm_80/89, the wgmma kernel from 128 tokens on sm_90.
+  // W4A8: on sm_90 the register-direct GEMV at 1-4 tokens, the wgmma kernel from 17 tokens and at 5-16 tokens on
+  // layers of 16384 rows or more; the mma.sync kernel at 5-16 tokens on narrower layers and on sm_80/89.
   for (const WeightFormat f : {WeightFormat::qoq, WeightFormat::liquid}) {
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 1)).kernel->name,
                  "gemm_w4a8_gemv_sm80");
@@ -215,9 +215,16 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
       EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, m)).kernel->name,
                    "gemm_w4a8_gemv_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::int8_per_token, f, 128, 4)).kernel->name, "gemm_w4a8_sm80");
-    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 5)).kernel->name, "gemm_w4a8_sm80");
-    EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 127)).kernel->name,
-                 "gemm_w4a8_sm80");
+    for (const int m : {5, 16})
+      EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, m)).kernel->name,
+                   "gemm_w4a8_sm80");
+    for (const int m : {17, 127})
+      EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, m)).kernel->name,
+                   "gemm_w4a8_sm90");
+    GemmDesc wide = gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 16);
+    wide.n = 16384;
+    EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a8_sm90");
+    EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::int8_per_token, f, 128, 16)).kernel->name, "gemm_w4a8_sm80");
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 128, 128)).kernel->name,
                  "gemm_w4a8_sm90");
     EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::int8_per_token, f, 64, 1024)).kernel->name,

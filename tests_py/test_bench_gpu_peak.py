@@ -92,3 +92,15 @@ def test_w4a4_benchmark_model_is_the_w16_model_quantized(seed):
     int8 = logits("w4a4kv8", ids, 1.0)
     assert rel(int8, ref) < 1.5 * w4a8 + 0.05, (rel(int8, ref), w4a8)
     assert rel(logits("w4a4kv8", ids, 0.0), int8) > 0.02
+
+
+def test_part_files_of_long_specs_are_short_and_distinct(tmp_path):
+    """A recipe spec with kernel overrides for every linear and bucket names its child's JSON by its head and a hash
+    (the whole spec is too long for a file name), and two such specs get two files."""
+    spec = "lowbit:w4a8kv8" + "".join(f"+linear.{r}@{{b}}=gemm_w4a8_sm80" for r in ("qkv", "o", "gate_up", "down"))
+    out = str(tmp_path / "e2e.json")
+    a, b = (harness.part_file(out, spec.format(b=bucket)) for bucket in ("m5-16", "m17-127"))
+    assert a != b and all(len(pathlib.Path(f).name) < 100 for f in (a, b))
+    for f in (a, b):
+        pathlib.Path(f).write_text("{}")  # the file system takes the name
+    assert harness.part_file(out, "lowbit:w4a8kv8") == out + ".lowbit_w4a8kv8.part"

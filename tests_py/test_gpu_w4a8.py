@@ -11,10 +11,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not lowbit.cuda_available(), r
 SM90 = lowbit.cuda_available() and torch.cuda.get_device_capability() == (9, 0)
 # Every kernel choice of gemm_w4a8 that runs here: the mma.sync kernel with split-K 0 (automatic), 1, 3;
 # on sm_90 the wgmma kernel with cluster split-K 0 (automatic), 1, 2, 4, 8, each with 128- and 256-token tiles
-# ('sm90:S:T'), its serial mainloop ('sm90s...'), its earlier one-thread producer ('sm90o...'), its multicast pairs
+# ('sm90:S:T') and some with its 16 / 32 / 64-token tiles (two CTAs per SM), its serial mainloop ('sm90s...'), its
+# earlier one-thread producer ('sm90o...'), its multicast pairs
 # ('sm90m...') and the automatic plan without them ('sm90x').
 KERNELS = [("sm80", 0), ("sm80", 1), ("sm80", 3)] + (
     [("sm90", 0)] + [(f"sm90:{s}:{t}", 0) for t in (128, 256) for s in (1, 2, 4, 8)] +
+    [("sm90:0:16", 0), ("sm90:1:16", 0), ("sm90:8:16", 0), ("sm90:2:32", 0), ("sm90:0:64", 0), ("sm90:4:64", 0)] +
     [("sm90s:0:128", 0), ("sm90s:2:256", 0), ("sm90s:8:128", 0)] +
     [("sm90o", 0), ("sm90o:1:128", 0), ("sm90o:2:256", 0)] +
     [("sm90m", 0), ("sm90m:128", 0), ("sm90m:256", 0), ("sm90x", 0)] if SM90 else [])
@@ -115,6 +117,55 @@ def test_gemm_w4a8_sm90_split_producer_groups_bit_exact(m, n, k, group):
         assert torch.equal(y.cpu().long(), ref), kernel
 
 
+# The 16 / 32 / 64-token tiles (5-64 tokens): every split, token counts that leave a partial token tile or several,
+# weight-row and k tails (k % 128 == 64: a one-chunk last stage), groups 64 / 128, raw int32 bit-exact against the CPU
+# reference, y poisoned; the automatic plan's tile is the smallest that holds m, and the automatic launch is exact.
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m", [5, 13, 16, 17, 40, 64, 100])
+@pytest.mark.parametrize("n,k,group", [(130, 576, 128), (4103, 640, 64), (17, 4160, 128)])
+def test_gemm_w4a8_sm90_small_tiles_bit_exact(m, n, k, group):
+    qw = two_level_weight("liquid" if (m + group) % 2 else "qoq", n, k, group, seed=m * 11 + n + k)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=torch.Generator().manual_seed(m + 2 * k))
+    ref = xq.long() @ s8_weights(qw).T
+    kernels = [f"sm90:{s}:{t}" for t in (16, 32, 64) for s in (0, 1, 2, 4, 8)] + ["", "sm90"]
+    for kernel in kernels:
+        y = torch.full((m, n), -7, dtype=torch.int32, device="cuda")  # poisoned
+        _core.gemm_w4a8(xq.cuda(), None, pw, y, kernel=kernel)
+        torch.cuda.synchronize()
+        assert torch.equal(y.cpu().long(), ref), kernel
+    tokens, split, head = _core.gemm_w4a8_sm90_plan(m, n, k)
+    if m <= 64:
+        assert tokens == (16 if m <= 16 else 32 if m <= 32 else 64) and split in (1, 2, 4, 8) and head == 0
+    else:
+        assert tokens == 128  # 65-127 tokens: the 128-token plans as before
+    assert _core.gemm_w4a8_sm90_plan(m, n, k, kernel="sm90:2:32")[:2] == (32, 2)
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+def test_gemm_w4a8_sm90_small_tiles_scaled_f16():
+    """The small tiles' f16 epilogue (staged through smem, y rows 16-byte aligned or not, nothing written past n) within
+    f16 rounding of float64 and bit-equal to the 128-token tile's (the same int32 sums and scale products)."""
+    for kernel, m in (("sm90:1:16", 9), ("sm90:4:32", 30), ("sm90:2:64", 50), ("sm90:0:16", 16)):
+        check_scaled_f16_same_bits(kernel, "sm90:1:128", m, 520 if m % 2 else 515, 704, 64)
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+def test_gemm_w4a8_sm90_small_tiles_refuse_other_launches():
+    qw = two_level_weight("qoq", 64, 256, 128, seed=4)
+    pw = _core.pack_weight(qw, "sm80", "cuda:0")
+    xq = torch.randint(-127, 128, (8, 256), dtype=torch.int8, generator=torch.Generator().manual_seed(4)).cuda()
+    y = torch.empty(8, 64, dtype=torch.int32, device="cuda")
+    for bad in ("sm90s:1:16", "sm90o:0:32", "sm90q:1:64"):
+        with pytest.raises(ValueError, match="16 / 32 / 64-token tiles run the overlapped mainloop"):
+            _core.gemm_w4a8(xq, None, pw, y, kernel=bad)
+    for bad in ("sm90:1:8", "sm90:1:48", "sm90k:16", "sm90m:64"):
+        with pytest.raises(ValueError, match=f"got '{bad}'"):
+            _core.gemm_w4a8(xq, None, pw, y, kernel=bad)
+    with pytest.raises(ValueError, match="16 / 32 / 64-token tiles"):
+        _core.gemm_w4a8_sm90_plan(8, 64, 256, kernel="sm90s:1:16")
+
+
 @pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
 def test_gemm_w4a8_sm90_one_producer_names():
     """'sm90o...' keeps the earlier producer and the earlier plan; it runs the overlapped mainloop only."""
@@ -193,8 +244,8 @@ def test_gemm_w4a8_scaled_f16(fmt, m, n, k, group):
 
 @pytest.mark.parametrize("fmt,m", [("qoq", 23), ("liquid", 23), ("qoq", 300), ("liquid", 130)])
 def test_linear_w4a8_through_the_registry_matches_the_cpu_op(fmt, m):
-    """ops.linear with act=int8_per_token on the GPU (the registry picks gemm_w4a8_sm80, or from 128
-    tokens on sm_90 gemm_w4a8_sm90) vs the CPU op on the same quantized weight: both quantize the same
+    """ops.linear with act=int8_per_token on the GPU (the registry picks gemm_w4a8_sm80, or from 17 tokens on sm_90
+    gemm_w4a8_sm90) vs the CPU op on the same quantized weight: both quantize the same
     activations per token, so they differ only by f16 vs f32 rounding of the output and the odd int8
     code that flips at a rounding boundary."""
     n, k = 136, 320
@@ -265,8 +316,8 @@ def test_quantized_directory_runs_on_the_gpu_like_the_cpu(tmp_path, recipe, algo
     large = "gemm_w4a8_sm90" if SM90 else "gemm_w4a8_sm80"
     few = "gemm_w4a8_gemv_sm80" if SM90 else "gemm_w4a8_sm80"  # the register-direct GEMV at 1-4 tokens on sm_90
 
-    def expected(role):
-        return large if role.endswith("m128+") else few if role.endswith((" m1", " m2-4")) else "gemm_w4a8_sm80"
+    def expected(role):  # on sm_90 the wgmma kernel from 17 tokens (this model's layers are narrow: mma.sync at 5-16)
+        return few if role.endswith((" m1", " m2-4")) else "gemm_w4a8_sm80" if role.endswith(" m5-16") else large
     assert gate_up and all(k == expected(r) for r, k in gate_up.items()), gate_up
     got = torch.from_dlpack(gpu.engine.logits(ids)).double()
     assert torch.isfinite(got).all()

@@ -138,21 +138,24 @@ def test_gemv_reads_x_after_the_kernel_that_wrote_it():
                                      ("liquid", 4, 4103), ("qoq", 5, 5130)])
 def test_linear_at_few_tokens_runs_the_gemv_choice(fmt, m, n):
     """ops.linear with int8_per_token activations at 1-4 tokens: the registry names gemm_w4a8_gemv_sm80 on sm_90 (the
-    mma.sync kernel elsewhere and from 5 tokens), and its f16 output is the quantizer + the op's own choice bit for bit
+    mma.sync kernel elsewhere and from 5 tokens on layers under 16384 rows), and its f16 output is the quantizer + the
+    op's own choice bit for bit
     (the shapes reach both widths: one tile at 1 token and 4103 rows, the wide plan at 16400 / 8200 x 8256 / 5130)."""
     k = 8256 if m == 2 else 1088
     qw, pw, _, _ = problem(fmt, m, n, k, 64 if fmt == "liquid" else 128, seed=21 + m)
     sm = torch.cuda.get_device_capability()
     r = _core.kernels.select_gemm(device="cuda", sm=sm[0] * 10 + sm[1], act="int8_per_token", x="f16", y="f16",
                                   weight=fmt, packed="sm80", group=qw.group, n=n, k=k, m=m)
-    assert r["kernel"] == ("gemm_w4a8_gemv_sm80" if SM90 and m <= 4 else "gemm_w4a8_sm80"), r
+    wide = n >= 16384  # at 5-16 tokens the wgmma kernel's 16-token tile on layers this wide, else mma.sync
+    assert r["kernel"] == ("gemm_w4a8_sm80" if not SM90 else "gemm_w4a8_gemv_sm80" if m <= 4 else
+                           "gemm_w4a8_sm90" if wide else "gemm_w4a8_sm80"), r
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(22)).half().cuda()
     y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
     _core.linear(x, pw, None, y, act="int8_per_token")
     xq, xs = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
     _core.quantize_per_token_s8(x, xq, xs)
     want = torch.empty(m, n, dtype=torch.float16, device="cuda")
-    _core.gemm_w4a8(xq, xs, pw, want, kernel="" if m <= 4 else "sm80")
+    _core.gemm_w4a8(xq, xs, pw, want, kernel="")  # the op's automatic choice: the registry's rule
     torch.cuda.synchronize()
     assert torch.equal(y, want)
 

@@ -67,13 +67,18 @@ def test_w4a16_gemv_at_one_token(sm, m, n, k, expected):
     assert r["kernel"] == expected and not r["fallback"], r
 
 
-# W4A8 (QoQ, LiquidQuant): the register-direct GEMV at 1-4 tokens on sm_90, the mma.sync kernel from 5 tokens and on
-# other GPUs, the wgmma kernel from 128 tokens on sm_90.
+# W4A8 (QoQ, LiquidQuant): on sm_90 the register-direct GEMV at 1-4 tokens, the wgmma kernel from 17 tokens (its 32 /
+# 64-token tiles to 64, then stream-K and the 128 / 256-token plans) and at 5-16 tokens on layers of 16384 rows or more
+# (n below; the n = 4096 rows of test_w4a8_gemv_at_one_token keep mma.sync there); the mma.sync kernel on other GPUs.
 @pytest.mark.parametrize("sm,m,weight,group,expected", [(90, 1, "qoq", 128, "gemm_w4a8_gemv_sm80"),
                                                         (90, 1, "liquid", 64, "gemm_w4a8_gemv_sm80"),
                                                         (90, 2, "qoq", 128, "gemm_w4a8_gemv_sm80"),
                                                         (90, 4, "liquid", 64, "gemm_w4a8_gemv_sm80"),
                                                         (90, 5, "qoq", 128, "gemm_w4a8_sm80"),
+                                                        (90, 16, "liquid", 64, "gemm_w4a8_sm80"),
+                                                        (90, 17, "qoq", 128, "gemm_w4a8_sm90"),
+                                                        (90, 127, "liquid", 64, "gemm_w4a8_sm90"),
+                                                        (80, 16, "qoq", 128, "gemm_w4a8_sm80"),
                                                         (80, 3, "qoq", 128, "gemm_w4a8_sm80"),
                                                         (90, 128, "liquid", 64, "gemm_w4a8_sm90"),
                                                         (80, 1, "qoq", 128, "gemm_w4a8_sm80"),
@@ -83,6 +88,15 @@ def test_w4a8_gemv_at_one_token(sm, m, weight, group, expected):
         r = _core.kernels.select_gemm(device="cuda", sm=sm, act="int8_per_token", x=x, y="f16", weight=weight,
                                       packed="sm80", group=group, n=4096, k=14336, m=m)
         assert r["kernel"] == expected and not r["fallback"], r
+
+
+@pytest.mark.parametrize("sm,m,n,expected", [(90, 5, 16384, "gemm_w4a8_sm90"), (90, 16, 28672, "gemm_w4a8_sm90"),
+                                             (90, 16, 16383, "gemm_w4a8_sm80"), (90, 4, 28672, "gemm_w4a8_gemv_sm80"),
+                                             (80, 16, 28672, "gemm_w4a8_sm80")])
+def test_w4a8_wide_layers_take_the_wgmma_kernel_from_five_tokens(sm, m, n, expected):
+    r = _core.kernels.select_gemm(device="cuda", sm=sm, act="int8_per_token", x="f16", y="f16", weight="qoq",
+                                  packed="sm80", group=128, n=n, k=4096, m=m)
+    assert r["kernel"] == expected and not r["fallback"], r
 
 
 # The f16 GEMM: cuBLASLt at every token count in a build that has it (the descriptor says so); without it the GEMV at

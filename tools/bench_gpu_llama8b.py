@@ -25,6 +25,7 @@ packaging, fsspec, typing_extensions.
 import argparse
 import collections
 import dataclasses
+import hashlib
 import gc
 import json
 import os
@@ -251,6 +252,15 @@ def lowbit_run(eng, prompts, new, rid0, per_step=False):
             "decode_tokens": dec_tokens, "decode_steps": dec_steps, "first_tokens": toks0[:FIRST_TOKENS],
             "graph_steps": graphs1[0] - graphs0[0], "graph_device_ms": graphs1[1] - graphs0[1],
             **({"steps": steps} if per_step else {})}
+
+
+def part_file(out, part):
+    """The child's JSON beside `out`: the part's spec in the name, or its head and a hash when the spec (kernel
+    overrides) would make a file name too long for the file system."""
+    name = part.replace(":", "_")
+    if len(name) > 80:
+        name = name[:48] + "-" + hashlib.sha1(part.encode()).hexdigest()[:12]
+    return f"{out}.{name}.part"
 
 
 def split_spec(spec):
@@ -642,7 +652,7 @@ def main():
         if args.deadline_at - time.time() < 30:
             fresh.append({"engine": part, "part": part, "error": "skipped: past the run's --deadline"})
             continue
-        d = run_child(args, part, out + f".{part.replace(':', '_')}.part")
+        d = run_child(args, part, part_file(out, part))
         d["commit"] = meta.get("commit", "")
         if args.tag:
             d["tag"] = args.tag

@@ -430,7 +430,7 @@ def main():
         if args.deadline_at - time.time() < 60:
             fresh.append({"engine": part, "part": part, "error": "skipped: past the run's --deadline"})
             continue
-        d = harness.run_child(args, part, out + f".{part.replace(':', '_')}.part", script=__file__)
+        d = harness.run_child(args, part, harness.part_file(out, part), script=__file__)
         d["commit"] = meta.get("commit", "")
         fresh.append(d)
         keys = {(p.get("engine"), p.get("recipe")) for p in fresh}

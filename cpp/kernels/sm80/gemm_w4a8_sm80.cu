@@ -323,10 +323,14 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                            options.pdl && pdl_supported(dev), stream);
     return;
   }
-  // The wgmma kernel from 128 tokens on (one dequantized fragment feeds 128-256 tokens); below, the
-  // mma.sync kernel's small tiles and split-K fill the GPU better.
+  // The wgmma kernel from 128 tokens on (one dequantized fragment feeds 128-256 tokens), and when the caller pins no
+  // mma.sync split from 17 tokens (its 32 / 64-token tiles to 64 tokens, stream-K over 128-token tiles at 65-127) and
+  // at 5-16 tokens on layers of kW4A8Sm90WideRows rows or more (its 16-token tile); the registry's ranks for
+  // gemm_w4a8_sm90 are the plans' copy of this rule.
+  const bool small_sm90 = options.split_k <= 0 && (m >= 17 || (m >= 5 && n >= detail::kW4A8Sm90WideRows));
   const bool sm90 = options.kernel == Gemm8Kernel::sm90 ||
-                    (options.kernel == Gemm8Kernel::automatic && m >= 128 && detail::gemm_w4a8_sm90_usable(dev));
+                    (options.kernel == Gemm8Kernel::automatic && (m >= 128 || small_sm90) &&
+                     detail::gemm_w4a8_sm90_usable(dev));
   if (sm90) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a8_sm90_usable(dev), op,
                       ": the sm90 kernel needs an sm_90 device and a library built with sm_90a kernels (device ", dev,
@@ -335,7 +339,9 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                                       w.data.data<uint8_t>(), w.scales.data<uint8_t>(), w.zeros.data<uint8_t>(),
                                       w.channel_scales.data<float>(), y.data_ptr(), y.stride(0), static_cast<int>(m),
                                       static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad), raw};
-    detail::gemm_w4a8_sm90(problem, sm90_choice_of(options), stream);
+    detail::Sm90Choice choice = sm90_choice_of(options);
+    choice.pdl = options.pdl && pdl_supported(dev);
+    detail::gemm_w4a8_sm90(problem, choice, stream);
     return;
   }
   const Shape shape = shape_for(m);

@@ -398,7 +398,7 @@ void launch(const FmpqProblem& p, int forced_split, cudaStream_t stream) {
   const Args args{p, k_blocks, p.k / 64, split, vector_y};
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, kBT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  launch_split_clusters(op, cfg, kernel, p.n, tiles_m, tiles_n, split, map_x, map_w, args);
+  launch_split_clusters(op, cfg, kernel, p.n, tiles_m, tiles_n, split, false, map_x, map_w, args);
 }
 
 }  // namespace

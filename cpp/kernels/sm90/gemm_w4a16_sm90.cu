@@ -467,7 +467,7 @@ void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStre
   const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
   const CUtensorMap map_w =
       make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, Config<BT, W>::kTiles, 1);
-  launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
+  launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, false, map_x, map_w, args);
 }
 
 // ---- Stream-K (sm90_streamk.cuh): a persistent grid of the resident CTAs, equal k-block ranges ----

@@ -2,7 +2,8 @@
 // registers (LiquidGEMM's design, §5), and the s8 activations as the shared-memory B operand.
 //
 // Yᵀ = W · Xᵀ: a CTA owns 128 weight rows (two consumer warpgroups of 64, one wgmma m64 each) x BT
-// tokens (the wgmma n: 128 or 256) x its k range, in stages of 128 k (two packed 64-k chunks). Three
+// tokens (the wgmma n: 128 or 256; 16, 32 or 64 for decode-sized batches, two CTAs per SM) x its k range,
+// in stages of 128 k (two packed 64-k chunks). Three
 // producer threads (lane 0 of warps 0-2) fill each stage, one copy kind each: the activation tile by TMA
 // (128-byte swizzle, zero fill past m and k, the layout wgmma's descriptor reads), the stage's packed u4
 // weight tiles by one 3-D TMA box over pack_sm80_w4a8's [tile][chunk] layout, and the u8 steps and offsets
@@ -13,7 +14,9 @@
 // the next stage into a second fragment set (the dequant hides under the tensor-core work, and the
 // other consumer warpgroup's wgmmas fill the gaps), keeping one stage's wgmmas in flight across the next
 // issue (wait_group 1). The tile (128 or 256 tokens) and split come from a cost model (sm90_common.cuh; it may plan
-// two launches: whole unsplit waves, then the rest split, or one stream-K launch: sm90_streamk.cuh). Accumulation is
+// two launches: whole unsplit waves, then the rest split, or one stream-K launch: sm90_streamk.cuh); at 5-64 tokens
+// the small tiles have a model of their own (plan_small). One-tile-per-CTA launches may run as programmatic dependents
+// (Args::pdl): only the activation copies wait for the kernel before. Accumulation is
 // int32
 // (exact); split-K runs as a thread-block cluster along k whose int32 partial tiles are summed
 // through distributed shared memory, as in gemm_w8a8_sm90.cu. The scales apply once, at the end;
@@ -31,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "cuda/pdl.cuh"
 #include "kernels/sm90/gemm_w4a8_sm90.h"
 #include "kernels/sm90/sm90_common.cuh"
 #include "kernels/sm90/sm90_producer.cuh"
@@ -49,18 +53,30 @@ constexpr int kChunkBytes = 512;  // one packed 16-row x 64-k tile
 constexpr int kThreads = 384;     // warpgroup 0: producer (one thread issues the copies), 1-2: consumers
 constexpr int kConsumerWarps = 8;
 constexpr int kSmemBudget = 215040;
+constexpr int kSmallSmemBudget = 112640;  // two CTAs per SM: each under half of 228 KB with its 1 KB reserve
 
+// Small token tiles (16, 32, 64 tokens: 5-64 tokens, where the weight's bytes bound the time) run two CTAs per SM, so
+// that a gate_up-sized layer's 224 unsplit tiles fit one wave and split plans find slots at a finer grain: half the
+// shared memory (up to 16 stages of a smaller stage) and registers (launch bounds of 2 x 384 threads: 80 a thread at
+// entry; the consumers take 96, the producers keep 40). The 128 / 256-token tiles keep one CTA per SM.
 template <int BT>
 struct Config {
+  static constexpr bool kSmall = BT < 128;
+  static constexpr int kCtasPerSm = kSmall ? 2 : 1;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = kSmall ? 96 : 232;
   static constexpr int kXBytes = BT * kBK;                  // activation tile (swizzled, 1024-aligned)
   static constexpr int kWBytes = kTiles * 2 * kChunkBytes;  // [tile][chunk][lane] 16-byte units
   static constexpr int kPBytes = 2 * 2 * kRows;             // [chunk][step | offset][row] u8
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
-  static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
+  static constexpr int kStages =
+      kSmall ? std::min(16, kSmallSmemBudget / kStageBytes) : std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
   static constexpr int kScaleBytes = (BT + kRows) * 4;  // tuned launches: the tile's x_scale and channel_scale
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
+  static_assert(!kSmall || 2 * (kSmemBytes + 1024) <= 233472, "two small-tile CTAs must fit one SM's shared memory");
+  static_assert(!kSmall || 128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 80, "the register split must fit the "
+                "80 registers a thread that two CTAs per SM start with");
 };
 
 struct Args {
@@ -71,11 +87,37 @@ struct Args {
   bool shared_params;  // both chunks of a stage in one group (group % 128 == 0): chunk 0's parameters serve both
   // Tuned launches (kTune > 0; groups of 64 * 2^j only): log2(group / 64), a chunk's group row by a shift.
   int cshift = 0;
+  // Launched as a programmatic dependent (Sm90Choice::pdl): the activation producer (and the tuned launches' consumers,
+  // which stage x's scales first) waits for the kernel before; the weight and parameter producers do not.
+  bool pdl = false;
 };
 
 #ifdef LOWBIT_SM90_DEVICE
 // D += A · Bᵀ for one k32 step: A (64 weight rows x 32 k, s8) from the four fragment registers, B
 // (BT tokens x 32 k, s8) from shared memory through descriptor db.
+// (n16 / n32 / n64: the small token tiles.)
+__device__ inline void wgmma_rs(int (&d)[8], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
+      "p;\n}\n"
+      : LOWBIT_ACC8("+r", d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ inline void wgmma_rs(int (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 " LOWBIT_REGS16 ", {%16, %17, %18, %19}, %20, p;\n}\n"
+      : LOWBIT_ACC16("+r", d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ inline void wgmma_rs(int (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " LOWBIT_REGS32 ", {%32, %33, %34, %35}, %36, p;\n}\n"
+      : LOWBIT_ACC32("+r", d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
 __device__ inline void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -323,7 +365,7 @@ __device__ inline void store_tile(const W4A8Problem& p, bool vector_y, uint8_t* 
 // blocks from block (row tile % nk) on, wrapping, so that CTAs running together read different activation blocks (the
 // int32 sums do not depend on the order).
 template <int BT, bool kOverlap, bool kSplitProducer = true, int kTune = 0>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, Config<BT>::kCtasPerSm)
     gemm_w4a8_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                           const Args args) {
 #ifdef LOWBIT_SM90_DEVICE
@@ -354,10 +396,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The producer warpgroup needs few registers; the consumers' 64 x BT int32 tile needs many.
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs) : "memory");
     const int part = threadIdx.x >> 5;
     if (kSplitProducer && lane == 0 && part < kProducerParts) {  // producers: one part of each stage
       const int prow = min(kRows, p.npad - n0);
+      if (args.pdl && part == 0) pdl_wait_for_producers();  // x comes from the kernel before
       for (int it = 0, s = 0, phase = 1; it < nk; ++it) {
         const int kb = kb_of(it);
         const int pk = kAhead > 0 && it + kAhead < nk ? kb_of(it + kAhead) : -1;
@@ -369,6 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (!kSplitProducer && threadIdx.x == 0) {  // producer
+      if (args.pdl) pdl_wait_for_producers();
       const int tile0 = n0 / 16;
       const int prow = min(kRows, p.npad - n0);  // param bytes per row range (a multiple of 16)
       for (int it = 0; it < nk; ++it) {
@@ -394,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cooperative_groups::this_cluster().sync();
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs) : "memory");
     // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
     // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
     uint32_t fa[16], fb[16];
@@ -403,6 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // tuned, unsplit f16: the tile's scales in smem, loaded while the first stages are in flight
     float* scales = reinterpret_cast<float*>(empty + kStages);
     const bool smem_scales = kTune > 0 && split == 1 && !p.raw;
+    if (smem_scales && args.pdl) pdl_wait_for_producers();  // x_scale comes from the kernel before
     if (smem_scales) stage_tile_scales<BT>(p, scales, m0, n0, static_cast<int>(threadIdx.x) - 128);
     fence_regs(acc);
     const bool shared = kSplitProducer && args.shared_params;
@@ -420,6 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
+    pdl_allow_dependents();  // the next kernel may launch during the epilogue (it waits for this grid's end)
     if (smem_scales)
       store_tile_staged_scales<BT>(p, args.vector_y, smem, n0, m0, gw, lane, acc, scales);
     else
@@ -450,7 +496,7 @@ inline int chunk_group_shift(const W4A8Problem& p) {
 
 // kTune: gemm_w4a8_sm90_kernel's (its smem holds the tile's scales past the barriers when > 0).
 template <int BT, bool kOverlap, bool kSplitProducer, int kTune = 0>
-void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStream_t stream) {
+void launch(const W4A8Problem& p, int split, int tile_base, int tiles, bool pdl, cudaStream_t stream) {
   const char* op = "gemm_w4a8";
   auto kernel = gemm_w4a8_sm90_kernel<BT, kOverlap, kSplitProducer, kTune>;
   constexpr int kSmem = Config<BT>::kSmemBytes + (kTune > 0 ? Config<BT>::kScaleBytes : 0);
@@ -466,9 +512,10 @@ void launch(const W4A8Problem& p, int split, int tile_base, int tiles, cudaStrea
   const bool vector_y = reinterpret_cast<uintptr_t>(p.y) % 16 == 0 && p.ldy % 8 == 0;
   Args args{p, k_blocks, p.k / 64, split, tile_base, tiles_m, vector_y, kSplitProducer && stage_in_one_group(p)};
   if (kTune > 0) args.cshift = chunk_group_shift(p);
+  args.pdl = pdl;
   const CUtensorMap map_x = make_map(op, p.x, p.m, p.k, p.ldx, BT);
   const CUtensorMap map_w = make_packed_weight_map(op, p.w, (p.n + 15) / 16, p.k / 64, kChunkBytes, kTiles, 2);
-  launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, map_x, map_w, args);
+  launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, pdl, map_x, map_w, args);
 }
 
 // ---- Multicast pairs ('sm90m' names, opt-in; measured 0-4% slower): two CTAs on neighbouring weight-row tiles ----
@@ -897,6 +944,61 @@ constexpr TileCosts kOverlapCosts{0.70, 0.80, 2.0, 6.5};
 // for qkv M = 1024: 59.3 us against 50.3 at 256).
 constexpr TileCosts kSplitProducerCosts{0.52, 0.66, 4.0, 6.5};
 
+// ---- Small token tiles (16 / 32 / 64 tokens): decode-sized batches ----
+//
+// At 5-64 tokens a CTA's 128-k block is 8 KB of packed codes (and 256-512 bytes of u8 steps and offsets) read once
+// from DRAM, against BT x 128 bytes of activations that every weight-row tile re-reads from L2: the weight's bytes
+// bound the launch, and the plan's job is to keep enough of them in flight. The tile is the smallest that holds m
+// (unless pinned); the split is the cost model's: per CTA, its k blocks at the slower of the copy engine's rate (one
+// CTA alone on an SM takes a block in ~0.45 us; two CTAs on an SM share it) and the active CTAs' share of DRAM, a
+// fixed cost, and the cluster reduction (per doubling of the split), times the waves of resident CTAs. Fitted to the
+// forced splits on an H200 (bench/results/h200-2026-11-29-w4a8-small-tiles-m*-cf0e011.json): replayed on them with
+// 264 / 264 / 264 / 256 resident CTAs per cluster size, it picks the fastest measured split on every Llama-3-8B and
+// 70B/TP2 shape at 5-64 tokens.
+constexpr int kSmallAutoMaxTokens = 64;   // the automatic plan takes small tiles up to this many tokens
+constexpr double kSmallBlockUs = 0.45;    // one CTA's 128-k block, alone on its SM
+constexpr double kSmallDramBytesPerUs = 3.6e6;  // the DRAM read rate the active CTAs share
+constexpr double kSmallFixedUs = 3.0, kSmallReduceUs = 1.0;
+
+inline bool is_small_tile(int tokens) { return tokens == 16 || tokens == 32 || tokens == 64; }
+
+// Whether the plan takes a small tile: pinned, or m <= kSmallAutoMaxTokens with the tile free, on the launches that
+// have small-tile kernels (the overlapped mainloop with the split producer, one tile per CTA).
+inline bool small_plan(const W4A8Problem& p, const Sm90Choice& ch) {
+  if (is_small_tile(ch.tokens)) return true;
+  return ch.tokens == 0 && p.m <= kSmallAutoMaxTokens && !ch.serial && !ch.one_producer && !ch.streamk &&
+         !ch.persistent && ch.pair != 2 && ch.prefetch == 0;
+}
+
+Sm90Plan plan_small(const W4A8Problem& p, const Sm90Choice& ch) {
+  const int bt = ch.tokens != 0 ? ch.tokens : p.m <= 16 ? 16 : p.m <= 32 ? 32 : 64;
+  int slots[4];
+  if (bt == 16)
+    slots_of<16, true>("gemm_w4a8", slots);
+  else if (bt == 32)
+    slots_of<32, true>("gemm_w4a8", slots);
+  else
+    slots_of<64, true>("gemm_w4a8", slots);
+  const double sms = std::max(1, slots[0] / Config<16>::kCtasPerSm);  // every small tile runs two CTAs per SM
+  const int k_blocks = (p.k + kBK - 1) / kBK;
+  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + bt - 1) / bt);
+  constexpr double kBlockBytes = kRows * kBK / 2 + 2 * 2 * kRows;
+  int best = ch.split != 0 ? ch.split : 1;
+  double best_cost = 1e300;
+  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
+    if ((ch.split != 0 && s != ch.split) || s > k_blocks || slots[i] <= 0) continue;
+    const int64_t ctas = tiles * s, waves = (ctas + slots[i] - 1) / slots[i];
+    const double active = static_cast<double>(std::min<int64_t>(ctas, slots[i]));
+    const double per_block =
+        std::max(kSmallBlockUs * std::max(1.0, active / sms), active * kBlockBytes / kSmallDramBytesPerUs);
+    const double per_cta = (k_blocks + s - 1) / s * per_block + kSmallFixedUs + i * kSmallReduceUs;
+    const double cost = static_cast<double>(waves) * per_cta;
+    if (cost < best_cost) best_cost = cost, best = s;
+  }
+  while (best > k_blocks && best > 1) best /= 2;  // a pinned split past k: the largest that fits
+  return {bt, best, 0, false};
+}
+
 // The persistent kernel's tile when the caller leaves it free: the fewer rounds of tiles over the resident CTAs,
 // by kSplitProducerCosts' per-block costs with the fixed cost per tile dropped to 1 us (the next tile's pipeline fill
 // hides under the epilogue; a guess until measured).
@@ -920,7 +1022,8 @@ inline int persistent_tokens(const W4A8Problem& p) {
 // Llama-3-8B case (down M = 128 45.7 -> 29.1 us, M = 256 47.0 -> 39.4 at 256 tokens); in place of unsplit plans it
 // lost about as often as it won.
 template <bool kOverlap>
-Sm90Plan plan_core(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk) {
+Sm90Plan plan_core(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk, bool allow_small = true) {
+  if (kOverlap && allow_small && small_plan(p, ch)) return plan_small(p, ch);
   const TileCosts& costs = !kOverlap ? kSerialCosts : ch.one_producer ? kOverlapCosts : kSplitProducerCosts;
   if (ch.streamk) return {ch.tokens != 0 ? ch.tokens : (p.m <= 128 ? 128 : 256), 0, 0, true};
   const bool auto_sk = kOverlap && allow_streamk && !ch.no_streamk && ch.split == 0;
@@ -944,7 +1047,7 @@ Sm90Plan plan_for(const W4A8Problem& p, const Sm90Choice& ch, bool allow_streamk
   if (ch.pair == 2) {
     Sm90Choice one = ch;
     one.pair = 1, one.split = 1, one.no_streamk = true;
-    Sm90Plan plan = plan_for<kOverlap>(p, one, false);
+    Sm90Plan plan = plan_core<kOverlap>(p, one, false, false);  // pairs have 128 / 256-token kernels only
     plan.pair = true;
     return plan;
   }
@@ -956,6 +1059,15 @@ template <bool kOverlap, bool kSplitProducer>
 void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Sm90Plan plan = plan_for<kOverlap>(p, choice);
   if constexpr (kOverlap && kSplitProducer) {
+    if (is_small_tile(plan.tokens)) {  // one launch of one tile per CTA (split-K clusters), no head
+      using Go = void (*)(const W4A8Problem&, int, int, int, bool, cudaStream_t);
+      const Go go = plan.tokens == 16 ? launch<16, true, true> : plan.tokens == 32 ? launch<32, true, true>
+                                                                                  : launch<64, true, true>;
+      const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
+      LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a8: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
+      go(p, plan.split, 0, static_cast<int>(tiles), choice.pdl, stream);
+      return;
+    }
     if (plan.pair) {
       if (plan.tokens == 128)
         launch_pair<128>(p, stream);
@@ -985,7 +1097,7 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   }
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a8: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
-  using Go = void (*)(const W4A8Problem&, int, int, int, cudaStream_t);
+  using Go = void (*)(const W4A8Problem&, int, int, int, bool, cudaStream_t);
   Go go = plan.tokens == 128 ? launch<128, kOverlap, kSplitProducer> : launch<256, kOverlap, kSplitProducer>;
   if constexpr (kOverlap && kSplitProducer) {
     // kTuneAutomaticPlan: the automatic plan (tile and split free) would run its unsplit one-launch tiles tuned. Off:
@@ -1000,8 +1112,16 @@ void run(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
     if (tune == 1) go = plan.tokens == 128 ? launch<128, true, true, 1> : launch<256, true, true, 1>;
     if (tune == 2) go = plan.tokens == 128 ? launch<128, true, true, 2> : launch<256, true, true, 2>;
   }
-  if (plan.head > 0) go(p, 1, 0, plan.head, stream);  // whole unsplit waves, then the rest split
-  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream);
+  if (plan.head > 0) go(p, 1, 0, plan.head, choice.pdl, stream);  // whole unsplit waves, then the rest split
+  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, choice.pdl, stream);
+}
+
+// A pinned 16 / 32 / 64-token tile: only the launch that has those kernels.
+void check_small_tile_choice(const Sm90Choice& choice) {
+  LOWBIT_CHECK(!is_small_tile(choice.tokens) || (!choice.serial && !choice.one_producer && !choice.streamk &&
+                                                 !choice.persistent && choice.pair != 2 && choice.prefetch == 0),
+               "gemm_w4a8: the 16 / 32 / 64-token tiles run the overlapped mainloop with the split producer, one tile "
+               "per CTA ('sm90:S:T'), not 'sm90s' / 'sm90o' / 'sm90k' / 'sm90p' / 'sm90m' / 'sm90q' / 'sm90r'");
 }
 
 }  // namespace
@@ -1013,7 +1133,8 @@ bool gemm_w4a8_sm90_usable(int device) {
 
 // Tile and split (or stream-K) by the cost model unless forced.
 void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
-  check_tile_split_choice("gemm_w4a8", choice.split, choice.tokens);
+  check_tile_split_choice("gemm_w4a8", choice.split, choice.tokens, true);
+  check_small_tile_choice(choice);
   LOWBIT_CHECK(!choice.streamk || (!choice.serial && choice.split == 0), "gemm_w4a8: stream-K runs the overlapped "
                "mainloop without a split");
   LOWBIT_CHECK(!(choice.serial && choice.one_producer), "gemm_w4a8: the one-thread producer ('sm90o') runs the "
@@ -1043,7 +1164,8 @@ void gemm_w4a8_sm90(const W4A8Problem& p, const Sm90Choice& choice, cudaStream_t
 }
 
 Sm90Plan gemm_w4a8_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
-  check_tile_split_choice("gemm_w4a8", choice.split, choice.tokens);
+  check_tile_split_choice("gemm_w4a8", choice.split, choice.tokens, true);
+  check_small_tile_choice(choice);
   W4A8Problem p{};
   p.m = m, p.n = n, p.k = k;
   if (choice.persistent) return {choice.tokens != 0 ? choice.tokens : persistent_tokens(p), 1, 0, false};

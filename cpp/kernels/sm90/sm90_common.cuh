@@ -355,17 +355,20 @@ int resident_ctas(const char* op, Kernel kernel, int threads, int smem, DeviceCo
 // Launches `kernel` (cfg: block size, smem, stream) on a (tiles_m, tiles_n, split) grid in clusters of `split` CTAs
 // along z: the split-K partners of one output tile, which reduce through distributed shared memory. `n` (the output
 // width the tiles_n tiles cover) names the problem when the grid cannot hold it. Kernels that walk a linear tile
-// range (W4A16, W4A8: two-launch plans) pass their range's length as tiles_m and tiles_n = 1.
+// range (W4A16, W4A8: two-launch plans) pass their range's length as tiles_m and tiles_n = 1. pdl: as a programmatic
+// dependent of the kernel before it on the stream (cuda/pdl.cuh; the kernel waits before it reads that one's output).
 template <class Kernel, class... Args>
 void launch_split_clusters(const char* op, cudaLaunchConfig_t cfg, Kernel kernel, int64_t n, int tiles_m, int tiles_n,
-                           int split, const Args&... args) {
+                           int split, bool pdl, const Args&... args) {
   LOWBIT_CHECK(tiles_n <= 65535, op, ": n=", n, " is too large for the sm90 kernel's grid");
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = static_cast<unsigned>(split);
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl ? 2 : 1;
   cfg.gridDim = dim3(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split));
   LOWBIT_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, args...));
   LOWBIT_CUDA_CHECK_LAUNCH(op);
@@ -407,12 +410,14 @@ inline int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
   return best;
 }
 
-// A caller's pinned split (0 = free, else 1, 2, 4, 8) and tokens per tile (0 = free, else 128, 256).
-inline void check_tile_split_choice(const char* op, int split, int tokens) {
+// A caller's pinned split (0 = free, else 1, 2, 4, 8) and tokens per tile (0 = free, else 128, 256; with
+// small_tiles also 16, 32, 64).
+inline void check_tile_split_choice(const char* op, int split, int tokens, bool small_tiles = false) {
   LOWBIT_CHECK(split == 0 || split == 1 || split == 2 || split == 4 || split == 8, op,
                ": the sm90 split must be 0, 1, 2, 4 or 8, got ", split);
-  LOWBIT_CHECK(tokens == 0 || tokens == 128 || tokens == 256, op,
-               ": the sm90 tokens per tile must be 0, 128 or 256, got ", tokens);
+  const bool small = small_tiles && (tokens == 16 || tokens == 32 || tokens == 64);
+  LOWBIT_CHECK(tokens == 0 || tokens == 128 || tokens == 256 || small, op, ": the sm90 tokens per tile must be 0, ",
+               small_tiles ? "16, 32, 64, " : "", "128 or 256, got ", tokens);
 }
 
 // Tokens per tile (wgmma n: 128 or 256) and split-K cluster size of the weight-stationary GEMMs (W4A16, W4A8):

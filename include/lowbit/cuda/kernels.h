@@ -85,14 +85,15 @@ void gemm_wfp8a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k
 // (mma.sync m16n8k32, sm_80 and newer; split_k 0 picks the split, int32 partials allocated here;
 // pdl as in W4A16Options) and sm90 (wgmma with the dequantized weight as a register operand, TMA,
 // sm_90 only: a forced sm90 elsewhere throws NotSupported; sm90_split 0 automatic, else the split-K
-// cluster size 1/2/4/8). A third, gemv (W4A8 only: the register-direct GEMV of
-// cpp/kernels/sm80/gemm_w4a8_gemv_sm80.cu, 1-8 tokens, sm_80 and newer; gemv_ring / gemv_blocks pin a compiled
-// configuration, 0 = its own). `automatic` (the op-level API; plans name the kernel) takes gemv on sm_90 at one
-// token (no pinned split_k), sm90 on sm_90 from 128 tokens on, else sm80.
+// cluster size 1/2/4/8; pdl: its one-tile-per-CTA launches too). A third, gemv (W4A8 only: the register-direct
+// GEMV of cpp/kernels/sm80/gemm_w4a8_gemv_sm80.cu, 1-16 tokens, sm_80 and newer; gemv_ring / gemv_blocks pin a
+// compiled configuration, 0 = its own). `automatic` (the op-level API; plans name the kernel) takes, on sm_90, gemv
+// at 1-4 tokens (no pinned split_k), sm90 from 17 tokens (and from 5 on layers of 16384+ rows) and from 128 whatever
+// split_k says; else sm80.
 // Which 8-bit-activation GEMM kernel runs (W4A8 here, W8A8/FP8 below; gemv is W4A8's only).
 enum class Gemm8Kernel : uint8_t { automatic, sm80, sm90, gemv };
-// sm90_split / sm90_tokens: the wgmma kernel's split-K cluster (1/2/4/8) and tokens per tile (128/256), 0 =
-// its cost model's; sm90_serial: its earlier mainloop that waits for each stage's wgmmas (A/B timing only).
+// sm90_split / sm90_tokens: the wgmma kernel's split-K cluster (1/2/4/8) and tokens per tile (16/32/64/128/256),
+// 0 = its cost model's; sm90_serial: its earlier mainloop that waits for each stage's wgmmas (A/B timing only).
 enum class GemvWidth : uint8_t { automatic, one_tile, wide };
 struct W4A8Options {
   int split_k = 0;
