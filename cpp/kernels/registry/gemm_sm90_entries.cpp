@@ -41,16 +41,12 @@ Fit w4a8_sm90_can_run(const GemmDesc& d, std::string* why) {
     *why = "u4 -> s8 in registers as the wgmma A operand, s8 activations by TMA, split-K clusters";
   return f;
 }
-// Above the mma.sync kernel from 17 tokens on (the 32 / 64-token tiles to 64 tokens, stream-K over 128-token tiles at
-// 65-127, the 128 / 256-token plans from 128), and at 5-16 tokens on layers of 16384 rows or more (its 16-token tile
-// streams each CTA's weights at ~15-20 GB/s, so it wins where many unsplit CTAs cover the SMs; measured on an H200
-// at 5-16 tokens: gate_up 1.2-1.5x the mma.sync kernel; narrower layers 0.78-1.14x before its launch became a
-// programmatic dependent, docs/benchmarks_gpu.md "W4A8 on wgmma at 5-127 tokens"). 1-4 tokens run the register-direct
-// GEMV. gemm_w4a8 (gemm_w4a8_sm80.cu) is the op's copy of this rule.
-int w4a8_sm90_rank(const GemmDesc& d) {
-  if (d.m == MBucket::m1 || d.m == MBucket::m4) return 0;
-  return d.m != MBucket::m16 || d.n >= 16384 ? 2 : 0;
-}
+// Above the mma.sync kernel where w4a8_wgmma_preferred says (desc.h): from 17 tokens on (the 32 / 64-token tiles to
+// 64 tokens, stream-K over 128-token tiles at 65-127, the 128 / 256-token plans from 128), and at 5-16 tokens on
+// layers of 16384 rows or more (its 16-token tile streams each CTA's weights at ~15-20 GB/s, so it wins where many
+// unsplit CTAs cover the SMs; measured on an H200 at 5-16 tokens: gate_up 1.2-1.5x the mma.sync kernel, narrower
+// layers 0.78-1.14x before its launch became a programmatic dependent). 1-4 tokens run the register-direct GEMV.
+int w4a8_sm90_rank(const GemmDesc& d) { return w4a8_wgmma_preferred(d.m, d.n) ? 2 : 0; }
 
 Fit w4a16_sm90_can_run(const GemmDesc& d, std::string* why) {
   if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)

@@ -323,13 +323,12 @@ void gemm_w4a8(const Tensor& xq, const Tensor& x_scale, const PackedWeight& w, T
                            options.pdl && pdl_supported(dev), stream);
     return;
   }
-  // The wgmma kernel from 128 tokens on (one dequantized fragment feeds 128-256 tokens), and when the caller pins no
-  // mma.sync split from 17 tokens (its 32 / 64-token tiles to 64 tokens, stream-K over 128-token tiles at 65-127) and
-  // at 5-16 tokens on layers of kW4A8Sm90WideRows rows or more (its 16-token tile); the registry's ranks for
-  // gemm_w4a8_sm90 are the plans' copy of this rule.
-  const bool small_sm90 = options.split_k <= 0 && (m >= 17 || (m >= 5 && n >= detail::kW4A8Sm90WideRows));
+  // The wgmma kernel from 128 tokens on (one dequantized fragment feeds 128-256 tokens), and below that where the
+  // registry's rule says (kernels::w4a8_wgmma_preferred: from 17 tokens, and at 5-16 on layers of 16384+ rows) when
+  // the caller pins no mma.sync split.
   const bool sm90 = options.kernel == Gemm8Kernel::sm90 ||
-                    (options.kernel == Gemm8Kernel::automatic && (m >= 128 || small_sm90) &&
+                    (options.kernel == Gemm8Kernel::automatic &&
+                     (m >= 128 || (options.split_k <= 0 && kernels::w4a8_wgmma_preferred(bucket, n))) &&
                      detail::gemm_w4a8_sm90_usable(dev));
   if (sm90) {
     LOWBIT_CHECK_KIND(ErrorKind::kNotSupported, detail::gemm_w4a8_sm90_usable(dev), op,

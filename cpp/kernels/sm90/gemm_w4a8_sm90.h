@@ -25,10 +25,6 @@ struct W4A8Problem {
   bool raw;
 };
 
-// The op's automatic choice takes this kernel from 17 tokens, and at 5-16 tokens on layers of at least this many rows
-// (where its 16-token tile's unsplit CTAs cover the SMs; a CTA streams its weights at only ~15-20 GB/s).
-constexpr int64_t kW4A8Sm90WideRows = 16384;
-
 // True when `device` is sm_90 and this library holds the sm_90a image of the kernel.
 bool gemm_w4a8_sm90_usable(int device);
 // The tile (16, 32, 64, 128 or 256 tokens) and split-K cluster size come from a cost model unless `choice` pins them.

@@ -29,6 +29,13 @@ inline MBucket m_bucket_of(int64_t m) {
 // Up to 16 tokens: the decode-sized buckets (m1, m2-4, m5-16).
 inline bool decode_sized(MBucket b) { return b == MBucket::m1 || b == MBucket::m4 || b == MBucket::m16; }
 const char* name_of(MBucket b);  // "m1", "m2-4", "m5-16", "m17-127", "m128+"
+// W4A8 on sm_90: whether the wgmma kernel (gemm_w4a8_sm90) is the choice for a bucket and a layer of n rows: from 17
+// tokens, and at 5-16 tokens on layers of 16384+ rows, where its 16-token tile's unsplit CTAs cover the SMs (measured:
+// docs/benchmarks_gpu.md, "W4A8 on wgmma at 5-127 tokens"). The registry's rank and the op's automatic choice
+// (cpp/kernels/sm80/gemm_w4a8_sm80.cu) both ask this.
+inline bool w4a8_wgmma_preferred(MBucket b, int64_t n) {
+  return b == MBucket::m_large || b == MBucket::m127 || (b == MBucket::m16 && n >= 16384);
+}
 
 struct GemmDesc {
   DeviceKind device = DeviceKind::cpu;
