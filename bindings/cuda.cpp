@@ -208,7 +208,7 @@ cuda::W4A16Options sm90_plan_options(const char* op, const std::string& kernel_n
   cuda::W4A16Options o;
   const std::string kernel = strip_one_producer(kernel_name, o);
   if (parse_sm90_reduce(kernel, o) || parse_sm90w(kernel, o) || parse_sm90k(op, kernel, o)) return o;
-  const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+  const int sm90 = parse_sm90(kernel.empty() ? "sm90" : kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial, true);
   LOWBIT_CHECK(sm90 == 1, op, ": argument 'kernel' must be '' or an sm90 name, got '", kernel, "'");
   return o;
 }
@@ -224,7 +224,7 @@ cuda::W4A16Options w4a16_options(const std::string& kernel_name) {
     o.kernel = cuda::W4A16Kernel::sm90;
     return o;
   }
-  const int sm90 = parse_sm90(kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial);
+  const int sm90 = parse_sm90(kernel, o.sm90_split, o.sm90_tokens, o.sm90_serial, true);
   if (sm90 == 1) o.kernel = cuda::W4A16Kernel::sm90;
   else if (kernel == "small") o.kernel = cuda::W4A16Kernel::small;
   else if (kernel.rfind("decode90", 0) == 0) {
@@ -259,8 +259,8 @@ cuda::W4A16Options w4a16_options(const std::string& kernel_name) {
                  "'large:128x128', 'large:128x256', 'decode90', 'decode90:S', 'gemv', 'gemv:T' (T = 1, 2, 4, 8 tiles "
                  "per CTA), 'gemv:T:rDbB' (a compiled ring depth D / CTAs per SM B), 'sm90k[:T[:G]]' (stream-K), "
                  "'sm90' or 'sm90:S' (S = 1, 2, 4, 8: the split-K cluster; "
-                 "'sm90:S:T' also pins T = 128 or 256 tokens per tile, S = 0 leaving the split free; 'sm90s...' the "
-                 "serial mainloop; 'sm90o...' the earlier one-thread producer), got '", kernel, "'");
+                 "'sm90:S:T' also pins T = 16, 32, 64, 128 or 256 tokens per tile, S = 0 leaving the split free; "
+                 "'sm90s...' the serial mainloop; 'sm90o...' the earlier one-thread producer), got '", kernel, "'");
   return o;
 }
 

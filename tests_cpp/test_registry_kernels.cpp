@@ -150,7 +150,7 @@ TEST(Registry, GroupedW8IsRefusedByTheInt8Kernels) {
 
 TEST(Registry, GpuGemmChoicesByDescriptor) {
   // W4A16 up to 16 tokens: the TMA-fed decode kernel on sm_90 for layers of 16384 rows or more (but the GEMV below
-  // at one token), the small mma.sync kernel for narrower layers, more tokens and other GPUs.
+  // at one token), the small mma.sync kernel for narrower layers and other GPUs; from 17 tokens the wgmma kernel.
   GemmDesc wide = gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 1);
   wide.n = 28672;
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_gemv_sm80");
@@ -159,7 +159,7 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   wide.m = m_bucket_of(16);
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_decode_sm90");
   wide.m = m_bucket_of(17);
-  EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_sm80");
+  EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_sm90");
   wide.m = m_bucket_of(1);
   wide.sm = 80;
   EXPECT_STREQ(select_gemm(wide).kernel->name, "gemm_w4a16_sm80");
@@ -178,8 +178,11 @@ TEST(Registry, GpuGemmChoicesByDescriptor) {
   mid.m = m_bucket_of(1);
   mid.sm = 80;
   EXPECT_STREQ(select_gemm(mid).kernel->name, "gemm_w4a16_sm80");
-  // W4A16 from 128 tokens: the wgmma kernel on sm_90, the large mma.sync kernel elsewhere.
+  // W4A16 from 17 tokens: the wgmma kernel on sm_90 (small tiles to 64, stream-K to 127); from 128 tokens the large
+  // mma.sync kernel elsewhere, the small one below.
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 127)).kernel->name,
+               "gemm_w4a16_sm90");
+  EXPECT_STREQ(select_gemm(gpu_gemm(80, ActivationMode::float16, WeightFormat::w4, 128, 127)).kernel->name,
                "gemm_w4a16_sm80");
   EXPECT_STREQ(select_gemm(gpu_gemm(90, ActivationMode::float16, WeightFormat::w4, 128, 300)).kernel->name,
                "gemm_w4a16_sm90");

@@ -298,6 +298,44 @@ def test_gemm_w4a16_sm90_every_tile_and_split(m, n, k, group):
         assert torch.equal(y, gemm_forced(kernel.replace("sm90", "sm90s"), x, packed, n, k, group, 1)), kernel
 
 
+# The 16 / 32 / 64-token tiles (two CTAs per SM; 5-64 tokens): every split, token counts that leave a partial token
+# tile or several, n with partial 16-row and 128-row tiles, k with a short last group and 65 chunks (uneven split
+# ranks), g64 and g128: against float64 and the small kernel's weights; the automatic plan's tile is the smallest that
+# holds m, and the automatic launch is that plan bit for bit.
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 40, 64, 100])
+@pytest.mark.parametrize("n,k,group", [(4103, 576, 64), (272, 4160, 128), (17, 1088, 64)])
+def test_gemm_w4a16_sm90_small_tiles(m, n, k, group):
+    x, packed, ref, ref_abs = w4_problem(m, n, k, group, seed=7 * m + n + k)
+    y_small = gemm_forced("small", x, packed, n, k, group, 1)
+    check(y_small, ref)
+    for kernel in [f"sm90:{s}:{t}" for t in (16, 32, 64) for s in (0, 1, 2, 4, 8)]:
+        y = gemm_forced(kernel, x, packed, n, k, group, 1)
+        check(y, ref)
+        check_same_weights(y, y_small, ref_abs)
+    tokens, split, head = _core.gemm_w4a16_sm90_plan(m, n, k)
+    if m <= 64:
+        assert tokens == (16 if m <= 16 else 32 if m <= 32 else 64) and split in (1, 2, 4, 8) and head == 0
+        assert torch.equal(gemm_forced("sm90", x, packed, n, k, group, 1),
+                           gemm_forced(f"sm90:{split}:{tokens}", x, packed, n, k, group, 1))
+    else:
+        assert tokens == 128  # 65-127 tokens: the 128-token plans as before
+    assert _core.gemm_w4a16_sm90_plan(m, n, k, kernel="sm90:2:32")[:2] == (32, 2)
+
+
+@pytest.mark.skipif(not SM90, reason="the wgmma kernel needs sm_90")
+def test_gemm_w4a16_sm90_small_tiles_refused_elsewhere():
+    """The small tiles exist for the overlapped mainloop with the split producer, 128 rows, DSMEM reduction only."""
+    x, packed, _, _ = w4_problem(8, 64, 128, 64, seed=2)
+    y = torch.empty(8, 64, dtype=torch.float16, device="cuda")
+    for bad in ("sm90s:1:16", "sm90o:1:32"):
+        with pytest.raises(ValueError, match="16 / 32 / 64-token tiles"):
+            _core.gemm_w4a16(x.cuda(), *packed, 64, 128, 64, y, kernel=bad)
+    for bad in ("sm90k:16", "sm90g:2:16"):
+        with pytest.raises(ValueError, match=bad):
+            _core.gemm_w4a16(x.cuda(), *packed, 64, 128, 64, y, kernel=bad)
+
+
 # qkv/o/down at M = 256 (128-token tiles, split 2 on o/down), qkv at 1024 and (900, 6100, 4096), (1100, 4103, 4160)
 # (on 132 SMs: whole unsplit waves, then the rest split: two launches), a small odd shape; up to 128 tokens stream-K,
 # or gate_up at 128 tokens the wide tile unsplit.
@@ -333,7 +371,7 @@ def test_gemm_w4a16_sm90_plan_is_what_runs(m, n, k):
 def test_gemm_w4a16_bad_sm90_tile():
     x, packed, _, _ = w4_problem(2, 32, 128, 64, seed=1)
     y = torch.empty(2, 32, dtype=torch.float16, device="cuda")
-    for bad in ("sm90:2:64", "sm90:2:", "sm90x", "sm90:0:128:1"):
+    for bad in ("sm90:2:48", "sm90:2:", "sm90x", "sm90:0:128:1", "sm90:2:8"):
         with pytest.raises(ValueError, match=f"'sm90:S:T'.*got '{bad}'"):
             _core.gemm_w4a16(x.cuda(), *packed, 32, 128, 64, y, kernel=bad)
 

@@ -28,6 +28,8 @@ def old_name(kernel):
 def test_split_producer_bit_identical_to_one_producer(m, n, k, group):
     x, packed, ref, _ = w4_problem(m, n, k, group, seed=13 * m + n + k + group)
     for kernel in KINDS:
+        if kernel == "sm90" and m <= 64:
+            continue  # the free plan takes a small tile there, which has no one-thread-producer twin
         y = gemm_forced(kernel, x, packed, n, k, group, y_pad=3)
         check(y, ref)
         y_old = gemm_forced(old_name(kernel), x, packed, n, k, group, y_pad=3)

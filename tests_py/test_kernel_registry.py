@@ -29,8 +29,11 @@ def test_every_kernel_is_listed_once():
     assert cpu["gemm_f32act_cpu"]  # CPU kernels are in every build
 
 
+# W4A16: the GEMV at one token on sm_90, the small mma.sync kernel to 16 tokens, the wgmma kernel from 17 (small tiles,
+# stream-K, then the 128 / 256-token plans); the small / large mma.sync kernels on other GPUs.
 @pytest.mark.parametrize("sm,m,expected", [(90, 1, "gemm_w4a16_gemv_sm80"), (90, 16, "gemm_w4a16_sm80"),
-                                           (90, 17, "gemm_w4a16_sm80"), (90, 100, "gemm_w4a16_sm80"),
+                                           (90, 17, "gemm_w4a16_sm90"), (90, 100, "gemm_w4a16_sm90"),
+                                           (80, 100, "gemm_w4a16_sm80"),
                                            (90, 128, "gemm_w4a16_sm90"),
                                            (90, 4096, "gemm_w4a16_sm90"), (80, 128, "gemm_w4a16_large_sm80"),
                                            (89, 4096, "gemm_w4a16_large_sm80"), (80, 1, "gemm_w4a16_sm80")])
@@ -42,7 +45,7 @@ def test_w4a16_kernel_by_token_bucket(sm, m, expected):
 
 @pytest.mark.parametrize("sm,m,n,expected", [(90, 1, 28672, "gemm_w4a16_gemv_sm80"),
                                              (90, 2, 28672, "gemm_w4a16_decode_sm90"), (90, 16, 16384, "gemm_w4a16_decode_sm90"),
-                                             (90, 16, 16383, "gemm_w4a16_sm80"), (90, 17, 28672, "gemm_w4a16_sm80"),
+                                             (90, 16, 16383, "gemm_w4a16_sm80"), (90, 17, 28672, "gemm_w4a16_sm90"),
                                              (90, 128, 28672, "gemm_w4a16_sm90"), (89, 1, 28672, "gemm_w4a16_sm80")])
 def test_w4a16_decode_kernel_on_wide_layers(sm, m, n, expected):
     r = _core.kernels.select_gemm(device="cuda", sm=sm, act="float16", x="f16", y="f16", weight="w4", packed="sm80",

@@ -4,13 +4,20 @@
 # measurements of this checkout's tools against each, alternating before/after so drift hits both alike:
 #   the Llama-3-8B-shaped decode step (tools/profile_gpu_step.py: graphs on, eager, kernels alone) and the
 #   8B end-to-end decode/prefill (tools/bench_gpu_llama8b.py, lowbit parts only).
-#   usage: bash tools/gpu_before_after.sh BEFORE.tar BEFORE_COMMIT [recipes] [step batches] [8B batches]
+#   usage: bash tools/gpu_before_after.sh BEFORE.tar BEFORE_COMMIT [recipes ("" for none)] [step batches] [8B batches]
 # The builds stay in /tmp/lowbit-ba (a second run on the same machine reuses them, so one recipe per run keeps
 # each run short). Results: $OUT/before_after.json (both sides' figures) and a table on stdout.
+# Optional environment:
+#   BA_INSTALL  extra build environment for both builds, e.g. a lean build:
+#               BA_INSTALL='CMAKE_ARGS=-DLOWBIT_CUDA_ARCHS_SM80=90 LOWBIT_ATTN_ALL_INSTANCES=OFF'
+#   BA_BENCH    ';'-separated commands run once per side before the rest (sides alternating, the order flipped per
+#               command); SIDE in a command becomes before / after (name its output "$OUT/x_SIDE.json"); run in the
+#               neutral folder with this checkout's tools/*.py copied there
+#   BA_TESTS    pytest arguments (tests_py/ file names, -k) run against the after build; log in $OUT/ba_tests.log
 set -uo pipefail
 BEFORE_TAR=$1
 BEFORE_COMMIT=$2
-RECIPES=${3:-w4a16kv8,w8a8kv8}
+RECIPES=${3-w4a16kv8,w8a8kv8}
 STEP_BATCHES=${4:-1}
 LLAMA_BATCHES=${5:-1,64}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,7 +31,9 @@ AFTER_COMMIT=${LOWBIT_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/nul
 start=$(date +%s)
 build() {  # side, source
   [ -f "$WORK/pkg_$1/lowbit/__init__.py" ] && { echo "build $1: kept from an earlier call"; return; }
-  python3 -m pip install --no-build-isolation --no-deps --target "$WORK/pkg_$1" "$2" > "$OUT/build_$1.log" 2>&1
+  # shellcheck disable=SC2086  # BA_INSTALL is VAR=value words
+  env CMAKE_BUILD_PARALLEL_LEVEL=8 ${BA_INSTALL:-} python3 -m pip install --no-build-isolation --no-deps \
+    --target "$WORK/pkg_$1" "$2" > "$OUT/build_$1.log" 2>&1
   echo "build $1 rc=$? in $(( $(date +%s) - start )) s"
 }
 build before "$WORK/before_src" &
@@ -41,6 +50,27 @@ run_side() {  # side, name, command...
     > "$OUT/ba_${side}_$name.log" 2>&1
   echo "  $side $name rc=$? ($(( $(date +%s) - start )) s)"
 }
+cp "$REPO"/tools/*.py "$WORK"/
+IFS=';' read -r -a benches <<< "${BA_BENCH:-}"
+order=(before after)
+n=0
+for b in "${benches[@]}"; do
+  [ -n "${b// }" ] || continue
+  n=$((n + 1))
+  for side in "${order[@]}"; do
+    run_side "$side" "bench$n" bash -c "${b//SIDE/$side}"
+    tail -40 "$OUT/ba_${side}_bench$n.log"
+  done
+  order=("${order[1]}" "${order[0]}")
+done
+if [ -n "${BA_TESTS:-}" ]; then
+  eval "targs=($BA_TESTS)"
+  for i in "${!targs[@]}"; do [[ "${targs[$i]}" == *.py* ]] && targs[$i]="$REPO/tests_py/${targs[$i]}"; done
+  PYTHONPATH="$WORK/pkg_after${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 -m pytest -p no:cacheprovider \
+    --rootdir "$REPO" -q -rfEs --maxfail=20 "${targs[@]}" > "$OUT/ba_tests.log" 2>&1
+  echo "== tests rc=$?: $(tail -1 "$OUT/ba_tests.log") ($(( $(date +%s) - start )) s)"
+  grep -E "^(FAILED|ERROR) " "$OUT/ba_tests.log" | cut -c1-300 | head -10
+fi
 IFS=, read -r -a recipes <<< "$RECIPES"
 IFS=, read -r -a batches <<< "$STEP_BATCHES"
 order=(before after)

@@ -55,8 +55,11 @@ Fit w4a16_sm90_can_run(const GemmDesc& d, std::string* why) {
   if (f == Fit::yes && why) *why = "u4 -> f16 in registers as the wgmma A operand, f16 activations by TMA, split-K clusters";
   return f;
 }
-// From 128 tokens on, above the large mma.sync kernel (rank 2 there); below, the small mma.sync kernel.
-int w4a16_sm90_rank(const GemmDesc& d) { return d.m == MBucket::m_large ? 3 : 0; }
+// Where w4a16_wgmma_preferred says (desc.h): from 17 tokens, above the small and large mma.sync kernels (ranks 2 / 2
+// there). Measured on an H200 (8B and 70B/TP2 layers): at 32 / 64 tokens the small tiles are 1.04-1.34x / 1.02-1.69x
+// the mma.sync kernel (8B down at 32 tokens 0.83x), at 96 tokens stream-K over 128-token tiles 1.75-2.43x. 1-16 tokens
+// keep the GEMV, the decode kernel and the small mma.sync kernel.
+int w4a16_sm90_rank(const GemmDesc& d) { return w4a16_wgmma_preferred(d.m) ? 3 : 0; }
 
 Fit w4a16_decode_sm90_can_run(const GemmDesc& d, std::string* why) {
   if (d.device == DeviceKind::cuda && d.sm != 90 && d.sm != 0)

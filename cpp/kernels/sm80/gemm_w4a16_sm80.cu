@@ -31,6 +31,7 @@
 #include "cuda/pdl.cuh"
 #include "lowbit/cuda/check.h"
 #include "lowbit/cuda/kernels.h"
+#include "lowbit/kernels/desc.h"
 #include "kernels/sm80/gemm_w4a16_gemv_sm80.h"
 #include "kernels/sm80/gemm_w4a16_large_sm80.h"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
@@ -315,8 +316,9 @@ struct KernelChoice {
 
 // The kernel the caller named (a plan names it; the op-level API may leave it automatic: at one token on sm_90 (k up
 // to kGemvMaxK, no pinned split), the register-direct GEMV; otherwise up to kDecodeMaxTokens
-// tokens on layers of kDecodeMinRows rows or more, without a pinned split, the Hopper decode kernel; from
-// kLargeMinTokens tokens the wgmma kernel on sm_90, else the large mma.sync kernel) and the large kernel's tile
+// tokens on layers of kDecodeMinRows rows or more, without a pinned split, the Hopper decode kernel; on sm_90 the
+// wgmma kernel from kLargeMinTokens tokens, and from 17 without a pinned split (kernels::w4a16_wgmma_preferred); else
+// from kLargeMinTokens tokens the large mma.sync kernel) and the large kernel's tile
 // (W4A16Options::large_tile). The decode kernel splits in clusters (W4A16Options::sm90_split), not by split_k.
 KernelChoice pick_kernel(int64_t m, int64_t n, int64_t k, int split_k, const W4A16Options& o, int device) {
   const bool automatic = o.kernel == W4A16Kernel::automatic;
@@ -326,8 +328,10 @@ KernelChoice pick_kernel(int64_t m, int64_t n, int64_t k, int split_k, const W4A
   const bool decode = o.kernel == W4A16Kernel::decode_sm90 ||
                       (automatic && !gemv && m <= kDecodeMaxTokens && n >= kDecodeMinRows && split_k <= 0 &&
                        detail::gemm_w4a16_decode_sm90_usable(device));
+  const bool wgmma_bucket = split_k <= 0 && kernels::w4a16_wgmma_preferred(kernels::m_bucket_of(m));
   const bool sm90 = o.kernel == W4A16Kernel::sm90 ||
-                    (automatic && m >= kLargeMinTokens && detail::gemm_w4a16_sm90_usable(device));
+                    (automatic && !gemv && !decode && (m >= kLargeMinTokens || wgmma_bucket) &&
+                     detail::gemm_w4a16_sm90_usable(device));
   const bool large = !sm90 && (automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large);
   W4A16LargeTile tile = W4A16LargeTile::automatic;
   switch (o.large_tile) {
@@ -509,9 +513,11 @@ void gemm_w4a16(const Tensor& x, const PackedWeight& w, Tensor& y, int split_k, 
                                        zeros.data<__half>(), y.data<__half>(), y.stride(0), static_cast<int>(m),
                                        static_cast<int>(n), static_cast<int>(k), w.group, static_cast<int>(npad_sm90),
                                        mins};
-    detail::gemm_w4a16_sm90(problem, {options.sm90_split, options.sm90_tokens, options.sm90_serial,
-                                      options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
-                                      options.sm90_rows, options.sm90_reduce, options.sm90_one_producer}, stream);
+    detail::Sm90Choice sm90_choice{options.sm90_split, options.sm90_tokens, options.sm90_serial,
+                                   options.sm90_streamk, options.sm90_ctas, options.sm90_no_streamk,
+                                   options.sm90_rows, options.sm90_reduce, options.sm90_one_producer};
+    sm90_choice.pdl = options.pdl && pdl_supported(dev);
+    detail::gemm_w4a16_sm90(problem, sm90_choice, stream);
     return;
   }
   const W4A16LargeTile large_tile =

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "cuda/pdl.cuh"
 #include "kernels/sm80/w4a16_common_sm80.cuh"
 #include "kernels/sm90/gemm_w4a16_sm90.h"
 #include "kernels/sm90/sm90_common.cuh"
@@ -53,22 +54,33 @@ constexpr int kChunkBytes = 512;    // one packed 16-row x 64-k tile
 constexpr int kThreads = 384;       // warpgroup 0: producers (lane 0 of warps 0-2 issue the copies), 1-2: consumers
 constexpr int kConsumerWarps = 8;
 constexpr int kSmemBudget = 215040;
+constexpr int kSmallSmemBudget = 112640;  // two CTAs per SM: each under half of 228 KB with its 1 KB reserve
 
 // W: m64 weight tiles per consumer warpgroup (1: 128 weight rows per CTA; 2: the wide tile, 256 rows, each
 // activation tile feeding twice the weights: half the activation bytes through L2 per weight row).
+// Small token tiles (16, 32, 64 tokens: decode batches, where the weight's bytes bound the time) run two CTAs per SM as
+// the W4A8 kernel's do (gemm_w4a8_sm90.cu): half the shared memory (up to 16 stages) and registers (launch bounds of
+// 2 x 384 threads: 80 a thread at entry; the consumers take 96, the producers keep 40).
 template <int BT, int W = 1>
 struct Config {
+  static constexpr bool kSmall = BT < 128;
+  static constexpr int kCtasPerSm = kSmall ? 2 : 1;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = kSmall ? 96 : 232;
   static constexpr int kRows = 128 * W;                 // weight rows per CTA
   static constexpr int kTiles = kRows / 16;             // packed 16-row tiles per CTA
   static constexpr int kXBytes = BT * kBK * 2;         // activation tile (swizzled, 1024-aligned)
   static constexpr int kWBytes = kTiles * kChunkBytes;  // [tile][lane] 16-byte units
   static constexpr int kPBytes = 2 * 2 * kRows * 2;     // [k half][scale | zero][row] f16 (param_row)
   static constexpr int kStageBytes = (kXBytes + kWBytes + kPBytes + 1023) / 1024 * 1024;
-  static constexpr int kStages = std::min(8, kSmemBudget / kStageBytes);
+  static constexpr int kStages =
+      kSmall ? std::min(16, kSmallSmemBudget / kStageBytes) : std::min(8, kSmemBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kRows * BT * 4 <= kStages * kStageBytes, "split-K reduction must fit in the pipeline smem");
   static_assert(W == 1 || BT == 128, "the wide tile holds 2 x 64 accumulators per thread: 128 tokens only");
   static_assert(BT * (kRows + 8) * 2 <= kStages * kStageBytes, "the staged output tile must fit in the pipeline smem");
+  static_assert(!kSmall || 2 * (kSmemBytes + 1024) <= 233472, "two small-tile CTAs must fit one SM's shared memory");
+  static_assert(!kSmall || 128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 80, "the register split must fit the "
+                "80 registers a thread that two CTAs per SM start with");
 };
 
 struct Args {
@@ -77,12 +89,40 @@ struct Args {
   int tile_base, tiles_m;  // this launch's first tile; token tiles per weight-row tile
   bool vector_y;  // y rows 16-byte aligned: the staged epilogue stores 8 halves at a time
   float* l2_partials;  // split-K through L2: kSlotFloats per CTA of this launch ([x * split + z]); nullptr: DSMEM
+  // Launched as a programmatic dependent (small tiles): the activation producer waits for the kernel before; the weight
+  // and parameter producers do not (the weights are constant).
+  bool pdl = false;
 };
 constexpr int kSlotFloats = 128 * 256;  // the largest partial tile (128 x 256 or, wide, 256 x 128 f32)
 
 #ifdef LOWBIT_SM90_DEVICE
 // D += A · Bᵀ for one k16 step: A (64 weight rows x 16 k, f16) from the four fragment registers, B
 // (BT tokens x 16 k, f16) from shared memory through descriptor db (K-major, no transpose).
+// (n16 / n32 / n64: the small token tiles.)
+__device__ inline void wgmma_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
+      "p, 1, 1, 0;\n}\n"
+      : LOWBIT_ACC8("+f", d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ inline void wgmma_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " LOWBIT_REGS16
+      ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : LOWBIT_ACC16("+f", d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ inline void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " LOWBIT_REGS32
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : LOWBIT_ACC32("+f", d, 0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
 __device__ inline void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -335,7 +375,7 @@ __device__ inline void store_tile_l2(const W4A16Problem& p, bool vector_y, uint8
 // z = split (one cluster along z). kSplitProducer: three producer threads (produce_part), else the one thread of the
 // earlier rounds (kept for A/B timing: kernel names 'sm90o...'); the consumers are the same (bit-identical results).
 template <int BT, bool kOverlap, int W = 1, bool kSplitProducer = true>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, Config<BT, W>::kCtasPerSm)
     gemm_w4a16_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                            const Args args) {
 #ifdef LOWBIT_SM90_DEVICE
@@ -363,11 +403,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The producer warpgroup needs few registers; the consumers' 64 x BT f32 tile needs many.
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs) : "memory");
     const int part = threadIdx.x >> 5;
     if (kSplitProducer && lane == 0 && part < kProducerParts) {  // producers: one part of each stage
       const int prow = min(kRowsC, p.npad - n0);
       const int halves = w4a16::halves_differ(p.group) ? 2 : 1;
+      if (args.pdl && part == 0) pdl_wait_for_producers();  // x comes from the kernel before
       for (int it = 0; it < nk; ++it) {
         const int s = it % kStages;
         mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
@@ -375,6 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (!kSplitProducer && threadIdx.x == 0) {  // the one-thread producer
+      if (args.pdl) pdl_wait_for_producers();
       const int tile0 = n0 / 16;
       const int prow = min(kRowsC, p.npad - n0);  // rows of parameters to copy (a multiple of 16)
       const int halves = w4a16::halves_differ(p.group) ? 2 : 1;  // parameter rows per stage (param_row)
@@ -399,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       cooperative_groups::this_cluster().sync();
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs) : "memory");
     // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
     // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
     uint32_t fa[16 * W], fb[16 * W];
@@ -420,6 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc);
       if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
     }
+    pdl_allow_dependents();  // the next kernel may launch during the epilogue (it waits for this grid's end)
     if (split > 1 && args.l2_partials != nullptr)
       store_tile_l2<BT, W>(p, args.vector_y, smem, n0, m0, gw, cw, lane, rank, split, acc,
                            args.l2_partials + static_cast<int64_t>(blockIdx.x) * split * kSlotFloats);
@@ -443,7 +486,8 @@ constexpr int kDefaultReduce = 1;
 constexpr int kL2ReduceMaxCtas = 512;  // the L2 reduction's workspace: 128 KB per CTA of the launch, at most 64 MB
 
 template <int BT, bool kOverlap, int W = 1, bool kSplitProducer = true>
-void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, int reduce) {
+void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStream_t stream, int reduce,
+            bool pdl = false) {
   const char* op = "gemm_w4a16";
   auto kernel = gemm_w4a16_sm90_kernel<BT, kOverlap, W, kSplitProducer>;
   constexpr int kSmem = Config<BT, W>::kSmemBytes;
@@ -463,11 +507,11 @@ void launch(const W4A16Problem& p, int split, int tile_base, int tiles, cudaStre
     // the stream-K scratch (one per device and stream); inside a graph capture it may not grow: then DSMEM (same bits)
     l2 = streamk_workspace(op, dev, tiles * split, kSlotFloats, stream).partials;
   }
-  const Args args{p, k_chunks, split, tile_base, tiles_m, vector_y, l2};
+  const Args args{p, k_chunks, split, tile_base, tiles_m, vector_y, l2, pdl};
   const CUtensorMap map_x = make_map_2d(op, p.x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p.m, p.k, p.ldx * 2, BT);
   const CUtensorMap map_w =
       make_packed_weight_map(op, p.w, (p.n + 15) / 16, k_chunks, kChunkBytes, Config<BT, W>::kTiles, 1);
-  launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, false, map_x, map_w, args);
+  launch_split_clusters(op, cfg, kernel, p.n, tiles, 1, split, pdl, map_x, map_w, args);
 }
 
 // ---- Stream-K (sm90_streamk.cuh): a persistent grid of the resident CTAs, equal k-block ranges ----
@@ -633,6 +677,52 @@ constexpr TileCosts kOverlapCosts{0.47, 0.68, 2.0, 3.7};
 // 256-token one (twice a 128-token one's reduction).
 constexpr TileCosts kWideCosts{0.75, 0.75, 2.0, 7.4};
 
+// ---- Small token tiles (16 / 32 / 64 tokens): decode-sized batches ----
+//
+// As in the W4A8 kernel (gemm_w4a8_sm90.cu; the model is sm90_common.cuh's pick_small_split): at 5-64 tokens a CTA's
+// 64-k block is 4 KB of packed codes and 512 bytes of f16 scales and zeros read once from DRAM, against BT x 128
+// bytes of activations re-read from L2, so the weight's bytes bound the launch. The tile is the smallest that holds m
+// (unless pinned); the split is the cost model's. Its constants are the W4A8 kernel's scaled to a 64-k block (half
+// the codes and stage time). Checked against forced splits on an H200
+// (bench/results/h200-2026-11-29-w4a16-small-tiles-ef3fa3d.json, 8B and 70B/TP2 layers at 16 / 32 / 64 tokens): the
+// fastest measured split on 21 of 24 shapes; on 8B down split 4 where 8 was 4-6% faster.
+constexpr int kSmallAutoMaxTokens = 64;  // the automatic plan takes small tiles up to this many tokens
+// one CTA's 64-k block alone on its SM (us), its bytes, the DRAM read rate the active CTAs share, fixed, reduction
+constexpr SmallTileCosts kSmallCosts{0.30, kRows * kBK / 2 + 2 * 2 * kRows, 3.6e6, 3.0, 1.0};
+
+inline bool is_small_tile(int tokens) { return tokens == 16 || tokens == 32 || tokens == 64; }
+
+// Whether the plan takes a small tile: pinned, or m <= kSmallAutoMaxTokens with the tile free, on the launches that
+// have small-tile kernels (the overlapped mainloop with the split producer, one tile per CTA, 128 weight rows, the
+// split-K reduction through cluster shared memory).
+inline bool small_plan(const W4A16Problem& p, const Sm90Choice& ch) {
+  if (is_small_tile(ch.tokens)) return true;
+  return ch.tokens == 0 && p.m <= kSmallAutoMaxTokens && !ch.serial && !ch.one_producer && !ch.streamk &&
+         ch.rows != 256 && ch.reduce != 2;
+}
+
+Sm90Plan plan_small(const W4A16Problem& p, const Sm90Choice& ch) {
+  const int bt = ch.tokens != 0 ? ch.tokens : p.m <= 16 ? 16 : p.m <= 32 ? 32 : 64;
+  int slots[4];
+  if (bt == 16)
+    slots_of<16, true>("gemm_w4a16", slots);
+  else if (bt == 32)
+    slots_of<32, true>("gemm_w4a16", slots);
+  else
+    slots_of<64, true>("gemm_w4a16", slots);
+  const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + bt - 1) / bt);
+  const int split = pick_small_split(tiles, p.k / kBK, slots, Config<16>::kCtasPerSm, kSmallCosts, ch.split);
+  return {bt, split, 0, false};
+}
+
+// A pinned 16 / 32 / 64-token tile: only the launch that has those kernels.
+void check_small_tile_choice(const Sm90Choice& choice) {
+  LOWBIT_CHECK(!is_small_tile(choice.tokens) || (!choice.serial && !choice.one_producer && !choice.streamk &&
+                                                 choice.rows != 256 && choice.reduce != 2),
+               "gemm_w4a16: the 16 / 32 / 64-token tiles run the overlapped mainloop with the split producer, one tile "
+               "per CTA of 128 weight rows ('sm90:S:T'), not 'sm90s' / 'sm90o' / 'sm90k' / 'sm90w' / 'sm90g'");
+}
+
 // The plan: pick_tile_split's tile x split (or two launches), or stream-K at 128 tokens when the tokens fit one
 // 128-token tile (free choice, overlapped mainloop, allow_streamk), or where the caller forces it. Measured on an H200
 // (docs/benchmarks_gpu.md, "Stream-K"): at M = 128 it won or tied on every Llama-3-8B layer (down 55.9 -> 36.4 us);
@@ -640,6 +730,7 @@ constexpr TileCosts kWideCosts{0.75, 0.75, 2.0, 7.4};
 // than pick_tile_split's fit, each CTA re-reading its activation tile through L2.
 template <bool kOverlap>
 Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_streamk = true) {
+  if (kOverlap && small_plan(p, ch)) return plan_small(p, ch);
   if (ch.rows == 256) {  // the wide tile by name: stream-K, or its split (forced, else pick_tile_split's)
     if (ch.streamk) return {128, 0, 0, true, 256};
     int s[4];
@@ -671,6 +762,18 @@ Sm90Plan plan_for(const W4A16Problem& p, const Sm90Choice& ch, bool allow_stream
 template <bool kOverlap, bool kSplitProducer>
 void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   Sm90Plan plan = plan_for<kOverlap>(p, choice);
+  if constexpr (kOverlap && kSplitProducer) {
+    if (is_small_tile(plan.tokens)) {  // one launch of one tile per CTA (split-K clusters), no head
+      using Go = void (*)(const W4A16Problem&, int, int, int, cudaStream_t, int, bool);
+      const Go go = plan.tokens == 16   ? launch<16, true, 1, true>
+                    : plan.tokens == 32 ? launch<32, true, 1, true>
+                                        : launch<64, true, 1, true>;
+      const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + plan.tokens - 1) / plan.tokens);
+      LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
+      go(p, plan.split, 0, static_cast<int>(tiles), stream, choice.reduce, choice.pdl);
+      return;
+    }
+  }
   if (plan.streamk) {
     bool ok = false;
     if constexpr (kOverlap) {
@@ -698,8 +801,8 @@ void run(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
   LOWBIT_CHECK(tiles <= INT32_MAX, "gemm_w4a16: m=", p.m, " x n=", p.n, " is too large for the sm90 kernel's grid");
   const auto go =
       plan.tokens == 128 ? launch<128, kOverlap, 1, kSplitProducer> : launch<256, kOverlap, 1, kSplitProducer>;
-  if (plan.head > 0) go(p, 1, 0, plan.head, stream, choice.reduce);  // whole unsplit waves, then the rest split
-  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce);
+  if (plan.head > 0) go(p, 1, 0, plan.head, stream, choice.reduce, false);  // whole unsplit waves, then the rest split
+  go(p, plan.split, plan.head, static_cast<int>(tiles) - plan.head, stream, choice.reduce, false);
 }
 
 }  // namespace
@@ -711,7 +814,8 @@ bool gemm_w4a16_sm90_usable(int device) {
 
 // Tile and split (or stream-K) by the cost model unless forced.
 void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream_t stream) {
-  check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
+  check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens, true);
+  check_small_tile_choice(choice);
   LOWBIT_CHECK(!choice.streamk || (!choice.serial && choice.split == 0), "gemm_w4a16: stream-K runs the overlapped "
                "mainloop without a split");
   LOWBIT_CHECK(choice.rows != 256 || (!choice.serial && choice.tokens != 256), "gemm_w4a16: the wide tile (256 "
@@ -729,7 +833,8 @@ void gemm_w4a16_sm90(const W4A16Problem& p, const Sm90Choice& choice, cudaStream
 }
 
 Sm90Plan gemm_w4a16_sm90_plan(int m, int n, int k, const Sm90Choice& choice) {
-  check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens);
+  check_tile_split_choice("gemm_w4a16", choice.split, choice.tokens, true);
+  check_small_tile_choice(choice);
   W4A16Problem p{};
   p.m = m, p.n = n, p.k = k;
   return choice.serial ? plan_for<false>(p, choice) : plan_for<true>(p, choice);

@@ -153,8 +153,11 @@ __device__ inline void store_acc(const W4A8Problem& p, int n0, int m0, int gw, i
 
 // Turns a stage's packed weights of consumer warp gw's 16-row tile into wgmma A fragments:
 // a[(2c + j) * 4 + r] is register r of chunk c, k32 step j ((q*s + a) ^ 0x80 on every byte).
+// A one-chunk tail stage (k ends 64 past a multiple of 128) needs no case of its own: chunk 1's fragments come out of
+// zero-filled weights and stale parameters, but x's tile past k arrives as zeros (the TMA box past the tensor's k),
+// so they add exactly nothing to the int32 sums.
 template <class C>
-__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, int chunks, uint32_t (&a)[16],
+__device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lane, uint32_t (&a)[16],
                                               bool shared_params = false) {
   const uint4* ws = reinterpret_cast<const uint4*>(st + C::kXBytes);
   const uint8_t* ps = st + C::kXBytes + C::kWBytes;
@@ -162,11 +165,6 @@ __device__ __forceinline__ void dequant_stage(const uint8_t* st, int gw, int lan
   uint32_t s_g = 0, s_g8 = 0, a_g = 0, a_g8 = 0;
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    if (c >= chunks) {  // a one-chunk tail stage: chunk 1 was not loaded; zero weights add nothing
-#pragma unroll
-      for (int r = 8; r < 16; ++r) a[r] = 0;
-      break;
-    }
     const uint4 wv = ws[(gw * 2 + c) * 32 + lane];
     if (c == 0 || !shared_params) {  // shared: only chunk 0's parameters were copied
       const uint8_t* pc = ps + c * 2 * kRows;
@@ -204,59 +202,61 @@ __device__ __forceinline__ void release_stage(uint64_t* bar, int lane, int peer)
   }
 }
 
-// Stage `it` of one consumer warpgroup: issue its wgmmas from `cur` and dequantize stage it+1 into `next`
-// while they run. Serial (kOverlap false): then wait for them and release the stage, so the warpgroup's tensor
-// work stops between stages. Overlapped: wait only for stage it-1's wgmmas (at most one group pending), which read
-// `next` and stage it-1, release that stage, then dequantize: stage it's wgmmas stay in flight into the next
-// stage's issue (same-shape wgmmas on the same accumulators are ordered by the hardware). Every consumer thread
-// arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
-template <bool kOverlap, class C, int N, class StageAt, class ChunksAt, bool kPair = false>
-__device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16], int it,
-                                              int nk, const StageAt& stage_at, const ChunksAt& chunks_at,
-                                              uint64_t* full, uint64_t* empty, int gw, int lane, int first = 0,
-                                              bool shared_params = false, int peer = 0) {
-  constexpr int kStages = C::kStages;
-  const uint64_t db = smem_desc(smem_u32(stage_at(it)));
+// One stage of one consumer warpgroup: issue the wgmmas of the stage at `pos` from `cur`, advance `pos`, and
+// dequantize the next stage (has_next) into `next` while they run.
+// Serial (kOverlap false): then wait for them and release the stage, so the warpgroup's tensor work stops between
+// stages. Overlapped: wait only for the previous stage's wgmmas (at most one group pending), which read `next` and
+// that stage, release it (release_prev: not at a run's first stage), then dequantize: this stage's wgmmas stay in
+// flight into the next stage's issue (same-shape wgmmas on the same accumulators are ordered by the hardware). Every
+// consumer thread arrives on the empty barrier: each one's shared-memory reads of the stage are ordered before it.
+template <bool kOverlap, class C, int N, bool kPair = false>
+__device__ __forceinline__ void consumer_step(int (&acc)[N], const uint32_t (&cur)[16], uint32_t (&next)[16],
+                                              const StageRing<C>& ring, RingPos& pos, bool release_prev,
+                                              bool has_next, int gw, int lane, bool shared_params = false,
+                                              int peer = 0) {
+  const int s = pos.s;
+  const uint64_t db = ring.desc(s);
   wgmma_fence();
 #pragma unroll
   for (int i = 0; i < 4; ++i) wgmma_frag(acc, cur, i, db);
   wgmma_commit();
+  pos = StageRing<C>::next(pos);
   if constexpr (kOverlap) {
     wgmma_wait<1>();
-    if (it > first) release_stage<kPair>(&empty[(it - 1) % kStages], lane, peer);  // first: a segment's first stage
+    if (release_prev) release_stage<kPair>(&ring.empty[StageRing<C>::prev(s)], lane, peer);
   }
-  if (it + 1 < nk) {
-    mbar_wait(&full[(it + 1) % kStages], ((it + 1) / kStages) & 1);
-    dequant_stage<C>(stage_at(it + 1), gw, lane, chunks_at(it + 1), next, shared_params);
+  if (has_next) {
+    mbar_wait(&ring.full[pos.s], pos.parity);
+    dequant_stage<C>(ring.stage(pos.s), gw, lane, next, shared_params);
+    fence_regs(next);  // complete here: ptxas would sink the last XORs past the next stage's first wgmma (C7519)
   }
   if constexpr (!kOverlap) {
     wgmma_wait<0>();
     fence_regs(acc);
-    release_stage<kPair>(&empty[it % kStages], lane, peer);
+    release_stage<kPair>(&ring.empty[s], lane, peer);
   }
 }
 
 // One tile's mainloop over the running stages [g, g_end) of a kernel that walks several tiles (stream-K segments,
 // persistent tiles): zeroes acc, runs the overlapped consumer steps, and after the last wgmmas release the run's last
 // stage, so the producers may fill the next run's stages while this one's epilogue runs.
-template <class C, int N, class StageAt, class ChunksAt>
+template <class C, int N>
 __device__ __forceinline__ void consume_run(int (&acc)[N], uint32_t (&fa)[16], uint32_t (&fb)[16], int g, int g_end,
-                                            const StageAt& stage_at, const ChunksAt& chunks_at, uint64_t* full,
-                                            uint64_t* empty, int gw, int lane, bool shared) {
-  constexpr int kStages = C::kStages;
+                                            const StageRing<C>& ring, int gw, int lane, bool shared) {
 #pragma unroll
   for (int i = 0; i < N; ++i) acc[i] = 0;
   fence_regs(acc);
-  mbar_wait(&full[g % kStages], (g / kStages) & 1);
-  dequant_stage<C>(stage_at(g), gw, lane, chunks_at(g), fa, shared);
+  RingPos pos = StageRing<C>::at(g);
+  mbar_wait(&ring.full[pos.s], pos.parity);
+  dequant_stage<C>(ring.stage(pos.s), gw, lane, fa, shared);
   for (int it = g; it < g_end; it += 2) {
-    consumer_step<true, C>(acc, fa, fb, it, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
+    consumer_step<true, C>(acc, fa, fb, ring, pos, it > g, it + 1 < g_end, gw, lane, shared);
     if (it + 1 >= g_end) break;
-    consumer_step<true, C>(acc, fb, fa, it + 1, g_end, stage_at, chunks_at, full, empty, gw, lane, g, shared);
+    consumer_step<true, C>(acc, fb, fa, ring, pos, true, it + 2 < g_end, gw, lane, shared);
   }
   wgmma_wait<0>();
   fence_regs(acc);
-  mbar_arrive(&empty[(g_end - 1) % kStages]);
+  mbar_arrive(&ring.empty[StageRing<C>::prev(pos.s)]);
 }
 
 // Part `part` of stage kb's copies (sm90_producer.cuh): 128 k of x, its two packed 64-k chunks, then the u8 steps and
@@ -442,8 +442,7 @@ __global__ void __launch_bounds__(kThreads, Config<BT>::kCtasPerSm)
     // Software pipeline over stages: while stage i's wgmmas run, stage i+1 is dequantized into the
     // other fragment set (the wgmmas read their A registers asynchronously, so the two sets alternate).
     uint32_t fa[16], fb[16];
-    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * kb_of(it)); };
-    const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+    const StageRing<C> ring(smem, full, empty);
     // tuned, unsplit f16: the tile's scales in smem, loaded while the first stages are in flight
     float* scales = reinterpret_cast<float*>(empty + kStages);
     const bool smem_scales = kTune > 0 && split == 1 && !p.raw;
@@ -451,19 +450,20 @@ __global__ void __launch_bounds__(kThreads, Config<BT>::kCtasPerSm)
     if (smem_scales) stage_tile_scales<BT>(p, scales, m0, n0, static_cast<int>(threadIdx.x) - 128);
     fence_regs(acc);
     const bool shared = kSplitProducer && args.shared_params;
+    RingPos pos = {0, 0};
     if (nk > 0) {
       mbar_wait(&full[0], 0);
-      dequant_stage<C>(stage_at(0), gw, lane, chunks_at(0), fa, shared);
+      dequant_stage<C>(ring.stage(0), gw, lane, fa, shared);
     }
     for (int it = 0; it < nk; it += 2) {
-      consumer_step<kOverlap, C>(acc, fa, fb, it, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared);
+      consumer_step<kOverlap, C>(acc, fa, fb, ring, pos, it > 0, it + 1 < nk, gw, lane, shared);
       if (it + 1 >= nk) break;
-      consumer_step<kOverlap, C>(acc, fb, fa, it + 1, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared);
+      consumer_step<kOverlap, C>(acc, fb, fa, ring, pos, true, it + 2 < nk, gw, lane, shared);
     }
     if constexpr (kOverlap) {  // the last stage's wgmmas
       wgmma_wait<0>();
       fence_regs(acc);
-      if (nk > 0) mbar_arrive(&empty[(nk - 1) % kStages]);
+      if (nk > 0) mbar_arrive(&empty[StageRing<C>::prev(pos.s)]);
     }
     pdl_allow_dependents();  // the next kernel may launch during the epilogue (it waits for this grid's end)
     if (smem_scales)
@@ -581,25 +581,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     uint32_t fa[16], fb[16];
-    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * it); };
-    const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+    const StageRing<C> ring(smem, full, empty);
     const bool shared = args.shared_params;
     const int peer = mc ^ 1;
     fence_regs(acc);
+    RingPos pos = {0, 0};
     if (nk > 0) {
       mbar_wait(&full[0], 0);
-      dequant_stage<C>(stage_at(0), gw, lane, chunks_at(0), fa, shared);
+      dequant_stage<C>(ring.stage(0), gw, lane, fa, shared);
     }
     for (int it = 0; it < nk; it += 2) {
-      consumer_step<true, C, kR, decltype(stage_at), decltype(chunks_at), true>(
-          acc, fa, fb, it, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared, peer);
+      consumer_step<true, C, kR, true>(acc, fa, fb, ring, pos, it > 0, it + 1 < nk, gw, lane, shared, peer);
       if (it + 1 >= nk) break;
-      consumer_step<true, C, kR, decltype(stage_at), decltype(chunks_at), true>(
-          acc, fb, fa, it + 1, nk, stage_at, chunks_at, full, empty, gw, lane, 0, shared, peer);
+      consumer_step<true, C, kR, true>(acc, fb, fa, ring, pos, true, it + 2 < nk, gw, lane, shared, peer);
     }
     wgmma_wait<0>();
     fence_regs(acc);
-    if (nk > 0) release_stage<true>(&empty[(nk - 1) % kStages], lane, peer);
+    if (nk > 0) release_stage<true>(&empty[StageRing<C>::prev(pos.s)], lane, peer);
     // Every multicast into this CTA's stages has landed (each was awaited on a full barrier): the staged epilogue may
     // reuse them.
     store_tile<BT>(p, args.vector_y, smem, n0, m0, gw, lane, 0, 1, acc);
@@ -719,17 +717,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int t = threadIdx.x - 128;
   const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);
-  const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+  const StageRing<C> ring(smem, full, empty);
   uint32_t fa[16], fb[16];
   int acc[kR];
   int g = 0;
   for (int pe = end; pe > beg;) {
     int tile, ps;
     streamk_segment(sp, beg, pe, tile, ps);
-    const int g_end = g + (pe - ps), kb_at_g = ps - tile * kb_n - g;  // k block of stage it: kb_at_g + it
-    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (kb_at_g + it)); };
-    consume_run<C>(acc, fa, fb, g, g_end, stage_at, chunks_at, full, empty, gw, lane,
-                   kSplitProducer && args.shared_params);
+    const int g_end = g + (pe - ps);
+    consume_run<C>(acc, fa, fb, g, g_end, ring, gw, lane, kSplitProducer && args.shared_params);
     if (streamk_fixup<int4>(sp, args.ws, cta, t, tile, ps, pe, acc)) {
       const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
       if (p.raw) {
@@ -880,15 +876,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int gw = (wg - 1) * 4 + ((threadIdx.x >> 5) & 3);
-  const auto stage_at = [&](int it) { return smem + (it % kStages) * kStageBytes; };
+  const StageRing<C> ring(smem, full, empty);
   const bool shared = args.shared_params;
   uint32_t fa[16], fb[16];
   int acc[kR];
   int g = 0;  // the running fill index of this tile's first stage
   for (int tile = static_cast<int>(blockIdx.x); tile < args.tiles; tile += stride) {
     const int g_end = g + nk;
-    const auto chunks_at = [&](int it) { return min(2, args.k_chunks - 2 * (it - g)); };
-    consume_run<C>(acc, fa, fb, g, g_end, stage_at, chunks_at, full, empty, gw, lane, shared);
+    consume_run<C>(acc, fa, fb, g, g_end, ring, gw, lane, shared);
     const int m0 = tile % args.tiles_m * BT, n0 = tile / args.tiles_m * kRows;
     if (p.raw) {
 #pragma unroll
@@ -955,10 +950,9 @@ constexpr TileCosts kSplitProducerCosts{0.52, 0.66, 4.0, 6.5};
 // forced splits on an H200 (bench/results/h200-2026-11-29-w4a8-small-tiles-m*-cf0e011.json): replayed on them with
 // 264 / 264 / 264 / 256 resident CTAs per cluster size, it picks the fastest measured split on every Llama-3-8B and
 // 70B/TP2 shape at 5-64 tokens.
-constexpr int kSmallAutoMaxTokens = 64;   // the automatic plan takes small tiles up to this many tokens
-constexpr double kSmallBlockUs = 0.45;    // one CTA's 128-k block, alone on its SM
-constexpr double kSmallDramBytesPerUs = 3.6e6;  // the DRAM read rate the active CTAs share
-constexpr double kSmallFixedUs = 3.0, kSmallReduceUs = 1.0;
+constexpr int kSmallAutoMaxTokens = 64;  // the automatic plan takes small tiles up to this many tokens
+// one CTA's 128-k block alone on its SM (us), its bytes, the DRAM read rate the active CTAs share, fixed, reduction
+constexpr SmallTileCosts kSmallCosts{0.45, kRows * kBK / 2 + 2 * 2 * kRows, 3.6e6, 3.0, 1.0};
 
 inline bool is_small_tile(int tokens) { return tokens == 16 || tokens == 32 || tokens == 64; }
 
@@ -979,24 +973,10 @@ Sm90Plan plan_small(const W4A8Problem& p, const Sm90Choice& ch) {
     slots_of<32, true>("gemm_w4a8", slots);
   else
     slots_of<64, true>("gemm_w4a8", slots);
-  const double sms = std::max(1, slots[0] / Config<16>::kCtasPerSm);  // every small tile runs two CTAs per SM
-  const int k_blocks = (p.k + kBK - 1) / kBK;
   const int64_t tiles = static_cast<int64_t>((p.n + kRows - 1) / kRows) * ((p.m + bt - 1) / bt);
-  constexpr double kBlockBytes = kRows * kBK / 2 + 2 * 2 * kRows;
-  int best = ch.split != 0 ? ch.split : 1;
-  double best_cost = 1e300;
-  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
-    if ((ch.split != 0 && s != ch.split) || s > k_blocks || slots[i] <= 0) continue;
-    const int64_t ctas = tiles * s, waves = (ctas + slots[i] - 1) / slots[i];
-    const double active = static_cast<double>(std::min<int64_t>(ctas, slots[i]));
-    const double per_block =
-        std::max(kSmallBlockUs * std::max(1.0, active / sms), active * kBlockBytes / kSmallDramBytesPerUs);
-    const double per_cta = (k_blocks + s - 1) / s * per_block + kSmallFixedUs + i * kSmallReduceUs;
-    const double cost = static_cast<double>(waves) * per_cta;
-    if (cost < best_cost) best_cost = cost, best = s;
-  }
-  while (best > k_blocks && best > 1) best /= 2;  // a pinned split past k: the largest that fits
-  return {bt, best, 0, false};
+  const int k_blocks = (p.k + kBK - 1) / kBK;
+  const int split = pick_small_split(tiles, k_blocks, slots, Config<16>::kCtasPerSm, kSmallCosts, ch.split);
+  return {bt, split, 0, false};
 }
 
 // The persistent kernel's tile when the caller leaves it free: the fewer rounds of tiles over the resident CTAs,

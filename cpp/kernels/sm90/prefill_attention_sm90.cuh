@@ -146,11 +146,6 @@ __device__ __forceinline__ uint32_t pv128_lo(uint32_t lo) {  // desc_lo's leadin
   return lo + (((kBlockBytes >> 4) - (1024 >> 4)) << 16);
 }
 
-template <int R>
-__device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
 using sm90::fence_regs;
 
 // The consumer warpgroups' turns (named barriers 2 and 3 over their 256 threads; 0 is __syncthreads').

@@ -6,7 +6,7 @@ namespace lowbit::cuda::detail {
 
 struct Sm90Choice {
   int split = 0;        // 0 = the cost model's, else 1, 2, 4 or 8
-  int tokens = 0;       // 0 = the cost model's, else 128 or 256 (W4A8 also 16, 32, 64)
+  int tokens = 0;       // 0 = the cost model's, else 128 or 256, or a small tile: 16, 32, 64
   bool serial = false;  // the earlier mainloop (each stage's wgmmas waited for before the next issue), for A/B timing
   bool streamk = false;  // W4A16: force stream-K (a persistent grid, equal k-block ranges per CTA)
   int ctas = 0;          // stream-K's CTAs: 0 = every resident one (tests pin fewer to reach each fix-up path)
@@ -22,8 +22,9 @@ struct Sm90Choice {
   // stage the tile's scales in smem (one-tile-per-CTA and stream-K launches; same plan, same sums); 2 ('sm90r...'):
   // and each row tile of a one-tile-per-CTA launch walks its k blocks from its own start (same int32 sums)
   int prefetch = 0;
-  // W4A8: launch as a programmatic dependent of the kernel before on the stream (cuda/pdl.cuh): the weight and
-  // parameter copies start while that kernel finishes; the activation copies (and the tuned launches' scales) wait.
+  // Launch as a programmatic dependent of the kernel before on the stream (cuda/pdl.cuh): the weight and parameter
+  // copies start while that kernel finishes; the activation copies (and W4A8's tuned launches' scales) wait. W4A8: its
+  // one-tile-per-CTA launches; W4A16: its small tiles.
   bool pdl = false;
 };
 

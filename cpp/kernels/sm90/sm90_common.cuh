@@ -102,12 +102,47 @@ __device__ inline void fence_regs(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int R>
+__device__ inline void fence_regs(uint32_t (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ inline uint64_t smem_desc(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
          (1ull << 62);
 }
+
+// The consumers' view of a kernel's stage ring (C: its config, kStages stages of kStageBytes). A position is a stage
+// and the parity its full barrier completes with for the running fill g (g % kStages, (g / kStages) & 1), advanced by
+// one compare per stage: the W4A8 16-token tile's ring of 10 stages made each `it % kStages` a multiply-high and two
+// more uniform instructions, several times a stage. The stage's wgmma descriptor is the ring's first one plus the
+// stage offset (addresses stay below 2^18, so the 14-bit address field cannot carry), not a generic-to-shared
+// conversion per stage.
+struct RingPos {
+  int s;
+  unsigned parity;
+};
+
+template <class C>
+struct StageRing {
+  uint8_t* smem;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t desc0;
+  __device__ StageRing(uint8_t* smem_, uint64_t* full_, uint64_t* empty_)
+      : smem(smem_), full(full_), empty(empty_), desc0(smem_desc(smem_u32(smem_))) {
+    asm("" : "+l"(desc0));  // opaque: kept in registers, not recomputed from the smem base at every stage
+  }
+  __device__ static RingPos at(int g) { return {g % C::kStages, static_cast<unsigned>(g / C::kStages) & 1u}; }
+  __device__ static RingPos next(RingPos r) {
+    return r.s + 1 == C::kStages ? RingPos{0, r.parity ^ 1u} : RingPos{r.s + 1, r.parity};
+  }
+  __device__ static int prev(int s) { return s == 0 ? C::kStages - 1 : s - 1; }
+  __device__ uint8_t* stage(int s) const { return smem + s * C::kStageBytes; }
+  __device__ uint64_t desc(int s) const { return desc0 + static_cast<uint64_t>(s * (C::kStageBytes >> 4)); }
+};
 
 // The accumulator operands of one wgmma: C is the constraint ("+r" s32, "+f" f32).
 #define LOWBIT_ACC8(C, d, i) \
@@ -466,6 +501,33 @@ inline TilePlan pick_tile_split(int tiles_n, int m, int k_blocks, const int (&sl
     best.split = forced_split;
     while (best.split > k_blocks) best.split /= 2;
   }
+  return best;
+}
+
+// The small token tiles' split (16 / 32 / 64 tokens, two CTAs per SM; the W4A8 and W4A16 kernels): per CTA, its k
+// blocks at the slower of the per-CTA block time (block_us with one CTA alone on its SM, shared by the CTAs of an SM)
+// and the active CTAs' share of DRAM (block_bytes each), a fixed cost, and the cluster reduction per doubling of the
+// split, times the waves of resident CTAs (slots per split 1, 2, 4, 8). forced_split 0 = free; a forced split past
+// k_blocks: the largest that fits.
+struct SmallTileCosts {
+  double block_us, block_bytes, dram_bytes_per_us, fixed, reduce;
+};
+inline int pick_small_split(int64_t tiles, int k_blocks, const int (&slots)[4], int ctas_per_sm,
+                            const SmallTileCosts& c, int forced_split) {
+  const double sms = std::max(1, slots[0] / ctas_per_sm);
+  int best = forced_split != 0 ? forced_split : 1;
+  double best_cost = 1e300;
+  for (int i = 0, s = 1; i < 4; ++i, s *= 2) {
+    if ((forced_split != 0 && s != forced_split) || s > k_blocks || slots[i] <= 0) continue;
+    const int64_t ctas = tiles * s, waves = (ctas + slots[i] - 1) / slots[i];
+    const double active = static_cast<double>(std::min<int64_t>(ctas, slots[i]));
+    const double per_block =
+        std::max(c.block_us * std::max(1.0, active / sms), active * c.block_bytes / c.dram_bytes_per_us);
+    const double per_cta = (k_blocks + s - 1) / s * per_block + c.fixed + i * c.reduce;
+    const double cost = static_cast<double>(waves) * per_cta;
+    if (cost < best_cost) best_cost = cost, best = s;
+  }
+  while (best > k_blocks && best > 1) best /= 2;
   return best;
 }
 

@@ -27,9 +27,10 @@ void dequantize_w4(const Tensor& q, const Tensor& scales, const Tensor& zeros, i
 // split-K in thread-block clusters; sm_90 only: a forced sm90 elsewhere throws NotSupported).
 // `automatic` (the op-level API; plans name the kernel) takes sm90 on sm_90, else large, from 128
 // tokens. large_tile: 0 automatic, or 64128 / 128128 / 128256 (m x n). sm90_split: 0 automatic, else
-// the cluster size 1/2/4/8; sm90_tokens: 0 automatic, else 128 or 256 tokens per tile; sm90_serial: the
-// earlier mainloop that waits for each stage's wgmmas (A/B timing only). pdl: programmatic dependent
-// launch of the small kernel where the device has it (sm_90+).
+// the cluster size 1/2/4/8; sm90_tokens: 0 automatic, else 16, 32, 64 (the small tiles, two CTAs per SM),
+// 128 or 256 tokens per tile; sm90_serial: the earlier mainloop that waits for each stage's wgmmas (A/B timing
+// only). pdl: programmatic dependent launch of the small kernel, the decode kernels and the sm90 kernel's small
+// tiles where the device has it (sm_90+).
 enum class W4A16Kernel : uint8_t { automatic, small, large, sm90, decode_sm90, gemv };
 struct W4A16Options {
   W4A16Kernel kernel = W4A16Kernel::automatic;

@@ -37,6 +37,12 @@ inline bool w4a8_wgmma_preferred(MBucket b, int64_t n) {
   return b == MBucket::m_large || b == MBucket::m127 || (b == MBucket::m16 && n >= 16384);
 }
 
+// W4A16 on sm_90: whether the wgmma kernel (gemm_w4a16_sm90) is the choice for a bucket: from 17 tokens (its 16 / 32 /
+// 64-token tiles to 64 tokens, stream-K over 128-token tiles at 65-127, the 128 / 256-token plans from 128), where the
+// mma.sync kernels ran below 128 before (measured: docs/benchmarks_gpu.md, "W4A16 on wgmma at 5-127 tokens"). The
+// registry's rank and the op's automatic choice (cpp/kernels/sm80/gemm_w4a16_sm80.cu) both ask this.
+inline bool w4a16_wgmma_preferred(MBucket b) { return b == MBucket::m_large || b == MBucket::m127; }
+
 struct GemmDesc {
   DeviceKind device = DeviceKind::cpu;
   int sm = 0;  // compute capability 10 * major + minor; 0 on the CPU
