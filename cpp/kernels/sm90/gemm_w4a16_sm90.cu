@@ -686,11 +686,8 @@ constexpr TileCosts kWideCosts{0.75, 0.75, 2.0, 7.4};
 // the codes and stage time). Checked against forced splits on an H200
 // (bench/results/h200-2026-11-29-w4a16-small-tiles-ef3fa3d.json, 8B and 70B/TP2 layers at 16 / 32 / 64 tokens): the
 // fastest measured split on 21 of 24 shapes; on 8B down split 4 where 8 was 4-6% faster.
-constexpr int kSmallAutoMaxTokens = 64;  // the automatic plan takes small tiles up to this many tokens
 // one CTA's 64-k block alone on its SM (us), its bytes, the DRAM read rate the active CTAs share, fixed, reduction
 constexpr SmallTileCosts kSmallCosts{0.30, kRows * kBK / 2 + 2 * 2 * kRows, 3.6e6, 3.0, 1.0};
-
-inline bool is_small_tile(int tokens) { return tokens == 16 || tokens == 32 || tokens == 64; }
 
 // Whether the plan takes a small tile: pinned, or m <= kSmallAutoMaxTokens with the tile free, on the launches that
 // have small-tile kernels (the overlapped mainloop with the split producer, one tile per CTA, 128 weight rows, the
@@ -702,7 +699,7 @@ inline bool small_plan(const W4A16Problem& p, const Sm90Choice& ch) {
 }
 
 Sm90Plan plan_small(const W4A16Problem& p, const Sm90Choice& ch) {
-  const int bt = ch.tokens != 0 ? ch.tokens : p.m <= 16 ? 16 : p.m <= 32 ? 32 : 64;
+  const int bt = ch.tokens != 0 ? ch.tokens : small_tile_for(p.m);
   int slots[4];
   if (bt == 16)
     slots_of<16, true>("gemm_w4a16", slots);

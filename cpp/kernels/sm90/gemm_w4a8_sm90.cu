@@ -950,11 +950,8 @@ constexpr TileCosts kSplitProducerCosts{0.52, 0.66, 4.0, 6.5};
 // forced splits on an H200 (bench/results/h200-2026-11-29-w4a8-small-tiles-m*-cf0e011.json): replayed on them with
 // 264 / 264 / 264 / 256 resident CTAs per cluster size, it picks the fastest measured split on every Llama-3-8B and
 // 70B/TP2 shape at 5-64 tokens.
-constexpr int kSmallAutoMaxTokens = 64;  // the automatic plan takes small tiles up to this many tokens
 // one CTA's 128-k block alone on its SM (us), its bytes, the DRAM read rate the active CTAs share, fixed, reduction
 constexpr SmallTileCosts kSmallCosts{0.45, kRows * kBK / 2 + 2 * 2 * kRows, 3.6e6, 3.0, 1.0};
-
-inline bool is_small_tile(int tokens) { return tokens == 16 || tokens == 32 || tokens == 64; }
 
 // Whether the plan takes a small tile: pinned, or m <= kSmallAutoMaxTokens with the tile free, on the launches that
 // have small-tile kernels (the overlapped mainloop with the split producer, one tile per CTA).
@@ -965,7 +962,7 @@ inline bool small_plan(const W4A8Problem& p, const Sm90Choice& ch) {
 }
 
 Sm90Plan plan_small(const W4A8Problem& p, const Sm90Choice& ch) {
-  const int bt = ch.tokens != 0 ? ch.tokens : p.m <= 16 ? 16 : p.m <= 32 ? 32 : 64;
+  const int bt = ch.tokens != 0 ? ch.tokens : small_tile_for(p.m);
   int slots[4];
   if (bt == 16)
     slots_of<16, true>("gemm_w4a8", slots);

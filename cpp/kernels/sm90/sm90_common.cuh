@@ -445,12 +445,18 @@ inline int pick_split(int tiles, int k_blocks, const int (&slots)[4]) {
   return best;
 }
 
+// The small token tiles (two CTAs per SM) of the weight-stationary GEMMs, and the one a free plan takes for m tokens
+// (up to kSmallAutoMaxTokens; above, the 128 / 256-token plans).
+constexpr int kSmallAutoMaxTokens = 64;
+inline bool is_small_tile(int tokens) { return tokens == 16 || tokens == 32 || tokens == 64; }
+inline int small_tile_for(int m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
+
 // A caller's pinned split (0 = free, else 1, 2, 4, 8) and tokens per tile (0 = free, else 128, 256; with
 // small_tiles also 16, 32, 64).
 inline void check_tile_split_choice(const char* op, int split, int tokens, bool small_tiles = false) {
   LOWBIT_CHECK(split == 0 || split == 1 || split == 2 || split == 4 || split == 8, op,
                ": the sm90 split must be 0, 1, 2, 4 or 8, got ", split);
-  const bool small = small_tiles && (tokens == 16 || tokens == 32 || tokens == 64);
+  const bool small = small_tiles && is_small_tile(tokens);
   LOWBIT_CHECK(tokens == 0 || tokens == 128 || tokens == 256 || small, op, ": the sm90 tokens per tile must be 0, ",
                small_tiles ? "16, 32, 64, " : "", "128 or 256, got ", tokens);
 }
