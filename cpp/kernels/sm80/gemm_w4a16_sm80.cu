@@ -330,7 +330,7 @@ KernelChoice pick_kernel(int64_t m, int64_t n, int64_t k, int split_k, const W4A
                        detail::gemm_w4a16_decode_sm90_usable(device));
   const bool wgmma_bucket = split_k <= 0 && kernels::w4a16_wgmma_preferred(kernels::m_bucket_of(m));
   const bool sm90 = o.kernel == W4A16Kernel::sm90 ||
-                    (automatic && !gemv && !decode && (m >= kLargeMinTokens || wgmma_bucket) &&
+                    (automatic && (m >= kLargeMinTokens || wgmma_bucket) &&
                      detail::gemm_w4a16_sm90_usable(device));
   const bool large = !sm90 && (automatic ? m >= kLargeMinTokens : o.kernel == W4A16Kernel::large);
   W4A16LargeTile tile = W4A16LargeTile::automatic;
